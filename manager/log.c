@@ -1,0 +1,118 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+static kvt_log_fn log_fn;
+static void *log_user;
+static int log_level = KVT_LOG_WARN;
+
+static void log_init(void)
+{
+	static const char *const names[] = {"error", "warn", "info", "debug"};
+	const char *e = getenv("KVT_LOG");
+
+	if (!e)
+		return;
+	for (int i = 0; i < 4; i++)
+		if (strcmp(e, names[i]) == 0)
+			__atomic_store_n(&log_level, i, __ATOMIC_RELAXED);
+}
+
+KVT_API void kvt_log_set(kvt_log_fn fn, void *user)
+{
+	pthread_once(&log_once, log_init);
+	pthread_mutex_lock(&log_mu);
+	log_fn = fn;
+	log_user = user;
+	pthread_mutex_unlock(&log_mu);
+}
+
+KVT_API void kvt_log_set_level(enum kvt_log_level level)
+{
+	pthread_once(&log_once, log_init);
+	__atomic_store_n(&log_level, (int)level, __ATOMIC_RELAXED);
+}
+
+bool kvt_log_enabled(enum kvt_log_level level)
+{
+	pthread_once(&log_once, log_init);
+	return (int)level <= __atomic_load_n(&log_level, __ATOMIC_RELAXED);
+}
+
+void kvt_log(enum kvt_log_level level, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+	int n;
+
+	if (!kvt_log_enabled(level))
+		return; /* checked before formatting */
+	n = snprintf(msg, sizeof(msg), "kvtier: ");
+	va_start(ap, fmt);
+	vsnprintf(msg + n, sizeof(msg) - (size_t)n, fmt, ap);
+	va_end(ap);
+	pthread_mutex_lock(&log_mu);
+	if (log_fn)
+		log_fn(log_user, level, msg);
+	else
+		fprintf(stderr, "%s\n", msg);
+	pthread_mutex_unlock(&log_mu);
+}
+
+int kvt_fail(struct kvt_manager *m, int err, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(m->err, sizeof(m->err), fmt, ap);
+	va_end(ap);
+	if (n >= 0 && (size_t)n < sizeof(m->err) - 3)
+		snprintf(m->err + n, sizeof(m->err) - (size_t)n, " (%s)", kvt_strerror(err));
+	kvt_log(KVT_LOG_DEBUG, "%s", m->err);
+	return err;
+}
+
+KVT_API const char *kvt_strerror(int err)
+{
+	switch (err < 0 ? -err : err) {
+	case 0:
+		return "success";
+	case EINVAL:
+		return "invalid argument";
+	case ENOENT:
+		return "no such sequence";
+	case EEXIST:
+		return "already exists";
+	case ENOSPC:
+		return "output buffer too small";
+	case ENOMEM:
+		return "out of memory in a tier or the heap";
+	case EOVERFLOW:
+		return "value too large";
+	case ENODEV:
+		return "backend or device not available";
+	case ENOTSUP:
+		return "operation not supported by this backend";
+	case EIO:
+		return "I/O or device error";
+	case EAGAIN:
+		return "resource temporarily unavailable";
+	case EBUSY:
+		return "busy";
+	}
+	return "unknown error";
+}
+
+KVT_API const char *kvt_version(void)
+{
+	return "0.1.0";
+}

@@ -1,0 +1,273 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "policy.h"
+
+/* Bounds that keep every derived size well inside 64 bits and every slot/position index
+   inside 31 bits. */
+#define MAX_LAYERS 4096u
+#define MAX_HEADS 4096u
+#define MAX_HEAD_DIM 8192u
+#define MAX_SLOTS (1u << 30)
+/* Arenas with more bytes than this are not ASan-poisoned (the shadow would cost 1/8 of it). */
+#define POISON_MAX_BYTES ((uint64_t)1 << 30)
+
+static int cfg_error(const char *what)
+{
+	kvt_log(KVT_LOG_WARN, "invalid configuration: %s", what);
+	return -EINVAL;
+}
+
+/* Copies the caller's config over the defaults (fields past cfg->size keep their defaults) and
+   validates it. */
+static int load_config(const struct kvt_config *cfg, struct kvt_config *c)
+{
+	static const struct kvt_config defaults = KVT_CONFIG_INIT;
+	size_t min_size = offsetof(struct kvt_config, backend) + sizeof(cfg->backend);
+
+	if (cfg->size < min_size || cfg->size > 65536)
+		return cfg_error("size is not sizeof(struct kvt_config)");
+	if (cfg->version != KVT_CONFIG_VERSION)
+		return cfg_error("unknown version");
+	*c = defaults;
+	memcpy(c, cfg, cfg->size < sizeof(*c) ? cfg->size : sizeof(*c));
+	c->size = sizeof(*c);
+
+	if (c->n_layers == 0 || c->n_layers > MAX_LAYERS)
+		return cfg_error("n_layers must be 1..4096");
+	if (c->n_kv_heads == 0 || c->n_kv_heads > MAX_HEADS || c->n_q_heads == 0 ||
+	    c->n_q_heads > MAX_HEADS)
+		return cfg_error("head counts must be 1..4096");
+	if (c->n_q_heads % c->n_kv_heads)
+		return cfg_error("n_q_heads is not a multiple of n_kv_heads");
+	if (c->head_dim == 0 || c->head_dim > MAX_HEAD_DIM)
+		return cfg_error("head_dim must be 1..8192");
+	if (c->block_tokens < 8 || c->block_tokens > 64 || (c->block_tokens & (c->block_tokens - 1)))
+		return cfg_error("block_tokens must be a power of two in 8..64");
+	if (kvt_dtype_size(c->dtype) == 0)
+		return cfg_error("unknown dtype");
+	if (c->recent_tokens == 0)
+		return cfg_error("recent_tokens must be at least 1");
+	if ((uint64_t)c->sink_tokens + c->recent_tokens + c->topk_tokens > MAX_SLOTS)
+		return cfg_error("sink + recent + top-K tokens exceed 2^30");
+	if (c->topk_tokens && c->obs_window == 0)
+		return cfg_error("obs_window must be at least 1 when topk_tokens > 0");
+	if (c->pool_kernel == 0 || c->pool_kernel % 2 == 0)
+		return cfg_error("pool_kernel must be odd");
+	if (c->save_threads > 64)
+		return cfg_error("save_threads must be at most 64");
+	if (c->staging_bytes < 4096 || c->staging_bytes > ((uint64_t)1 << 40))
+		return cfg_error("staging_bytes must be 4 KiB..1 TiB");
+	return 0;
+}
+
+/* Number of whole groups a budget holds, or 0 when it holds none or more than 32-bit ids. */
+static uint32_t budget_groups(uint64_t bytes, uint64_t group_bytes)
+{
+	uint64_t n = bytes / group_bytes;
+
+	return n == 0 || n >= UINT32_MAX ? 0 : (uint32_t)n;
+}
+
+int kvt_manager_create_with(const struct kvt_config *cfg, const struct kvt_backend_ops *ops,
+			    struct kvt_manager **out)
+{
+	struct kvt_backend_params bp;
+	struct kvt_manager *m;
+	struct kvt_config c;
+	uint32_t n_dev, n_host;
+	int err;
+
+	if (!cfg || !out || !ops)
+		return -EINVAL;
+	err = load_config(cfg, &c);
+	if (err)
+		return err;
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->cfg = c;
+	m->ops = ops;
+	m->esize = kvt_dtype_size(c.dtype);
+	m->row_bytes = c.head_dim * m->esize;
+	m->group_q = c.n_q_heads / c.n_kv_heads;
+	m->lbt = (uint32_t)__builtin_ctz(c.block_tokens);
+	m->slots_sr = c.sink_tokens + c.recent_tokens;
+	m->block_bytes = 2ull * c.block_tokens * m->row_bytes;
+	m->group_bytes = m->block_bytes * c.n_kv_heads;
+	m->v_offset = (uint64_t)c.block_tokens * m->row_bytes;
+
+	n_dev = budget_groups(c.device_bytes, m->group_bytes);
+	n_host = budget_groups(c.host_bytes, m->group_bytes);
+	if (!n_dev || !n_host) {
+		kvt_log(KVT_LOG_WARN, "invalid configuration: %s budget must hold 1 .. 2^32-2 "
+				      "groups of %llu bytes",
+			!n_dev ? "device" : "host", (unsigned long long)m->group_bytes);
+		err = -EINVAL;
+		goto fail;
+	}
+	m->dev_arena_bytes = (uint64_t)n_dev * m->group_bytes;
+	m->host_arena_bytes = (uint64_t)n_host * m->group_bytes;
+
+	bp.save_threads = c.save_threads;
+	bp.staging_bytes = c.staging_bytes;
+	err = ops->create(&bp, &m->be);
+	if (err) {
+		kvt_log(KVT_LOG_WARN, "backend %s: cannot start (%s)", ops->name, kvt_strerror(err));
+		goto fail;
+	}
+	m->payload = !(m->be->flags & KVT_BE_NO_PAYLOAD);
+	m->cpu_device = m->payload && (m->be->flags & KVT_BE_DEVICE_CPU_READABLE);
+	err = ops->arena_alloc(m->be, KVT_TIER_DEVICE, m->dev_arena_bytes, &m->dev_base);
+	if (err)
+		goto fail_be;
+	err = ops->arena_alloc(m->be, KVT_TIER_HOST, m->host_arena_bytes, &m->host_base);
+	if (err) {
+		m->host_base = 0;
+		goto fail_be;
+	}
+	err = kvt_pool_init(&m->dev, n_dev,
+			    m->cpu_device && m->dev_arena_bytes <= POISON_MAX_BYTES
+				    ? (void *)(uintptr_t)m->dev_base
+				    : NULL,
+			    m->group_bytes);
+	if (!err)
+		err = kvt_pool_init(&m->host, n_host,
+				    m->payload && m->host_arena_bytes <= POISON_MAX_BYTES
+					    ? (void *)(uintptr_t)m->host_base
+					    : NULL,
+				    m->group_bytes);
+	if (!err)
+		err = kvt_seqmap_init(&m->seqs);
+	if (err)
+		goto fail_be;
+	m->st.save_threads = c.save_threads;
+	*out = m;
+	return 0;
+fail_be:
+	kvt_log(KVT_LOG_WARN, "backend %s: %s", ops->name, m->be ? m->be->err : "");
+	kvt_seqmap_fini(&m->seqs);
+	kvt_pool_fini(&m->dev);
+	kvt_pool_fini(&m->host);
+	if (m->host_base)
+		ops->arena_free(m->be, KVT_TIER_HOST, m->host_base, m->host_arena_bytes);
+	if (m->dev_base)
+		ops->arena_free(m->be, KVT_TIER_DEVICE, m->dev_base, m->dev_arena_bytes);
+	if (m->be)
+		ops->destroy(m->be);
+fail:
+	free(m);
+	return err;
+}
+
+KVT_API int kvt_manager_create(const struct kvt_config *cfg, struct kvt_manager **out)
+{
+	const struct kvt_backend_ops *ops;
+	enum kvt_backend resolved;
+	struct kvt_config c;
+	int err = 0;
+
+	if (!cfg || !out)
+		return -EINVAL;
+	err = load_config(cfg, &c);
+	if (err)
+		return err;
+	ops = kvt_backend_find(c.backend, &resolved, &err);
+	if (!ops) {
+		kvt_log(KVT_LOG_WARN, "backend %d is not available in this build (%s)",
+			(int)c.backend, kvt_strerror(err));
+		return err;
+	}
+	c.backend = resolved;
+	return kvt_manager_create_with(&c, ops, out);
+}
+
+static void free_layer_tables(struct kvt_seq_layer *ly)
+{
+	free(ly->groups);
+	free(ly->frames);
+	free(ly->topk);
+}
+
+KVT_API void kvt_manager_destroy(struct kvt_manager *m)
+{
+	if (!m)
+		return;
+	/* Every pending save must land before the host arena goes away. */
+	m->ops->save_wait(m->be, UINT64_MAX);
+	m->ops->sync(m->be, NULL);
+	for (uint32_t i = 0; i < m->seqs.cap; i++) {
+		struct kvt_seq *s = m->seqs.vals[i];
+
+		if (!s)
+			continue;
+		for (uint32_t l = 0; l < m->cfg.n_layers; l++)
+			free_layer_tables(&s->layers[l]);
+		free(s);
+	}
+	kvt_seqmap_fini(&m->seqs);
+	kvt_pool_fini(&m->dev);
+	kvt_pool_fini(&m->host);
+	m->ops->arena_free(m->be, KVT_TIER_HOST, m->host_base, m->host_arena_bytes);
+	m->ops->arena_free(m->be, KVT_TIER_DEVICE, m->dev_base, m->dev_arena_bytes);
+	m->ops->destroy(m->be);
+	free(m->xf);
+	free(m->ap);
+	free(m->batch);
+	free(m->sel_scratch);
+	free(m->segs);
+	free(m);
+}
+
+KVT_API const char *kvt_manager_last_error(const struct kvt_manager *m)
+{
+	return m ? m->err : "no manager";
+}
+
+KVT_API int kvt_manager_config(const struct kvt_manager *m, struct kvt_config *out)
+{
+	if (!m || !out)
+		return -EINVAL;
+	*out = m->cfg;
+	return 0;
+}
+
+KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out)
+{
+	struct kvt_stats st;
+	uint32_t size;
+
+	if (!m || !out || out->size < offsetof(struct kvt_stats, device_frames_total))
+		return -EINVAL;
+	size = out->size < sizeof(st) ? out->size : (uint32_t)sizeof(st);
+	st = m->st;
+	st.size = size;
+	st.version = KVT_STATS_VERSION;
+	st.device_frames_total = (uint64_t)m->dev.n_units * m->cfg.n_kv_heads;
+	st.device_frames_free = (uint64_t)m->dev.n_free * m->cfg.n_kv_heads;
+	st.device_frames_used = st.device_frames_total - st.device_frames_free;
+	st.host_blocks_total = (uint64_t)m->host.n_units * m->cfg.n_kv_heads;
+	st.host_blocks_free = (uint64_t)m->host.n_free * m->cfg.n_kv_heads;
+	st.host_blocks_used = st.host_blocks_total - st.host_blocks_free;
+	st.live_seqs = m->seqs.n;
+	memcpy(out, &st, size);
+	return 0;
+}
+
+KVT_API int kvt_manager_sync(struct kvt_manager *m, void *stream)
+{
+	int err;
+
+	if (!m)
+		return -EINVAL;
+	err = m->ops->sync(m->be, stream);
+	if (!err)
+		err = m->ops->save_wait(m->be, UINT64_MAX);
+	if (err)
+		return kvt_fail(m, err, "sync: %s", m->be->err);
+	return 0;
+}

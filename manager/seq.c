@@ -1,0 +1,706 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Sequences and the SnapStream data path: prefill (select, gather the resident set into device
+ * frames, save the layer into the host history), decode append (ring slot write plus
+ * write-through save), and the reads over both tiers.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "policy.h"
+
+#define DIV_UP(a, b) (((a) + (b) - 1) / (b))
+
+static inline uint64_t ptr_u64(const void *p)
+{
+	return (uint64_t)(uintptr_t)p;
+}
+
+/* Address of slot `slot` (K row) of head h in a sequence layer's device frames. */
+static inline uint64_t dev_row(const struct kvt_manager *m, const struct kvt_seq_layer *ly,
+			       uint32_t h, uint32_t slot)
+{
+	return m->dev_base + (uint64_t)ly->frames[slot >> m->lbt] * m->group_bytes +
+	       h * m->block_bytes + (uint64_t)(slot & (m->cfg.block_tokens - 1)) * m->row_bytes;
+}
+
+/* Address of position pos (K row) of head h in a sequence layer's host history. */
+static inline uint64_t host_row(const struct kvt_manager *m, const struct kvt_seq_layer *ly,
+				uint32_t h, uint32_t pos)
+{
+	return m->host_base + (uint64_t)ly->groups[pos >> m->lbt] * m->group_bytes +
+	       h * m->block_bytes + (uint64_t)(pos & (m->cfg.block_tokens - 1)) * m->row_bytes;
+}
+
+/* Grows a scratch array to hold n elements of size sz (never shrinks). */
+static int reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz)
+{
+	uint32_t c = *cap ? *cap : 64;
+	void *p;
+
+	if (n <= *cap)
+		return 0;
+	while (c < n)
+		c = c > UINT32_MAX / 2 ? n : c * 2;
+	p = realloc(*arr, (size_t)c * sz);
+	if (!p)
+		return -ENOMEM;
+	*arr = p;
+	*cap = c;
+	return 0;
+}
+
+static struct kvt_seq *find_seq(struct kvt_manager *m, uint64_t seq, int *err)
+{
+	struct kvt_seq *s = kvt_seqmap_get(&m->seqs, seq);
+
+	if (!s)
+		*err = kvt_fail(m, -ENOENT, "sequence %llu is not live", (unsigned long long)seq);
+	return s;
+}
+
+/* The sequence's layer, prefilled; or NULL with the error recorded. */
+static struct kvt_seq_layer *find_layer(struct kvt_manager *m, uint64_t seq, uint32_t layer,
+					struct kvt_seq **sp, int *err)
+{
+	struct kvt_seq *s;
+
+	if (layer >= m->cfg.n_layers) {
+		*err = kvt_fail(m, -EINVAL, "layer %u out of range (%u layers)", layer,
+				m->cfg.n_layers);
+		return NULL;
+	}
+	s = find_seq(m, seq, err);
+	if (!s)
+		return NULL;
+	if (s->layers[layer].n_tokens == 0) {
+		*err = kvt_fail(m, -EINVAL, "sequence %llu: layer %u is not prefilled",
+				(unsigned long long)seq, layer);
+		return NULL;
+	}
+	if (sp)
+		*sp = s;
+	return &s->layers[layer];
+}
+
+static void snapkv_params(const struct kvt_manager *m, uint32_t prompt, struct kvt_snapkv *p)
+{
+	*p = (struct kvt_snapkv){
+		.n_kv_heads = m->cfg.n_kv_heads,
+		.n_q_heads = m->cfg.n_q_heads,
+		.head_dim = m->cfg.head_dim,
+		.dtype = m->cfg.dtype,
+		.prompt_tokens = prompt,
+		.obs_window = m->cfg.obs_window,
+		.sink = m->cfg.sink_tokens,
+		.recent = m->cfg.recent_tokens,
+		.topk = m->cfg.topk_tokens,
+		.pool_kernel = m->cfg.pool_kernel,
+	};
+}
+
+KVT_API int kvt_seq_create(struct kvt_manager *m, uint64_t seq, uint32_t prompt_tokens)
+{
+	struct kvt_snapkv sp;
+	struct kvt_seq *s;
+	uint32_t count;
+	int err;
+
+	if (!m)
+		return -EINVAL;
+	if (prompt_tokens == 0 || prompt_tokens > INT32_MAX)
+		return kvt_fail(m, -EINVAL, "sequence %llu: prompt of %u tokens (1..2^31-1)",
+				(unsigned long long)seq, prompt_tokens);
+	if (kvt_seqmap_get(&m->seqs, seq))
+		return kvt_fail(m, -EEXIST, "sequence %llu is already live",
+				(unsigned long long)seq);
+	snapkv_params(m, prompt_tokens, &sp);
+	count = kvt_snapkv_count(&sp);
+	s = calloc(1, sizeof(*s) + (size_t)m->cfg.n_layers * sizeof(s->layers[0]));
+	if (!s)
+		return kvt_fail(m, -ENOMEM, "sequence %llu: no memory for its state",
+				(unsigned long long)seq);
+	s->id = seq;
+	s->prompt_tokens = prompt_tokens;
+	s->valid_topk = count;
+	s->n_frames = DIV_UP(m->slots_sr + count, m->cfg.block_tokens);
+	err = kvt_seqmap_put(&m->seqs, s);
+	if (err) {
+		free(s);
+		return kvt_fail(m, err, "sequence %llu: cannot grow the sequence table",
+				(unsigned long long)seq);
+	}
+	return 0;
+}
+
+/* Returns a layer's tier memory to the pools and frees its tables. */
+static void release_layer(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_layer *ly)
+{
+	if (ly->frames)
+		kvt_pool_free(&m->dev, ly->frames, s->n_frames);
+	if (ly->groups)
+		kvt_pool_free(&m->host, ly->groups, ly->n_groups);
+	free(ly->frames);
+	free(ly->groups);
+	free(ly->topk);
+	*ly = (struct kvt_seq_layer){0};
+}
+
+KVT_API int kvt_seq_destroy(struct kvt_manager *m, uint64_t seq)
+{
+	struct kvt_seq *s;
+	int err = 0;
+
+	if (!m)
+		return -EINVAL;
+	s = find_seq(m, seq, &err);
+	if (!s)
+		return err;
+	/* Its host blocks may still be the target of a pending scatter: let it land before the
+	   blocks can be handed to someone else. */
+	m->ops->save_wait(m->be, s->save_ticket);
+	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
+		release_layer(m, s, &s->layers[l]);
+	kvt_seqmap_del(&m->seqs, seq);
+	free(s);
+	return 0;
+}
+
+/* Appends one copy run (pos .. pos+n of head h's K and V to slots slot .. slot+n) to the list,
+   split at frame boundaries and merged with the previous entry when both sides continue it. */
+static void emit_run(struct kvt_manager *m, const struct kvt_seq_layer *ly, uint32_t *nx,
+		     uint64_t ksrc, uint64_t v_minus_k, uint32_t h, uint32_t pos, uint32_t slot,
+		     uint32_t n)
+{
+	uint32_t bt = m->cfg.block_tokens;
+
+	while (n) {
+		uint32_t in_frame = bt - (slot & (bt - 1));
+		uint32_t take = n < in_frame ? n : in_frame;
+		uint64_t src = ksrc + (uint64_t)pos * m->row_bytes;
+		uint64_t dst = dev_row(m, ly, h, slot);
+		struct kvt_xfer *prev = *nx ? &m->xf[*nx - 1] : NULL;
+
+		if (prev && prev->src + prev->bytes == src && prev->dst + prev->bytes == dst &&
+		    (slot & (bt - 1)) != 0) {
+			prev->bytes += take * m->row_bytes;
+		} else {
+			m->xf[(*nx)++] = (struct kvt_xfer){
+				.src = src,
+				.dst = dst,
+				.bytes = take * m->row_bytes,
+				.reps = 2, /* K, then V */
+				.src_stride = v_minus_k,
+				.dst_stride = m->v_offset,
+			};
+		}
+		pos += take;
+		slot += take;
+		n -= take;
+	}
+}
+
+/* Most copy entries one layer's resident gather can need per head: every top-K position alone,
+   plus sink and ring split at frame boundaries (and the ring once more where it wraps). */
+static uint32_t gather_entries_per_head(const struct kvt_manager *m, const struct kvt_seq *s)
+{
+	uint32_t bt = m->cfg.block_tokens;
+
+	return s->valid_topk + DIV_UP(m->cfg.sink_tokens, bt) + DIV_UP(m->cfg.recent_tokens, bt) +
+	       4;
+}
+
+KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t layer, const void *k,
+			      const void *v, const void *q_obs, void *stream)
+{
+	const struct kvt_config *c;
+	struct kvt_seq_layer ly = {0};
+	struct kvt_snapkv sp;
+	struct kvt_seq *s;
+	uint32_t L, nb, nx = 0, count, sink, recent;
+	uint64_t ticket, layer_bytes, v_minus_k;
+	int err = 0;
+
+	if (!m)
+		return -EINVAL;
+	c = &m->cfg;
+	if (layer >= c->n_layers)
+		return kvt_fail(m, -EINVAL, "layer %u out of range (%u layers)", layer, c->n_layers);
+	s = find_seq(m, seq, &err);
+	if (!s)
+		return err;
+	if (s->layers[layer].n_tokens)
+		return kvt_fail(m, -EEXIST, "sequence %llu: layer %u is already prefilled",
+				(unsigned long long)seq, layer);
+	count = s->valid_topk;
+	if (!k || !v || (count && !q_obs))
+		return kvt_fail(m, -EINVAL, "sequence %llu layer %u: NULL %s",
+				(unsigned long long)seq, layer, !k ? "k" : !v ? "v" : "q_obs");
+	L = s->prompt_tokens;
+	sink = c->sink_tokens;
+	recent = c->recent_tokens;
+	nb = DIV_UP(L, c->block_tokens);
+
+	/* Tables and scratch first: nothing visible changes until the pools are touched. */
+	ly.frames = malloc((size_t)s->n_frames * sizeof(*ly.frames));
+	ly.groups = malloc((size_t)nb * sizeof(*ly.groups));
+	ly.cap_groups = nb;
+	if (count)
+		ly.topk = malloc((size_t)c->n_kv_heads * count * sizeof(*ly.topk));
+	snapkv_params(m, L, &sp);
+	if (count && m->payload && kvt_snapkv_scratch_bytes(&sp) > m->sel_scratch_bytes) {
+		size_t want = kvt_snapkv_scratch_bytes(&sp);
+		void *p = realloc(m->sel_scratch, want);
+
+		if (p) {
+			m->sel_scratch = p;
+			m->sel_scratch_bytes = want;
+		} else {
+			err = -ENOMEM;
+		}
+	}
+	if (!err) {
+		uint64_t need = (uint64_t)c->n_kv_heads * gather_entries_per_head(m, s);
+		uint64_t save_entries = 2ull * nb;
+
+		need = need > save_entries ? need : save_entries;
+		if (need > UINT32_MAX)
+			err = -ENOMEM;
+		else
+			err = reserve((void **)&m->xf, &m->xf_cap, (uint32_t)need, sizeof(*m->xf));
+	}
+	if (err || !ly.frames || !ly.groups || (count && !ly.topk)) {
+		err = kvt_fail(m, -ENOMEM, "sequence %llu layer %u: no memory for its tables",
+			       (unsigned long long)seq, layer);
+		goto fail_tables;
+	}
+	err = kvt_pool_alloc(&m->dev, s->n_frames, ly.frames);
+	if (err) {
+		err = kvt_fail(m, err, "sequence %llu layer %u: device tier full (%u of %u frame "
+				       "groups free, %u needed)",
+			       (unsigned long long)seq, layer, m->dev.n_free, m->dev.n_units,
+			       s->n_frames);
+		goto fail_tables;
+	}
+	err = kvt_pool_alloc(&m->host, nb, ly.groups);
+	if (err) {
+		err = kvt_fail(m, err, "sequence %llu layer %u: host tier full (%u of %u block "
+				       "groups free, %u needed)",
+			       (unsigned long long)seq, layer, m->host.n_free, m->host.n_units, nb);
+		goto fail_dev;
+	}
+	ly.n_groups = nb;
+
+	/* Select (SnapKV). Without payload there is no data to score: keep the candidates
+	   nearest the recent window, which is what a recency prior would keep. */
+	if (count && m->payload) {
+		err = kvt_snapkv_select(&sp, k, q_obs, ly.topk, m->sel_scratch);
+		if (err) {
+			err = kvt_fail(m, err, "sequence %llu layer %u: selection failed",
+				       (unsigned long long)seq, layer);
+			goto fail_host;
+		}
+	} else if (count) {
+		uint32_t hi = L - recent < L - c->obs_window ? L - recent : L - c->obs_window;
+
+		for (uint32_t h = 0; h < c->n_kv_heads; h++)
+			for (uint32_t i = 0; i < count; i++)
+				ly.topk[(size_t)h * count + i] = (int32_t)(hi - count + i);
+	}
+
+	/* Gather sink, ring and top-K rows of the caller's tensors into the frames. */
+	v_minus_k = ptr_u64(v) - ptr_u64(k); /* modulo 2^64: K address + this = V address */
+	layer_bytes = (uint64_t)L * m->row_bytes;
+	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
+		uint64_t ksrc = ptr_u64(k) + h * layer_bytes;
+		uint32_t n_sink = L < sink ? L : sink;
+		uint32_t r0 = L > sink + recent ? L - recent : sink; /* first ring position */
+
+		emit_run(m, &ly, &nx, ksrc, v_minus_k, h, 0, 0, n_sink);
+		for (uint32_t p = r0; p < L;) {
+			uint32_t slot = kvt_ring_slot(p, sink, recent);
+			uint32_t until_wrap = sink + recent - slot;
+			uint32_t n = L - p < until_wrap ? L - p : until_wrap;
+
+			emit_run(m, &ly, &nx, ksrc, v_minus_k, h, p, slot, n);
+			p += n;
+		}
+		for (uint32_t i = 0; i < count; i++)
+			emit_run(m, &ly, &nx, ksrc, v_minus_k, h,
+				 (uint32_t)ly.topk[(size_t)h * count + i], m->slots_sr + i, 1);
+	}
+	err = m->ops->copy_d2d(m->be, m->xf, nx, stream);
+	if (err) {
+		err = kvt_fail(m, err, "sequence %llu layer %u: gather into frames: %s",
+			       (unsigned long long)seq, layer, m->be->err);
+		goto fail_host;
+	}
+
+	/* Save the whole layer into the host history: per block index, all heads' K rows in
+	   one strided entry and their V rows in another. */
+	nx = 0;
+	for (uint32_t b = 0; b < nb; b++) {
+		uint32_t p0 = b * c->block_tokens;
+		uint32_t n = L - p0 < c->block_tokens ? L - p0 : c->block_tokens;
+		struct kvt_xfer e = {
+			.src = (uint64_t)p0 * m->row_bytes,
+			.dst = host_row(m, &ly, 0, p0),
+			.bytes = n * m->row_bytes,
+			.reps = c->n_kv_heads,
+			.src_stride = layer_bytes,
+			.dst_stride = m->block_bytes,
+		};
+
+		m->xf[nx++] = e;
+		e.src += c->n_kv_heads * layer_bytes;
+		e.dst += m->v_offset;
+		m->xf[nx++] = e;
+	}
+	struct kvt_save_src src[2] = {
+		{ptr_u64(k), c->n_kv_heads * layer_bytes},
+		{ptr_u64(v), c->n_kv_heads * layer_bytes},
+	};
+	err = m->ops->save(m->be, src, 2, m->xf, nx, stream, &ticket);
+	if (err) {
+		/* A multi-chunk save may have handed chunks over: let them land before the
+		   blocks return to the pool. */
+		m->ops->save_wait(m->be, UINT64_MAX);
+		err = kvt_fail(m, err, "sequence %llu layer %u: save to host: %s",
+			       (unsigned long long)seq, layer, m->be->err);
+		goto fail_host;
+	}
+
+	ly.n_tokens = L;
+	ly.ring_slot = kvt_ring_slot(L, sink, recent);
+	s->layers[layer] = ly;
+	s->layers_prefilled++;
+	s->save_ticket = ticket;
+	m->st.prefill_layers++;
+	m->st.saves_submitted++;
+	m->st.tokens_prompt += L;
+	m->st.tokens_saved += L;
+	{
+		uint32_t resident = (L < m->slots_sr ? L : m->slots_sr) + count;
+
+		m->st.tokens_resident += resident;
+		m->st.bytes_d2d += 2ull * resident * m->row_bytes * c->n_kv_heads;
+	}
+	m->st.bytes_d2h += 2ull * c->n_kv_heads * layer_bytes;
+	return 0;
+
+fail_host:
+	kvt_pool_free(&m->host, ly.groups, ly.n_groups);
+fail_dev:
+	kvt_pool_free(&m->dev, ly.frames, s->n_frames);
+fail_tables:
+	free(ly.frames);
+	free(ly.groups);
+	free(ly.topk);
+	return err;
+}
+
+KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
+			      uint32_t n, const void *k, const void *v, void *stream)
+{
+	const uint32_t bt_mask = m ? m->cfg.block_tokens - 1 : 0;
+	struct kvt_append_geom g;
+	uint32_t need = 0, got = 0;
+	uint64_t ticket, stamp;
+	int err = 0;
+
+	if (!m)
+		return -EINVAL;
+	if (!seqs || !k || !v || n == 0)
+		return kvt_fail(m, -EINVAL, "decode: %s", n == 0 ? "empty batch" : "NULL pointer");
+	if (layer >= m->cfg.n_layers)
+		return kvt_fail(m, -EINVAL, "decode: layer %u out of range (%u layers)", layer,
+				m->cfg.n_layers);
+	if (reserve((void **)&m->batch, &m->batch_cap, n, sizeof(*m->batch)) ||
+	    reserve((void **)&m->ap, &m->ap_cap, n, sizeof(*m->ap)))
+		return kvt_fail(m, -ENOMEM, "decode: no memory for a batch of %u", n);
+
+	/* Pass 1: validate every sequence and count the host groups needed; only capacity of
+	   tables changes (invisible). */
+	stamp = ++m->stamp;
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvt_seq *s = kvt_seqmap_get(&m->seqs, seqs[i]);
+		struct kvt_seq_layer *ly;
+
+		if (!s)
+			return kvt_fail(m, -ENOENT, "decode: sequence %llu is not live",
+					(unsigned long long)seqs[i]);
+		if (s->stamp == stamp)
+			return kvt_fail(m, -EINVAL, "decode: sequence %llu appears twice in the batch",
+					(unsigned long long)seqs[i]);
+		s->stamp = stamp;
+		ly = &s->layers[layer];
+		if (ly->n_tokens == 0)
+			return kvt_fail(m, -EINVAL, "decode: sequence %llu: layer %u is not prefilled",
+					(unsigned long long)seqs[i], layer);
+		if (ly->n_tokens >= INT32_MAX)
+			return kvt_fail(m, -EOVERFLOW, "decode: sequence %llu: layer %u is full",
+					(unsigned long long)seqs[i], layer);
+		if ((ly->n_tokens & bt_mask) == 0) {
+			if (need == m->host.n_free)
+				return kvt_fail(m, -ENOMEM, "decode: host tier full at sequence %llu "
+							    "(%u block groups free)",
+						(unsigned long long)seqs[i], m->host.n_free);
+			need++;
+			if (ly->n_groups == ly->cap_groups) {
+				uint32_t cap = ly->cap_groups;
+
+				if (reserve((void **)&ly->groups, &cap, ly->n_groups + 1,
+					    sizeof(*ly->groups)))
+					return kvt_fail(m, -ENOMEM,
+							"decode: sequence %llu: no memory for its "
+							"block table",
+							(unsigned long long)seqs[i]);
+				ly->cap_groups = cap;
+			}
+		}
+		m->batch[i] = s;
+	}
+
+	/* Pass 2: take the new host groups and describe each token's two destinations. */
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
+		uint32_t p = ly->n_tokens;
+
+		if ((p & bt_mask) == 0) {
+			kvt_pool_alloc(&m->host, 1, &ly->groups[ly->n_groups++]); /* counted above */
+			got++;
+		}
+		m->ap[i].dev = dev_row(m, ly, 0, ly->ring_slot);
+		m->ap[i].host = host_row(m, ly, 0, p);
+	}
+	g = (struct kvt_append_geom){m->cfg.n_kv_heads, m->row_bytes, m->block_bytes, m->v_offset};
+	err = m->ops->append(m->be, ptr_u64(k), ptr_u64(v), n, m->ap, &g, stream, &ticket);
+	if (err) {
+		/* Give the new groups back, newest first, so tables and pool are as before. */
+		for (uint32_t i = n; i-- > 0 && got;) {
+			struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
+
+			if ((ly->n_tokens & bt_mask) == 0) {
+				kvt_pool_free(&m->host, &ly->groups[--ly->n_groups], 1);
+				got--;
+			}
+		}
+		return kvt_fail(m, err, "decode: layer %u: %s", layer, m->be->err);
+	}
+
+	/* Pass 3: commit. */
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvt_seq *s = m->batch[i];
+		struct kvt_seq_layer *ly = &s->layers[layer];
+
+		ly->n_tokens++;
+		if (++ly->ring_slot == m->slots_sr)
+			ly->ring_slot = m->cfg.sink_tokens;
+		s->save_ticket = ticket;
+	}
+	m->st.decode_calls++;
+	m->st.saves_submitted++;
+	m->st.tokens_appended += n;
+	m->st.tokens_saved += n;
+	m->st.bytes_d2d += 2ull * n * m->cfg.n_kv_heads * m->row_bytes;
+	m->st.bytes_d2h += 2ull * n * m->cfg.n_kv_heads * m->row_bytes;
+	return 0;
+}
+
+/* Resident slot of pos in (layer, head), or -1 when pos lives only in the host history. */
+static int64_t resident_slot(const struct kvt_manager *m, const struct kvt_seq *s,
+			     const struct kvt_seq_layer *ly, uint32_t h, uint32_t pos)
+{
+	uint32_t sink = m->cfg.sink_tokens, recent = m->cfg.recent_tokens, N = ly->n_tokens;
+	uint32_t ring0 = N > recent ? N - recent : 0;
+
+	if (pos < sink)
+		return pos;
+	if (pos >= ring0)
+		return kvt_ring_slot(pos, sink, recent);
+	if (s->valid_topk) {
+		const int32_t *t = ly->topk + (size_t)h * s->valid_topk;
+		uint32_t lo = 0, hi = s->valid_topk;
+
+		while (lo < hi) {
+			uint32_t mid = lo + (hi - lo) / 2;
+
+			if ((uint32_t)t[mid] < pos)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		if (lo < s->valid_topk && (uint32_t)t[lo] == pos)
+			return m->slots_sr + lo;
+	}
+	return -1;
+}
+
+KVT_API int kvt_seq_resident_positions(struct kvt_manager *m, uint64_t seq, uint32_t layer,
+				       uint32_t kv_head, int32_t *out, uint32_t cap,
+				       uint32_t *n_out)
+{
+	const struct kvt_seq_layer *ly;
+	struct kvt_seq *s;
+	uint32_t sink, N, n_sink, ring0, total, w = 0;
+	int err = 0;
+
+	if (!m)
+		return -EINVAL;
+	if (!n_out || (cap && !out))
+		return kvt_fail(m, -EINVAL, "resident positions: NULL %s", !n_out ? "n_out" : "out");
+	ly = find_layer(m, seq, layer, &s, &err);
+	if (!ly)
+		return err;
+	if (kv_head >= m->cfg.n_kv_heads)
+		return kvt_fail(m, -EINVAL, "kv head %u out of range (%u heads)", kv_head,
+				m->cfg.n_kv_heads);
+	sink = m->cfg.sink_tokens;
+	N = ly->n_tokens;
+	n_sink = N < sink ? N : sink;
+	ring0 = N > m->cfg.recent_tokens ? N - m->cfg.recent_tokens : 0;
+	if (ring0 < sink)
+		ring0 = sink;
+	total = n_sink + s->valid_topk + (N > ring0 ? N - ring0 : 0);
+	*n_out = total;
+	if (cap < total)
+		return kvt_fail(m, -ENOSPC, "resident positions: %u needed, room for %u", total,
+				cap);
+	for (uint32_t p = 0; p < n_sink; p++)
+		out[w++] = (int32_t)p;
+	if (s->valid_topk)
+		memcpy(out + w, ly->topk + (size_t)kv_head * s->valid_topk,
+		       s->valid_topk * sizeof(*out));
+	w += s->valid_topk;
+	for (uint32_t p = ring0; p < N; p++)
+		out[w++] = (int32_t)p;
+	return 0;
+}
+
+static int read_token(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t h,
+		      uint32_t pos, void *k_out, void *v_out, bool force_host)
+{
+	const struct kvt_seq_layer *ly;
+	struct kvt_seq *s;
+	int64_t slot;
+	int err = 0;
+
+	if (!m)
+		return -EINVAL;
+	if (!k_out || !v_out)
+		return kvt_fail(m, -EINVAL, "read token: NULL output");
+	ly = find_layer(m, seq, layer, &s, &err);
+	if (!ly)
+		return err;
+	if (h >= m->cfg.n_kv_heads || pos >= ly->n_tokens)
+		return kvt_fail(m, -EINVAL, "read token: %s %u out of range",
+				h >= m->cfg.n_kv_heads ? "kv head" : "position",
+				h >= m->cfg.n_kv_heads ? h : pos);
+	if (!m->payload)
+		return kvt_fail(m, -ENOTSUP, "read token: backend %s holds no payload",
+				m->ops->name);
+	slot = force_host ? -1 : resident_slot(m, s, ly, h, pos);
+	if (slot >= 0) {
+		uint64_t a = dev_row(m, ly, h, (uint32_t)slot);
+
+		err = m->ops->read_d2h(m->be, k_out, a, m->row_bytes);
+		if (!err)
+			err = m->ops->read_d2h(m->be, v_out, a + m->v_offset, m->row_bytes);
+		if (err)
+			return kvt_fail(m, err, "read token: device read: %s", m->be->err);
+		m->st.bytes_d2h += 2ull * m->row_bytes;
+		return 0;
+	}
+	err = m->ops->save_wait(m->be, s->save_ticket);
+	if (err)
+		return kvt_fail(m, err, "read token: waiting for its save: %s", m->be->err);
+	{
+		const uint8_t *a = (const uint8_t *)(uintptr_t)host_row(m, ly, h, pos);
+
+		memcpy(k_out, a, m->row_bytes);
+		memcpy(v_out, a + m->v_offset, m->row_bytes);
+	}
+	return 0;
+}
+
+KVT_API int kvt_seq_read_token(struct kvt_manager *m, uint64_t seq, uint32_t layer,
+			       uint32_t kv_head, uint32_t pos, void *k_out, void *v_out)
+{
+	return read_token(m, seq, layer, kv_head, pos, k_out, v_out, false);
+}
+
+int kvt_seq_read_token_host(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t head,
+			    uint32_t pos, void *k_out, void *v_out)
+{
+	return read_token(m, seq, layer, head, pos, k_out, v_out, true);
+}
+
+KVT_API int kvt_seq_tokens(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t *n_out)
+{
+	struct kvt_seq *s;
+	int err = 0;
+
+	if (!m)
+		return -EINVAL;
+	if (!n_out)
+		return kvt_fail(m, -EINVAL, "tokens: NULL n_out");
+	if (layer >= m->cfg.n_layers)
+		return kvt_fail(m, -EINVAL, "layer %u out of range (%u layers)", layer,
+				m->cfg.n_layers);
+	s = find_seq(m, seq, &err);
+	if (!s)
+		return err;
+	*n_out = s->layers[layer].n_tokens;
+	return 0;
+}
+
+KVT_API int kvt_attend(struct kvt_manager *m, uint64_t seq, uint32_t layer, const float *q,
+		       float *out)
+{
+	const struct kvt_seq_layer *ly;
+	const struct kvt_config *c;
+	struct kvt_seq *s;
+	uint32_t n_valid, bt;
+	int err = 0;
+
+	if (!m)
+		return -EINVAL;
+	if (!q || !out)
+		return kvt_fail(m, -EINVAL, "attend: NULL %s", !q ? "q" : "out");
+	ly = find_layer(m, seq, layer, &s, &err);
+	if (!ly)
+		return err;
+	if (!m->cpu_device)
+		return kvt_fail(m, -ENOTSUP, "attend: backend %s has no reference attention",
+				m->ops->name);
+	c = &m->cfg;
+	bt = c->block_tokens;
+	/* Valid slots: [0, min(N, sink + recent)) plus the top-K slots right after the ring,
+	   which exist only when the prompt filled the ring (so the range is contiguous). */
+	n_valid = (ly->n_tokens < m->slots_sr ? ly->n_tokens : m->slots_sr) + s->valid_topk;
+	if (reserve((void **)&m->segs, &m->segs_cap, s->n_frames, sizeof(*m->segs)))
+		return kvt_fail(m, -ENOMEM, "attend: no memory for %u segments", s->n_frames);
+	err = m->ops->sync(m->be, NULL);
+	if (err)
+		return kvt_fail(m, err, "attend: %s", m->be->err);
+	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
+		uint32_t nseg = 0;
+
+		for (uint32_t s0 = 0; s0 < n_valid; s0 += bt) {
+			uint64_t a = dev_row(m, ly, h, s0);
+
+			m->segs[nseg++] = (struct kvt_attend_rows){
+				.k = (const void *)(uintptr_t)a,
+				.v = (const void *)(uintptr_t)(a + m->v_offset),
+				.k_stride = m->row_bytes,
+				.v_stride = m->row_bytes,
+				.n = n_valid - s0 < bt ? n_valid - s0 : bt,
+			};
+		}
+		kvt_attend_rows(c->dtype, c->head_dim, q + (size_t)h * m->group_q * c->head_dim,
+				m->group_q, m->segs, nseg, out + (size_t)h * m->group_q * c->head_dim);
+	}
+	return 0;
+}

@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * policy: what to keep. CPU reference versions of SnapKV selection (DESIGN.md, "SnapKV
+ * selection"), the StreamingLLM ring rule, dtype conversion and decode attention. A backend that
+ * computes any of these on its own device must match these functions on the same inputs.
+ */
+#ifndef KVT_POLICY_H
+#define KVT_POLICY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier.h"
+
+/* Bytes of one element of dtype: 4, 2 or 2; 0 for an unknown dtype. */
+static inline uint32_t kvt_dtype_size(enum kvt_dtype dt)
+{
+	switch (dt) {
+	case KVT_DTYPE_F32:
+		return 4;
+	case KVT_DTYPE_F16:
+	case KVT_DTYPE_BF16:
+		return 2;
+	}
+	return 0;
+}
+
+/* Converts n elements of dtype at src to f32 at dst (exact: every f16/bf16 value, subnormals,
+   infinities and NaN included, has an f32 equal). */
+void kvt_to_f32(enum kvt_dtype dt, const void *src, float *dst, size_t n);
+
+/* Converts n f32 values to dtype with round-to-nearest-even (NaN stays NaN, overflow gives inf). */
+void kvt_from_f32(enum kvt_dtype dt, const float *src, void *dst, size_t n);
+
+/* Ring rule (DESIGN.md): the slot of position p in the sink+ring slot space. recent >= 1. */
+static inline uint32_t kvt_ring_slot(uint32_t p, uint32_t sink, uint32_t recent)
+{
+	return p < sink ? p : sink + (p - sink) % recent;
+}
+
+struct kvt_snapkv {
+	uint32_t n_kv_heads, n_q_heads, head_dim; /* n_q_heads % n_kv_heads == 0 */
+	enum kvt_dtype dtype;
+	uint32_t prompt_tokens;                   /* L */
+	uint32_t obs_window;                      /* L_obs */
+	uint32_t sink, recent, topk, pool_kernel; /* pool_kernel odd */
+};
+
+/* valid_topk of DESIGN.md step 5/6: min(topk, #candidates) where candidates are
+   [sink, min(L - recent, L - L_obs)); 0 when L <= sink + recent (Case 1), when topk == 0, or
+   when that interval is empty. Depends only on the parameters, never on the data. */
+uint32_t kvt_snapkv_count(const struct kvt_snapkv *p);
+
+/* Bytes of f32 scratch kvt_snapkv_select needs (a caller-owned buffer, so selection itself
+   never allocates). */
+size_t kvt_snapkv_scratch_bytes(const struct kvt_snapkv *p);
+
+/* SnapKV selection exactly as DESIGN.md defines it. k is [n_kv_heads][L][head_dim], q_obs is
+   [n_q_heads][L_obs][head_dim], both of p->dtype; computation in f32. Writes, for each kv head
+   h, kvt_snapkv_count(p) positions in ascending order to out[h * count ...]. Ties of the
+   pooled score go to the lower position; NaN scores rank below every number. When the count
+   is 0 nothing is read (k and q_obs may be NULL). Returns 0, or -EINVAL for invalid
+   parameters (zero heads/dims, n_q_heads not a multiple of n_kv_heads, even pool_kernel). */
+int kvt_snapkv_select(const struct kvt_snapkv *p, const void *k, const void *q_obs, int32_t *out,
+		      void *scratch);
+
+/* Pooled vote of DESIGN.md steps 1-3 for kv head h, written to pooled[0 .. L - L_obs)
+   (nothing when L <= L_obs). Exposed so tests and other backends can compare scores, not just
+   the final choice. scratch as for kvt_snapkv_select. */
+int kvt_snapkv_scores(const struct kvt_snapkv *p, uint32_t h, const void *k, const void *q_obs,
+		      float *pooled, void *scratch);
+
+/* One key/value row source for kvt_attend_rows: n rows of head_dim elements of dtype. */
+struct kvt_attend_rows {
+	const void *k; /* row i at k + i * k_stride bytes */
+	const void *v;
+	size_t k_stride, v_stride;
+	uint32_t n;
+};
+
+/* Reference decode attention for one kv head: for each of the g_count query heads q[g]
+   ([g_count][head_dim] f32), out[g] = sum_j softmax_j(q[g].k_j / sqrt(head_dim)) v_j over every
+   row of every segment (n_seg segments), f32 accumulation, max-subtracted softmax. With no rows
+   at all, out is zeroed. */
+void kvt_attend_rows(enum kvt_dtype dt, uint32_t head_dim, const float *q, uint32_t g_count,
+		     const struct kvt_attend_rows *seg, uint32_t n_seg, float *out);
+
+#endif /* KVT_POLICY_H */

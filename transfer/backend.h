@@ -1,0 +1,124 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * transfer: the internal vtable every backend implements. The manager decides what moves where
+ * and hands the backend lists of copies; a backend only moves bytes (and, optionally, runs the
+ * policy on its own device). Addresses in lists are absolute (uint64_t) in the memory space the
+ * entry names, so one list format serves RAM, device pointers and UVA-mapped host memory.
+ */
+#ifndef KVT_BACKEND_H
+#define KVT_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier.h"
+
+#define KVT_BACKEND_OPS_VERSION 1
+
+enum kvt_tier {
+	KVT_TIER_DEVICE = 0,
+	KVT_TIER_HOST = 1,
+};
+
+/* One entry of a copy list: `reps` pieces of `bytes`, piece r from src + r * src_stride to
+   dst + r * dst_stride. For saves, src is an offset into the concatenation of the job's
+   sources rather than an address. */
+struct kvt_xfer {
+	uint64_t src, dst;
+	uint32_t bytes, reps;
+	uint64_t src_stride, dst_stride;
+};
+
+/* One sequence of a decode append: where head 0's K row goes in the ring slot's device frame
+   and in the host history block. Head h is at + h * head_stride in both tiers; the V row at
+   + v_offset from its K row. The source rows are k[i][h], v[i][h] of the batch tensors. */
+struct kvt_append {
+	uint64_t dev, host;
+};
+
+struct kvt_append_geom {
+	uint32_t n_heads, row_bytes;
+	uint64_t head_stride, v_offset;
+};
+
+/* A source of a save: bytes at addr in device memory (caller's tensors). */
+struct kvt_save_src {
+	uint64_t addr, bytes;
+};
+
+struct kvt_backend_params {
+	uint32_t save_threads;
+	uint64_t staging_bytes;
+};
+
+/* Backend flags. */
+#define KVT_BE_DEVICE_CPU_READABLE (1u << 0) /* device arena and caller tensors are CPU memory */
+#define KVT_BE_NO_PAYLOAD (1u << 1)          /* moves no bytes (accounting/timing only) */
+
+/* The common head of every backend instance; implementations embed it first. */
+struct kvt_be {
+	const struct kvt_backend_ops *ops;
+	uint32_t flags;
+	char err[256]; /* detail of the latest failure, copied into the manager's last error */
+};
+
+struct kvt_backend_ops {
+	uint32_t version; /* KVT_BACKEND_OPS_VERSION */
+	const char *name;
+
+	int (*create)(const struct kvt_backend_params *p, struct kvt_be **out);
+	void (*destroy)(struct kvt_be *b);
+
+	/* One arena per tier: device frames, host blocks (host-addressable for every backend that
+	   carries payload; mapped for the GPU where there is one). *base is the arena address. */
+	int (*arena_alloc)(struct kvt_be *b, enum kvt_tier tier, uint64_t bytes,
+			   uint64_t *base);
+	void (*arena_free)(struct kvt_be *b, enum kvt_tier tier, uint64_t base,
+			   uint64_t bytes);
+
+	/* Device -> device copies (caller tensors into frames, frame to frame). */
+	int (*copy_d2d)(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n, void *stream);
+
+	/* Host blocks -> device frames (FlashH2D on the GPU: one fused gather). */
+	int (*gather_h2d)(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n,
+			  void *stream);
+
+	/* Saves device rows into host blocks (FlashD2H): one contiguous copy of the sources into
+	   a staging buffer, then the save threads scatter x (src = offsets into the sources).
+	   *ticket identifies the save for save_wait. The sources may be reused when the call
+	   returns (stream-ordered on a GPU); the destinations are written asynchronously. */
+	int (*save)(struct kvt_be *b, const struct kvt_save_src *src, uint32_t n_src,
+		    const struct kvt_xfer *x, uint32_t n, void *stream, uint64_t *ticket);
+
+	/* A decode step of one layer: writes each sequence's rows into its ring slot (device)
+	   and saves them to its host block, as copy_d2d plus save would, with O(1) description
+	   per sequence. k, v: [n][n_heads][row]. */
+	int (*append)(struct kvt_be *b, uint64_t k, uint64_t v, uint32_t n,
+		      const struct kvt_append *a, const struct kvt_append_geom *g, void *stream,
+		      uint64_t *ticket);
+
+	/* Blocks until every save with a ticket <= ticket has landed in host memory. */
+	int (*save_wait)(struct kvt_be *b, uint64_t ticket);
+
+	/* Synchronous device -> host read of bytes at src into dst (host memory). */
+	int (*read_d2h)(struct kvt_be *b, void *dst, uint64_t src, uint64_t bytes);
+
+	/* Waits for the work queued on stream (NULL: the backend's default stream). */
+	int (*sync)(struct kvt_be *b, void *stream);
+};
+
+/* The backend for a kvt_backend value (AUTO resolved), or NULL with *err set to -ENODEV or
+   -ENOTSUP when it is not available in this build or on this machine. */
+const struct kvt_backend_ops *kvt_backend_find(enum kvt_backend which, enum kvt_backend *resolved,
+					       int *err);
+
+extern const struct kvt_backend_ops kvt_backend_host_ops;
+/* Moves no payload: every op succeeds after validating its arguments. Used by benchmarks to
+   measure the manager's own bookkeeping apart from the copies; not selectable from the API. */
+extern const struct kvt_backend_ops kvt_backend_null_ops;
+
+/* Records a formatted detail in b->err; returns err so a caller can `return kvt_be_fail(...)`. */
+int kvt_be_fail(struct kvt_be *b, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+#endif /* KVT_BACKEND_H */
