@@ -22,9 +22,15 @@
 #include "policy.h"
 #include "pool.h"
 
+/* One cache line per layer (the sequence is allocated 64-byte aligned): a decode call touches
+   exactly one line of each sequence's layer state. */
 struct kvt_seq_layer {
-	uint32_t n_tokens;  /* tokens written; 0 = not prefilled */
+	_Alignas(64) uint32_t n_tokens;  /* tokens written; 0 = not prefilled */
 	uint32_t ring_slot; /* slot the next token goes to */
+	/* Cursors for decode, so a token costs no table lookup except at a frame or block
+	   boundary: head 0's K row address of ring_slot, and of position n_tokens in the host
+	   history (0 when that position starts a block not allocated yet). */
+	uint64_t dev_next, host_next;
 	uint32_t n_groups, cap_groups;
 	uint32_t *groups; /* host group of block index b, b < n_groups */
 	uint32_t *frames; /* device frame group of frame index f, f < seq->n_frames */
@@ -43,11 +49,17 @@ struct kvt_seq {
 };
 
 /* Open-addressing map from sequence id to sequence, linear probing with backward-shift
-   deletion (no tombstones), at most half full. */
+   deletion (no tombstones), at most half full; key and value share a slot so a lookup touches
+   one cache line. */
+struct kvt_seqmap_slot {
+	uint64_t key;
+	struct kvt_seq *val; /* NULL = empty slot */
+};
+
 struct kvt_seqmap {
-	uint64_t *keys;
-	struct kvt_seq **vals; /* NULL = empty slot */
-	uint32_t cap, n;       /* cap is a power of two */
+	struct kvt_seqmap_slot *slots;
+	uint32_t cap, n; /* cap is a power of two */
+	uint32_t shift;  /* 64 - log2(cap) */
 };
 
 int kvt_seqmap_init(struct kvt_seqmap *sm);
@@ -77,6 +89,8 @@ struct kvt_manager {
 	uint32_t xf_cap;
 	struct kvt_append *ap;
 	uint32_t ap_cap;
+	uint32_t *fresh; /* batch indices that start a new host block */
+	uint32_t fresh_cap;
 	struct kvt_seq **batch;
 	uint32_t batch_cap;
 	void *sel_scratch;

@@ -201,7 +201,7 @@ KVT_API void kvt_manager_destroy(struct kvt_manager *m)
 	m->ops->save_wait(m->be, UINT64_MAX);
 	m->ops->sync(m->be, NULL);
 	for (uint32_t i = 0; i < m->seqs.cap; i++) {
-		struct kvt_seq *s = m->seqs.vals[i];
+		struct kvt_seq *s = m->seqs.slots[i].val;
 
 		if (!s)
 			continue;
@@ -217,6 +217,7 @@ KVT_API void kvt_manager_destroy(struct kvt_manager *m)
 	m->ops->destroy(m->be);
 	free(m->xf);
 	free(m->ap);
+	free(m->fresh);
 	free(m->batch);
 	free(m->sel_scratch);
 	free(m->segs);

@@ -118,7 +118,11 @@ KVT_API int kvt_seq_create(struct kvt_manager *m, uint64_t seq, uint32_t prompt_
 				(unsigned long long)seq);
 	snapkv_params(m, prompt_tokens, &sp);
 	count = kvt_snapkv_count(&sp);
-	s = calloc(1, sizeof(*s) + (size_t)m->cfg.n_layers * sizeof(s->layers[0]));
+	size_t bytes = sizeof(*s) + (size_t)m->cfg.n_layers * sizeof(s->layers[0]);
+
+	s = aligned_alloc(_Alignof(struct kvt_seq), bytes);
+	if (s)
+		memset(s, 0, bytes);
 	if (!s)
 		return kvt_fail(m, -ENOMEM, "sequence %llu: no memory for its state",
 				(unsigned long long)seq);
@@ -374,6 +378,8 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 
 	ly.n_tokens = L;
 	ly.ring_slot = kvt_ring_slot(L, sink, recent);
+	ly.dev_next = dev_row(m, &ly, 0, ly.ring_slot);
+	ly.host_next = (L & (c->block_tokens - 1)) ? host_row(m, &ly, 0, L) : 0;
 	s->layers[layer] = ly;
 	s->layers_prefilled++;
 	s->save_ticket = ticket;
@@ -404,9 +410,8 @@ fail_tables:
 KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
 			      uint32_t n, const void *k, const void *v, void *stream)
 {
-	const uint32_t bt_mask = m ? m->cfg.block_tokens - 1 : 0;
 	struct kvt_append_geom g;
-	uint32_t need = 0, got = 0;
+	uint32_t n_fresh = 0, bt_mask;
 	uint64_t ticket, stamp;
 	int err = 0;
 
@@ -418,11 +423,14 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 		return kvt_fail(m, -EINVAL, "decode: layer %u out of range (%u layers)", layer,
 				m->cfg.n_layers);
 	if (reserve((void **)&m->batch, &m->batch_cap, n, sizeof(*m->batch)) ||
-	    reserve((void **)&m->ap, &m->ap_cap, n, sizeof(*m->ap)))
+	    reserve((void **)&m->ap, &m->ap_cap, n, sizeof(*m->ap)) ||
+	    reserve((void **)&m->fresh, &m->fresh_cap, n, sizeof(*m->fresh)))
 		return kvt_fail(m, -ENOMEM, "decode: no memory for a batch of %u", n);
+	bt_mask = m->cfg.block_tokens - 1;
 
-	/* Pass 1: validate every sequence and count the host groups needed; only capacity of
-	   tables changes (invisible). */
+	/* Pass 1: validate every sequence and describe its token's two destinations from the
+	   layer's cursors; tokens that open a host block are listed for allocation. Only the
+	   capacity of tables changes here (invisible). */
 	stamp = ++m->stamp;
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_seq *s = kvt_seqmap_get(&m->seqs, seqs[i]);
@@ -442,62 +450,60 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 		if (ly->n_tokens >= INT32_MAX)
 			return kvt_fail(m, -EOVERFLOW, "decode: sequence %llu: layer %u is full",
 					(unsigned long long)seqs[i], layer);
-		if ((ly->n_tokens & bt_mask) == 0) {
-			if (need == m->host.n_free)
-				return kvt_fail(m, -ENOMEM, "decode: host tier full at sequence %llu "
-							    "(%u block groups free)",
-						(unsigned long long)seqs[i], m->host.n_free);
-			need++;
-			if (ly->n_groups == ly->cap_groups) {
-				uint32_t cap = ly->cap_groups;
-
-				if (reserve((void **)&ly->groups, &cap, ly->n_groups + 1,
-					    sizeof(*ly->groups)))
-					return kvt_fail(m, -ENOMEM,
-							"decode: sequence %llu: no memory for its "
-							"block table",
-							(unsigned long long)seqs[i]);
-				ly->cap_groups = cap;
-			}
-		}
 		m->batch[i] = s;
+		m->ap[i].dev = ly->dev_next;
+		m->ap[i].host = ly->host_next;
+		if (ly->n_tokens & bt_mask)
+			continue;
+		if (n_fresh == m->host.n_free)
+			return kvt_fail(m, -ENOMEM, "decode: host tier full at sequence %llu (%u block "
+						    "groups free)",
+					(unsigned long long)seqs[i], m->host.n_free);
+		if (ly->n_groups == ly->cap_groups) {
+			uint32_t cap = ly->cap_groups;
+
+			if (reserve((void **)&ly->groups, &cap, ly->n_groups + 1, sizeof(*ly->groups)))
+				return kvt_fail(m, -ENOMEM, "decode: sequence %llu: no memory for its "
+							    "block table",
+						(unsigned long long)seqs[i]);
+			ly->cap_groups = cap;
+		}
+		m->fresh[n_fresh++] = i;
 	}
 
-	/* Pass 2: take the new host groups and describe each token's two destinations. */
-	for (uint32_t i = 0; i < n; i++) {
+	/* Pass 2 (boundary tokens only): take their new host groups. */
+	for (uint32_t f = 0; f < n_fresh; f++) {
+		uint32_t i = m->fresh[f];
 		struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
-		uint32_t p = ly->n_tokens;
 
-		if ((p & bt_mask) == 0) {
-			kvt_pool_alloc(&m->host, 1, &ly->groups[ly->n_groups++]); /* counted above */
-			got++;
-		}
-		m->ap[i].dev = dev_row(m, ly, 0, ly->ring_slot);
-		m->ap[i].host = host_row(m, ly, 0, p);
+		kvt_pool_alloc(&m->host, 1, &ly->groups[ly->n_groups++]); /* counted above */
+		m->ap[i].host = host_row(m, ly, 0, ly->n_tokens);
 	}
 	g = (struct kvt_append_geom){m->cfg.n_kv_heads, m->row_bytes, m->block_bytes, m->v_offset};
 	err = m->ops->append(m->be, ptr_u64(k), ptr_u64(v), n, m->ap, &g, stream, &ticket);
 	if (err) {
-		/* Give the new groups back, newest first, so tables and pool are as before. */
-		for (uint32_t i = n; i-- > 0 && got;) {
-			struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
+		/* Give the new groups back so tables and pool are as before. */
+		while (n_fresh-- > 0) {
+			struct kvt_seq_layer *ly = &m->batch[m->fresh[n_fresh]]->layers[layer];
 
-			if ((ly->n_tokens & bt_mask) == 0) {
-				kvt_pool_free(&m->host, &ly->groups[--ly->n_groups], 1);
-				got--;
-			}
+			kvt_pool_free(&m->host, &ly->groups[--ly->n_groups], 1);
 		}
 		return kvt_fail(m, err, "decode: layer %u: %s", layer, m->be->err);
 	}
 
-	/* Pass 3: commit. */
+	/* Pass 3: commit and advance the cursors. */
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_seq *s = m->batch[i];
 		struct kvt_seq_layer *ly = &s->layers[layer];
+		uint32_t slot = ly->ring_slot + 1;
 
-		ly->n_tokens++;
-		if (++ly->ring_slot == m->slots_sr)
-			ly->ring_slot = m->cfg.sink_tokens;
+		if (slot == m->slots_sr)
+			slot = m->cfg.sink_tokens;
+		ly->dev_next = (slot & bt_mask) && slot != m->cfg.sink_tokens
+				       ? ly->dev_next + m->row_bytes
+				       : dev_row(m, ly, 0, slot);
+		ly->ring_slot = slot;
+		ly->host_next = (++ly->n_tokens & bt_mask) ? m->ap[i].host + m->row_bytes : 0;
 		s->save_ticket = ticket;
 	}
 	m->st.decode_calls++;

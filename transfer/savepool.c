@@ -7,8 +7,8 @@
 
 #include "savepool.h"
 
-/* A chunk of less than this many bytes is scattered by one thread: waking more costs more than
-   the copy. */
+/* Slices of a chunk are at least this many bytes: waking a thread costs more than copying
+   less. A chunk smaller than one slice is scattered by the submitting thread itself. */
 #define SLICE_MIN_BYTES (64u << 10)
 
 struct stage_buf {
@@ -222,7 +222,7 @@ int kvt_savepool_submit(struct kvt_savepool *sp, const struct kvt_save_job *job,
 		b->c0 = c0;
 		b->c1 = c0 + len;
 		b->ticket = t;
-		if (sp->n_threads == 0) {
+		if (sp->n_threads == 0 || len < SLICE_MIN_BYTES) {
 			struct work w = {bi, 0, job->n_items};
 
 			run_slice(sp, &w);

@@ -1,0 +1,120 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Shared by the test binaries: deterministic token data (every (seq, layer, head, pos, kv) row
+ * can be regenerated, so tests check read-back without keeping copies), small configurations,
+ * and tensor builders in the layouts kvtier's API takes.
+ */
+#ifndef KVT_TEST_COMMON_H
+#define KVT_TEST_COMMON_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvtier.h"
+#include "policy.h"
+
+static inline uint64_t t_mix(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+/* A value in [-1, 1) determined by the token's coordinates; exactly representable in bf16 and
+   f16 (multiples of 1/128), so every dtype stores it exactly. */
+static inline float t_value(uint64_t seq, uint32_t layer, uint32_t head, uint32_t pos,
+			    uint32_t dim, int is_v)
+{
+	uint64_t h = t_mix(seq * 0x100000001b3ull ^ t_mix(((uint64_t)layer << 48) ^
+							  ((uint64_t)head << 40) ^
+							  ((uint64_t)(is_v & 1) << 39) ^ pos) ^
+			   dim);
+	return (float)((int)(h % 256) - 128) / 128.0f;
+}
+
+/* Fills one row (head_dim elements of dt) of token (seq, layer, head, pos). */
+static inline void t_fill_row(enum kvt_dtype dt, uint32_t head_dim, void *dst, uint64_t seq,
+			      uint32_t layer, uint32_t head, uint32_t pos, int is_v)
+{
+	float tmp[1024];
+
+	for (uint32_t d0 = 0; d0 < head_dim; d0 += 1024) {
+		uint32_t n = head_dim - d0 < 1024 ? head_dim - d0 : 1024;
+
+		for (uint32_t d = 0; d < n; d++)
+			tmp[d] = t_value(seq, layer, head, pos, d0 + d, is_v);
+		kvt_from_f32(dt, tmp, (uint8_t *)dst + (size_t)d0 * kvt_dtype_size(dt), n);
+	}
+}
+
+/* Prefill tensors of (seq, layer): k/v [H][L][D]; q_obs [Hq][obs][D] (query values are the
+   token values of the last obs positions, head g, with is_v = 2 so they differ from K). */
+static inline void t_fill_prefill(const struct kvt_config *c, uint64_t seq, uint32_t layer,
+				  uint32_t L, void *k, void *v, void *q_obs)
+{
+	size_t row = (size_t)c->head_dim * kvt_dtype_size(c->dtype);
+
+	for (uint32_t h = 0; h < c->n_kv_heads; h++)
+		for (uint32_t p = 0; p < L; p++) {
+			t_fill_row(c->dtype, c->head_dim, (uint8_t *)k + ((size_t)h * L + p) * row,
+				   seq, layer, h, p, 0);
+			t_fill_row(c->dtype, c->head_dim, (uint8_t *)v + ((size_t)h * L + p) * row,
+				   seq, layer, h, p, 1);
+		}
+	if (!q_obs)
+		return;
+	for (uint32_t g = 0; g < c->n_q_heads; g++)
+		for (uint32_t i = 0; i < c->obs_window; i++) {
+			uint32_t p = L >= c->obs_window ? L - c->obs_window + i : i;
+
+			t_fill_row(c->dtype, c->head_dim,
+				   (uint8_t *)q_obs + ((size_t)g * c->obs_window + i) * row, seq, layer,
+				   1000 + g, p, 0);
+		}
+}
+
+/* Decode tensors for a batch: k/v [n][H][D] holding token pos[i] of seqs[i]. */
+static inline void t_fill_decode(const struct kvt_config *c, const uint64_t *seqs,
+				 const uint32_t *pos, uint32_t n, uint32_t layer, void *k, void *v)
+{
+	size_t row = (size_t)c->head_dim * kvt_dtype_size(c->dtype);
+
+	for (uint32_t i = 0; i < n; i++)
+		for (uint32_t h = 0; h < c->n_kv_heads; h++) {
+			size_t off = ((size_t)i * c->n_kv_heads + h) * row;
+
+			t_fill_row(c->dtype, c->head_dim, (uint8_t *)k + off, seqs[i], layer, h,
+				   pos[i], 0);
+			t_fill_row(c->dtype, c->head_dim, (uint8_t *)v + off, seqs[i], layer, h,
+				   pos[i], 1);
+		}
+}
+
+/* A small host-backend configuration: 2 layers, 2 kv heads, 4 q heads, d=16, 8-token blocks,
+   sink 8, recent 16, top-K 16, obs 4, kernel 3, f16, 4 MiB per tier, 2 save threads. */
+static inline struct kvt_config t_small_config(void)
+{
+	struct kvt_config c = KVT_CONFIG_INIT;
+
+	c.n_layers = 2;
+	c.n_kv_heads = 2;
+	c.n_q_heads = 4;
+	c.head_dim = 16;
+	c.block_tokens = 8;
+	c.dtype = KVT_DTYPE_F16;
+	c.sink_tokens = 8;
+	c.recent_tokens = 16;
+	c.topk_tokens = 16;
+	c.obs_window = 4;
+	c.pool_kernel = 3;
+	c.device_bytes = 4u << 20;
+	c.host_bytes = 4u << 20;
+	c.backend = KVT_BACKEND_HOST;
+	c.save_threads = 2;
+	c.staging_bytes = 64u << 10;
+	return c;
+}
+
+#endif /* KVT_TEST_COMMON_H */
