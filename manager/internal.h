@@ -25,8 +25,8 @@
 /* One cache line per layer (the sequence is allocated 64-byte aligned): a decode call touches
    exactly one line of each sequence's layer state. */
 struct kvt_seq_layer {
-	_Alignas(64) uint32_t n_tokens;  /* tokens written; 0 = not prefilled */
-	uint32_t ring_slot; /* slot the next token goes to */
+	_Alignas(64) uint32_t n_tokens; /* tokens written; 0 = not prefilled */
+	uint32_t ring_slot;		/* slot the next token goes to */
 	/* Cursors for decode, so a token costs no table lookup except at a frame or block
 	   boundary: head 0's K row address of ring_slot, and of position n_tokens in the host
 	   history (0 when that position starts a block not allocated yet). */
@@ -34,12 +34,12 @@ struct kvt_seq_layer {
 	uint32_t n_groups, cap_groups;
 	uint32_t *groups; /* host group of block index b, b < n_groups */
 	uint32_t *frames; /* device frame group of frame index f, f < seq->n_frames */
-	int32_t *topk;    /* [n_kv_heads][seq->valid_topk] ascending */
+	int32_t *topk;	  /* [n_kv_heads][seq->valid_topk] ascending */
 };
 
 struct kvt_seq {
 	uint64_t id;
-	uint64_t stamp;       /* last decode call that named it (duplicate detection) */
+	uint64_t stamp;	      /* last decode call that named it (duplicate detection) */
 	uint64_t save_ticket; /* latest save that wrote into its host blocks */
 	uint32_t prompt_tokens;
 	uint32_t valid_topk; /* same for every layer and head: depends on the prompt length */
@@ -59,7 +59,7 @@ struct kvt_seqmap_slot {
 struct kvt_seqmap {
 	struct kvt_seqmap_slot *slots;
 	uint32_t cap, n; /* cap is a power of two */
-	uint32_t shift;  /* 64 - log2(cap) */
+	uint32_t shift;	 /* 64 - log2(cap) */
 };
 
 int kvt_seqmap_init(struct kvt_seqmap *sm);

@@ -83,7 +83,7 @@ int kvt_fail(struct kvt_manager *m, int err, const char *fmt, ...)
 
 KVT_API const char *kvt_strerror(int err)
 {
-	switch (err < 0 ? -err : err) {
+	switch (err < 0 ? -(long long)err : (long long)err) {
 	case 0:
 		return "success";
 	case EINVAL:

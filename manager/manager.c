@@ -46,7 +46,8 @@ static int load_config(const struct kvt_config *cfg, struct kvt_config *c)
 		return cfg_error("n_q_heads is not a multiple of n_kv_heads");
 	if (c->head_dim == 0 || c->head_dim > MAX_HEAD_DIM)
 		return cfg_error("head_dim must be 1..8192");
-	if (c->block_tokens < 8 || c->block_tokens > 64 || (c->block_tokens & (c->block_tokens - 1)))
+	if (c->block_tokens < 8 || c->block_tokens > 64 ||
+	    (c->block_tokens & (c->block_tokens - 1)))
 		return cfg_error("block_tokens must be a power of two in 8..64");
 	if (kvt_dtype_size(c->dtype) == 0)
 		return cfg_error("unknown dtype");
@@ -104,8 +105,9 @@ int kvt_manager_create_with(const struct kvt_config *cfg, const struct kvt_backe
 	n_dev = budget_groups(c.device_bytes, m->group_bytes);
 	n_host = budget_groups(c.host_bytes, m->group_bytes);
 	if (!n_dev || !n_host) {
-		kvt_log(KVT_LOG_WARN, "invalid configuration: %s budget must hold 1 .. 2^32-2 "
-				      "groups of %llu bytes",
+		kvt_log(KVT_LOG_WARN,
+			"invalid configuration: %s budget must hold 1 .. 2^32-2 "
+			"groups of %llu bytes",
 			!n_dev ? "device" : "host", (unsigned long long)m->group_bytes);
 		err = -EINVAL;
 		goto fail;
@@ -117,7 +119,8 @@ int kvt_manager_create_with(const struct kvt_config *cfg, const struct kvt_backe
 	bp.staging_bytes = c.staging_bytes;
 	err = ops->create(&bp, &m->be);
 	if (err) {
-		kvt_log(KVT_LOG_WARN, "backend %s: cannot start (%s)", ops->name, kvt_strerror(err));
+		kvt_log(KVT_LOG_WARN, "backend %s: cannot start (%s)", ops->name,
+			kvt_strerror(err));
 		goto fail;
 	}
 	m->payload = !(m->be->flags & KVT_BE_NO_PAYLOAD);

@@ -11,7 +11,7 @@
 #include "internal.h"
 #include "policy.h"
 
-#define DIV_UP(a, b) (((a) + (b) - 1) / (b))
+#define DIV_UP(a, b) (((a) + (b)-1) / (b))
 
 static inline uint64_t ptr_u64(const void *p)
 {
@@ -231,7 +231,8 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 		return -EINVAL;
 	c = &m->cfg;
 	if (layer >= c->n_layers)
-		return kvt_fail(m, -EINVAL, "layer %u out of range (%u layers)", layer, c->n_layers);
+		return kvt_fail(m, -EINVAL, "layer %u out of range (%u layers)", layer,
+				c->n_layers);
 	s = find_seq(m, seq, &err);
 	if (!s)
 		return err;
@@ -241,12 +242,25 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 	count = s->valid_topk;
 	if (!k || !v || (count && !q_obs))
 		return kvt_fail(m, -EINVAL, "sequence %llu layer %u: NULL %s",
-				(unsigned long long)seq, layer, !k ? "k" : !v ? "v" : "q_obs");
+				(unsigned long long)seq, layer,
+				!k   ? "k"
+				: !v ? "v"
+				     : "q_obs");
 	L = s->prompt_tokens;
 	sink = c->sink_tokens;
 	recent = c->recent_tokens;
 	nb = DIV_UP(L, c->block_tokens);
 
+	/* Capacity first, so an oversized prompt costs no allocation; then tables and scratch:
+	   nothing visible changes until the pools are touched. */
+	if (m->dev.n_free < s->n_frames || m->host.n_free < nb)
+		return kvt_fail(m, -ENOMEM, "sequence %llu layer %u: %s tier full (%u of %u groups "
+					    "free, %u needed)",
+				(unsigned long long)seq, layer,
+				m->dev.n_free < s->n_frames ? "device" : "host",
+				m->dev.n_free < s->n_frames ? m->dev.n_free : m->host.n_free,
+				m->dev.n_free < s->n_frames ? m->dev.n_units : m->host.n_units,
+				m->dev.n_free < s->n_frames ? s->n_frames : nb);
 	/* Tables and scratch first: nothing visible changes until the pools are touched. */
 	ly.frames = malloc((size_t)s->n_frames * sizeof(*ly.frames));
 	ly.groups = malloc((size_t)nb * sizeof(*ly.groups));
@@ -282,16 +296,18 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 	}
 	err = kvt_pool_alloc(&m->dev, s->n_frames, ly.frames);
 	if (err) {
-		err = kvt_fail(m, err, "sequence %llu layer %u: device tier full (%u of %u frame "
-				       "groups free, %u needed)",
+		err = kvt_fail(m, err,
+			       "sequence %llu layer %u: device tier full (%u of %u frame "
+			       "groups free, %u needed)",
 			       (unsigned long long)seq, layer, m->dev.n_free, m->dev.n_units,
 			       s->n_frames);
 		goto fail_tables;
 	}
 	err = kvt_pool_alloc(&m->host, nb, ly.groups);
 	if (err) {
-		err = kvt_fail(m, err, "sequence %llu layer %u: host tier full (%u of %u block "
-				       "groups free, %u needed)",
+		err = kvt_fail(m, err,
+			       "sequence %llu layer %u: host tier full (%u of %u block "
+			       "groups free, %u needed)",
 			       (unsigned long long)seq, layer, m->host.n_free, m->host.n_units, nb);
 		goto fail_dev;
 	}
@@ -440,12 +456,14 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 			return kvt_fail(m, -ENOENT, "decode: sequence %llu is not live",
 					(unsigned long long)seqs[i]);
 		if (s->stamp == stamp)
-			return kvt_fail(m, -EINVAL, "decode: sequence %llu appears twice in the batch",
+			return kvt_fail(m, -EINVAL,
+					"decode: sequence %llu appears twice in the batch",
 					(unsigned long long)seqs[i]);
 		s->stamp = stamp;
 		ly = &s->layers[layer];
 		if (ly->n_tokens == 0)
-			return kvt_fail(m, -EINVAL, "decode: sequence %llu: layer %u is not prefilled",
+			return kvt_fail(m, -EINVAL,
+					"decode: sequence %llu: layer %u is not prefilled",
 					(unsigned long long)seqs[i], layer);
 		if (ly->n_tokens >= INT32_MAX)
 			return kvt_fail(m, -EOVERFLOW, "decode: sequence %llu: layer %u is full",
@@ -456,15 +474,18 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 		if (ly->n_tokens & bt_mask)
 			continue;
 		if (n_fresh == m->host.n_free)
-			return kvt_fail(m, -ENOMEM, "decode: host tier full at sequence %llu (%u block "
-						    "groups free)",
+			return kvt_fail(m, -ENOMEM,
+					"decode: host tier full at sequence %llu (%u block "
+					"groups free)",
 					(unsigned long long)seqs[i], m->host.n_free);
 		if (ly->n_groups == ly->cap_groups) {
 			uint32_t cap = ly->cap_groups;
 
-			if (reserve((void **)&ly->groups, &cap, ly->n_groups + 1, sizeof(*ly->groups)))
-				return kvt_fail(m, -ENOMEM, "decode: sequence %llu: no memory for its "
-							    "block table",
+			if (reserve((void **)&ly->groups, &cap, ly->n_groups + 1,
+				    sizeof(*ly->groups)))
+				return kvt_fail(m, -ENOMEM,
+						"decode: sequence %llu: no memory for its "
+						"block table",
 						(unsigned long long)seqs[i]);
 			ly->cap_groups = cap;
 		}
@@ -556,7 +577,8 @@ KVT_API int kvt_seq_resident_positions(struct kvt_manager *m, uint64_t seq, uint
 	if (!m)
 		return -EINVAL;
 	if (!n_out || (cap && !out))
-		return kvt_fail(m, -EINVAL, "resident positions: NULL %s", !n_out ? "n_out" : "out");
+		return kvt_fail(m, -EINVAL, "resident positions: NULL %s",
+				!n_out ? "n_out" : "out");
 	ly = find_layer(m, seq, layer, &s, &err);
 	if (!ly)
 		return err;
@@ -585,8 +607,8 @@ KVT_API int kvt_seq_resident_positions(struct kvt_manager *m, uint64_t seq, uint
 	return 0;
 }
 
-static int read_token(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t h,
-		      uint32_t pos, void *k_out, void *v_out, bool force_host)
+static int read_token(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t h, uint32_t pos,
+		      void *k_out, void *v_out, bool force_host)
 {
 	const struct kvt_seq_layer *ly;
 	struct kvt_seq *s;
@@ -706,7 +728,8 @@ KVT_API int kvt_attend(struct kvt_manager *m, uint64_t seq, uint32_t layer, cons
 			};
 		}
 		kvt_attend_rows(c->dtype, c->head_dim, q + (size_t)h * m->group_q * c->head_dim,
-				m->group_q, m->segs, nseg, out + (size_t)h * m->group_q * c->head_dim);
+				m->group_q, m->segs, nseg,
+				out + (size_t)h * m->group_q * c->head_dim);
 	}
 	return 0;
 }

@@ -24,12 +24,12 @@ static inline uint64_t t_mix(uint64_t x)
 
 /* A value in [-1, 1) determined by the token's coordinates; exactly representable in bf16 and
    f16 (multiples of 1/128), so every dtype stores it exactly. */
-static inline float t_value(uint64_t seq, uint32_t layer, uint32_t head, uint32_t pos,
-			    uint32_t dim, int is_v)
+static inline float t_value(uint64_t seq, uint32_t layer, uint32_t head, uint32_t pos, uint32_t dim,
+			    int is_v)
 {
-	uint64_t h = t_mix(seq * 0x100000001b3ull ^ t_mix(((uint64_t)layer << 48) ^
-							  ((uint64_t)head << 40) ^
-							  ((uint64_t)(is_v & 1) << 39) ^ pos) ^
+	uint64_t h = t_mix(seq * 0x100000001b3ull ^
+			   t_mix(((uint64_t)layer << 48) ^ ((uint64_t)head << 40) ^
+				 ((uint64_t)(is_v & 1) << 39) ^ pos) ^
 			   dim);
 	return (float)((int)(h % 256) - 128) / 128.0f;
 }
@@ -70,8 +70,8 @@ static inline void t_fill_prefill(const struct kvt_config *c, uint64_t seq, uint
 			uint32_t p = L >= c->obs_window ? L - c->obs_window + i : i;
 
 			t_fill_row(c->dtype, c->head_dim,
-				   (uint8_t *)q_obs + ((size_t)g * c->obs_window + i) * row, seq, layer,
-				   1000 + g, p, 0);
+				   (uint8_t *)q_obs + ((size_t)g * c->obs_window + i) * row, seq,
+				   layer, 1000 + g, p, 0);
 		}
 }
 

@@ -53,7 +53,7 @@ struct kvt_backend_params {
 
 /* Backend flags. */
 #define KVT_BE_DEVICE_CPU_READABLE (1u << 0) /* device arena and caller tensors are CPU memory */
-#define KVT_BE_NO_PAYLOAD (1u << 1)          /* moves no bytes (accounting/timing only) */
+#define KVT_BE_NO_PAYLOAD (1u << 1)	     /* moves no bytes (accounting/timing only) */
 
 /* The common head of every backend instance; implementations embed it first. */
 struct kvt_be {
@@ -71,17 +71,14 @@ struct kvt_backend_ops {
 
 	/* One arena per tier: device frames, host blocks (host-addressable for every backend that
 	   carries payload; mapped for the GPU where there is one). *base is the arena address. */
-	int (*arena_alloc)(struct kvt_be *b, enum kvt_tier tier, uint64_t bytes,
-			   uint64_t *base);
-	void (*arena_free)(struct kvt_be *b, enum kvt_tier tier, uint64_t base,
-			   uint64_t bytes);
+	int (*arena_alloc)(struct kvt_be *b, enum kvt_tier tier, uint64_t bytes, uint64_t *base);
+	void (*arena_free)(struct kvt_be *b, enum kvt_tier tier, uint64_t base, uint64_t bytes);
 
 	/* Device -> device copies (caller tensors into frames, frame to frame). */
 	int (*copy_d2d)(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n, void *stream);
 
 	/* Host blocks -> device frames (FlashH2D on the GPU: one fused gather). */
-	int (*gather_h2d)(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n,
-			  void *stream);
+	int (*gather_h2d)(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n, void *stream);
 
 	/* Saves device rows into host blocks (FlashD2H): one contiguous copy of the sources into
 	   a staging buffer, then the save threads scatter x (src = offsets into the sources).

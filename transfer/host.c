@@ -94,8 +94,7 @@ static void host_destroy(struct kvt_be *b)
 	free(hb);
 }
 
-static int host_arena_alloc(struct kvt_be *b, enum kvt_tier tier, uint64_t bytes,
-			    uint64_t *base)
+static int host_arena_alloc(struct kvt_be *b, enum kvt_tier tier, uint64_t bytes, uint64_t *base)
 {
 	struct host_backend *hb = (struct host_backend *)b;
 	void *p;
@@ -112,8 +111,7 @@ static int host_arena_alloc(struct kvt_be *b, enum kvt_tier tier, uint64_t bytes
 	return 0;
 }
 
-static void host_arena_free(struct kvt_be *b, enum kvt_tier tier, uint64_t base,
-			    uint64_t bytes)
+static void host_arena_free(struct kvt_be *b, enum kvt_tier tier, uint64_t base, uint64_t bytes)
 {
 	(void)tier;
 	(void)bytes;
@@ -184,8 +182,10 @@ static int host_append(struct kvt_be *b, uint64_t k, uint64_t v, uint32_t n,
 	if (err)
 		return kvt_be_fail(b, err, "save of a %u-sequence append", n);
 	for (uint32_t i = 0; i < n; i++) {
-		const uint8_t *ks = (const uint8_t *)ptr(k) + (uint64_t)i * g->n_heads * g->row_bytes;
-		const uint8_t *vs = (const uint8_t *)ptr(v) + (uint64_t)i * g->n_heads * g->row_bytes;
+		const uint8_t *ks =
+			(const uint8_t *)ptr(k) + (uint64_t)i * g->n_heads * g->row_bytes;
+		const uint8_t *vs =
+			(const uint8_t *)ptr(v) + (uint64_t)i * g->n_heads * g->row_bytes;
 
 		for (uint32_t h = 0; h < g->n_heads; h++) {
 			uint8_t *d = ptr(a[i].dev + h * g->head_stride);

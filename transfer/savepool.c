@@ -13,11 +13,11 @@
 
 struct stage_buf {
 	uint8_t *mem;
-	uint64_t ticket;   /* ticket of the chunk held */
-	uint32_t pending;  /* slices still to scatter; 0 = idle */
-	uint64_t c0, c1;   /* the chunk's range in the concatenated sources */
-	uint8_t *items;    /* copy of the job's items */
-	size_t items_cap;  /* bytes */
+	uint64_t ticket;  /* ticket of the chunk held */
+	uint32_t pending; /* slices still to scatter; 0 = idle */
+	uint64_t c0, c1;  /* the chunk's range in the concatenated sources */
+	uint8_t *items;	  /* copy of the job's items */
+	size_t items_cap; /* bytes */
 	uint32_t n_items, item_size;
 	kvt_scatter_fn scatter;
 	uint8_t ctx[KVT_SAVE_CTX_MAX];
@@ -181,7 +181,8 @@ int kvt_savepool_submit(struct kvt_savepool *sp, const struct kvt_save_job *job,
 	size_t items_bytes;
 	int err;
 
-	if (job->ctx_size > KVT_SAVE_CTX_MAX || !job->scatter || (job->n_items && !job->items))
+	if (job->ctx_size > KVT_SAVE_CTX_MAX || !job->scatter || (job->n_items && !job->items) ||
+	    (job->ctx_size && !job->ctx))
 		return -EINVAL;
 	for (uint32_t i = 0; i < job->n_src; i++)
 		total += job->src[i].bytes;
@@ -198,7 +199,9 @@ int kvt_savepool_submit(struct kvt_savepool *sp, const struct kvt_save_job *job,
 	if (err)
 		return err;
 
-	uint64_t t = ++sp->ticket;
+	/* The ticket is taken once the first chunk is handed over: a submit that fails before
+	   that leaves no trace. */
+	uint64_t t = sp->ticket + 1;
 
 	for (c0 = 0; c0 < total; c0 += sp->staging_bytes) {
 		uint64_t len = total - c0 < sp->staging_bytes ? total - c0 : sp->staging_bytes;
@@ -214,8 +217,10 @@ int kvt_savepool_submit(struct kvt_savepool *sp, const struct kvt_save_job *job,
 		err = sp->copy(sp->cctx, (int)bi, b->mem, job->src, job->n_src, c0, len);
 		if (err)
 			return err; /* earlier chunks of this job stay scattered; this one is not */
+		sp->ticket = t;
 		memcpy(b->items, job->items, items_bytes);
-		memcpy(b->ctx, job->ctx, job->ctx_size);
+		if (job->ctx_size)
+			memcpy(b->ctx, job->ctx, job->ctx_size);
 		b->n_items = job->n_items;
 		b->item_size = job->item_size;
 		b->scatter = job->scatter;
@@ -229,7 +234,9 @@ int kvt_savepool_submit(struct kvt_savepool *sp, const struct kvt_save_job *job,
 			continue;
 		}
 		uint64_t want = len / SLICE_MIN_BYTES;
-		uint32_t slices = want < 1 ? 1 : want > sp->n_threads ? sp->n_threads : (uint32_t)want;
+		uint32_t slices = want < 1		 ? 1
+				  : want > sp->n_threads ? sp->n_threads
+							 : (uint32_t)want;
 
 		if (slices > job->n_items)
 			slices = job->n_items;

@@ -1,0 +1,881 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * random: a long seeded run of interleaved operations on the host backend (create, prefill of
+ * random layers in random order, batched decode of random subsets, destroy in random order,
+ * plus calls that must fail) against a simple model of every live sequence, with budgets small
+ * enough that both tiers run out now and then. After every operation the manager must agree
+ * with the model: token counts, frames and blocks in use, counters, resident positions. Every
+ * token of every live sequence is read back bit-exactly, from both tiers, every few hundred
+ * operations and at the end.
+ *
+ * The seed is printed; KVT_TEST_SEED=<n> repeats a run, KVT_TEST_OPS=<n> changes its length.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "internal.h"
+#include "policy.h"
+
+#define NL_MAX 4
+#define MAX_LIVE 48
+#define MAX_BATCH 16
+#define DEAD_IDS 64
+#define DIV_UP(a, b) (((a) + (b)-1) / (b))
+
+/* The library objects may be built with recoverable UBSan (meson's b_sanitize): make every
+   report fatal, so undefined behaviour fails the test instead of scrolling by. */
+const char *__ubsan_default_options(void);
+const char *__ubsan_default_options(void)
+{
+	return "halt_on_error=1:print_stacktrace=1";
+}
+
+/* ---- context for failure messages ------------------------------------------------------- */
+
+static uint64_t g_seed;
+static long g_op = -1;
+static const char *g_what = "setup";
+
+static void fail_at(const char *file, int line, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	print_error("%s:%d: seed %llu, op %ld (%s): %s\n", file, line, (unsigned long long)g_seed,
+		    g_op, g_what, msg);
+	_fail(file, line);
+}
+
+#define CHECK_RC(call, want)                                                                   \
+	do {                                                                                   \
+		int rc_ = (call);                                                              \
+		if (rc_ != (want))                                                             \
+			fail_at(__FILE__, __LINE__, "%s returned %d (%s), expected %d", #call, \
+				rc_, kvt_strerror(rc_), (int)(want));                          \
+	} while (0)
+
+#define CHECK_EQ(a, b)                                                                           \
+	do {                                                                                     \
+		unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b);   \
+		if (a_ != b_)                                                                    \
+			fail_at(__FILE__, __LINE__, "%s = %llu, expected %s = %llu", #a, a_, #b, \
+				b_);                                                             \
+	} while (0)
+
+/* ---- random numbers ---------------------------------------------------------------------- */
+
+static uint64_t rng_state;
+
+static uint64_t rng_next(void)
+{
+	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* uniform in [0, n) */
+static uint32_t rng_below(uint32_t n)
+{
+	return (uint32_t)(rng_next() % n);
+}
+
+static uint64_t pick_seed(void)
+{
+	const char *e = getenv("KVT_TEST_SEED");
+
+	if (e && *e)
+		return strtoull(e, NULL, 0);
+	return t_mix((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)clock());
+}
+
+static long pick_ops(void)
+{
+	const char *e = getenv("KVT_TEST_OPS");
+
+	return e && *e ? strtol(e, NULL, 0) : 6000;
+}
+
+/* ---- the model --------------------------------------------------------------------------- */
+
+struct mseq {
+	uint64_t id;
+	uint32_t L, count, fph; /* prompt, valid_topk, device frames per head per layer */
+	uint32_t n[NL_MAX];	/* tokens per layer; 0 = not prefilled */
+	int32_t *topk[NL_MAX];	/* [n_kv_heads][count], kvt_snapkv_select on the prefill data */
+};
+
+struct model {
+	struct kvt_config c;
+	struct kvt_manager *m;
+	struct mseq live[MAX_LIVE];
+	uint32_t n_live;
+	uint64_t dead[DEAD_IDS];
+	uint32_t n_dead;
+	/* cumulative counters the manager's stats must match */
+	uint64_t tokens_prompt, tokens_appended, tokens_resident, prefill_layers, decode_calls;
+	uint64_t bytes_d2d, bytes_d2h;
+	/* what happened, for the summary */
+	uint64_t created, destroyed, prefills, decodes, decoded_tokens;
+	uint64_t enomem_prefill, enomem_decode, rejected, short_dev, short_host;
+	size_t rb;
+	void *buf_k, *buf_v, *buf_q, *scratch;
+	size_t buf_kv_bytes, scratch_bytes;
+};
+
+static void *xmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+
+	assert_non_null(p);
+	return p;
+}
+
+static struct kvt_snapkv sk_of(const struct kvt_config *c, uint32_t L)
+{
+	struct kvt_snapkv p = {
+		.n_kv_heads = c->n_kv_heads,
+		.n_q_heads = c->n_q_heads,
+		.head_dim = c->head_dim,
+		.dtype = c->dtype,
+		.prompt_tokens = L,
+		.obs_window = c->obs_window,
+		.sink = c->sink_tokens,
+		.recent = c->recent_tokens,
+		.topk = c->topk_tokens,
+		.pool_kernel = c->pool_kernel,
+	};
+	return p;
+}
+
+static struct kvt_stats stats_of(struct kvt_manager *m)
+{
+	struct kvt_stats st = KVT_STATS_INIT;
+
+	CHECK_RC(kvt_manager_stats(m, &st), 0);
+	return st;
+}
+
+static void expect_unchanged(const struct kvt_stats *a, const struct kvt_stats *b, const char *file,
+			     int line)
+{
+	if (memcmp(a, b, sizeof(*a)))
+		fail_at(file, line,
+			"a failed call changed the stats: frames used %llu -> %llu, blocks used "
+			"%llu -> %llu, tokens saved %llu -> %llu, decode calls %llu -> %llu",
+			(unsigned long long)a->device_frames_used,
+			(unsigned long long)b->device_frames_used,
+			(unsigned long long)a->host_blocks_used,
+			(unsigned long long)b->host_blocks_used,
+			(unsigned long long)a->tokens_saved, (unsigned long long)b->tokens_saved,
+			(unsigned long long)a->decode_calls, (unsigned long long)b->decode_calls);
+}
+#define EXPECT_UNCHANGED(a, b) expect_unchanged((a), (b), __FILE__, __LINE__)
+
+static void model_init(struct model *md, const struct kvt_config *c)
+{
+	memset(md, 0, sizeof(*md));
+	md->c = *c;
+	md->rb = (size_t)c->head_dim * kvt_dtype_size(c->dtype);
+	CHECK_RC(kvt_manager_create(c, &md->m), 0);
+}
+
+static void mseq_free(struct mseq *s)
+{
+	for (int l = 0; l < NL_MAX; l++)
+		free(s->topk[l]);
+	memset(s, 0, sizeof(*s));
+}
+
+static void model_fini(struct model *md)
+{
+	for (uint32_t i = 0; i < md->n_live; i++)
+		mseq_free(&md->live[i]);
+	kvt_manager_destroy(md->m);
+	free(md->buf_k);
+	free(md->buf_v);
+	free(md->buf_q);
+	free(md->scratch);
+}
+
+/* Tensors of at least kv_bytes each for K and V (reused across operations). */
+static void reserve_bufs(struct model *md, size_t kv_bytes)
+{
+	if (kv_bytes <= md->buf_kv_bytes && md->buf_q)
+		return;
+	free(md->buf_k);
+	free(md->buf_v);
+	free(md->buf_q);
+	md->buf_k = xmalloc(kv_bytes);
+	md->buf_v = xmalloc(kv_bytes);
+	md->buf_q = xmalloc((size_t)md->c.n_q_heads * md->c.obs_window * md->rb);
+	md->buf_kv_bytes = kv_bytes;
+}
+
+/* ---- invariants -------------------------------------------------------------------------- */
+
+static uint32_t expect_resident(const struct kvt_config *c, uint32_t N, const int32_t *topk,
+				uint32_t count, int32_t *out)
+{
+	uint32_t w = 0, n_sink = N < c->sink_tokens ? N : c->sink_tokens;
+	uint32_t ring0 = N > c->recent_tokens ? N - c->recent_tokens : 0;
+
+	if (ring0 < c->sink_tokens)
+		ring0 = c->sink_tokens;
+	for (uint32_t p = 0; p < n_sink; p++)
+		out[w++] = (int32_t)p;
+	for (uint32_t i = 0; i < count; i++)
+		out[w++] = topk[i];
+	for (uint32_t p = ring0; p < N; p++)
+		out[w++] = (int32_t)p;
+	return w;
+}
+
+static void check_resident(struct model *md, const struct mseq *s, uint32_t l)
+{
+	const struct kvt_config *c = &md->c;
+	int32_t want[512], got[512];
+
+	assert_true(c->sink_tokens + c->recent_tokens + s->count < 500);
+	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
+		uint32_t nw = expect_resident(c, s->n[l], s->topk[l] + (size_t)h * s->count,
+					      s->count, want);
+		uint32_t ng = 0;
+
+		CHECK_RC(kvt_seq_resident_positions(md->m, s->id, l, h, got, 512, &ng), 0);
+		if (ng != nw || memcmp(got, want, nw * sizeof(int32_t))) {
+			uint32_t i = 0;
+
+			while (i < nw && i < ng && got[i] == want[i])
+				i++;
+			fail_at(__FILE__, __LINE__,
+				"seq %llu layer %u head %u (L=%u, N=%u, top-K %u): %u resident, "
+				"expected %u; first difference at %u: %d vs %d",
+				(unsigned long long)s->id, l, h, s->L, s->n[l], s->count, ng, nw, i,
+				i < ng ? got[i] : -1, i < nw ? want[i] : -1);
+		}
+	}
+}
+
+/* Everything cheap enough to check after every operation. */
+static void check_all(struct model *md)
+{
+	const struct kvt_config *c = &md->c;
+	struct kvt_stats st = stats_of(md->m);
+	uint64_t frames = 0, blocks = 0;
+
+	for (uint32_t i = 0; i < md->n_live; i++) {
+		const struct mseq *s = &md->live[i];
+
+		for (uint32_t l = 0; l < c->n_layers; l++) {
+			uint32_t n = 0xdeadbeef;
+
+			CHECK_RC(kvt_seq_tokens(md->m, s->id, l, &n), 0);
+			if (n != s->n[l])
+				fail_at(__FILE__, __LINE__,
+					"seq %llu layer %u: %u tokens, model %u",
+					(unsigned long long)s->id, l, n, s->n[l]);
+			if (!s->n[l])
+				continue;
+			frames += (uint64_t)c->n_kv_heads * s->fph;
+			blocks += (uint64_t)c->n_kv_heads * DIV_UP(s->n[l], c->block_tokens);
+			check_resident(md, s, l);
+		}
+	}
+	CHECK_EQ(st.live_seqs, md->n_live);
+	CHECK_EQ(st.device_frames_used, frames);
+	CHECK_EQ(st.host_blocks_used, blocks);
+	CHECK_EQ(st.device_frames_used + st.device_frames_free, st.device_frames_total);
+	CHECK_EQ(st.host_blocks_used + st.host_blocks_free, st.host_blocks_total);
+	CHECK_EQ(st.tokens_prompt, md->tokens_prompt);
+	CHECK_EQ(st.tokens_appended, md->tokens_appended);
+	CHECK_EQ(st.tokens_saved, md->tokens_prompt + md->tokens_appended);
+	CHECK_EQ(st.tokens_resident, md->tokens_resident);
+	CHECK_EQ(st.prefill_layers, md->prefill_layers);
+	CHECK_EQ(st.decode_calls, md->decode_calls);
+	CHECK_EQ(st.bytes_d2d, md->bytes_d2d);
+	CHECK_EQ(st.bytes_d2h, md->bytes_d2h);
+}
+
+/* Every token of every live sequence, every layer and head, from both tiers. Reads of
+   resident tokens come from the device tier and count in bytes_d2h; host-history reads do not. */
+static void check_readback(struct model *md)
+{
+	const struct kvt_config *c = &md->c;
+	uint8_t wk[256], wv[256], gk[256], gv[256];
+	int32_t res[512];
+
+	assert_true(md->rb <= sizeof(wk));
+	for (uint32_t i = 0; i < md->n_live; i++) {
+		const struct mseq *s = &md->live[i];
+
+		for (uint32_t l = 0; l < c->n_layers; l++)
+			for (uint32_t h = 0; h < c->n_kv_heads; h++) {
+				if (s->n[l])
+					md->bytes_d2h +=
+						2ull * md->rb *
+						expect_resident(c, s->n[l],
+								s->topk[l] + (size_t)h * s->count,
+								s->count, res);
+				for (uint32_t p = 0; p < s->n[l]; p++) {
+					t_fill_row(c->dtype, c->head_dim, wk, s->id, l, h, p, 0);
+					t_fill_row(c->dtype, c->head_dim, wv, s->id, l, h, p, 1);
+					CHECK_RC(kvt_seq_read_token(md->m, s->id, l, h, p, gk, gv),
+						 0);
+					if (memcmp(gk, wk, md->rb) || memcmp(gv, wv, md->rb))
+						fail_at(__FILE__, __LINE__,
+							"read_token: seq %llu layer %u head %u pos %u "
+							"(L=%u, N=%u) differs",
+							(unsigned long long)s->id, l, h, p, s->L,
+							s->n[l]);
+					CHECK_RC(kvt_seq_read_token_host(md->m, s->id, l, h, p, gk,
+									 gv),
+						 0);
+					if (memcmp(gk, wk, md->rb) || memcmp(gv, wv, md->rb))
+						fail_at(__FILE__, __LINE__,
+							"host history: seq %llu layer %u head %u pos %u "
+							"(L=%u, N=%u) differs",
+							(unsigned long long)s->id, l, h, p, s->L,
+							s->n[l]);
+				}
+			}
+	}
+}
+
+/* kvt_attend of one (seq, layer) against a double-precision softmax over the model's
+   resident positions. */
+static void check_attend(struct model *md, const struct mseq *s, uint32_t l)
+{
+	const struct kvt_config *c = &md->c;
+	uint32_t D = c->head_dim, G = c->n_q_heads / c->n_kv_heads;
+	float q[64 * 64], out[64 * 64];
+	int32_t pos[512];
+	double logit[512], ref[64];
+
+	assert_true((size_t)c->n_q_heads * D <= 64 * 64 && D <= 64);
+	for (size_t i = 0; i < (size_t)c->n_q_heads * D; i++)
+		q[i] = (float)((int)rng_below(512) - 256) / 128.0f;
+	CHECK_RC(kvt_attend(md->m, s->id, l, q, out), 0);
+	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
+		uint32_t n = expect_resident(c, s->n[l], s->topk[l] + (size_t)h * s->count,
+					     s->count, pos);
+
+		for (uint32_t g = h * G; g < h * G + G; g++) {
+			double mx = -INFINITY, sum = 0;
+
+			for (uint32_t j = 0; j < n; j++) {
+				double dot = 0;
+
+				for (uint32_t d = 0; d < D; d++)
+					dot += (double)q[g * D + d] *
+					       t_value(s->id, l, h, (uint32_t)pos[j], d, 0);
+				logit[j] = dot / sqrt((double)D);
+				mx = logit[j] > mx ? logit[j] : mx;
+			}
+			memset(ref, 0, sizeof(ref));
+			for (uint32_t j = 0; j < n; j++) {
+				double w = exp(logit[j] - mx);
+
+				sum += w;
+				for (uint32_t d = 0; d < D; d++)
+					ref[d] += w * t_value(s->id, l, h, (uint32_t)pos[j], d, 1);
+			}
+			for (uint32_t d = 0; d < D; d++) {
+				double r = ref[d] / sum, o = out[g * D + d];
+
+				if (!(fabs(o - r) <= 1e-5 * (1.0 + fabs(r))))
+					fail_at(__FILE__, __LINE__,
+						"attend: seq %llu layer %u (N=%u) q head %u dim %u: "
+						"%.9g, naive %.9g",
+						(unsigned long long)s->id, l, s->n[l], g, d, o, r);
+			}
+		}
+	}
+}
+
+/* ---- operations -------------------------------------------------------------------------- */
+
+static bool id_is_live(const struct model *md, uint64_t id)
+{
+	for (uint32_t i = 0; i < md->n_live; i++)
+		if (md->live[i].id == id)
+			return true;
+	return false;
+}
+
+static uint32_t random_prompt(const struct kvt_config *c)
+{
+	uint32_t sr = c->sink_tokens + c->recent_tokens;
+
+	switch (rng_below(4)) {
+	case 0: /* Case 1, edges included */
+		return 1 + rng_below(sr + 1);
+	case 1: /* just past sink + recent: few candidates */
+		return sr + 1 + rng_below(c->obs_window + c->topk_tokens + 2);
+	default: /* long: top-K applies */
+		return sr + 1 + rng_below(260);
+	}
+}
+
+static void op_create(struct model *md)
+{
+	struct mseq *s;
+	uint64_t id;
+	uint32_t L = random_prompt(&md->c);
+	struct kvt_snapkv sp = sk_of(&md->c, L);
+
+	g_what = "create";
+	if (md->n_dead && rng_below(4) == 0) {
+		uint32_t k = rng_below(md->n_dead);
+
+		id = md->dead[k]; /* ids of destroyed sequences may come back */
+		md->dead[k] = md->dead[--md->n_dead];
+	} else {
+		id = rng_below(8) == 0 ? rng_below(1000) : rng_next();
+	}
+	if (id_is_live(md, id))
+		return;
+	CHECK_RC(kvt_seq_create(md->m, id, L), 0);
+	s = &md->live[md->n_live++];
+	memset(s, 0, sizeof(*s));
+	s->id = id;
+	s->L = L;
+	s->count = kvt_snapkv_count(&sp);
+	s->fph = DIV_UP(md->c.sink_tokens + md->c.recent_tokens + s->count, md->c.block_tokens);
+	md->created++;
+}
+
+static void op_destroy(struct model *md)
+{
+	uint32_t i;
+
+	g_what = "destroy";
+	if (!md->n_live)
+		return;
+	i = rng_below(md->n_live);
+	CHECK_RC(kvt_seq_destroy(md->m, md->live[i].id), 0);
+	if (md->n_dead < DEAD_IDS)
+		md->dead[md->n_dead++] = md->live[i].id;
+	else
+		md->dead[rng_below(DEAD_IDS)] = md->live[i].id;
+	mseq_free(&md->live[i]);
+	md->live[i] = md->live[--md->n_live];
+	memset(&md->live[md->n_live], 0, sizeof(md->live[0]));
+	md->destroyed++;
+}
+
+/* Prefills a random layer that is not prefilled yet of a random live sequence. The outcome is
+   predicted from the free frames and blocks: -ENOMEM exactly when either tier is short. */
+static void op_prefill(struct model *md)
+{
+	const struct kvt_config *c = &md->c;
+	struct kvt_stats before = stats_of(md->m), after;
+	struct mseq *s = NULL;
+	uint32_t l = 0, need_blocks;
+	struct kvt_snapkv sp;
+	int want, rc;
+
+	g_what = "prefill";
+	for (int tries = 0; tries < 8 && !s; tries++) {
+		struct mseq *t;
+
+		if (!md->n_live)
+			return;
+		t = &md->live[rng_below(md->n_live)];
+		l = rng_below(c->n_layers);
+		if (!t->n[l])
+			s = t;
+	}
+	if (!s)
+		return;
+	sp = sk_of(c, s->L);
+	need_blocks = DIV_UP(s->L, c->block_tokens);
+	want = s->fph > before.device_frames_free / c->n_kv_heads ||
+			       need_blocks > before.host_blocks_free / c->n_kv_heads
+		       ? -ENOMEM
+		       : 0;
+	reserve_bufs(md, (size_t)c->n_kv_heads * s->L * md->rb);
+	t_fill_prefill(c, s->id, l, s->L, md->buf_k, md->buf_v, md->buf_q);
+	if (want == 0 && s->count) {
+		size_t need = kvt_snapkv_scratch_bytes(&sp);
+
+		if (need > md->scratch_bytes) {
+			free(md->scratch);
+			md->scratch = xmalloc(need);
+			md->scratch_bytes = need;
+		}
+		s->topk[l] = xmalloc((size_t)c->n_kv_heads * s->count * sizeof(int32_t));
+		CHECK_RC(kvt_snapkv_select(&sp, md->buf_k, md->buf_q, s->topk[l], md->scratch), 0);
+	}
+	rc = kvt_prefill_layer(md->m, s->id, l, md->buf_k, md->buf_v,
+			       s->count || rng_below(2) ? md->buf_q : NULL, NULL);
+	/* the library must not read the caller's tensors after the call */
+	memset(md->buf_k, 0x5a, (size_t)c->n_kv_heads * s->L * md->rb);
+	memset(md->buf_v, 0xa5, (size_t)c->n_kv_heads * s->L * md->rb);
+	if (rc != want)
+		fail_at(__FILE__, __LINE__,
+			"prefill seq %llu layer %u (L=%u: %u frames, %u blocks per head; %llu "
+			"frames, %llu blocks free) returned %d, expected %d",
+			(unsigned long long)s->id, l, s->L, s->fph, need_blocks,
+			(unsigned long long)before.device_frames_free,
+			(unsigned long long)before.host_blocks_free, rc, want);
+	if (rc) {
+		after = stats_of(md->m);
+		EXPECT_UNCHANGED(&before, &after);
+		if (strlen(kvt_manager_last_error(md->m)) == 0)
+			fail_at(__FILE__, __LINE__, "no last error after a failed prefill");
+		md->enomem_prefill++;
+		md->short_dev += s->fph > before.device_frames_free / c->n_kv_heads;
+		md->short_host += need_blocks > before.host_blocks_free / c->n_kv_heads;
+		return;
+	}
+	if (!s->topk[l])
+		s->topk[l] = xmalloc(0);
+	s->n[l] = s->L;
+	md->tokens_prompt += s->L;
+	md->tokens_resident +=
+		(s->L < c->sink_tokens + c->recent_tokens ? s->L
+							  : c->sink_tokens + c->recent_tokens) +
+		s->count;
+	md->bytes_d2d +=
+		2ull * md->rb * c->n_kv_heads *
+		((s->L < c->sink_tokens + c->recent_tokens ? s->L
+							   : c->sink_tokens + c->recent_tokens) +
+		 s->count);
+	md->bytes_d2h += 2ull * md->rb * c->n_kv_heads * s->L;
+	md->prefill_layers++;
+	md->prefills++;
+}
+
+/* Appends one token to a random subset (random order) of the live sequences prefilled on a
+   random layer. -ENOMEM exactly when more of them start a new block than the host has free. */
+static void op_decode(struct model *md)
+{
+	const struct kvt_config *c = &md->c;
+	struct kvt_stats before = stats_of(md->m), after;
+	struct mseq *cand[MAX_LIVE], *batch[MAX_BATCH];
+	uint64_t ids[MAX_BATCH];
+	uint32_t pos[MAX_BATCH], n_cand = 0, n, fresh = 0;
+	uint32_t l = rng_below(c->n_layers);
+	int want, rc;
+
+	g_what = "decode";
+	for (uint32_t i = 0; i < md->n_live; i++)
+		if (md->live[i].n[l])
+			cand[n_cand++] = &md->live[i];
+	if (!n_cand)
+		return;
+	n = 1 + rng_below(n_cand < MAX_BATCH ? n_cand : MAX_BATCH);
+	for (uint32_t i = 0; i < n; i++) { /* partial Fisher-Yates */
+		uint32_t j = i + rng_below(n_cand - i);
+		struct mseq *t = cand[i];
+
+		cand[i] = cand[j];
+		cand[j] = t;
+		batch[i] = cand[i];
+		ids[i] = batch[i]->id;
+		pos[i] = batch[i]->n[l];
+		fresh += pos[i] % c->block_tokens == 0;
+	}
+	want = fresh > before.host_blocks_free / c->n_kv_heads ? -ENOMEM : 0;
+	reserve_bufs(md, (size_t)MAX_BATCH * c->n_kv_heads * md->rb);
+	t_fill_decode(c, ids, pos, n, l, md->buf_k, md->buf_v);
+	rc = kvt_decode_append(md->m, l, ids, n, md->buf_k, md->buf_v, NULL);
+	memset(md->buf_k, 0x77, (size_t)n * c->n_kv_heads * md->rb);
+	memset(md->buf_v, 0x88, (size_t)n * c->n_kv_heads * md->rb);
+	if (rc != want)
+		fail_at(__FILE__, __LINE__,
+			"decode of %u sequences on layer %u (%u need a new block, %llu blocks "
+			"free) returned %d, expected %d",
+			n, l, fresh, (unsigned long long)before.host_blocks_free, rc, want);
+	if (rc) {
+		after = stats_of(md->m);
+		EXPECT_UNCHANGED(&before, &after);
+		md->enomem_decode++;
+		return;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		batch[i]->n[l]++;
+	md->tokens_appended += n;
+	md->bytes_d2d += 2ull * n * c->n_kv_heads * md->rb;
+	md->bytes_d2h += 2ull * n * c->n_kv_heads * md->rb;
+	md->decode_calls++;
+	md->decodes++;
+	md->decoded_tokens += n;
+}
+
+/* Calls that must fail and change nothing. */
+static void op_reject(struct model *md)
+{
+	const struct kvt_config *c = &md->c;
+	struct kvt_stats before = stats_of(md->m), after;
+	uint64_t ids[3];
+	uint32_t kind = rng_below(5), l = rng_below(c->n_layers);
+	struct mseq *s;
+	int want = 0, rc = 0;
+
+	g_what = "reject";
+	if (!md->n_live)
+		return;
+	s = &md->live[rng_below(md->n_live)];
+	reserve_bufs(md, (size_t)MAX_BATCH * c->n_kv_heads * md->rb);
+	memset(md->buf_k, 0, 3 * c->n_kv_heads * md->rb);
+	memset(md->buf_v, 0, 3 * c->n_kv_heads * md->rb);
+	/* A batch is validated in order and any failure ends it, so a valid sequence put
+	   before the bad one must not need a new host block (a full host tier would fail it
+	   first with -ENOMEM, which is also correct). */
+	switch (kind) {
+	case 0: /* a repeated id */
+		if (s->n[l] % c->block_tokens == 0)
+			return;
+		ids[0] = ids[1] = s->id;
+		want = -EINVAL;
+		rc = kvt_decode_append(md->m, l, ids, 2, md->buf_k, md->buf_v, NULL);
+		break;
+	case 1: /* an unknown id after a valid one */
+		if (!s->n[l] || s->n[l] % c->block_tokens == 0)
+			return;
+		ids[0] = s->id;
+		ids[1] = rng_next();
+		if (id_is_live(md, ids[1]))
+			return;
+		want = -ENOENT;
+		rc = kvt_decode_append(md->m, l, ids, 2, md->buf_k, md->buf_v, NULL);
+		break;
+	case 2: /* a layer that is not prefilled, after a valid one */
+		if (s->n[l])
+			return;
+		for (uint32_t i = 0; i < md->n_live && !want; i++) {
+			const struct mseq *o = &md->live[i];
+
+			if (o->n[l] % c->block_tokens == 0)
+				continue; /* not prefilled, or needs a block */
+			ids[0] = o->id;
+			ids[1] = s->id;
+			want = -EINVAL;
+			rc = kvt_decode_append(md->m, l, ids, 2, md->buf_k, md->buf_v, NULL);
+		}
+		if (!want)
+			return;
+		break;
+	case 3: /* a second prefill of a layer */
+		if (!s->n[l])
+			return;
+		want = -EEXIST;
+		rc = kvt_prefill_layer(md->m, s->id, l, md->buf_k, md->buf_v, md->buf_q, NULL);
+		break;
+	default: /* a live id again */
+		want = -EEXIST;
+		rc = kvt_seq_create(md->m, s->id, 10);
+		break;
+	}
+	if (rc != want)
+		fail_at(__FILE__, __LINE__, "rejected call (kind %u) returned %d, expected %d",
+			kind, rc, want);
+	after = stats_of(md->m);
+	EXPECT_UNCHANGED(&before, &after);
+	if (strlen(kvt_manager_last_error(md->m)) == 0)
+		fail_at(__FILE__, __LINE__, "no last error after a rejected call");
+	md->rejected++;
+}
+
+/* ---- runs -------------------------------------------------------------------------------- */
+
+/* Runs `ops` operations. The budgets of each configuration are chosen so that one tier or the
+   other runs out during the filling phases; want_dev / want_host ask the run to prove it did
+   (a prefill refused for want of device frames; prefills and decodes refused for want of host
+   blocks). */
+static void run(const struct kvt_config *c, uint64_t seed, long ops, bool want_dev, bool want_host)
+{
+	struct model *md = xmalloc(sizeof(*md));
+
+	rng_state = seed;
+	model_init(md, c);
+	check_all(md);
+	for (g_op = 0; g_op < ops; g_op++) {
+		/* Alternating phases of 400 operations: filling (few destroys, so the tiers
+		   run out) and draining (many destroys, so memory comes back and is reused).
+		   Cumulative thresholds of create, prefill, decode, destroy; the rest rejects. */
+		static const uint32_t mix[2][4] = {{16, 52, 90, 94}, {10, 30, 68, 94}};
+		const uint32_t *t = mix[(g_op / 400) % 2];
+		uint32_t r = rng_below(100);
+
+		if (r < t[0])
+			md->n_live < MAX_LIVE ? op_create(md) : op_destroy(md);
+		else if (r < t[1])
+			op_prefill(md);
+		else if (r < t[2])
+			op_decode(md);
+		else if (r < t[3])
+			md->n_live > 4 ? op_destroy(md) : op_create(md);
+		else
+			op_reject(md);
+		check_all(md);
+		if (g_op % 10 == 9 && md->n_live) {
+			struct mseq *s = &md->live[rng_below(md->n_live)];
+			uint32_t l = rng_below(c->n_layers);
+
+			g_what = "attend";
+			if (s->n[l])
+				check_attend(md, s, l);
+		}
+		if (g_op % 250 == 249) {
+			g_what = "read back";
+			check_readback(md);
+		}
+	}
+	g_what = "final read back";
+	CHECK_RC(kvt_manager_sync(md->m, NULL), 0);
+	check_readback(md);
+	print_message(
+		"  %ld ops: %llu created, %llu destroyed, %llu prefills, %llu decode calls "
+		"(%llu tokens), -ENOMEM %llu prefill (device short %llu, host short %llu) / %llu "
+		"decode, %llu rejected, %u live\n",
+		ops, (unsigned long long)md->created, (unsigned long long)md->destroyed,
+		(unsigned long long)md->prefills, (unsigned long long)md->decodes,
+		(unsigned long long)md->decoded_tokens, (unsigned long long)md->enomem_prefill,
+		(unsigned long long)md->short_dev, (unsigned long long)md->short_host,
+		(unsigned long long)md->enomem_decode, (unsigned long long)md->rejected,
+		md->n_live);
+	/* the run must have exercised what it is for */
+	if (ops >= 2000) {
+		assert_true(md->created >= 200);
+		if (want_dev)
+			assert_true(md->short_dev > 0);
+		if (want_host) {
+			assert_true(md->short_host > 0);
+			assert_true(md->enomem_decode > 0);
+		}
+	}
+	g_what = "teardown";
+	while (md->n_live) {
+		op_destroy(md);
+		check_all(md);
+	}
+	{
+		struct kvt_stats st = stats_of(md->m);
+
+		CHECK_EQ(st.device_frames_used, 0);
+		CHECK_EQ(st.host_blocks_used, 0);
+		CHECK_EQ(st.live_seqs, 0);
+	}
+	model_fini(md);
+	free(md);
+	g_op = -1;
+	g_what = "setup";
+}
+
+static uint64_t budget(const struct kvt_config *c, uint32_t groups)
+{
+	return (uint64_t)groups * c->n_kv_heads * 2 * c->block_tokens * c->head_dim *
+	       kvt_dtype_size(c->dtype);
+}
+
+/* f16, 3 layers, 8-token blocks, sink 4 + recent 12 + top-K 10, threaded saves; the device
+   tier is the one that runs out. */
+static void test_random_f16(void **state)
+{
+	struct kvt_config c = t_small_config();
+
+	(void)state;
+	c.n_layers = 3;
+	c.n_kv_heads = 2;
+	c.n_q_heads = 4;
+	c.head_dim = 8;
+	c.block_tokens = 8;
+	c.sink_tokens = 4;
+	c.recent_tokens = 12;
+	c.topk_tokens = 10;
+	c.obs_window = 4;
+	c.pool_kernel = 3;
+	c.device_bytes = budget(&c, 190);
+	c.host_bytes = budget(&c, 800);
+	c.save_threads = 2;
+	print_message("  seed %llu (KVT_TEST_SEED=%llu repeats this run)\n",
+		      (unsigned long long)g_seed, (unsigned long long)g_seed);
+	run(&c, g_seed, pick_ops(), true, false);
+}
+
+/* bf16, 4 layers, GQA 4, 16-token blocks, no sink, windows off the block grid, an obs window
+   wider than the ring, inline saves through a 4 KiB staging buffer; the host tier runs out. */
+static void test_random_bf16(void **state)
+{
+	struct kvt_config c = t_small_config();
+
+	(void)state;
+	c.dtype = KVT_DTYPE_BF16;
+	c.n_layers = 4;
+	c.n_kv_heads = 2;
+	c.n_q_heads = 8;
+	c.head_dim = 64; /* a 16-sequence decode batch is 8 KiB: appends are chunked too */
+	c.block_tokens = 16;
+	c.sink_tokens = 0;
+	c.recent_tokens = 13;
+	c.topk_tokens = 7;
+	c.obs_window = 17;
+	c.pool_kernel = 5;
+	c.device_bytes = budget(&c, 140);
+	c.host_bytes = budget(&c, 240);
+	c.save_threads = 0;
+	c.staging_bytes = 4096;
+	print_message("  seed %llu (KVT_TEST_SEED=%llu repeats this run)\n",
+		      (unsigned long long)g_seed, (unsigned long long)g_seed);
+	run(&c, t_mix(g_seed ^ 1), pick_ops(), false, true);
+}
+
+/* f32, GQA 1, 3 kv heads, 64-token blocks, sink 5 + recent 13, four save threads, small
+   staging; the host tier runs out. */
+static void test_random_f32(void **state)
+{
+	struct kvt_config c = t_small_config();
+
+	(void)state;
+	c.dtype = KVT_DTYPE_F32;
+	c.n_layers = 2;
+	c.n_kv_heads = 3;
+	c.n_q_heads = 3;
+	c.head_dim = 8;
+	c.block_tokens = 64;
+	c.sink_tokens = 5;
+	c.recent_tokens = 13;
+	c.topk_tokens = 16;
+	c.obs_window = 4;
+	c.pool_kernel = 3;
+	c.device_bytes = budget(&c, 60);
+	c.host_bytes = budget(&c, 80);
+	c.save_threads = 4;
+	c.staging_bytes = 8192;
+	print_message("  seed %llu (KVT_TEST_SEED=%llu repeats this run)\n",
+		      (unsigned long long)g_seed, (unsigned long long)g_seed);
+	run(&c, t_mix(g_seed ^ 2), pick_ops(), false, true);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_random_f16),
+		cmocka_unit_test(test_random_bf16),
+		cmocka_unit_test(test_random_f32),
+	};
+
+	g_seed = pick_seed();
+	print_message("random: seed %llu\n", (unsigned long long)g_seed);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
