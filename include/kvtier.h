@@ -68,23 +68,23 @@ struct kvt_config {
 	uint64_t device_bytes, host_bytes; /* tier budgets, rounded down to whole block groups */
 	enum kvt_backend backend;
 	/* --- fields after this line are kvtier's additions to the design contract --- */
-	uint32_t save_threads; /* threads scattering saved rows into host blocks; 0 = the
-				  calling thread does it before the call returns */
+	uint32_t save_threads;	/* threads scattering saved rows into host blocks; 0 = the
+				   calling thread does it before the call returns */
 	uint64_t staging_bytes; /* size of each of the two staging buffers of the save path */
 };
 
 /* Defaults: Llama-3-8B geometry (32 layers, 8 kv heads, 32 q heads, d=128, bf16), 32-token
    blocks, sink 128, recent 512, top-K 4096, observation window 32, pool kernel 7, 1 GiB device,
    4 GiB host, automatic backend, 2 save threads, 2 x 32 MiB staging. */
-#define KVT_CONFIG_INIT                                                                      \
-	{                                                                                    \
-		.size = sizeof(struct kvt_config), .version = KVT_CONFIG_VERSION,            \
-		.n_layers = 32, .n_kv_heads = 8, .n_q_heads = 32, .head_dim = 128,           \
-		.block_tokens = 32, .dtype = KVT_DTYPE_BF16, .sink_tokens = 128,             \
-		.recent_tokens = 512, .topk_tokens = 4096, .obs_window = 32,                 \
-		.pool_kernel = 7, .device_bytes = (uint64_t)1 << 30,                         \
-		.host_bytes = (uint64_t)4 << 30, .backend = KVT_BACKEND_AUTO,                \
-		.save_threads = 2, .staging_bytes = (uint64_t)32 << 20,                      \
+#define KVT_CONFIG_INIT                                                                           \
+	{                                                                                         \
+		.size = sizeof(struct kvt_config), .version = KVT_CONFIG_VERSION, .n_layers = 32, \
+		.n_kv_heads = 8, .n_q_heads = 32, .head_dim = 128, .block_tokens = 32,            \
+		.dtype = KVT_DTYPE_BF16, .sink_tokens = 128, .recent_tokens = 512,                \
+		.topk_tokens = 4096, .obs_window = 32, .pool_kernel = 7,                          \
+		.device_bytes = (uint64_t)1 << 30, .host_bytes = (uint64_t)4 << 30,               \
+		.backend = KVT_BACKEND_AUTO, .save_threads = 2,                                   \
+		.staging_bytes = (uint64_t)32 << 20,                                              \
 	}
 
 struct kvt_manager;
@@ -95,21 +95,24 @@ struct kvt_stats {
 	uint32_t size, version;
 	uint64_t device_frames_total, device_frames_used, device_frames_free;
 	uint64_t host_blocks_total, host_blocks_used, host_blocks_free;
-	uint64_t bytes_h2d; /* host blocks loaded into device frames */
-	uint64_t bytes_d2h; /* rows saved into the host history, and device reads */
-	uint64_t bytes_d2d; /* rows written into device frames from the caller's tensors */
-	uint64_t tokens_saved;     /* (layer, token) pairs written to the host history */
-	uint64_t tokens_appended;  /* (layer, token) pairs appended by decode */
-	uint64_t tokens_prompt;    /* (layer, token) pairs of prefilled prompts */
-	uint64_t tokens_resident;  /* of those, kept in device frames at prefill (sink+top-K+ring) */
-	uint64_t prefill_layers;   /* successful kvt_prefill_layer calls */
-	uint64_t decode_calls;     /* successful kvt_decode_append calls */
-	uint64_t saves_submitted;  /* save jobs handed to the save path */
+	uint64_t bytes_h2d;	  /* host blocks loaded into device frames */
+	uint64_t bytes_d2h;	  /* rows saved into the host history, and device reads */
+	uint64_t bytes_d2d;	  /* rows written into device frames from the caller's tensors */
+	uint64_t tokens_saved;	  /* (layer, token) pairs written to the host history */
+	uint64_t tokens_appended; /* (layer, token) pairs appended by decode */
+	uint64_t tokens_prompt;	  /* (layer, token) pairs of prefilled prompts */
+	uint64_t tokens_resident; /* of those, kept in device frames at prefill (sink+top-K+ring) */
+	uint64_t prefill_layers;  /* successful kvt_prefill_layer calls */
+	uint64_t decode_calls;	  /* successful kvt_decode_append calls */
+	uint64_t saves_submitted; /* save jobs handed to the save path */
 	uint32_t live_seqs;
 	uint32_t save_threads;
 };
 
-#define KVT_STATS_INIT { .size = sizeof(struct kvt_stats), .version = KVT_STATS_VERSION }
+#define KVT_STATS_INIT                                                         \
+	{                                                                      \
+		.size = sizeof(struct kvt_stats), .version = KVT_STATS_VERSION \
+	}
 
 enum kvt_log_level {
 	KVT_LOG_ERROR = 0,

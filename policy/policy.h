@@ -41,8 +41,8 @@ static inline uint32_t kvt_ring_slot(uint32_t p, uint32_t sink, uint32_t recent)
 struct kvt_snapkv {
 	uint32_t n_kv_heads, n_q_heads, head_dim; /* n_q_heads % n_kv_heads == 0 */
 	enum kvt_dtype dtype;
-	uint32_t prompt_tokens;                   /* L */
-	uint32_t obs_window;                      /* L_obs */
+	uint32_t prompt_tokens;			  /* L */
+	uint32_t obs_window;			  /* L_obs */
 	uint32_t sink, recent, topk, pool_kernel; /* pool_kernel odd */
 };
 

@@ -74,10 +74,14 @@ static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
 static int parse_manager(int argc, char **argv, struct mopts *o)
 {
 	static const struct option lo[] = {
-		{"seqs", required_argument, NULL, 's'},    {"layers", required_argument, NULL, 'l'},
-		{"prompt", required_argument, NULL, 'p'},  {"steps", required_argument, NULL, 'n'},
-		{"backend", required_argument, NULL, 'b'}, {"threads", required_argument, NULL, 't'},
-		{"csv", required_argument, NULL, 'c'},     {"help", no_argument, NULL, 'h'},
+		{"seqs", required_argument, NULL, 's'},
+		{"layers", required_argument, NULL, 'l'},
+		{"prompt", required_argument, NULL, 'p'},
+		{"steps", required_argument, NULL, 'n'},
+		{"backend", required_argument, NULL, 'b'},
+		{"threads", required_argument, NULL, 't'},
+		{"csv", required_argument, NULL, 'c'},
+		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
 	bool prompt_set = false;
@@ -163,8 +167,7 @@ static int bench_manager(int argc, char **argv)
 	err = kvt_manager_create_with(&c, o.host ? &kvt_backend_host_ops : &kvt_backend_null_ops,
 				      &m);
 	if (err) {
-		fprintf(stderr, "kvtier-bench: cannot create the manager: %s\n",
-			kvt_strerror(err));
+		fprintf(stderr, "kvtier-bench: cannot create the manager: %s\n", kvt_strerror(err));
 		return 1;
 	}
 	/* The null backend never reads the tensors: small dummies do. */
@@ -207,7 +210,8 @@ static int bench_manager(int argc, char **argv)
 			err = kvt_decode_append(m, l, ids, o.seqs, kd, vd, NULL);
 		t[s] = now_ns() - t0;
 		if (err) {
-			fprintf(stderr, "kvtier-bench: step %u: %s\n", s, kvt_manager_last_error(m));
+			fprintf(stderr, "kvtier-bench: step %u: %s\n", s,
+				kvt_manager_last_error(m));
 			goto out;
 		}
 	}
@@ -231,16 +235,15 @@ static int bench_manager(int argc, char **argv)
 
 	printf("kvtier-bench manager: backend %s%s, %u sequences x %u layers, prompt %u, %u "
 	       "steps\n",
-	       o.host ? "host" : "null", o.host ? " (payload copies included)" :
-						  " (bookkeeping only, no payload)",
-	       o.seqs, o.layers, o.prompt, o.steps);
+	       o.host ? "host" : "null",
+	       o.host ? " (payload copies included)" : " (bookkeeping only, no payload)", o.seqs,
+	       o.layers, o.prompt, o.steps);
 	printf("geometry: 8 kv heads, 32 q heads, d=128, bf16, %u-token blocks; resident "
 	       "sink %u + top-K %u + ring %u\n",
 	       bt, c.sink_tokens, c.topk_tokens, c.recent_tokens);
 	printf("decode step (%llu appends): median %.1f us, p10 %.1f us, p90 %.1f us; %.1f ns "
 	       "per (sequence, layer)\n",
-	       (unsigned long long)appends, med / 1e3, p10 / 1e3, p90 / 1e3,
-	       med / (double)appends);
+	       (unsigned long long)appends, med / 1e3, p10 / 1e3, p90 / 1e3, med / (double)appends);
 	if (!o.host)
 		printf("target < 100 us per step of 256 x 32: %s (median / target = %.2f)\n",
 		       o.seqs == 256 && o.layers == 32 ? (med < 100e3 ? "met" : "NOT met")

@@ -59,10 +59,14 @@ static int parse_u32(const char *s, uint32_t max, uint32_t *out)
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
 	static const struct option lo[] = {
-		{"prompt", required_argument, NULL, 'p'}, {"decode", required_argument, NULL, 'd'},
-		{"layers", required_argument, NULL, 'l'}, {"needles", required_argument, NULL, 'n'},
-		{"threads", required_argument, NULL, 't'}, {"seed", required_argument, NULL, 's'},
-		{"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
+		{"prompt", required_argument, NULL, 'p'},
+		{"decode", required_argument, NULL, 'd'},
+		{"layers", required_argument, NULL, 'l'},
+		{"needles", required_argument, NULL, 'n'},
+		{"threads", required_argument, NULL, 't'},
+		{"seed", required_argument, NULL, 's'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
 	};
 	int c;
 
@@ -100,7 +104,13 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		}
 		if (bad) {
 			fprintf(stderr, "kvtier-demo: bad value for --%s: '%s'\n",
-				lo[c == 'p' ? 0 : c == 'd' ? 1 : c == 'l' ? 2 : c == 'n' ? 3 : c == 't' ? 4 : 5].name,
+				lo[c == 'p'   ? 0
+				   : c == 'd' ? 1
+				   : c == 'l' ? 2
+				   : c == 'n' ? 3
+				   : c == 't' ? 4
+					      : 5]
+					.name,
 				optarg);
 			return -1;
 		}
@@ -147,8 +157,8 @@ static int cmp_u32(const void *a, const void *b)
 static void token_row(float *row, uint32_t d, uint64_t seed, uint32_t layer, uint32_t h,
 		      uint32_t pos, int is_v)
 {
-	uint64_t s = seed ^ ((uint64_t)layer << 48) ^ ((uint64_t)h << 36) ^
-		     ((uint64_t)is_v << 35) ^ pos;
+	uint64_t s =
+		seed ^ ((uint64_t)layer << 48) ^ ((uint64_t)h << 36) ^ ((uint64_t)is_v << 35) ^ pos;
 
 	rng_next(&s);
 	for (uint32_t i = 0; i < d; i++)
@@ -318,10 +328,9 @@ int main(int argc, char **argv)
 		uint32_t n = 0, n_sink = 0, n_ring = 0, n_top = 0;
 
 		for (uint32_t h = 0; h < H; h++) {
-			err = kvt_seq_resident_positions(m, id, l, h, pos,
-							 c.sink_tokens + c.recent_tokens +
-								 c.topk_tokens,
-							 &n);
+			err = kvt_seq_resident_positions(
+				m, id, l, h, pos, c.sink_tokens + c.recent_tokens + c.topk_tokens,
+				&n);
 			if (err)
 				goto api_fail;
 			for (uint32_t i = 0; i < n_needles; i++) {
@@ -365,7 +374,8 @@ int main(int argc, char **argv)
 				if (kvt_seq_read_token(m, id, l, h, p, rk, rv))
 					goto api_fail;
 				token_row(row, D, o.seed, l, h, p, 0);
-				if (p < L && bsearch(&p, needle, n_needles, sizeof(*needle), cmp_u32))
+				if (p < L &&
+				    bsearch(&p, needle, n_needles, sizeof(*needle), cmp_u32))
 					for (uint32_t d = 0; d < D; d++)
 						row[d] = 0.5f * qdir[d];
 				kvt_from_f32(c.dtype, row, want, D);
@@ -398,9 +408,11 @@ int main(int argc, char **argv)
 		       (unsigned long long)st.device_frames_used,
 		       (unsigned long long)st.device_frames_total,
 		       (double)st.device_frames_used * 2 * c.block_tokens * row_b / 1048576.0, full,
-		       (double)full_b / ((double)st.device_frames_used * 2 * c.block_tokens * row_b));
+		       (double)full_b /
+			       ((double)st.device_frames_used * 2 * c.block_tokens * row_b));
 		printf("host blocks in use %llu; tokens saved %llu (layer x token)\n",
-		       (unsigned long long)st.host_blocks_used, (unsigned long long)st.tokens_saved);
+		       (unsigned long long)st.host_blocks_used,
+		       (unsigned long long)st.tokens_saved);
 		printf("time: prefill %.3f s (%.1f ms/layer incl. SnapKV on the CPU), decode %.2f "
 		       "us/token/layer\n",
 		       t_prefill, 1e3 * t_prefill / c.n_layers,
