@@ -839,7 +839,7 @@ static void test_savepool_destroy_waits(void **state)
 	rng_state = 0x7777888899990000ull;
 	for (uint32_t threads = 1; threads <= 2; threads++) {
 		struct kvt_savepool *sp;
-		uint8_t *s = malloc(SLOW_JOB);
+		uint8_t *s = calloc(1, SLOW_JOB);
 		struct kvt_save_src src = {a64(s), SLOW_JOB};
 		struct slow_job j1, j2;
 		uint64_t t1, t2;
@@ -872,7 +872,7 @@ static void test_savepool_destroy_waits(void **state)
 static void test_savepool_wait_ticket(void **state)
 {
 	struct kvt_savepool *sp;
-	uint8_t *s = malloc(SLOW_JOB);
+	uint8_t *s = calloc(1, SLOW_JOB);
 	struct kvt_save_src src = {a64(s), SLOW_JOB};
 	struct slow_job j1, j2, j3;
 	uint64_t t1, t2, t3;
