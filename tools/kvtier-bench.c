@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli.h"
 #include "internal.h"
 #include "kvtier.h"
 
@@ -43,32 +44,11 @@ static void usage(FILE *f)
 		"Exit status: 0 on success, 1 on a library error, 2 on bad usage.\n");
 }
 
-static double now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return 1e9 * (double)ts.tv_sec + (double)ts.tv_nsec;
-}
-
 static int cmp_d(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
 
 	return (x > y) - (x < y);
-}
-
-static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
-{
-	char *end;
-	unsigned long long v;
-
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || *end || end == s || v < lo || v > hi)
-		return -1;
-	*out = (uint32_t)v;
-	return 0;
 }
 
 static int parse_manager(int argc, char **argv, struct mopts *o)
@@ -85,27 +65,27 @@ static int parse_manager(int argc, char **argv, struct mopts *o)
 		{NULL, 0, NULL, 0},
 	};
 	bool prompt_set = false;
-	int c, bad;
+	int c, bad, li = 0;
 
 	*o = (struct mopts){256, 32, 8192, 512, 2, false, NULL};
-	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "h", lo, &li)) != -1) {
 		bad = 0;
 		switch (c) {
 		case 's':
-			bad = parse_u32(optarg, 1, 1u << 20, &o->seqs);
+			bad = cli_parse_u32(optarg, 1, 1u << 20, &o->seqs);
 			break;
 		case 'l':
-			bad = parse_u32(optarg, 1, 4096, &o->layers);
+			bad = cli_parse_u32(optarg, 1, 4096, &o->layers);
 			break;
 		case 'p':
-			bad = parse_u32(optarg, 1, 1u << 24, &o->prompt);
+			bad = cli_parse_u32(optarg, 1, 1u << 24, &o->prompt);
 			prompt_set = true;
 			break;
 		case 'n':
-			bad = parse_u32(optarg, 1, 1u << 24, &o->steps);
+			bad = cli_parse_u32(optarg, 1, 1u << 24, &o->steps);
 			break;
 		case 't':
-			bad = parse_u32(optarg, 0, 64, &o->threads);
+			bad = cli_parse_u32(optarg, 0, 64, &o->threads);
 			break;
 		case 'b':
 			if (strcmp(optarg, "null") == 0)
@@ -126,8 +106,8 @@ static int parse_manager(int argc, char **argv, struct mopts *o)
 			return -1;
 		}
 		if (bad) {
-			fprintf(stderr, "kvtier-bench: bad value '%s' for %s\n", optarg,
-				argv[optind - 1]);
+			fprintf(stderr, "kvtier-bench: bad value for --%s: '%s'\n", lo[li].name,
+				optarg);
 			return -1;
 		}
 	}
@@ -204,11 +184,11 @@ static int bench_manager(int argc, char **argv)
 	}
 
 	for (uint32_t s = 0; s < o.steps; s++) {
-		double t0 = now_ns();
+		double t0 = 1e9 * cli_now_s();
 
 		for (uint32_t l = 0; l < o.layers && !err; l++)
 			err = kvt_decode_append(m, l, ids, o.seqs, kd, vd, NULL);
-		t[s] = now_ns() - t0;
+		t[s] = 1e9 * cli_now_s() - t0;
 		if (err) {
 			fprintf(stderr, "kvtier-bench: step %u: %s\n", s,
 				kvt_manager_last_error(m));

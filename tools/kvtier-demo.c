@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli.h"
 #include "kvtier.h"
 #include "policy.h"
 
@@ -43,19 +44,6 @@ static void usage(FILE *f)
 		"Exit status: 0 when every check passed, 1 when one failed, 2 on bad usage.\n");
 }
 
-static int parse_u32(const char *s, uint32_t max, uint32_t *out)
-{
-	char *end;
-	unsigned long long v;
-
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || *end || end == s || v > max)
-		return -1;
-	*out = (uint32_t)v;
-	return 0;
-}
-
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
 	static const struct option lo[] = {
@@ -68,31 +56,31 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
-	int c;
+	int c, li = 0;
 
 	*o = (struct opts){8192, 1024, 4, 64, 2, 1, false};
-	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "h", lo, &li)) != -1) {
 		uint32_t v = 0;
 		int bad = 0;
 
 		switch (c) {
 		case 'p':
-			bad = parse_u32(optarg, 1u << 20, &o->prompt) || o->prompt == 0;
+			bad = cli_parse_u32(optarg, 1, 1u << 20, &o->prompt);
 			break;
 		case 'd':
-			bad = parse_u32(optarg, 1u << 24, &o->decode);
+			bad = cli_parse_u32(optarg, 0, 1u << 24, &o->decode);
 			break;
 		case 'l':
-			bad = parse_u32(optarg, 1024, &o->layers) || o->layers == 0;
+			bad = cli_parse_u32(optarg, 1, 1024, &o->layers);
 			break;
 		case 'n':
-			bad = parse_u32(optarg, 4096, &o->needles);
+			bad = cli_parse_u32(optarg, 0, 4096, &o->needles);
 			break;
 		case 't':
-			bad = parse_u32(optarg, 64, &o->threads);
+			bad = cli_parse_u32(optarg, 0, 64, &o->threads);
 			break;
 		case 's':
-			bad = parse_u32(optarg, UINT32_MAX, &v);
+			bad = cli_parse_u32(optarg, 0, UINT32_MAX, &v);
 			o->seed = v;
 			break;
 		case 'h':
@@ -103,14 +91,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 			return -1;
 		}
 		if (bad) {
-			fprintf(stderr, "kvtier-demo: bad value for --%s: '%s'\n",
-				lo[c == 'p'   ? 0
-				   : c == 'd' ? 1
-				   : c == 'l' ? 2
-				   : c == 'n' ? 3
-				   : c == 't' ? 4
-					      : 5]
-					.name,
+			fprintf(stderr, "kvtier-demo: bad value for --%s: '%s'\n", lo[li].name,
 				optarg);
 			return -1;
 		}
@@ -135,14 +116,6 @@ static uint64_t rng_next(uint64_t *s)
 static float rng_f(uint64_t *s)
 {
 	return (float)(rng_next(s) >> 40) / (float)(1u << 23) - 1.0f;
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static int cmp_u32(const void *a, const void *b)
@@ -290,9 +263,9 @@ int main(int argc, char **argv)
 				kvt_from_f32(c.dtype, row, v + ((size_t)h * L + p) * row_b, D);
 			}
 		}
-		t0 = now_s();
+		t0 = cli_now_s();
 		err = kvt_prefill_layer(m, id, l, k, v, q, NULL);
-		t_prefill += now_s() - t0;
+		t_prefill += cli_now_s() - t0;
 		if (err)
 			goto api_fail;
 	}
@@ -311,9 +284,9 @@ int main(int argc, char **argv)
 				token_row(row, D, o.seed, l, h, L + step, 1);
 				kvt_from_f32(c.dtype, row, vd + h * row_b, D);
 			}
-			t0 = now_s();
+			t0 = cli_now_s();
 			err = kvt_decode_append(m, l, &id, 1, kd, vd, NULL);
-			t_decode += now_s() - t0;
+			t_decode += cli_now_s() - t0;
 			if (err)
 				goto api_fail;
 		}
