@@ -680,6 +680,8 @@ static void test_stats_counters(void **state)
 
 		CHECK_RC(kvt_seq_read_token(m, a.id, 0, 1, 3, k, v), 0); /* sink: resident */
 		assert_int_equal(stats_of(m).bytes_d2h, before + 2 * rb);
+		CHECK_RC(kvt_seq_read_token_host(m, a.id, 0, 1, 3, k, v), 0);
+		assert_int_equal(stats_of(m).bytes_d2h, before + 2 * rb);
 	}
 
 	CHECK_RC(kvt_seq_destroy(m, a.id), 0);
@@ -704,7 +706,8 @@ static void test_stats_counters(void **state)
 
 /* ---- resident layout after prefill ------------------------------------------------------ */
 
-/* Prefills one sequence of length L on layer 0 and checks positions, top-K and rows. */
+/* Prefills one sequence of length L on layer 0 and checks positions, top-K, rows and
+   attention. */
 static void layout_case(const struct kvt_config *c, uint32_t L, uint64_t id)
 {
 	struct kvt_manager *m = mk(c);
@@ -715,6 +718,7 @@ static void layout_case(const struct kvt_config *c, uint32_t L, uint64_t id)
 	tseq_prefill(m, c, &t, 0);
 	CHECK_RESIDENT(m, c, &t, 0);
 	CHECK_READBACK(m, c, &t, 0);
+	CHECK_ATTEND(m, c, &t, 0, id);
 	check_usage(m, c, &t, 1);
 	tseq_fini(&t);
 	kvt_manager_destroy(m);
@@ -996,7 +1000,7 @@ static void run_scenario(const struct scen *s)
 		61};
 	uint32_t attend_at[] = {s->recent / 2, s->recent + 1, 2 * s->recent + 3, s->steps - 1};
 
-	print_message("  %s G=%u kv=%u D=%u bt=%u sink=%u recent=%u topk=%u obs=%u threads=%u "
+	print_message("# %s G=%u kv=%u D=%u bt=%u sink=%u recent=%u topk=%u obs=%u threads=%u "
 		      "staging=%llu steps=%u\n",
 		      dt_name(s->dt), s->G, s->kv, s->D, s->bt, s->sink, s->recent, s->topk, s->obs,
 		      s->threads, (unsigned long long)c.staging_bytes, s->steps);
@@ -1115,6 +1119,17 @@ static void test_dtypes_groups_windows(void **state)
 
 		run_scenario(&s);
 	}
+	/* a ring of one token, with and without sink; odd head dims (rows of 14 and 10 bytes) */
+	{
+		struct scen s = {KVT_DTYPE_F16, 2, 2, 7, 8, 0, 1, 5, 3, 2, 0, 20};
+
+		run_scenario(&s);
+		s.dt = KVT_DTYPE_BF16;
+		s.D = 5;
+		s.sink = 7;
+		s.threads = 0;
+		run_scenario(&s);
+	}
 }
 
 /* Chunked saves (4 KiB staging: prefill and decode both split, rows cut at chunk edges) with
@@ -1169,24 +1184,24 @@ static void test_save_threads_staging(void **state)
 /* Reads of the host history right after the call that saved into it: the save threads are
    still scattering (large multi-chunk prefill saves, appends just handed over), so a read that
    did not wait for the right save would see stale bytes. */
-static void test_save_visibility(void **state)
+static void save_visibility(uint32_t threads)
 {
 	struct kvt_config c = t_small_config();
 	struct kvt_manager *m;
-	struct tseq small[8];
-	struct tseq *bt[8];
+	struct tseq small[32];
+	struct tseq *bt[32];
 	uint8_t wk[1024], wv[1024], gk[1024], gv[1024];
 
-	(void)state;
+	print_message("# %u save threads\n", threads);
 	c.dtype = KVT_DTYPE_F32;
 	c.n_kv_heads = 4;
 	c.n_q_heads = 4;
 	c.head_dim = 256; /* 1 KiB rows: a 2048-token layer saves 16 MiB */
 	c.block_tokens = 64;
-	c.save_threads = 1;
+	c.save_threads = threads;
 	c.staging_bytes = 8u << 20; /* 2 chunks per prefill: the second one is still being scattered
 				       when the call returns */
-	c.device_bytes = 16 * group_bytes(&c);
+	c.device_bytes = 40 * group_bytes(&c);
 	c.host_bytes = 48 * group_bytes(&c);
 	m = mk(&c);
 	for (uint32_t r = 0; r < 3; r++) {
@@ -1208,22 +1223,31 @@ static void test_save_visibility(void **state)
 	}
 	/* destroy right behind a large save: its blocks go back to the pool (ASan-poisoned)
 	   and are handed out again, so the save must have landed before destroy returns */
-	for (uint32_t r = 0; r < 4; r++) {
-		uint64_t id = 920 + r;
+	{
+		size_t kv_bytes = (size_t)c.n_kv_heads * 2048 * rowb(&c);
+		void *k = xmalloc(kv_bytes), *v = xmalloc(kv_bytes);
+		void *q = xmalloc((size_t)c.n_q_heads * c.obs_window * rowb(&c));
 
-		CHECK_RC(kvt_seq_create(m, id, 2048), 0);
-		CHECK_RC(prefill_raw(m, &c, id, 1, 2048, NULL, false), 0);
-		CHECK_RC(kvt_seq_destroy(m, id), 0);
+		t_fill_prefill(&c, 920, 1, 2048, k, v, q);
+		for (uint32_t r = 0; r < 6; r++) {
+			CHECK_RC(kvt_seq_create(m, 920, 2048), 0);
+			CHECK_RC(kvt_prefill_layer(m, 920, 1, k, v, q, NULL), 0);
+			CHECK_RC(kvt_seq_destroy(m, 920), 0);
+		}
+		free(k);
+		free(v);
+		free(q);
 	}
-	for (uint32_t i = 0; i < 8; i++) {
-		tseq_init(&small[i], 950 + i, 60 + i);
+	for (uint32_t i = 0; i < 32; i++) {
+		tseq_init(&small[i], 950 + i, 2 + i);
 		CHECK_RC(kvt_seq_create(m, small[i].id, small[i].L), 0);
 		tseq_prefill(m, &c, &small[i], 0);
 		bt[i] = &small[i];
 	}
 	for (int step = 0; step < 30; step++) {
-		CHECK_RC(decode_step(m, &c, 0, bt, 8), 0);
-		for (uint32_t i = 0; i < 8; i++) {
+		CHECK_RC(decode_step(m, &c, 0, bt, 32), 0);
+		/* newest first: the save threads scatter a batch in order */
+		for (uint32_t i = 32; i-- > 0;) {
 			uint32_t p = small[i].n[0] - 1, h = (uint32_t)(step + i) % 4;
 
 			t_fill_row(c.dtype, c.head_dim, wk, small[i].id, 0, h, p, 0);
@@ -1233,11 +1257,18 @@ static void test_save_visibility(void **state)
 			assert_memory_equal(gv, wv, sizeof(wv));
 		}
 	}
-	for (uint32_t i = 0; i < 8; i++) {
+	for (uint32_t i = 0; i < 32; i++) {
 		CHECK_READBACK(m, &c, &small[i], 0);
 		tseq_fini(&small[i]);
 	}
 	kvt_manager_destroy(m);
+}
+
+static void test_save_visibility(void **state)
+{
+	(void)state;
+	save_visibility(1); /* one thread: the last chunk of a save is scattered slowly */
+	save_visibility(3); /* chunks of >= 128 KiB are split between threads */
 }
 
 /* ---- batched decode interleaved with prefill -------------------------------------------- */

@@ -412,6 +412,21 @@ static void check_attend(struct model *md, const struct mseq *s, uint32_t l)
 
 /* ---- operations -------------------------------------------------------------------------- */
 
+/* valid_topk straight from DESIGN.md steps 4-6, to cross-check kvt_snapkv_count. */
+static uint32_t naive_count(const struct kvt_config *c, uint32_t L)
+{
+	int64_t lo = c->sink_tokens, hi;
+
+	if (c->topk_tokens == 0 || (uint64_t)L <= (uint64_t)c->sink_tokens + c->recent_tokens)
+		return 0;
+	hi = (int64_t)L - c->recent_tokens;
+	if ((int64_t)L - (int64_t)c->obs_window < hi)
+		hi = (int64_t)L - (int64_t)c->obs_window;
+	if (hi <= lo)
+		return 0;
+	return hi - lo < c->topk_tokens ? (uint32_t)(hi - lo) : c->topk_tokens;
+}
+
 static bool id_is_live(const struct model *md, uint64_t id)
 {
 	for (uint32_t i = 0; i < md->n_live; i++)
@@ -458,6 +473,7 @@ static void op_create(struct model *md)
 	s->id = id;
 	s->L = L;
 	s->count = kvt_snapkv_count(&sp);
+	CHECK_EQ(s->count, naive_count(&md->c, L));
 	s->fph = DIV_UP(md->c.sink_tokens + md->c.recent_tokens + s->count, md->c.block_tokens);
 	md->created++;
 }
@@ -745,7 +761,7 @@ static void run(const struct kvt_config *c, uint64_t seed, long ops, bool want_d
 	CHECK_RC(kvt_manager_sync(md->m, NULL), 0);
 	check_readback(md);
 	print_message(
-		"  %ld ops: %llu created, %llu destroyed, %llu prefills, %llu decode calls "
+		"# %ld ops: %llu created, %llu destroyed, %llu prefills, %llu decode calls "
 		"(%llu tokens), -ENOMEM %llu prefill (device short %llu, host short %llu) / %llu "
 		"decode, %llu rejected, %u live\n",
 		ops, (unsigned long long)md->created, (unsigned long long)md->destroyed,
@@ -808,7 +824,7 @@ static void test_random_f16(void **state)
 	c.device_bytes = budget(&c, 190);
 	c.host_bytes = budget(&c, 800);
 	c.save_threads = 2;
-	print_message("  seed %llu (KVT_TEST_SEED=%llu repeats this run)\n",
+	print_message("# seed %llu (KVT_TEST_SEED=%llu repeats this run)\n",
 		      (unsigned long long)g_seed, (unsigned long long)g_seed);
 	run(&c, g_seed, pick_ops(), true, false);
 }
@@ -835,7 +851,7 @@ static void test_random_bf16(void **state)
 	c.host_bytes = budget(&c, 240);
 	c.save_threads = 0;
 	c.staging_bytes = 4096;
-	print_message("  seed %llu (KVT_TEST_SEED=%llu repeats this run)\n",
+	print_message("# seed %llu (KVT_TEST_SEED=%llu repeats this run)\n",
 		      (unsigned long long)g_seed, (unsigned long long)g_seed);
 	run(&c, t_mix(g_seed ^ 1), pick_ops(), false, true);
 }
@@ -862,7 +878,7 @@ static void test_random_f32(void **state)
 	c.host_bytes = budget(&c, 80);
 	c.save_threads = 4;
 	c.staging_bytes = 8192;
-	print_message("  seed %llu (KVT_TEST_SEED=%llu repeats this run)\n",
+	print_message("# seed %llu (KVT_TEST_SEED=%llu repeats this run)\n",
 		      (unsigned long long)g_seed, (unsigned long long)g_seed);
 	run(&c, t_mix(g_seed ^ 2), pick_ops(), false, true);
 }
@@ -876,6 +892,6 @@ int main(void)
 	};
 
 	g_seed = pick_seed();
-	print_message("random: seed %llu\n", (unsigned long long)g_seed);
+	print_message("# random: seed %llu\n", (unsigned long long)g_seed);
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
