@@ -8,6 +8,7 @@
 #define KVT_TEST_COMMON_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +21,36 @@ static inline uint64_t t_mix(uint64_t x)
 	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
 	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
 	return x ^ (x >> 31);
+}
+
+/* Zeroed allocation that never returns NULL to a test (n == 0 allocates 1 byte). */
+static inline void *t_xmalloc(size_t n)
+{
+	void *p = calloc(1, n ? n : 1);
+
+	if (!p) {
+		fprintf(stderr, "test: out of memory (%zu bytes)\n", n);
+		abort();
+	}
+	return p;
+}
+
+/* SnapKV parameters of a manager configuration for a prompt of L tokens. */
+static inline struct kvt_snapkv t_snapkv_of(const struct kvt_config *c, uint32_t L)
+{
+	struct kvt_snapkv p = {
+		.n_kv_heads = c->n_kv_heads,
+		.n_q_heads = c->n_q_heads,
+		.head_dim = c->head_dim,
+		.dtype = c->dtype,
+		.prompt_tokens = L,
+		.obs_window = c->obs_window,
+		.sink = c->sink_tokens,
+		.recent = c->recent_tokens,
+		.topk = c->topk_tokens,
+		.pool_kernel = c->pool_kernel,
+	};
+	return p;
 }
 
 /* A value in [-1, 1) determined by the token's coordinates; exactly representable in bf16 and

@@ -70,31 +70,6 @@ static uint64_t group_bytes(const struct kvt_config *c)
 	return (uint64_t)c->n_kv_heads * 2 * c->block_tokens * rowb(c);
 }
 
-static void *xmalloc(size_t n)
-{
-	void *p = malloc(n ? n : 1);
-
-	assert_non_null(p);
-	return p;
-}
-
-static struct kvt_snapkv sk_of(const struct kvt_config *c, uint32_t L)
-{
-	struct kvt_snapkv p = {
-		.n_kv_heads = c->n_kv_heads,
-		.n_q_heads = c->n_q_heads,
-		.head_dim = c->head_dim,
-		.dtype = c->dtype,
-		.prompt_tokens = L,
-		.obs_window = c->obs_window,
-		.sink = c->sink_tokens,
-		.recent = c->recent_tokens,
-		.topk = c->topk_tokens,
-		.pool_kernel = c->pool_kernel,
-	};
-	return p;
-}
-
 /* valid_topk straight from DESIGN.md steps 4-6 (independent of the library). */
 static uint32_t naive_count(const struct kvt_config *c, uint32_t L)
 {
@@ -188,14 +163,14 @@ static int prefill_raw(struct kvt_manager *m, const struct kvt_config *c, uint64
 {
 	size_t rb = rowb(c), kv_bytes = (size_t)c->n_kv_heads * L * rb;
 	size_t q_bytes = (size_t)c->n_q_heads * c->obs_window * rb;
-	void *k = xmalloc(kv_bytes), *v = xmalloc(kv_bytes), *q = xmalloc(q_bytes);
-	struct kvt_snapkv sp = sk_of(c, L);
+	void *k = t_xmalloc(kv_bytes), *v = t_xmalloc(kv_bytes), *q = t_xmalloc(q_bytes);
+	struct kvt_snapkv sp = t_snapkv_of(c, L);
 	uint32_t count = kvt_snapkv_count(&sp);
 	int rc;
 
 	t_fill_prefill(c, seq, layer, L, k, v, q);
 	if (topk && count) {
-		void *scratch = xmalloc(kvt_snapkv_scratch_bytes(&sp));
+		void *scratch = t_xmalloc(kvt_snapkv_scratch_bytes(&sp));
 
 		CHECK_RC(kvt_snapkv_select(&sp, k, q, topk, scratch), 0);
 		free(scratch);
@@ -231,7 +206,7 @@ static void check_topk_shape(const struct kvt_config *c, uint32_t L, const int32
 static void tseq_prefill(struct kvt_manager *m, const struct kvt_config *c, struct tseq *t,
 			 uint32_t layer)
 {
-	struct kvt_snapkv sp = sk_of(c, t->L);
+	struct kvt_snapkv sp = t_snapkv_of(c, t->L);
 	uint32_t got = 0;
 
 	assert_true(layer < MAX_LAYERS);
@@ -239,7 +214,7 @@ static void tseq_prefill(struct kvt_manager *m, const struct kvt_config *c, stru
 	if (t->count != naive_count(c, t->L))
 		fail_at(__FILE__, __LINE__, "kvt_snapkv_count(L=%u) = %u, DESIGN.md gives %u", t->L,
 			t->count, naive_count(c, t->L));
-	t->topk[layer] = xmalloc((size_t)c->n_kv_heads * t->count * sizeof(int32_t));
+	t->topk[layer] = t_xmalloc((size_t)c->n_kv_heads * t->count * sizeof(int32_t));
 	CHECK_RC(prefill_raw(m, c, t->id, layer, t->L, t->topk[layer], t->count == 0), 0);
 	for (uint32_t h = 0; h < c->n_kv_heads; h++)
 		check_topk_shape(c, t->L, t->topk[layer] + (size_t)h * t->count, t->count);
@@ -270,7 +245,7 @@ static void check_resident_at(struct kvt_manager *m, const struct kvt_config *c,
 			      const struct tseq *t, uint32_t layer, const char *file, int line)
 {
 	size_t cap = (size_t)c->sink_tokens + c->recent_tokens + t->count + 8;
-	int32_t *want = xmalloc(cap * sizeof(int32_t)), *got = xmalloc(cap * sizeof(int32_t));
+	int32_t *want = t_xmalloc(cap * sizeof(int32_t)), *got = t_xmalloc(cap * sizeof(int32_t));
 
 	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
 		uint32_t nw = expect_resident(c, t->n[layer], t->topk[layer] + (size_t)h * t->count,
@@ -304,9 +279,9 @@ static void check_readback_at(struct kvt_manager *m, const struct kvt_config *c,
 			      const struct tseq *t, uint32_t layer, const char *file, int line)
 {
 	size_t rb = rowb(c);
-	uint8_t *wk = xmalloc(rb), *wv = xmalloc(rb), *gk = xmalloc(rb), *gv = xmalloc(rb);
-	int32_t *res = xmalloc(((size_t)c->sink_tokens + c->recent_tokens + t->count + 1) *
-			       sizeof(int32_t));
+	uint8_t *wk = t_xmalloc(rb), *wv = t_xmalloc(rb), *gk = t_xmalloc(rb), *gv = t_xmalloc(rb);
+	int32_t *res = t_xmalloc(((size_t)c->sink_tokens + c->recent_tokens + t->count + 1) *
+				 sizeof(int32_t));
 	uint32_t N = t->n[layer];
 	uint64_t resident = 0, d2h0 = stats_of(m).bytes_d2h;
 
@@ -360,8 +335,8 @@ static void check_resident_rows(struct kvt_manager *m, const struct kvt_config *
 				const struct tseq *t, uint32_t layer)
 {
 	size_t rb = rowb(c), cap = (size_t)c->sink_tokens + c->recent_tokens + t->count + 8;
-	uint8_t *wk = xmalloc(rb), *wv = xmalloc(rb), *gk = xmalloc(rb), *gv = xmalloc(rb);
-	int32_t *pos = xmalloc(cap * sizeof(int32_t));
+	uint8_t *wk = t_xmalloc(rb), *wv = t_xmalloc(rb), *gk = t_xmalloc(rb), *gv = t_xmalloc(rb);
+	int32_t *pos = t_xmalloc(cap * sizeof(int32_t));
 	uint32_t n = 0;
 
 	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
@@ -392,10 +367,10 @@ static void check_attend_at(struct kvt_manager *m, const struct kvt_config *c, c
 {
 	uint32_t D = c->head_dim, G = c->n_q_heads / c->n_kv_heads;
 	size_t cap = (size_t)c->sink_tokens + c->recent_tokens + t->count + 8;
-	float *q = xmalloc((size_t)c->n_q_heads * D * sizeof(float));
-	float *out = xmalloc((size_t)c->n_q_heads * D * sizeof(float));
-	int32_t *pos = xmalloc(cap * sizeof(int32_t));
-	double *logit = xmalloc(cap * sizeof(double)), *ref = xmalloc(D * sizeof(double));
+	float *q = t_xmalloc((size_t)c->n_q_heads * D * sizeof(float));
+	float *out = t_xmalloc((size_t)c->n_q_heads * D * sizeof(float));
+	int32_t *pos = t_xmalloc(cap * sizeof(int32_t));
+	double *logit = t_xmalloc(cap * sizeof(double)), *ref = t_xmalloc(D * sizeof(double));
 	double scale = 1.0 / sqrt((double)D);
 
 	for (size_t i = 0; i < (size_t)c->n_q_heads * D; i++)
@@ -456,9 +431,9 @@ static int decode_step(struct kvt_manager *m, const struct kvt_config *c, uint32
 		       struct tseq **ts, uint32_t n)
 {
 	size_t bytes = (size_t)n * c->n_kv_heads * rowb(c);
-	uint64_t *ids = xmalloc(n * sizeof(uint64_t));
-	uint32_t *pos = xmalloc(n * sizeof(uint32_t));
-	void *k = xmalloc(bytes), *v = xmalloc(bytes);
+	uint64_t *ids = t_xmalloc(n * sizeof(uint64_t));
+	uint32_t *pos = t_xmalloc(n * sizeof(uint32_t));
+	void *k = t_xmalloc(bytes), *v = t_xmalloc(bytes);
 	int rc;
 
 	for (uint32_t i = 0; i < n; i++) {
@@ -853,7 +828,7 @@ static void test_topk_known(void **state)
 	size_t n_kv = (size_t)c.n_kv_heads * L * D, n_q = (size_t)c.n_q_heads * c.obs_window * D;
 	float *kf = calloc(n_kv, sizeof(float)), *vf = calloc(n_kv, sizeof(float));
 	float *qf = calloc(n_q, sizeof(float));
-	uint16_t *k = xmalloc(n_kv * 2), *v = xmalloc(n_kv * 2), *q = xmalloc(n_q * 2);
+	uint16_t *k = t_xmalloc(n_kv * 2), *v = t_xmalloc(n_kv * 2), *q = t_xmalloc(n_q * 2);
 	struct kvt_manager *m;
 	int32_t pos[64];
 	uint32_t n = 0;
@@ -1225,8 +1200,8 @@ static void save_visibility(uint32_t threads)
 	   and are handed out again, so the save must have landed before destroy returns */
 	{
 		size_t kv_bytes = (size_t)c.n_kv_heads * 2048 * rowb(&c);
-		void *k = xmalloc(kv_bytes), *v = xmalloc(kv_bytes);
-		void *q = xmalloc((size_t)c.n_q_heads * c.obs_window * rowb(&c));
+		void *k = t_xmalloc(kv_bytes), *v = t_xmalloc(kv_bytes);
+		void *q = t_xmalloc((size_t)c.n_q_heads * c.obs_window * rowb(&c));
 
 		t_fill_prefill(&c, 920, 1, 2048, k, v, q);
 		for (uint32_t r = 0; r < 6; r++) {

@@ -140,31 +140,6 @@ struct model {
 	size_t buf_kv_bytes, scratch_bytes;
 };
 
-static void *xmalloc(size_t n)
-{
-	void *p = malloc(n ? n : 1);
-
-	assert_non_null(p);
-	return p;
-}
-
-static struct kvt_snapkv sk_of(const struct kvt_config *c, uint32_t L)
-{
-	struct kvt_snapkv p = {
-		.n_kv_heads = c->n_kv_heads,
-		.n_q_heads = c->n_q_heads,
-		.head_dim = c->head_dim,
-		.dtype = c->dtype,
-		.prompt_tokens = L,
-		.obs_window = c->obs_window,
-		.sink = c->sink_tokens,
-		.recent = c->recent_tokens,
-		.topk = c->topk_tokens,
-		.pool_kernel = c->pool_kernel,
-	};
-	return p;
-}
-
 static struct kvt_stats stats_of(struct kvt_manager *m)
 {
 	struct kvt_stats st = KVT_STATS_INIT;
@@ -223,9 +198,9 @@ static void reserve_bufs(struct model *md, size_t kv_bytes)
 	free(md->buf_k);
 	free(md->buf_v);
 	free(md->buf_q);
-	md->buf_k = xmalloc(kv_bytes);
-	md->buf_v = xmalloc(kv_bytes);
-	md->buf_q = xmalloc((size_t)md->c.n_q_heads * md->c.obs_window * md->rb);
+	md->buf_k = t_xmalloc(kv_bytes);
+	md->buf_v = t_xmalloc(kv_bytes);
+	md->buf_q = t_xmalloc((size_t)md->c.n_q_heads * md->c.obs_window * md->rb);
 	md->buf_kv_bytes = kv_bytes;
 }
 
@@ -454,7 +429,7 @@ static void op_create(struct model *md)
 	struct mseq *s;
 	uint64_t id;
 	uint32_t L = random_prompt(&md->c);
-	struct kvt_snapkv sp = sk_of(&md->c, L);
+	struct kvt_snapkv sp = t_snapkv_of(&md->c, L);
 
 	g_what = "create";
 	if (md->n_dead && rng_below(4) == 0) {
@@ -521,7 +496,7 @@ static void op_prefill(struct model *md)
 	}
 	if (!s)
 		return;
-	sp = sk_of(c, s->L);
+	sp = t_snapkv_of(c, s->L);
 	need_blocks = DIV_UP(s->L, c->block_tokens);
 	want = s->fph > before.device_frames_free / c->n_kv_heads ||
 			       need_blocks > before.host_blocks_free / c->n_kv_heads
@@ -534,10 +509,10 @@ static void op_prefill(struct model *md)
 
 		if (need > md->scratch_bytes) {
 			free(md->scratch);
-			md->scratch = xmalloc(need);
+			md->scratch = t_xmalloc(need);
 			md->scratch_bytes = need;
 		}
-		s->topk[l] = xmalloc((size_t)c->n_kv_heads * s->count * sizeof(int32_t));
+		s->topk[l] = t_xmalloc((size_t)c->n_kv_heads * s->count * sizeof(int32_t));
 		CHECK_RC(kvt_snapkv_select(&sp, md->buf_k, md->buf_q, s->topk[l], md->scratch), 0);
 	}
 	rc = kvt_prefill_layer(md->m, s->id, l, md->buf_k, md->buf_v,
@@ -563,7 +538,7 @@ static void op_prefill(struct model *md)
 		return;
 	}
 	if (!s->topk[l])
-		s->topk[l] = xmalloc(0);
+		s->topk[l] = t_xmalloc(0);
 	s->n[l] = s->L;
 	md->tokens_prompt += s->L;
 	md->tokens_resident +=
@@ -720,7 +695,7 @@ static void op_reject(struct model *md)
    blocks). */
 static void run(const struct kvt_config *c, uint64_t seed, long ops, bool want_dev, bool want_host)
 {
-	struct model *md = xmalloc(sizeof(*md));
+	struct model *md = t_xmalloc(sizeof(*md));
 
 	rng_state = seed;
 	model_init(md, c);
