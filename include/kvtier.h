@@ -107,6 +107,7 @@ struct kvt_stats {
 	uint64_t saves_submitted; /* save jobs handed to the save path */
 	uint32_t live_seqs;
 	uint32_t save_threads;
+	uint64_t bytes_read; /* rows copied out of device frames by kvt_seq_read_token */
 };
 
 #define KVT_STATS_INIT                                                         \

@@ -254,8 +254,9 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 	/* Capacity first, so an oversized prompt costs no allocation; then tables and scratch:
 	   nothing visible changes until the pools are touched. */
 	if (m->dev.n_free < s->n_frames || m->host.n_free < nb)
-		return kvt_fail(m, -ENOMEM, "sequence %llu layer %u: %s tier full (%u of %u groups "
-					    "free, %u needed)",
+		return kvt_fail(m, -ENOMEM,
+				"sequence %llu layer %u: %s tier full (%u of %u groups "
+				"free, %u needed)",
 				(unsigned long long)seq, layer,
 				m->dev.n_free < s->n_frames ? "device" : "host",
 				m->dev.n_free < s->n_frames ? m->dev.n_free : m->host.n_free,
@@ -638,7 +639,7 @@ static int read_token(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint3
 			err = m->ops->read_d2h(m->be, v_out, a + m->v_offset, m->row_bytes);
 		if (err)
 			return kvt_fail(m, err, "read token: device read: %s", m->be->err);
-		m->st.bytes_d2h += 2ull * m->row_bytes;
+		m->st.bytes_read += 2ull * m->row_bytes;
 		return 0;
 	}
 	err = m->ops->save_wait(m->be, s->save_ticket);

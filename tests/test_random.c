@@ -131,7 +131,7 @@ struct model {
 	uint32_t n_dead;
 	/* cumulative counters the manager's stats must match */
 	uint64_t tokens_prompt, tokens_appended, tokens_resident, prefill_layers, decode_calls;
-	uint64_t bytes_d2d, bytes_d2h;
+	uint64_t bytes_d2d, bytes_d2h, bytes_read;
 	/* what happened, for the summary */
 	uint64_t created, destroyed, prefills, decodes, decoded_tokens;
 	uint64_t enomem_prefill, enomem_decode, rejected, short_dev, short_host;
@@ -287,10 +287,11 @@ static void check_all(struct model *md)
 	CHECK_EQ(st.decode_calls, md->decode_calls);
 	CHECK_EQ(st.bytes_d2d, md->bytes_d2d);
 	CHECK_EQ(st.bytes_d2h, md->bytes_d2h);
+	CHECK_EQ(st.bytes_read, md->bytes_read);
 }
 
 /* Every token of every live sequence, every layer and head, from both tiers. Reads of
-   resident tokens come from the device tier and count in bytes_d2h; host-history reads do not. */
+   resident tokens come from the device tier and count in bytes_read; host-history reads do not. */
 static void check_readback(struct model *md)
 {
 	const struct kvt_config *c = &md->c;
@@ -304,7 +305,7 @@ static void check_readback(struct model *md)
 		for (uint32_t l = 0; l < c->n_layers; l++)
 			for (uint32_t h = 0; h < c->n_kv_heads; h++) {
 				if (s->n[l])
-					md->bytes_d2h +=
+					md->bytes_read +=
 						2ull * md->rb *
 						expect_resident(c, s->n[l],
 								s->topk[l] + (size_t)h * s->count,

@@ -367,15 +367,18 @@ int main(int argc, char **argv)
 	if (err)
 		goto api_fail;
 	{
-		char a[32], b[32], d2[32], full[32];
+		char a[32], b[32], d2[32], rd[32], full[32];
 		uint64_t full_b = (uint64_t)N * c.n_layers * H * 2 * row_b;
 
 		mib(a, sizeof(a), st.bytes_d2h);
 		mib(b, sizeof(b), st.bytes_h2d);
 		mib(d2, sizeof(d2), st.bytes_d2d);
+		mib(rd, sizeof(rd), st.bytes_read);
 		mib(full, sizeof(full), full_b);
-		printf("\nbytes moved: device->host %s, host->device %s, into device frames %s\n",
-		       a, b, d2);
+		printf("\nbytes moved: saved device->host %s (write-through of every token), loaded "
+		       "host->device %s,\n  written into device frames %s, read back from device "
+		       "frames %s\n",
+		       a, b, d2, rd);
 		printf("device frames in use %llu of %llu (%.1f MiB); full KV would be %s (%.1fx "
 		       "the resident set)\n",
 		       (unsigned long long)st.device_frames_used,
