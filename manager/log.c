@@ -112,7 +112,11 @@ KVT_API const char *kvt_strerror(int err)
 	return "unknown error";
 }
 
+#define KVT_STR2(x) #x
+#define KVT_STR(x) KVT_STR2(x)
+
 KVT_API const char *kvt_version(void)
 {
-	return "0.1.0";
+	return KVT_STR(KVT_VERSION_MAJOR) "." KVT_STR(KVT_VERSION_MINOR) "." KVT_STR(
+		KVT_VERSION_PATCH);
 }
