@@ -295,23 +295,9 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 			       (unsigned long long)seq, layer);
 		goto fail_tables;
 	}
-	err = kvt_pool_alloc(&m->dev, s->n_frames, ly.frames);
-	if (err) {
-		err = kvt_fail(m, err,
-			       "sequence %llu layer %u: device tier full (%u of %u frame "
-			       "groups free, %u needed)",
-			       (unsigned long long)seq, layer, m->dev.n_free, m->dev.n_units,
-			       s->n_frames);
-		goto fail_tables;
-	}
-	err = kvt_pool_alloc(&m->host, nb, ly.groups);
-	if (err) {
-		err = kvt_fail(m, err,
-			       "sequence %llu layer %u: host tier full (%u of %u block "
-			       "groups free, %u needed)",
-			       (unsigned long long)seq, layer, m->host.n_free, m->host.n_units, nb);
-		goto fail_dev;
-	}
+	/* Both fit: capacity was checked above and nothing has run since. */
+	kvt_pool_alloc(&m->dev, s->n_frames, ly.frames);
+	kvt_pool_alloc(&m->host, nb, ly.groups);
 	ly.n_groups = nb;
 
 	/* Select (SnapKV). Without payload there is no data to score: keep the candidates
@@ -415,7 +401,6 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 
 fail_host:
 	kvt_pool_free(&m->host, ly.groups, ly.n_groups);
-fail_dev:
 	kvt_pool_free(&m->dev, ly.frames, s->n_frames);
 fail_tables:
 	free(ly.frames);
