@@ -53,6 +53,22 @@ static inline struct kvt_snapkv t_snapkv_of(const struct kvt_config *c, uint32_t
 	return p;
 }
 
+/* valid_topk straight from DESIGN.md steps 4-6, independent of the library, to cross-check
+   kvt_snapkv_count and the frames a prefill takes. */
+static inline uint32_t t_naive_count(const struct kvt_config *c, uint32_t L)
+{
+	int64_t lo = c->sink_tokens, hi;
+
+	if (c->topk_tokens == 0 || (uint64_t)L <= (uint64_t)c->sink_tokens + c->recent_tokens)
+		return 0;
+	hi = (int64_t)L - c->recent_tokens;
+	if ((int64_t)L - (int64_t)c->obs_window < hi)
+		hi = (int64_t)L - (int64_t)c->obs_window;
+	if (hi <= lo)
+		return 0;
+	return hi - lo < c->topk_tokens ? (uint32_t)(hi - lo) : c->topk_tokens;
+}
+
 /* A value in [-1, 1) determined by the token's coordinates; exactly representable in bf16 and
    f16 (multiples of 1/128), so every dtype stores it exactly. */
 static inline float t_value(uint64_t seq, uint32_t layer, uint32_t head, uint32_t pos, uint32_t dim,

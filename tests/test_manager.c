@@ -70,25 +70,10 @@ static uint64_t group_bytes(const struct kvt_config *c)
 	return (uint64_t)c->n_kv_heads * 2 * c->block_tokens * rowb(c);
 }
 
-/* valid_topk straight from DESIGN.md steps 4-6 (independent of the library). */
-static uint32_t naive_count(const struct kvt_config *c, uint32_t L)
-{
-	int64_t lo = c->sink_tokens, hi;
-
-	if (c->topk_tokens == 0 || (uint64_t)L <= (uint64_t)c->sink_tokens + c->recent_tokens)
-		return 0;
-	hi = (int64_t)L - c->recent_tokens;
-	if ((int64_t)L - (int64_t)c->obs_window < hi)
-		hi = (int64_t)L - (int64_t)c->obs_window;
-	if (hi <= lo)
-		return 0;
-	return hi - lo < c->topk_tokens ? (uint32_t)(hi - lo) : c->topk_tokens;
-}
-
 /* Device frames one prefilled (seq, layer) holds, per kv head. */
 static uint32_t frames_per_head(const struct kvt_config *c, uint32_t L)
 {
-	return DIV_UP(c->sink_tokens + c->recent_tokens + naive_count(c, L), c->block_tokens);
+	return DIV_UP(c->sink_tokens + c->recent_tokens + t_naive_count(c, L), c->block_tokens);
 }
 
 static struct kvt_manager *mk(const struct kvt_config *c)
@@ -211,9 +196,9 @@ static void tseq_prefill(struct kvt_manager *m, const struct kvt_config *c, stru
 
 	assert_true(layer < MAX_LAYERS);
 	t->count = kvt_snapkv_count(&sp);
-	if (t->count != naive_count(c, t->L))
+	if (t->count != t_naive_count(c, t->L))
 		fail_at(__FILE__, __LINE__, "kvt_snapkv_count(L=%u) = %u, DESIGN.md gives %u", t->L,
-			t->count, naive_count(c, t->L));
+			t->count, t_naive_count(c, t->L));
 	t->topk[layer] = t_xmalloc((size_t)c->n_kv_heads * t->count * sizeof(int32_t));
 	CHECK_RC(prefill_raw(m, c, t->id, layer, t->L, t->topk[layer], t->count == 0), 0);
 	for (uint32_t h = 0; h < c->n_kv_heads; h++)

@@ -388,21 +388,6 @@ static void check_attend(struct model *md, const struct mseq *s, uint32_t l)
 
 /* ---- operations -------------------------------------------------------------------------- */
 
-/* valid_topk straight from DESIGN.md steps 4-6, to cross-check kvt_snapkv_count. */
-static uint32_t naive_count(const struct kvt_config *c, uint32_t L)
-{
-	int64_t lo = c->sink_tokens, hi;
-
-	if (c->topk_tokens == 0 || (uint64_t)L <= (uint64_t)c->sink_tokens + c->recent_tokens)
-		return 0;
-	hi = (int64_t)L - c->recent_tokens;
-	if ((int64_t)L - (int64_t)c->obs_window < hi)
-		hi = (int64_t)L - (int64_t)c->obs_window;
-	if (hi <= lo)
-		return 0;
-	return hi - lo < c->topk_tokens ? (uint32_t)(hi - lo) : c->topk_tokens;
-}
-
 static bool id_is_live(const struct model *md, uint64_t id)
 {
 	for (uint32_t i = 0; i < md->n_live; i++)
@@ -449,7 +434,7 @@ static void op_create(struct model *md)
 	s->id = id;
 	s->L = L;
 	s->count = kvt_snapkv_count(&sp);
-	CHECK_EQ(s->count, naive_count(&md->c, L));
+	CHECK_EQ(s->count, t_naive_count(&md->c, L));
 	s->fph = DIV_UP(md->c.sink_tokens + md->c.recent_tokens + s->count, md->c.block_tokens);
 	md->created++;
 }
