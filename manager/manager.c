@@ -74,20 +74,15 @@ static uint32_t budget_groups(uint64_t bytes, uint64_t group_bytes)
 	return n == 0 || n >= UINT32_MAX ? 0 : (uint32_t)n;
 }
 
-int kvt_manager_create_with(const struct kvt_config *cfg, const struct kvt_backend_ops *ops,
-			    struct kvt_manager **out)
+/* Builds a manager from a configuration load_config has already validated. */
+static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
+			 struct kvt_manager **out)
 {
 	struct kvt_backend_params bp;
 	struct kvt_manager *m;
-	struct kvt_config c;
 	uint32_t n_dev, n_host;
 	int err;
 
-	if (!cfg || !out || !ops)
-		return -EINVAL;
-	err = load_config(cfg, &c);
-	if (err)
-		return err;
 	m = calloc(1, sizeof(*m));
 	if (!m)
 		return -ENOMEM;
@@ -186,7 +181,21 @@ KVT_API int kvt_manager_create(const struct kvt_config *cfg, struct kvt_manager 
 		return err;
 	}
 	c.backend = resolved;
-	return kvt_manager_create_with(&c, ops, out);
+	return create_loaded(c, ops, out);
+}
+
+int kvt_manager_create_with(const struct kvt_config *cfg, const struct kvt_backend_ops *ops,
+			    struct kvt_manager **out)
+{
+	struct kvt_config c;
+	int err;
+
+	if (!cfg || !out || !ops)
+		return -EINVAL;
+	err = load_config(cfg, &c);
+	if (err)
+		return err;
+	return create_loaded(c, ops, out);
 }
 
 static void free_layer_tables(struct kvt_seq_layer *ly)

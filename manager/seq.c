@@ -52,6 +52,14 @@ static int reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz)
 	return 0;
 }
 
+/* 0, or -EINVAL recorded when layer is out of range. */
+static int check_layer(struct kvt_manager *m, uint32_t layer)
+{
+	if (layer < m->cfg.n_layers)
+		return 0;
+	return kvt_fail(m, -EINVAL, "layer %u out of range (%u layers)", layer, m->cfg.n_layers);
+}
+
 static struct kvt_seq *find_seq(struct kvt_manager *m, uint64_t seq, int *err)
 {
 	struct kvt_seq *s = kvt_seqmap_get(&m->seqs, seq);
@@ -67,11 +75,9 @@ static struct kvt_seq_layer *find_layer(struct kvt_manager *m, uint64_t seq, uin
 {
 	struct kvt_seq *s;
 
-	if (layer >= m->cfg.n_layers) {
-		*err = kvt_fail(m, -EINVAL, "layer %u out of range (%u layers)", layer,
-				m->cfg.n_layers);
+	*err = check_layer(m, layer);
+	if (*err)
 		return NULL;
-	}
 	s = find_seq(m, seq, err);
 	if (!s)
 		return NULL;
@@ -230,9 +236,9 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 	if (!m)
 		return -EINVAL;
 	c = &m->cfg;
-	if (layer >= c->n_layers)
-		return kvt_fail(m, -EINVAL, "layer %u out of range (%u layers)", layer,
-				c->n_layers);
+	err = check_layer(m, layer);
+	if (err)
+		return err;
 	s = find_seq(m, seq, &err);
 	if (!s)
 		return err;
@@ -660,9 +666,9 @@ KVT_API int kvt_seq_tokens(struct kvt_manager *m, uint64_t seq, uint32_t layer, 
 		return -EINVAL;
 	if (!n_out)
 		return kvt_fail(m, -EINVAL, "tokens: NULL n_out");
-	if (layer >= m->cfg.n_layers)
-		return kvt_fail(m, -EINVAL, "layer %u out of range (%u layers)", layer,
-				m->cfg.n_layers);
+	err = check_layer(m, layer);
+	if (err)
+		return err;
 	s = find_seq(m, seq, &err);
 	if (!s)
 		return err;
