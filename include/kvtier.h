@@ -71,11 +71,21 @@ struct kvt_config {
 	uint32_t save_threads;	/* threads scattering saved rows into host blocks; 0 = the
 				   calling thread does it before the call returns */
 	uint64_t staging_bytes; /* size of each of the two staging buffers of the save path */
+	/* Dynamic recall (SparseServe/Quest). recall_blocks (r) host blocks per (sequence,
+	   layer, kv head) are made resident by kvt_decode_recall; 0 = pure SnapStream, and then
+	   no block metadata is kept. recall_cache_bytes of device_bytes are set aside as the
+	   shared recall cache of single-block frames (required when recall_blocks > 0; may be
+	   set without it for kvt_recall_blocks). ws_window (w, 1..64) is the number of decode
+	   steps a sequence's recall working set spans. */
+	uint32_t recall_blocks;
+	uint32_t ws_window;
+	uint64_t recall_cache_bytes;
 };
 
 /* Defaults: Llama-3-8B geometry (32 layers, 8 kv heads, 32 q heads, d=128, bf16), 32-token
    blocks, sink 128, recent 512, top-K 4096, observation window 32, pool kernel 7, 1 GiB device,
-   4 GiB host, automatic backend, 2 save threads, 2 x 32 MiB staging. */
+   4 GiB host, automatic backend, 2 save threads, 2 x 32 MiB staging, no recall (r = 0, no
+   recall cache), a 12-step working-set window. */
 #define KVT_CONFIG_INIT                                                                           \
 	{                                                                                         \
 		.size = sizeof(struct kvt_config), .version = KVT_CONFIG_VERSION, .n_layers = 32, \
@@ -84,7 +94,8 @@ struct kvt_config {
 		.topk_tokens = 4096, .obs_window = 32, .pool_kernel = 7,                          \
 		.device_bytes = (uint64_t)1 << 30, .host_bytes = (uint64_t)4 << 30,               \
 		.backend = KVT_BACKEND_AUTO, .save_threads = 2,                                   \
-		.staging_bytes = (uint64_t)32 << 20,                                              \
+		.staging_bytes = (uint64_t)32 << 20, .recall_blocks = 0, .ws_window = 12,         \
+		.recall_cache_bytes = 0,                                                          \
 	}
 
 struct kvt_manager;
@@ -108,6 +119,14 @@ struct kvt_stats {
 	uint32_t live_seqs;
 	uint32_t save_threads;
 	uint64_t bytes_read; /* rows copied out of device frames by kvt_seq_read_token */
+	/* recall cache, in single-block frames */
+	uint64_t recall_frames_total, recall_frames_used;
+	uint64_t recall_calls;	   /* successful kvt_decode_recall / kvt_recall_blocks calls */
+	uint64_t recall_lookups;   /* blocks asked for (not fully resident) */
+	uint64_t recall_hits;	   /* of those, already in the recall cache */
+	uint64_t recall_loads;	   /* of those, loaded from the host history (misses) */
+	uint64_t recall_evictions; /* cache frames taken from another block (LRU) */
+	uint64_t preemptions, resumes;
 };
 
 #define KVT_STATS_INIT                                                         \
@@ -209,13 +228,181 @@ KVT_API int kvt_seq_read_token(struct kvt_manager *m, uint64_t seq, uint32_t lay
 /* Number of tokens written to (seq, layer): 0 before its prefill. -ENOENT, -EINVAL. */
 KVT_API int kvt_seq_tokens(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t *n_out);
 
-/* Reference decode attention of one sequence and layer over its resident set (plus, once
-   recall exists, the blocks recalled for it by the latest recall call): for each query head g
-   of kv head h = g / (n_q_heads / n_kv_heads), out[g] = softmax(q[g].K^T / sqrt(head_dim)) V
-   over the resident tokens of h, accumulated in f32. q and out are [n_q_heads][head_dim] f32
-   in host memory. -ENOENT, -EINVAL (layer not prefilled, NULL pointers). */
+/* Reference decode attention of one sequence and layer over its resident set plus the blocks
+   recalled for that (sequence, layer) by the latest recall call naming it: for each query
+   head g of kv head h = g / (n_q_heads / n_kv_heads), out[g] = softmax(q[g].K^T /
+   sqrt(head_dim)) V over those tokens of h, each token counted once, accumulated in f32. q and
+   out are [n_q_heads][head_dim] f32 in host memory. -ENOENT, -EINVAL (layer not prefilled,
+   sequence preempted, NULL pointers), -ESTALE when a recalled block's cache frame was since
+   given to another block (recall again). */
 KVT_API int kvt_attend(struct kvt_manager *m, uint64_t seq, uint32_t layer, const float *q,
 		       float *out);
+
+/* ---- Preemption, residency and working sets ------------------------------------------- */
+
+/* Frees every device frame of seq (its resident set, all layers) and forgets its recall
+   views; the host history keeps every token, so kvt_seq_read_token still works and
+   kvt_seq_resume rebuilds the device state exactly. A preempted sequence takes no prefill,
+   decode, recall or attention until resumed. On the CUDA backend the caller must have finished
+   the work that reads its frames. -ENOENT; -EALREADY when already preempted. */
+KVT_API int kvt_seq_preempt(struct kvt_manager *m, uint64_t seq);
+
+/* Reallocates the device frames of every prefilled layer of a preempted seq and reloads sink,
+   top-K and ring slots from the host history with one gather: afterwards the device holds
+   bit for bit what it held at preemption (no recomputation). -ENOENT; -EALREADY when not
+   preempted; -ENOMEM when the device tier cannot hold it (nothing changes). */
+KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream);
+
+/* What a sequence holds and needs, in frames (one frame = one block of one (layer, kv head)). */
+struct kvt_seq_info {
+	uint32_t size;		   /* sizeof(struct kvt_seq_info), set by the caller */
+	uint32_t prompt_tokens;	   /* as created */
+	uint32_t layers_prefilled; /* 0 .. n_layers */
+	uint32_t preempted;	   /* 1 between kvt_seq_preempt and kvt_seq_resume */
+	uint32_t tokens;	   /* tokens of its most advanced layer */
+	uint32_t frames_per_layer; /* device frames one layer's resident set takes */
+	uint64_t device_frames;	   /* device frames held now (resident sets; not recall) */
+	uint64_t host_blocks;	   /* host blocks of its history, all layers */
+	uint64_t recall_ws_frames; /* distinct blocks it recalled over its last ws_window steps */
+	uint64_t recall_step_frames; /* distinct blocks it recalled in its latest step */
+};
+
+/* Fills *out up to out->size (at least the first two fields). -ENOENT, -EINVAL. */
+KVT_API int kvt_seq_info(struct kvt_manager *m, uint64_t seq, struct kvt_seq_info *out);
+
+/* ---- Dynamic recall (decode) --------------------------------------------------------- */
+
+/* Scores the host blocks of each of the n sequences for `layer` against its decode queries
+   q ([n][n_q_heads][head_dim] of config.dtype, backend memory) with the Quest upper bound
+   (per-channel key min/max of the block, maximised over the kv head's query heads), and makes
+   the top config.recall_blocks blocks per kv head, among blocks not fully resident through
+   sink/top-K/ring, resident in the shared recall cache: hits are reused, misses are loaded in
+   one batched gather, evicting the least recently used frames of any sequence. Ties go to the
+   lower block. Replaces each (sequence, layer)'s recall view. All or nothing: -ENOENT, -EINVAL
+   (NULL, n == 0, repeated id, layer not prefilled, sequence preempted, recall disabled),
+   -ENOSPC when the blocks this call needs exceed the cache. */
+KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
+			      uint32_t n, const void *q, void *stream);
+
+/* As kvt_decode_recall with the selection given instead of scored: blocks is
+   [n][n_kv_heads][r] host block indices (a block b holds positions [b * block_tokens, ...));
+   UINT32_MAX entries are ignored, as are repeats and blocks fully resident. Serves engines
+   with their own scoring, recorded selections and payload-free backends. -EINVAL also for a
+   block past the sequence's history or r == 0. */
+KVT_API int kvt_recall_blocks(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
+			      uint32_t n, const uint32_t *blocks, uint32_t r, void *stream);
+
+/* One recalled block of a recall view. */
+struct kvt_recall_ref {
+	uint64_t frame;	   /* device address: K[block_tokens][head_dim], then V likewise */
+	uint32_t block;	   /* host block index: positions block * block_tokens + i */
+	uint32_t n_valid;  /* slots i < n_valid hold tokens */
+	uint64_t resident; /* bit i set: token i is also resident (sink/top-K/ring): skip it */
+};
+
+/* The recall view of (seq, layer, kv_head) from the latest recall call naming (seq, layer),
+   ascending block order; the resident masks are as of now. Count and -ENOSPC as for
+   kvt_seq_resident_positions; -ESTALE when a frame of the view went to another block since. */
+KVT_API int kvt_seq_recall_view(struct kvt_manager *m, uint64_t seq, uint32_t layer,
+				uint32_t kv_head, struct kvt_recall_ref *out, uint32_t cap,
+				uint32_t *n_out);
+
+/* Device addresses of the frames of (seq, layer, kv_head)'s resident set: slot s (DESIGN.md:
+   sink, ring, then top-K) is row s % block_tokens of frames[s / block_tokens]; *n_slots
+   receives how many slots hold tokens (from slot 0). Count and -ENOSPC as above; -EINVAL also
+   when preempted. */
+KVT_API int kvt_seq_frames(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t kv_head,
+			   uint64_t *frames, uint32_t cap, uint32_t *n_frames, uint32_t *n_slots);
+
+/* ---- Scheduler (SparseServe Algorithm 1) ---------------------------------------------- */
+
+/* The scheduler decides, each iteration, which requests run: it reads the manager's memory
+   accounting and calls kvt_seq_preempt / kvt_seq_resume, and never moves data otherwise. The
+   engine owns sequences: it creates one (kvt_seq_create) before submitting it, executes each
+   iteration's batch (prefill layers, decode steps), calls kvt_sched_commit, and destroys
+   sequences the scheduler reports completed whenever it is done reading them. One scheduler per
+   manager; same thread rules as the manager. */
+struct kvt_sched;
+
+#define KVT_SCHED_CONFIG_VERSION 1
+
+struct kvt_sched_config {
+	uint32_t size, version;	   /* sizeof(struct kvt_sched_config), KVT_SCHED_CONFIG_VERSION */
+	uint32_t max_requests;	   /* R_max: requests per iteration */
+	uint32_t max_tokens;	   /* T_max: tokens per iteration (decode tokens plus prefill
+				      tokens, a prefilled layer of L tokens counting L/n_layers) */
+	uint64_t max_inject_tokens; /* prefill (token x layer) per iteration: B x n_layers matches
+				       chunked prefill of chunk B; a lone prefill always gets
+				       one layer */
+	uint32_t ws_control;	   /* 1: admit only while working sets fit (SparseServe); 0: by
+				      R_max/T_max and device frames for resident sets only */
+	uint32_t reserved;
+};
+
+#define KVT_SCHED_CONFIG_INIT                                                             \
+	{                                                                                 \
+		.size = sizeof(struct kvt_sched_config),                                  \
+		.version = KVT_SCHED_CONFIG_VERSION, .max_requests = 256,                 \
+		.max_tokens = 8192, .max_inject_tokens = (uint64_t)2048 * 32, .ws_control = 1, \
+	}
+
+/* Work of one request in an iteration. */
+struct kvt_sched_item {
+	uint64_t seq;
+	uint32_t layer_begin, layer_end; /* prefill layers [begin, end); both 0 for a decode step */
+	uint32_t decode;		 /* 1: one decode step (every layer) */
+	uint32_t reserved;
+};
+
+/* Per-iteration figures. Frames are single-block device frames. */
+struct kvt_sched_iter {
+	uint64_t iteration;
+	uint32_t batch_size; /* items */
+	uint32_t n_decode, n_prefill;
+	uint32_t admitted;  /* candidates admitted */
+	uint32_t reset;	    /* candidates considered and sent back to the queue */
+	uint32_t preempted; /* requests whose frames were freed this iteration */
+	uint32_t resumed;   /* requests rebuilt from the host history */
+	uint32_t completed; /* requests that finished at the previous commit */
+	uint64_t prefill_token_layers;
+	uint64_t ws_estimate_frames; /* working sets of the admitted requests, as estimated */
+	uint64_t ws_touched_frames;  /* frames they actually used (resident + recalled), at commit */
+	uint64_t blocks_loaded;	     /* recall misses between step and commit */
+	uint64_t recall_lookups, recall_hits;
+	uint32_t queued; /* requests waiting after admission */
+	uint32_t reserved;
+};
+
+struct kvt_sched_batch {
+	const struct kvt_sched_item *items; /* prefills first, then decodes, FCFS within each */
+	uint32_t n_items;
+	const uint64_t *completed; /* requests finished at the previous commit (frames freed) */
+	uint32_t n_completed;
+	struct kvt_sched_iter it;
+};
+
+/* Creates a scheduler over m. -EINVAL (NULL, bad size/version, zero limits), -ENOMEM. */
+KVT_API int kvt_sched_create(struct kvt_manager *m, const struct kvt_sched_config *cfg,
+			     struct kvt_sched **out);
+/* NULL is a no-op. Leaves the manager's sequences as they are. */
+KVT_API void kvt_sched_destroy(struct kvt_sched *s);
+/* Queues live sequence seq (not prefilled yet) to produce max_new_tokens (>= 1) tokens: the
+   first comes from its prefill, each further one from a decode step. -ENOENT (not live),
+   -EEXIST (already queued), -EINVAL, -E2BIG when the device tier could never hold it alone. */
+KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new_tokens);
+/* Forms the next iteration's batch (preempting and resuming as needed) into *out, valid until
+   the next call on s. -EBUSY when the previous batch is not committed yet. */
+KVT_API int kvt_sched_step(struct kvt_sched *s, struct kvt_sched_batch *out);
+/* The engine executed the current batch: advances each request; those that reached their
+   max_new_tokens complete (their frames are freed; the sequence stays live for the engine).
+   -EINVAL when there is no batch to commit. */
+KVT_API int kvt_sched_commit(struct kvt_sched *s);
+/* Removes seq from the scheduler now (finished early, or failed): frees its device frames if
+   it holds any; the sequence stays live. If the current batch names it, it counts as not
+   executed. -ENOENT when not scheduled here. */
+KVT_API int kvt_sched_finish(struct kvt_sched *s, uint64_t seq);
+/* Requests queued or running (not completed). */
+KVT_API uint32_t kvt_sched_pending(const struct kvt_sched *s);
 
 #ifdef __cplusplus
 }

@@ -35,6 +35,44 @@ struct kvt_seq_layer {
 	uint32_t *groups; /* host group of block index b, b < n_groups */
 	uint32_t *frames; /* device frame group of frame index f, f < seq->n_frames */
 	int32_t *topk;	  /* [n_kv_heads][seq->valid_topk] ascending */
+	struct kvt_recall_layer *rc; /* block metadata and recall state; NULL until needed */
+};
+
+#define KVT_NO_ENTRY UINT32_MAX
+#define KVT_WS_MAX 64u
+
+/* Recall state of one (sequence, layer), allocated when block metadata or recall first needs
+   it. Tables are indexed [block][kv head], block < cap_blocks. */
+struct kvt_recall_layer {
+	uint8_t *meta;	   /* [block][head] metadata (policy.h), 2 * row_bytes each; NULL
+			      unless the manager keeps metadata */
+	uint32_t *entry;   /* recall cache entry holding the block, or KVT_NO_ENTRY */
+	uint32_t *touched; /* 1 + the step of its latest recall, 0 = never (working set) */
+	uint32_t cap_blocks;
+	/* view of the latest recall call naming this (sequence, layer): per head view_n[h]
+	   entries (cache entry id, generation) at [h * view_cap ...] */
+	uint32_t view_cap;
+	uint32_t *view_n;
+	uint32_t *view_ent, *view_gen;
+};
+
+/* One frame of the shared recall cache (single block of one (sequence, layer, kv head)). */
+struct kvt_rc_entry {
+	struct kvt_seq *owner; /* NULL: free */
+	uint32_t layer, head, block;
+	uint32_t n_valid; /* tokens of the block when loaded */
+	uint32_t gen;	  /* bumped whenever the frame changes hands */
+	uint64_t pin;	  /* recall call that last used it: never evicted by that call */
+	uint32_t prev, next;	     /* LRU list (head = most recent); free list through next */
+	uint32_t s_prev, s_next;     /* the owner's list of entries */
+};
+
+struct kvt_recall_cache {
+	uint32_t n, n_used;
+	uint64_t base; /* device address of frame 0; frame i at base + i * block_bytes */
+	struct kvt_rc_entry *e;
+	uint32_t lru_head, lru_tail, free_head;
+	uint64_t call; /* recall calls so far (pin stamps) */
 };
 
 struct kvt_seq {
@@ -45,6 +83,12 @@ struct kvt_seq {
 	uint32_t valid_topk; /* same for every layer and head: depends on the prompt length */
 	uint32_t n_frames;   /* frame groups per layer */
 	uint32_t layers_prefilled;
+	uint32_t preempted; /* device frames freed (kvt_seq_preempt) */
+	uint32_t rc_head;   /* first of its recall cache entries, KVT_NO_ENTRY when none */
+	/* Recall working set: ws_bucket[t % w] counts the blocks whose latest recall happened
+	   at step t, for the last w steps up to ws_step; ws_total is their sum. */
+	uint32_t ws_step, ws_total;
+	uint32_t *ws_bucket; /* [w], NULL until its first recall */
 	struct kvt_seq_layer layers[];
 };
 
@@ -98,9 +142,64 @@ struct kvt_manager {
 	struct kvt_attend_rows *segs;
 	uint32_t segs_cap;
 
+	/* recall */
+	bool keep_meta; /* block metadata maintained (recall_blocks > 0 and CPU-readable) */
+	uint32_t meta_bytes; /* 2 * row_bytes */
+	struct kvt_recall_cache rc;
+	uint32_t *sel;	    /* [n][H][r] selection of the current recall call */
+	uint32_t sel_cap;
+	float *score;	    /* scoring scratch */
+	uint32_t *cand;
+	uint32_t score_cap, cand_cap;
+	float *qf;	    /* queries of one sequence in f32, and bound scratch */
+	uint32_t qf_cap;
+
 	struct kvt_stats st;
 	char err[256];
 };
+
+/* Geometry helpers shared by the manager's files. */
+static inline uint64_t kvt_dev_row(const struct kvt_manager *m, const struct kvt_seq_layer *ly,
+				   uint32_t h, uint32_t slot)
+{
+	return m->dev_base + (uint64_t)ly->frames[slot >> m->lbt] * m->group_bytes +
+	       h * m->block_bytes + (uint64_t)(slot & (m->cfg.block_tokens - 1)) * m->row_bytes;
+}
+
+static inline uint64_t kvt_host_row(const struct kvt_manager *m, const struct kvt_seq_layer *ly,
+				    uint32_t h, uint32_t pos)
+{
+	return m->host_base + (uint64_t)ly->groups[pos >> m->lbt] * m->group_bytes +
+	       h * m->block_bytes + (uint64_t)(pos & (m->cfg.block_tokens - 1)) * m->row_bytes;
+}
+
+/* Grows a scratch array to hold n elements of size sz (never shrinks). 0 or -ENOMEM. */
+int kvt_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz);
+
+/* Recall (manager/recall.c). */
+int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames);
+void kvt_recall_fini(struct kvt_manager *m);
+/* Drops every recall cache entry of s and its views (preempt, destroy). */
+void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s);
+/* Frees one layer's recall state (NULL is a no-op). */
+void kvt_recall_layer_free(struct kvt_recall_layer *rc);
+/* Frees the recall state of every layer of s (destroy). */
+void kvt_recall_free_seq(struct kvt_seq *s, uint32_t n_layers);
+/* Block metadata of a prefilled layer from the caller's K tensor ([H][L][D]): 0 or -ENOMEM. */
+int kvt_meta_prefill(struct kvt_manager *m, struct kvt_seq_layer *ly, const void *k, uint32_t L);
+/* Makes room for the metadata of block index b of ly (decode boundary): 0 or -ENOMEM. */
+int kvt_meta_reserve(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t n_blocks);
+/* Folds the decode token at position pos (rows k + h * row_bytes) into its block. */
+void kvt_meta_append(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t pos,
+		     const uint8_t *k);
+/* Recall working set of s advanced to step t (frames recalled in the last w steps); the
+   frames of step t alone in *step_frames. */
+uint32_t kvt_ws_frames(struct kvt_manager *m, struct kvt_seq *s, uint32_t t, uint32_t *step_frames);
+/* Resident mask of block b (bit i: position b * bt + i resident on the device), and whether
+   it covers all n_valid tokens. */
+uint64_t kvt_block_resident(const struct kvt_manager *m, const struct kvt_seq *s,
+			    const struct kvt_seq_layer *ly, uint32_t h, uint32_t b,
+			    uint32_t n_valid);
 
 /* Records the detail of a failure for kvt_manager_last_error and logs it at debug level;
    returns err. */

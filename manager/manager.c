@@ -63,6 +63,29 @@ static int load_config(const struct kvt_config *cfg, struct kvt_config *c)
 		return cfg_error("save_threads must be at most 64");
 	if (c->staging_bytes < 4096 || c->staging_bytes > ((uint64_t)1 << 40))
 		return cfg_error("staging_bytes must be 4 KiB..1 TiB");
+	if (c->ws_window == 0 || c->ws_window > KVT_WS_MAX)
+		return cfg_error("ws_window must be 1..64");
+	if (c->recall_blocks > 65536)
+		return cfg_error("recall_blocks must be at most 65536");
+	if (c->recall_cache_bytes >= c->device_bytes && c->recall_cache_bytes)
+		return cfg_error("recall_cache_bytes must be below device_bytes");
+	return 0;
+}
+
+int kvt_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz)
+{
+	uint32_t c = *cap ? *cap : 64;
+	void *p;
+
+	if (n <= *cap)
+		return 0;
+	while (c < n)
+		c = c > UINT32_MAX / 2 ? n : c * 2;
+	p = realloc(*arr, (size_t)c * sz);
+	if (!p)
+		return -ENOMEM;
+	*arr = p;
+	*cap = c;
 	return 0;
 }
 
@@ -81,6 +104,7 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 	struct kvt_backend_params bp;
 	struct kvt_manager *m;
 	uint32_t n_dev, n_host;
+	uint64_t n_rc;
 	int err;
 
 	m = calloc(1, sizeof(*m));
@@ -97,8 +121,17 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 	m->group_bytes = m->block_bytes * c.n_kv_heads;
 	m->v_offset = (uint64_t)c.block_tokens * m->row_bytes;
 
-	n_dev = budget_groups(c.device_bytes, m->group_bytes);
+	n_dev = budget_groups(c.device_bytes - c.recall_cache_bytes, m->group_bytes);
 	n_host = budget_groups(c.host_bytes, m->group_bytes);
+	n_rc = c.recall_cache_bytes / m->block_bytes;
+	if (n_rc >= UINT32_MAX || (c.recall_blocks && !n_rc)) {
+		kvt_log(KVT_LOG_WARN,
+			"invalid configuration: recall_cache_bytes must hold 1 .. 2^32-2 blocks "
+			"of %llu bytes when recall_blocks > 0",
+			(unsigned long long)m->block_bytes);
+		err = -EINVAL;
+		goto fail;
+	}
 	if (!n_dev || !n_host) {
 		kvt_log(KVT_LOG_WARN,
 			"invalid configuration: %s budget must hold 1 .. 2^32-2 "
@@ -107,7 +140,8 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 		err = -EINVAL;
 		goto fail;
 	}
-	m->dev_arena_bytes = (uint64_t)n_dev * m->group_bytes;
+	/* One device arena: the resident-set pool, then the recall cache's single frames. */
+	m->dev_arena_bytes = (uint64_t)n_dev * m->group_bytes + n_rc * m->block_bytes;
 	m->host_arena_bytes = (uint64_t)n_host * m->group_bytes;
 
 	bp.save_threads = c.save_threads;
@@ -141,14 +175,20 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 				    m->group_bytes);
 	if (!err)
 		err = kvt_seqmap_init(&m->seqs);
+	if (!err)
+		err = kvt_recall_init(m, m->dev_base + (uint64_t)n_dev * m->group_bytes,
+				      (uint32_t)n_rc);
 	if (err)
 		goto fail_be;
+	m->meta_bytes = 2 * m->row_bytes;
+	m->keep_meta = c.recall_blocks > 0 && m->cpu_device;
 	m->st.save_threads = c.save_threads;
 	*out = m;
 	return 0;
 fail_be:
 	kvt_log(KVT_LOG_WARN, "backend %s: %s", ops->name, m->be ? m->be->err : "");
 	kvt_seqmap_fini(&m->seqs);
+	kvt_recall_fini(m);
 	kvt_pool_fini(&m->dev);
 	kvt_pool_fini(&m->host);
 	if (m->host_base)
@@ -219,9 +259,11 @@ KVT_API void kvt_manager_destroy(struct kvt_manager *m)
 			continue;
 		for (uint32_t l = 0; l < m->cfg.n_layers; l++)
 			free_layer_tables(&s->layers[l]);
+		kvt_recall_free_seq(s, m->cfg.n_layers);
 		free(s);
 	}
 	kvt_seqmap_fini(&m->seqs);
+	kvt_recall_fini(m);
 	kvt_pool_fini(&m->dev);
 	kvt_pool_fini(&m->host);
 	m->ops->arena_free(m->be, KVT_TIER_HOST, m->host_base, m->host_arena_bytes);
@@ -233,6 +275,10 @@ KVT_API void kvt_manager_destroy(struct kvt_manager *m)
 	free(m->batch);
 	free(m->sel_scratch);
 	free(m->segs);
+	free(m->sel);
+	free(m->score);
+	free(m->cand);
+	free(m->qf);
 	free(m);
 }
 
@@ -267,6 +313,8 @@ KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out
 	st.host_blocks_free = (uint64_t)m->host.n_free * m->cfg.n_kv_heads;
 	st.host_blocks_used = st.host_blocks_total - st.host_blocks_free;
 	st.live_seqs = m->seqs.n;
+	st.recall_frames_total = m->rc.n;
+	st.recall_frames_used = m->rc.n_used;
 	memcpy(out, &st, size);
 	return 0;
 }

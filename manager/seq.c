@@ -5,6 +5,7 @@
  * write-through save), and the reads over both tiers.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,40 +17,6 @@
 static inline uint64_t ptr_u64(const void *p)
 {
 	return (uint64_t)(uintptr_t)p;
-}
-
-/* Address of slot `slot` (K row) of head h in a sequence layer's device frames. */
-static inline uint64_t dev_row(const struct kvt_manager *m, const struct kvt_seq_layer *ly,
-			       uint32_t h, uint32_t slot)
-{
-	return m->dev_base + (uint64_t)ly->frames[slot >> m->lbt] * m->group_bytes +
-	       h * m->block_bytes + (uint64_t)(slot & (m->cfg.block_tokens - 1)) * m->row_bytes;
-}
-
-/* Address of position pos (K row) of head h in a sequence layer's host history. */
-static inline uint64_t host_row(const struct kvt_manager *m, const struct kvt_seq_layer *ly,
-				uint32_t h, uint32_t pos)
-{
-	return m->host_base + (uint64_t)ly->groups[pos >> m->lbt] * m->group_bytes +
-	       h * m->block_bytes + (uint64_t)(pos & (m->cfg.block_tokens - 1)) * m->row_bytes;
-}
-
-/* Grows a scratch array to hold n elements of size sz (never shrinks). */
-static int reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz)
-{
-	uint32_t c = *cap ? *cap : 64;
-	void *p;
-
-	if (n <= *cap)
-		return 0;
-	while (c < n)
-		c = c > UINT32_MAX / 2 ? n : c * 2;
-	p = realloc(*arr, (size_t)c * sz);
-	if (!p)
-		return -ENOMEM;
-	*arr = p;
-	*cap = c;
-	return 0;
 }
 
 /* 0, or -EINVAL recorded when layer is out of range. */
@@ -133,6 +100,7 @@ KVT_API int kvt_seq_create(struct kvt_manager *m, uint64_t seq, uint32_t prompt_
 		return kvt_fail(m, -ENOMEM, "sequence %llu: no memory for its state",
 				(unsigned long long)seq);
 	s->id = seq;
+	s->rc_head = KVT_NO_ENTRY;
 	s->prompt_tokens = prompt_tokens;
 	s->valid_topk = count;
 	s->n_frames = DIV_UP(m->slots_sr + count, m->cfg.block_tokens);
@@ -148,7 +116,7 @@ KVT_API int kvt_seq_create(struct kvt_manager *m, uint64_t seq, uint32_t prompt_
 /* Returns a layer's tier memory to the pools and frees its tables. */
 static void release_layer(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_layer *ly)
 {
-	if (ly->frames)
+	if (ly->frames && !s->preempted)
 		kvt_pool_free(&m->dev, ly->frames, s->n_frames);
 	if (ly->groups)
 		kvt_pool_free(&m->host, ly->groups, ly->n_groups);
@@ -171,6 +139,8 @@ KVT_API int kvt_seq_destroy(struct kvt_manager *m, uint64_t seq)
 	/* Its host blocks may still be the target of a pending scatter: let it land before the
 	   blocks can be handed to someone else. */
 	m->ops->save_wait(m->be, s->save_ticket);
+	kvt_recall_drop_seq(m, s);
+	kvt_recall_free_seq(s, m->cfg.n_layers);
 	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
 		release_layer(m, s, &s->layers[l]);
 	kvt_seqmap_del(&m->seqs, seq);
@@ -190,7 +160,7 @@ static void emit_run(struct kvt_manager *m, const struct kvt_seq_layer *ly, uint
 		uint32_t in_frame = bt - (slot & (bt - 1));
 		uint32_t take = n < in_frame ? n : in_frame;
 		uint64_t src = ksrc + (uint64_t)pos * m->row_bytes;
-		uint64_t dst = dev_row(m, ly, h, slot);
+		uint64_t dst = kvt_dev_row(m, ly, h, slot);
 		struct kvt_xfer *prev = *nx ? &m->xf[*nx - 1] : NULL;
 
 		if (prev && prev->src + prev->bytes == src && prev->dst + prev->bytes == dst &&
@@ -245,6 +215,9 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 	if (s->layers[layer].n_tokens)
 		return kvt_fail(m, -EEXIST, "sequence %llu: layer %u is already prefilled",
 				(unsigned long long)seq, layer);
+	if (s->preempted)
+		return kvt_fail(m, -EINVAL, "sequence %llu is preempted (resume it first)",
+				(unsigned long long)seq);
 	count = s->valid_topk;
 	if (!k || !v || (count && !q_obs))
 		return kvt_fail(m, -EINVAL, "sequence %llu layer %u: NULL %s",
@@ -294,8 +267,10 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 		if (need > UINT32_MAX)
 			err = -ENOMEM;
 		else
-			err = reserve((void **)&m->xf, &m->xf_cap, (uint32_t)need, sizeof(*m->xf));
+			err = kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)need, sizeof(*m->xf));
 	}
+	if (!err && m->keep_meta)
+		err = kvt_meta_prefill(m, &ly, k, L);
 	if (err || !ly.frames || !ly.groups || (count && !ly.topk)) {
 		err = kvt_fail(m, -ENOMEM, "sequence %llu layer %u: no memory for its tables",
 			       (unsigned long long)seq, layer);
@@ -359,7 +334,7 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 		uint32_t n = L - p0 < c->block_tokens ? L - p0 : c->block_tokens;
 		struct kvt_xfer e = {
 			.src = (uint64_t)p0 * m->row_bytes,
-			.dst = host_row(m, &ly, 0, p0),
+			.dst = kvt_host_row(m, &ly, 0, p0),
 			.bytes = n * m->row_bytes,
 			.reps = c->n_kv_heads,
 			.src_stride = layer_bytes,
@@ -387,8 +362,8 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 
 	ly.n_tokens = L;
 	ly.ring_slot = kvt_ring_slot(L, sink, recent);
-	ly.dev_next = dev_row(m, &ly, 0, ly.ring_slot);
-	ly.host_next = (L & (c->block_tokens - 1)) ? host_row(m, &ly, 0, L) : 0;
+	ly.dev_next = kvt_dev_row(m, &ly, 0, ly.ring_slot);
+	ly.host_next = (L & (c->block_tokens - 1)) ? kvt_host_row(m, &ly, 0, L) : 0;
 	s->layers[layer] = ly;
 	s->layers_prefilled++;
 	s->save_ticket = ticket;
@@ -412,6 +387,7 @@ fail_tables:
 	free(ly.frames);
 	free(ly.groups);
 	free(ly.topk);
+	kvt_recall_layer_free(ly.rc);
 	return err;
 }
 
@@ -430,9 +406,9 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 	if (layer >= m->cfg.n_layers)
 		return kvt_fail(m, -EINVAL, "decode: layer %u out of range (%u layers)", layer,
 				m->cfg.n_layers);
-	if (reserve((void **)&m->batch, &m->batch_cap, n, sizeof(*m->batch)) ||
-	    reserve((void **)&m->ap, &m->ap_cap, n, sizeof(*m->ap)) ||
-	    reserve((void **)&m->fresh, &m->fresh_cap, n, sizeof(*m->fresh)))
+	if (kvt_reserve((void **)&m->batch, &m->batch_cap, n, sizeof(*m->batch)) ||
+	    kvt_reserve((void **)&m->ap, &m->ap_cap, n, sizeof(*m->ap)) ||
+	    kvt_reserve((void **)&m->fresh, &m->fresh_cap, n, sizeof(*m->fresh)))
 		return kvt_fail(m, -ENOMEM, "decode: no memory for a batch of %u", n);
 	bt_mask = m->cfg.block_tokens - 1;
 
@@ -453,10 +429,11 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 					(unsigned long long)seqs[i]);
 		s->stamp = stamp;
 		ly = &s->layers[layer];
-		if (ly->n_tokens == 0)
-			return kvt_fail(m, -EINVAL,
-					"decode: sequence %llu: layer %u is not prefilled",
-					(unsigned long long)seqs[i], layer);
+		if (ly->n_tokens == 0 || s->preempted)
+			return kvt_fail(m, -EINVAL, "decode: sequence %llu: %s",
+					(unsigned long long)seqs[i],
+					s->preempted ? "preempted (resume it first)"
+						     : "layer not prefilled");
 		if (ly->n_tokens >= INT32_MAX)
 			return kvt_fail(m, -EOVERFLOW, "decode: sequence %llu: layer %u is full",
 					(unsigned long long)seqs[i], layer);
@@ -473,7 +450,7 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 		if (ly->n_groups == ly->cap_groups) {
 			uint32_t cap = ly->cap_groups;
 
-			if (reserve((void **)&ly->groups, &cap, ly->n_groups + 1,
+			if (kvt_reserve((void **)&ly->groups, &cap, ly->n_groups + 1,
 				    sizeof(*ly->groups)))
 				return kvt_fail(m, -ENOMEM,
 						"decode: sequence %llu: no memory for its "
@@ -481,6 +458,10 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 						(unsigned long long)seqs[i]);
 			ly->cap_groups = cap;
 		}
+		if (m->keep_meta && kvt_meta_reserve(m, ly, ly->n_groups + 1))
+			return kvt_fail(m, -ENOMEM,
+					"decode: sequence %llu: no memory for block metadata",
+					(unsigned long long)seqs[i]);
 		m->fresh[n_fresh++] = i;
 	}
 
@@ -490,7 +471,7 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 		struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
 
 		kvt_pool_alloc(&m->host, 1, &ly->groups[ly->n_groups++]); /* counted above */
-		m->ap[i].host = host_row(m, ly, 0, ly->n_tokens);
+		m->ap[i].host = kvt_host_row(m, ly, 0, ly->n_tokens);
 	}
 	g = (struct kvt_append_geom){m->cfg.n_kv_heads, m->row_bytes, m->block_bytes, m->v_offset};
 	err = m->ops->append(m->be, ptr_u64(k), ptr_u64(v), n, m->ap, &g, stream, &ticket);
@@ -514,8 +495,12 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 			slot = m->cfg.sink_tokens;
 		ly->dev_next = (slot & bt_mask) && slot != m->cfg.sink_tokens
 				       ? ly->dev_next + m->row_bytes
-				       : dev_row(m, ly, 0, slot);
+				       : kvt_dev_row(m, ly, 0, slot);
 		ly->ring_slot = slot;
+		if (m->keep_meta)
+			kvt_meta_append(m, ly, ly->n_tokens,
+					(const uint8_t *)k +
+						(size_t)i * m->cfg.n_kv_heads * m->row_bytes);
 		ly->host_next = (++ly->n_tokens & bt_mask) ? m->ap[i].host + m->row_bytes : 0;
 		s->save_ticket = ticket;
 	}
@@ -535,6 +520,8 @@ static int64_t resident_slot(const struct kvt_manager *m, const struct kvt_seq *
 	uint32_t sink = m->cfg.sink_tokens, recent = m->cfg.recent_tokens, N = ly->n_tokens;
 	uint32_t ring0 = N > recent ? N - recent : 0;
 
+	if (s->preempted)
+		return -1;
 	if (pos < sink)
 		return pos;
 	if (pos >= ring0)
@@ -583,11 +570,13 @@ KVT_API int kvt_seq_resident_positions(struct kvt_manager *m, uint64_t seq, uint
 	ring0 = N > m->cfg.recent_tokens ? N - m->cfg.recent_tokens : 0;
 	if (ring0 < sink)
 		ring0 = sink;
-	total = n_sink + s->valid_topk + (N > ring0 ? N - ring0 : 0);
+	total = s->preempted ? 0 : n_sink + s->valid_topk + (N > ring0 ? N - ring0 : 0);
 	*n_out = total;
 	if (cap < total)
 		return kvt_fail(m, -ENOSPC, "resident positions: %u needed, room for %u", total,
 				cap);
+	if (!total)
+		return 0;
 	for (uint32_t p = 0; p < n_sink; p++)
 		out[w++] = (int32_t)p;
 	if (s->valid_topk)
@@ -623,7 +612,7 @@ static int read_token(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint3
 				m->ops->name);
 	slot = force_host ? -1 : resident_slot(m, s, ly, h, pos);
 	if (slot >= 0) {
-		uint64_t a = dev_row(m, ly, h, (uint32_t)slot);
+		uint64_t a = kvt_dev_row(m, ly, h, (uint32_t)slot);
 
 		err = m->ops->read_d2h(m->be, k_out, a, m->row_bytes);
 		if (!err)
@@ -637,7 +626,7 @@ static int read_token(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint3
 	if (err)
 		return kvt_fail(m, err, "read token: waiting for its save: %s", m->be->err);
 	{
-		const uint8_t *a = (const uint8_t *)(uintptr_t)host_row(m, ly, h, pos);
+		const uint8_t *a = (const uint8_t *)(uintptr_t)kvt_host_row(m, ly, h, pos);
 
 		memcpy(k_out, a, m->row_bytes);
 		memcpy(v_out, a + m->v_offset, m->row_bytes);
@@ -676,13 +665,44 @@ KVT_API int kvt_seq_tokens(struct kvt_manager *m, uint64_t seq, uint32_t layer, 
 	return 0;
 }
 
+/* Appends segments of the rows of a recalled block that are not resident (runs of zero bits
+   of `resident` below n_valid). */
+static uint32_t recall_segments(const struct kvt_manager *m, uint64_t frame, uint32_t n_valid,
+				uint64_t resident, struct kvt_attend_rows *seg)
+{
+	uint32_t nseg = 0, i = 0;
+
+	while (i < n_valid) {
+		uint32_t j;
+
+		if ((resident >> i) & 1) {
+			i++;
+			continue;
+		}
+		for (j = i; j < n_valid && !((resident >> j) & 1); j++)
+			;
+		uint64_t a = frame + (uint64_t)i * m->row_bytes;
+
+		seg[nseg++] = (struct kvt_attend_rows){
+			.k = (const void *)(uintptr_t)a,
+			.v = (const void *)(uintptr_t)(a + m->v_offset),
+			.k_stride = m->row_bytes,
+			.v_stride = m->row_bytes,
+			.n = j - i,
+		};
+		i = j;
+	}
+	return nseg;
+}
+
 KVT_API int kvt_attend(struct kvt_manager *m, uint64_t seq, uint32_t layer, const float *q,
 		       float *out)
 {
 	const struct kvt_seq_layer *ly;
+	const struct kvt_recall_layer *rc;
 	const struct kvt_config *c;
 	struct kvt_seq *s;
-	uint32_t n_valid, bt;
+	uint32_t n_valid, bt, most = 0;
 	int err = 0;
 
 	if (!m)
@@ -692,15 +712,33 @@ KVT_API int kvt_attend(struct kvt_manager *m, uint64_t seq, uint32_t layer, cons
 	ly = find_layer(m, seq, layer, &s, &err);
 	if (!ly)
 		return err;
+	if (s->preempted)
+		return kvt_fail(m, -EINVAL, "attend: sequence %llu is preempted",
+				(unsigned long long)seq);
 	if (!m->cpu_device)
 		return kvt_fail(m, -ENOTSUP, "attend: backend %s has no reference attention",
 				m->ops->name);
 	c = &m->cfg;
 	bt = c->block_tokens;
+	rc = ly->rc;
+	/* Every recalled frame must still hold its block. */
+	for (uint32_t h = 0; rc && rc->view_n && h < c->n_kv_heads; h++) {
+		for (uint32_t i = 0; i < rc->view_n[h]; i++) {
+			size_t at = (size_t)h * rc->view_cap + i;
+
+			if (m->rc.e[rc->view_ent[at]].gen != rc->view_gen[at])
+				return kvt_fail(m, -ESTALE,
+						"attend: sequence %llu layer %u: a recalled "
+						"block was evicted since (recall again)",
+						(unsigned long long)seq, layer);
+		}
+		most = rc->view_n[h] > most ? rc->view_n[h] : most;
+	}
 	/* Valid slots: [0, min(N, sink + recent)) plus the top-K slots right after the ring,
 	   which exist only when the prompt filled the ring (so the range is contiguous). */
 	n_valid = (ly->n_tokens < m->slots_sr ? ly->n_tokens : m->slots_sr) + s->valid_topk;
-	if (reserve((void **)&m->segs, &m->segs_cap, s->n_frames, sizeof(*m->segs)))
+	if (kvt_reserve((void **)&m->segs, &m->segs_cap, s->n_frames + most * (bt / 2 + 1),
+			sizeof(*m->segs)))
 		return kvt_fail(m, -ENOMEM, "attend: no memory for %u segments", s->n_frames);
 	err = m->ops->sync(m->be, NULL);
 	if (err)
@@ -709,7 +747,7 @@ KVT_API int kvt_attend(struct kvt_manager *m, uint64_t seq, uint32_t layer, cons
 		uint32_t nseg = 0;
 
 		for (uint32_t s0 = 0; s0 < n_valid; s0 += bt) {
-			uint64_t a = dev_row(m, ly, h, s0);
+			uint64_t a = kvt_dev_row(m, ly, h, s0);
 
 			m->segs[nseg++] = (struct kvt_attend_rows){
 				.k = (const void *)(uintptr_t)a,
@@ -719,9 +757,222 @@ KVT_API int kvt_attend(struct kvt_manager *m, uint64_t seq, uint32_t layer, cons
 				.n = n_valid - s0 < bt ? n_valid - s0 : bt,
 			};
 		}
+		for (uint32_t i = 0; rc && rc->view_n && i < rc->view_n[h]; i++) {
+			uint32_t id = rc->view_ent[(size_t)h * rc->view_cap + i];
+			const struct kvt_rc_entry *e = &m->rc.e[id];
+			uint64_t mask = kvt_block_resident(m, s, ly, h, e->block, e->n_valid);
+
+			nseg += recall_segments(m, m->rc.base + (uint64_t)id * m->block_bytes,
+						e->n_valid, mask, m->segs + nseg);
+		}
 		kvt_attend_rows(c->dtype, c->head_dim, q + (size_t)h * m->group_q * c->head_dim,
 				m->group_q, m->segs, nseg,
 				out + (size_t)h * m->group_q * c->head_dim);
 	}
+	return 0;
+}
+
+KVT_API int kvt_seq_frames(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t kv_head,
+			   uint64_t *frames, uint32_t cap, uint32_t *n_frames, uint32_t *n_slots)
+{
+	const struct kvt_seq_layer *ly;
+	struct kvt_seq *s;
+	int err = 0;
+
+	if (!m)
+		return -EINVAL;
+	if (!n_frames || !n_slots || (cap && !frames))
+		return kvt_fail(m, -EINVAL, "frames: NULL pointer");
+	ly = find_layer(m, seq, layer, &s, &err);
+	if (!ly)
+		return err;
+	if (kv_head >= m->cfg.n_kv_heads || s->preempted)
+		return kvt_fail(m, -EINVAL, "frames: %s",
+				s->preempted ? "sequence preempted" : "kv head out of range");
+	*n_frames = s->n_frames;
+	*n_slots = (ly->n_tokens < m->slots_sr ? ly->n_tokens : m->slots_sr) + s->valid_topk;
+	if (cap < s->n_frames)
+		return kvt_fail(m, -ENOSPC, "frames: %u needed, room for %u", s->n_frames, cap);
+	for (uint32_t f = 0; f < s->n_frames; f++)
+		frames[f] = m->dev_base + (uint64_t)ly->frames[f] * m->group_bytes +
+			    kv_head * m->block_bytes;
+	return 0;
+}
+
+KVT_API int kvt_seq_preempt(struct kvt_manager *m, uint64_t seq)
+{
+	struct kvt_seq *s;
+	int err = 0;
+
+	if (!m)
+		return -EINVAL;
+	s = find_seq(m, seq, &err);
+	if (!s)
+		return err;
+	if (s->preempted)
+		return kvt_fail(m, -EALREADY, "preempt: sequence %llu is already preempted",
+				(unsigned long long)seq);
+	/* Device work queued on the frames must be done before they change hands. */
+	err = m->ops->sync(m->be, NULL);
+	if (err)
+		return kvt_fail(m, err, "preempt: %s", m->be->err);
+	kvt_recall_drop_seq(m, s);
+	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
+		if (s->layers[l].n_tokens)
+			kvt_pool_free(&m->dev, s->layers[l].frames, s->n_frames);
+	s->preempted = 1;
+	m->st.preemptions++;
+	return 0;
+}
+
+/* Appends the copy of positions pos .. pos+n of head h from the host history to slots slot ..
+   slot+n, split at frame and host block boundaries, merged with the previous entry when both
+   sides continue it. */
+static void emit_host_run(struct kvt_manager *m, const struct kvt_seq_layer *ly, uint32_t *nx,
+			  uint32_t h, uint32_t pos, uint32_t slot, uint32_t n)
+{
+	uint32_t bt = m->cfg.block_tokens, mask = bt - 1;
+
+	while (n) {
+		uint32_t in_frame = bt - (slot & mask), in_block = bt - (pos & mask);
+		uint32_t take = n < in_frame ? n : in_frame;
+		uint64_t src = kvt_host_row(m, ly, h, pos), dst = kvt_dev_row(m, ly, h, slot);
+		struct kvt_xfer *prev = *nx ? &m->xf[*nx - 1] : NULL;
+
+		take = take < in_block ? take : in_block;
+		if (prev && prev->src + prev->bytes == src && prev->dst + prev->bytes == dst &&
+		    (slot & mask) && (pos & mask)) {
+			prev->bytes += take * m->row_bytes;
+		} else {
+			m->xf[(*nx)++] = (struct kvt_xfer){
+				.src = src,
+				.dst = dst,
+				.bytes = take * m->row_bytes,
+				.reps = 2, /* K, then V */
+				.src_stride = m->v_offset,
+				.dst_stride = m->v_offset,
+			};
+		}
+		pos += take;
+		slot += take;
+		n -= take;
+	}
+}
+
+KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
+{
+	const struct kvt_config *c;
+	uint32_t layers = 0, nx = 0, bt, per_head;
+	uint64_t need, entries, rows = 0;
+	struct kvt_seq *s;
+	int err = 0;
+
+	if (!m)
+		return -EINVAL;
+	c = &m->cfg;
+	s = find_seq(m, seq, &err);
+	if (!s)
+		return err;
+	if (!s->preempted)
+		return kvt_fail(m, -EALREADY, "resume: sequence %llu is not preempted",
+				(unsigned long long)seq);
+	for (uint32_t l = 0; l < c->n_layers; l++)
+		layers += s->layers[l].n_tokens != 0;
+	need = (uint64_t)layers * s->n_frames;
+	if (need > m->dev.n_free)
+		return kvt_fail(m, -ENOMEM,
+				"resume: sequence %llu needs %llu device frame groups, %u free",
+				(unsigned long long)seq, (unsigned long long)need, m->dev.n_free);
+	bt = c->block_tokens;
+	per_head = s->valid_topk + DIV_UP(c->sink_tokens, bt) + 2 * DIV_UP(c->recent_tokens, bt) + 4;
+	entries = (uint64_t)layers * c->n_kv_heads * per_head;
+	if (entries > UINT32_MAX ||
+	    kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)entries, sizeof(*m->xf)))
+		return kvt_fail(m, -ENOMEM, "resume: no memory for the gather list");
+	/* The history must have landed before the device reads it. */
+	err = m->ops->save_wait(m->be, s->save_ticket);
+	if (err)
+		return kvt_fail(m, err, "resume: waiting for saves: %s", m->be->err);
+	for (uint32_t l = 0; l < c->n_layers; l++) {
+		struct kvt_seq_layer *ly = &s->layers[l];
+		uint32_t N = ly->n_tokens, sink = c->sink_tokens, recent = c->recent_tokens;
+		uint32_t n_sink, ring0;
+
+		if (!N)
+			continue;
+		kvt_pool_alloc(&m->dev, s->n_frames, ly->frames); /* counted above */
+		n_sink = N < sink ? N : sink;
+		ring0 = N > recent ? N - recent : 0;
+		ring0 = ring0 < sink ? sink : ring0;
+		for (uint32_t h = 0; h < c->n_kv_heads; h++) {
+			emit_host_run(m, ly, &nx, h, 0, 0, n_sink);
+			for (uint32_t p = ring0; p < N;) {
+				uint32_t slot = kvt_ring_slot(p, sink, recent);
+				uint32_t until_wrap = sink + recent - slot;
+				uint32_t n = N - p < until_wrap ? N - p : until_wrap;
+
+				emit_host_run(m, ly, &nx, h, p, slot, n);
+				p += n;
+			}
+			for (uint32_t i = 0; i < s->valid_topk; i++)
+				emit_host_run(m, ly, &nx, h,
+					      (uint32_t)ly->topk[(size_t)h * s->valid_topk + i],
+					      m->slots_sr + i, 1);
+		}
+		rows += (uint64_t)c->n_kv_heads * (n_sink + s->valid_topk + (N > ring0 ? N - ring0 : 0));
+	}
+	err = m->ops->gather_h2d(m->be, m->xf, nx, stream);
+	if (err) {
+		for (uint32_t l = 0; l < c->n_layers; l++)
+			if (s->layers[l].n_tokens)
+				kvt_pool_free(&m->dev, s->layers[l].frames, s->n_frames);
+		return kvt_fail(m, err, "resume: sequence %llu: gather: %s",
+				(unsigned long long)seq, m->be->err);
+	}
+	for (uint32_t l = 0; l < c->n_layers; l++) {
+		struct kvt_seq_layer *ly = &s->layers[l];
+
+		if (ly->n_tokens)
+			ly->dev_next = kvt_dev_row(m, ly, 0, ly->ring_slot);
+	}
+	s->preempted = 0;
+	m->st.resumes++;
+	m->st.bytes_h2d += 2 * rows * m->row_bytes;
+	return 0;
+}
+
+KVT_API int kvt_seq_info(struct kvt_manager *m, uint64_t seq, struct kvt_seq_info *out)
+{
+	struct kvt_seq_info in = {0};
+	struct kvt_seq *s;
+	uint32_t size, step = 0;
+	int err = 0;
+
+	if (!m)
+		return -EINVAL;
+	if (!out || out->size < offsetof(struct kvt_seq_info, layers_prefilled))
+		return kvt_fail(m, -EINVAL, "seq info: NULL or undersized output");
+	s = find_seq(m, seq, &err);
+	if (!s)
+		return err;
+	size = out->size < sizeof(in) ? out->size : (uint32_t)sizeof(in);
+	in.size = size;
+	in.prompt_tokens = s->prompt_tokens;
+	in.preempted = s->preempted;
+	in.frames_per_layer = s->n_frames * m->cfg.n_kv_heads;
+	for (uint32_t l = 0; l < m->cfg.n_layers; l++) {
+		const struct kvt_seq_layer *ly = &s->layers[l];
+
+		if (!ly->n_tokens)
+			continue;
+		in.layers_prefilled++;
+		in.tokens = ly->n_tokens > in.tokens ? ly->n_tokens : in.tokens;
+		in.host_blocks += (uint64_t)ly->n_groups * m->cfg.n_kv_heads;
+	}
+	if (!s->preempted)
+		in.device_frames = (uint64_t)in.layers_prefilled * in.frames_per_layer;
+	in.recall_ws_frames = kvt_ws_frames(m, s, in.tokens, &step);
+	in.recall_step_frames = step;
+	memcpy(out, &in, size);
 	return 0;
 }

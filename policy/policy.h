@@ -85,4 +85,26 @@ struct kvt_attend_rows {
 void kvt_attend_rows(enum kvt_dtype dt, uint32_t head_dim, const float *q, uint32_t g_count,
 		     const struct kvt_attend_rows *seg, uint32_t n_seg, float *out);
 
+/* Block metadata for recall (Quest): meta is [2][head_dim] elements of dtype, the per-channel
+   minimum of the block's key rows, then the maximum. kvt_meta_init starts a block with its
+   first row, kvt_meta_add folds in one more, kvt_meta_build does n >= 1 rows row_stride bytes
+   apart. NaN keys are not ordered: they are kept only as a block's first row. */
+void kvt_meta_init(enum kvt_dtype dt, uint32_t head_dim, void *meta, const void *row);
+void kvt_meta_add(enum kvt_dtype dt, uint32_t head_dim, void *meta, const void *row);
+void kvt_meta_build(enum kvt_dtype dt, uint32_t head_dim, void *meta, const void *rows,
+		    size_t row_stride, uint32_t n);
+
+/* Upper bound of q[g].k over every key k of the block, maximised over the g_count query heads
+   q ([g_count][head_dim] f32): sum over d of max(q_d * min_d, q_d * max_d), f32, d ascending
+   (so it is never below q.k computed in f32 in the same order). scratch: 2 * head_dim floats
+   (unused for f32). Not scaled by 1/sqrt(head_dim): ranking only. */
+float kvt_meta_bound(enum kvt_dtype dt, uint32_t head_dim, const void *meta, const float *q,
+		     uint32_t g_count, float *scratch);
+
+/* The min(r, n) best of n candidates (score[i], id[i]): higher score first, NaN below every
+   number, ties to the lower id. Writes their ids to out in ascending order; returns the count.
+   heap: min(r, n) uint32 of scratch. O(n log r). */
+uint32_t kvt_topr(const float *score, const uint32_t *id, uint32_t n, uint32_t r, uint32_t *out,
+		  uint32_t *heap);
+
 #endif /* KVT_POLICY_H */

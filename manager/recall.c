@@ -1,0 +1,774 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Dynamic recall: block metadata kept as blocks fill, the shared recall cache of single-block
+ * device frames (exact LRU across sequences, hit detection through a per-(sequence, layer)
+ * table so a cached block is never loaded twice), the recall views kvt_attend reads, and each
+ * sequence's recall working set over its last w steps.
+ *
+ * Costs: a recall call is O(blocks asked for) bookkeeping plus one batched gather of the
+ * misses; scoring (kvt_decode_recall) reads every block's metadata of the layer once.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "policy.h"
+
+#define DIV_UP(a, b) (((a) + (b)-1) / (b))
+
+int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames)
+{
+	struct kvt_recall_cache *rc = &m->rc;
+
+	*rc = (struct kvt_recall_cache){
+		.n = n_frames,
+		.base = base,
+		.lru_head = KVT_NO_ENTRY,
+		.lru_tail = KVT_NO_ENTRY,
+		.free_head = n_frames ? 0 : KVT_NO_ENTRY,
+	};
+	if (!n_frames)
+		return 0;
+	rc->e = calloc(n_frames, sizeof(*rc->e));
+	if (!rc->e)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n_frames; i++)
+		rc->e[i].next = i + 1 < n_frames ? i + 1 : KVT_NO_ENTRY;
+	return 0;
+}
+
+void kvt_recall_fini(struct kvt_manager *m)
+{
+	free(m->rc.e);
+	m->rc.e = NULL;
+}
+
+void kvt_recall_layer_free(struct kvt_recall_layer *rc)
+{
+	if (!rc)
+		return;
+	free(rc->meta);
+	free(rc->entry);
+	free(rc->touched);
+	free(rc->view_n);
+	free(rc->view_ent);
+	free(rc->view_gen);
+	free(rc);
+}
+
+void kvt_recall_free_seq(struct kvt_seq *s, uint32_t n_layers)
+{
+	for (uint32_t l = 0; l < n_layers; l++) {
+		kvt_recall_layer_free(s->layers[l].rc);
+		s->layers[l].rc = NULL;
+	}
+	free(s->ws_bucket);
+	s->ws_bucket = NULL;
+}
+
+/* Grows one table of n_old to n_new elements of sz bytes, new ones filled with byte `fill`. */
+static int grow(void **p, size_t n_old, size_t n_new, size_t sz, int fill)
+{
+	void *q = realloc(*p, n_new * sz);
+
+	if (!q)
+		return -ENOMEM;
+	memset((uint8_t *)q + n_old * sz, fill, (n_new - n_old) * sz);
+	*p = q;
+	return 0;
+}
+
+/* The layer's recall state with room for n_blocks blocks (capacity only: nothing a caller can
+   see changes). 0 or -ENOMEM. */
+static int rc_layer_get(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t n_blocks)
+{
+	struct kvt_recall_layer *rc = ly->rc;
+	size_t H = m->cfg.n_kv_heads, old, want;
+
+	if (!rc) {
+		rc = calloc(1, sizeof(*rc));
+		if (!rc)
+			return -ENOMEM;
+		ly->rc = rc;
+	}
+	if (n_blocks <= rc->cap_blocks)
+		return 0;
+	old = rc->cap_blocks;
+	want = old ? old : 8;
+	while (want < n_blocks)
+		want *= 2;
+	if ((m->keep_meta && grow((void **)&rc->meta, old * H, want * H, m->meta_bytes, 0)) ||
+	    grow((void **)&rc->entry, old * H, want * H, sizeof(*rc->entry), 0xff) ||
+	    grow((void **)&rc->touched, old * H, want * H, sizeof(*rc->touched), 0))
+		return -ENOMEM; /* the tables that grew keep their contents: still consistent */
+	rc->cap_blocks = (uint32_t)want;
+	return 0;
+}
+
+int kvt_meta_reserve(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t n_blocks)
+{
+	return rc_layer_get(m, ly, n_blocks);
+}
+
+int kvt_meta_prefill(struct kvt_manager *m, struct kvt_seq_layer *ly, const void *k, uint32_t L)
+{
+	const struct kvt_config *c = &m->cfg;
+	uint32_t nb = DIV_UP(L, c->block_tokens);
+	int err = rc_layer_get(m, ly, nb);
+
+	if (err)
+		return err;
+	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
+		const uint8_t *rows = (const uint8_t *)k + (size_t)h * L * m->row_bytes;
+
+		for (uint32_t b = 0; b < nb; b++) {
+			uint32_t p0 = b * c->block_tokens;
+			uint32_t n = L - p0 < c->block_tokens ? L - p0 : c->block_tokens;
+
+			kvt_meta_build(c->dtype, c->head_dim,
+				       ly->rc->meta + ((size_t)b * c->n_kv_heads + h) * m->meta_bytes,
+				       rows + (size_t)p0 * m->row_bytes, m->row_bytes, n);
+		}
+	}
+	return 0;
+}
+
+void kvt_meta_append(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t pos,
+		     const uint8_t *k)
+{
+	const struct kvt_config *c = &m->cfg;
+	uint8_t *meta = ly->rc->meta + (size_t)(pos >> m->lbt) * c->n_kv_heads * m->meta_bytes;
+	bool first = (pos & (c->block_tokens - 1)) == 0;
+
+	for (uint32_t h = 0; h < c->n_kv_heads; h++, meta += m->meta_bytes, k += m->row_bytes) {
+		if (first)
+			kvt_meta_init(c->dtype, c->head_dim, meta, k);
+		else
+			kvt_meta_add(c->dtype, c->head_dim, meta, k);
+	}
+}
+
+uint64_t kvt_block_resident(const struct kvt_manager *m, const struct kvt_seq *s,
+			    const struct kvt_seq_layer *ly, uint32_t h, uint32_t b,
+			    uint32_t n_valid)
+{
+	uint32_t sink = m->cfg.sink_tokens, recent = m->cfg.recent_tokens, N = ly->n_tokens;
+	uint32_t p0 = b << m->lbt, end = p0 + n_valid, ring0;
+	uint64_t mask = 0;
+
+	if (s->preempted)
+		return 0;
+	ring0 = N > recent ? N - recent : 0;
+	ring0 = ring0 < sink ? sink : ring0;
+	if (p0 < sink) {
+		uint32_t e = end < sink ? end : sink;
+
+		mask |= e - p0 >= 64 ? ~0ull : ((1ull << (e - p0)) - 1);
+	}
+	if (end > ring0) {
+		uint32_t a = ring0 > p0 ? ring0 - p0 : 0, e = (N < end ? N : end) - p0;
+
+		if (e > a)
+			mask |= (e - a >= 64 ? ~0ull : ((1ull << (e - a)) - 1)) << a;
+	}
+	if (s->valid_topk && end > sink && p0 < ring0) {
+		const int32_t *t = ly->topk + (size_t)h * s->valid_topk;
+		uint32_t lo = 0, hi = s->valid_topk;
+
+		while (lo < hi) {
+			uint32_t mid = lo + (hi - lo) / 2;
+
+			if ((uint32_t)t[mid] < p0)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		for (; lo < s->valid_topk && (uint32_t)t[lo] < end; lo++)
+			mask |= 1ull << ((uint32_t)t[lo] - p0);
+	}
+	return mask;
+}
+
+static inline uint64_t full_mask(uint32_t n)
+{
+	return n >= 64 ? ~0ull : (1ull << n) - 1;
+}
+
+/* ---- working set ---- */
+
+/* Moves s's window forward to step t, forgetting the steps that fall out of it. */
+static void ws_advance(const struct kvt_manager *m, struct kvt_seq *s, uint32_t t)
+{
+	uint32_t w = m->cfg.ws_window, d;
+
+	if (!s->ws_bucket || t <= s->ws_step)
+		return;
+	d = t - s->ws_step < w ? t - s->ws_step : w;
+	for (uint32_t i = 1; i <= d; i++) {
+		uint32_t at = (s->ws_step + i) % w;
+
+		s->ws_total -= s->ws_bucket[at];
+		s->ws_bucket[at] = 0;
+	}
+	s->ws_step = t;
+}
+
+/* Step x is inside the window ending at ws_step. */
+static inline bool in_window(const struct kvt_manager *m, const struct kvt_seq *s, uint32_t x)
+{
+	return x <= s->ws_step && s->ws_step - x < m->cfg.ws_window;
+}
+
+/* Records that a block (its touched slot) was recalled at step t. */
+static void ws_touch(const struct kvt_manager *m, struct kvt_seq *s, uint32_t *touched, uint32_t t)
+{
+	uint32_t w = m->cfg.ws_window;
+
+	ws_advance(m, s, t);
+	if (*touched) {
+		uint32_t p = *touched - 1;
+
+		if (p >= t)
+			return; /* already counted at this step or a later one */
+		if (in_window(m, s, p)) {
+			s->ws_bucket[p % w]--;
+			s->ws_total--;
+		}
+	}
+	*touched = t + 1;
+	if (in_window(m, s, t)) {
+		s->ws_bucket[t % w]++;
+		s->ws_total++;
+	}
+}
+
+uint32_t kvt_ws_frames(struct kvt_manager *m, struct kvt_seq *s, uint32_t t, uint32_t *step_frames)
+{
+	*step_frames = 0;
+	if (!s->ws_bucket)
+		return 0;
+	ws_advance(m, s, t);
+	if (s->ws_step == t)
+		*step_frames = s->ws_bucket[t % m->cfg.ws_window];
+	return s->ws_total;
+}
+
+/* ---- the cache ---- */
+
+static void lru_unlink(struct kvt_recall_cache *rc, uint32_t id)
+{
+	struct kvt_rc_entry *e = &rc->e[id];
+
+	if (e->prev != KVT_NO_ENTRY)
+		rc->e[e->prev].next = e->next;
+	else
+		rc->lru_head = e->next;
+	if (e->next != KVT_NO_ENTRY)
+		rc->e[e->next].prev = e->prev;
+	else
+		rc->lru_tail = e->prev;
+}
+
+static void lru_push_front(struct kvt_recall_cache *rc, uint32_t id)
+{
+	struct kvt_rc_entry *e = &rc->e[id];
+
+	e->prev = KVT_NO_ENTRY;
+	e->next = rc->lru_head;
+	if (rc->lru_head != KVT_NO_ENTRY)
+		rc->e[rc->lru_head].prev = id;
+	else
+		rc->lru_tail = id;
+	rc->lru_head = id;
+}
+
+static void owner_unlink(struct kvt_recall_cache *rc, uint32_t id)
+{
+	struct kvt_rc_entry *e = &rc->e[id];
+
+	if (e->s_prev != KVT_NO_ENTRY)
+		rc->e[e->s_prev].s_next = e->s_next;
+	else
+		e->owner->rc_head = e->s_next;
+	if (e->s_next != KVT_NO_ENTRY)
+		rc->e[e->s_next].s_prev = e->s_prev;
+}
+
+/* Detaches entry id from its block (the owner's table forgets it) and bumps its generation, so
+   views naming it read as stale. It stays in the LRU list. */
+static void entry_release(struct kvt_manager *m, uint32_t id)
+{
+	struct kvt_rc_entry *e = &m->rc.e[id];
+	struct kvt_recall_layer *lrc = e->owner->layers[e->layer].rc;
+
+	lrc->entry[(size_t)e->block * m->cfg.n_kv_heads + e->head] = KVT_NO_ENTRY;
+	owner_unlink(&m->rc, id);
+	e->owner = NULL;
+	e->gen++;
+}
+
+void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
+{
+	struct kvt_recall_cache *rc = &m->rc;
+
+	while (s->rc_head != KVT_NO_ENTRY) {
+		uint32_t id = s->rc_head;
+
+		entry_release(m, id);
+		lru_unlink(rc, id);
+		rc->e[id].next = rc->free_head;
+		rc->free_head = id;
+		rc->n_used--;
+	}
+	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
+		if (s->layers[l].rc && s->layers[l].rc->view_n)
+			memset(s->layers[l].rc->view_n, 0,
+			       m->cfg.n_kv_heads * sizeof(*s->layers[l].rc->view_n));
+}
+
+/* A frame for a new block: a free one, else the least recently used one not used by this call.
+   KVT_NO_ENTRY when every frame is pinned by this call. */
+static uint32_t take_frame(struct kvt_manager *m)
+{
+	struct kvt_recall_cache *rc = &m->rc;
+	uint32_t id = rc->free_head;
+
+	if (id != KVT_NO_ENTRY) {
+		rc->free_head = rc->e[id].next;
+		rc->n_used++;
+		return id;
+	}
+	id = rc->lru_tail;
+	if (id == KVT_NO_ENTRY || rc->e[id].pin == rc->call)
+		return KVT_NO_ENTRY;
+	entry_release(m, id);
+	lru_unlink(rc, id);
+	m->st.recall_evictions++;
+	return id;
+}
+
+/* Grows the view arrays of a layer to r entries per head (capacity only). */
+static int view_reserve(struct kvt_manager *m, struct kvt_recall_layer *rc, uint32_t r)
+{
+	size_t H = m->cfg.n_kv_heads;
+
+	if (!rc->view_n) {
+		rc->view_n = calloc(H, sizeof(*rc->view_n));
+		if (!rc->view_n)
+			return -ENOMEM;
+	}
+	if (r <= rc->view_cap)
+		return 0;
+	/* The old view is laid out for the old capacity: re-lay it out per head. */
+	uint32_t *ent = malloc(H * r * sizeof(*ent)), *gen = malloc(H * r * sizeof(*gen));
+
+	if (!ent || !gen) {
+		free(ent);
+		free(gen);
+		return -ENOMEM;
+	}
+	for (size_t h = 0; h < H; h++) {
+		if (rc->view_n[h]) {
+			memcpy(ent + h * r, rc->view_ent + h * rc->view_cap,
+			       rc->view_n[h] * sizeof(*ent));
+			memcpy(gen + h * r, rc->view_gen + h * rc->view_cap,
+			       rc->view_n[h] * sizeof(*gen));
+		}
+	}
+	free(rc->view_ent);
+	free(rc->view_gen);
+	rc->view_ent = ent;
+	rc->view_gen = gen;
+	rc->view_cap = r;
+	return 0;
+}
+
+/* Distinct blocks of sel (one (sequence, head) list of r) that are not fully resident. The slow
+   path of the capacity check, taken only when the quick upper bound exceeds the cache. */
+static uint64_t exact_need(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_layer *ly,
+			   uint32_t h, const uint32_t *sel, uint32_t r)
+{
+	uint32_t bt = m->cfg.block_tokens;
+	uint64_t need = 0;
+
+	for (uint32_t j = 0; j < r; j++) {
+		uint32_t b = sel[j], nv;
+		bool dup = false;
+
+		if (b == KVT_NO_ENTRY)
+			continue;
+		for (uint32_t i = 0; i < j && !dup; i++)
+			dup = sel[i] == b;
+		nv = ly->n_tokens - b * bt < bt ? ly->n_tokens - b * bt : bt;
+		if (!dup && kvt_block_resident(m, s, ly, h, b, nv) != full_mask(nv))
+			need++;
+	}
+	return need;
+}
+
+/* Validates a recall batch (pass 1): every sequence live, once, prefilled for layer, resident,
+   every block index inside its history; grows the tables the call will write. Fills
+   m->batch. */
+static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
+			   uint32_t n, const uint32_t *sel, uint32_t r, uint64_t *upper)
+{
+	uint32_t H = m->cfg.n_kv_heads, bt = m->cfg.block_tokens;
+	uint64_t stamp = ++m->stamp, need = 0;
+
+	if (kvt_reserve((void **)&m->batch, &m->batch_cap, n, sizeof(*m->batch)))
+		return kvt_fail(m, -ENOMEM, "recall: no memory for a batch of %u", n);
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvt_seq *s = kvt_seqmap_get(&m->seqs, seqs[i]);
+		struct kvt_seq_layer *ly;
+		uint32_t nb;
+
+		if (!s)
+			return kvt_fail(m, -ENOENT, "recall: sequence %llu is not live",
+					(unsigned long long)seqs[i]);
+		if (s->stamp == stamp)
+			return kvt_fail(m, -EINVAL,
+					"recall: sequence %llu appears twice in the batch",
+					(unsigned long long)seqs[i]);
+		s->stamp = stamp;
+		ly = &s->layers[layer];
+		if (!ly->n_tokens || s->preempted)
+			return kvt_fail(m, -EINVAL, "recall: sequence %llu: %s",
+					(unsigned long long)seqs[i],
+					s->preempted ? "preempted (resume it first)"
+						     : "layer not prefilled");
+		nb = DIV_UP(ly->n_tokens, bt);
+		for (size_t j = 0; j < (size_t)H * r; j++) {
+			uint32_t b = sel[((size_t)i * H) * r + j];
+
+			if (b == KVT_NO_ENTRY)
+				continue;
+			if (b >= nb)
+				return kvt_fail(m, -EINVAL,
+						"recall: sequence %llu layer %u: block %u past "
+						"its %u blocks",
+						(unsigned long long)seqs[i], layer, b, nb);
+			need++;
+		}
+		if (rc_layer_get(m, ly, ly->n_groups) || view_reserve(m, ly->rc, r) ||
+		    (!s->ws_bucket &&
+		     !(s->ws_bucket = calloc(m->cfg.ws_window, sizeof(*s->ws_bucket)))))
+			return kvt_fail(m, -ENOMEM, "recall: sequence %llu: no memory for its "
+						    "recall tables",
+					(unsigned long long)seqs[i]);
+		m->batch[i] = s;
+	}
+	*upper = need;
+	return 0;
+}
+
+static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
+		       const uint32_t *sel, uint32_t r, void *stream)
+{
+	struct kvt_recall_cache *rc = &m->rc;
+	uint32_t H = m->cfg.n_kv_heads, bt = m->cfg.block_tokens, nx = 0;
+	uint64_t need = 0, lookups = 0, hits = 0, wait = 0;
+	int err;
+
+	if (layer >= m->cfg.n_layers)
+		return kvt_fail(m, -EINVAL, "recall: layer %u out of range (%u layers)", layer,
+				m->cfg.n_layers);
+	if (rc->n == 0)
+		return kvt_fail(m, -EINVAL, "recall: no recall cache (config.recall_cache_bytes)");
+	err = recall_validate(m, layer, seqs, n, sel, r, &need);
+	if (err)
+		return err;
+	if (need > rc->n) {
+		need = 0;
+		for (uint32_t i = 0; i < n; i++)
+			for (uint32_t h = 0; h < H; h++)
+				need += exact_need(m, m->batch[i], &m->batch[i]->layers[layer], h,
+						   sel + ((size_t)i * H + h) * r, r);
+		if (need > rc->n)
+			return kvt_fail(m, -ENOSPC,
+					"recall: %llu blocks needed at once, the cache holds %u",
+					(unsigned long long)need, rc->n);
+	}
+	if (kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)need, sizeof(*m->xf)))
+		return kvt_fail(m, -ENOMEM, "recall: no memory for the load list");
+
+	/* Pass 2: hits, misses, LRU order, views. Nothing below fails except the gather. */
+	rc->call++;
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvt_seq *s = m->batch[i];
+		struct kvt_seq_layer *ly = &s->layers[layer];
+		struct kvt_recall_layer *lrc = ly->rc;
+		uint32_t N = ly->n_tokens;
+		bool loaded = false;
+
+		for (uint32_t h = 0; h < H; h++) {
+			const uint32_t *hs = sel + ((size_t)i * H + h) * r;
+			uint32_t *vent = lrc->view_ent + (size_t)h * lrc->view_cap;
+			uint32_t *vgen = lrc->view_gen + (size_t)h * lrc->view_cap;
+			uint32_t nv_out = 0;
+
+			for (uint32_t j = 0; j < r; j++) {
+				uint32_t b = hs[j], nv, id;
+				size_t at = (size_t)b * H + h;
+				struct kvt_rc_entry *e;
+
+				if (b == KVT_NO_ENTRY)
+					continue;
+				nv = N - (b << m->lbt) < bt ? N - (b << m->lbt) : bt;
+				/* Blocks whose every token is resident need no frame. Only blocks
+				   reaching the sink, the ring or the top-K range can be. */
+				if (((b << m->lbt) < m->cfg.sink_tokens ||
+				     (b << m->lbt) + nv + m->cfg.recent_tokens > N ||
+				     s->valid_topk >= nv) &&
+				    kvt_block_resident(m, s, ly, h, b, nv) == full_mask(nv))
+					continue;
+				id = lrc->entry[at];
+				if (id != KVT_NO_ENTRY && rc->e[id].pin == rc->call)
+					continue; /* repeated in this list */
+				lookups++;
+				if (id != KVT_NO_ENTRY) {
+					e = &rc->e[id];
+					lru_unlink(rc, id);
+					if (e->n_valid == nv) {
+						hits++;
+					} else { /* the block grew since: reload it */
+						e->n_valid = nv;
+						goto load;
+					}
+				} else {
+					id = take_frame(m);
+					if (id == KVT_NO_ENTRY) /* excluded by the check above */
+						continue;
+					e = &rc->e[id];
+					*e = (struct kvt_rc_entry){
+						.owner = s,
+						.layer = layer,
+						.head = h,
+						.block = b,
+						.n_valid = nv,
+						.gen = e->gen,
+						.s_prev = KVT_NO_ENTRY,
+						.s_next = s->rc_head,
+					};
+					if (s->rc_head != KVT_NO_ENTRY)
+						rc->e[s->rc_head].s_prev = id;
+					s->rc_head = id;
+					lrc->entry[at] = id;
+				load:
+					m->xf[nx++] = (struct kvt_xfer){
+						.src = kvt_host_row(m, ly, h, b << m->lbt),
+						.dst = rc->base + (uint64_t)id * m->block_bytes,
+						.bytes = (uint32_t)m->block_bytes,
+						.reps = 1,
+					};
+					loaded = true;
+				}
+				e->pin = rc->call;
+				lru_push_front(rc, id);
+				vent[nv_out] = id;
+				vgen[nv_out++] = e->gen;
+			}
+			lrc->view_n[h] = nv_out;
+		}
+		if (loaded && s->save_ticket > wait)
+			wait = s->save_ticket;
+	}
+
+	/* The blocks must have landed in the host history before the device reads them. */
+	err = wait ? m->ops->save_wait(m->be, wait) : 0;
+	if (!err && nx)
+		err = m->ops->gather_h2d(m->be, m->xf, nx, stream);
+	if (err) {
+		/* The frames meant for the misses hold nothing valid: free them and the views
+		   of this call. The cache keeps its hits; nothing else changed. */
+		for (uint32_t x = 0; x < nx; x++) {
+			uint32_t id = (uint32_t)((m->xf[x].dst - rc->base) / m->block_bytes);
+
+			entry_release(m, id);
+			lru_unlink(rc, id);
+			rc->e[id].next = rc->free_head;
+			rc->free_head = id;
+			rc->n_used--;
+		}
+		for (uint32_t i = 0; i < n; i++)
+			memset(m->batch[i]->layers[layer].rc->view_n, 0,
+			       H * sizeof(*m->batch[i]->layers[layer].rc->view_n));
+		return kvt_fail(m, err, "recall: layer %u: loading %u blocks: %s", layer, nx,
+				m->be->err);
+	}
+
+	/* Working sets: every block in a view was touched at the sequence's current step. */
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvt_seq *s = m->batch[i];
+		struct kvt_seq_layer *ly = &s->layers[layer];
+		struct kvt_recall_layer *lrc = ly->rc;
+
+		for (uint32_t h = 0; h < H; h++)
+			for (uint32_t j = 0; j < lrc->view_n[h]; j++) {
+				const struct kvt_rc_entry *e =
+					&rc->e[lrc->view_ent[(size_t)h * lrc->view_cap + j]];
+
+				ws_touch(m, s, &lrc->touched[(size_t)e->block * H + h],
+					 ly->n_tokens);
+			}
+	}
+	m->st.recall_calls++;
+	m->st.recall_lookups += lookups;
+	m->st.recall_hits += hits;
+	m->st.recall_loads += nx;
+	m->st.bytes_h2d += (uint64_t)nx * m->block_bytes;
+	return 0;
+}
+
+KVT_API int kvt_recall_blocks(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
+			      uint32_t n, const uint32_t *blocks, uint32_t r, void *stream)
+{
+	if (!m)
+		return -EINVAL;
+	if (!seqs || !blocks || n == 0 || r == 0)
+		return kvt_fail(m, -EINVAL, "recall: %s",
+				!seqs || !blocks ? "NULL pointer"
+				: n == 0	 ? "empty batch"
+						 : "r == 0");
+	if ((uint64_t)n * m->cfg.n_kv_heads * r > UINT32_MAX)
+		return kvt_fail(m, -EINVAL, "recall: selection of %u x %u x %u is too large", n,
+				m->cfg.n_kv_heads, r);
+	return recall_core(m, layer, seqs, n, blocks, r, stream);
+}
+
+/* Quest scoring of one (sequence, layer): the top-r blocks per kv head, among blocks not fully
+   resident, into sel[h][r] (KVT_NO_ENTRY where fewer exist). q: the sequence's
+   [n_q_heads][head_dim] queries. */
+static int score_seq(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_layer *ly,
+		     const uint8_t *q, uint32_t r, uint32_t *sel)
+{
+	const struct kvt_config *c = &m->cfg;
+	uint32_t H = c->n_kv_heads, G = m->group_q, D = c->head_dim, bt = c->block_tokens;
+	uint32_t N = ly->n_tokens, nb = DIV_UP(N, bt);
+	float *qf;
+
+	if (kvt_reserve((void **)&m->score, &m->score_cap, nb, sizeof(*m->score)) ||
+	    kvt_reserve((void **)&m->cand, &m->cand_cap, nb + r, sizeof(*m->cand)) ||
+	    kvt_reserve((void **)&m->qf, &m->qf_cap, (G + 2) * D, sizeof(*m->qf)))
+		return -ENOMEM;
+	qf = m->qf;
+	for (uint32_t h = 0; h < H; h++) {
+		uint32_t nc = 0, k;
+
+		kvt_to_f32(c->dtype, q + (size_t)h * G * m->row_bytes, qf, (size_t)G * D);
+		for (uint32_t b = 0; b < nb; b++) {
+			uint32_t nv = N - b * bt < bt ? N - b * bt : bt;
+
+			if (kvt_block_resident(m, s, ly, h, b, nv) == full_mask(nv))
+				continue;
+			m->score[nc] = kvt_meta_bound(
+				c->dtype, D, ly->rc->meta + ((size_t)b * H + h) * m->meta_bytes, qf,
+				G, qf + (size_t)G * D);
+			m->cand[nc++] = b;
+		}
+		k = kvt_topr(m->score, m->cand, nc, r, sel + (size_t)h * r, m->cand + nb);
+		for (; k < r; k++)
+			sel[(size_t)h * r + k] = KVT_NO_ENTRY;
+	}
+	return 0;
+}
+
+KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
+			      uint32_t n, const void *q, void *stream)
+{
+	uint32_t H, r;
+	uint64_t qstride;
+
+	if (!m)
+		return -EINVAL;
+	H = m->cfg.n_kv_heads;
+	r = m->cfg.recall_blocks;
+	if (!seqs || !q || n == 0)
+		return kvt_fail(m, -EINVAL, "recall: %s", n == 0 ? "empty batch" : "NULL pointer");
+	if (r == 0)
+		return kvt_fail(m, -EINVAL, "recall: disabled (config.recall_blocks == 0)");
+	if (!m->keep_meta)
+		return kvt_fail(m, -ENOTSUP, "recall: backend %s keeps no block metadata",
+				m->ops->name);
+	if (layer >= m->cfg.n_layers)
+		return kvt_fail(m, -EINVAL, "recall: layer %u out of range (%u layers)", layer,
+				m->cfg.n_layers);
+	if ((uint64_t)n * H * r > UINT32_MAX ||
+	    kvt_reserve((void **)&m->sel, &m->sel_cap, n * H * r, sizeof(*m->sel)))
+		return kvt_fail(m, -ENOMEM, "recall: no memory for the selection of %u sequences",
+				n);
+	qstride = (uint64_t)m->cfg.n_q_heads * m->row_bytes;
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvt_seq *s = kvt_seqmap_get(&m->seqs, seqs[i]);
+		struct kvt_seq_layer *ly = s ? &s->layers[layer] : NULL;
+
+		/* recall_core reports every invalid sequence; score only valid ones. */
+		if (!s || !ly->n_tokens || s->preempted || !ly->rc || !ly->rc->meta) {
+			for (size_t j = 0; j < (size_t)H * r; j++)
+				m->sel[(size_t)i * H * r + j] = KVT_NO_ENTRY;
+			continue;
+		}
+		if (score_seq(m, s, ly, (const uint8_t *)q + i * qstride, r,
+			      m->sel + (size_t)i * H * r))
+			return kvt_fail(m, -ENOMEM, "recall: no memory for scoring");
+	}
+	return recall_core(m, layer, seqs, n, m->sel, r, stream);
+}
+
+KVT_API int kvt_seq_recall_view(struct kvt_manager *m, uint64_t seq, uint32_t layer,
+				uint32_t kv_head, struct kvt_recall_ref *out, uint32_t cap,
+				uint32_t *n_out)
+{
+	const struct kvt_recall_layer *lrc;
+	const struct kvt_seq_layer *ly;
+	struct kvt_seq *s;
+	uint32_t cnt;
+
+	if (!m)
+		return -EINVAL;
+	if (!n_out || (cap && !out))
+		return kvt_fail(m, -EINVAL, "recall view: NULL pointer");
+	if (layer >= m->cfg.n_layers || kv_head >= m->cfg.n_kv_heads)
+		return kvt_fail(m, -EINVAL, "recall view: %s out of range",
+				layer >= m->cfg.n_layers ? "layer" : "kv head");
+	s = kvt_seqmap_get(&m->seqs, seq);
+	if (!s)
+		return kvt_fail(m, -ENOENT, "sequence %llu is not live", (unsigned long long)seq);
+	ly = &s->layers[layer];
+	if (!ly->n_tokens || s->preempted)
+		return kvt_fail(m, -EINVAL, "recall view: sequence %llu: %s",
+				(unsigned long long)seq,
+				s->preempted ? "preempted" : "layer not prefilled");
+	lrc = ly->rc;
+	cnt = lrc && lrc->view_n ? lrc->view_n[kv_head] : 0;
+	*n_out = cnt;
+	for (uint32_t i = 0; i < cnt; i++) {
+		size_t at = (size_t)kv_head * lrc->view_cap + i;
+
+		if (m->rc.e[lrc->view_ent[at]].gen != lrc->view_gen[at])
+			return kvt_fail(m, -ESTALE,
+					"recall view: sequence %llu layer %u: a recalled block "
+					"was evicted since (recall again)",
+					(unsigned long long)seq, layer);
+	}
+	if (cap < cnt)
+		return kvt_fail(m, -ENOSPC, "recall view: %u needed, room for %u", cnt, cap);
+	for (uint32_t i = 0; i < cnt; i++) {
+		uint32_t id = lrc->view_ent[(size_t)kv_head * lrc->view_cap + i];
+		const struct kvt_rc_entry *e = &m->rc.e[id];
+		struct kvt_recall_ref ref = {
+			.frame = m->rc.base + (uint64_t)id * m->block_bytes,
+			.block = e->block,
+			.n_valid = e->n_valid,
+			.resident = kvt_block_resident(m, s, ly, kv_head, e->block, e->n_valid),
+		};
+		uint32_t j = i;
+
+		while (j > 0 && out[j - 1].block > ref.block) {
+			out[j] = out[j - 1];
+			j--;
+		}
+		out[j] = ref;
+	}
+	return 0;
+}
