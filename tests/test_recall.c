@@ -1,0 +1,800 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * recall: block metadata and the Quest bound (policy/recall.c), the shared recall cache (LRU,
+ * hit detection, capacity), recall views and their resident masks, attention over recalled
+ * blocks, the recall working set, and preemption/resume (manager/recall.c, manager/seq.c), on
+ * the host backend. Expectations come from the generator in common.h and plain loops here.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "internal.h"
+#include "policy.h"
+
+const char *__ubsan_default_options(void);
+const char *__ubsan_default_options(void)
+{
+	return "halt_on_error=1:print_stacktrace=1";
+}
+
+#define DIV_UP(a, b) (((a) + (b)-1) / (b))
+#define NONE UINT32_MAX
+
+#define CHECK_RC(call, want)                                                                   \
+	do {                                                                                   \
+		int rc_ = (call);                                                              \
+		if (rc_ != (want)) {                                                           \
+			print_error("%s:%d: %s returned %d (%s), expected %d\n", __FILE__,     \
+				    __LINE__, #call, rc_, kvt_strerror(rc_), (int)(want));     \
+			_fail(__FILE__, __LINE__);                                             \
+		}                                                                              \
+	} while (0)
+
+static size_t rowb(const struct kvt_config *c)
+{
+	return (size_t)c->head_dim * kvt_dtype_size(c->dtype);
+}
+
+/* t_small_config with recall: bt 8, d 16, f16, 512-byte blocks; 2048 recall frames. */
+static struct kvt_config recall_config(uint32_t r, uint64_t cache_frames)
+{
+	struct kvt_config c = t_small_config();
+
+	c.recall_blocks = r;
+	c.recall_cache_bytes = cache_frames * 2 * c.block_tokens * rowb(&c);
+	c.device_bytes += c.recall_cache_bytes;
+	return c;
+}
+
+static struct kvt_manager *mk(const struct kvt_config *c)
+{
+	struct kvt_manager *m = NULL;
+
+	CHECK_RC(kvt_manager_create(c, &m), 0);
+	return m;
+}
+
+static void prefill(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq, uint32_t L)
+{
+	size_t row = rowb(c);
+	void *k = t_xmalloc((size_t)c->n_kv_heads * L * row);
+	void *v = t_xmalloc((size_t)c->n_kv_heads * L * row);
+	void *q = t_xmalloc((size_t)c->n_q_heads * c->obs_window * row);
+
+	CHECK_RC(kvt_seq_create(m, seq, L), 0);
+	for (uint32_t l = 0; l < c->n_layers; l++) {
+		t_fill_prefill(c, seq, l, L, k, v, q);
+		CHECK_RC(kvt_prefill_layer(m, seq, l, k, v, q, NULL), 0);
+	}
+	free(k);
+	free(v);
+	free(q);
+}
+
+/* Appends `steps` tokens to seq on every layer (positions from its current length). */
+static void decode(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq, uint32_t steps)
+{
+	size_t row = rowb(c);
+	void *k = t_xmalloc(c->n_kv_heads * row), *v = t_xmalloc(c->n_kv_heads * row);
+
+	for (uint32_t t = 0; t < steps; t++)
+		for (uint32_t l = 0; l < c->n_layers; l++) {
+			uint32_t pos;
+
+			CHECK_RC(kvt_seq_tokens(m, seq, l, &pos), 0);
+			t_fill_decode(c, &seq, &pos, 1, l, k, v);
+			CHECK_RC(kvt_decode_append(m, l, &seq, 1, k, v, NULL), 0);
+		}
+	free(k);
+	free(v);
+}
+
+static struct kvt_stats stats(struct kvt_manager *m)
+{
+	struct kvt_stats st = KVT_STATS_INIT;
+
+	CHECK_RC(kvt_manager_stats(m, &st), 0);
+	return st;
+}
+
+/* Decode queries of one sequence ([n_q_heads][D] of dtype) and the same in f32. */
+static void make_query(const struct kvt_config *c, uint64_t seq, uint32_t salt, void *q, float *qf)
+{
+	size_t row = rowb(c);
+
+	for (uint32_t g = 0; g < c->n_q_heads; g++)
+		t_fill_row(c->dtype, c->head_dim, (uint8_t *)q + g * row, seq, 77, 2000 + g, salt,
+			   0);
+	kvt_to_f32(c->dtype, q, qf, (size_t)c->n_q_heads * c->head_dim);
+}
+
+/* Dense attention over positions [0, N) of (seq, layer) from the generator. */
+static void full_attention(const struct kvt_config *c, uint64_t seq, uint32_t layer, uint32_t N,
+			   const float *q, float *out)
+{
+	size_t row = rowb(c);
+	uint8_t *k = t_xmalloc(N * row), *v = t_xmalloc(N * row);
+	uint32_t G = c->n_q_heads / c->n_kv_heads;
+
+	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
+		for (uint32_t p = 0; p < N; p++) {
+			t_fill_row(c->dtype, c->head_dim, k + p * row, seq, layer, h, p, 0);
+			t_fill_row(c->dtype, c->head_dim, v + p * row, seq, layer, h, p, 1);
+		}
+		struct kvt_attend_rows seg = {k, v, row, row, N};
+
+		kvt_attend_rows(c->dtype, c->head_dim, q + (size_t)h * G * c->head_dim, G, &seg, 1,
+				out + (size_t)h * G * c->head_dim);
+	}
+	free(k);
+	free(v);
+}
+
+static bool is_resident(const int32_t *pos, uint32_t n, uint32_t p)
+{
+	for (uint32_t i = 0; i < n; i++)
+		if ((uint32_t)pos[i] == p)
+			return true;
+	return false;
+}
+
+/* ---- policy: metadata, bound, top-r ------------------------------------------------------ */
+
+static void test_meta_bound(void **state)
+{
+	static const enum kvt_dtype dts[] = {KVT_DTYPE_F32, KVT_DTYPE_F16, KVT_DTYPE_BF16};
+	enum { D = 24, NR = 32, G = 3 };
+	uint64_t rng = 12345;
+	(void)state;
+
+	for (int di = 0; di < 3; di++) {
+		enum kvt_dtype dt = dts[di];
+		uint32_t es = kvt_dtype_size(dt);
+
+		for (int trial = 0; trial < 200; trial++) {
+			uint8_t rows[NR * D * 4], meta[2 * D * 4], meta2[2 * D * 4];
+			float kf[NR * D], mf[2 * D], q[G * D], scratch[2 * D];
+			uint32_t n = 1 + (uint32_t)(t_mix(rng++) % NR);
+
+			for (uint32_t i = 0; i < n * D; i++)
+				kf[i] = (float)((int64_t)(t_mix(rng++) % 2001) - 1000) / 64.0f;
+			kvt_from_f32(dt, kf, rows, (size_t)n * D);
+			kvt_to_f32(dt, rows, kf, (size_t)n * D); /* the values as stored */
+			for (uint32_t i = 0; i < G * D; i++)
+				q[i] = (float)((int64_t)(t_mix(rng++) % 2001) - 1000) / 100.0f;
+			kvt_meta_build(dt, D, meta, rows, (size_t)D * es, n);
+			/* incremental equals batch */
+			kvt_meta_init(dt, D, meta2, rows);
+			for (uint32_t i = 1; i < n; i++)
+				kvt_meta_add(dt, D, meta2, rows + (size_t)i * D * es);
+			assert_memory_equal(meta, meta2, 2 * D * es);
+			/* min/max per channel equal the naive ones */
+			kvt_to_f32(dt, meta, mf, 2 * D);
+			for (uint32_t d = 0; d < D; d++) {
+				float mn = kf[d], mx = kf[d];
+
+				for (uint32_t i = 1; i < n; i++) {
+					mn = fminf(mn, kf[i * D + d]);
+					mx = fmaxf(mx, kf[i * D + d]);
+				}
+				assert_true(mf[d] == mn && mf[D + d] == mx);
+			}
+			/* the bound is never below any q.k (f32, d ascending) */
+			float bound = kvt_meta_bound(dt, D, meta, q, G, scratch), best = -INFINITY;
+
+			for (uint32_t g = 0; g < G; g++)
+				for (uint32_t i = 0; i < n; i++) {
+					float s = 0.0f;
+
+					for (uint32_t d = 0; d < D; d++)
+						s += q[g * D + d] * kf[i * D + d];
+					best = fmaxf(best, s);
+				}
+			if (bound < best) {
+				print_error("dtype %d trial %d: bound %g below true max %g\n", dt,
+					    trial, bound, best);
+				fail();
+			}
+			/* one row: the bound is exactly the max dot product */
+			if (n == 1)
+				assert_true(bound == best);
+		}
+	}
+}
+
+static void test_topr(void **state)
+{
+	float sc[] = {1.0f, 5.0f, NAN, 5.0f, -INFINITY, 3.0f, 5.0f, 0.5f};
+	uint32_t id[] = {10, 20, 30, 40, 50, 60, 70, 80}, out[8], heap[8];
+	(void)state;
+
+	/* 5.0 at ids 20, 40, 70: ties to the lower ids; then 3.0 (60) */
+	assert_int_equal(kvt_topr(sc, id, 8, 2, out, heap), 2);
+	assert_int_equal(out[0], 20);
+	assert_int_equal(out[1], 40);
+	assert_int_equal(kvt_topr(sc, id, 8, 4, out, heap), 4);
+	assert_int_equal(out[0], 20);
+	assert_int_equal(out[1], 40);
+	assert_int_equal(out[2], 60);
+	assert_int_equal(out[3], 70);
+	/* everything: NaN last, -inf before it; output ascending ids */
+	assert_int_equal(kvt_topr(sc, id, 8, 8, out, heap), 8);
+	for (int i = 0; i < 8; i++)
+		assert_int_equal(out[i], id[i]);
+	assert_int_equal(kvt_topr(sc, id, 8, 7, out, heap), 7);
+	for (int i = 0; i < 7; i++)
+		assert_int_not_equal(out[i], 30); /* NaN ranks lowest */
+	assert_int_equal(kvt_topr(sc, id, 0, 3, out, heap), 0);
+	assert_int_equal(kvt_topr(sc, id, 8, 0, out, heap), 0);
+
+	/* random cross-check against a naive selection */
+	uint64_t rng = 99;
+
+	for (int trial = 0; trial < 300; trial++) {
+		float s[64];
+		uint32_t ids[64], o[64], hp[64], n = 1 + (uint32_t)(t_mix(rng++) % 64);
+		uint32_t r = 1 + (uint32_t)(t_mix(rng++) % 20);
+		bool taken[64] = {0};
+
+		for (uint32_t i = 0; i < n; i++) {
+			s[i] = (float)(t_mix(rng++) % 7); /* many ties */
+			ids[i] = i * 3;
+		}
+		uint32_t k = kvt_topr(s, ids, n, r, o, hp);
+
+		assert_int_equal(k, n < r ? n : r);
+		for (uint32_t j = 0; j < k; j++) { /* naive: best remaining, lowest id */
+			uint32_t b = NONE;
+
+			for (uint32_t i = 0; i < n; i++)
+				if (!taken[i] && (b == NONE || s[i] > s[b]))
+					b = i;
+			taken[b] = true;
+		}
+		for (uint32_t j = 0; j < k; j++) {
+			assert_true(taken[o[j] / 3]);
+			if (j)
+				assert_true(o[j] > o[j - 1]);
+		}
+	}
+}
+
+/* ---- manager: recall ---------------------------------------------------------------------- */
+
+/* With r large enough to recall every block, attention equals full attention over all N
+   tokens, both through scoring (kvt_decode_recall) and an explicit list. Views: blocks are not
+   fully resident, masks are exactly the resident positions. */
+static void test_recall_all_equals_full(void **state)
+{
+	struct kvt_config c = recall_config(64, 1024);
+	struct kvt_manager *m = mk(&c);
+	size_t row = rowb(&c);
+	uint64_t seq = 5;
+	uint32_t L = 203, N, nb;
+	(void)state;
+
+	prefill(m, &c, seq, L);
+	decode(m, &c, seq, 37); /* the ring has moved past prompt tokens */
+	CHECK_RC(kvt_seq_tokens(m, seq, 0, &N), 0);
+	assert_int_equal(N, L + 37);
+	nb = DIV_UP(N, c.block_tokens);
+
+	void *q = t_xmalloc(c.n_q_heads * row);
+	float *qf = t_xmalloc(c.n_q_heads * c.head_dim * sizeof(float));
+	float *want = t_xmalloc(c.n_q_heads * c.head_dim * sizeof(float));
+	float *got = t_xmalloc(c.n_q_heads * c.head_dim * sizeof(float));
+	float *before = t_xmalloc(c.n_q_heads * c.head_dim * sizeof(float));
+	int32_t pos[512];
+	struct kvt_recall_ref refs[64];
+
+	for (uint32_t l = 0; l < c.n_layers; l++) {
+		uint32_t np, nr;
+
+		make_query(&c, seq, l, q, qf);
+		CHECK_RC(kvt_attend(m, seq, l, qf, before), 0); /* resident set only */
+		CHECK_RC(kvt_decode_recall(m, l, &seq, 1, q, NULL), 0);
+		CHECK_RC(kvt_attend(m, seq, l, qf, got), 0);
+		full_attention(&c, seq, l, N, qf, want);
+		float diff = 0, moved = 0;
+
+		for (uint32_t i = 0; i < c.n_q_heads * c.head_dim; i++) {
+			diff = fmaxf(diff, fabsf(got[i] - want[i]));
+			moved = fmaxf(moved, fabsf(before[i] - want[i]));
+		}
+		print_message("# layer %u: |recall - full| %.3g, |resident only - full| %.3g\n", l,
+			      diff, moved);
+		assert_true(diff < 1e-5f);
+		assert_true(moved > 1e-3f); /* the recalled blocks matter */
+
+		for (uint32_t h = 0; h < c.n_kv_heads; h++) {
+			uint32_t covered = 0;
+
+			CHECK_RC(kvt_seq_resident_positions(m, seq, l, h, pos, 512, &np), 0);
+			CHECK_RC(kvt_seq_recall_view(m, seq, l, h, refs, 64, &nr), 0);
+			assert_true(nr > 0 && nr <= nb);
+			for (uint32_t i = 0; i < nr; i++) {
+				uint64_t full = (1ull << refs[i].n_valid) - 1;
+
+				if (i)
+					assert_true(refs[i].block > refs[i - 1].block);
+				assert_true(refs[i].resident != full); /* not fully resident */
+				for (uint32_t j = 0; j < refs[i].n_valid; j++) {
+					uint32_t p = refs[i].block * c.block_tokens + j;
+					bool res = (refs[i].resident >> j) & 1;
+
+					assert_int_equal(res, is_resident(pos, np, p));
+					covered += !res;
+					/* the frame holds the token, bit for bit */
+					uint8_t *kk = t_xmalloc(row);
+
+					t_fill_row(c.dtype, c.head_dim, kk, seq, l, h, p, 0);
+					assert_memory_equal(
+						(const void *)(uintptr_t)(refs[i].frame + j * row),
+						kk, row);
+					free(kk);
+				}
+			}
+			assert_int_equal(covered + np, N); /* every token exactly once */
+		}
+	}
+
+	/* Explicit list of every block (fully resident ones and repeats are ignored) gives the
+	   same attention; all hits now. */
+	struct kvt_stats s0 = stats(m);
+	uint32_t *sel = t_xmalloc((size_t)c.n_kv_heads * (nb + 2) * sizeof(uint32_t));
+
+	for (uint32_t h = 0; h < c.n_kv_heads; h++) {
+		for (uint32_t b = 0; b < nb; b++)
+			sel[h * (nb + 2) + b] = b;
+		sel[h * (nb + 2) + nb] = 3;    /* repeat */
+		sel[h * (nb + 2) + nb + 1] = NONE; /* ignored */
+	}
+	make_query(&c, seq, 0, q, qf);
+	CHECK_RC(kvt_recall_blocks(m, 0, &seq, 1, sel, nb + 2, NULL), 0);
+	struct kvt_stats s1 = stats(m);
+
+	assert_int_equal(s1.recall_loads, s0.recall_loads);
+	assert_int_equal(s1.recall_hits - s0.recall_hits, s1.recall_lookups - s0.recall_lookups);
+	CHECK_RC(kvt_attend(m, seq, 0, qf, got), 0);
+	full_attention(&c, seq, 0, N, qf, want);
+	for (uint32_t i = 0; i < c.n_q_heads * c.head_dim; i++)
+		assert_true(fabsf(got[i] - want[i]) < 1e-5f);
+
+	/* After one more token the partial last block grew: it is reloaded, not reused. */
+	decode(m, &c, seq, 1);
+	s0 = stats(m);
+	CHECK_RC(kvt_recall_blocks(m, 0, &seq, 1, sel, nb + 2, NULL), 0);
+	s1 = stats(m);
+	print_message("# after one token: %llu loads\n",
+		      (unsigned long long)(s1.recall_loads - s0.recall_loads));
+	CHECK_RC(kvt_seq_tokens(m, seq, 0, &N), 0);
+	CHECK_RC(kvt_attend(m, seq, 0, qf, got), 0);
+	full_attention(&c, seq, 0, N, qf, want);
+	for (uint32_t i = 0; i < c.n_q_heads * c.head_dim; i++)
+		assert_true(fabsf(got[i] - want[i]) < 1e-5f);
+
+	free(sel);
+	free(q);
+	free(qf);
+	free(want);
+	free(got);
+	free(before);
+	kvt_manager_destroy(m);
+}
+
+/* Quest scoring finds a planted block: keys of block 9 of head 1 align with the query. */
+static void test_recall_finds_needle(void **state)
+{
+	struct kvt_config c = recall_config(1, 64);
+	struct kvt_manager *m;
+	uint32_t L = 300, D;
+	size_t row;
+	(void)state;
+
+	c.dtype = KVT_DTYPE_F32;
+	c.recall_cache_bytes = 64 * 2 * c.block_tokens * c.head_dim * 4;
+	c.device_bytes = (4u << 20) + c.recall_cache_bytes;
+	c.topk_tokens = 0; /* the needle must come from recall, not SnapKV */
+	m = mk(&c);
+	D = c.head_dim;
+	row = rowb(&c);
+	float *k = t_xmalloc(c.n_kv_heads * L * row), *v = t_xmalloc(c.n_kv_heads * L * row);
+	float q[4 * 16];
+
+	for (uint32_t i = 0; i < c.n_kv_heads * L * D; i++) {
+		k[i] = (float)((int)(t_mix(i) % 200) - 100) / 400.0f; /* |k| <= 0.25 */
+		v[i] = (float)((int)(t_mix(i + 1000000) % 200) - 100) / 100.0f;
+	}
+	for (uint32_t p = 9 * 8; p < 10 * 8; p++)
+		for (uint32_t d = 0; d < D; d++)
+			k[(1 * L + p) * D + d] = d % 2 ? 3.0f : -3.0f;
+	for (uint32_t g = 0; g < 4; g++)
+		for (uint32_t d = 0; d < D; d++)
+			q[g * D + d] = d % 2 ? 1.0f : -1.0f;
+	CHECK_RC(kvt_seq_create(m, 1, L), 0);
+	CHECK_RC(kvt_prefill_layer(m, 1, 0, k, v, NULL, NULL), 0);
+	uint64_t seq = 1;
+
+	CHECK_RC(kvt_decode_recall(m, 0, &seq, 1, q, NULL), 0);
+	struct kvt_recall_ref ref;
+	uint32_t n;
+
+	CHECK_RC(kvt_seq_recall_view(m, 1, 0, 1, &ref, 1, &n), 0);
+	assert_int_equal(n, 1);
+	assert_int_equal(ref.block, 9);
+	assert_int_equal(ref.resident, 0);
+	assert_memory_equal((const void *)(uintptr_t)ref.frame, k + (1 * L + 72) * D, 8 * row);
+	assert_memory_equal((const void *)(uintptr_t)(ref.frame + 8 * row), v + (1 * L + 72) * D,
+			    8 * row);
+	free(k);
+	free(v);
+	kvt_manager_destroy(m);
+}
+
+/* One block per call from sequences A and B into a 4-frame cache: hits are never loaded again,
+   eviction takes the least recently used frame of any sequence, and a view whose frame moved
+   on reads as stale. */
+static void test_recall_lru(void **state)
+{
+	struct kvt_config c = recall_config(1, 4);
+	struct kvt_manager *m;
+	uint64_t A = 1, B = 2;
+	struct kvt_stats s0, s1;
+	float qf[4 * 16], out[4 * 16];
+	(void)state;
+
+	c.n_kv_heads = 1;
+	c.n_q_heads = 2;
+	c.n_layers = 1;
+	c.recall_cache_bytes = 4 * 2 * c.block_tokens * rowb(&c);
+	m = mk(&c);
+	prefill(m, &c, A, 200); /* blocks 1..21 hold non-resident tokens */
+	prefill(m, &c, B, 200);
+	memset(qf, 0, sizeof(qf));
+
+#define RECALL(seq, blk)                                                                   \
+	do {                                                                               \
+		uint64_t s_ = (seq);                                                       \
+		uint32_t b_ = (blk);                                                       \
+		CHECK_RC(kvt_recall_blocks(m, 0, &s_, 1, &b_, 1, NULL), 0);                \
+	} while (0)
+#define LOADS() (stats(m).recall_loads)
+
+	s0 = stats(m);
+	assert_int_equal(s0.recall_frames_total, 4);
+	RECALL(A, 5);
+	RECALL(A, 6);
+	assert_int_equal(LOADS() - s0.recall_loads, 2);
+	RECALL(A, 5);
+	RECALL(A, 6);
+	assert_int_equal(LOADS() - s0.recall_loads, 2); /* hits */
+	RECALL(B, 5);					/* a different sequence's block 5 */
+	RECALL(B, 7);
+	assert_int_equal(LOADS() - s0.recall_loads, 4);
+	assert_int_equal(stats(m).recall_frames_used, 4);
+	/* LRU order now (most recent first): B7 B5 A6 A5. Touch A5 -> A5 B7 B5 A6. */
+	RECALL(A, 5);
+	assert_int_equal(LOADS() - s0.recall_loads, 4);
+	CHECK_RC(kvt_attend(m, A, 0, qf, out), 0);
+	/* A new block evicts A6 (least recent). */
+	RECALL(B, 8);
+	s1 = stats(m);
+	assert_int_equal(s1.recall_loads - s0.recall_loads, 5);
+	assert_int_equal(s1.recall_evictions - s0.recall_evictions, 1);
+	/* A5 (A's current view) survived: attention still works. */
+	CHECK_RC(kvt_attend(m, A, 0, qf, out), 0);
+	RECALL(A, 6); /* was evicted: loaded again, evicting B5 */
+	assert_int_equal(LOADS() - s0.recall_loads, 6);
+	RECALL(B, 7); /* still cached */
+	RECALL(B, 8);
+	assert_int_equal(LOADS() - s0.recall_loads, 6);
+	RECALL(B, 5); /* evicted before: loaded, evicting the LRU one, A5 */
+	assert_int_equal(LOADS() - s0.recall_loads, 7);
+	RECALL(A, 6); /* A6 survives (it was more recent than A5) */
+	assert_int_equal(LOADS() - s0.recall_loads, 7);
+	RECALL(A, 5);
+	assert_int_equal(LOADS() - s0.recall_loads, 8);
+	/* B's latest view (block 5) was just evicted? Order before the last call: A6 B5 B8 B7;
+	   A5 took B7's frame. B's view names B5: still valid. */
+	CHECK_RC(kvt_attend(m, B, 0, qf, out), 0);
+	RECALL(A, 9);  /* evicts B8 */
+	RECALL(A, 10); /* evicts B5: B's view is stale now */
+	CHECK_RC(kvt_attend(m, B, 0, qf, out), -ESTALE);
+	struct kvt_recall_ref ref;
+	uint32_t n;
+
+	CHECK_RC(kvt_seq_recall_view(m, B, 0, 0, &ref, 1, &n), -ESTALE);
+	RECALL(B, 5); /* recall again: fine */
+	CHECK_RC(kvt_attend(m, B, 0, qf, out), 0);
+
+	/* Destroying a sequence frees its frames. */
+	uint64_t used = stats(m).recall_frames_used;
+
+	CHECK_RC(kvt_seq_destroy(m, A), 0);
+	assert_true(stats(m).recall_frames_used < used);
+	kvt_manager_destroy(m);
+#undef RECALL
+#undef LOADS
+}
+
+/* Errors change nothing: the cache and counters stay as they were. */
+static void test_recall_errors(void **state)
+{
+	struct kvt_config c = recall_config(4, 8);
+	struct kvt_manager *m = mk(&c);
+	uint64_t seqs[2] = {1, 2}, dup[2] = {1, 1}, ghost = 9;
+	uint32_t sel[2 * 2 * 4];
+	size_t row = rowb(&c);
+	void *q = t_xmalloc(2 * c.n_q_heads * row);
+	struct kvt_stats s0, s1;
+	(void)state;
+
+	prefill(m, &c, 1, 120);
+	prefill(m, &c, 2, 120);
+	for (uint32_t i = 0; i < 16; i++)
+		sel[i] = 2 + i % 4; /* blocks 2..5, not resident (sink 8, ring 104..119) */
+	s0 = stats(m);
+	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 0, sel, 4, NULL), -EINVAL);
+	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 2, sel, 0, NULL), -EINVAL);
+	CHECK_RC(kvt_recall_blocks(m, 0, NULL, 2, sel, 4, NULL), -EINVAL);
+	CHECK_RC(kvt_recall_blocks(m, 2, seqs, 2, sel, 4, NULL), -EINVAL);
+	CHECK_RC(kvt_recall_blocks(m, 0, dup, 2, sel, 4, NULL), -EINVAL);
+	CHECK_RC(kvt_recall_blocks(m, 0, &ghost, 1, sel, 4, NULL), -ENOENT);
+	sel[15] = 15; /* past the 15 blocks of 120 tokens */
+	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 2, sel, 4, NULL), -EINVAL);
+	assert_non_null(strstr(kvt_manager_last_error(m), "block 15"));
+	sel[15] = 5;
+	/* 2 seqs x 2 heads x 4 distinct blocks = 16 > 8 frames */
+	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 2, sel, 4, NULL), -ENOSPC);
+	CHECK_RC(kvt_decode_recall(m, 0, seqs, 2, NULL, NULL), -EINVAL);
+	s1 = stats(m);
+	assert_memory_equal(&s0, &s1, sizeof(s0));
+	/* 1 seq x 2 heads x 4 = 8 fits exactly; repeats do not count against it */
+	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 1, sel, 4, NULL), 0);
+	for (uint32_t i = 0; i < 8; i++)
+		sel[i] = 2 + i % 2; /* 2,3,2,3: 4 distinct over two heads */
+	CHECK_RC(kvt_recall_blocks(m, 0, &seqs[1], 1, sel, 4, NULL), 0);
+	/* a preempted sequence takes no recall */
+	CHECK_RC(kvt_seq_preempt(m, 2), 0);
+	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 2, sel, 2, NULL), -EINVAL);
+	CHECK_RC(kvt_decode_recall(m, 0, seqs, 2, q, NULL), -EINVAL);
+	kvt_manager_destroy(m);
+
+	/* recall disabled / no cache */
+	c = t_small_config();
+	m = mk(&c);
+	prefill(m, &c, 1, 120);
+	CHECK_RC(kvt_decode_recall(m, 0, seqs, 1, q, NULL), -EINVAL);
+	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 1, sel, 4, NULL), -EINVAL);
+	assert_int_equal(stats(m).recall_frames_total, 0);
+	kvt_manager_destroy(m);
+	/* config: cache needed when r > 0, within device_bytes, ws window 1..64 */
+	c = t_small_config();
+	c.recall_blocks = 4;
+	assert_int_equal(kvt_manager_create(&c, &m), -EINVAL);
+	c.recall_cache_bytes = c.device_bytes;
+	assert_int_equal(kvt_manager_create(&c, &m), -EINVAL);
+	c.recall_cache_bytes = 1 << 20;
+	c.ws_window = 0;
+	assert_int_equal(kvt_manager_create(&c, &m), -EINVAL);
+	c.ws_window = 65;
+	assert_int_equal(kvt_manager_create(&c, &m), -EINVAL);
+	free(q);
+}
+
+/* The recall working set is the union of blocks recalled over the last w steps. */
+static void test_working_set_window(void **state)
+{
+	struct kvt_config c = recall_config(2, 256);
+	struct kvt_manager *m;
+	struct kvt_seq_info in = {.size = sizeof(in)};
+	uint64_t seq = 3;
+	(void)state;
+
+	c.ws_window = 3;
+	c.n_layers = 1;
+	m = mk(&c);
+	prefill(m, &c, seq, 300);
+	CHECK_RC(kvt_seq_info(m, seq, &in), 0);
+	assert_int_equal(in.recall_ws_frames, 0);
+	assert_int_equal(in.prompt_tokens, 300);
+	assert_int_equal(in.layers_prefilled, 1);
+	assert_int_equal(in.frames_per_layer, DIV_UP(8 + 16 + 16, 8) * 2);
+	assert_int_equal(in.device_frames, in.frames_per_layer);
+	assert_int_equal(in.host_blocks, DIV_UP(300, 8) * 2);
+
+	/* per step: head 0 and head 1 lists (r = 2) */
+	static const uint32_t steps[][4] = {
+		{2, 3, 2, 3},	/* step 1: {h0:2,3  h1:2,3} -> 4 */
+		{3, 4, 10, 11}, /* step 2: +h0:4, h1:10,11 -> 7 */
+		{2, 5, 2, 3},	/* step 3: +h0:5 -> 8 */
+		{5, 6, 10, 12}, /* step 4: window 2..4: h0 {2..6}, h1 {2,3,10,11,12} */
+		{6, 6, 12, 12}, /* step 5: window 3..5: h0 {2,5,6}, h1 {2,3,10,12} */
+	};
+	/* expected union over the last 3 steps, computed by hand */
+	static const uint32_t want_ws[] = {4, 7, 8, 10, 7};
+	static const uint32_t want_step[] = {4, 4, 4, 4, 2};
+
+	for (uint32_t t = 0; t < 5; t++) {
+		decode(m, &c, seq, 1);
+		CHECK_RC(kvt_recall_blocks(m, 0, &seq, 1, steps[t], 2, NULL), 0);
+		CHECK_RC(kvt_seq_info(m, seq, &in), 0);
+		print_message("# step %u: ws %llu (want %u), step %llu (want %u)\n", t + 1,
+			      (unsigned long long)in.recall_ws_frames, want_ws[t],
+			      (unsigned long long)in.recall_step_frames, want_step[t]);
+		assert_int_equal(in.recall_ws_frames, want_ws[t]);
+		assert_int_equal(in.recall_step_frames, want_step[t]);
+	}
+	/* steps without recall: the window empties */
+	decode(m, &c, seq, 2);
+	CHECK_RC(kvt_seq_info(m, seq, &in), 0);
+	assert_int_equal(in.recall_ws_frames, 2); /* step 5's blocks, 2 steps ago */
+	assert_int_equal(in.recall_step_frames, 0);
+	decode(m, &c, seq, 1);
+	CHECK_RC(kvt_seq_info(m, seq, &in), 0);
+	assert_int_equal(in.recall_ws_frames, 0);
+	kvt_manager_destroy(m);
+}
+
+/* Snapshot of every valid slot of every frame of seq (all layers, heads). */
+static uint8_t *snapshot(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq,
+			 size_t *bytes)
+{
+	size_t row = rowb(c), at = 0, cap = 1 << 20;
+	uint8_t *buf = t_xmalloc(cap);
+	uint64_t fr[64];
+
+	for (uint32_t l = 0; l < c->n_layers; l++)
+		for (uint32_t h = 0; h < c->n_kv_heads; h++) {
+			uint32_t nf, ns;
+
+			CHECK_RC(kvt_seq_frames(m, seq, l, h, fr, 64, &nf, &ns), 0);
+			for (uint32_t s = 0; s < ns; s++) {
+				uint64_t a = fr[s / c->block_tokens] + (s % c->block_tokens) * row;
+
+				assert_true(at + 2 * row <= cap);
+				memcpy(buf + at, (const void *)(uintptr_t)a, row);
+				memcpy(buf + at + row,
+				       (const void *)(uintptr_t)(a + c->block_tokens * row), row);
+				at += 2 * row;
+			}
+		}
+	*bytes = at;
+	return buf;
+}
+
+/* Preempt frees the device frames; resume rebuilds them bit for bit from the host history. */
+static void test_preempt_resume(void **state)
+{
+	struct kvt_config c = recall_config(2, 64);
+	struct kvt_manager *m;
+	struct kvt_seq_info in = {.size = sizeof(in)};
+	uint64_t seq = 11, other = 12;
+	size_t row = rowb(&c), nb0, nb1;
+	float qf[4 * 16], o0[4 * 16], o1[4 * 16];
+	uint8_t kk[64], vv[64];
+	(void)state;
+
+	c.host_bytes = 64u << 20; /* the device tier fills first below */
+	m = mk(&c);
+	prefill(m, &c, seq, 150);
+	decode(m, &c, seq, 29); /* ring wrapped */
+	prefill(m, &c, other, 60);
+	uint32_t sel[4] = {3, 4, 3, 5};
+
+	CHECK_RC(kvt_recall_blocks(m, 1, &seq, 1, sel, 2, NULL), 0);
+	for (uint32_t i = 0; i < 4 * 16; i++)
+		qf[i] = (float)((int)(t_mix(i) % 100) - 50) / 50.0f;
+	CHECK_RC(kvt_attend(m, seq, 0, qf, o0), 0);
+	uint8_t *before = snapshot(m, &c, seq, &nb0);
+	struct kvt_stats s0 = stats(m);
+
+	CHECK_RC(kvt_seq_preempt(m, seq), 0);
+	CHECK_RC(kvt_seq_preempt(m, seq), -EALREADY);
+	struct kvt_stats s1 = stats(m);
+
+	CHECK_RC(kvt_seq_info(m, seq, &in), 0);
+	assert_int_equal(in.preempted, 1);
+	assert_int_equal(in.device_frames, 0);
+	assert_int_equal(s1.device_frames_free - s0.device_frames_free,
+			 (uint64_t)in.frames_per_layer * c.n_layers);
+	assert_int_equal(s1.recall_frames_used, s0.recall_frames_used - 4);
+	assert_int_equal(s1.preemptions, 1);
+	/* what a preempted sequence refuses, and what still works */
+	void *k = t_xmalloc(c.n_kv_heads * row), *v = t_xmalloc(c.n_kv_heads * row);
+	uint32_t np, nf, ns;
+
+	CHECK_RC(kvt_decode_append(m, 0, &seq, 1, k, v, NULL), -EINVAL);
+	CHECK_RC(kvt_attend(m, seq, 0, qf, o1), -EINVAL);
+	CHECK_RC(kvt_seq_frames(m, seq, 0, 0, NULL, 0, &nf, &ns), -EINVAL);
+	CHECK_RC(kvt_seq_resident_positions(m, seq, 0, 0, NULL, 0, &np), 0);
+	assert_int_equal(np, 0);
+	for (uint32_t p = 0; p < 179; p += 7) {
+		CHECK_RC(kvt_seq_read_token(m, seq, 1, 1, p, kk, vv), 0);
+		t_fill_row(c.dtype, c.head_dim, k, seq, 1, 1, p, 0);
+		t_fill_row(c.dtype, c.head_dim, v, seq, 1, 1, p, 1);
+		assert_memory_equal(kk, k, row);
+		assert_memory_equal(vv, v, row);
+	}
+	/* the other sequence goes on */
+	decode(m, &c, other, 3);
+
+	/* Resume needs room: fill the device, fail with nothing changed, free, resume. */
+	uint64_t hog = 99;
+	uint32_t fits = 0;
+
+	while (kvt_seq_create(m, hog + fits, 150) == 0) {
+		size_t bytes = (size_t)c.n_kv_heads * 150 * row;
+		void *hk = t_xmalloc(bytes), *hv = t_xmalloc(bytes);
+		void *hq = t_xmalloc((size_t)c.n_q_heads * c.obs_window * row);
+		int rc = kvt_prefill_layer(m, hog + fits, 0, hk, hv, hq, NULL);
+
+		free(hk);
+		free(hv);
+		free(hq);
+		fits++;
+		if (rc)
+			break;
+	}
+	struct kvt_stats s2 = stats(m);
+
+	CHECK_RC(kvt_seq_resume(m, seq, NULL), -ENOMEM);
+	struct kvt_stats s3 = stats(m);
+
+	assert_memory_equal(&s2, &s3, sizeof(s2));
+	for (uint32_t i = 0; i < fits; i++)
+		CHECK_RC(kvt_seq_destroy(m, hog + i), 0);
+	CHECK_RC(kvt_seq_resume(m, seq, NULL), 0);
+	CHECK_RC(kvt_seq_resume(m, seq, NULL), -EALREADY);
+	uint8_t *after = snapshot(m, &c, seq, &nb1);
+
+	assert_int_equal(nb0, nb1);
+	assert_memory_equal(before, after, nb0);
+	assert_int_equal(stats(m).resumes, 1);
+	/* the recall view was forgotten: attention over the resident set only now; recall
+	   again and it is the same as before the preemption */
+	CHECK_RC(kvt_recall_blocks(m, 1, &seq, 1, sel, 2, NULL), 0);
+	CHECK_RC(kvt_attend(m, seq, 0, qf, o1), 0);
+	assert_memory_equal(o0, o1, sizeof(o0));
+	/* decoding resumes where it stopped */
+	decode(m, &c, seq, 20);
+	for (uint32_t p = 170; p < 199; p++) {
+		CHECK_RC(kvt_seq_read_token(m, seq, 0, 0, p, kk, vv), 0);
+		t_fill_row(c.dtype, c.head_dim, k, seq, 0, 0, p, 0);
+		assert_memory_equal(kk, k, row);
+	}
+	CHECK_RC(kvt_seq_preempt(m, 4242), -ENOENT);
+	CHECK_RC(kvt_seq_resume(m, 4242, NULL), -ENOENT);
+	free(before);
+	free(after);
+	free(k);
+	free(v);
+	kvt_manager_destroy(m);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_meta_bound),
+		cmocka_unit_test(test_topr),
+		cmocka_unit_test(test_recall_all_equals_full),
+		cmocka_unit_test(test_recall_finds_needle),
+		cmocka_unit_test(test_recall_lru),
+		cmocka_unit_test(test_recall_errors),
+		cmocka_unit_test(test_working_set_window),
+		cmocka_unit_test(test_preempt_resume),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
