@@ -41,14 +41,21 @@ struct kvt_seq_layer {
 #define KVT_NO_ENTRY UINT32_MAX
 #define KVT_WS_MAX 64u
 
+/* Per (block, kv head) of a sequence layer: what the recall path reads together. */
+struct kvt_rc_slot {
+	uint32_t entry;	  /* recall cache entry holding the block, or KVT_NO_ENTRY */
+	uint32_t touched; /* 1 + the step of its latest recall, 0 = never (working set) */
+};
+
 /* Recall state of one (sequence, layer), allocated when block metadata or recall first needs
    it. Tables are indexed [block][kv head], block < cap_blocks. */
 struct kvt_recall_layer {
-	uint8_t *meta;	   /* [block][head] metadata (policy.h), 2 * row_bytes each; NULL
-			      unless the manager keeps metadata */
-	uint32_t *entry;   /* recall cache entry holding the block, or KVT_NO_ENTRY */
-	uint32_t *touched; /* 1 + the step of its latest recall, 0 = never (working set) */
+	uint8_t *meta; /* [block][head] metadata (policy.h), 2 * row_bytes each; NULL unless
+			  the manager keeps metadata */
+	struct kvt_rc_slot *slot; /* [block][head] */
+	uint8_t *tk;		  /* [block][head] top-K positions inside the block */
 	uint32_t cap_blocks;
+	bool tk_ready; /* tk counted from the layer's top-K (done at its first recall) */
 	/* view of the latest recall call naming this (sequence, layer): per head view_n[h]
 	   entries (cache entry id, generation) at [h * view_cap ...] */
 	uint32_t view_cap;
@@ -63,7 +70,8 @@ struct kvt_rc_entry {
 	uint32_t n_valid; /* tokens of the block when loaded */
 	uint32_t gen;	  /* bumped whenever the frame changes hands */
 	uint64_t pin;	  /* recall call that last used it: never evicted by that call */
-	uint32_t prev, next;	     /* LRU list (head = most recent); free list through next */
+	uint32_t tick;		     /* its latest use (LRU order) */
+	uint32_t next;		     /* free list */
 	uint32_t s_prev, s_next;     /* the owner's list of entries */
 };
 
@@ -71,7 +79,14 @@ struct kvt_recall_cache {
 	uint32_t n, n_used;
 	uint64_t base; /* device address of frame 0; frame i at base + i * block_bytes */
 	struct kvt_rc_entry *e;
-	uint32_t lru_head, lru_tail, free_head;
+	uint32_t free_head;
+	/* LRU order as a queue of uses, oldest first, with lazy deletion: a record is live
+	   while its entry is owned and still carries the record's tick. At most n records are
+	   live, so compaction at 2n + 64 records keeps pushes amortised O(1). */
+	struct kvt_rc_rec {
+		uint32_t id, tick;
+	} *q;
+	uint32_t q_cap, q_head, q_len, tick;
 	uint64_t call; /* recall calls so far (pin stamps) */
 };
 

@@ -24,15 +24,15 @@ int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames)
 	*rc = (struct kvt_recall_cache){
 		.n = n_frames,
 		.base = base,
-		.lru_head = KVT_NO_ENTRY,
-		.lru_tail = KVT_NO_ENTRY,
 		.free_head = n_frames ? 0 : KVT_NO_ENTRY,
 	};
 	if (!n_frames)
 		return 0;
+	rc->q_cap = 2 * n_frames + 64;
 	rc->e = calloc(n_frames, sizeof(*rc->e));
-	if (!rc->e)
-		return -ENOMEM;
+	rc->q = malloc((size_t)rc->q_cap * sizeof(*rc->q));
+	if (!rc->e || !rc->q)
+		return -ENOMEM; /* kvt_recall_fini frees what was allocated */
 	for (uint32_t i = 0; i < n_frames; i++)
 		rc->e[i].next = i + 1 < n_frames ? i + 1 : KVT_NO_ENTRY;
 	return 0;
@@ -41,7 +41,9 @@ int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames)
 void kvt_recall_fini(struct kvt_manager *m)
 {
 	free(m->rc.e);
+	free(m->rc.q);
 	m->rc.e = NULL;
+	m->rc.q = NULL;
 }
 
 void kvt_recall_layer_free(struct kvt_recall_layer *rc)
@@ -49,8 +51,8 @@ void kvt_recall_layer_free(struct kvt_recall_layer *rc)
 	if (!rc)
 		return;
 	free(rc->meta);
-	free(rc->entry);
-	free(rc->touched);
+	free(rc->slot);
+	free(rc->tk);
 	free(rc->view_n);
 	free(rc->view_ent);
 	free(rc->view_gen);
@@ -99,11 +101,45 @@ static int rc_layer_get(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_
 	while (want < n_blocks)
 		want *= 2;
 	if ((m->keep_meta && grow((void **)&rc->meta, old * H, want * H, m->meta_bytes, 0)) ||
-	    grow((void **)&rc->entry, old * H, want * H, sizeof(*rc->entry), 0xff) ||
-	    grow((void **)&rc->touched, old * H, want * H, sizeof(*rc->touched), 0))
+	    grow((void **)&rc->slot, old * H, want * H, sizeof(*rc->slot), 0) ||
+	    grow((void **)&rc->tk, old * H, want * H, sizeof(*rc->tk), 0))
 		return -ENOMEM; /* the tables that grew keep their contents: still consistent */
+	for (size_t i = old * H; i < want * H; i++)
+		rc->slot[i].entry = KVT_NO_ENTRY;
 	rc->cap_blocks = (uint32_t)want;
 	return 0;
+}
+
+/* Counts the layer's top-K positions per (block, head) once, so "is this block fully
+   resident" costs O(1) on the recall path. Needs tables covering the prompt's blocks. */
+static void tk_count(const struct kvt_manager *m, const struct kvt_seq *s,
+		     struct kvt_seq_layer *ly)
+{
+	uint32_t H = m->cfg.n_kv_heads;
+
+	for (uint32_t h = 0; h < H; h++)
+		for (uint32_t i = 0; i < s->valid_topk; i++)
+			ly->rc->tk[(size_t)((uint32_t)ly->topk[(size_t)h * s->valid_topk + i] >>
+					    m->lbt) * H +
+				   h]++;
+	ly->rc->tk_ready = true;
+}
+
+/* Whether every token of block b (n_valid of them) of head h is resident, in O(1): sink and
+   ring are ranges, and top-K positions (which lie between them) are counted per block. */
+static inline bool fully_resident(const struct kvt_manager *m, const struct kvt_seq_layer *ly,
+				  uint32_t h, uint32_t b, uint32_t n_valid)
+{
+	uint32_t sink = m->cfg.sink_tokens, recent = m->cfg.recent_tokens, N = ly->n_tokens;
+	uint32_t p0 = b << m->lbt, end = p0 + n_valid, ring0, cnt = 0;
+
+	ring0 = N > recent ? N - recent : 0;
+	ring0 = ring0 < sink ? sink : ring0;
+	if (p0 < sink)
+		cnt += (end < sink ? end : sink) - p0;
+	if (end > ring0)
+		cnt += end - (p0 > ring0 ? p0 : ring0);
+	return cnt + ly->rc->tk[(size_t)b * m->cfg.n_kv_heads + h] == n_valid;
 }
 
 int kvt_meta_reserve(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t n_blocks)
@@ -256,31 +292,32 @@ uint32_t kvt_ws_frames(struct kvt_manager *m, struct kvt_seq *s, uint32_t t, uin
 
 /* ---- the cache ---- */
 
-static void lru_unlink(struct kvt_recall_cache *rc, uint32_t id)
+static inline bool rec_live(const struct kvt_recall_cache *rc, struct kvt_rc_rec r)
 {
-	struct kvt_rc_entry *e = &rc->e[id];
-
-	if (e->prev != KVT_NO_ENTRY)
-		rc->e[e->prev].next = e->next;
-	else
-		rc->lru_head = e->next;
-	if (e->next != KVT_NO_ENTRY)
-		rc->e[e->next].prev = e->prev;
-	else
-		rc->lru_tail = e->prev;
+	return rc->e[r.id].owner && rc->e[r.id].tick == r.tick;
 }
 
-static void lru_push_front(struct kvt_recall_cache *rc, uint32_t id)
+/* Drops the records that no longer name a live use, keeping the order of the others. */
+static void lru_compact(struct kvt_recall_cache *rc)
 {
-	struct kvt_rc_entry *e = &rc->e[id];
+	uint32_t w = 0;
 
-	e->prev = KVT_NO_ENTRY;
-	e->next = rc->lru_head;
-	if (rc->lru_head != KVT_NO_ENTRY)
-		rc->e[rc->lru_head].prev = id;
-	else
-		rc->lru_tail = id;
-	rc->lru_head = id;
+	for (uint32_t i = 0; i < rc->q_len; i++) {
+		struct kvt_rc_rec r = rc->q[(rc->q_head + i) % rc->q_cap];
+
+		if (rec_live(rc, r))
+			rc->q[(rc->q_head + w++) % rc->q_cap] = r;
+	}
+	rc->q_len = w;
+}
+
+/* Marks entry id most recently used. */
+static void lru_touch(struct kvt_recall_cache *rc, uint32_t id)
+{
+	if (rc->q_len == rc->q_cap)
+		lru_compact(rc); /* at most n live records remain: room again */
+	rc->e[id].tick = ++rc->tick;
+	rc->q[(rc->q_head + rc->q_len++) % rc->q_cap] = (struct kvt_rc_rec){id, rc->tick};
 }
 
 static void owner_unlink(struct kvt_recall_cache *rc, uint32_t id)
@@ -302,7 +339,7 @@ static void entry_release(struct kvt_manager *m, uint32_t id)
 	struct kvt_rc_entry *e = &m->rc.e[id];
 	struct kvt_recall_layer *lrc = e->owner->layers[e->layer].rc;
 
-	lrc->entry[(size_t)e->block * m->cfg.n_kv_heads + e->head] = KVT_NO_ENTRY;
+	lrc->slot[(size_t)e->block * m->cfg.n_kv_heads + e->head].entry = KVT_NO_ENTRY;
 	owner_unlink(&m->rc, id);
 	e->owner = NULL;
 	e->gen++;
@@ -315,8 +352,7 @@ void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
 	while (s->rc_head != KVT_NO_ENTRY) {
 		uint32_t id = s->rc_head;
 
-		entry_release(m, id);
-		lru_unlink(rc, id);
+		entry_release(m, id); /* its LRU records go stale */
 		rc->e[id].next = rc->free_head;
 		rc->free_head = id;
 		rc->n_used--;
@@ -339,11 +375,20 @@ static uint32_t take_frame(struct kvt_manager *m)
 		rc->n_used++;
 		return id;
 	}
-	id = rc->lru_tail;
-	if (id == KVT_NO_ENTRY || rc->e[id].pin == rc->call)
+	/* The oldest live record names the least recently used entry. If this call pinned it,
+	   this call touched every entry. */
+	while (rc->q_len && !rec_live(rc, rc->q[rc->q_head])) {
+		rc->q_head = (rc->q_head + 1) % rc->q_cap;
+		rc->q_len--;
+	}
+	if (!rc->q_len)
 		return KVT_NO_ENTRY;
+	id = rc->q[rc->q_head].id;
+	if (rc->e[id].pin == rc->call)
+		return KVT_NO_ENTRY;
+	rc->q_head = (rc->q_head + 1) % rc->q_cap;
+	rc->q_len--;
 	entry_release(m, id);
-	lru_unlink(rc, id);
 	m->st.recall_evictions++;
 	return id;
 }
@@ -386,7 +431,7 @@ static int view_reserve(struct kvt_manager *m, struct kvt_recall_layer *rc, uint
 
 /* Distinct blocks of sel (one (sequence, head) list of r) that are not fully resident. The slow
    path of the capacity check, taken only when the quick upper bound exceeds the cache. */
-static uint64_t exact_need(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_layer *ly,
+static uint64_t exact_need(const struct kvt_manager *m, const struct kvt_seq_layer *ly,
 			   uint32_t h, const uint32_t *sel, uint32_t r)
 {
 	uint32_t bt = m->cfg.block_tokens;
@@ -401,7 +446,7 @@ static uint64_t exact_need(struct kvt_manager *m, struct kvt_seq *s, struct kvt_
 		for (uint32_t i = 0; i < j && !dup; i++)
 			dup = sel[i] == b;
 		nv = ly->n_tokens - b * bt < bt ? ly->n_tokens - b * bt : bt;
-		if (!dup && kvt_block_resident(m, s, ly, h, b, nv) != full_mask(nv))
+		if (!dup && !fully_resident(m, ly, h, b, nv))
 			need++;
 	}
 	return need;
@@ -456,6 +501,8 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 			return kvt_fail(m, -ENOMEM, "recall: sequence %llu: no memory for its "
 						    "recall tables",
 					(unsigned long long)seqs[i]);
+		if (!ly->rc->tk_ready)
+			tk_count(m, s, ly);
 		m->batch[i] = s;
 	}
 	*upper = need;
@@ -482,7 +529,7 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 		need = 0;
 		for (uint32_t i = 0; i < n; i++)
 			for (uint32_t h = 0; h < H; h++)
-				need += exact_need(m, m->batch[i], &m->batch[i]->layers[layer], h,
+				need += exact_need(m, &m->batch[i]->layers[layer], h,
 						   sel + ((size_t)i * H + h) * r, r);
 		if (need > rc->n)
 			return kvt_fail(m, -ENOSPC,
@@ -515,20 +562,15 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 				if (b == KVT_NO_ENTRY)
 					continue;
 				nv = N - (b << m->lbt) < bt ? N - (b << m->lbt) : bt;
-				/* Blocks whose every token is resident need no frame. Only blocks
-				   reaching the sink, the ring or the top-K range can be. */
-				if (((b << m->lbt) < m->cfg.sink_tokens ||
-				     (b << m->lbt) + nv + m->cfg.recent_tokens > N ||
-				     s->valid_topk >= nv) &&
-				    kvt_block_resident(m, s, ly, h, b, nv) == full_mask(nv))
+				/* Blocks whose every token is resident need no frame. */
+				if (fully_resident(m, ly, h, b, nv))
 					continue;
-				id = lrc->entry[at];
+				id = lrc->slot[at].entry;
 				if (id != KVT_NO_ENTRY && rc->e[id].pin == rc->call)
 					continue; /* repeated in this list */
 				lookups++;
 				if (id != KVT_NO_ENTRY) {
 					e = &rc->e[id];
-					lru_unlink(rc, id);
 					if (e->n_valid == nv) {
 						hits++;
 					} else { /* the block grew since: reload it */
@@ -553,7 +595,7 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 					if (s->rc_head != KVT_NO_ENTRY)
 						rc->e[s->rc_head].s_prev = id;
 					s->rc_head = id;
-					lrc->entry[at] = id;
+					lrc->slot[at].entry = id;
 				load:
 					m->xf[nx++] = (struct kvt_xfer){
 						.src = kvt_host_row(m, ly, h, b << m->lbt),
@@ -564,7 +606,7 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 					loaded = true;
 				}
 				e->pin = rc->call;
-				lru_push_front(rc, id);
+				lru_touch(rc, id);
 				vent[nv_out] = id;
 				vgen[nv_out++] = e->gen;
 			}
@@ -585,7 +627,6 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 			uint32_t id = (uint32_t)((m->xf[x].dst - rc->base) / m->block_bytes);
 
 			entry_release(m, id);
-			lru_unlink(rc, id);
 			rc->e[id].next = rc->free_head;
 			rc->free_head = id;
 			rc->n_used--;
@@ -608,7 +649,7 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 				const struct kvt_rc_entry *e =
 					&rc->e[lrc->view_ent[(size_t)h * lrc->view_cap + j]];
 
-				ws_touch(m, s, &lrc->touched[(size_t)e->block * H + h],
+				ws_touch(m, s, &lrc->slot[(size_t)e->block * H + h].touched,
 					 ly->n_tokens);
 			}
 	}
@@ -652,6 +693,8 @@ static int score_seq(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_la
 	    kvt_reserve((void **)&m->qf, &m->qf_cap, (G + 2) * D, sizeof(*m->qf)))
 		return -ENOMEM;
 	qf = m->qf;
+	if (!ly->rc->tk_ready)
+		tk_count(m, s, ly);
 	for (uint32_t h = 0; h < H; h++) {
 		uint32_t nc = 0, k;
 
@@ -659,7 +702,7 @@ static int score_seq(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_la
 		for (uint32_t b = 0; b < nb; b++) {
 			uint32_t nv = N - b * bt < bt ? N - b * bt : bt;
 
-			if (kvt_block_resident(m, s, ly, h, b, nv) == full_mask(nv))
+			if (fully_resident(m, ly, h, b, nv))
 				continue;
 			m->score[nc] = kvt_meta_bound(
 				c->dtype, D, ly->rc->meta + ((size_t)b * H + h) * m->meta_bytes, qf,

@@ -1,0 +1,9 @@
+/* SPDX-License-Identifier: MIT */
+/* Subcommands of kvtier-bench that live in their own files. */
+#ifndef KVT_BENCH_H
+#define KVT_BENCH_H
+
+/* kvtier-bench recall (tools/bench_recall.c): argv[0] is "recall". Exit status. */
+int kvt_bench_recall(int argc, char **argv);
+
+#endif /* KVT_BENCH_H */

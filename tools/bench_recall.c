@@ -1,0 +1,267 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvtier-bench recall: the manager's bookkeeping for dynamic recall per decode step (every
+ * layer's kvt_recall_blocks for the whole batch: hit detection, LRU, eviction, views, working
+ * sets, the load list), on the null backend so no payload moves and no scoring runs. The
+ * selection comes from a seeded process with temporal locality: each step keeps each selected
+ * block with probability 1 - churn and otherwise picks another non-resident block.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "cli.h"
+#include "internal.h"
+#include "kvtier.h"
+
+struct ropts {
+	uint32_t seqs, layers, prompt, steps, r, churn_pct, cache_pct;
+	const char *csv;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kvtier-bench recall [options]\n"
+		"Measures the manager's CPU time for the recall bookkeeping of one decode step:\n"
+		"kvt_recall_blocks for every layer of a batch, Llama-3-8B geometry (8 kv heads,\n"
+		"d=128, bf16, 32-token blocks, sink 128, recent 512, top-K 4096), null backend (no\n"
+		"payload, no scoring). Decode appends run between steps, outside the timing.\n\n"
+		"  --seqs N       sequences in the batch (default 256)\n"
+		"  --layers N     layers (default 32)\n"
+		"  --prompt N     prompt tokens per sequence (default 8192)\n"
+		"  --r N          blocks recalled per (sequence, layer, kv head) (default 16)\n"
+		"  --steps N      decode steps measured (default 64)\n"
+		"  --churn P      percent of selected blocks replaced each step (default 10)\n"
+		"  --cache P      recall cache size, percent of one step's blocks (default 150)\n"
+		"  --csv FILE     one line per step: step,ns,loads,hits\n"
+		"  -h, --help     this text\n"
+		"Exit status: 0 on success, 1 on a library error, 2 on bad usage.\n");
+}
+
+static int parse(int argc, char **argv, struct ropts *o)
+{
+	static const struct option lo[] = {
+		{"seqs", required_argument, NULL, 's'},	  {"layers", required_argument, NULL, 'l'},
+		{"prompt", required_argument, NULL, 'p'}, {"r", required_argument, NULL, 'r'},
+		{"steps", required_argument, NULL, 'n'},  {"churn", required_argument, NULL, 'u'},
+		{"cache", required_argument, NULL, 'k'},  {"csv", required_argument, NULL, 'c'},
+		{"help", no_argument, NULL, 'h'},	  {NULL, 0, NULL, 0},
+	};
+	int c, bad, li = 0;
+
+	*o = (struct ropts){256, 32, 8192, 64, 16, 10, 150, NULL};
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", lo, &li)) != -1) {
+		bad = 0;
+		switch (c) {
+		case 's':
+			bad = cli_parse_u32(optarg, 1, 1u << 16, &o->seqs);
+			break;
+		case 'l':
+			bad = cli_parse_u32(optarg, 1, 4096, &o->layers);
+			break;
+		case 'p':
+			bad = cli_parse_u32(optarg, 1024, 1u << 22, &o->prompt);
+			break;
+		case 'r':
+			bad = cli_parse_u32(optarg, 1, 1024, &o->r);
+			break;
+		case 'n':
+			bad = cli_parse_u32(optarg, 2, 1u << 20, &o->steps);
+			break;
+		case 'u':
+			bad = cli_parse_u32(optarg, 0, 100, &o->churn_pct);
+			break;
+		case 'k':
+			bad = cli_parse_u32(optarg, 100, 10000, &o->cache_pct);
+			break;
+		case 'c':
+			o->csv = optarg;
+			break;
+		case 'h':
+			usage(stdout);
+			exit(0);
+		default:
+			usage(stderr);
+			return -1;
+		}
+		if (bad) {
+			fprintf(stderr, "kvtier-bench: bad value for --%s: '%s'\n", lo[li].name,
+				optarg);
+			return -1;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "kvtier-bench: unexpected argument '%s'\n", argv[optind]);
+		return -1;
+	}
+	return 0;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+	uint64_t x = (*s += 0x9e3779b97f4a7c15ull);
+
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+int kvt_bench_recall(int argc, char **argv)
+{
+	struct kvt_config c = KVT_CONFIG_INIT;
+	struct kvt_manager *m = NULL;
+	struct ropts o;
+	uint64_t *ids = NULL, rng = 42;
+	uint32_t *sel = NULL;
+	double *t = NULL, *loads = NULL, *hits = NULL;
+	uint8_t *kd = NULL, *dummy = NULL;
+	FILE *csv = NULL;
+	int err, rc = 1;
+
+	if (parse(argc, argv, &o))
+		return 2;
+	c.n_layers = o.layers;
+	c.backend = KVT_BACKEND_HOST;
+	c.save_threads = 0;
+
+	uint32_t H = c.n_kv_heads, bt = c.block_tokens;
+	uint64_t row = (uint64_t)c.head_dim * 2, block = 2ull * bt * row, group = H * block;
+	uint64_t frames = (c.sink_tokens + c.recent_tokens + c.topk_tokens) / bt + 1;
+	uint64_t blocks = (o.prompt + o.steps + bt - 1) / bt + 1;
+	uint64_t per_step = (uint64_t)o.seqs * o.layers * H * o.r;
+	/* Blocks nobody holds on the device with the null backend's top-K choice (the last
+	   candidates before the ring): after the sink, before the top-K range. */
+	uint32_t lo_b = c.sink_tokens / bt;
+	uint32_t hi_b = (o.prompt - c.recent_tokens - c.topk_tokens) / bt;
+
+	if (hi_b < lo_b + o.r) {
+		fprintf(stderr, "kvtier-bench: prompt %u leaves fewer than r = %u recallable "
+				"blocks\n",
+			o.prompt, o.r);
+		return 2;
+	}
+	c.recall_cache_bytes = per_step * o.cache_pct / 100 * block;
+	c.device_bytes = group * frames * o.layers * o.seqs + c.recall_cache_bytes;
+	c.host_bytes = group * blocks * o.layers * o.seqs;
+	err = kvt_manager_create_with(&c, &kvt_backend_null_ops, &m);
+	if (err) {
+		fprintf(stderr, "kvtier-bench: cannot create the manager: %s\n", kvt_strerror(err));
+		return 1;
+	}
+	size_t sel_n = (size_t)o.layers * o.seqs * H * o.r;
+
+	ids = calloc(o.seqs, sizeof(*ids));
+	sel = malloc(sel_n * sizeof(*sel));
+	t = calloc(o.steps, sizeof(*t));
+	loads = calloc(o.steps, sizeof(*loads));
+	hits = calloc(o.steps, sizeof(*hits));
+	kd = calloc((size_t)o.seqs * H, row);
+	dummy = calloc(1, 64);
+	if (!ids || !sel || !t || !loads || !hits || !kd || !dummy) {
+		fprintf(stderr, "kvtier-bench: out of memory\n");
+		goto out;
+	}
+	for (uint32_t i = 0; i < o.seqs && !err; i++) {
+		ids[i] = 5000 + 3 * (uint64_t)i;
+		err = kvt_seq_create(m, ids[i], o.prompt);
+		for (uint32_t l = 0; !err && l < o.layers; l++)
+			err = kvt_prefill_layer(m, ids[i], l, dummy, dummy, dummy, NULL);
+	}
+	if (err) {
+		fprintf(stderr, "kvtier-bench: setup: %s\n", kvt_manager_last_error(m));
+		goto out;
+	}
+	/* initial selection: r distinct blocks per (layer, sequence, head) */
+	for (size_t g = 0; g < sel_n / o.r; g++)
+		for (uint32_t j = 0; j < o.r; j++)
+			sel[g * o.r + j] = lo_b + (uint32_t)((g * 7 + j * 5) % (hi_b - lo_b));
+
+	for (uint32_t s = 0; s < o.steps; s++) {
+		struct kvt_stats a = KVT_STATS_INIT, b = KVT_STATS_INIT;
+		double t0;
+
+		for (uint32_t l = 0; l < o.layers && !err; l++)
+			err = kvt_decode_append(m, l, ids, o.seqs, kd, kd, NULL);
+		/* churn: replace some selected blocks (repeats are allowed and ignored) */
+		for (size_t x = 0; x < sel_n && o.churn_pct; x++)
+			if (rng_next(&rng) % 100 < o.churn_pct)
+				sel[x] = lo_b + (uint32_t)(rng_next(&rng) % (hi_b - lo_b));
+		kvt_manager_stats(m, &a);
+		t0 = 1e9 * cli_now_s();
+		for (uint32_t l = 0; l < o.layers && !err; l++)
+			err = kvt_recall_blocks(m, l, ids, o.seqs,
+						sel + (size_t)l * o.seqs * H * o.r, o.r, NULL);
+		t[s] = 1e9 * cli_now_s() - t0;
+		kvt_manager_stats(m, &b);
+		loads[s] = (double)(b.recall_loads - a.recall_loads);
+		hits[s] = (double)(b.recall_hits - a.recall_hits);
+		if (err) {
+			fprintf(stderr, "kvtier-bench: step %u: %s\n", s,
+				kvt_manager_last_error(m));
+			goto out;
+		}
+	}
+	if (o.csv) {
+		csv = fopen(o.csv, "w");
+		if (!csv) {
+			fprintf(stderr, "kvtier-bench: %s: %s\n", o.csv, strerror(errno));
+			goto out;
+		}
+		fprintf(csv, "step,ns,loads,hits\n");
+		for (uint32_t s = 0; s < o.steps; s++)
+			fprintf(csv, "%u,%.0f,%.0f,%.0f\n", s, t[s], loads[s], hits[s]);
+	}
+	/* the first step fills the cache: figures are over the steps after it */
+	double tot_l = 0, tot_h = 0;
+
+	for (uint32_t s = 1; s < o.steps; s++) {
+		tot_l += loads[s];
+		tot_h += hits[s];
+	}
+	qsort(t + 1, o.steps - 1, sizeof(*t), cmp_d);
+
+	uint32_t n = o.steps - 1;
+	double med = t[1 + n / 2], p90 = t[1 + n * 9 / 10];
+
+	printf("kvtier-bench recall: null backend (bookkeeping only), %u sequences x %u layers "
+	       "x 8 kv heads, r = %u, prompt %u, %u steps (first excluded), churn %u%%\n",
+	       o.seqs, o.layers, o.r, o.prompt, o.steps, o.churn_pct);
+	printf("recall cache %llu frames (%u%% of the %llu blocks one step asks for)\n",
+	       (unsigned long long)(per_step * o.cache_pct / 100), o.cache_pct,
+	       (unsigned long long)per_step);
+	printf("per step: median %.1f us, p90 %.1f us; %.2f ns per block asked for; loads "
+	       "%.0f, hit rate %.3f\n",
+	       med / 1e3, p90 / 1e3, med / (double)per_step, tot_l / n,
+	       tot_h / (tot_h + tot_l > 0 ? tot_h + tot_l : 1));
+	printf("target < 500 us per step of 256 x 32 with r = 16: %s (median / target = %.2f)\n",
+	       o.seqs == 256 && o.layers == 32 && o.r == 16 ? (med < 500e3 ? "met" : "NOT met")
+							     : "n/a (other shape)",
+	       med / 500e3);
+	rc = 0;
+out:
+	if (csv)
+		fclose(csv);
+	kvt_manager_destroy(m);
+	free(ids);
+	free(sel);
+	free(t);
+	free(loads);
+	free(hits);
+	free(kd);
+	free(dummy);
+	return rc;
+}
