@@ -82,7 +82,8 @@ struct kvt_recall_cache {
 	uint32_t free_head;
 	/* LRU order as a queue of uses, oldest first, with lazy deletion: a record is live
 	   while its entry is owned and still carries the record's tick. At most n records are
-	   live, so compaction at 2n + 64 records keeps pushes amortised O(1). */
+	   live, so compaction at q_cap >= 2n + 64 records (a power of two) keeps pushes
+	   amortised O(1). */
 	struct kvt_rc_rec {
 		uint32_t id, tick;
 	} *q;

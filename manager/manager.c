@@ -124,9 +124,9 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 	n_dev = budget_groups(c.device_bytes - c.recall_cache_bytes, m->group_bytes);
 	n_host = budget_groups(c.host_bytes, m->group_bytes);
 	n_rc = c.recall_cache_bytes / m->block_bytes;
-	if (n_rc >= UINT32_MAX || (c.recall_blocks && !n_rc)) {
+	if (n_rc >= (1u << 30) || (c.recall_blocks && !n_rc)) {
 		kvt_log(KVT_LOG_WARN,
-			"invalid configuration: recall_cache_bytes must hold 1 .. 2^32-2 blocks "
+			"invalid configuration: recall_cache_bytes must hold 1 .. 2^30-1 blocks "
 			"of %llu bytes when recall_blocks > 0",
 			(unsigned long long)m->block_bytes);
 		err = -EINVAL;

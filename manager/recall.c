@@ -28,7 +28,9 @@ int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames)
 	};
 	if (!n_frames)
 		return 0;
-	rc->q_cap = 2 * n_frames + 64;
+	rc->q_cap = 64; /* a power of two >= 2n + 64, so positions wrap with a mask */
+	while (rc->q_cap < 2ull * n_frames + 64)
+		rc->q_cap *= 2;
 	rc->e = calloc(n_frames, sizeof(*rc->e));
 	rc->q = malloc((size_t)rc->q_cap * sizeof(*rc->q));
 	if (!rc->e || !rc->q)
@@ -303,10 +305,10 @@ static void lru_compact(struct kvt_recall_cache *rc)
 	uint32_t w = 0;
 
 	for (uint32_t i = 0; i < rc->q_len; i++) {
-		struct kvt_rc_rec r = rc->q[(rc->q_head + i) % rc->q_cap];
+		struct kvt_rc_rec r = rc->q[(rc->q_head + i) & (rc->q_cap - 1)];
 
 		if (rec_live(rc, r))
-			rc->q[(rc->q_head + w++) % rc->q_cap] = r;
+			rc->q[(rc->q_head + w++) & (rc->q_cap - 1)] = r;
 	}
 	rc->q_len = w;
 }
@@ -317,7 +319,7 @@ static void lru_touch(struct kvt_recall_cache *rc, uint32_t id)
 	if (rc->q_len == rc->q_cap)
 		lru_compact(rc); /* at most n live records remain: room again */
 	rc->e[id].tick = ++rc->tick;
-	rc->q[(rc->q_head + rc->q_len++) % rc->q_cap] = (struct kvt_rc_rec){id, rc->tick};
+	rc->q[(rc->q_head + rc->q_len++) & (rc->q_cap - 1)] = (struct kvt_rc_rec){id, rc->tick};
 }
 
 static void owner_unlink(struct kvt_recall_cache *rc, uint32_t id)
@@ -378,7 +380,7 @@ static uint32_t take_frame(struct kvt_manager *m)
 	/* The oldest live record names the least recently used entry. If this call pinned it,
 	   this call touched every entry. */
 	while (rc->q_len && !rec_live(rc, rc->q[rc->q_head])) {
-		rc->q_head = (rc->q_head + 1) % rc->q_cap;
+		rc->q_head = (rc->q_head + 1) & (rc->q_cap - 1);
 		rc->q_len--;
 	}
 	if (!rc->q_len)
@@ -386,7 +388,7 @@ static uint32_t take_frame(struct kvt_manager *m)
 	id = rc->q[rc->q_head].id;
 	if (rc->e[id].pin == rc->call)
 		return KVT_NO_ENTRY;
-	rc->q_head = (rc->q_head + 1) % rc->q_cap;
+	rc->q_head = (rc->q_head + 1) & (rc->q_cap - 1);
 	rc->q_len--;
 	entry_release(m, id);
 	m->st.recall_evictions++;
@@ -609,6 +611,7 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 				lru_touch(rc, id);
 				vent[nv_out] = id;
 				vgen[nv_out++] = e->gen;
+				ws_touch(m, s, &lrc->slot[at].touched, N);
 			}
 			lrc->view_n[h] = nv_out;
 		}
@@ -622,7 +625,8 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 		err = m->ops->gather_h2d(m->be, m->xf, nx, stream);
 	if (err) {
 		/* The frames meant for the misses hold nothing valid: free them and the views
-		   of this call. The cache keeps its hits; nothing else changed. */
+		   of this call. The cache keeps its hits; the working sets keep this call's
+		   blocks (an estimate, erring high). */
 		for (uint32_t x = 0; x < nx; x++) {
 			uint32_t id = (uint32_t)((m->xf[x].dst - rc->base) / m->block_bytes);
 
@@ -638,21 +642,6 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 				m->be->err);
 	}
 
-	/* Working sets: every block in a view was touched at the sequence's current step. */
-	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_seq *s = m->batch[i];
-		struct kvt_seq_layer *ly = &s->layers[layer];
-		struct kvt_recall_layer *lrc = ly->rc;
-
-		for (uint32_t h = 0; h < H; h++)
-			for (uint32_t j = 0; j < lrc->view_n[h]; j++) {
-				const struct kvt_rc_entry *e =
-					&rc->e[lrc->view_ent[(size_t)h * lrc->view_cap + j]];
-
-				ws_touch(m, s, &lrc->slot[(size_t)e->block * H + h].touched,
-					 ly->n_tokens);
-			}
-	}
 	m->st.recall_calls++;
 	m->st.recall_lookups += lookups;
 	m->st.recall_hits += hits;

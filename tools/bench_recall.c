@@ -247,6 +247,8 @@ int kvt_bench_recall(int argc, char **argv)
 	       "%.0f, hit rate %.3f\n",
 	       med / 1e3, p90 / 1e3, med / (double)per_step, tot_l / n,
 	       tot_h / (tot_h + tot_l > 0 ? tot_h + tot_l : 1));
+	printf("per layer call (%u sequences x 8 heads x r): %.1f us\n", o.seqs,
+	       med / 1e3 / o.layers);
 	printf("target < 500 us per step of 256 x 32 with r = 16: %s (median / target = %.2f)\n",
 	       o.seqs == 256 && o.layers == 32 && o.r == 16 ? (med < 500e3 ? "met" : "NOT met")
 							     : "n/a (other shape)",
