@@ -2,11 +2,13 @@
 /*
  * random: a long seeded run of interleaved operations on the host backend (create, prefill of
  * random layers in random order, batched decode of random subsets, destroy in random order,
- * plus calls that must fail) against a simple model of every live sequence, with budgets small
- * enough that both tiers run out now and then. After every operation the manager must agree
- * with the model: token counts, frames and blocks in use, counters, resident positions. Every
- * token of every live sequence is read back bit-exactly, from both tiers, every few hundred
- * operations and at the end.
+ * preempt and resume, recall of random blocks into a small shared cache, plus calls that must
+ * fail) against a simple model of every live sequence, with budgets small enough that both
+ * tiers run out now and then. After every operation the manager must agree with the model:
+ * token counts, frames and blocks in use, counters, resident positions. Attention is checked
+ * against a double-precision loop over the resident set plus the recalled tokens, whose frames
+ * must hold the tokens' exact bytes. Every token of every live sequence is read back
+ * bit-exactly, from both tiers, every few hundred operations and at the end.
  *
  * The seed is printed; KVT_TEST_SEED=<n> repeats a run, KVT_TEST_OPS=<n> changes its length.
  */
@@ -120,6 +122,7 @@ struct mseq {
 	uint32_t L, count, fph; /* prompt, valid_topk, device frames per head per layer */
 	uint32_t n[NL_MAX];	/* tokens per layer; 0 = not prefilled */
 	int32_t *topk[NL_MAX];	/* [n_kv_heads][count], kvt_snapkv_select on the prefill data */
+	bool pre;		/* preempted: no device frames */
 };
 
 struct model {
@@ -135,6 +138,7 @@ struct model {
 	/* what happened, for the summary */
 	uint64_t created, destroyed, prefills, decodes, decoded_tokens;
 	uint64_t enomem_prefill, enomem_decode, rejected, short_dev, short_host;
+	uint64_t preempts, resumes, resume_enomem, recalls, recall_enospc, recalled, stale;
 	size_t rb;
 	void *buf_k, *buf_v, *buf_q, *scratch;
 	size_t buf_kv_bytes, scratch_bytes;
@@ -230,8 +234,9 @@ static void check_resident(struct model *md, const struct mseq *s, uint32_t l)
 
 	assert_true(c->sink_tokens + c->recent_tokens + s->count < 500);
 	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
-		uint32_t nw = expect_resident(c, s->n[l], s->topk[l] + (size_t)h * s->count,
-					      s->count, want);
+		uint32_t nw = s->pre ? 0
+				     : expect_resident(c, s->n[l], s->topk[l] + (size_t)h * s->count,
+						       s->count, want);
 		uint32_t ng = 0;
 
 		CHECK_RC(kvt_seq_resident_positions(md->m, s->id, l, h, got, 512, &ng), 0);
@@ -269,7 +274,7 @@ static void check_all(struct model *md)
 					(unsigned long long)s->id, l, n, s->n[l]);
 			if (!s->n[l])
 				continue;
-			frames += (uint64_t)c->n_kv_heads * s->fph;
+			frames += s->pre ? 0 : (uint64_t)c->n_kv_heads * s->fph;
 			blocks += (uint64_t)c->n_kv_heads * DIV_UP(s->n[l], c->block_tokens);
 			check_resident(md, s, l);
 		}
@@ -304,7 +309,7 @@ static void check_readback(struct model *md)
 
 		for (uint32_t l = 0; l < c->n_layers; l++)
 			for (uint32_t h = 0; h < c->n_kv_heads; h++) {
-				if (s->n[l])
+				if (s->n[l] && !s->pre)
 					md->bytes_read +=
 						2ull * md->rb *
 						expect_resident(c, s->n[l],
@@ -336,23 +341,69 @@ static void check_readback(struct model *md)
 }
 
 /* kvt_attend of one (seq, layer) against a double-precision softmax over the model's
-   resident positions. */
+   resident positions plus the tokens of its recall view that are not resident. The view's
+   masks must name exactly the resident tokens and its frames hold the tokens' bytes; a stale
+   view (a frame taken by another block since) must make kvt_attend fail with -ESTALE. */
 static void check_attend(struct model *md, const struct mseq *s, uint32_t l)
 {
 	const struct kvt_config *c = &md->c;
-	uint32_t D = c->head_dim, G = c->n_q_heads / c->n_kv_heads;
+	uint32_t D = c->head_dim, G = c->n_q_heads / c->n_kv_heads, bt = c->block_tokens;
 	float q[64 * 64], out[64 * 64];
-	int32_t pos[512];
-	double logit[512], ref[64];
+	int32_t pos[1024];
+	double logit[1024], ref[64];
+	struct kvt_recall_ref refs[64];
+	uint8_t want[256];
+	uint32_t nv[16];
+	bool stale = false;
 
-	assert_true((size_t)c->n_q_heads * D <= 64 * 64 && D <= 64);
+	assert_true((size_t)c->n_q_heads * D <= 64 * 64 && D <= 64 && c->n_kv_heads <= 16);
+	for (uint32_t h = 0; h < c->n_kv_heads && !stale; h++) {
+		int rc = kvt_seq_recall_view(md->m, s->id, l, h, refs, 64, &nv[h]);
+
+		if (rc == -ESTALE)
+			stale = true;
+		else
+			CHECK_RC(rc, 0);
+	}
 	for (size_t i = 0; i < (size_t)c->n_q_heads * D; i++)
 		q[i] = (float)((int)rng_below(512) - 256) / 128.0f;
+	if (stale) {
+		CHECK_RC(kvt_attend(md->m, s->id, l, q, out), -ESTALE);
+		md->stale++;
+		return;
+	}
 	CHECK_RC(kvt_attend(md->m, s->id, l, q, out), 0);
 	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
 		uint32_t n = expect_resident(c, s->n[l], s->topk[l] + (size_t)h * s->count,
 					     s->count, pos);
+		uint32_t n_res = n;
 
+		CHECK_RC(kvt_seq_recall_view(md->m, s->id, l, h, refs, 64, &nv[h]), 0);
+		for (uint32_t i = 0; i < nv[h]; i++) {
+			for (uint32_t j = 0; j < refs[i].n_valid; j++) {
+				uint32_t p = refs[i].block * bt + j;
+				bool res = false;
+
+				for (uint32_t x = 0; x < n_res && !res; x++)
+					res = (uint32_t)pos[x] == p;
+				if (res != (bool)((refs[i].resident >> j) & 1))
+					fail_at(__FILE__, __LINE__,
+						"view: seq %llu layer %u head %u pos %u: mask says "
+						"%d, resident set says %d",
+						(unsigned long long)s->id, l, h, p, !res, res);
+				t_fill_row(c->dtype, D, want, s->id, l, h, p, 0);
+				if (memcmp((const void *)(uintptr_t)(refs[i].frame + j * md->rb),
+					   want, md->rb))
+					fail_at(__FILE__, __LINE__,
+						"recalled frame: seq %llu layer %u head %u pos %u "
+						"differs",
+						(unsigned long long)s->id, l, h, p);
+				if (!res)
+					pos[n++] = (int32_t)p;
+			}
+			md->recalled += refs[i].n_valid;
+		}
+		assert_true(n <= 1024);
 		for (uint32_t g = h * G; g < h * G + G; g++) {
 			double mx = -INFINITY, sum = 0;
 
@@ -378,9 +429,10 @@ static void check_attend(struct model *md, const struct mseq *s, uint32_t l)
 
 				if (!(fabs(o - r) <= 1e-5 * (1.0 + fabs(r))))
 					fail_at(__FILE__, __LINE__,
-						"attend: seq %llu layer %u (N=%u) q head %u dim %u: "
-						"%.9g, naive %.9g",
-						(unsigned long long)s->id, l, s->n[l], g, d, o, r);
+						"attend: seq %llu layer %u (N=%u, %u recalled) q "
+						"head %u dim %u: %.9g, naive %.9g",
+						(unsigned long long)s->id, l, s->n[l], n - n_res,
+						g, d, o, r);
 			}
 		}
 	}
@@ -477,7 +529,7 @@ static void op_prefill(struct model *md)
 			return;
 		t = &md->live[rng_below(md->n_live)];
 		l = rng_below(c->n_layers);
-		if (!t->n[l])
+		if (!t->n[l] && !t->pre)
 			s = t;
 	}
 	if (!s)
@@ -555,7 +607,7 @@ static void op_decode(struct model *md)
 
 	g_what = "decode";
 	for (uint32_t i = 0; i < md->n_live; i++)
-		if (md->live[i].n[l])
+		if (md->live[i].n[l] && !md->live[i].pre)
 			cand[n_cand++] = &md->live[i];
 	if (!n_cand)
 		return;
@@ -598,13 +650,106 @@ static void op_decode(struct model *md)
 	md->decoded_tokens += n;
 }
 
+/* Preempts a random resident sequence, or resumes a preempted one: -ENOMEM (and nothing
+   changes) exactly when the device tier cannot hold its prefilled layers. */
+static void op_preempt(struct model *md)
+{
+	const struct kvt_config *c = &md->c;
+	struct kvt_stats before = stats_of(md->m), after;
+	struct mseq *s;
+	uint64_t need = 0;
+	int want;
+
+	g_what = "preempt/resume";
+	if (!md->n_live)
+		return;
+	/* resumes twice as often as preemptions, so most sequences stay resident */
+	bool resume = rng_below(3) != 0;
+
+	s = &md->live[rng_below(md->n_live)];
+	for (int tries = 0; tries < 8 && s->pre != resume; tries++)
+		s = &md->live[rng_below(md->n_live)];
+	if (!s->pre) {
+		CHECK_RC(kvt_seq_preempt(md->m, s->id), 0);
+		s->pre = true;
+		md->preempts++;
+		return;
+	}
+	for (uint32_t l = 0; l < c->n_layers; l++)
+		need += s->n[l] ? (uint64_t)c->n_kv_heads * s->fph : 0;
+	want = need > before.device_frames_free ? -ENOMEM : 0;
+	CHECK_RC(kvt_seq_resume(md->m, s->id, NULL), want);
+	if (want) {
+		after = stats_of(md->m);
+		EXPECT_UNCHANGED(&before, &after);
+		md->resume_enomem++;
+		return;
+	}
+	s->pre = false;
+	md->resumes++;
+}
+
+/* Recalls random blocks (some past-resident, some repeated, some UINT32_MAX) of a random batch
+   of resident sequences on a random layer. It must succeed when r blocks per head for every
+   sequence fit in the cache; otherwise -ENOSPC is allowed and changes nothing. */
+static void op_recall(struct model *md)
+{
+	const struct kvt_config *c = &md->c;
+	struct kvt_stats before = stats_of(md->m), after;
+	struct mseq *cand[MAX_LIVE];
+	uint64_t ids[4];
+	uint32_t sel[4 * 8 * 4], n_cand = 0, n, r = 1 + rng_below(4);
+	uint32_t l = rng_below(c->n_layers);
+	int rc;
+
+	g_what = "recall";
+	if (!before.recall_frames_total)
+		return;
+	assert_true(c->n_kv_heads <= 8);
+	for (uint32_t i = 0; i < md->n_live; i++)
+		if (md->live[i].n[l] && !md->live[i].pre)
+			cand[n_cand++] = &md->live[i];
+	if (!n_cand)
+		return;
+	n = 1 + rng_below(n_cand < 4 ? n_cand : 4);
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t j = i + rng_below(n_cand - i), nb;
+		struct mseq *t = cand[i];
+
+		cand[i] = cand[j];
+		cand[j] = t;
+		ids[i] = cand[i]->id;
+		nb = DIV_UP(cand[i]->n[l], c->block_tokens);
+		for (uint32_t x = 0; x < c->n_kv_heads * r; x++)
+			sel[i * c->n_kv_heads * r + x] = rng_below(8) ? rng_below(nb) : UINT32_MAX;
+	}
+	rc = kvt_recall_blocks(md->m, l, ids, n, sel, r, NULL);
+	if ((uint64_t)n * c->n_kv_heads * r <= before.recall_frames_total)
+		CHECK_RC(rc, 0);
+	else if (rc != 0 && rc != -ENOSPC)
+		fail_at(__FILE__, __LINE__, "recall of %u x %u x %u blocks returned %d", n,
+			c->n_kv_heads, r, rc);
+	if (rc) {
+		after = stats_of(md->m);
+		EXPECT_UNCHANGED(&before, &after);
+		md->recall_enospc++;
+		return;
+	}
+	md->recalls++;
+	after = stats_of(md->m);
+	CHECK_EQ(after.recall_lookups - before.recall_lookups,
+		 (after.recall_hits - before.recall_hits) +
+			 (after.recall_loads - before.recall_loads));
+	assert_true(after.recall_frames_used <= after.recall_frames_total);
+}
+
 /* Calls that must fail and change nothing. */
 static void op_reject(struct model *md)
 {
 	const struct kvt_config *c = &md->c;
 	struct kvt_stats before = stats_of(md->m), after;
 	uint64_t ids[3];
-	uint32_t kind = rng_below(5), l = rng_below(c->n_layers);
+	uint32_t kind = rng_below(6), l = rng_below(c->n_layers);
 	struct mseq *s;
 	int want = 0, rc = 0;
 
@@ -620,14 +765,14 @@ static void op_reject(struct model *md)
 	   first with -ENOMEM, which is also correct). */
 	switch (kind) {
 	case 0: /* a repeated id */
-		if (s->n[l] % c->block_tokens == 0)
+		if (s->n[l] % c->block_tokens == 0 || s->pre)
 			return;
 		ids[0] = ids[1] = s->id;
 		want = -EINVAL;
 		rc = kvt_decode_append(md->m, l, ids, 2, md->buf_k, md->buf_v, NULL);
 		break;
 	case 1: /* an unknown id after a valid one */
-		if (!s->n[l] || s->n[l] % c->block_tokens == 0)
+		if (!s->n[l] || s->n[l] % c->block_tokens == 0 || s->pre)
 			return;
 		ids[0] = s->id;
 		ids[1] = rng_next();
@@ -642,7 +787,7 @@ static void op_reject(struct model *md)
 		for (uint32_t i = 0; i < md->n_live && !want; i++) {
 			const struct mseq *o = &md->live[i];
 
-			if (o->n[l] % c->block_tokens == 0)
+			if (o->n[l] % c->block_tokens == 0 || o->pre)
 				continue; /* not prefilled, or needs a block */
 			ids[0] = o->id;
 			ids[1] = s->id;
@@ -657,6 +802,23 @@ static void op_reject(struct model *md)
 			return;
 		want = -EEXIST;
 		rc = kvt_prefill_layer(md->m, s->id, l, md->buf_k, md->buf_v, md->buf_q, NULL);
+		break;
+	case 4: /* decode, prefill or recall of a preempted sequence */
+		if (!s->pre)
+			return;
+		want = -EINVAL;
+		if (!s->n[l]) {
+			rc = kvt_prefill_layer(md->m, s->id, l, md->buf_k, md->buf_v, md->buf_q,
+					       NULL);
+		} else if (rng_below(2)) {
+			rc = kvt_decode_append(md->m, l, &s->id, 1, md->buf_k, md->buf_v, NULL);
+		} else {
+			uint32_t b = 0;
+
+			if (!before.recall_frames_total)
+				return;
+			rc = kvt_recall_blocks(md->m, l, &s->id, 1, &b, 1, NULL);
+		}
 		break;
 	default: /* a live id again */
 		want = -EEXIST;
@@ -690,7 +852,8 @@ static void run(const struct kvt_config *c, uint64_t seed, long ops, bool want_d
 		/* Alternating phases of 400 operations: filling (few destroys, so the tiers
 		   run out) and draining (many destroys, so memory comes back and is reused).
 		   Cumulative thresholds of create, prefill, decode, destroy; the rest rejects. */
-		static const uint32_t mix[2][4] = {{16, 52, 90, 94}, {10, 30, 68, 94}};
+		static const uint32_t mix[2][6] = {{16, 48, 80, 84, 88, 95},
+						   {10, 28, 60, 88, 92, 97}};
 		const uint32_t *t = mix[(g_op / 400) % 2];
 		uint32_t r = rng_below(100);
 
@@ -702,6 +865,10 @@ static void run(const struct kvt_config *c, uint64_t seed, long ops, bool want_d
 			op_decode(md);
 		else if (r < t[3])
 			md->n_live > 4 ? op_destroy(md) : op_create(md);
+		else if (r < t[4])
+			op_preempt(md);
+		else if (r < t[5])
+			op_recall(md);
 		else
 			op_reject(md);
 		check_all(md);
@@ -710,7 +877,7 @@ static void run(const struct kvt_config *c, uint64_t seed, long ops, bool want_d
 			uint32_t l = rng_below(c->n_layers);
 
 			g_what = "attend";
-			if (s->n[l])
+			if (s->n[l] && !s->pre)
 				check_attend(md, s, l);
 		}
 		if (g_op % 250 == 249) {
@@ -731,9 +898,18 @@ static void run(const struct kvt_config *c, uint64_t seed, long ops, bool want_d
 		(unsigned long long)md->short_dev, (unsigned long long)md->short_host,
 		(unsigned long long)md->enomem_decode, (unsigned long long)md->rejected,
 		md->n_live);
+	print_message("# %llu preempts, %llu resumes (%llu -ENOMEM), %llu recalls (%llu "
+		      "-ENOSPC), %llu recalled tokens checked, %llu stale views\n",
+		      (unsigned long long)md->preempts, (unsigned long long)md->resumes,
+		      (unsigned long long)md->resume_enomem, (unsigned long long)md->recalls,
+		      (unsigned long long)md->recall_enospc, (unsigned long long)md->recalled,
+		      (unsigned long long)md->stale);
 	/* the run must have exercised what it is for */
 	if (ops >= 2000) {
 		assert_true(md->created >= 200);
+		assert_true(md->preempts > 0 && md->resumes > 0);
+		if (c->recall_cache_bytes)
+			assert_true(md->recalls > 0 && md->recalled > 0);
 		if (want_dev)
 			assert_true(md->short_dev > 0);
 		if (want_host) {
@@ -785,6 +961,8 @@ static void test_random_f16(void **state)
 	c.device_bytes = budget(&c, 190);
 	c.host_bytes = budget(&c, 800);
 	c.save_threads = 2;
+	c.recall_cache_bytes = 20 * 2 * c.block_tokens * c.head_dim * 2; /* 20 frames */
+	c.device_bytes += c.recall_cache_bytes;
 	print_message("# seed %llu (KVT_TEST_SEED=%llu repeats this run)\n",
 		      (unsigned long long)g_seed, (unsigned long long)g_seed);
 	run(&c, g_seed, pick_ops(), true, false);
@@ -812,6 +990,8 @@ static void test_random_bf16(void **state)
 	c.host_bytes = budget(&c, 240);
 	c.save_threads = 0;
 	c.staging_bytes = 4096;
+	c.recall_cache_bytes = 40 * 2 * c.block_tokens * c.head_dim * 2; /* 40 frames */
+	c.device_bytes += c.recall_cache_bytes;
 	print_message("# seed %llu (KVT_TEST_SEED=%llu repeats this run)\n",
 		      (unsigned long long)g_seed, (unsigned long long)g_seed);
 	run(&c, t_mix(g_seed ^ 1), pick_ops(), false, true);
