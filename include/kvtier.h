@@ -255,15 +255,15 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream);
 
 /* What a sequence holds and needs, in frames (one frame = one block of one (layer, kv head)). */
 struct kvt_seq_info {
-	uint32_t size;		   /* sizeof(struct kvt_seq_info), set by the caller */
-	uint32_t prompt_tokens;	   /* as created */
-	uint32_t layers_prefilled; /* 0 .. n_layers */
-	uint32_t preempted;	   /* 1 between kvt_seq_preempt and kvt_seq_resume */
-	uint32_t tokens;	   /* tokens of its most advanced layer */
-	uint32_t frames_per_layer; /* device frames one layer's resident set takes */
-	uint64_t device_frames;	   /* device frames held now (resident sets; not recall) */
-	uint64_t host_blocks;	   /* host blocks of its history, all layers */
-	uint64_t recall_ws_frames; /* distinct blocks it recalled over its last ws_window steps */
+	uint32_t size;		     /* sizeof(struct kvt_seq_info), set by the caller */
+	uint32_t prompt_tokens;	     /* as created */
+	uint32_t layers_prefilled;   /* 0 .. n_layers */
+	uint32_t preempted;	     /* 1 between kvt_seq_preempt and kvt_seq_resume */
+	uint32_t tokens;	     /* tokens of its most advanced layer */
+	uint32_t frames_per_layer;   /* device frames one layer's resident set takes */
+	uint64_t device_frames;	     /* device frames held now (resident sets; not recall) */
+	uint64_t host_blocks;	     /* host blocks of its history, all layers */
+	uint64_t recall_ws_frames;   /* distinct blocks it recalled over its last ws_window steps */
 	uint64_t recall_step_frames; /* distinct blocks it recalled in its latest step */
 };
 
@@ -327,23 +327,23 @@ struct kvt_sched;
 #define KVT_SCHED_CONFIG_VERSION 1
 
 struct kvt_sched_config {
-	uint32_t size, version;	   /* sizeof(struct kvt_sched_config), KVT_SCHED_CONFIG_VERSION */
-	uint32_t max_requests;	   /* R_max: requests per iteration */
-	uint32_t max_tokens;	   /* T_max: tokens per iteration (decode tokens plus prefill
-				      tokens, a prefilled layer of L tokens counting L/n_layers) */
+	uint32_t size, version;	    /* sizeof(struct kvt_sched_config), KVT_SCHED_CONFIG_VERSION */
+	uint32_t max_requests;	    /* R_max: requests per iteration */
+	uint32_t max_tokens;	    /* T_max: tokens per iteration (decode tokens plus prefill
+				       tokens, a prefilled layer of L tokens counting L/n_layers) */
 	uint64_t max_inject_tokens; /* prefill (token x layer) per iteration: B x n_layers matches
 				       chunked prefill of chunk B; a lone prefill always gets
 				       one layer */
-	uint32_t ws_control;	   /* 1: admit only while working sets fit (SparseServe); 0: by
-				      R_max/T_max and device frames for resident sets only */
+	uint32_t ws_control;	    /* 1: admit only while working sets fit (SparseServe); 0: by
+				       R_max/T_max and device frames for resident sets only */
 	uint32_t reserved;
 };
 
-#define KVT_SCHED_CONFIG_INIT                                                             \
-	{                                                                                 \
-		.size = sizeof(struct kvt_sched_config),                                  \
-		.version = KVT_SCHED_CONFIG_VERSION, .max_requests = 256,                 \
-		.max_tokens = 8192, .max_inject_tokens = (uint64_t)2048 * 32, .ws_control = 1, \
+#define KVT_SCHED_CONFIG_INIT                                                                      \
+	{                                                                                          \
+		.size = sizeof(struct kvt_sched_config), .version = KVT_SCHED_CONFIG_VERSION,      \
+		.max_requests = 256, .max_tokens = 8192, .max_inject_tokens = (uint64_t)2048 * 32, \
+		.ws_control = 1,                                                                   \
 	}
 
 /* Work of one request in an iteration. */
@@ -366,8 +366,8 @@ struct kvt_sched_iter {
 	uint32_t completed; /* requests that finished at the previous commit */
 	uint64_t prefill_token_layers;
 	uint64_t ws_estimate_frames; /* working sets of the admitted requests, as estimated */
-	uint64_t ws_touched_frames;  /* frames they actually used (resident + recalled), at commit */
-	uint64_t blocks_loaded;	     /* recall misses between step and commit */
+	uint64_t ws_touched_frames; /* frames they actually used (resident + recalled), at commit */
+	uint64_t blocks_loaded;	    /* recall misses between step and commit */
 	uint64_t recall_lookups, recall_hits;
 	uint32_t queued; /* requests waiting after admission */
 	uint32_t reserved;
@@ -391,7 +391,11 @@ KVT_API void kvt_sched_destroy(struct kvt_sched *s);
    -EEXIST (already queued), -EINVAL, -E2BIG when the device tier could never hold it alone. */
 KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new_tokens);
 /* Forms the next iteration's batch (preempting and resuming as needed) into *out, valid until
-   the next call on s. -EBUSY when the previous batch is not committed yet. */
+   the next call on s. Candidates are taken first come, first served; the first one that does
+   not fit ends admission. A lone candidate is admitted even when its recall working set
+   exceeds the whole recall cache (it could never run otherwise). A request's recall working
+   set ages only as it decodes, so a reset request keeps its estimate until it runs again.
+   -EBUSY when the previous batch is not committed yet. */
 KVT_API int kvt_sched_step(struct kvt_sched *s, struct kvt_sched_batch *out);
 /* The engine executed the current batch: advances each request; those that reached their
    max_new_tokens complete (their frames are freed; the sequence stays live for the engine).
@@ -403,6 +407,11 @@ KVT_API int kvt_sched_commit(struct kvt_sched *s);
 KVT_API int kvt_sched_finish(struct kvt_sched *s, uint64_t seq);
 /* Requests queued or running (not completed). */
 KVT_API uint32_t kvt_sched_pending(const struct kvt_sched *s);
+/* Figures of the iteration committed last: the plan figures its step returned plus what only
+   commit knows (ws_touched_frames, blocks_loaded, recall_lookups, recall_hits: the manager's
+   recall counters between that step and its commit). -EINVAL on NULL, -ENOENT before the first
+   commit. */
+KVT_API int kvt_sched_last(const struct kvt_sched *s, struct kvt_sched_iter *out);
 
 #ifdef __cplusplus
 }

@@ -32,9 +32,9 @@ struct kvt_seq_layer {
 	   history (0 when that position starts a block not allocated yet). */
 	uint64_t dev_next, host_next;
 	uint32_t n_groups, cap_groups;
-	uint32_t *groups; /* host group of block index b, b < n_groups */
-	uint32_t *frames; /* device frame group of frame index f, f < seq->n_frames */
-	int32_t *topk;	  /* [n_kv_heads][seq->valid_topk] ascending */
+	uint32_t *groups;	     /* host group of block index b, b < n_groups */
+	uint32_t *frames;	     /* device frame group of frame index f, f < seq->n_frames */
+	int32_t *topk;		     /* [n_kv_heads][seq->valid_topk] ascending */
 	struct kvt_recall_layer *rc; /* block metadata and recall state; NULL until needed */
 };
 
@@ -67,12 +67,12 @@ struct kvt_recall_layer {
 struct kvt_rc_entry {
 	struct kvt_seq *owner; /* NULL: free */
 	uint32_t layer, head, block;
-	uint32_t n_valid; /* tokens of the block when loaded */
-	uint32_t gen;	  /* bumped whenever the frame changes hands */
-	uint64_t pin;	  /* recall call that last used it: never evicted by that call */
-	uint32_t tick;		     /* its latest use (LRU order) */
-	uint32_t next;		     /* free list */
-	uint32_t s_prev, s_next;     /* the owner's list of entries */
+	uint32_t n_valid;	 /* tokens of the block when loaded */
+	uint32_t gen;		 /* bumped whenever the frame changes hands */
+	uint64_t pin;		 /* recall call that last used it: never evicted by that call */
+	uint32_t tick;		 /* its latest use (LRU order) */
+	uint32_t next;		 /* free list */
+	uint32_t s_prev, s_next; /* the owner's list of entries */
 };
 
 struct kvt_recall_cache {
@@ -86,7 +86,7 @@ struct kvt_recall_cache {
 	   amortised O(1). */
 	struct kvt_rc_rec {
 		uint32_t id, tick;
-	} *q;
+	} * q;
 	uint32_t q_cap, q_head, q_len, tick;
 	uint64_t call; /* recall calls so far (pin stamps) */
 };
@@ -159,15 +159,15 @@ struct kvt_manager {
 	uint32_t segs_cap;
 
 	/* recall */
-	bool keep_meta; /* block metadata maintained (recall_blocks > 0 and CPU-readable) */
+	bool keep_meta;	     /* block metadata maintained (recall_blocks > 0 and CPU-readable) */
 	uint32_t meta_bytes; /* 2 * row_bytes */
 	struct kvt_recall_cache rc;
-	uint32_t *sel;	    /* [n][H][r] selection of the current recall call */
+	uint32_t *sel; /* [n][H][r] selection of the current recall call */
 	uint32_t sel_cap;
-	float *score;	    /* scoring scratch */
+	float *score; /* scoring scratch */
 	uint32_t *cand;
 	uint32_t score_cap, cand_cap;
-	float *qf;	    /* queries of one sequence in f32, and bound scratch */
+	float *qf; /* queries of one sequence in f32, and bound scratch */
 	uint32_t qf_cap;
 
 	struct kvt_stats st;

@@ -114,15 +114,15 @@ static int rc_layer_get(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_
 
 /* Counts the layer's top-K positions per (block, head) once, so "is this block fully
    resident" costs O(1) on the recall path. Needs tables covering the prompt's blocks. */
-static void tk_count(const struct kvt_manager *m, const struct kvt_seq *s,
-		     struct kvt_seq_layer *ly)
+static void tk_count(const struct kvt_manager *m, const struct kvt_seq *s, struct kvt_seq_layer *ly)
 {
 	uint32_t H = m->cfg.n_kv_heads;
 
 	for (uint32_t h = 0; h < H; h++)
 		for (uint32_t i = 0; i < s->valid_topk; i++)
 			ly->rc->tk[(size_t)((uint32_t)ly->topk[(size_t)h * s->valid_topk + i] >>
-					    m->lbt) * H +
+					    m->lbt) *
+					   H +
 				   h]++;
 	ly->rc->tk_ready = true;
 }
@@ -165,7 +165,8 @@ int kvt_meta_prefill(struct kvt_manager *m, struct kvt_seq_layer *ly, const void
 			uint32_t n = L - p0 < c->block_tokens ? L - p0 : c->block_tokens;
 
 			kvt_meta_build(c->dtype, c->head_dim,
-				       ly->rc->meta + ((size_t)b * c->n_kv_heads + h) * m->meta_bytes,
+				       ly->rc->meta +
+					       ((size_t)b * c->n_kv_heads + h) * m->meta_bytes,
 				       rows + (size_t)p0 * m->row_bytes, m->row_bytes, n);
 		}
 	}
@@ -433,8 +434,8 @@ static int view_reserve(struct kvt_manager *m, struct kvt_recall_layer *rc, uint
 
 /* Distinct blocks of sel (one (sequence, head) list of r) that are not fully resident. The slow
    path of the capacity check, taken only when the quick upper bound exceeds the cache. */
-static uint64_t exact_need(const struct kvt_manager *m, const struct kvt_seq_layer *ly,
-			   uint32_t h, const uint32_t *sel, uint32_t r)
+static uint64_t exact_need(const struct kvt_manager *m, const struct kvt_seq_layer *ly, uint32_t h,
+			   const uint32_t *sel, uint32_t r)
 {
 	uint32_t bt = m->cfg.block_tokens;
 	uint64_t need = 0;
@@ -457,8 +458,8 @@ static uint64_t exact_need(const struct kvt_manager *m, const struct kvt_seq_lay
 /* Validates a recall batch (pass 1): every sequence live, once, prefilled for layer, resident,
    every block index inside its history; grows the tables the call will write. Fills
    m->batch. */
-static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
-			   uint32_t n, const uint32_t *sel, uint32_t r, uint64_t *upper)
+static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
+			   const uint32_t *sel, uint32_t r, uint64_t *upper)
 {
 	uint32_t H = m->cfg.n_kv_heads, bt = m->cfg.block_tokens;
 	uint64_t stamp = ++m->stamp, need = 0;
@@ -500,8 +501,9 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 		if (rc_layer_get(m, ly, ly->n_groups) || view_reserve(m, ly->rc, r) ||
 		    (!s->ws_bucket &&
 		     !(s->ws_bucket = calloc(m->cfg.ws_window, sizeof(*s->ws_bucket)))))
-			return kvt_fail(m, -ENOMEM, "recall: sequence %llu: no memory for its "
-						    "recall tables",
+			return kvt_fail(m, -ENOMEM,
+					"recall: sequence %llu: no memory for its "
+					"recall tables",
 					(unsigned long long)seqs[i]);
 		if (!ly->rc->tk_ready)
 			tk_count(m, s, ly);

@@ -267,7 +267,8 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 		if (need > UINT32_MAX)
 			err = -ENOMEM;
 		else
-			err = kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)need, sizeof(*m->xf));
+			err = kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)need,
+					  sizeof(*m->xf));
 	}
 	if (!err && m->keep_meta)
 		err = kvt_meta_prefill(m, &ly, k, L);
@@ -451,7 +452,7 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 			uint32_t cap = ly->cap_groups;
 
 			if (kvt_reserve((void **)&ly->groups, &cap, ly->n_groups + 1,
-				    sizeof(*ly->groups)))
+					sizeof(*ly->groups)))
 				return kvt_fail(m, -ENOMEM,
 						"decode: sequence %llu: no memory for its "
 						"block table",
@@ -884,7 +885,8 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 				"resume: sequence %llu needs %llu device frame groups, %u free",
 				(unsigned long long)seq, (unsigned long long)need, m->dev.n_free);
 	bt = c->block_tokens;
-	per_head = s->valid_topk + DIV_UP(c->sink_tokens, bt) + 2 * DIV_UP(c->recent_tokens, bt) + 4;
+	per_head =
+		s->valid_topk + DIV_UP(c->sink_tokens, bt) + 2 * DIV_UP(c->recent_tokens, bt) + 4;
 	entries = (uint64_t)layers * c->n_kv_heads * per_head;
 	if (entries > UINT32_MAX ||
 	    kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)entries, sizeof(*m->xf)))
@@ -919,7 +921,8 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 					      (uint32_t)ly->topk[(size_t)h * s->valid_topk + i],
 					      m->slots_sr + i, 1);
 		}
-		rows += (uint64_t)c->n_kv_heads * (n_sink + s->valid_topk + (N > ring0 ? N - ring0 : 0));
+		rows += (uint64_t)c->n_kv_heads *
+			(n_sink + s->valid_topk + (N > ring0 ? N - ring0 : 0));
 	}
 	err = m->ops->gather_h2d(m->be, m->xf, nx, stream);
 	if (err) {

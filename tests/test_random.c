@@ -234,9 +234,10 @@ static void check_resident(struct model *md, const struct mseq *s, uint32_t l)
 
 	assert_true(c->sink_tokens + c->recent_tokens + s->count < 500);
 	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
-		uint32_t nw = s->pre ? 0
-				     : expect_resident(c, s->n[l], s->topk[l] + (size_t)h * s->count,
-						       s->count, want);
+		uint32_t nw =
+			s->pre ? 0
+			       : expect_resident(c, s->n[l], s->topk[l] + (size_t)h * s->count,
+						 s->count, want);
 		uint32_t ng = 0;
 
 		CHECK_RC(kvt_seq_resident_positions(md->m, s->id, l, h, got, 512, &ng), 0);
@@ -431,8 +432,8 @@ static void check_attend(struct model *md, const struct mseq *s, uint32_t l)
 					fail_at(__FILE__, __LINE__,
 						"attend: seq %llu layer %u (N=%u, %u recalled) q "
 						"head %u dim %u: %.9g, naive %.9g",
-						(unsigned long long)s->id, l, s->n[l], n - n_res,
-						g, d, o, r);
+						(unsigned long long)s->id, l, s->n[l], n - n_res, g,
+						d, o, r);
 			}
 		}
 	}

@@ -31,14 +31,14 @@ const char *__ubsan_default_options(void)
 #define DIV_UP(a, b) (((a) + (b)-1) / (b))
 #define NONE UINT32_MAX
 
-#define CHECK_RC(call, want)                                                                   \
-	do {                                                                                   \
-		int rc_ = (call);                                                              \
-		if (rc_ != (want)) {                                                           \
-			print_error("%s:%d: %s returned %d (%s), expected %d\n", __FILE__,     \
-				    __LINE__, #call, rc_, kvt_strerror(rc_), (int)(want));     \
-			_fail(__FILE__, __LINE__);                                             \
-		}                                                                              \
+#define CHECK_RC(call, want)                                                               \
+	do {                                                                               \
+		int rc_ = (call);                                                          \
+		if (rc_ != (want)) {                                                       \
+			print_error("%s:%d: %s returned %d (%s), expected %d\n", __FILE__, \
+				    __LINE__, #call, rc_, kvt_strerror(rc_), (int)(want)); \
+			_fail(__FILE__, __LINE__);                                         \
+		}                                                                          \
 	} while (0)
 
 static size_t rowb(const struct kvt_config *c)
@@ -357,7 +357,7 @@ static void test_recall_all_equals_full(void **state)
 	for (uint32_t h = 0; h < c.n_kv_heads; h++) {
 		for (uint32_t b = 0; b < nb; b++)
 			sel[h * (nb + 2) + b] = b;
-		sel[h * (nb + 2) + nb] = 3;    /* repeat */
+		sel[h * (nb + 2) + nb] = 3;	   /* repeat */
 		sel[h * (nb + 2) + nb + 1] = NONE; /* ignored */
 	}
 	make_query(&c, seq, 0, q, qf);
@@ -463,11 +463,11 @@ static void test_recall_lru(void **state)
 	prefill(m, &c, B, 200);
 	memset(qf, 0, sizeof(qf));
 
-#define RECALL(seq, blk)                                                                   \
-	do {                                                                               \
-		uint64_t s_ = (seq);                                                       \
-		uint32_t b_ = (blk);                                                       \
-		CHECK_RC(kvt_recall_blocks(m, 0, &s_, 1, &b_, 1, NULL), 0);                \
+#define RECALL(seq, blk)                                                    \
+	do {                                                                \
+		uint64_t s_ = (seq);                                        \
+		uint32_t b_ = (blk);                                        \
+		CHECK_RC(kvt_recall_blocks(m, 0, &s_, 1, &b_, 1, NULL), 0); \
 	} while (0)
 #define LOADS() (stats(m).recall_loads)
 

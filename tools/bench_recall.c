@@ -149,8 +149,9 @@ int kvt_bench_recall(int argc, char **argv)
 	uint32_t hi_b = (o.prompt - c.recent_tokens - c.topk_tokens) / bt;
 
 	if (hi_b < lo_b + o.r) {
-		fprintf(stderr, "kvtier-bench: prompt %u leaves fewer than r = %u recallable "
-				"blocks\n",
+		fprintf(stderr,
+			"kvtier-bench: prompt %u leaves fewer than r = %u recallable "
+			"blocks\n",
 			o.prompt, o.r);
 		return 2;
 	}
@@ -251,7 +252,7 @@ int kvt_bench_recall(int argc, char **argv)
 	       med / 1e3 / o.layers);
 	printf("target < 500 us per step of 256 x 32 with r = 16: %s (median / target = %.2f)\n",
 	       o.seqs == 256 && o.layers == 32 && o.r == 16 ? (med < 500e3 ? "met" : "NOT met")
-							     : "n/a (other shape)",
+							    : "n/a (other shape)",
 	       med / 500e3);
 	rc = 0;
 out:

@@ -1,0 +1,809 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The working-set-aware scheduler (SparseServe Algorithm 1, DESIGN.md "Scheduling").
+ *
+ * Every unfinished request sits on one of two lists kept in arrival order: `pre` (waiting or
+ * part-way through its layer-segmented prefill) and `dec` (decoding). A step walks both as one
+ * FCFS sequence (a merge by arrival number), so a prefill that gets no layers this iteration
+ * does not hide the decodes behind it, and once the injection budget is spent the prefill side
+ * is not walked at all. A third list, `holders`, also in arrival order, holds the requests
+ * that own device frames as far as the scheduler knows: preemption takes victims from its
+ * tail (latest arrival first) without walking the requests that hold nothing.
+ *
+ * Work per step: at most 2 * max_requests list entries are visited (max_requests candidates
+ * evaluated, max_requests prefills passed over for want of injection budget), each with one
+ * kvt_seq_info lookup. Only when the admitted set needs more frames than are free does a step
+ * visit the holders list: once to count what preempting could give back, then from its tail
+ * until enough is free. Nothing is allocated after kvt_sched_create except one record per
+ * submitted request.
+ *
+ * The manager stays the authority: the scheduler reads kvt_seq_info before admitting a
+ * request and after executing one, so a sequence that the engine destroyed, preempted or
+ * prefilled on its own is noticed rather than assumed.
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvtier.h"
+
+#define DIV_UP(a, b) (((a) + (b)-1) / (b))
+
+enum phase {
+	PH_WAITING = 0, /* submitted, no layer prefilled */
+	PH_PREFILL = 1, /* some layers prefilled */
+	PH_DECODE = 2,	/* every layer prefilled: producing tokens */
+};
+
+struct sreq;
+
+struct link {
+	struct sreq *prev, *next;
+};
+
+/* One submitted request. DONE requests are not kept: commit reports and frees them. */
+struct sreq {
+	uint64_t seq;
+	uint64_t order; /* arrival number: the FCFS key of every list */
+	uint32_t prompt, max_new, generated;
+	uint32_t layers; /* layers prefilled, as of the latest kvt_seq_info */
+	uint8_t phase;
+	bool holds;	     /* on `holders` */
+	bool admitted;	     /* in the batch awaiting commit */
+	uint64_t reset_mark; /* iteration + 1 in which it was counted in it.reset */
+	struct link q;	     /* `pre` or `dec` */
+	struct link h;	     /* `holders` */
+};
+
+struct list {
+	struct sreq *head, *tail;
+	uint32_t n;
+};
+
+enum { L_QUEUE = 0, L_HOLD = 1 };
+
+/* Scheduler id -> request map: open addressing, linear probing, backward-shift deletion, at
+   most half full (the manager's seqmap scheme). */
+struct rslot {
+	uint64_t key;
+	struct sreq *r; /* NULL = empty */
+};
+
+struct rmap {
+	struct rslot *slots;
+	uint32_t cap, n, shift;
+};
+
+/* An admitted candidate of the current step. */
+struct plan {
+	struct sreq *r;	   /* NULL once dropped from the batch */
+	uint32_t k;	   /* prefill layers this iteration; 0 for a decode */
+	bool resume;	   /* preempted now: kvt_seq_resume before it runs */
+	uint64_t res, rec; /* working-set estimate: resident part, recall part */
+	uint64_t need;	   /* device frames it must newly take (resume + new layers) */
+	uint64_t held;	   /* device frames it holds already */
+};
+
+struct kvt_sched {
+	struct kvt_manager *m;
+	struct kvt_sched_config cfg;
+	uint32_t n_layers, n_heads, block_tokens;
+	struct list pre, dec, holders;
+	struct rmap map;
+	uint64_t next_order, iteration;
+	bool open;	/* a batch awaits commit */
+	bool have_last; /* an iteration was committed */
+
+	/* the current batch; every array holds max_requests entries */
+	struct plan *plan;
+	uint32_t n_plan;
+	struct kvt_sched_item *items;
+	struct sreq **item_req; /* NULL: finished since the step */
+	uint32_t n_items;
+	uint64_t *completed;
+	uint32_t n_completed;
+	struct kvt_sched_iter cur, last;
+	uint64_t snap_lookups, snap_hits, snap_loads;
+};
+
+/* ---- lists ------------------------------------------------------------------------------ */
+
+static inline struct link *lk(struct sreq *r, int which)
+{
+	return which == L_HOLD ? &r->h : &r->q;
+}
+
+/* Inserts r in arrival order, searching back from the tail: O(1) for the usual case (r
+   arrived after everything on the list), otherwise one step per later arrival on it. */
+static void list_insert(struct list *l, struct sreq *r, int which)
+{
+	struct sreq *after = l->tail;
+	struct link *e = lk(r, which);
+
+	while (after && after->order > r->order)
+		after = lk(after, which)->prev;
+	e->prev = after;
+	e->next = after ? lk(after, which)->next : l->head;
+	if (e->next)
+		lk(e->next, which)->prev = r;
+	else
+		l->tail = r;
+	if (after)
+		lk(after, which)->next = r;
+	else
+		l->head = r;
+	l->n++;
+}
+
+static void list_remove(struct list *l, struct sreq *r, int which)
+{
+	struct link *e = lk(r, which);
+
+	if (e->prev)
+		lk(e->prev, which)->next = e->next;
+	else
+		l->head = e->next;
+	if (e->next)
+		lk(e->next, which)->prev = e->prev;
+	else
+		l->tail = e->prev;
+	*e = (struct link){0};
+	l->n--;
+}
+
+/* ---- id map ----------------------------------------------------------------------------- */
+
+static inline uint32_t home_of(const struct rmap *mp, uint64_t id)
+{
+	return (uint32_t)((id * 0x9e3779b97f4a7c15ull) >> mp->shift);
+}
+
+static int rmap_alloc(struct rmap *mp, uint32_t cap)
+{
+	mp->slots = calloc(cap, sizeof(*mp->slots));
+	if (!mp->slots)
+		return -ENOMEM;
+	mp->cap = cap;
+	mp->shift = 64 - (uint32_t)__builtin_ctz(cap);
+	return 0;
+}
+
+static struct sreq *rmap_get(const struct rmap *mp, uint64_t id)
+{
+	for (uint32_t i = home_of(mp, id);; i = (i + 1) & (mp->cap - 1)) {
+		const struct rslot *e = &mp->slots[i];
+
+		if (!e->r || e->key == id)
+			return e->r;
+	}
+}
+
+static void rmap_insert(struct rmap *mp, struct sreq *r)
+{
+	uint32_t i = home_of(mp, r->seq);
+
+	while (mp->slots[i].r)
+		i = (i + 1) & (mp->cap - 1);
+	mp->slots[i] = (struct rslot){r->seq, r};
+	mp->n++;
+}
+
+/* 0 or -ENOMEM (then nothing changed). r->seq must not be present. */
+static int rmap_put(struct rmap *mp, struct sreq *r)
+{
+	if (2 * (mp->n + 1) > mp->cap) {
+		struct rmap old = *mp;
+
+		if (old.cap > UINT32_MAX / 2 || rmap_alloc(mp, old.cap * 2)) {
+			*mp = old;
+			return -ENOMEM;
+		}
+		mp->n = 0;
+		for (uint32_t i = 0; i < old.cap; i++)
+			if (old.slots[i].r)
+				rmap_insert(mp, old.slots[i].r);
+		free(old.slots);
+	}
+	rmap_insert(mp, r);
+	return 0;
+}
+
+static void rmap_del(struct rmap *mp, uint64_t id)
+{
+	uint32_t mask = mp->cap - 1, i = home_of(mp, id), j;
+
+	while (mp->slots[i].r && mp->slots[i].key != id)
+		i = (i + 1) & mask;
+	if (!mp->slots[i].r)
+		return;
+	for (j = (i + 1) & mask; mp->slots[j].r; j = (j + 1) & mask) {
+		uint32_t home = home_of(mp, mp->slots[j].key);
+
+		if (((j - home) & mask) >= ((j - i) & mask)) {
+			mp->slots[i] = mp->slots[j];
+			i = j;
+		}
+	}
+	mp->slots[i].r = NULL;
+	mp->n--;
+}
+
+/* ---- requests --------------------------------------------------------------------------- */
+
+static inline struct list *queue_of(struct kvt_sched *s, const struct sreq *r)
+{
+	return r->phase == PH_DECODE ? &s->dec : &s->pre;
+}
+
+static void hold(struct kvt_sched *s, struct sreq *r)
+{
+	if (!r->holds) {
+		list_insert(&s->holders, r, L_HOLD);
+		r->holds = true;
+	}
+}
+
+static void unhold(struct kvt_sched *s, struct sreq *r)
+{
+	if (r->holds) {
+		list_remove(&s->holders, r, L_HOLD);
+		r->holds = false;
+	}
+}
+
+/* Every layer of r is prefilled: the prefill produced its first token. */
+static void to_decode(struct kvt_sched *s, struct sreq *r)
+{
+	list_remove(&s->pre, r, L_QUEUE);
+	r->phase = PH_DECODE;
+	list_insert(&s->dec, r, L_QUEUE);
+	r->generated = 1;
+}
+
+/* Forgets r entirely (the caller has dealt with its frames and its batch entry). */
+static void drop(struct kvt_sched *s, struct sreq *r)
+{
+	unhold(s, r);
+	list_remove(queue_of(s, r), r, L_QUEUE);
+	rmap_del(&s->map, r->seq);
+	free(r);
+}
+
+/* Counts r once per iteration in it.reset. */
+static void mark_reset(struct kvt_sched *s, struct sreq *r)
+{
+	if (r->reset_mark != s->iteration + 1) {
+		r->reset_mark = s->iteration + 1;
+		s->cur.reset++;
+	}
+}
+
+static int seq_info(struct kvt_sched *s, uint64_t seq, struct kvt_seq_info *info)
+{
+	*info = (struct kvt_seq_info){.size = sizeof(*info)};
+	return kvt_seq_info(s->m, seq, info);
+}
+
+/* ---- create / destroy ------------------------------------------------------------------- */
+
+KVT_API int kvt_sched_create(struct kvt_manager *m, const struct kvt_sched_config *cfg,
+			     struct kvt_sched **out)
+{
+	static const struct kvt_sched_config defaults = KVT_SCHED_CONFIG_INIT;
+	size_t min_size = offsetof(struct kvt_sched_config, ws_control) + sizeof(cfg->ws_control);
+	struct kvt_config mc;
+	struct kvt_sched *s;
+	uint32_t n;
+	int err;
+
+	if (!m || !cfg || !out || cfg->size < min_size || cfg->size > 65536 ||
+	    cfg->version != KVT_SCHED_CONFIG_VERSION)
+		return -EINVAL;
+	if (cfg->max_requests == 0 || cfg->max_tokens == 0 || cfg->max_inject_tokens == 0 ||
+	    cfg->ws_control > 1 || cfg->max_requests > (1u << 24))
+		return -EINVAL;
+	err = kvt_manager_config(m, &mc);
+	if (err)
+		return err;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->cfg = defaults;
+	memcpy(&s->cfg, cfg, cfg->size < sizeof(s->cfg) ? cfg->size : sizeof(s->cfg));
+	s->cfg.size = sizeof(s->cfg);
+	s->m = m;
+	s->n_layers = mc.n_layers;
+	s->n_heads = mc.n_kv_heads;
+	s->block_tokens = mc.block_tokens;
+	n = s->cfg.max_requests;
+	s->plan = calloc(n, sizeof(*s->plan));
+	s->items = calloc(n, sizeof(*s->items));
+	s->item_req = calloc(n, sizeof(*s->item_req));
+	s->completed = calloc(n, sizeof(*s->completed));
+	err = rmap_alloc(&s->map, 64);
+	if (err || !s->plan || !s->items || !s->item_req || !s->completed) {
+		kvt_sched_destroy(s);
+		return -ENOMEM;
+	}
+	*out = s;
+	return 0;
+}
+
+KVT_API void kvt_sched_destroy(struct kvt_sched *s)
+{
+	if (!s)
+		return;
+	while (s->pre.head)
+		drop(s, s->pre.head);
+	while (s->dec.head)
+		drop(s, s->dec.head);
+	free(s->map.slots);
+	free(s->plan);
+	free(s->items);
+	free(s->item_req);
+	free(s->completed);
+	free(s);
+}
+
+KVT_API uint32_t kvt_sched_pending(const struct kvt_sched *s)
+{
+	return s ? s->pre.n + s->dec.n : 0;
+}
+
+/* ---- submit / finish -------------------------------------------------------------------- */
+
+/* Frames one prompt layer of full KV takes: the one-layer buffer of layer-segmented prefill,
+   counted against the device budget while the request prefills (the engine holds it). */
+static inline uint64_t full_layer_frames(const struct kvt_sched *s, uint32_t prompt)
+{
+	return (uint64_t)DIV_UP(prompt, s->block_tokens) * s->n_heads;
+}
+
+KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new_tokens)
+{
+	struct kvt_stats st = KVT_STATS_INIT;
+	struct kvt_seq_info info;
+	struct sreq *r;
+	uint64_t alone;
+	int err;
+
+	if (!s || max_new_tokens == 0)
+		return -EINVAL;
+	if (rmap_get(&s->map, seq))
+		return -EEXIST;
+	err = seq_info(s, seq, &info);
+	if (err)
+		return err;
+	if (info.layers_prefilled)
+		return -EINVAL;
+	err = kvt_manager_stats(s->m, &st);
+	if (err)
+		return err;
+	alone = (uint64_t)info.frames_per_layer * s->n_layers;
+	if (s->cfg.ws_control)
+		alone += full_layer_frames(s, info.prompt_tokens);
+	if (alone > st.device_frames_total)
+		return -E2BIG;
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	r->seq = seq;
+	r->order = s->next_order;
+	r->prompt = info.prompt_tokens;
+	r->max_new = max_new_tokens;
+	r->phase = PH_WAITING;
+	err = rmap_put(&s->map, r);
+	if (err) {
+		free(r);
+		return err;
+	}
+	s->next_order++;
+	list_insert(&s->pre, r, L_QUEUE);
+	return 0;
+}
+
+/* Takes r out of the current batch, if it is there. */
+static void unbatch(struct kvt_sched *s, struct sreq *r)
+{
+	if (!r->admitted)
+		return;
+	r->admitted = false;
+	for (uint32_t i = 0; i < s->n_items; i++)
+		if (s->item_req[i] == r)
+			s->item_req[i] = NULL;
+}
+
+KVT_API int kvt_sched_finish(struct kvt_sched *s, uint64_t seq)
+{
+	struct kvt_seq_info info;
+	struct sreq *r;
+	int err;
+
+	if (!s)
+		return -EINVAL;
+	r = rmap_get(&s->map, seq);
+	if (!r)
+		return -ENOENT;
+	err = seq_info(s, seq, &info);
+	if (!err && !info.preempted && info.device_frames) {
+		err = kvt_seq_preempt(s->m, seq);
+		if (err && err != -EALREADY && err != -ENOENT)
+			return err;
+	}
+	unbatch(s, r);
+	drop(s, r);
+	return 0;
+}
+
+/* ---- step ------------------------------------------------------------------------------- */
+
+/* Walks the candidates FCFS and fills s->plan with those admitted (Algorithm 1). */
+static void admit(struct kvt_sched *s, const struct kvt_stats *st)
+{
+	const bool ws = s->cfg.ws_control;
+	uint64_t budget = s->cfg.max_inject_tokens, tokens = 0, res_sum = 0, rec_sum = 0;
+	uint32_t passed = 0;
+	bool prefill_open = true, have_prefill = false;
+	struct sreq *p = s->pre.head, *d = s->dec.head;
+
+	s->n_plan = 0;
+	while (s->n_plan < s->cfg.max_requests) {
+		struct kvt_seq_info info;
+		struct sreq *r;
+		uint64_t tok = 1, res, rec = 0, need = 0;
+		uint32_t k = 0;
+		int err;
+
+		if (!prefill_open)
+			p = NULL;
+		if (p && (!d || p->order < d->order)) {
+			r = p;
+			p = p->q.next;
+		} else if (d) {
+			r = d;
+			d = d->q.next;
+		} else {
+			break;
+		}
+		if (r->phase != PH_DECODE) {
+			uint32_t left = s->n_layers - r->layers;
+			uint64_t fit = budget / r->prompt;
+
+			k = fit < left ? (uint32_t)fit : left;
+			if (k == 0 && !have_prefill)
+				k = 1;
+			if (k == 0) {
+				/* It waits; later decodes are still candidates. */
+				if (++passed >= s->cfg.max_requests)
+					prefill_open = false;
+				continue;
+			}
+			tok = DIV_UP((uint64_t)r->prompt * k, s->n_layers);
+		}
+		if (s->n_plan && tokens + tok > s->cfg.max_tokens)
+			break;
+		err = seq_info(s, r->seq, &info);
+		if (err == -ENOENT) {
+			/* destroyed by the engine behind the scheduler's back */
+			drop(s, r);
+			continue;
+		}
+		if (err)
+			continue;
+		if (info.preempted)
+			unhold(s, r);
+		if (r->phase == PH_DECODE) {
+			res = (uint64_t)info.frames_per_layer * s->n_layers;
+			if (ws)
+				rec = info.recall_ws_frames;
+		} else {
+			/* kvt_seq_info is the truth about its progress */
+			r->layers = info.layers_prefilled;
+			if (r->layers >= s->n_layers) {
+				/* the engine prefilled it on its own: it decodes from now on */
+				to_decode(s, r);
+				continue;
+			}
+			if (k > s->n_layers - r->layers)
+				k = s->n_layers - r->layers;
+			res = (uint64_t)info.frames_per_layer * (r->layers + k);
+			if (ws)
+				res += full_layer_frames(s, r->prompt);
+			need = (uint64_t)info.frames_per_layer * k;
+		}
+		/* The recall part of a lone candidate is let through: a working set larger than
+		   the whole recall cache must still run (recall evicts within it). */
+		if (res_sum + res > st->device_frames_total ||
+		    (ws && s->n_plan && rec_sum + rec > st->recall_frames_total)) {
+			mark_reset(s, r);
+			break;
+		}
+		if (info.preempted)
+			need += (uint64_t)info.frames_per_layer * info.layers_prefilled;
+		s->plan[s->n_plan++] = (struct plan){
+			.r = r,
+			.k = k,
+			.resume = info.preempted != 0,
+			.res = res,
+			.rec = rec,
+			.need = need,
+			.held = info.device_frames,
+		};
+		r->admitted = true;
+		res_sum += res;
+		rec_sum += rec;
+		tokens += tok;
+		if (k) {
+			uint64_t used = (uint64_t)k * r->prompt;
+
+			budget -= used < budget ? used : budget;
+			have_prefill = true;
+			if (budget == 0)
+				prefill_open = false;
+		}
+	}
+}
+
+static uint64_t frames_free(struct kvt_sched *s)
+{
+	struct kvt_stats st = KVT_STATS_INIT;
+
+	return kvt_manager_stats(s->m, &st) ? 0 : st.device_frames_free;
+}
+
+/* Takes plan entry i out of the batch; it stays queued. */
+static void unplan(struct kvt_sched *s, uint32_t i)
+{
+	struct sreq *r = s->plan[i].r;
+
+	r->admitted = false;
+	mark_reset(s, r);
+	s->plan[i].r = NULL;
+}
+
+/* Frames the holders outside the batch could give back, as the manager counts them now
+   (holders found preempted or gone on the way are set right). Visits every holder. */
+static uint64_t spare_frames(struct kvt_sched *s)
+{
+	uint64_t spare = 0;
+	struct sreq *v = s->holders.head;
+
+	while (v) {
+		struct sreq *next = v->h.next;
+		struct kvt_seq_info info;
+
+		if (!v->admitted) {
+			int err = seq_info(s, v->seq, &info);
+
+			if (err == -ENOENT)
+				drop(s, v);
+			else if (!err && info.preempted)
+				unhold(s, v);
+			else if (!err)
+				spare += info.device_frames;
+		}
+		v = next;
+	}
+	return spare;
+}
+
+/* Makes room for the admitted set (preempting holders that are not admitted, latest arrival
+   first) and resumes the admitted preempted requests. */
+static void make_resident(struct kvt_sched *s, uint64_t free_frames)
+{
+	uint64_t need = 0;
+	struct sreq *v;
+
+	for (uint32_t i = 0; i < s->n_plan; i++)
+		need += s->plan[i].need;
+	if (free_frames < need) {
+		uint64_t spare = spare_frames(s);
+
+		/* Frames held outside the scheduler: not even preempting every holder outside the
+		   batch would do. The latest admitted requests that need frames wait instead (and
+		   join the holders that may be preempted), so that no earlier request loses its
+		   frames for a later one and the engine's calls cannot fail for want of frames. */
+		for (uint32_t i = s->n_plan; free_frames + spare < need && i-- > 0;) {
+			struct plan *pl = &s->plan[i];
+
+			if (!pl->need)
+				continue;
+			need -= pl->need;
+			spare += pl->held;
+			unplan(s, i);
+		}
+	}
+	v = s->holders.tail;
+	while (free_frames < need && v) {
+		struct sreq *prev = v->h.prev;
+		int err;
+
+		if (!v->admitted) {
+			err = kvt_seq_preempt(s->m, v->seq);
+			if (err == -ENOENT) {
+				drop(s, v);
+			} else if (!err || err == -EALREADY) {
+				unhold(s, v);
+				if (!err) {
+					s->cur.preempted++;
+					mark_reset(s, v);
+					free_frames = frames_free(s);
+				}
+			}
+		}
+		v = prev;
+	}
+	/* Still short only when the manager's accounting moved under us: the same rule. */
+	for (uint32_t i = s->n_plan; free_frames < need && i-- > 0;) {
+		if (s->plan[i].r && s->plan[i].need) {
+			need -= s->plan[i].need;
+			unplan(s, i);
+		}
+	}
+	for (uint32_t i = 0; i < s->n_plan; i++) {
+		struct plan *pl = &s->plan[i];
+		int err;
+
+		if (!pl->r || !pl->resume)
+			continue;
+		err = kvt_seq_resume(s->m, pl->r->seq, NULL);
+		if (err == -ENOENT) {
+			pl->r->admitted = false;
+			drop(s, pl->r);
+			pl->r = NULL;
+			continue;
+		}
+		if (err) {
+			unplan(s, i);
+			continue;
+		}
+		s->cur.resumed++;
+		if (pl->r->layers)
+			hold(s, pl->r);
+	}
+}
+
+/* Lays the plan out as items: prefills first, then decodes, FCFS within each. */
+static void emit(struct kvt_sched *s)
+{
+	struct kvt_sched_iter *it = &s->cur;
+
+	s->n_items = 0;
+	for (int pass = 0; pass < 2; pass++) {
+		for (uint32_t i = 0; i < s->n_plan; i++) {
+			const struct plan *pl = &s->plan[i];
+			struct kvt_sched_item *item = &s->items[s->n_items];
+
+			if (!pl->r || (pass == 0) != (pl->k > 0))
+				continue;
+			*item = (struct kvt_sched_item){.seq = pl->r->seq};
+			if (pl->k) {
+				item->layer_begin = pl->r->layers;
+				item->layer_end = pl->r->layers + pl->k;
+				it->n_prefill++;
+				it->prefill_token_layers += (uint64_t)pl->k * pl->r->prompt;
+			} else {
+				item->decode = 1;
+				it->n_decode++;
+			}
+			it->ws_estimate_frames += pl->res + pl->rec;
+			s->item_req[s->n_items++] = pl->r;
+		}
+	}
+	it->batch_size = s->n_items;
+	it->admitted = s->n_items;
+}
+
+KVT_API int kvt_sched_step(struct kvt_sched *s, struct kvt_sched_batch *out)
+{
+	struct kvt_stats st = KVT_STATS_INIT;
+	int err;
+
+	if (!s || !out)
+		return -EINVAL;
+	if (s->open)
+		return -EBUSY;
+	err = kvt_manager_stats(s->m, &st);
+	if (err)
+		return err;
+	s->cur = (struct kvt_sched_iter){.iteration = s->iteration, .completed = s->n_completed};
+	admit(s, &st);
+	make_resident(s, st.device_frames_free);
+	emit(s);
+	s->cur.queued = kvt_sched_pending(s) - s->n_items;
+	s->snap_lookups = st.recall_lookups;
+	s->snap_hits = st.recall_hits;
+	s->snap_loads = st.recall_loads;
+	s->open = true;
+	s->iteration++;
+	*out = (struct kvt_sched_batch){
+		.items = s->items,
+		.n_items = s->n_items,
+		.completed = s->completed,
+		.n_completed = s->n_completed,
+		.it = s->cur,
+	};
+	return 0;
+}
+
+/* ---- commit ----------------------------------------------------------------------------- */
+
+/* r produced its last token: frees its frames and reports it at the next step. */
+static void complete(struct kvt_sched *s, struct sreq *r)
+{
+	int err = kvt_seq_preempt(s->m, r->seq);
+
+	(void)err; /* -EALREADY: nothing held; -ENOENT: already gone */
+	s->completed[s->n_completed++] = r->seq;
+	drop(s, r);
+}
+
+KVT_API int kvt_sched_commit(struct kvt_sched *s)
+{
+	struct kvt_stats st = KVT_STATS_INIT;
+	uint64_t touched = 0;
+
+	if (!s || !s->open)
+		return -EINVAL;
+	s->n_completed = 0;
+	for (uint32_t i = 0; i < s->n_items; i++) {
+		const struct kvt_sched_item *item = &s->items[i];
+		struct sreq *r = s->item_req[i];
+		struct kvt_seq_info info;
+		int err;
+
+		if (!r)
+			continue;
+		r->admitted = false;
+		err = seq_info(s, r->seq, &info);
+		if (err == -ENOENT) {
+			drop(s, r);
+			continue;
+		}
+		if (err)
+			continue;
+		if (item->decode) {
+			touched += (uint64_t)info.frames_per_layer * s->n_layers +
+				   info.recall_step_frames;
+			r->generated++;
+		} else {
+			touched += info.device_frames;
+			r->layers = info.layers_prefilled;
+			if (r->layers && !info.preempted)
+				hold(s, r);
+			if (info.preempted)
+				unhold(s, r);
+			if (r->layers >= s->n_layers) {
+				to_decode(s, r);
+			} else if (r->layers) {
+				r->phase = PH_PREFILL;
+			}
+		}
+		if (r->generated >= r->max_new)
+			complete(s, r);
+	}
+	s->n_items = 0;
+	s->open = false;
+	if (!kvt_manager_stats(s->m, &st)) {
+		s->cur.blocks_loaded = st.recall_loads - s->snap_loads;
+		s->cur.recall_lookups = st.recall_lookups - s->snap_lookups;
+		s->cur.recall_hits = st.recall_hits - s->snap_hits;
+	}
+	s->cur.ws_touched_frames = touched;
+	s->last = s->cur;
+	s->have_last = true;
+	return 0;
+}
+
+KVT_API int kvt_sched_last(const struct kvt_sched *s, struct kvt_sched_iter *out)
+{
+	if (!s || !out)
+		return -EINVAL;
+	if (!s->have_last)
+		return -ENOENT;
+	*out = s->last;
+	return 0;
+}
