@@ -104,6 +104,7 @@ struct kvt_seq {
 	/* Recall working set: ws_bucket[t % w] counts the blocks whose latest recall happened
 	   at step t, for the last w steps up to ws_step; ws_total is their sum. */
 	uint32_t ws_step, ws_total;
+	uint32_t ws_cur;     /* ws_step % w */
 	uint32_t *ws_bucket; /* [w], NULL until its first recall */
 	struct kvt_seq_layer layers[];
 };

@@ -239,17 +239,18 @@ static inline uint64_t full_mask(uint32_t n)
 /* Moves s's window forward to step t, forgetting the steps that fall out of it. */
 static void ws_advance(const struct kvt_manager *m, struct kvt_seq *s, uint32_t t)
 {
-	uint32_t w = m->cfg.ws_window, d;
+	uint32_t w = m->cfg.ws_window, d, at;
 
 	if (!s->ws_bucket || t <= s->ws_step)
 		return;
 	d = t - s->ws_step < w ? t - s->ws_step : w;
+	at = s->ws_cur;
 	for (uint32_t i = 1; i <= d; i++) {
-		uint32_t at = (s->ws_step + i) % w;
-
+		at = at + 1 == w ? 0 : at + 1;
 		s->ws_total -= s->ws_bucket[at];
 		s->ws_bucket[at] = 0;
 	}
+	s->ws_cur = (uint32_t)((s->ws_cur + (uint64_t)(t - s->ws_step)) % w);
 	s->ws_step = t;
 }
 
@@ -259,11 +260,17 @@ static inline bool in_window(const struct kvt_manager *m, const struct kvt_seq *
 	return x <= s->ws_step && s->ws_step - x < m->cfg.ws_window;
 }
 
+/* Bucket of step x inside the window: ws_cur is ws_step's, so no division. */
+static inline uint32_t bucket_of(const struct kvt_manager *m, const struct kvt_seq *s, uint32_t x)
+{
+	uint32_t d = s->ws_step - x;
+
+	return s->ws_cur >= d ? s->ws_cur - d : s->ws_cur + m->cfg.ws_window - d;
+}
+
 /* Records that a block (its touched slot) was recalled at step t. */
 static void ws_touch(const struct kvt_manager *m, struct kvt_seq *s, uint32_t *touched, uint32_t t)
 {
-	uint32_t w = m->cfg.ws_window;
-
 	ws_advance(m, s, t);
 	if (*touched) {
 		uint32_t p = *touched - 1;
@@ -271,13 +278,13 @@ static void ws_touch(const struct kvt_manager *m, struct kvt_seq *s, uint32_t *t
 		if (p >= t)
 			return; /* already counted at this step or a later one */
 		if (in_window(m, s, p)) {
-			s->ws_bucket[p % w]--;
+			s->ws_bucket[bucket_of(m, s, p)]--;
 			s->ws_total--;
 		}
 	}
 	*touched = t + 1;
 	if (in_window(m, s, t)) {
-		s->ws_bucket[t % w]++;
+		s->ws_bucket[bucket_of(m, s, t)]++;
 		s->ws_total++;
 	}
 }
@@ -289,7 +296,7 @@ uint32_t kvt_ws_frames(struct kvt_manager *m, struct kvt_seq *s, uint32_t t, uin
 		return 0;
 	ws_advance(m, s, t);
 	if (s->ws_step == t)
-		*step_frames = s->ws_bucket[t % m->cfg.ws_window];
+		*step_frames = s->ws_bucket[s->ws_cur];
 	return s->ws_total;
 }
 
