@@ -10,8 +10,10 @@
  *
  * Conventions: every fallible call returns 0 or a negative errno (kvt_strerror names it) and
  * changes nothing when it fails; results come back through out-parameters. Tensors are dense,
- * row-major, of config.dtype, in the backend's memory space: host pointers for the host backend,
- * device pointers for the CUDA backend. `stream` is a cudaStream_t or NULL.
+ * row-major, of config.dtype, in the backend's memory space: host pointers for the host and
+ * model backends (the model backend never reads them), device pointers for the CUDA backend.
+ * `stream` is a cudaStream_t or NULL. Calls that need token bytes (kvt_seq_read_token,
+ * kvt_attend, kvt_decode_recall's scoring) return -ENOTSUP on a backend without payload.
  *
  * Threads: a manager and everything reached through it belong to one thread at a time; calls
  * on one manager must not overlap (distinct managers are independent). The library runs its own
@@ -53,7 +55,8 @@ enum kvt_backend {
 	KVT_BACKEND_AUTO = 0,  /* CUDA when built and a device is usable, else host */
 	KVT_BACKEND_HOST = 1,  /* device tier emulated in RAM; the reference backend */
 	KVT_BACKEND_CUDA = 2,  /* real GPU (not in this build yet: -ENODEV) */
-	KVT_BACKEND_MODEL = 3, /* no payload, timed by a bandwidth model (not yet: -ENOTSUP) */
+	KVT_BACKEND_MODEL = 3, /* no payload bytes; every transfer timed by a bandwidth and
+				  per-call model (config.model_*); never chosen by AUTO */
 };
 
 struct kvt_config {
@@ -80,12 +83,29 @@ struct kvt_config {
 	uint32_t recall_blocks;
 	uint32_t ws_window;
 	uint64_t recall_cache_bytes;
+	/* Transfer model of the model backend (read, and validated, only when backend is
+	   KVT_BACKEND_MODEL). Bandwidths in GB/s (1e9 bytes/s), finite and > 0: h2d and d2h over
+	   the host link, d2d the device memory copy bandwidth. model_call_ns: host-side cost of
+	   one DMA copy call (cudaMemcpyAsync); model_launch_ns: one kernel launch.
+	   model_fused: 1 = a gather of host blocks is one fused kernel (FlashH2D) costing
+	   launch + bytes / (h2d * model_fused_eff), model_fused_eff in (0, 1]; 0 = one DMA call
+	   per piece, pieces * call + bytes / h2d (SparseServe's per-block-copy ablation). Saves
+	   cost one DMA call per source per staging chunk plus bytes / d2h (the CPU scatter is
+	   overlapped, not timed); copies into device frames cost launch + bytes / d2d. Each
+	   backend call's time is rounded to the nearest ns (halves up) and summed per direction
+	   into kvt_stats.model_ns_*. */
+	double model_h2d_gbps, model_d2h_gbps, model_d2d_gbps;
+	double model_fused_eff;
+	uint32_t model_call_ns, model_launch_ns;
+	uint32_t model_fused;
 };
 
 /* Defaults: Llama-3-8B geometry (32 layers, 8 kv heads, 32 q heads, d=128, bf16), 32-token
    blocks, sink 128, recent 512, top-K 4096, observation window 32, pool kernel 7, 1 GiB device,
    4 GiB host, automatic backend, 2 save threads, 2 x 32 MiB staging, no recall (r = 0, no
-   recall cache), a 12-step working-set window. */
+   recall cache), a 12-step working-set window; transfer model of an H100 on PCIe Gen5: 53 GB/s
+   each way, 1500 GB/s device copies, 2 us per DMA call, 5 us per kernel launch, fused gather
+   at 0.8 of the link. */
 #define KVT_CONFIG_INIT                                                                           \
 	{                                                                                         \
 		.size = sizeof(struct kvt_config), .version = KVT_CONFIG_VERSION, .n_layers = 32, \
@@ -95,7 +115,9 @@ struct kvt_config {
 		.device_bytes = (uint64_t)1 << 30, .host_bytes = (uint64_t)4 << 30,               \
 		.backend = KVT_BACKEND_AUTO, .save_threads = 2,                                   \
 		.staging_bytes = (uint64_t)32 << 20, .recall_blocks = 0, .ws_window = 12,         \
-		.recall_cache_bytes = 0,                                                          \
+		.recall_cache_bytes = 0, .model_h2d_gbps = 53.0, .model_d2h_gbps = 53.0,          \
+		.model_d2d_gbps = 1500.0, .model_fused_eff = 0.8, .model_call_ns = 2000,          \
+		.model_launch_ns = 5000, .model_fused = 1,                                        \
 	}
 
 struct kvt_manager;
@@ -127,6 +149,14 @@ struct kvt_stats {
 	uint64_t recall_loads;	   /* of those, loaded from the host history (misses) */
 	uint64_t recall_evictions; /* cache frames taken from another block (LRU) */
 	uint64_t preemptions, resumes;
+	/* Modelled transfer time in ns (model backend; 0 on the others), per direction: h2d =
+	   gathers of host blocks (recall loads, resume); d2h = saves to the host history (prefill,
+	   decode); d2d = copies into device frames (prefill gather, decode ring writes). Their
+	   bytes are bytes_h2d, bytes_d2h and bytes_d2d. Each is a serial sum of that direction's
+	   calls: how directions overlap is the caller's model. */
+	uint64_t model_ns_h2d, model_ns_d2h, model_ns_d2d;
+	/* Host-side calls modelled per direction: DMA copy calls plus kernel launches. */
+	uint64_t model_calls_h2d, model_calls_d2h, model_calls_d2d;
 };
 
 #define KVT_STATS_INIT                                                         \
@@ -159,7 +189,8 @@ KVT_API const char *kvt_strerror(int err);
    threads. Errors: -EINVAL for a NULL pointer, an unknown size/version, geometry that does not
    divide, zero sizes or budgets that overflow the 32-bit block index; -ENOMEM when an arena
    cannot be allocated; -ENODEV when the CUDA backend is asked for and cannot be used;
-   -ENOTSUP for the model backend. *out is untouched on failure. */
+   -EINVAL also for model_* figures out of range when the model backend is asked for.
+   *out is untouched on failure. */
 KVT_API int kvt_manager_create(const struct kvt_config *cfg, struct kvt_manager **out);
 
 /* Waits for pending saves, frees every sequence and both arenas. NULL is a no-op. */

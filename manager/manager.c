@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,11 @@ static int cfg_error(const char *what)
 {
 	kvt_log(KVT_LOG_WARN, "invalid configuration: %s", what);
 	return -EINVAL;
+}
+
+static bool gbps_ok(double g)
+{
+	return g > 0 && isfinite(g);
 }
 
 /* Copies the caller's config over the defaults (fields past cfg->size keep their defaults) and
@@ -69,6 +75,17 @@ static int load_config(const struct kvt_config *cfg, struct kvt_config *c)
 		return cfg_error("recall_blocks must be at most 65536");
 	if (c->recall_cache_bytes >= c->device_bytes && c->recall_cache_bytes)
 		return cfg_error("recall_cache_bytes must be below device_bytes");
+	/* The transfer model matters to the model backend only; others ignore it. */
+	if (c->backend == KVT_BACKEND_MODEL) {
+		if (!gbps_ok(c->model_h2d_gbps) || !gbps_ok(c->model_d2h_gbps) ||
+		    !gbps_ok(c->model_d2d_gbps))
+			return cfg_error("model_h2d_gbps, model_d2h_gbps and model_d2d_gbps must "
+					 "be finite and > 0");
+		if (!(c->model_fused_eff > 0 && c->model_fused_eff <= 1))
+			return cfg_error("model_fused_eff must be in (0, 1]");
+		if (c->model_fused > 1)
+			return cfg_error("model_fused must be 0 or 1");
+	}
 	return 0;
 }
 
@@ -146,6 +163,15 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 
 	bp.save_threads = c.save_threads;
 	bp.staging_bytes = c.staging_bytes;
+	bp.model = (struct kvt_model_params){
+		.h2d_gbps = c.model_h2d_gbps,
+		.d2h_gbps = c.model_d2h_gbps,
+		.d2d_gbps = c.model_d2d_gbps,
+		.fused_eff = c.model_fused_eff,
+		.call_ns = c.model_call_ns,
+		.launch_ns = c.model_launch_ns,
+		.fused = c.model_fused,
+	};
 	err = ops->create(&bp, &m->be);
 	if (err) {
 		kvt_log(KVT_LOG_WARN, "backend %s: cannot start (%s)", ops->name,
@@ -315,6 +341,12 @@ KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out
 	st.live_seqs = m->seqs.n;
 	st.recall_frames_total = m->rc.n;
 	st.recall_frames_used = m->rc.n_used;
+	st.model_ns_h2d = m->be->cost[KVT_DIR_H2D].ns;
+	st.model_ns_d2h = m->be->cost[KVT_DIR_D2H].ns;
+	st.model_ns_d2d = m->be->cost[KVT_DIR_D2D].ns;
+	st.model_calls_h2d = m->be->cost[KVT_DIR_H2D].calls;
+	st.model_calls_d2h = m->be->cost[KVT_DIR_D2H].calls;
+	st.model_calls_d2d = m->be->cost[KVT_DIR_D2D].calls;
 	memcpy(out, &st, size);
 	return 0;
 }

@@ -1042,8 +1042,9 @@ static void test_backend_find(void **state)
 	assert_null(kvt_backend_find(KVT_BACKEND_CUDA, &res, &err));
 	assert_int_equal(err, -ENODEV);
 	err = 0;
-	assert_null(kvt_backend_find(KVT_BACKEND_MODEL, &res, &err));
-	assert_int_equal(err, -ENOTSUP);
+	res = (enum kvt_backend)99;
+	assert_ptr_equal(kvt_backend_find(KVT_BACKEND_MODEL, &res, &err), &kvt_backend_model_ops);
+	assert_int_equal(res, KVT_BACKEND_MODEL);
 	err = 0;
 	assert_null(kvt_backend_find((enum kvt_backend)4, &res, &err));
 	assert_int_equal(err, -EINVAL);

@@ -27,8 +27,8 @@ const struct kvt_backend_ops *kvt_backend_find(enum kvt_backend which, enum kvt_
 		*err = -ENODEV;
 		return NULL;
 	case KVT_BACKEND_MODEL:
-		*err = -ENOTSUP;
-		return NULL;
+		*resolved = KVT_BACKEND_MODEL;
+		return &kvt_backend_model_ops;
 	}
 	*err = -EINVAL;
 	return NULL;

@@ -46,19 +46,46 @@ struct kvt_save_src {
 	uint64_t addr, bytes;
 };
 
+/* Figures of the model backend (struct kvt_config's model_* fields; see transfer/model.c). */
+struct kvt_model_params {
+	double h2d_gbps, d2h_gbps, d2d_gbps; /* GB/s = bytes per ns */
+	double fused_eff;		     /* (0, 1]: share of h2d a fused gather reaches */
+	uint32_t call_ns, launch_ns;	     /* one DMA copy call; one kernel launch */
+	uint32_t fused;			     /* 1: fused gather kernel; 0: a DMA per piece */
+};
+
 struct kvt_backend_params {
 	uint32_t save_threads;
 	uint64_t staging_bytes;
+	struct kvt_model_params model; /* read by the model backend only */
 };
 
 /* Backend flags. */
 #define KVT_BE_DEVICE_CPU_READABLE (1u << 0) /* device arena and caller tensors are CPU memory */
 #define KVT_BE_NO_PAYLOAD (1u << 1)	     /* moves no bytes (accounting/timing only) */
 
-/* The common head of every backend instance; implementations embed it first. */
+/* Directions of a transfer, for modelled costs. */
+enum kvt_dir {
+	KVT_DIR_H2D = 0, /* host blocks -> device frames (gather_h2d) */
+	KVT_DIR_D2H = 1, /* device -> host (save, the save of append, read_d2h) */
+	KVT_DIR_D2D = 2, /* device -> device (copy_d2d, the ring writes of append) */
+	KVT_DIR_COUNT = 3,
+};
+
+/* Modelled cost of one direction's transfers so far: the model backend adds every successful
+   call's figures; every other backend leaves them zero. */
+struct kvt_be_cost {
+	uint64_t ns;	/* sum of the calls' times, each rounded to the nearest ns */
+	uint64_t bytes; /* payload bytes the calls described */
+	uint64_t calls; /* host-side calls: DMA copy calls plus kernel launches */
+};
+
+/* The common head of every backend instance; implementations embed it first and allocate it
+   zeroed. */
 struct kvt_be {
 	const struct kvt_backend_ops *ops;
 	uint32_t flags;
+	struct kvt_be_cost cost[KVT_DIR_COUNT];
 	char err[256]; /* detail of the latest failure, copied into the manager's last error */
 };
 
@@ -104,8 +131,9 @@ struct kvt_backend_ops {
 	int (*sync)(struct kvt_be *b, void *stream);
 };
 
-/* The backend for a kvt_backend value (AUTO resolved), or NULL with *err set to -ENODEV or
-   -ENOTSUP when it is not available in this build or on this machine. */
+/* The backend for a kvt_backend value (AUTO resolved; AUTO never picks the model backend), or
+   NULL with *err set to -ENODEV when it is not available in this build or on this machine,
+   -EINVAL for an unknown value. */
 const struct kvt_backend_ops *kvt_backend_find(enum kvt_backend which, enum kvt_backend *resolved,
 					       int *err);
 
@@ -113,6 +141,9 @@ extern const struct kvt_backend_ops kvt_backend_host_ops;
 /* Moves no payload: every op succeeds after validating its arguments. Used by benchmarks to
    measure the manager's own bookkeeping apart from the copies; not selectable from the API. */
 extern const struct kvt_backend_ops kvt_backend_null_ops;
+/* Moves no payload and times every call with a bandwidth + per-call model (transfer/model.c),
+   adding it to kvt_be.cost; checks every address against its fake arenas. KVT_BACKEND_MODEL. */
+extern const struct kvt_backend_ops kvt_backend_model_ops;
 
 /* Records a formatted detail in b->err; returns err so a caller can `return kvt_be_fail(...)`. */
 int kvt_be_fail(struct kvt_be *b, int err, const char *fmt, ...)

@@ -1,0 +1,133 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Request-trace readers of the tools (kvtier-replay, kvtier-curve): public LLM-serving traces
+ * read into one array of (arrival, input tokens, output tokens), and the arrivals re-timed the
+ * way `vllm bench serve` does (--request-rate, --burstiness).
+ *
+ * Formats (CSV columns are found by name, case-insensitively, in any order, extra columns
+ * ignored; JSON keys are matched exactly):
+ *   mooncake  JSON lines: `timestamp` (ms from start), `input_length`, `output_length`;
+ *             `hash_ids` and any other key ignored (kvcache-ai/Mooncake traces).
+ *   azure     CSV `TIMESTAMP,ContextTokens,GeneratedTokens`; TIMESTAMP absolute, like
+ *             `2023-11-16 18:17:03.9799600` (up to 9 decimals, no zone: differences are taken
+ *             as if it were UTC) (Azure LLM inference traces, Splitwise).
+ *   burstgpt  CSV `Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type`,
+ *             Timestamp in seconds. Rows with 0 response tokens are requests that failed in
+ *             the original service: they are counted in `failed_in_trace` and left out, since
+ *             their output length is unknown. Model, Total tokens and Log Type are not read.
+ *   vidur     CSV `arrived_at,num_prefill_tokens,num_decode_tokens`, seconds (Vidur/Splitwise
+ *             processed traces).
+ * Lines may end in LF or CRLF, the last one without a newline; blank lines are ignored; fields
+ * may carry spaces around them and CSV fields may be double-quoted. Token counts are integers
+ * in [0, UINT32_MAX] (an integral value written as a real, like 512.0, is accepted); zero
+ * counts are passed through (a 0-token prompt is the replay's to refuse). Times must be finite
+ * and non-negative (except azure's absolute ones).
+ *
+ * Arrivals come back in seconds relative to the first request (the first is at 0), sorted
+ * non-decreasing: a file out of order is sorted stably (equal times keep file order) and the
+ * number of requests that arrived earlier than the one before them in the file is counted.
+ */
+#ifndef KVT_TRACE_H
+#define KVT_TRACE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum kvt_trace_format {
+	KVT_TRACE_AUTO = 0, /* reading only: detected from the first non-empty line */
+	KVT_TRACE_MOONCAKE,
+	KVT_TRACE_AZURE,
+	KVT_TRACE_BURSTGPT,
+	KVT_TRACE_VIDUR,
+};
+
+/* "auto", "mooncake", "azure", "burstgpt", "vidur"; "?" for anything else. */
+const char *kvt_trace_format_name(enum kvt_trace_format fmt);
+/* The format named `name` (as above, case-insensitive) into *fmt: 0 or -EINVAL. */
+int kvt_trace_format_parse(const char *name, enum kvt_trace_format *fmt);
+
+struct kvt_trace_req {
+	double arrival_s; /* seconds after the first request */
+	uint32_t input_tokens, output_tokens;
+	uint32_t line; /* 1-based line of the source file */
+};
+
+struct kvt_trace_opts {
+	/* Skip malformed lines (counted in `skipped`, the first few messages kept in `bad`)
+	   instead of failing the whole read. Header errors are never skipped. */
+	bool skip_bad_lines;
+	/* The model's context in tokens, 0 for none. Requests whose input + output exceed it
+	   are kept whole and counted in `over_context`: never truncated. */
+	uint64_t max_context;
+};
+#define KVT_TRACE_OPTS_INIT                               \
+	{                                                 \
+		.skip_bad_lines = false, .max_context = 0 \
+	}
+
+#define KVT_TRACE_BAD_KEPT 5
+#define KVT_TRACE_MSG_MAX 256
+
+struct kvt_trace {
+	struct kvt_trace_req *reqs; /* `count` requests, by arrival; kvt_trace_free releases */
+	size_t count;
+	enum kvt_trace_format format; /* as read (detected for KVT_TRACE_AUTO) */
+	size_t skipped;		      /* malformed lines skipped (opts.skip_bad_lines) */
+	size_t over_context;	      /* requests with input + output > opts.max_context */
+	size_t failed_in_trace;	      /* burstgpt rows that failed in the trace, left out */
+	size_t out_of_order;	      /* requests earlier than the one before them in the file */
+	double duration_s;	      /* arrival of the last request */
+	/* Messages "FILE:LINE: field 'NAME': what is wrong" of the first skipped lines. */
+	size_t n_bad;
+	char bad[KVT_TRACE_BAD_KEPT][KVT_TRACE_MSG_MAX];
+};
+
+/*
+ * Reads the trace at `path` in format `fmt` (KVT_TRACE_AUTO: a JSON object on the first
+ * non-empty line means mooncake, otherwise the CSV header's columns decide). `o` may be NULL
+ * for the defaults. On success fills *out (the caller releases it with kvt_trace_free) and
+ * returns 0. On failure returns -errno, leaves *out untouched and, when err_len > 0, writes a
+ * message into err:
+ *   -EINVAL  a malformed line without skip_bad_lines ("FILE:LINE: field 'NAME': what is
+ *            wrong": missing, not a number, not an integer, negative, overflow, bad timestamp,
+ *            or a wrong column count), an empty file, an unknown or incomplete header, no
+ *            requests at all, or bad arguments;
+ *   -ENOENT, -EACCES, -EISDIR, -EIO...  opening or reading the file ("FILE: reason");
+ *   -EFBIG   more than UINT32_MAX lines;  -ENOMEM.
+ */
+int kvt_trace_read(const char *path, enum kvt_trace_format fmt, const struct kvt_trace_opts *o,
+		   struct kvt_trace *out, char *err, size_t err_len);
+
+/* Releases t's requests and zeroes *t. t == NULL does nothing. */
+void kvt_trace_free(struct kvt_trace *t);
+
+/*
+ * Re-times the arrivals as `vllm bench serve` does, keeping the requests' order and lengths:
+ *   rate == 0         the trace's own times are kept (nothing changes);
+ *   rate == INFINITY  every request arrives at 0;
+ *   rate R > 0        the first request at 0, then gaps drawn independently from a gamma
+ *                     distribution of shape B = burstiness and scale 1/(R*B): mean 1/R,
+ *                     coefficient of variation 1/sqrt(B) (B = 1: a Poisson process; B < 1
+ *                     burstier, B > 1 more regular).
+ * The same seed gives the same arrivals. duration_s is updated. Returns 0, or -EINVAL (t NULL,
+ * rate negative or NaN, burstiness not finite and > 0) with *t unchanged.
+ */
+int kvt_trace_retime(struct kvt_trace *t, double rate, double burstiness, uint64_t seed);
+
+/* Figures of a trace for the replay's summary. Percentiles interpolate linearly between
+   ranks (numpy's default, as vLLM's summaries). */
+struct kvt_trace_stats {
+	size_t count;
+	double duration_s;
+	double rate_rps; /* (count - 1) / duration_s: arrivals per second; 0 if duration is 0 */
+	uint64_t total_input_tokens, total_output_tokens;
+	double input_mean, input_p50, input_p99;
+	double output_mean, output_p50, output_p99;
+	uint32_t input_max, output_max;
+};
+
+/* Fills *st for t: 0, -EINVAL (NULL or empty trace) or -ENOMEM, with *st unchanged. */
+int kvt_trace_stats(const struct kvt_trace *t, struct kvt_trace_stats *st);
+
+#endif /* KVT_TRACE_H */
