@@ -190,6 +190,31 @@ static inline uint64_t kvt_host_row(const struct kvt_manager *m, const struct kv
 	       h * m->block_bytes + (uint64_t)(pos & (m->cfg.block_tokens - 1)) * m->row_bytes;
 }
 
+/* First position of the ring window of a layer holding N tokens: max(sink, N - recent). The
+   resident set is [0, min(N, sink)) + top-K + [kvt_ring0, N). */
+static inline uint32_t kvt_ring0(const struct kvt_manager *m, uint32_t N)
+{
+	uint32_t r = N > m->cfg.recent_tokens ? N - m->cfg.recent_tokens : 0;
+
+	return r < m->cfg.sink_tokens ? m->cfg.sink_tokens : r;
+}
+
+/* Index of the first of the n ascending top-K positions t[] that is >= pos (n if none). */
+static inline uint32_t kvt_topk_lower(const int32_t *t, uint32_t n, uint32_t pos)
+{
+	uint32_t lo = 0, hi = n;
+
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if ((uint32_t)t[mid] < pos)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
 /* Grows a scratch array to hold n elements of size sz (never shrinks). 0 or -ENOMEM. */
 int kvt_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz);
 

@@ -132,11 +132,9 @@ static void tk_count(const struct kvt_manager *m, const struct kvt_seq *s, struc
 static inline bool fully_resident(const struct kvt_manager *m, const struct kvt_seq_layer *ly,
 				  uint32_t h, uint32_t b, uint32_t n_valid)
 {
-	uint32_t sink = m->cfg.sink_tokens, recent = m->cfg.recent_tokens, N = ly->n_tokens;
-	uint32_t p0 = b << m->lbt, end = p0 + n_valid, ring0, cnt = 0;
+	uint32_t sink = m->cfg.sink_tokens, ring0 = kvt_ring0(m, ly->n_tokens);
+	uint32_t p0 = b << m->lbt, end = p0 + n_valid, cnt = 0;
 
-	ring0 = N > recent ? N - recent : 0;
-	ring0 = ring0 < sink ? sink : ring0;
 	if (p0 < sink)
 		cnt += (end < sink ? end : sink) - p0;
 	if (end > ring0)
@@ -192,14 +190,12 @@ uint64_t kvt_block_resident(const struct kvt_manager *m, const struct kvt_seq *s
 			    const struct kvt_seq_layer *ly, uint32_t h, uint32_t b,
 			    uint32_t n_valid)
 {
-	uint32_t sink = m->cfg.sink_tokens, recent = m->cfg.recent_tokens, N = ly->n_tokens;
-	uint32_t p0 = b << m->lbt, end = p0 + n_valid, ring0;
+	uint32_t sink = m->cfg.sink_tokens, N = ly->n_tokens, ring0 = kvt_ring0(m, N);
+	uint32_t p0 = b << m->lbt, end = p0 + n_valid;
 	uint64_t mask = 0;
 
 	if (s->preempted)
 		return 0;
-	ring0 = N > recent ? N - recent : 0;
-	ring0 = ring0 < sink ? sink : ring0;
 	if (p0 < sink) {
 		uint32_t e = end < sink ? end : sink;
 
@@ -213,16 +209,8 @@ uint64_t kvt_block_resident(const struct kvt_manager *m, const struct kvt_seq *s
 	}
 	if (s->valid_topk && end > sink && p0 < ring0) {
 		const int32_t *t = ly->topk + (size_t)h * s->valid_topk;
-		uint32_t lo = 0, hi = s->valid_topk;
+		uint32_t lo = kvt_topk_lower(t, s->valid_topk, p0);
 
-		while (lo < hi) {
-			uint32_t mid = lo + (hi - lo) / 2;
-
-			if ((uint32_t)t[mid] < p0)
-				lo = mid + 1;
-			else
-				hi = mid;
-		}
 		for (; lo < s->valid_topk && (uint32_t)t[lo] < end; lo++)
 			mask |= 1ull << ((uint32_t)t[lo] - p0);
 	}

@@ -148,31 +148,42 @@ KVT_API int kvt_seq_destroy(struct kvt_manager *m, uint64_t seq)
 	return 0;
 }
 
+/* Where the rows of a resident-set gather come from: the caller's K tensor [H][L][D] (V at
+   + v_minus_k, modulo 2^64), or the layer's host history (host = true). */
+struct row_src {
+	bool host;
+	uint64_t k, v_minus_k, head_bytes;
+};
+
 /* Appends one copy run (pos .. pos+n of head h's K and V to slots slot .. slot+n) to the list,
-   split at frame boundaries and merged with the previous entry when both sides continue it. */
+   split at frame boundaries (and host block boundaries for a host source), merged with the
+   previous entry when both sides continue it. */
 static void emit_run(struct kvt_manager *m, const struct kvt_seq_layer *ly, uint32_t *nx,
-		     uint64_t ksrc, uint64_t v_minus_k, uint32_t h, uint32_t pos, uint32_t slot,
-		     uint32_t n)
+		     const struct row_src *src, uint32_t h, uint32_t pos, uint32_t slot, uint32_t n)
 {
-	uint32_t bt = m->cfg.block_tokens;
+	uint32_t bt = m->cfg.block_tokens, mask = bt - 1;
 
 	while (n) {
-		uint32_t in_frame = bt - (slot & (bt - 1));
-		uint32_t take = n < in_frame ? n : in_frame;
-		uint64_t src = ksrc + (uint64_t)pos * m->row_bytes;
-		uint64_t dst = kvt_dev_row(m, ly, h, slot);
+		uint32_t take = n < bt - (slot & mask) ? n : bt - (slot & mask);
+		uint64_t from, dst = kvt_dev_row(m, ly, h, slot);
 		struct kvt_xfer *prev = *nx ? &m->xf[*nx - 1] : NULL;
 
-		if (prev && prev->src + prev->bytes == src && prev->dst + prev->bytes == dst &&
-		    (slot & (bt - 1)) != 0) {
+		if (src->host) {
+			take = take < bt - (pos & mask) ? take : bt - (pos & mask);
+			from = kvt_host_row(m, ly, h, pos);
+		} else {
+			from = src->k + h * src->head_bytes + (uint64_t)pos * m->row_bytes;
+		}
+		if (prev && prev->src + prev->bytes == from && prev->dst + prev->bytes == dst &&
+		    (slot & mask) && (!src->host || (pos & mask))) {
 			prev->bytes += take * m->row_bytes;
 		} else {
 			m->xf[(*nx)++] = (struct kvt_xfer){
-				.src = src,
+				.src = from,
 				.dst = dst,
 				.bytes = take * m->row_bytes,
 				.reps = 2, /* K, then V */
-				.src_stride = v_minus_k,
+				.src_stride = src->host ? m->v_offset : src->v_minus_k,
 				.dst_stride = m->v_offset,
 			};
 		}
@@ -182,14 +193,40 @@ static void emit_run(struct kvt_manager *m, const struct kvt_seq_layer *ly, uint
 	}
 }
 
+/* Appends the copies that lay out head h's resident set of a layer of N tokens: sink slots,
+   the ring by the ring rule, then the `count` top-K positions t[] after the ring. Returns the
+   number of rows laid out. */
+static uint32_t emit_resident(struct kvt_manager *m, const struct kvt_seq_layer *ly, uint32_t *nx,
+			      const struct row_src *src, uint32_t h, uint32_t N, const int32_t *t,
+			      uint32_t count)
+{
+	uint32_t sink = m->cfg.sink_tokens, recent = m->cfg.recent_tokens;
+	uint32_t n_sink = N < sink ? N : sink, r0 = kvt_ring0(m, N);
+
+	emit_run(m, ly, nx, src, h, 0, 0, n_sink);
+	for (uint32_t p = r0; p < N;) {
+		uint32_t slot = kvt_ring_slot(p, sink, recent);
+		uint32_t until_wrap = sink + recent - slot;
+		uint32_t n = N - p < until_wrap ? N - p : until_wrap;
+
+		emit_run(m, ly, nx, src, h, p, slot, n);
+		p += n;
+	}
+	for (uint32_t i = 0; i < count; i++)
+		emit_run(m, ly, nx, src, h, (uint32_t)t[i], m->slots_sr + i, 1);
+	return n_sink + count + (N > r0 ? N - r0 : 0);
+}
+
 /* Most copy entries one layer's resident gather can need per head: every top-K position alone,
-   plus sink and ring split at frame boundaries (and the ring once more where it wraps). */
-static uint32_t gather_entries_per_head(const struct kvt_manager *m, const struct kvt_seq *s)
+   plus sink and ring split at frame boundaries (and the ring once more where it wraps); from
+   the host history the ring may also split at every block boundary. */
+static uint32_t gather_entries_per_head(const struct kvt_manager *m, const struct kvt_seq *s,
+					bool host)
 {
 	uint32_t bt = m->cfg.block_tokens;
 
-	return s->valid_topk + DIV_UP(m->cfg.sink_tokens, bt) + DIV_UP(m->cfg.recent_tokens, bt) +
-	       4;
+	return s->valid_topk + DIV_UP(m->cfg.sink_tokens, bt) +
+	       (host ? 2 : 1) * DIV_UP(m->cfg.recent_tokens, bt) + 4;
 }
 
 KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t layer, const void *k,
@@ -200,7 +237,7 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 	struct kvt_snapkv sp;
 	struct kvt_seq *s;
 	uint32_t L, nb, nx = 0, count, sink, recent;
-	uint64_t ticket, layer_bytes, v_minus_k;
+	uint64_t ticket, layer_bytes;
 	int err = 0;
 
 	if (!m)
@@ -260,7 +297,7 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 		}
 	}
 	if (!err) {
-		uint64_t need = (uint64_t)c->n_kv_heads * gather_entries_per_head(m, s);
+		uint64_t need = (uint64_t)c->n_kv_heads * gather_entries_per_head(m, s, false);
 		uint64_t save_entries = 2ull * nb;
 
 		need = need > save_entries ? need : save_entries;
@@ -300,25 +337,17 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 	}
 
 	/* Gather sink, ring and top-K rows of the caller's tensors into the frames. */
-	v_minus_k = ptr_u64(v) - ptr_u64(k); /* modulo 2^64: K address + this = V address */
 	layer_bytes = (uint64_t)L * m->row_bytes;
-	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
-		uint64_t ksrc = ptr_u64(k) + h * layer_bytes;
-		uint32_t n_sink = L < sink ? L : sink;
-		uint32_t r0 = L > sink + recent ? L - recent : sink; /* first ring position */
+	{
+		struct row_src src = {
+			.k = ptr_u64(k),
+			.v_minus_k = ptr_u64(v) - ptr_u64(k), /* K address + this = V address */
+			.head_bytes = layer_bytes,
+		};
 
-		emit_run(m, &ly, &nx, ksrc, v_minus_k, h, 0, 0, n_sink);
-		for (uint32_t p = r0; p < L;) {
-			uint32_t slot = kvt_ring_slot(p, sink, recent);
-			uint32_t until_wrap = sink + recent - slot;
-			uint32_t n = L - p < until_wrap ? L - p : until_wrap;
-
-			emit_run(m, &ly, &nx, ksrc, v_minus_k, h, p, slot, n);
-			p += n;
-		}
-		for (uint32_t i = 0; i < count; i++)
-			emit_run(m, &ly, &nx, ksrc, v_minus_k, h,
-				 (uint32_t)ly.topk[(size_t)h * count + i], m->slots_sr + i, 1);
+		for (uint32_t h = 0; h < c->n_kv_heads; h++)
+			emit_resident(m, &ly, &nx, &src, h, L,
+				      count ? ly.topk + (size_t)h * count : NULL, count);
 	}
 	err = m->ops->copy_d2d(m->be, m->xf, nx, stream);
 	if (err) {
@@ -518,27 +547,18 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 static int64_t resident_slot(const struct kvt_manager *m, const struct kvt_seq *s,
 			     const struct kvt_seq_layer *ly, uint32_t h, uint32_t pos)
 {
-	uint32_t sink = m->cfg.sink_tokens, recent = m->cfg.recent_tokens, N = ly->n_tokens;
-	uint32_t ring0 = N > recent ? N - recent : 0;
+	uint32_t sink = m->cfg.sink_tokens, recent = m->cfg.recent_tokens;
 
 	if (s->preempted)
 		return -1;
 	if (pos < sink)
 		return pos;
-	if (pos >= ring0)
+	if (pos >= kvt_ring0(m, ly->n_tokens))
 		return kvt_ring_slot(pos, sink, recent);
 	if (s->valid_topk) {
 		const int32_t *t = ly->topk + (size_t)h * s->valid_topk;
-		uint32_t lo = 0, hi = s->valid_topk;
+		uint32_t lo = kvt_topk_lower(t, s->valid_topk, pos);
 
-		while (lo < hi) {
-			uint32_t mid = lo + (hi - lo) / 2;
-
-			if ((uint32_t)t[mid] < pos)
-				lo = mid + 1;
-			else
-				hi = mid;
-		}
 		if (lo < s->valid_topk && (uint32_t)t[lo] == pos)
 			return m->slots_sr + lo;
 	}
@@ -568,9 +588,7 @@ KVT_API int kvt_seq_resident_positions(struct kvt_manager *m, uint64_t seq, uint
 	sink = m->cfg.sink_tokens;
 	N = ly->n_tokens;
 	n_sink = N < sink ? N : sink;
-	ring0 = N > m->cfg.recent_tokens ? N - m->cfg.recent_tokens : 0;
-	if (ring0 < sink)
-		ring0 = sink;
+	ring0 = kvt_ring0(m, N);
 	total = s->preempted ? 0 : n_sink + s->valid_topk + (N > ring0 ? N - ring0 : 0);
 	*n_out = total;
 	if (cap < total)
@@ -826,44 +844,11 @@ KVT_API int kvt_seq_preempt(struct kvt_manager *m, uint64_t seq)
 	return 0;
 }
 
-/* Appends the copy of positions pos .. pos+n of head h from the host history to slots slot ..
-   slot+n, split at frame and host block boundaries, merged with the previous entry when both
-   sides continue it. */
-static void emit_host_run(struct kvt_manager *m, const struct kvt_seq_layer *ly, uint32_t *nx,
-			  uint32_t h, uint32_t pos, uint32_t slot, uint32_t n)
-{
-	uint32_t bt = m->cfg.block_tokens, mask = bt - 1;
-
-	while (n) {
-		uint32_t in_frame = bt - (slot & mask), in_block = bt - (pos & mask);
-		uint32_t take = n < in_frame ? n : in_frame;
-		uint64_t src = kvt_host_row(m, ly, h, pos), dst = kvt_dev_row(m, ly, h, slot);
-		struct kvt_xfer *prev = *nx ? &m->xf[*nx - 1] : NULL;
-
-		take = take < in_block ? take : in_block;
-		if (prev && prev->src + prev->bytes == src && prev->dst + prev->bytes == dst &&
-		    (slot & mask) && (pos & mask)) {
-			prev->bytes += take * m->row_bytes;
-		} else {
-			m->xf[(*nx)++] = (struct kvt_xfer){
-				.src = src,
-				.dst = dst,
-				.bytes = take * m->row_bytes,
-				.reps = 2, /* K, then V */
-				.src_stride = m->v_offset,
-				.dst_stride = m->v_offset,
-			};
-		}
-		pos += take;
-		slot += take;
-		n -= take;
-	}
-}
-
 KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 {
 	const struct kvt_config *c;
-	uint32_t layers = 0, nx = 0, bt, per_head;
+	const struct row_src host = {.host = true};
+	uint32_t layers = 0, nx = 0;
 	uint64_t need, entries, rows = 0;
 	struct kvt_seq *s;
 	int err = 0;
@@ -884,10 +869,7 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 		return kvt_fail(m, -ENOMEM,
 				"resume: sequence %llu needs %llu device frame groups, %u free",
 				(unsigned long long)seq, (unsigned long long)need, m->dev.n_free);
-	bt = c->block_tokens;
-	per_head =
-		s->valid_topk + DIV_UP(c->sink_tokens, bt) + 2 * DIV_UP(c->recent_tokens, bt) + 4;
-	entries = (uint64_t)layers * c->n_kv_heads * per_head;
+	entries = (uint64_t)layers * c->n_kv_heads * gather_entries_per_head(m, s, true);
 	if (entries > UINT32_MAX ||
 	    kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)entries, sizeof(*m->xf)))
 		return kvt_fail(m, -ENOMEM, "resume: no memory for the gather list");
@@ -897,32 +879,15 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 		return kvt_fail(m, err, "resume: waiting for saves: %s", m->be->err);
 	for (uint32_t l = 0; l < c->n_layers; l++) {
 		struct kvt_seq_layer *ly = &s->layers[l];
-		uint32_t N = ly->n_tokens, sink = c->sink_tokens, recent = c->recent_tokens;
-		uint32_t n_sink, ring0;
 
-		if (!N)
+		if (!ly->n_tokens)
 			continue;
 		kvt_pool_alloc(&m->dev, s->n_frames, ly->frames); /* counted above */
-		n_sink = N < sink ? N : sink;
-		ring0 = N > recent ? N - recent : 0;
-		ring0 = ring0 < sink ? sink : ring0;
-		for (uint32_t h = 0; h < c->n_kv_heads; h++) {
-			emit_host_run(m, ly, &nx, h, 0, 0, n_sink);
-			for (uint32_t p = ring0; p < N;) {
-				uint32_t slot = kvt_ring_slot(p, sink, recent);
-				uint32_t until_wrap = sink + recent - slot;
-				uint32_t n = N - p < until_wrap ? N - p : until_wrap;
-
-				emit_host_run(m, ly, &nx, h, p, slot, n);
-				p += n;
-			}
-			for (uint32_t i = 0; i < s->valid_topk; i++)
-				emit_host_run(m, ly, &nx, h,
-					      (uint32_t)ly->topk[(size_t)h * s->valid_topk + i],
-					      m->slots_sr + i, 1);
-		}
-		rows += (uint64_t)c->n_kv_heads *
-			(n_sink + s->valid_topk + (N > ring0 ? N - ring0 : 0));
+		for (uint32_t h = 0; h < c->n_kv_heads; h++)
+			rows += emit_resident(m, ly, &nx, &host, h, ly->n_tokens,
+					      s->valid_topk ? ly->topk + (size_t)h * s->valid_topk
+							    : NULL,
+					      s->valid_topk);
 	}
 	err = m->ops->gather_h2d(m->be, m->xf, nx, stream);
 	if (err) {
