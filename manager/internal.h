@@ -14,6 +14,7 @@
 #ifndef KVT_INTERNAL_H
 #define KVT_INTERNAL_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -247,6 +248,34 @@ uint64_t kvt_block_resident(const struct kvt_manager *m, const struct kvt_seq *s
    returns err. */
 int kvt_fail(struct kvt_manager *m, int err, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+
+/* Looks up member id of a batch call (decode, recall; `what` prefixes the error): live, not
+   named before in this batch (stamp), resident, with `layer` prefilled. NULL with the error
+   recorded in *err otherwise. Inline: it runs once per sequence of every decode call. */
+static inline struct kvt_seq *kvt_batch_member(struct kvt_manager *m, uint64_t id, uint32_t layer,
+					       uint64_t stamp, const char *what, int *err)
+{
+	struct kvt_seq *s = kvt_seqmap_get(&m->seqs, id);
+
+	if (!s) {
+		*err = kvt_fail(m, -ENOENT, "%s: sequence %llu is not live", what,
+				(unsigned long long)id);
+		return NULL;
+	}
+	if (s->stamp == stamp) {
+		*err = kvt_fail(m, -EINVAL, "%s: sequence %llu appears twice in the batch", what,
+				(unsigned long long)id);
+		return NULL;
+	}
+	s->stamp = stamp;
+	if (!s->layers[layer].n_tokens || s->preempted) {
+		*err = kvt_fail(m, -EINVAL, "%s: sequence %llu: %s", what, (unsigned long long)id,
+				s->preempted ? "preempted (resume it first)"
+					     : "layer not prefilled");
+		return NULL;
+	}
+	return s;
+}
 
 /* Logging (manager/log.c). */
 bool kvt_log_enabled(enum kvt_log_level level);

@@ -458,28 +458,18 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 {
 	uint32_t H = m->cfg.n_kv_heads, bt = m->cfg.block_tokens;
 	uint64_t stamp = ++m->stamp, need = 0;
+	int err = 0;
 
 	if (kvt_reserve((void **)&m->batch, &m->batch_cap, n, sizeof(*m->batch)))
 		return kvt_fail(m, -ENOMEM, "recall: no memory for a batch of %u", n);
 	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_seq *s = kvt_seqmap_get(&m->seqs, seqs[i]);
+		struct kvt_seq *s = kvt_batch_member(m, seqs[i], layer, stamp, "recall", &err);
 		struct kvt_seq_layer *ly;
 		uint32_t nb;
 
 		if (!s)
-			return kvt_fail(m, -ENOENT, "recall: sequence %llu is not live",
-					(unsigned long long)seqs[i]);
-		if (s->stamp == stamp)
-			return kvt_fail(m, -EINVAL,
-					"recall: sequence %llu appears twice in the batch",
-					(unsigned long long)seqs[i]);
-		s->stamp = stamp;
+			return err;
 		ly = &s->layers[layer];
-		if (!ly->n_tokens || s->preempted)
-			return kvt_fail(m, -EINVAL, "recall: sequence %llu: %s",
-					(unsigned long long)seqs[i],
-					s->preempted ? "preempted (resume it first)"
-						     : "layer not prefilled");
 		nb = DIV_UP(ly->n_tokens, bt);
 		for (size_t j = 0; j < (size_t)H * r; j++) {
 			uint32_t b = sel[((size_t)i * H) * r + j];

@@ -447,23 +447,12 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 	   capacity of tables changes here (invisible). */
 	stamp = ++m->stamp;
 	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_seq *s = kvt_seqmap_get(&m->seqs, seqs[i]);
+		struct kvt_seq *s = kvt_batch_member(m, seqs[i], layer, stamp, "decode", &err);
 		struct kvt_seq_layer *ly;
 
 		if (!s)
-			return kvt_fail(m, -ENOENT, "decode: sequence %llu is not live",
-					(unsigned long long)seqs[i]);
-		if (s->stamp == stamp)
-			return kvt_fail(m, -EINVAL,
-					"decode: sequence %llu appears twice in the batch",
-					(unsigned long long)seqs[i]);
-		s->stamp = stamp;
+			return err;
 		ly = &s->layers[layer];
-		if (ly->n_tokens == 0 || s->preempted)
-			return kvt_fail(m, -EINVAL, "decode: sequence %llu: %s",
-					(unsigned long long)seqs[i],
-					s->preempted ? "preempted (resume it first)"
-						     : "layer not prefilled");
 		if (ly->n_tokens >= INT32_MAX)
 			return kvt_fail(m, -EOVERFLOW, "decode: sequence %llu: layer %u is full",
 					(unsigned long long)seqs[i], layer);
