@@ -23,6 +23,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "check.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <stdbool.h>
@@ -33,13 +35,6 @@
 #include "common.h"
 #include "internal.h"
 #include "kvtier.h"
-
-/* Undefined behaviour anywhere (library included) fails the run instead of printing a line. */
-const char *__ubsan_default_options(void);
-const char *__ubsan_default_options(void)
-{
-	return "halt_on_error=1:print_stacktrace=1";
-}
 
 /* ---- log capture: keeps the expected warnings off stderr and checks their prefix -------- */
 

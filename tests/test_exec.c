@@ -10,6 +10,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "check.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -19,12 +21,6 @@
 
 #include "exec_model.h"
 #include "selection.h"
-
-const char *__ubsan_default_options(void);
-const char *__ubsan_default_options(void)
-{
-	return "halt_on_error=1:print_stacktrace=1";
-}
 
 static void near(double got, double want, const char *what)
 {

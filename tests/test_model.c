@@ -14,6 +14,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "check.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
@@ -26,37 +28,7 @@
 #include "common.h"
 #include "internal.h"
 
-/* Undefined behaviour anywhere (library included) fails the run instead of printing a line. */
-const char *__ubsan_default_options(void);
-const char *__ubsan_default_options(void)
-{
-	return "halt_on_error=1:print_stacktrace=1";
-}
-
 /* ---- helpers ---------------------------------------------------------------------------- */
-
-static void fail_at(const char *file, int line, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void fail_at(const char *file, int line, const char *fmt, ...)
-{
-	char msg[512];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	print_error("%s:%d: %s\n", file, line, msg);
-	_fail(file, line);
-}
-
-#define CHECK_RC(call, want)                                                                   \
-	do {                                                                                   \
-		int rc_ = (call);                                                              \
-		if (rc_ != (want))                                                             \
-			fail_at(__FILE__, __LINE__, "%s returned %d (%s), expected %d", #call, \
-				rc_, kvt_strerror(rc_), (int)(want));                          \
-	} while (0)
 
 #define CHECK_U64(got, want, what)                                                         \
 	do {                                                                               \

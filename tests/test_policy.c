@@ -15,6 +15,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "check.h"
+
 #include <errno.h>
 #include <float.h>
 #include <math.h>
@@ -73,18 +75,6 @@ static bool bf16_is_nan(uint16_t h)
 }
 
 /* Fails the test at the caller's file:line (helpers below report where they were called). */
-static void fail_at(const char *file, int line, const char *fmt, ...)
-{
-	char msg[512];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	print_error("%s:%d: %s\n", file, line, msg);
-	_fail(file, line);
-}
-
 static uint64_t rng_state;
 
 static uint64_t rng_next(void)

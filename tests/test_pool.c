@@ -13,6 +13,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "check.h"
+
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -31,13 +33,6 @@
 #ifdef T_HAVE_ASAN
 #include <sanitizer/asan_interface.h>
 #endif
-
-/* Undefined behaviour anywhere (library included) fails the run instead of printing a line. */
-const char *__ubsan_default_options(void);
-const char *__ubsan_default_options(void)
-{
-	return "halt_on_error=1:print_stacktrace=1";
-}
 
 /* Asserts that the pool's bitmap says exactly `used` for every id (and nothing past n_units). */
 static void check_bitmap(const struct kvt_pool *p, const bool *used, const char *file, int line)

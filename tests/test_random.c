@@ -18,6 +18,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "check.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
@@ -37,48 +39,17 @@
 #define DEAD_IDS 64
 #define DIV_UP(a, b) (((a) + (b)-1) / (b))
 
-/* The library objects may be built with recoverable UBSan (meson's b_sanitize): make every
-   report fatal, so undefined behaviour fails the test instead of scrolling by. */
-const char *__ubsan_default_options(void);
-const char *__ubsan_default_options(void)
-{
-	return "halt_on_error=1:print_stacktrace=1";
-}
-
 /* ---- context for failure messages ------------------------------------------------------- */
 
 static uint64_t g_seed;
 static long g_op = -1;
 static const char *g_what = "setup";
 
-static void fail_at(const char *file, int line, const char *fmt, ...)
+/* Every failure names the seed and the operation under way (check.h's check_context). */
+static void run_context(char *buf, size_t len)
 {
-	char msg[512];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	print_error("%s:%d: seed %llu, op %ld (%s): %s\n", file, line, (unsigned long long)g_seed,
-		    g_op, g_what, msg);
-	_fail(file, line);
+	snprintf(buf, len, "seed %llu, op %ld (%s): ", (unsigned long long)g_seed, g_op, g_what);
 }
-
-#define CHECK_RC(call, want)                                                                   \
-	do {                                                                                   \
-		int rc_ = (call);                                                              \
-		if (rc_ != (want))                                                             \
-			fail_at(__FILE__, __LINE__, "%s returned %d (%s), expected %d", #call, \
-				rc_, kvt_strerror(rc_), (int)(want));                          \
-	} while (0)
-
-#define CHECK_EQ(a, b)                                                                           \
-	do {                                                                                     \
-		unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b);   \
-		if (a_ != b_)                                                                    \
-			fail_at(__FILE__, __LINE__, "%s = %llu, expected %s = %llu", #a, a_, #b, \
-				b_);                                                             \
-	} while (0)
 
 /* ---- random numbers ---------------------------------------------------------------------- */
 
@@ -1033,6 +1004,7 @@ int main(void)
 		cmocka_unit_test(test_random_f32),
 	};
 
+	check_context = run_context;
 	g_seed = pick_seed();
 	print_message("# random: seed %llu\n", (unsigned long long)g_seed);
 	return cmocka_run_group_tests(tests, NULL, NULL);

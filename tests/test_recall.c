@@ -11,6 +11,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "check.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
@@ -22,24 +24,8 @@
 #include "internal.h"
 #include "policy.h"
 
-const char *__ubsan_default_options(void);
-const char *__ubsan_default_options(void)
-{
-	return "halt_on_error=1:print_stacktrace=1";
-}
-
 #define DIV_UP(a, b) (((a) + (b)-1) / (b))
 #define NONE UINT32_MAX
-
-#define CHECK_RC(call, want)                                                               \
-	do {                                                                               \
-		int rc_ = (call);                                                          \
-		if (rc_ != (want)) {                                                       \
-			print_error("%s:%d: %s returned %d (%s), expected %d\n", __FILE__, \
-				    __LINE__, #call, rc_, kvt_strerror(rc_), (int)(want)); \
-			_fail(__FILE__, __LINE__);                                         \
-		}                                                                          \
-	} while (0)
 
 static size_t rowb(const struct kvt_config *c)
 {

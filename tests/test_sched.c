@@ -15,6 +15,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "check.h"
+
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -24,49 +26,9 @@
 #include "common.h"
 #include "policy.h"
 
-/* The library objects may be built with recoverable UBSan (meson's b_sanitize): make every
-   report fatal, so undefined behaviour fails the test instead of scrolling by. */
-const char *__ubsan_default_options(void);
-const char *__ubsan_default_options(void)
-{
-	return "halt_on_error=1:print_stacktrace=1";
-}
-
 #define DIV_UP(a, b) (((a) + (b)-1) / (b))
 
 /* ---- failure reporting ------------------------------------------------------------------ */
-
-static void fail_at(const char *file, int line, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-/* Fails the test at the caller's file:line with a formatted message. */
-static void fail_at(const char *file, int line, const char *fmt, ...)
-{
-	char msg[512];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	print_error("%s:%d: %s\n", file, line, msg);
-	_fail(file, line);
-}
-
-#define CHECK_RC(call, want)                                                                   \
-	do {                                                                                   \
-		int rc_ = (call);                                                              \
-		if (rc_ != (want))                                                             \
-			fail_at(__FILE__, __LINE__, "%s returned %d (%s), expected %d", #call, \
-				rc_, kvt_strerror(rc_), (int)(want));                          \
-	} while (0)
-
-#define CHECK_EQ(a, b)                                                                           \
-	do {                                                                                     \
-		unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b);   \
-		if (a_ != b_)                                                                    \
-			fail_at(__FILE__, __LINE__, "%s = %llu, expected %s = %llu", #a, a_, #b, \
-				b_);                                                             \
-	} while (0)
 
 /* ---- geometry ----------------------------------------------------------------------------- */
 

@@ -13,6 +13,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "check.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
@@ -25,12 +27,6 @@
 
 #include "common.h"
 #include "trace.h"
-
-const char *__ubsan_default_options(void);
-const char *__ubsan_default_options(void)
-{
-	return "halt_on_error=1:print_stacktrace=1";
-}
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 

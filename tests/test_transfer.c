@@ -17,6 +17,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "check.h"
+
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -26,13 +28,6 @@
 
 #include "backend.h"
 #include "savepool.h"
-
-/* Undefined behaviour anywhere (library included) fails the run instead of printing a line. */
-const char *__ubsan_default_options(void);
-const char *__ubsan_default_options(void)
-{
-	return "halt_on_error=1:print_stacktrace=1";
-}
 
 static const uint32_t thread_counts[] = {0, 1, 4};
 #define N_THREAD_COUNTS (sizeof(thread_counts) / sizeof(thread_counts[0]))
