@@ -91,33 +91,12 @@ static int parse(int argc, char **argv, struct ropts *o)
 			usage(stderr);
 			return -1;
 		}
-		if (bad) {
-			fprintf(stderr, "kvtier-bench: bad value for --%s: '%s'\n", lo[li].name,
-				optarg);
-			return -1;
-		}
+		if (bad)
+			return cli_bad_value("kvtier-bench", lo[li].name, optarg);
 	}
-	if (optind < argc) {
-		fprintf(stderr, "kvtier-bench: unexpected argument '%s'\n", argv[optind]);
+	if (cli_no_extra("kvtier-bench", argc, argv))
 		return -1;
-	}
 	return 0;
-}
-
-static uint64_t rng_next(uint64_t *s)
-{
-	uint64_t x = (*s += 0x9e3779b97f4a7c15ull);
-
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
 }
 
 int kvt_bench_recall(int argc, char **argv)
@@ -199,8 +178,8 @@ int kvt_bench_recall(int argc, char **argv)
 			err = kvt_decode_append(m, l, ids, o.seqs, kd, kd, NULL);
 		/* churn: replace some selected blocks (repeats are allowed and ignored) */
 		for (size_t x = 0; x < sel_n && o.churn_pct; x++)
-			if (rng_next(&rng) % 100 < o.churn_pct)
-				sel[x] = lo_b + (uint32_t)(rng_next(&rng) % (hi_b - lo_b));
+			if (cli_splitmix64(&rng) % 100 < o.churn_pct)
+				sel[x] = lo_b + (uint32_t)(cli_splitmix64(&rng) % (hi_b - lo_b));
 		kvt_manager_stats(m, &a);
 		t0 = 1e9 * cli_now_s();
 		for (uint32_t l = 0; l < o.layers && !err; l++)
@@ -233,7 +212,7 @@ int kvt_bench_recall(int argc, char **argv)
 		tot_l += loads[s];
 		tot_h += hits[s];
 	}
-	qsort(t + 1, o.steps - 1, sizeof(*t), cmp_d);
+	qsort(t + 1, o.steps - 1, sizeof(*t), cli_cmp_double);
 
 	uint32_t n = o.steps - 1;
 	double med = t[1 + n / 2], p90 = t[1 + n * 9 / 10];

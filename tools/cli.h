@@ -5,8 +5,10 @@
 
 #include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Parses a decimal integer in [lo, hi] into *out: 0, or -1 for anything else (sign, junk,
    overflow, empty). */
@@ -32,6 +34,40 @@ static inline double cli_now_s(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Reports a bad value of option --opt; returns -1 (the parsers' failure value). */
+static inline int cli_bad_value(const char *tool, const char *opt, const char *arg)
+{
+	fprintf(stderr, "%s: bad value for --%s: '%s'\n", tool, opt, arg);
+	return -1;
+}
+
+/* After getopt: -1 (reported) when an argument is left over, else 0. */
+static inline int cli_no_extra(const char *tool, int argc, char **argv)
+{
+	if (optind >= argc)
+		return 0;
+	fprintf(stderr, "%s: unexpected argument '%s'\n", tool, argv[optind]);
+	return -1;
+}
+
+/* splitmix64: the tools' seeded generator, and the seeder of bigger ones. */
+static inline uint64_t cli_splitmix64(uint64_t *s)
+{
+	uint64_t x = (*s += 0x9e3779b97f4a7c15ull);
+
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+/* qsort comparator: doubles, ascending. */
+static inline int cli_cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
 }
 
 #endif /* KVT_CLI_H */

@@ -66,13 +66,6 @@ static void usage(FILE *f)
 		"Exit status: 0 on success, 1 on a library error, 2 on bad usage.\n");
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
 static int parse_manager(int argc, char **argv, struct mopts *o)
 {
 	static const struct option lo[] = {
@@ -127,16 +120,11 @@ static int parse_manager(int argc, char **argv, struct mopts *o)
 			usage(stderr);
 			return -1;
 		}
-		if (bad) {
-			fprintf(stderr, "kvtier-bench: bad value for --%s: '%s'\n", lo[li].name,
-				optarg);
-			return -1;
-		}
+		if (bad)
+			return cli_bad_value("kvtier-bench", lo[li].name, optarg);
 	}
-	if (optind < argc) {
-		fprintf(stderr, "kvtier-bench: unexpected argument '%s'\n", argv[optind]);
+	if (cli_no_extra("kvtier-bench", argc, argv))
 		return -1;
-	}
 	if (o->host && !prompt_set)
 		o->prompt = 640;
 	return 0;
@@ -230,7 +218,7 @@ static int bench_manager(int argc, char **argv)
 		for (uint32_t s = 0; s < o.steps; s++)
 			fprintf(csv, "%u,%.0f\n", s, t[s]);
 	}
-	qsort(t, o.steps, sizeof(*t), cmp_d);
+	qsort(t, o.steps, sizeof(*t), cli_cmp_double);
 
 	double med = t[o.steps / 2], p10 = t[o.steps / 10], p90 = t[o.steps * 9 / 10];
 	uint64_t appends = (uint64_t)o.seqs * o.layers;
@@ -327,16 +315,11 @@ static int parse_sched(int argc, char **argv, struct sopts *o)
 			usage(stderr);
 			return -1;
 		}
-		if (bad) {
-			fprintf(stderr, "kvtier-bench: bad value for --%s: '%s'\n", lo[li].name,
-				optarg);
-			return -1;
-		}
+		if (bad)
+			return cli_bad_value("kvtier-bench", lo[li].name, optarg);
 	}
-	if (optind < argc) {
-		fprintf(stderr, "kvtier-bench: unexpected argument '%s'\n", argv[optind]);
+	if (cli_no_extra("kvtier-bench", argc, argv))
 		return -1;
-	}
 	if (o->recall && o->device_gib <= 4) {
 		fprintf(stderr, "kvtier-bench: --recall needs --device-gib above 4\n");
 		return -1;

@@ -90,32 +90,18 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 			usage(stderr);
 			return -1;
 		}
-		if (bad) {
-			fprintf(stderr, "kvtier-demo: bad value for --%s: '%s'\n", lo[li].name,
-				optarg);
-			return -1;
-		}
+		if (bad)
+			return cli_bad_value("kvtier-demo", lo[li].name, optarg);
 	}
-	if (optind < argc) {
-		fprintf(stderr, "kvtier-demo: unexpected argument '%s'\n", argv[optind]);
+	if (cli_no_extra("kvtier-demo", argc, argv))
 		return -1;
-	}
 	return 0;
-}
-
-static uint64_t rng_next(uint64_t *s)
-{
-	uint64_t x = (*s += 0x9e3779b97f4a7c15ull);
-
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
 }
 
 /* Uniform in [-1, 1). */
 static float rng_f(uint64_t *s)
 {
-	return (float)(rng_next(s) >> 40) / (float)(1u << 23) - 1.0f;
+	return (float)(cli_splitmix64(s) >> 40) / (float)(1u << 23) - 1.0f;
 }
 
 static int cmp_u32(const void *a, const void *b)
@@ -133,7 +119,7 @@ static void token_row(float *row, uint32_t d, uint64_t seed, uint32_t layer, uin
 	uint64_t s =
 		seed ^ ((uint64_t)layer << 48) ^ ((uint64_t)h << 36) ^ ((uint64_t)is_v << 35) ^ pos;
 
-	rng_next(&s);
+	cli_splitmix64(&s);
 	for (uint32_t i = 0; i < d; i++)
 		row[i] = rng_f(&s);
 }
@@ -226,7 +212,7 @@ int main(int argc, char **argv)
 			bool dup;
 
 			do { /* distinct positions at least 8 apart keep pooled scores separate */
-				p = cand_lo + (uint32_t)(rng_next(&s) % (cand_hi - cand_lo));
+				p = cand_lo + (uint32_t)(cli_splitmix64(&s) % (cand_hi - cand_lo));
 				dup = false;
 				for (uint32_t j = 0; j < i; j++)
 					dup |= (p > needle[j] ? p - needle[j] : needle[j] - p) < 8;

@@ -6,25 +6,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "selection.h"
-
-static uint64_t next_u64(uint64_t *s)
-{
-	uint64_t x = (*s += 0x9e3779b97f4a7c15ull);
-
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
-}
 
 static double uniform(uint64_t *s)
 {
-	return (double)(next_u64(s) >> 11) * 0x1.0p-53;
+	return (double)(cli_splitmix64(s) >> 11) * 0x1.0p-53;
 }
 
 static uint32_t below(uint64_t *s, uint32_t n)
 {
-	return (uint32_t)(((next_u64(s) >> 32) * n) >> 32);
+	return (uint32_t)(((cli_splitmix64(s) >> 32) * n) >> 32);
 }
 
 int kvt_sel_check(const struct kvt_sel_params *p)
@@ -46,7 +38,7 @@ int kvt_sel_stream_init(const struct kvt_sel_params *p, uint64_t id, struct kvt_
 		return -ENOMEM;
 	}
 	st->rng = p->seed ^ (id * 0xd1b54a32d192ed03ull);
-	next_u64(&st->rng);
+	cli_splitmix64(&st->rng);
 	return 0;
 }
 

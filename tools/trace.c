@@ -16,6 +16,7 @@
 #include <strings.h>
 #include <sys/types.h>
 
+#include "cli.h"
 #include "trace.h"
 
 #define MAX_COLS 64
@@ -701,15 +702,6 @@ struct rng {
 	uint64_t s[4];
 };
 
-static uint64_t splitmix64(uint64_t *x)
-{
-	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
 static uint64_t rotl(uint64_t x, int k)
 {
 	return (x << k) | (x >> (64 - k));
@@ -798,7 +790,7 @@ int kvt_trace_retime(struct kvt_trace *t, double rate, double burstiness, uint64
 	if (!isfinite(scale))
 		return -EINVAL;
 	for (int i = 0; i < 4; i++)
-		g.s[i] = splitmix64(&x);
+		g.s[i] = cli_splitmix64(&x);
 	t->reqs[0].arrival_s = 0.0;
 	for (size_t i = 1; i < t->count; i++) {
 		at += rng_gamma(&g, burstiness) * scale;
