@@ -1061,38 +1061,48 @@ static void test_preempt_latest(void **state)
 	eng_fini(&e);
 }
 
+/* The squeeze both preemption tests end with: the engine preempts 1 and 2 and fills 36 of
+   the free frames with its own (4 stay free). 1 and 2 are admitted and resumed; 3 and 4 must
+   lose their frames, latest first. want_reset < 0: not checked. Then everything drains. */
+static void squeeze_1_2(struct eng *e, int want_reset)
+{
+	struct kvt_sched_batch b;
+
+	CHECK_RC(kvt_seq_preempt(e->m, 1), 0);
+	CHECK_RC(kvt_seq_preempt(e->m, 2), 0);
+	for (uint64_t id = 9; id <= 11; id++)
+		engine_seq(e, id);
+	CHECK_EQ(stats_of(e->m).device_frames_free, 4);
+	CHECK_RC(kvt_sched_step(e->s, &b), 0);
+	CHECK_ITEMS(&b, "1:d 2:d");
+	CHECK_EQ(b.it.preempted, 2);
+	CHECK_EQ(b.it.resumed, 2);
+	if (want_reset >= 0)
+		CHECK_EQ(b.it.reset, want_reset);
+	CHECK_EQ(info_of(e, 3).preempted, 1);
+	CHECK_EQ(info_of(e, 4).preempted, 1);
+	CHECK_BATCH(e, &b);
+	CHECK_FRAMES(e);
+	eng_exec(e, &b);
+	CHECK_RC(kvt_sched_commit(e->s), 0);
+	for (uint64_t id = 9; id <= 11; id++)
+		engine_seq_gone(e, id);
+	eng_drain(e, 40);
+	CHECK_EQ(e->completed, 4);
+	eng_fini(e);
+}
+
 static void test_preempt_two(void **state)
 {
 	/* The engine preempts 1 and 2 and fills 36 of the 40 free frames with its own. 1 and 2
 	   are admitted (24 frames to resume), 3 is reset on its recall working set: 4 frames
 	   free, so 4 and then 3 lose theirs, latest first. */
 	const uint64_t ids23[2] = {2, 3};
-	struct kvt_sched_batch b;
 	struct eng e;
 
 	(void)state;
 	setup_four(&e, ids23, 2);
-	CHECK_RC(kvt_seq_preempt(e.m, 1), 0);
-	CHECK_RC(kvt_seq_preempt(e.m, 2), 0);
-	for (uint64_t id = 9; id <= 11; id++)
-		engine_seq(&e, id);
-	CHECK_EQ(stats_of(e.m).device_frames_free, 4);
-	CHECK_RC(kvt_sched_step(e.s, &b), 0);
-	CHECK_ITEMS(&b, "1:d 2:d");
-	CHECK_EQ(b.it.preempted, 2);
-	CHECK_EQ(b.it.resumed, 2);
-	CHECK_EQ(b.it.reset, 2);
-	CHECK_EQ(info_of(&e, 3).preempted, 1);
-	CHECK_EQ(info_of(&e, 4).preempted, 1);
-	CHECK_BATCH(&e, &b);
-	CHECK_FRAMES(&e);
-	eng_exec(&e, &b);
-	CHECK_RC(kvt_sched_commit(e.s), 0);
-	for (uint64_t id = 9; id <= 11; id++)
-		engine_seq_gone(&e, id);
-	eng_drain(&e, 40);
-	CHECK_EQ(e.completed, 4);
-	eng_fini(&e);
+	squeeze_1_2(&e, 2);
 }
 
 static void test_preempt_resumed(void **state)
@@ -1121,26 +1131,7 @@ static void test_preempt_resumed(void **state)
 	CHECK_RC(kvt_sched_commit(e.s), 0);
 	CHECK_FRAMES(&e);
 
-	CHECK_RC(kvt_seq_preempt(e.m, 1), 0);
-	CHECK_RC(kvt_seq_preempt(e.m, 2), 0);
-	for (uint64_t id = 9; id <= 11; id++)
-		engine_seq(&e, id);
-	CHECK_EQ(stats_of(e.m).device_frames_free, 4);
-	CHECK_RC(kvt_sched_step(e.s, &b), 0);
-	CHECK_ITEMS(&b, "1:d 2:d");
-	CHECK_EQ(b.it.preempted, 2);
-	CHECK_EQ(b.it.resumed, 2);
-	CHECK_EQ(info_of(&e, 3).preempted, 1);
-	CHECK_EQ(info_of(&e, 4).preempted, 1);
-	CHECK_BATCH(&e, &b);
-	CHECK_FRAMES(&e);
-	eng_exec(&e, &b);
-	CHECK_RC(kvt_sched_commit(e.s), 0);
-	for (uint64_t id = 9; id <= 11; id++)
-		engine_seq_gone(&e, id);
-	eng_drain(&e, 40);
-	CHECK_EQ(e.completed, 4);
-	eng_fini(&e);
+	squeeze_1_2(&e, -1);
 }
 
 static void test_frames_held_outside(void **state)
