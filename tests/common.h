@@ -69,6 +69,25 @@ static inline uint32_t t_naive_count(const struct kvt_config *c, uint32_t L)
 	return hi - lo < c->topk_tokens ? (uint32_t)(hi - lo) : c->topk_tokens;
 }
 
+/* Resident positions by DESIGN.md's rule, independent of the library: [0, min(N, sink)), the
+   count top-K positions, then [max(sink, N - recent), N), ascending. Returns how many. */
+static inline uint32_t t_expect_resident(const struct kvt_config *c, uint32_t N,
+					 const int32_t *topk, uint32_t count, int32_t *out)
+{
+	uint32_t w = 0, n_sink = N < c->sink_tokens ? N : c->sink_tokens;
+	uint32_t ring0 = N > c->recent_tokens ? N - c->recent_tokens : 0;
+
+	if (ring0 < c->sink_tokens)
+		ring0 = c->sink_tokens;
+	for (uint32_t p = 0; p < n_sink; p++)
+		out[w++] = (int32_t)p;
+	for (uint32_t i = 0; i < count; i++)
+		out[w++] = topk[i];
+	for (uint32_t p = ring0; p < N; p++)
+		out[w++] = (int32_t)p;
+	return w;
+}
+
 /* A value in [-1, 1) determined by the token's coordinates; exactly representable in bf16 and
    f16 (multiples of 1/128), so every dtype stores it exactly. */
 static inline float t_value(uint64_t seq, uint32_t layer, uint32_t head, uint32_t pos, uint32_t dim,

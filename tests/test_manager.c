@@ -30,8 +30,6 @@
 
 #define DIV_UP(a, b) (((a) + (b)-1) / (b))
 
-/* ---- failure reporting ------------------------------------------------------------------ */
-
 /* ---- helpers ---------------------------------------------------------------------------- */
 
 static size_t rowb(const struct kvt_config *c)
@@ -182,24 +180,6 @@ static void tseq_prefill(struct kvt_manager *m, const struct kvt_config *c, stru
 	assert_int_equal(got, t->L);
 }
 
-/* sink ∪ top-K ∪ [max(sink, N - recent), N), ascending. */
-static uint32_t expect_resident(const struct kvt_config *c, uint32_t N, const int32_t *topk,
-				uint32_t count, int32_t *out)
-{
-	uint32_t w = 0, n_sink = N < c->sink_tokens ? N : c->sink_tokens;
-	uint32_t ring0 = N > c->recent_tokens ? N - c->recent_tokens : 0;
-
-	if (ring0 < c->sink_tokens)
-		ring0 = c->sink_tokens;
-	for (uint32_t p = 0; p < n_sink; p++)
-		out[w++] = (int32_t)p;
-	for (uint32_t i = 0; i < count; i++)
-		out[w++] = topk[i];
-	for (uint32_t p = ring0; p < N; p++)
-		out[w++] = (int32_t)p;
-	return w;
-}
-
 static void check_resident_at(struct kvt_manager *m, const struct kvt_config *c,
 			      const struct tseq *t, uint32_t layer, const char *file, int line)
 {
@@ -207,8 +187,8 @@ static void check_resident_at(struct kvt_manager *m, const struct kvt_config *c,
 	int32_t *want = t_xmalloc(cap * sizeof(int32_t)), *got = t_xmalloc(cap * sizeof(int32_t));
 
 	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
-		uint32_t nw = expect_resident(c, t->n[layer], t->topk[layer] + (size_t)h * t->count,
-					      t->count, want);
+		uint32_t nw = t_expect_resident(
+			c, t->n[layer], t->topk[layer] + (size_t)h * t->count, t->count, want);
 		uint32_t ng = 0xdeadbeef;
 		int rc = kvt_seq_resident_positions(m, t->id, layer, h, got, (uint32_t)cap, &ng);
 
@@ -245,8 +225,8 @@ static void check_readback_at(struct kvt_manager *m, const struct kvt_config *c,
 	uint64_t resident = 0, read0 = stats_of(m).bytes_read;
 
 	for (uint32_t h = 0; h < c->n_kv_heads; h++)
-		resident +=
-			expect_resident(c, N, t->topk[layer] + (size_t)h * t->count, t->count, res);
+		resident += t_expect_resident(c, N, t->topk[layer] + (size_t)h * t->count, t->count,
+					      res);
 	for (uint32_t h = 0; h < c->n_kv_heads; h++)
 		for (uint32_t p = 0; p < N; p++) {
 			t_fill_row(c->dtype, c->head_dim, wk, t->id, layer, h, p, 0);

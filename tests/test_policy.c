@@ -74,7 +74,6 @@ static bool bf16_is_nan(uint16_t h)
 	return (h & 0x7f80u) == 0x7f80u && (h & 0x7fu);
 }
 
-/* Fails the test at the caller's file:line (helpers below report where they were called). */
 static uint64_t rng_state;
 
 static uint64_t rng_next(void)

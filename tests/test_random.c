@@ -181,23 +181,6 @@ static void reserve_bufs(struct model *md, size_t kv_bytes)
 
 /* ---- invariants -------------------------------------------------------------------------- */
 
-static uint32_t expect_resident(const struct kvt_config *c, uint32_t N, const int32_t *topk,
-				uint32_t count, int32_t *out)
-{
-	uint32_t w = 0, n_sink = N < c->sink_tokens ? N : c->sink_tokens;
-	uint32_t ring0 = N > c->recent_tokens ? N - c->recent_tokens : 0;
-
-	if (ring0 < c->sink_tokens)
-		ring0 = c->sink_tokens;
-	for (uint32_t p = 0; p < n_sink; p++)
-		out[w++] = (int32_t)p;
-	for (uint32_t i = 0; i < count; i++)
-		out[w++] = topk[i];
-	for (uint32_t p = ring0; p < N; p++)
-		out[w++] = (int32_t)p;
-	return w;
-}
-
 static void check_resident(struct model *md, const struct mseq *s, uint32_t l)
 {
 	const struct kvt_config *c = &md->c;
@@ -207,8 +190,8 @@ static void check_resident(struct model *md, const struct mseq *s, uint32_t l)
 	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
 		uint32_t nw =
 			s->pre ? 0
-			       : expect_resident(c, s->n[l], s->topk[l] + (size_t)h * s->count,
-						 s->count, want);
+			       : t_expect_resident(c, s->n[l], s->topk[l] + (size_t)h * s->count,
+						   s->count, want);
 		uint32_t ng = 0;
 
 		CHECK_RC(kvt_seq_resident_positions(md->m, s->id, l, h, got, 512, &ng), 0);
@@ -284,9 +267,9 @@ static void check_readback(struct model *md)
 				if (s->n[l] && !s->pre)
 					md->bytes_read +=
 						2ull * md->rb *
-						expect_resident(c, s->n[l],
-								s->topk[l] + (size_t)h * s->count,
-								s->count, res);
+						t_expect_resident(c, s->n[l],
+								  s->topk[l] + (size_t)h * s->count,
+								  s->count, res);
 				for (uint32_t p = 0; p < s->n[l]; p++) {
 					t_fill_row(c->dtype, c->head_dim, wk, s->id, l, h, p, 0);
 					t_fill_row(c->dtype, c->head_dim, wv, s->id, l, h, p, 1);
@@ -346,8 +329,8 @@ static void check_attend(struct model *md, const struct mseq *s, uint32_t l)
 	}
 	CHECK_RC(kvt_attend(md->m, s->id, l, q, out), 0);
 	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
-		uint32_t n = expect_resident(c, s->n[l], s->topk[l] + (size_t)h * s->count,
-					     s->count, pos);
+		uint32_t n = t_expect_resident(c, s->n[l], s->topk[l] + (size_t)h * s->count,
+					       s->count, pos);
 		uint32_t n_res = n;
 
 		CHECK_RC(kvt_seq_recall_view(md->m, s->id, l, h, refs, 64, &nv[h]), 0);
