@@ -222,6 +222,20 @@ int kvt_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz);
 /* Recall (manager/recall.c). */
 int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames);
 void kvt_recall_fini(struct kvt_manager *m);
+/* Whether a frame of head h's recall view of a layer went to another block since the view was
+   made (the view must not be read). */
+static inline bool kvt_view_stale(const struct kvt_manager *m, const struct kvt_recall_layer *rc,
+				  uint32_t h)
+{
+	for (uint32_t i = 0; rc && rc->view_n && i < rc->view_n[h]; i++) {
+		size_t at = (size_t)h * rc->view_cap + i;
+
+		if (m->rc.e[rc->view_ent[at]].gen != rc->view_gen[at])
+			return true;
+	}
+	return false;
+}
+
 /* Drops every recall cache entry of s and its views (preempt, destroy). */
 void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s);
 /* Frees one layer's recall state (NULL is a no-op). */

@@ -761,15 +761,11 @@ KVT_API int kvt_seq_recall_view(struct kvt_manager *m, uint64_t seq, uint32_t la
 	lrc = ly->rc;
 	cnt = lrc && lrc->view_n ? lrc->view_n[kv_head] : 0;
 	*n_out = cnt;
-	for (uint32_t i = 0; i < cnt; i++) {
-		size_t at = (size_t)kv_head * lrc->view_cap + i;
-
-		if (m->rc.e[lrc->view_ent[at]].gen != lrc->view_gen[at])
-			return kvt_fail(m, -ESTALE,
-					"recall view: sequence %llu layer %u: a recalled block "
-					"was evicted since (recall again)",
-					(unsigned long long)seq, layer);
-	}
+	if (kvt_view_stale(m, lrc, kv_head))
+		return kvt_fail(m, -ESTALE,
+				"recall view: sequence %llu layer %u: a recalled block was evicted "
+				"since (recall again)",
+				(unsigned long long)seq, layer);
 	if (cap < cnt)
 		return kvt_fail(m, -ENOSPC, "recall view: %u needed, room for %u", cnt, cap);
 	for (uint32_t i = 0; i < cnt; i++) {

@@ -731,15 +731,11 @@ KVT_API int kvt_attend(struct kvt_manager *m, uint64_t seq, uint32_t layer, cons
 	rc = ly->rc;
 	/* Every recalled frame must still hold its block. */
 	for (uint32_t h = 0; rc && rc->view_n && h < c->n_kv_heads; h++) {
-		for (uint32_t i = 0; i < rc->view_n[h]; i++) {
-			size_t at = (size_t)h * rc->view_cap + i;
-
-			if (m->rc.e[rc->view_ent[at]].gen != rc->view_gen[at])
-				return kvt_fail(m, -ESTALE,
-						"attend: sequence %llu layer %u: a recalled "
-						"block was evicted since (recall again)",
-						(unsigned long long)seq, layer);
-		}
+		if (kvt_view_stale(m, rc, h))
+			return kvt_fail(m, -ESTALE,
+					"attend: sequence %llu layer %u: a recalled block was "
+					"evicted since (recall again)",
+					(unsigned long long)seq, layer);
 		most = rc->view_n[h] > most ? rc->view_n[h] : most;
 	}
 	/* Valid slots: [0, min(N, sink + recent)) plus the top-K slots right after the ring,
