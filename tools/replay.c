@@ -1,0 +1,1296 @@
+/* SPDX-License-Identifier: MIT */
+/* The replay engine (replay.h): a serving loop over a trace on simulated time. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "cli.h"
+#include "kvtier.h"
+#include "replay.h"
+
+static const char *const policy_names[] = {"kvtier", "snapstream", "sparse-offload", "full"};
+
+const char *kvt_policy_name(enum kvt_policy p)
+{
+	return (unsigned)p < 4 ? policy_names[p] : "?";
+}
+
+int kvt_policy_parse(const char *name, enum kvt_policy *p)
+{
+	for (unsigned i = 0; name && i < 4; i++)
+		if (!strcmp(name, policy_names[i])) {
+			*p = (enum kvt_policy)i;
+			return 0;
+		}
+	return -EINVAL;
+}
+
+void kvt_replay_opts_init(struct kvt_replay_opts *o)
+{
+	struct kvt_sel_params sel = KVT_SEL_PARAMS_INIT;
+
+	memset(o, 0, sizeof(*o));
+	o->policy = KVT_POLICY_KVTIER;
+	kvt_preset_model("llama3-8b", &o->model);
+	kvt_preset_gpu("h100", &o->gpu);
+	o->hbm_gib = 0;
+	o->dram_gib = 256;
+	o->block_tokens = 32;
+	o->sink_tokens = 128;
+	o->topk_tokens = 1024;
+	o->recent_tokens = 512;
+	o->recall_blocks = 8;
+	o->ws_window = 12;
+	o->recall_cache_frac = 0.10;
+	o->recall_layers = 8;
+	o->so_recent_tokens = 64;
+	o->so_recall_blocks = 0;
+	o->sel = sel;
+	o->ws_control = true;
+	o->fused = true;
+	o->max_requests = 256;
+	o->max_tokens = 8192;
+	o->cpu_time = true;
+}
+
+/* ---- Shared state of one run ------------------------------------------------------------ */
+
+#define ERRF(...) snprintf(run->err, run->err_len, __VA_ARGS__)
+
+struct rreq {
+	double last_tok_s; /* time of its latest token */
+	struct kvt_sel_stream *sel; /* [n_layers * n_kv_heads] once decoding (recall policies) */
+	uint32_t prompt;	    /* tokens to prefill (full: input + generated on recompute) */
+	bool submitted, decoding;
+	uint32_t ring; /* full: KV blocks held */
+	uint32_t done_tok; /* full: prompt tokens prefilled so far (chunked) */
+};
+
+struct run {
+	const struct kvt_replay_opts *o;
+	const struct kvt_trace *t;
+	struct kvt_replay_result *res;
+	struct rreq *rq;
+	char *err;
+	size_t err_len;
+	double now;
+	size_t next;	   /* next trace request to enter */
+	size_t in_system;  /* submitted and not finished (closed loop) */
+	size_t finished;   /* completed + failed */
+	size_t itl_cap;
+	size_t tbt_cap;
+	uint64_t batch_sum, loaded_sum, lookups, hits;
+	uint64_t iter;
+	double last_progress;
+	/* DRAM reservation (host groups) */
+	uint64_t dram_groups, dram_used;
+	uint64_t group_per_tok_block; /* host groups of one block of tokens: n_layers */
+};
+
+static int push_double(double **a, size_t *n, size_t *cap, double v)
+{
+	if (*n == *cap) {
+		size_t nc = *cap ? *cap * 2 : 4096;
+		double *p = realloc(*a, nc * sizeof(*p));
+
+		if (!p)
+			return -ENOMEM;
+		*a = p;
+		*cap = nc;
+	}
+	(*a)[(*n)++] = v;
+	return 0;
+}
+
+static void fail_req(struct run *run, size_t i, const char *reason)
+{
+	struct kvt_req_result *r = &run->res->reqs[i];
+
+	r->status = KVT_REQ_FAILED;
+	r->reason = reason;
+	r->finish_s = run->now;
+	run->res->failed++;
+	run->finished++;
+}
+
+/* Whether request i can never run: static reasons, checked when it arrives. */
+static const char *static_reject(const struct run *run, size_t i)
+{
+	const struct kvt_trace_req *q = &run->t->reqs[i];
+
+	if (q->input_tokens == 0)
+		return "empty prompt";
+	if (q->output_tokens == 0)
+		return "no output tokens";
+	if (run->o->model.max_context &&
+	    (uint64_t)q->input_tokens + q->output_tokens > run->o->model.max_context)
+		return "input + output exceed the model's context";
+	if (q->input_tokens > INT32_MAX - q->output_tokens)
+		return "too many tokens";
+	return NULL;
+}
+
+/* Records a token of request i produced at run->now; completes it at its last token. */
+static int token(struct run *run, size_t i, bool window)
+{
+	struct kvt_req_result *r = &run->res->reqs[i];
+	struct rreq *q = &run->rq[i];
+	int err = 0;
+
+	if (r->generated == 0) {
+		r->first_token_s = run->now;
+		if (window) {
+			run->res->win_ttft_sum_s += run->now - r->arrival_s;
+			run->res->win_ttft_n++;
+		}
+	} else {
+		err = push_double(&run->res->itl_s, &run->res->n_itl, &run->itl_cap,
+				  run->now - q->last_tok_s);
+	}
+	q->last_tok_s = run->now;
+	r->generated++;
+	if (window)
+		run->res->win_decode_tokens++;
+	if (r->generated == r->output_tokens) {
+		r->status = KVT_REQ_DONE;
+		r->finish_s = run->now;
+		run->res->completed++;
+		run->finished++;
+		run->res->total_input_tokens += r->input_tokens;
+		run->res->total_output_tokens += r->output_tokens;
+	}
+	return err;
+}
+
+static void progress(struct run *run, bool force)
+{
+	double w;
+
+	if (!run->o->progress)
+		return;
+	w = cli_now_s();
+	if (!force && w - run->last_progress < 0.2)
+		return;
+	run->last_progress = w;
+	run->o->progress(run->o->progress_user, run->finished, run->t->count, run->now);
+}
+
+/* Iteration bookkeeping common to both loops. */
+struct iter_rec {
+	uint32_t batch, n_pre, n_dec;
+	uint64_t token_layers, loaded, lookups, hits;
+	uint32_t preempted, resumed, queued;
+	struct kvt_iter_time tm;
+};
+
+static int end_iteration(struct run *run, const struct iter_rec *ir, double start)
+{
+	struct kvt_replay_result *res = run->res;
+	bool win = run->iter >= run->o->warmup_iterations;
+
+	res->iterations++;
+	run->batch_sum += ir->batch;
+	if (ir->batch > res->max_batch_size)
+		res->max_batch_size = ir->batch;
+	run->loaded_sum += ir->loaded;
+	run->lookups += ir->lookups;
+	run->hits += ir->hits;
+	res->t_gemm += ir->tm.gemm_s;
+	res->t_attn_decode += ir->tm.attn_decode_s;
+	res->t_attn_prefill += ir->tm.attn_prefill_s;
+	res->t_transfer += ir->tm.transfer_s;
+	res->t_cpu += ir->tm.cpu_s;
+	if (win) {
+		res->win_iterations++;
+		res->win_time_s += ir->tm.total_s;
+		res->win_blocks_loaded += ir->loaded;
+		res->win_batch_sum += ir->batch;
+		if (ir->n_dec && push_double(&res->win_tbt_s, &res->n_win_tbt, &run->tbt_cap,
+					     ir->tm.total_s))
+			return -ENOMEM;
+	}
+	if (run->o->iter_csv)
+		fprintf(run->o->iter_csv,
+			"%llu,%.6f,%.6f,%u,%u,%u,%llu,%llu,%llu,%llu,%u,%u,%u,%.6g,%.6g,%.6g,%.6g\n",
+			(unsigned long long)run->iter, start, ir->tm.total_s, ir->batch, ir->n_pre,
+			ir->n_dec, (unsigned long long)ir->token_layers,
+			(unsigned long long)ir->loaded, (unsigned long long)ir->lookups,
+			(unsigned long long)ir->hits, ir->preempted, ir->resumed, ir->queued,
+			ir->tm.gemm_s, ir->tm.attn_decode_s + ir->tm.attn_prefill_s,
+			ir->tm.transfer_s, ir->tm.cpu_s);
+	run->iter++;
+	progress(run, false);
+	return 0;
+}
+
+/* Whether the loop should stop: everything finished, or the iteration cap. */
+static bool run_over(const struct run *run)
+{
+	if (run->o->max_iterations && run->iter >= run->o->max_iterations)
+		return true;
+	return run->finished == run->t->count;
+}
+
+/* The request that enters next, if its time has come (closed loop: while fewer than
+   concurrency are in the system). SIZE_MAX when none. */
+static size_t arriving(struct run *run)
+{
+	if (run->next >= run->t->count)
+		return SIZE_MAX;
+	if (run->o->concurrency) {
+		if (run->in_system >= run->o->concurrency)
+			return SIZE_MAX;
+		run->res->reqs[run->next].arrival_s = run->now;
+		return run->next;
+	}
+	return run->t->reqs[run->next].arrival_s <= run->now ? run->next : SIZE_MAX;
+}
+
+/* Time of the next arrival when nothing runs (open loop), or -1. */
+static double next_arrival(const struct run *run)
+{
+	if (run->next >= run->t->count || run->o->concurrency)
+		return -1;
+	return run->t->reqs[run->next].arrival_s;
+}
+
+/* ---- kvtier, snapstream, sparse-offload: the manager and scheduler on the model backend */
+
+struct mrun {
+	struct run *run;
+	struct kvt_manager *m;
+	struct kvt_sched *s;
+	struct kvt_config cfg;
+	bool recall, time_d2h;
+	uint32_t r;
+	uint32_t stride;    /* recall runs on layers l % stride == 0 */
+	uint32_t n_sampled; /* how many */
+	double scale;	    /* n_layers / n_sampled */
+	struct kvt_sel_params sel;
+	uint64_t *dseq;
+	uint32_t *dreq; /* request index of each decode item */
+	uint32_t *blocks;
+	size_t dcap;
+	uint8_t dummy[64] __attribute__((aligned(64)));
+	double cpu_s;
+	struct kvt_stats st0;
+	size_t *waitq; /* arrived, waiting for DRAM (FCFS) */
+	size_t wq_head, wq_n;
+};
+
+static double tick(void)
+{
+	return cli_now_s();
+}
+
+static uint64_t groups_of(const struct mrun *mr, const struct kvt_trace_req *q)
+{
+	uint64_t bt = mr->cfg.block_tokens;
+
+	return ((uint64_t)q->input_tokens + q->output_tokens + bt - 1) / bt * mr->cfg.n_layers;
+}
+
+static void release(struct mrun *mr, size_t i)
+{
+	struct rreq *q = &mr->run->rq[i];
+
+	if (q->submitted) {
+		mr->run->dram_used -= groups_of(mr, &mr->run->t->reqs[i]);
+		q->submitted = false;
+		if (mr->run->o->concurrency)
+			mr->run->in_system--;
+	}
+	if (q->sel) {
+		for (uint32_t k = 0; k < mr->n_sampled * mr->cfg.n_kv_heads; k++)
+			kvt_sel_stream_fini(&q->sel[k]);
+		free(q->sel);
+		q->sel = NULL;
+	}
+}
+
+/* Submits waiting requests in arrival order while DRAM holds their histories. */
+static int submit_waiting(struct mrun *mr)
+{
+	struct run *run = mr->run;
+
+	for (;;) {
+		size_t i;
+
+		if (mr->wq_n == 0) {
+			i = arriving(run);
+			if (i == SIZE_MAX)
+				return 0;
+			run->next++;
+			if (run->o->concurrency)
+				run->in_system++;
+			if (static_reject(run, i)) {
+				if (run->o->concurrency)
+					run->in_system--;
+				fail_req(run, i, static_reject(run, i));
+				continue;
+			}
+			if (run->dram_groups && groups_of(mr, &run->t->reqs[i]) > run->dram_groups) {
+				if (run->o->concurrency)
+					run->in_system--;
+				fail_req(run, i, "its history exceeds the DRAM budget");
+				continue;
+			}
+			mr->waitq[(mr->wq_head + mr->wq_n++) % run->t->count] = i;
+		}
+		i = mr->waitq[mr->wq_head];
+		const struct kvt_trace_req *q = &run->t->reqs[i];
+		uint64_t need = groups_of(mr, q);
+		int err;
+
+		if (run->dram_groups && run->dram_used + need > run->dram_groups)
+			return 0; /* waits for DRAM (FCFS: later ones wait too) */
+		mr->wq_head = (mr->wq_head + 1) % run->t->count;
+		mr->wq_n--;
+		err = kvt_seq_create(mr->m, i + 1, q->input_tokens);
+		if (!err)
+			err = kvt_sched_submit(mr->s, i + 1, q->output_tokens);
+		if (err) {
+			kvt_seq_destroy(mr->m, i + 1);
+			if (run->o->concurrency)
+				run->in_system--;
+			fail_req(run, i,
+				 err == -E2BIG ? "its resident set exceeds the HBM budget"
+					       : "rejected by the manager");
+			continue;
+		}
+		run->rq[i].submitted = true;
+		run->dram_used += need;
+	}
+}
+
+/* Selection streams of request i (lazily, at its first decode). */
+static int sel_streams(struct mrun *mr, size_t i)
+{
+	uint32_t n = mr->n_sampled * mr->cfg.n_kv_heads;
+	struct rreq *q = &mr->run->rq[i];
+
+	if (q->sel)
+		return 0;
+	q->sel = calloc(n, sizeof(*q->sel));
+	if (!q->sel)
+		return -ENOMEM;
+	for (uint32_t k = 0; k < n; k++) {
+		int err = kvt_sel_stream_init(&mr->sel, (uint64_t)i * n + k, &q->sel[k]);
+
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+static int grow_decode(struct mrun *mr, size_t n)
+{
+	if (n <= mr->dcap)
+		return 0;
+	size_t cap = n * 2;
+	uint64_t *a = realloc(mr->dseq, cap * sizeof(*a));
+
+	if (!a)
+		return -ENOMEM;
+	mr->dseq = a;
+	uint32_t *b = realloc(mr->dreq, cap * sizeof(*b));
+
+	if (!b)
+		return -ENOMEM;
+	mr->dreq = b;
+	uint32_t *c = realloc(mr->blocks, cap * mr->cfg.n_kv_heads * mr->r * sizeof(*c));
+
+	if (!c)
+		return -ENOMEM;
+	mr->blocks = c;
+	mr->dcap = cap;
+	return 0;
+}
+
+/* Recalls for the decode items of one layer; on -ENOSPC (the call needs more frames than
+   the cache has) retries per sequence. */
+static int recall_layer(struct mrun *mr, uint32_t l, uint32_t nd)
+{
+	struct run *run = mr->run;
+	uint32_t H = mr->cfg.n_kv_heads, r = mr->r, bt = mr->cfg.block_tokens;
+	double t0;
+	int err;
+
+	for (uint32_t d = 0; d < nd; d++) {
+		const struct kvt_req_result *rr = &run->res->reqs[mr->dreq[d]];
+		struct rreq *q = &run->rq[mr->dreq[d]];
+		uint64_t tokens = (uint64_t)rr->input_tokens + rr->generated;
+		uint32_t lo = mr->cfg.sink_tokens / bt;
+		uint32_t hi = tokens > mr->cfg.recent_tokens
+				      ? (uint32_t)((tokens - mr->cfg.recent_tokens) / bt)
+				      : 0;
+
+		for (uint32_t h = 0; h < H; h++)
+			kvt_sel_next(&mr->sel, &q->sel[l / mr->stride * H + h], lo, hi,
+				     &mr->blocks[((size_t)d * H + h) * r]);
+	}
+	t0 = tick();
+	err = kvt_recall_blocks(mr->m, l, mr->dseq, nd, mr->blocks, r, NULL);
+	for (uint32_t d = 0; err == -ENOSPC && d < nd; d++) {
+		int e = kvt_recall_blocks(mr->m, l, &mr->dseq[d], 1,
+					  &mr->blocks[(size_t)d * H * r], r, NULL);
+
+		if (e && e != -ENOSPC) {
+			mr->cpu_s += tick() - t0;
+			ERRF("kvt_recall_blocks: %s (%s)", kvt_strerror(e),
+			     kvt_manager_last_error(mr->m));
+			return e;
+		}
+		/* -ENOSPC for one sequence alone: it attends without its recall this step */
+	}
+	mr->cpu_s += tick() - t0;
+	if (err && err != -ENOSPC) {
+		ERRF("kvt_recall_blocks: %s (%s)", kvt_strerror(err),
+		     kvt_manager_last_error(mr->m));
+		return err;
+	}
+	return 0;
+}
+
+/* Fails request i alone after a manager error on it. */
+static void fail_running(struct mrun *mr, size_t i, int err)
+{
+	(void)err;
+	kvt_sched_finish(mr->s, i + 1);
+	kvt_seq_destroy(mr->m, i + 1);
+	release(mr, i);
+	fail_req(mr->run, i, "the manager refused its prefill");
+}
+
+static int mrun_iteration(struct mrun *mr)
+{
+	struct run *run = mr->run;
+	struct kvt_sched_batch b;
+	struct kvt_iter_work w = {0};
+	struct iter_rec ir = {0};
+	struct kvt_stats st = KVT_STATS_INIT;
+	struct kvt_sched_iter last;
+	const struct kvt_model_preset *mp = &run->o->model;
+	double t0, start = run->now, recall_h2d_ns = 0;
+	uint32_t nd = 0, n_layers = mr->cfg.n_layers;
+	bool win = run->iter >= run->o->warmup_iterations;
+	int err;
+
+	mr->cpu_s = 0;
+	t0 = tick();
+	err = kvt_sched_step(mr->s, &b);
+	mr->cpu_s += tick() - t0;
+	if (err) {
+		ERRF("kvt_sched_step: %s", kvt_strerror(err));
+		return err;
+	}
+	for (uint32_t c = 0; c < b.n_completed; c++) {
+		size_t i = b.completed[c] - 1;
+
+		t0 = tick();
+		kvt_seq_destroy(mr->m, b.completed[c]);
+		mr->cpu_s += tick() - t0;
+		release(mr, i);
+	}
+	err = grow_decode(mr, b.n_items);
+	if (err)
+		goto nomem;
+	for (uint32_t k = 0; k < b.n_items; k++) {
+		const struct kvt_sched_item *it = &b.items[k];
+		size_t i = it->seq - 1;
+		struct kvt_req_result *r = &run->res->reqs[i];
+
+		if (r->sched_s < 0)
+			r->sched_s = run->now;
+		if (it->decode) {
+			mr->dseq[nd] = it->seq;
+			mr->dreq[nd++] = (uint32_t)i;
+			continue;
+		}
+		t0 = tick();
+		for (uint32_t l = it->layer_begin; l < it->layer_end && !err; l++)
+			err = kvt_prefill_layer(mr->m, it->seq, l, mr->dummy, mr->dummy, mr->dummy,
+						NULL);
+		mr->cpu_s += tick() - t0;
+		if (err) {
+			fail_running(mr, i, err);
+			err = 0;
+			continue;
+		}
+		ir.n_pre++;
+		w.prefill_token_layers +=
+			(uint64_t)r->input_tokens * (it->layer_end - it->layer_begin);
+		w.prefill_attn_flops +=
+			kvt_prefill_attn_flops(mp, r->input_tokens, it->layer_end - it->layer_begin);
+	}
+	t0 = tick();
+	for (uint32_t l = 0; nd && l < n_layers && !err; l++)
+		err = kvt_decode_append(mr->m, l, mr->dseq, nd, mr->dummy, mr->dummy, NULL);
+	mr->cpu_s += tick() - t0;
+	if (err) {
+		ERRF("kvt_decode_append: %s (%s)", kvt_strerror(err),
+		     kvt_manager_last_error(mr->m));
+		return err;
+	}
+	if (mr->recall && nd) {
+		double cpu0 = mr->cpu_s;
+		struct kvt_stats s0 = KVT_STATS_INIT, s1 = KVT_STATS_INIT;
+
+		for (uint32_t d = 0; d < nd; d++)
+			if (sel_streams(mr, mr->dreq[d]))
+				goto nomem;
+		kvt_manager_stats(mr->m, &s0);
+		for (uint32_t l = 0; l < n_layers; l += mr->stride) {
+			err = recall_layer(mr, l, nd);
+			if (err)
+				return err;
+		}
+		kvt_manager_stats(mr->m, &s1);
+		/* the sampled layers stand for all: scale their loads, time and CPU */
+		recall_h2d_ns = (double)(s1.model_ns_h2d - s0.model_ns_h2d);
+		mr->cpu_s = cpu0 + (mr->cpu_s - cpu0) * mr->scale;
+	}
+	/* decode attention reads the resident set and this step's recalled blocks */
+	for (uint32_t d = 0; d < nd; d++) {
+		struct kvt_seq_info info = {.size = sizeof(info)};
+
+		if (!kvt_seq_info(mr->m, mr->dseq[d], &info))
+			w.kv_bytes_read += ((double)info.frames_per_layer * n_layers +
+					    (double)info.recall_step_frames * mr->scale) *
+					   2.0 * mr->cfg.block_tokens * mp->head_dim * mp->elem_bytes;
+	}
+	t0 = tick();
+	err = kvt_sched_commit(mr->s);
+	mr->cpu_s += tick() - t0;
+	if (err) {
+		ERRF("kvt_sched_commit: %s", kvt_strerror(err));
+		return err;
+	}
+	kvt_manager_stats(mr->m, &st);
+	kvt_sched_last(mr->s, &last);
+	w.decode_tokens = nd;
+	w.transfer_s = 1e-9 * ((double)(st.model_ns_h2d - mr->st0.model_ns_h2d) +
+			       recall_h2d_ns * (mr->scale - 1) +
+			       (double)(st.model_ns_d2d - mr->st0.model_ns_d2d) +
+			       (mr->time_d2h ? (double)(st.model_ns_d2h - mr->st0.model_ns_d2h) : 0));
+	mr->st0 = st;
+	w.cpu_s = run->o->cpu_time ? mr->cpu_s : 0;
+	kvt_iter_time(mp, &run->o->gpu, &w, &ir.tm);
+	run->now += ir.tm.total_s;
+
+	ir.batch = b.n_items;
+	ir.n_dec = nd;
+	ir.token_layers = w.prefill_token_layers;
+	ir.loaded = (uint64_t)llround((double)last.blocks_loaded * mr->scale);
+	ir.lookups = last.recall_lookups;
+	ir.hits = last.recall_hits;
+	ir.preempted = b.it.preempted;
+	ir.resumed = b.it.resumed;
+	ir.queued = b.it.queued;
+	run->res->preemptions += b.it.preempted;
+	/* tokens: each finished prefill gives the first, each decode one more */
+	for (uint32_t k = 0; k < b.n_items; k++) {
+		const struct kvt_sched_item *it = &b.items[k];
+		size_t i = it->seq - 1;
+
+		if (run->res->reqs[i].status != KVT_REQ_PENDING)
+			continue;
+		if (it->decode || it->layer_end == n_layers) {
+			if (token(run, i, win))
+				goto nomem;
+		}
+	}
+	return end_iteration(run, &ir, start);
+nomem:
+	ERRF("out of memory");
+	return -ENOMEM;
+}
+
+/* The manager's configuration of the policy (budgets are set by the caller). */
+static void mrun_config(struct mrun *mr)
+{
+	const struct kvt_replay_opts *o = mr->run->o;
+	struct kvt_config c = KVT_CONFIG_INIT;
+
+	c.n_layers = o->model.n_layers;
+	c.n_kv_heads = o->model.n_kv_heads;
+	c.n_q_heads = o->model.n_q_heads;
+	c.head_dim = o->model.head_dim;
+	c.dtype = o->model.elem_bytes == 4 ? KVT_DTYPE_F32 : KVT_DTYPE_BF16;
+	c.block_tokens = o->block_tokens;
+	c.sink_tokens = o->sink_tokens;
+	c.topk_tokens = o->topk_tokens;
+	c.recent_tokens = o->recent_tokens;
+	c.backend = KVT_BACKEND_MODEL;
+	c.save_threads = 0;
+	c.ws_window = o->ws_window;
+	c.model_h2d_gbps = o->gpu.h2d_gbps;
+	c.model_d2h_gbps = o->gpu.d2h_gbps;
+	c.model_d2d_gbps = o->gpu.hbm_gbps / 2; /* a device copy reads and writes */
+	c.model_call_ns = (uint32_t)o->gpu.call_ns;
+	c.model_launch_ns = (uint32_t)o->gpu.launch_ns;
+	c.model_fused = o->fused;
+	mr->r = o->recall_blocks;
+	mr->time_d2h = true;
+	mr->recall = o->recall_blocks > 0;
+	switch (o->policy) {
+	case KVT_POLICY_SNAPSTREAM:
+		mr->r = 0;
+		mr->recall = false;
+		mr->time_d2h = false;
+		break;
+	case KVT_POLICY_SPARSE_OFFLOAD:
+		c.sink_tokens = 0;
+		c.topk_tokens = 0;
+		c.recent_tokens = o->so_recent_tokens;
+		c.model_fused = 0;
+		mr->r = o->so_recall_blocks
+				? o->so_recall_blocks
+				: (o->sink_tokens + o->topk_tokens + o->block_tokens - 1) /
+						  o->block_tokens +
+					  o->recall_blocks;
+		mr->recall = mr->r > 0;
+		break;
+	default:
+		break;
+	}
+	c.recall_blocks = 0; /* recall goes through kvt_recall_blocks: no scoring metadata */
+	mr->cfg = c;
+}
+
+static int mrun_loop(struct run *run, double hbm_bytes)
+{
+	const struct kvt_replay_opts *o = run->o;
+	struct mrun *mr = calloc(1, sizeof(*mr));
+	struct kvt_sched_config sc = KVT_SCHED_CONFIG_INIT;
+	double rc_frac;
+	int err;
+
+	if (!mr)
+		return -ENOMEM;
+	mr->run = run;
+	mrun_config(mr);
+	rc_frac = o->policy == KVT_POLICY_SPARSE_OFFLOAD ? 0.9 : o->recall_cache_frac;
+	if (!mr->recall)
+		rc_frac = 0;
+	mr->stride = 1;
+	if (o->recall_layers && o->recall_layers < mr->cfg.n_layers)
+		mr->stride = mr->cfg.n_layers / o->recall_layers;
+	mr->n_sampled = (mr->cfg.n_layers + mr->stride - 1) / mr->stride;
+	mr->scale = (double)mr->cfg.n_layers / mr->n_sampled;
+	/* the resident sets get the rest of HBM; the simulated recall cache is the sampled
+	   layers' share of it */
+	mr->cfg.recall_cache_bytes = (uint64_t)(hbm_bytes * rc_frac / mr->scale);
+	mr->cfg.device_bytes =
+		(uint64_t)(hbm_bytes * (1 - rc_frac)) + mr->cfg.recall_cache_bytes;
+	mr->cfg.host_bytes = o->policy == KVT_POLICY_SNAPSTREAM ? (uint64_t)1 << 44
+								: (uint64_t)(o->dram_gib * 1073741824.0);
+	mr->sel = o->sel;
+	mr->sel.r = mr->r ? mr->r : 1;
+	if (mr->recall && kvt_sel_check(&mr->sel)) {
+		ERRF("bad selection-model parameters (r %u, window %u, p_keep %g, p_revisit %g)",
+		     mr->sel.r, mr->sel.window, mr->sel.p_keep, mr->sel.p_revisit);
+		err = -EINVAL;
+		goto out;
+	}
+	err = kvt_manager_create(&mr->cfg, &mr->m);
+	if (err) {
+		ERRF("kvt_manager_create: %s (check the cache geometry and budgets: block %u, "
+		     "sink %u, top-K %u, ring %u, HBM %.3g GiB, recall cache %.3g GiB)",
+		     kvt_strerror(err), mr->cfg.block_tokens, mr->cfg.sink_tokens,
+		     mr->cfg.topk_tokens, mr->cfg.recent_tokens, hbm_bytes / 1073741824.0,
+		     mr->cfg.recall_cache_bytes / 1073741824.0);
+		goto out;
+	}
+	sc.max_requests = o->max_requests;
+	sc.max_tokens = o->max_tokens;
+	sc.ws_control = o->ws_control && o->policy == KVT_POLICY_KVTIER;
+	if (o->chunk_tokens) {
+		sc.max_inject_tokens = (uint64_t)o->chunk_tokens * mr->cfg.n_layers;
+		if (sc.max_tokens < o->chunk_tokens)
+			sc.max_tokens = o->chunk_tokens;
+	}
+	err = kvt_sched_create(mr->m, &sc, &mr->s);
+	if (err) {
+		ERRF("kvt_sched_create: %s", kvt_strerror(err));
+		goto out;
+	}
+	run->dram_groups = o->policy == KVT_POLICY_SNAPSTREAM
+				   ? 0
+				   : (uint64_t)(o->dram_gib * 1073741824.0) /
+					     (2ull * mr->cfg.block_tokens * mr->cfg.head_dim *
+					      o->model.elem_bytes * mr->cfg.n_kv_heads);
+	mr->waitq = malloc(run->t->count * sizeof(*mr->waitq));
+	if (!mr->waitq) {
+		err = -ENOMEM;
+		goto out;
+	}
+	mr->st0.size = sizeof(mr->st0);
+	kvt_manager_stats(mr->m, &mr->st0);
+	while (!run_over(run)) {
+		err = submit_waiting(mr);
+		if (err)
+			goto out;
+		if (kvt_sched_pending(mr->s) == 0) {
+			double na = next_arrival(run);
+
+			if (mr->wq_n) {
+				ERRF("request %zu waits for DRAM with nothing running",
+				     mr->waitq[mr->wq_head]);
+				err = -EDEADLK;
+				goto out;
+			}
+			if (na < 0)
+				break;
+			if (na > run->now)
+				run->now = na;
+			continue;
+		}
+		err = mrun_iteration(mr);
+		if (err)
+			goto out;
+	}
+out:
+	for (size_t i = 0; i < run->t->count; i++)
+		release(mr, i);
+	kvt_sched_destroy(mr->s);
+	kvt_manager_destroy(mr->m);
+	free(mr->waitq);
+	free(mr->dseq);
+	free(mr->dreq);
+	free(mr->blocks);
+	free(mr);
+	return err;
+}
+
+/* ---- full: plain vLLM (paged KV in HBM, dense attention) -------------------------------- */
+
+#define FULL_BLOCK 16
+
+struct frun {
+	struct run *run;
+	uint64_t total, free_blocks;
+	size_t *wait; /* deque of request indices (preempted ones go to the front) */
+	size_t w_head, w_n, cap;
+	size_t *running;
+	size_t n_run;
+};
+
+static uint32_t fblocks(uint64_t tokens)
+{
+	return (uint32_t)((tokens + FULL_BLOCK - 1) / FULL_BLOCK);
+}
+
+static void fwait_push_back(struct frun *f, size_t i)
+{
+	f->wait[(f->w_head + f->w_n++) % f->cap] = i;
+}
+
+static void fwait_push_front(struct frun *f, size_t i)
+{
+	f->w_head = (f->w_head + f->cap - 1) % f->cap;
+	f->wait[f->w_head] = i;
+	f->w_n++;
+}
+
+static void fadmit_arrivals(struct frun *f)
+{
+	struct run *run = f->run;
+	size_t i;
+
+	while ((i = arriving(run)) != SIZE_MAX) {
+		const char *why = static_reject(run, i);
+		const struct kvt_trace_req *q = &run->t->reqs[i];
+
+		run->next++;
+		if (!why && fblocks((uint64_t)q->input_tokens + q->output_tokens) > f->total)
+			why = "its KV exceeds the HBM budget";
+		if (why) {
+			fail_req(run, i, why);
+			continue;
+		}
+		if (run->o->concurrency)
+			run->in_system++;
+		run->rq[i].prompt = q->input_tokens;
+		fwait_push_back(f, i);
+	}
+}
+
+/* Frees request i's blocks. */
+static void ffree(struct frun *f, size_t i)
+{
+	f->free_blocks += f->run->rq[i].ring;
+	f->run->rq[i].ring = 0;
+}
+
+/* Preempts the latest running request (recompute: back to the front of the queue). */
+static void fpreempt_last(struct frun *f)
+{
+	size_t i = f->running[--f->n_run];
+	struct rreq *q = &f->run->rq[i];
+
+	ffree(f, i);
+	q->decoding = false;
+	q->done_tok = 0;
+	q->prompt = f->run->res->reqs[i].input_tokens + f->run->res->reqs[i].generated;
+	fwait_push_front(f, i);
+	f->run->res->preemptions++;
+}
+
+static int frun_iteration(struct frun *f)
+{
+	struct run *run = f->run;
+	const struct kvt_replay_opts *o = run->o;
+	const struct kvt_model_preset *mp = &o->model;
+	struct kvt_iter_work w = {0};
+	struct iter_rec ir = {0};
+	double start = run->now, kvb = kvt_model_kv_token_bytes(mp);
+	bool win = run->iter >= o->warmup_iterations;
+	uint32_t chunk = o->chunk_tokens;
+	uint64_t budget = chunk ? (o->max_tokens > chunk ? o->max_tokens : chunk) : o->max_tokens;
+	size_t *pre = NULL, n_pre = 0;
+	uint32_t *pre_tok = NULL;
+	int err = 0;
+
+	pre = malloc((f->w_n + 1) * sizeof(*pre));
+	pre_tok = malloc((f->w_n + 1) * sizeof(*pre_tok));
+	if (!pre || !pre_tok) {
+		err = -ENOMEM;
+		goto out;
+	}
+	/* admission of prefills: vLLM v0 gives prefills their own iteration; chunked
+	   prefill (v1) mixes one budget of decode tokens and prompt chunks */
+	uint64_t used = chunk ? f->n_run : 0;
+	bool prefill_iter = false;
+
+	while (f->w_n && f->n_run + n_pre < o->max_requests) {
+		size_t i = f->wait[f->w_head];
+		struct rreq *q = &run->rq[i];
+		uint32_t left = q->prompt - q->done_tok, take;
+		uint32_t need = q->done_tok ? 0 : fblocks(q->prompt) + 1;
+
+		if (need > f->free_blocks)
+			break;
+		take = left;
+		if (used + take > budget) {
+			if (!chunk && n_pre)
+				break;
+			if (chunk)
+				take = (uint32_t)(budget > used ? budget - used : 0);
+		}
+		if (!take)
+			break;
+		f->free_blocks -= need ? need - 1 : 0;
+		q->ring += need ? need - 1 : 0;
+		used += take;
+		pre[n_pre] = i;
+		pre_tok[n_pre++] = take;
+		f->w_head = (f->w_head + 1) % f->cap;
+		f->w_n--;
+		prefill_iter = true;
+		if (take < left) {
+			q->done_tok += take;
+			/* stays at the front for its next chunk */
+			fwait_push_front(f, i);
+			break;
+		}
+	}
+	/* decodes run unless this is a v0 prefill iteration */
+	size_t n_dec = 0;
+
+	if (chunk || !prefill_iter) {
+		/* each decode needs room for its next token: the latest running request is
+		   preempted (and recomputed later) while a block is missing */
+		for (size_t k = 0; k < f->n_run; k++) {
+			size_t i = f->running[k];
+			uint64_t toks = (uint64_t)run->res->reqs[i].input_tokens +
+					run->res->reqs[i].generated + 1;
+
+			while (k < f->n_run && fblocks(toks) > run->rq[i].ring) {
+				if (f->free_blocks) {
+					f->free_blocks--;
+					run->rq[i].ring++;
+				} else {
+					fpreempt_last(f);
+				}
+			}
+		}
+		n_dec = f->n_run;
+		for (size_t k = 0; k < n_dec; k++) {
+			size_t i = f->running[k];
+
+			w.kv_bytes_read += kvb * ((double)run->res->reqs[i].input_tokens +
+						  run->res->reqs[i].generated);
+		}
+	}
+	for (size_t k = 0; k < n_pre; k++) {
+		struct rreq *q = &run->rq[pre[k]];
+		uint32_t end = q->done_tok ? q->done_tok : q->prompt;
+		uint32_t begin = end - pre_tok[k];
+
+		if (run->res->reqs[pre[k]].sched_s < 0)
+			run->res->reqs[pre[k]].sched_s = run->now;
+		w.prefill_token_layers += (uint64_t)pre_tok[k] * mp->n_layers;
+		/* chunk [begin, end) attends to every earlier token */
+		w.prefill_attn_flops += kvt_prefill_attn_flops(mp, end, mp->n_layers) -
+					kvt_prefill_attn_flops(mp, begin, mp->n_layers);
+	}
+	w.decode_tokens = n_dec;
+	kvt_iter_time(mp, &o->gpu, &w, &ir.tm);
+	run->now += ir.tm.total_s;
+	ir.batch = (uint32_t)(n_pre + n_dec);
+	ir.n_pre = (uint32_t)n_pre;
+	ir.n_dec = (uint32_t)n_dec;
+	ir.token_layers = w.prefill_token_layers;
+	ir.queued = (uint32_t)f->w_n;
+	/* tokens of the decodes, then prompts that finished (they join the running list) */
+	for (size_t k = 0; k < n_dec;) {
+		size_t i = f->running[k];
+
+		if (token(run, i, win)) {
+			err = -ENOMEM;
+			goto out;
+		}
+		if (run->res->reqs[i].status == KVT_REQ_DONE) {
+			ffree(f, i);
+			memmove(&f->running[k], &f->running[k + 1],
+				(f->n_run - k - 1) * sizeof(*f->running));
+			f->n_run--;
+			n_dec--;
+			if (o->concurrency)
+				run->in_system--;
+			continue;
+		}
+		k++;
+	}
+	for (size_t k = 0; k < n_pre; k++) {
+		size_t i = pre[k];
+		struct rreq *q = &run->rq[i];
+
+		if (q->done_tok && q->done_tok < q->prompt)
+			continue; /* more chunks to go */
+		q->done_tok = 0;
+		if (run->res->reqs[i].generated == 0 || !q->decoding) {
+			if (run->res->reqs[i].generated == 0 && token(run, i, win)) {
+				err = -ENOMEM;
+				goto out;
+			}
+		}
+		if (run->res->reqs[i].status == KVT_REQ_DONE) {
+			ffree(f, i);
+			if (o->concurrency)
+				run->in_system--;
+			continue;
+		}
+		q->decoding = true;
+		f->running[f->n_run++] = i;
+	}
+	err = end_iteration(run, &ir, start);
+out:
+	free(pre);
+	free(pre_tok);
+	if (err == -ENOMEM)
+		ERRF("out of memory");
+	return err;
+}
+
+static int frun_loop(struct run *run, double hbm_bytes)
+{
+	struct frun f = {.run = run};
+	int err = 0;
+
+	f.total = (uint64_t)(hbm_bytes / (FULL_BLOCK * kvt_model_kv_token_bytes(&run->o->model)));
+	f.free_blocks = f.total;
+	f.cap = run->t->count + 1;
+	f.wait = malloc(f.cap * sizeof(*f.wait));
+	f.running = malloc(f.cap * sizeof(*f.running));
+	if (!f.wait || !f.running) {
+		err = -ENOMEM;
+		goto out;
+	}
+	while (!run_over(run)) {
+		fadmit_arrivals(&f);
+		if (!f.w_n && !f.n_run) {
+			double na = next_arrival(run);
+
+			if (na < 0)
+				break;
+			if (na > run->now)
+				run->now = na;
+			continue;
+		}
+		err = frun_iteration(&f);
+		if (err)
+			goto out;
+	}
+out:
+	free(f.wait);
+	free(f.running);
+	return err;
+}
+
+/* ---- Entry point -------------------------------------------------------------------------- */
+
+static int check_opts(const struct kvt_replay_opts *o, const struct kvt_trace *t, char *err,
+		      size_t len)
+{
+	if (!t || !t->count || !t->reqs) {
+		snprintf(err, len, "empty trace");
+		return -EINVAL;
+	}
+	if ((unsigned)o->policy > KVT_POLICY_FULL) {
+		snprintf(err, len, "unknown policy");
+		return -EINVAL;
+	}
+	if (!(o->dram_gib > 0) || !isfinite(o->dram_gib) || !isfinite(o->hbm_gib)) {
+		snprintf(err, len, "budgets must be finite and the DRAM budget positive");
+		return -EINVAL;
+	}
+	if (!(o->recall_cache_frac >= 0 && o->recall_cache_frac < 1)) {
+		snprintf(err, len, "the recall cache fraction must be in [0, 1)");
+		return -EINVAL;
+	}
+	if (!o->max_requests || !o->max_tokens) {
+		snprintf(err, len, "R_max and T_max must be at least 1");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int kvt_replay_run(const struct kvt_replay_opts *o, const struct kvt_trace *t,
+		   struct kvt_replay_result *res, char *err, size_t err_len)
+{
+	struct run run = {.o = o, .t = t, .res = res, .err = err, .err_len = err_len};
+	double weights = o->model.params * o->model.elem_bytes, hbm, w0 = cli_now_s();
+	int rc;
+
+	memset(res, 0, sizeof(*res));
+	rc = check_opts(o, t, err, err_len);
+	if (rc)
+		return rc;
+	hbm = o->hbm_gib > 0 ? o->hbm_gib * 1073741824.0 : o->gpu.hbm_gib * 1073741824.0 - weights;
+	if (hbm <= 0) {
+		snprintf(err, err_len, "no HBM left for KV: %s weights %.1f GiB on %s %.1f GiB",
+			 o->model.name, weights / 1073741824.0, o->gpu.name, o->gpu.hbm_gib);
+		return -EINVAL;
+	}
+	res->n_reqs = t->count;
+	res->reqs = calloc(t->count, sizeof(*res->reqs));
+	run.rq = calloc(t->count, sizeof(*run.rq));
+	if (!res->reqs || !run.rq) {
+		free(run.rq);
+		kvt_replay_result_free(res);
+		snprintf(err, err_len, "out of memory");
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < t->count; i++) {
+		struct kvt_req_result *r = &res->reqs[i];
+
+		r->arrival_s = o->concurrency ? -1 : t->reqs[i].arrival_s;
+		r->sched_s = r->first_token_s = r->finish_s = -1;
+		r->input_tokens = t->reqs[i].input_tokens;
+		r->output_tokens = t->reqs[i].output_tokens;
+	}
+	snprintf(res->policy, sizeof(res->policy), "%s", kvt_policy_name(o->policy));
+	snprintf(res->model, sizeof(res->model), "%s", o->model.name);
+	snprintf(res->gpu, sizeof(res->gpu), "%s", o->gpu.name);
+	run.last_progress = cli_now_s();
+	rc = o->policy == KVT_POLICY_FULL ? frun_loop(&run, hbm) : mrun_loop(&run, hbm);
+	free(run.rq);
+	if (rc) {
+		kvt_replay_result_free(res);
+		return rc;
+	}
+	progress(&run, true);
+	res->iterations = run.iter;
+	res->mean_batch_size = run.iter ? (double)run.batch_sum / (double)run.iter : 0;
+	res->blocks_loaded_per_iteration =
+		run.iter ? (double)run.loaded_sum / (double)run.iter : 0;
+	res->recall_hit_rate = run.lookups ? (double)run.hits / (double)run.lookups : 0;
+	res->duration_s = 0;
+	for (size_t i = 0; i < t->count; i++)
+		if (res->reqs[i].finish_s > res->duration_s)
+			res->duration_s = res->reqs[i].finish_s;
+	res->wall_s = cli_now_s() - w0;
+	return 0;
+}
+
+void kvt_replay_result_free(struct kvt_replay_result *res)
+{
+	if (!res)
+		return;
+	free(res->reqs);
+	free(res->itl_s);
+	free(res->win_tbt_s);
+	memset(res, 0, sizeof(*res));
+}
+
+/* ---- Summary, JSON, CSV ------------------------------------------------------------------- */
+
+/* Mean, median and p99 of v[0..n) (sorted in place). */
+static void stats3(double *v, size_t n, double *mean, double *med, double *p99)
+{
+	double s = 0;
+
+	*mean = *med = *p99 = 0;
+	if (!n)
+		return;
+	qsort(v, n, sizeof(*v), cli_cmp_double);
+	for (size_t i = 0; i < n; i++)
+		s += v[i];
+	*mean = s / (double)n;
+	for (int k = 0; k < 2; k++) {
+		double q = k ? 0.99 : 0.5, x = q * (double)(n - 1);
+		size_t lo = (size_t)x, hi = lo + 1 < n ? lo + 1 : lo;
+		double val = v[lo] + (x - (double)lo) * (v[hi] - v[lo]);
+
+		*(k ? p99 : med) = val;
+	}
+}
+
+int kvt_replay_summarize(const struct kvt_replay_result *res, struct kvt_replay_summary *s)
+{
+	size_t n = res->n_reqs, k = 0, kt = 0;
+	double *ttft = malloc((n + 1) * sizeof(double)), *tpot = malloc((n + 1) * sizeof(double));
+	double *e2e = malloc((n + 1) * sizeof(double)), *itl = NULL, delay = 0;
+	size_t nd = 0;
+
+	memset(s, 0, sizeof(*s));
+	if (!ttft || !tpot || !e2e)
+		goto nomem;
+	if (res->n_itl) {
+		itl = malloc(res->n_itl * sizeof(double));
+		if (!itl)
+			goto nomem;
+		memcpy(itl, res->itl_s, res->n_itl * sizeof(double));
+	}
+	for (size_t i = 0; i < n; i++) {
+		const struct kvt_req_result *r = &res->reqs[i];
+
+		if (r->status != KVT_REQ_DONE)
+			continue;
+		ttft[k] = 1e3 * (r->first_token_s - r->arrival_s);
+		e2e[k++] = 1e3 * (r->finish_s - r->arrival_s);
+		if (r->output_tokens > 1)
+			tpot[kt++] = 1e3 * (r->finish_s - r->first_token_s) / (r->output_tokens - 1);
+		delay += r->sched_s - r->arrival_s;
+		nd++;
+	}
+	for (size_t i = 0; i < res->n_itl; i++)
+		itl[i] *= 1e3;
+	stats3(ttft, k, &s->mean_ttft_ms, &s->median_ttft_ms, &s->p99_ttft_ms);
+	stats3(tpot, kt, &s->mean_tpot_ms, &s->median_tpot_ms, &s->p99_tpot_ms);
+	stats3(e2e, k, &s->mean_e2el_ms, &s->median_e2el_ms, &s->p99_e2el_ms);
+	stats3(itl, res->n_itl, &s->mean_itl_ms, &s->median_itl_ms, &s->p99_itl_ms);
+	s->mean_scheduling_delay_ms = nd ? 1e3 * delay / (double)nd : 0;
+	if (res->duration_s > 0) {
+		s->request_throughput = (double)res->completed / res->duration_s;
+		s->output_throughput = (double)res->total_output_tokens / res->duration_s;
+		s->total_token_throughput =
+			(double)(res->total_input_tokens + res->total_output_tokens) /
+			res->duration_s;
+	}
+	free(ttft);
+	free(tpot);
+	free(e2e);
+	free(itl);
+	return 0;
+nomem:
+	free(ttft);
+	free(tpot);
+	free(e2e);
+	free(itl);
+	return -ENOMEM;
+}
+
+int kvt_replay_write_json(const struct kvt_replay_result *res, const struct kvt_replay_summary *s,
+			  json_t *extra, const char *path, char *err, size_t err_len)
+{
+	json_t *o = json_object();
+	int rc = 0;
+	const struct {
+		const char *k;
+		double v;
+	} num[] = {
+		{"duration", res->duration_s},
+		{"request_throughput", s->request_throughput},
+		{"output_throughput", s->output_throughput},
+		{"total_token_throughput", s->total_token_throughput},
+		{"mean_ttft_ms", s->mean_ttft_ms},
+		{"median_ttft_ms", s->median_ttft_ms},
+		{"p99_ttft_ms", s->p99_ttft_ms},
+		{"mean_tpot_ms", s->mean_tpot_ms},
+		{"median_tpot_ms", s->median_tpot_ms},
+		{"p99_tpot_ms", s->p99_tpot_ms},
+		{"mean_itl_ms", s->mean_itl_ms},
+		{"median_itl_ms", s->median_itl_ms},
+		{"p99_itl_ms", s->p99_itl_ms},
+		{"mean_e2el_ms", s->mean_e2el_ms},
+		{"median_e2el_ms", s->median_e2el_ms},
+		{"p99_e2el_ms", s->p99_e2el_ms},
+		{"mean_scheduling_delay_ms", s->mean_scheduling_delay_ms},
+		{"mean_batch_size", res->mean_batch_size},
+		{"blocks_loaded_per_iteration", res->blocks_loaded_per_iteration},
+		{"recall_hit_rate", res->recall_hit_rate},
+		{"time_gemm_s", res->t_gemm},
+		{"time_attention_decode_s", res->t_attn_decode},
+		{"time_attention_prefill_s", res->t_attn_prefill},
+		{"time_transfer_s", res->t_transfer},
+		{"time_cpu_s", res->t_cpu},
+		{"wall_s", res->wall_s},
+	};
+
+	if (!o)
+		goto nomem;
+	for (size_t i = 0; i < sizeof(num) / sizeof(num[0]); i++)
+		if (json_object_set_new(o, num[i].k, json_real(num[i].v)))
+			goto nomem;
+	if (json_object_set_new(o, "completed", json_integer((json_int_t)res->completed)) ||
+	    json_object_set_new(o, "failed", json_integer((json_int_t)res->failed)) ||
+	    json_object_set_new(o, "total_input_tokens",
+				json_integer((json_int_t)res->total_input_tokens)) ||
+	    json_object_set_new(o, "total_output_tokens",
+				json_integer((json_int_t)res->total_output_tokens)) ||
+	    json_object_set_new(o, "max_batch_size", json_integer(res->max_batch_size)) ||
+	    json_object_set_new(o, "iterations", json_integer((json_int_t)res->iterations)) ||
+	    json_object_set_new(o, "preemptions", json_integer((json_int_t)res->preemptions)) ||
+	    json_object_set_new(o, "policy", json_string(res->policy)) ||
+	    json_object_set_new(o, "model", json_string(res->model)) ||
+	    json_object_set_new(o, "gpu", json_string(res->gpu)))
+		goto nomem;
+	if (extra && json_object_update(o, extra))
+		goto nomem;
+	if (json_dump_file(o, path, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(10))) {
+		snprintf(err, err_len, "%s: cannot write: %s", path, strerror(errno));
+		rc = errno ? -errno : -EIO;
+	}
+	json_decref(o);
+	return rc;
+nomem:
+	json_decref(o);
+	snprintf(err, err_len, "out of memory");
+	return -ENOMEM;
+}
+
+int kvt_replay_write_requests_csv(const struct kvt_replay_result *res, FILE *f)
+{
+	fprintf(f, "request,arrival_s,scheduled_s,first_token_s,finish_s,input_tokens,"
+		   "output_tokens,generated,status,reason\n");
+	for (size_t i = 0; i < res->n_reqs; i++) {
+		const struct kvt_req_result *r = &res->reqs[i];
+
+		fprintf(f, "%zu,%.6f,%.6f,%.6f,%.6f,%u,%u,%u,%s,%s\n", i, r->arrival_s,
+			r->sched_s, r->first_token_s, r->finish_s, r->input_tokens,
+			r->output_tokens, r->generated,
+			r->status == KVT_REQ_DONE     ? "completed"
+			: r->status == KVT_REQ_FAILED ? "failed"
+						      : "pending",
+			r->reason ? r->reason : "");
+	}
+	return ferror(f) ? -EIO : 0;
+}

@@ -1,0 +1,182 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The replay engine of kvtier-replay and kvtier-curve (not part of the library): a serving
+ * engine's loop over a request trace, run on simulated time. The real manager, policy and
+ * scheduler run on the model backend (no payload bytes; transfers timed by its bandwidth and
+ * per-call model); the GPU's work is timed by the execution model (exec_model.h); the decode
+ * selection comes from the selection model (selection.h).
+ *
+ * One iteration: the requests that arrived by now are submitted; the scheduler forms a batch;
+ * each prefill item's layers are prefilled, each decode item appends one token to every layer
+ * and (policies with recall) recalls its selection per layer; the iteration takes
+ * kvt_iter_time() of that work; tokens produced by it are stamped at its end.
+ *
+ * Policies:
+ *   kvtier          SnapStream compressed cache (sink, top-K, ring) in HBM, every token in
+ *                   DRAM, dynamic recall of r blocks per (layer, kv head) into the recall
+ *                   cache, fused gathers, working-set-aware admission
+ *   snapstream      the compressed cache in HBM and no host tier: no recall, and the saves
+ *                   to the host history are not timed (SnapStream keeps nothing off the GPU)
+ *   sparse-offload  all KV in DRAM, a small ring in HBM, recall of the whole attention
+ *                   budget per step by per-block copies, no working-set control (vLLM-SO)
+ *   full            every token in HBM, dense attention, paged admission (plain vLLM: blocks
+ *                   of 16 tokens, admission while the prompt's blocks fit, the latest
+ *                   request preempted and recomputed when a decode finds no free block)
+ *
+ * DRAM: a request is submitted to the scheduler only while DRAM can hold its whole history
+ * (prompt + output); until then it waits in arrival order. Failures, each alone and counted
+ * with a reason: input + output beyond the model's context, an empty prompt or no output
+ * tokens, a request whose resident set or history could never fit the budgets alone.
+ */
+#ifndef KVT_REPLAY_H
+#define KVT_REPLAY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "exec_model.h"
+#include "selection.h"
+#include "trace.h"
+
+enum kvt_policy {
+	KVT_POLICY_KVTIER = 0,
+	KVT_POLICY_SNAPSTREAM,
+	KVT_POLICY_SPARSE_OFFLOAD,
+	KVT_POLICY_FULL,
+};
+
+/* "kvtier", "snapstream", "sparse-offload", "full"; "?" otherwise. */
+const char *kvt_policy_name(enum kvt_policy p);
+/* 0 or -EINVAL. */
+int kvt_policy_parse(const char *name, enum kvt_policy *p);
+
+struct kvt_replay_opts {
+	enum kvt_policy policy;
+	struct kvt_model_preset model;
+	struct kvt_gpu_preset gpu;
+	double hbm_gib;	 /* KV budget in HBM; <= 0: the GPU's memory less the weights, less
+			    a 10% reserve for activations */
+	double dram_gib; /* host tier, default 256 */
+	/* Cache geometry: block tokens (8..64, power of two), sink, top-K, ring (recent) tokens */
+	uint32_t block_tokens, sink_tokens, topk_tokens, recent_tokens;
+	/* Recall (kvtier): r blocks per (layer, kv head) per decode step; the recall cache takes
+	   recall_cache_frac of the HBM budget; ws_window steps of working set. */
+	uint32_t recall_blocks, ws_window;
+	double recall_cache_frac;
+	/* Recall simulated on this many layers (evenly spaced; 0 or n_layers: all). The
+	   selection model's layers are independent and alike, so one layer in n_layers /
+	   recall_layers stands for the others: that layer's recall cache share is simulated,
+	   and its loads, load time, recall CPU time and recalled frames are scaled by the
+	   ratio. Cuts the replay's cost by that ratio; kvtier-curve runs all layers. */
+	uint32_t recall_layers;
+	/* sparse-offload: the ring it keeps in HBM, and its recall (defaults: 64 tokens;
+	   (sink + top-K + r * block) / block blocks, the same attention budget as kvtier) */
+	uint32_t so_recent_tokens, so_recall_blocks;
+	struct kvt_sel_params sel; /* .r is set from the policy */
+	bool ws_control;	   /* --no-ws-control clears it */
+	bool fused;		   /* --no-fused-transfer clears it */
+	uint32_t chunk_tokens;	   /* --chunked-prefill B: B tokens of prefill per iteration
+				      (all layers); 0: layer-segmented (2048 * n_layers
+				      token-layers per iteration) */
+	uint32_t max_requests, max_tokens; /* R_max, T_max (T_max >= chunk) */
+	bool cpu_time;			   /* add the measured manager+scheduler CPU time */
+	/* Closed loop: keep `concurrency` requests in the system, the next one entering when
+	   one completes (arrival times ignored); 0: open loop by arrival time. */
+	uint32_t concurrency;
+	/* Stop after this many iterations (0: run to the end); and iterations before which
+	   the curve's window figures are not counted. */
+	uint64_t max_iterations, warmup_iterations;
+	/* Per-iteration callback for the progress bar (may be NULL). */
+	void (*progress)(void *user, size_t done, size_t total, double sim_s);
+	void *progress_user;
+	FILE *iter_csv; /* per-iteration rows, or NULL */
+};
+
+/* Defaults for the llama3-8b/h100 presets, policy kvtier: block 32, sink 128, top-K 1024,
+   ring 512, r = 8 on 8 sampled layers, recall cache 10% of HBM, w = 12, ws control and fused transfers on,
+   layer-segmented prefill, R_max 256, T_max 8192, CPU time counted, DRAM 256 GiB. */
+void kvt_replay_opts_init(struct kvt_replay_opts *o);
+
+enum kvt_req_status {
+	KVT_REQ_PENDING = 0,
+	KVT_REQ_DONE,
+	KVT_REQ_FAILED,
+};
+
+struct kvt_req_result {
+	double arrival_s, sched_s, first_token_s, finish_s; /* simulated; -1 when not reached */
+	uint32_t input_tokens, output_tokens, generated;
+	uint32_t preemptions;
+	enum kvt_req_status status;
+	const char *reason; /* static text when failed */
+};
+
+struct kvt_replay_result {
+	size_t n_reqs;			  /* requests read */
+	struct kvt_req_result *reqs;	  /* [n_reqs], trace order */
+	size_t completed, failed;	  /* completed + failed == n_reqs when run to the end */
+	double duration_s;		  /* simulated: first arrival to last completion */
+	uint64_t total_input_tokens;	  /* of completed requests */
+	uint64_t total_output_tokens;	  /* of completed requests */
+	double *itl_s;			  /* every inter-token latency, [n_itl] */
+	size_t n_itl;
+	uint64_t iterations;
+	double mean_batch_size;
+	uint32_t max_batch_size;
+	double blocks_loaded_per_iteration; /* recall misses loaded, mean over iterations */
+	double recall_hit_rate;		    /* hits / lookups; 0 without recall */
+	uint64_t preemptions;
+	/* Iteration time split (simulated seconds, summed) */
+	double t_gemm, t_attn_decode, t_attn_prefill, t_transfer, t_cpu;
+	/* Window figures (iterations after warmup_iterations): simulated time, decode tokens,
+	   batch sizes, blocks loaded, decode-iteration times for TBT */
+	double win_time_s;
+	uint64_t win_iterations, win_decode_tokens, win_blocks_loaded, win_batch_sum;
+	double *win_tbt_s; /* times of the window's iterations that had decode items */
+	size_t n_win_tbt;
+	double win_ttft_sum_s; /* TTFTs of first tokens produced in the window */
+	uint64_t win_ttft_n;
+	double wall_s; /* wall-clock time of the run */
+	char policy[24], model[32], gpu[32];
+};
+
+/*
+ * Replays trace t (not modified) under o into *res (released with kvt_replay_result_free).
+ * Returns 0, or -errno with a message in err: -EINVAL for bad options, -ENOMEM, or an
+ * unexpected library error (a bug: the message names the call).
+ */
+int kvt_replay_run(const struct kvt_replay_opts *o, const struct kvt_trace *t,
+		   struct kvt_replay_result *res, char *err, size_t err_len);
+void kvt_replay_result_free(struct kvt_replay_result *res);
+
+/* Summary figures in vLLM's terms (ms). Percentiles interpolate linearly between ranks. */
+struct kvt_replay_summary {
+	double request_throughput, output_throughput, total_token_throughput;
+	double mean_ttft_ms, median_ttft_ms, p99_ttft_ms;
+	double mean_tpot_ms, median_tpot_ms, p99_tpot_ms;
+	double mean_itl_ms, median_itl_ms, p99_itl_ms;
+	double mean_e2el_ms, median_e2el_ms, p99_e2el_ms;
+	double mean_scheduling_delay_ms;
+};
+
+/* 0 or -ENOMEM. */
+int kvt_replay_summarize(const struct kvt_replay_result *res, struct kvt_replay_summary *s);
+
+/* The JSON document of a run (keys: a superset of `vllm bench serve`'s) to path: 0 or
+   -errno with a message. `extra` (may be NULL) is merged in (trace figures, options). */
+struct json_t;
+int kvt_replay_write_json(const struct kvt_replay_result *res, const struct kvt_replay_summary *s,
+			  struct json_t *extra, const char *path, char *err, size_t err_len);
+
+/* Per-request CSV: 0 or -errno. */
+int kvt_replay_write_requests_csv(const struct kvt_replay_result *res, FILE *f);
+
+/* Header of the per-iteration CSV the engine writes to opts.iter_csv. */
+#define KVT_REPLAY_ITER_CSV_HEADER                                                         \
+	"iteration,start_s,time_s,batch_size,n_prefill,n_decode,prefill_token_layers,"     \
+	"blocks_loaded,recall_lookups,recall_hits,preempted,resumed,queued,gemm_s,attn_s," \
+	"transfer_s,cpu_s\n"
+
+#endif /* KVT_REPLAY_H */
