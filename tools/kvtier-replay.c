@@ -473,6 +473,11 @@ int main(int argc, char **argv)
 	if (o.num_prompts && o.num_prompts < t.count) {
 		t.count = o.num_prompts;
 		t.duration_s = t.reqs[t.count - 1].arrival_s;
+		t.over_context = 0;
+		for (size_t i = 0; i < t.count; i++)
+			t.over_context += to.max_context && (uint64_t)t.reqs[i].input_tokens +
+									t.reqs[i].output_tokens >
+								to.max_context;
 	}
 	if (o.rate > 0 && kvt_trace_retime(&t, o.rate, o.burstiness, o.seed)) {
 		fprintf(stderr, TOOL ": bad --rate/--burstiness\n");

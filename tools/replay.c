@@ -403,11 +403,13 @@ static int grow_decode(struct mrun *mr, size_t n)
 	if (!b)
 		return -ENOMEM;
 	mr->dreq = b;
-	uint32_t *c = realloc(mr->blocks, cap * mr->cfg.n_kv_heads * mr->r * sizeof(*c));
+	if (mr->recall) {
+		uint32_t *c = realloc(mr->blocks, cap * mr->cfg.n_kv_heads * mr->r * sizeof(*c));
 
-	if (!c)
-		return -ENOMEM;
-	mr->blocks = c;
+		if (!c)
+			return -ENOMEM;
+		mr->blocks = c;
+	}
 	mr->dcap = cap;
 	return 0;
 }
@@ -488,14 +490,6 @@ static int mrun_iteration(struct mrun *mr)
 	if (err) {
 		ERRF("kvt_sched_step: %s", kvt_strerror(err));
 		return err;
-	}
-	for (uint32_t c = 0; c < b.n_completed; c++) {
-		size_t i = b.completed[c] - 1;
-
-		t0 = tick();
-		kvt_seq_destroy(mr->m, b.completed[c]);
-		mr->cpu_s += tick() - t0;
-		release(mr, i);
 	}
 	err = grow_decode(mr, b.n_items);
 	if (err)
@@ -604,6 +598,11 @@ static int mrun_iteration(struct mrun *mr)
 			if (token(run, i, win))
 				goto nomem;
 		}
+		/* the scheduler let go of it at commit: its history and DRAM are free now */
+		if (run->res->reqs[i].status == KVT_REQ_DONE) {
+			kvt_seq_destroy(mr->m, it->seq);
+			release(mr, i);
+		}
 	}
 	return end_iteration(run, &ir, start);
 nomem:
@@ -688,7 +687,9 @@ static int mrun_loop(struct run *run, double hbm_bytes)
 	mr->cfg.recall_cache_bytes = (uint64_t)(hbm_bytes * rc_frac / mr->scale);
 	mr->cfg.device_bytes =
 		(uint64_t)(hbm_bytes * (1 - rc_frac)) + mr->cfg.recall_cache_bytes;
-	mr->cfg.host_bytes = o->policy == KVT_POLICY_SNAPSTREAM ? (uint64_t)1 << 44
+	/* snapstream keeps nothing off the GPU: the library's write-through history gets room
+	   enough never to bind (4 TiB of address range; the model backend allocates none) */
+	mr->cfg.host_bytes = o->policy == KVT_POLICY_SNAPSTREAM ? (uint64_t)4 << 40
 								: (uint64_t)(o->dram_gib * 1073741824.0);
 	mr->sel = o->sel;
 	mr->sel.r = mr->r ? mr->r : 1;
@@ -715,16 +716,15 @@ static int mrun_loop(struct run *run, double hbm_bytes)
 		if (sc.max_tokens < o->chunk_tokens)
 			sc.max_tokens = o->chunk_tokens;
 	}
+	if (o->max_inject_tokens)
+		sc.max_inject_tokens = o->max_inject_tokens;
 	err = kvt_sched_create(mr->m, &sc, &mr->s);
 	if (err) {
 		ERRF("kvt_sched_create: %s", kvt_strerror(err));
 		goto out;
 	}
-	run->dram_groups = o->policy == KVT_POLICY_SNAPSTREAM
-				   ? 0
-				   : (uint64_t)(o->dram_gib * 1073741824.0) /
-					     (2ull * mr->cfg.block_tokens * mr->cfg.head_dim *
-					      o->model.elem_bytes * mr->cfg.n_kv_heads);
+	run->dram_groups = mr->cfg.host_bytes / (2ull * mr->cfg.block_tokens * mr->cfg.head_dim *
+						 o->model.elem_bytes * mr->cfg.n_kv_heads);
 	mr->waitq = malloc(run->t->count * sizeof(*mr->waitq));
 	if (!mr->waitq) {
 		err = -ENOMEM;

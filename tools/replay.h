@@ -81,6 +81,10 @@ struct kvt_replay_opts {
 				      (all layers); 0: layer-segmented (2048 * n_layers
 				      token-layers per iteration) */
 	uint32_t max_requests, max_tokens; /* R_max, T_max (T_max >= chunk) */
+	/* Prefill token-layers per iteration (kvtier, snapstream, sparse-offload); 0: the
+	   default, 2048 * n_layers, or chunk * n_layers. kvtier-curve raises it (with T_max)
+	   so that a closed loop's requests are all prefilled before its measured window. */
+	uint64_t max_inject_tokens;
 	bool cpu_time;			   /* add the measured manager+scheduler CPU time */
 	/* Closed loop: keep `concurrency` requests in the system, the next one entering when
 	   one completes (arrival times ignored); 0: open loop by arrival time. */

@@ -253,7 +253,7 @@ static void charge_save(struct model_backend *mb, uint64_t calls, uint64_t total
 static int model_copy_d2d(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n, void *stream)
 {
 	struct model_backend *mb = mb_of(b);
-	struct list_sum s;
+	struct list_sum s = {0};
 	int err;
 
 	(void)stream;
@@ -270,7 +270,7 @@ static int model_copy_d2d(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n
 static int model_gather_h2d(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n, void *stream)
 {
 	struct model_backend *mb = mb_of(b);
-	struct list_sum s;
+	struct list_sum s = {0};
 	int err;
 
 	(void)stream;
@@ -295,7 +295,7 @@ static int model_save(struct kvt_be *b, const struct kvt_save_src *src, uint32_t
 	struct model_backend *mb = mb_of(b);
 	uint64_t calls, total;
 	struct model_range concat;
-	struct list_sum s;
+	struct list_sum s = {0};
 	int err;
 
 	(void)stream;

@@ -1,0 +1,432 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * replay: the replay engine of kvtier-replay and kvtier-curve (tools/replay.c). A smoke replay
+ * of the bundled trace where every request ends completed or failed; the plain-vLLM baseline
+ * against a hand computation of its iteration times; failures that stay alone, each with its
+ * reason; DRAM admission; closed loops; working-set control cutting recall loads; layer
+ * sampling agreeing with the full recall; summary percentiles; the JSON keys.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "check.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "kvtier.h"
+#include "replay.h"
+
+static void near(double got, double want, double rel, const char *what)
+{
+	if (!(fabs(got - want) <= 1e-12 + rel * fabs(want))) {
+		print_error("%s: %.12g, expected %.12g\n", what, got, want);
+		fail();
+	}
+}
+
+/* Options with the measured CPU time left out, so runs are deterministic. */
+static void opts(struct kvt_replay_opts *o, enum kvt_policy p)
+{
+	kvt_replay_opts_init(o);
+	o->policy = p;
+	o->cpu_time = false;
+}
+
+/* A synthetic trace of n requests (arrival gap seconds apart). */
+static struct kvt_trace mk_trace(size_t n, uint32_t in, uint32_t out, double gap)
+{
+	struct kvt_trace t = {0};
+
+	t.reqs = calloc(n, sizeof(*t.reqs));
+	assert_non_null(t.reqs);
+	t.count = n;
+	for (size_t i = 0; i < n; i++)
+		t.reqs[i] = (struct kvt_trace_req){gap * (double)i, in, out, (uint32_t)i + 1};
+	t.duration_s = gap * (double)(n - 1);
+	return t;
+}
+
+static void run_ok(const struct kvt_replay_opts *o, const struct kvt_trace *t,
+		   struct kvt_replay_result *res)
+{
+	char err[256] = "";
+	int rc = kvt_replay_run(o, t, res, err, sizeof(err));
+
+	if (rc) {
+		print_error("kvt_replay_run: %d: %s\n", rc, err);
+		fail();
+	}
+}
+
+/* Every request read ended completed or failed, consistently with its record. */
+static void check_accounting(const struct kvt_replay_result *res)
+{
+	size_t done = 0, failed = 0;
+
+	for (size_t i = 0; i < res->n_reqs; i++) {
+		const struct kvt_req_result *r = &res->reqs[i];
+
+		if (r->status == KVT_REQ_DONE) {
+			done++;
+			assert_int_equal(r->generated, r->output_tokens);
+			assert_true(r->sched_s >= r->arrival_s);
+			assert_true(r->first_token_s > r->sched_s);
+			assert_true(r->finish_s >= r->first_token_s);
+		} else {
+			assert_int_equal(r->status, KVT_REQ_FAILED);
+			assert_non_null(r->reason);
+			failed++;
+		}
+	}
+	assert_int_equal(done, res->completed);
+	assert_int_equal(failed, res->failed);
+	assert_int_equal(res->completed + res->failed, res->n_reqs);
+}
+
+static const char *bundled(void)
+{
+	const char *d = getenv("KVT_BUNDLED_TRACE");
+
+	return d ? d : "traces/mooncake_synthetic.jsonl";
+}
+
+static void test_smoke_bundled(void **state)
+{
+	static const enum kvt_policy pol[] = {KVT_POLICY_KVTIER, KVT_POLICY_SNAPSTREAM,
+					      KVT_POLICY_SPARSE_OFFLOAD, KVT_POLICY_FULL};
+	struct kvt_trace_opts to = KVT_TRACE_OPTS_INIT;
+	struct kvt_trace t;
+	char err[256];
+	(void)state;
+
+	to.max_context = 131072;
+	CHECK_RC(kvt_trace_read(bundled(), KVT_TRACE_AUTO, &to, &t, err, sizeof(err)), 0);
+	assert_int_equal(t.count, 3993);
+	t.count = 120; /* the first 120 requests keep the test short */
+	for (size_t p = 0; p < 4; p++) {
+		struct kvt_replay_opts o;
+		struct kvt_replay_result res;
+
+		opts(&o, pol[p]);
+		run_ok(&o, &t, &res);
+		check_accounting(&res);
+		assert_true(res.completed >= 119); /* one of the first 120 exceeds the context */
+		assert_true(res.total_output_tokens > 0);
+		assert_true(res.iterations > 0 && res.mean_batch_size >= 1);
+		if (pol[p] == KVT_POLICY_KVTIER || pol[p] == KVT_POLICY_SPARSE_OFFLOAD)
+			assert_true(res.blocks_loaded_per_iteration > 0);
+		else
+			assert_true(res.blocks_loaded_per_iteration == 0);
+		kvt_replay_result_free(&res);
+	}
+	kvt_trace_free(&t);
+}
+
+/* One request under `full`: a prefill iteration, then one decode iteration per further
+   token, each timed by the roofline by hand. */
+static void test_full_by_hand(void **state)
+{
+	struct kvt_trace t = mk_trace(1, 4096, 5, 0);
+	struct kvt_replay_opts o;
+	struct kvt_replay_result res;
+	struct kvt_replay_summary s;
+	(void)state;
+
+	opts(&o, KVT_POLICY_FULL);
+	run_ok(&o, &t, &res);
+	check_accounting(&res);
+	const struct kvt_model_preset *m = &o.model;
+	double bw = o.gpu.hbm_gbps * 1e9, peak = o.gpu.tflops * 1e12;
+	double wbytes = m->params * m->elem_bytes, L = 4096;
+	double t1 = fmax(wbytes / bw, 2 * m->params * L / peak) +
+		    4.0 * (L * L / 2) * m->n_q_heads * m->head_dim * m->n_layers / peak;
+	double e2e = t1;
+
+	for (int g = 1; g <= 4; g++)
+		e2e += wbytes / bw + (L + g) * kvt_model_kv_token_bytes(m) / bw;
+	near(res.reqs[0].first_token_s, t1, 1e-9, "TTFT");
+	near(res.reqs[0].finish_s, e2e, 1e-9, "E2E");
+	assert_int_equal(res.iterations, 5);
+	assert_int_equal(res.n_itl, 4);
+	CHECK_RC(kvt_replay_summarize(&res, &s), 0);
+	near(s.mean_ttft_ms, 1e3 * t1, 1e-9, "mean TTFT");
+	near(s.mean_tpot_ms, 1e3 * (e2e - t1) / 4, 1e-9, "TPOT");
+	near(s.output_throughput, 5 / e2e, 1e-9, "output throughput");
+	kvt_replay_result_free(&res);
+	free(t.reqs);
+}
+
+/* Requests that can never run fail alone, each with its reason; the others complete. */
+static void test_failures_alone(void **state)
+{
+	static const enum kvt_policy pol[] = {KVT_POLICY_KVTIER, KVT_POLICY_FULL};
+	(void)state;
+
+	for (size_t p = 0; p < 2; p++) {
+		struct kvt_trace t = mk_trace(6, 8192, 8, 0.01);
+		struct kvt_replay_opts o;
+		struct kvt_replay_result res;
+
+		t.reqs[1].input_tokens = 0;	 /* empty prompt */
+		t.reqs[2].output_tokens = 0;	 /* nothing to generate */
+		t.reqs[3].input_tokens = 200000; /* beyond llama3-8b's 128K context */
+		t.reqs[4].input_tokens = 120000; /* fits the context, not a 4 GiB budget */
+		opts(&o, pol[p]);
+		o.hbm_gib = 4;
+		o.dram_gib = 8;
+		run_ok(&o, &t, &res);
+		check_accounting(&res);
+		assert_int_equal(res.completed, 2);
+		assert_int_equal(res.failed, 4);
+		assert_int_equal(res.reqs[0].status, KVT_REQ_DONE);
+		assert_int_equal(res.reqs[5].status, KVT_REQ_DONE);
+		assert_string_equal(res.reqs[1].reason, "empty prompt");
+		assert_string_equal(res.reqs[2].reason, "no output tokens");
+		assert_string_equal(res.reqs[3].reason, "input + output exceed the model's context");
+		assert_non_null(strstr(res.reqs[4].reason, "exceeds the"));
+		kvt_replay_result_free(&res);
+		free(t.reqs);
+	}
+}
+
+/* DRAM admission: with room for one history at a time, requests run one after another (the
+   batch never exceeds one) and all complete. */
+static void test_dram_admission(void **state)
+{
+	struct kvt_trace t = mk_trace(4, 16384, 4, 0);
+	struct kvt_replay_opts o;
+	struct kvt_replay_result res;
+	(void)state;
+
+	opts(&o, KVT_POLICY_KVTIER);
+	o.dram_gib = 2.5; /* one 16K-token history is 2 GiB */
+	run_ok(&o, &t, &res);
+	check_accounting(&res);
+	assert_int_equal(res.completed, 4);
+	assert_int_equal(res.max_batch_size, 1);
+	for (size_t i = 1; i < 4; i++)
+		assert_true(res.reqs[i].sched_s >= res.reqs[i - 1].finish_s);
+	kvt_replay_result_free(&res);
+	free(t.reqs);
+}
+
+/* Closed loop: at most `concurrency` requests in the system, arrival times ignored, each
+   entering when an earlier one completes. */
+static void test_closed_loop(void **state)
+{
+	struct kvt_trace t = mk_trace(24, 4096, 16, 1000.0);
+	struct kvt_replay_opts o;
+	struct kvt_replay_result res;
+	(void)state;
+
+	opts(&o, KVT_POLICY_KVTIER);
+	o.concurrency = 4;
+	run_ok(&o, &t, &res);
+	check_accounting(&res);
+	assert_int_equal(res.completed, 24);
+	assert_true(res.max_batch_size <= 4);
+	assert_true(res.duration_s < 1000.0); /* the 1000 s gaps were ignored */
+	for (size_t i = 4; i < 24; i++) {
+		size_t before = 0;
+
+		for (size_t k = 0; k < i; k++)
+			before += res.reqs[k].finish_s <= res.reqs[i].arrival_s;
+		assert_true(before >= i - 3); /* it entered when a place was free */
+	}
+	kvt_replay_result_free(&res);
+	free(t.reqs);
+}
+
+/* Fixed-batch decode with a recall cache too small for every working set: without
+   working-set control the LRU cache thrashes (loads explode); with it, admission keeps the
+   running working sets inside the cache. */
+static void run_ws(bool ws, uint32_t layers, struct kvt_replay_result *res)
+{
+	struct kvt_trace t = mk_trace(96, 32768, 200, 0);
+	struct kvt_replay_opts o;
+
+	opts(&o, KVT_POLICY_KVTIER);
+	o.concurrency = 48;
+	o.ws_control = ws;
+	o.recall_cache_frac = 0.02;
+	o.recall_layers = layers;
+	o.max_tokens = 1u << 30; /* every request prefilled at once: a pure decode window */
+	o.max_inject_tokens = (uint64_t)1 << 40;
+	o.warmup_iterations = 20;
+	o.max_iterations = 80;
+	run_ok(&o, &t, res);
+	free(t.reqs);
+}
+
+static void test_ws_control(void **state)
+{
+	struct kvt_replay_result on, off;
+	(void)state;
+
+	run_ws(true, 8, &on);
+	run_ws(false, 8, &off);
+	double l_on = (double)on.win_blocks_loaded / (double)on.win_iterations;
+	double l_off = (double)off.win_blocks_loaded / (double)off.win_iterations;
+	double b_on = (double)on.win_batch_sum / (double)on.win_iterations;
+	double b_off = (double)off.win_batch_sum / (double)off.win_iterations;
+
+	print_message("ws on: batch %.1f, %.0f blocks/iteration; off: batch %.1f, %.0f\n", b_on,
+		      l_on, b_off, l_off);
+	assert_true(b_off > b_on);	      /* control admits fewer ... */
+	assert_true(l_off / b_off > 2 * l_on / b_on); /* ... and loads far less per request */
+	kvt_replay_result_free(&on);
+	kvt_replay_result_free(&off);
+}
+
+/* Layer sampling stands for the full recall: blocks loaded and hit rate agree. */
+static void test_layer_sampling(void **state)
+{
+	struct kvt_replay_result all, some;
+	(void)state;
+
+	run_ws(false, 0, &all);
+	run_ws(false, 8, &some);
+	near((double)some.win_blocks_loaded, (double)all.win_blocks_loaded, 0.05, "loads");
+	near(some.recall_hit_rate, all.recall_hit_rate, 0.05, "hit rate");
+	kvt_replay_result_free(&all);
+	kvt_replay_result_free(&some);
+}
+
+/* Percentiles interpolate between ranks (numpy's default); TPOT leaves out one-token
+   requests. */
+static void test_summary(void **state)
+{
+	struct kvt_req_result r[4] = {
+		{.arrival_s = 0, .sched_s = 0, .first_token_s = 1, .finish_s = 2, .output_tokens = 3},
+		{.arrival_s = 0, .sched_s = 1, .first_token_s = 2, .finish_s = 2, .output_tokens = 1},
+		{.arrival_s = 1, .sched_s = 1, .first_token_s = 4, .finish_s = 8, .output_tokens = 5},
+		{.status = KVT_REQ_FAILED, .reason = "x", .arrival_s = 0},
+	};
+	double itl[3] = {0.5, 0.1, 0.3};
+	struct kvt_replay_result res = {.n_reqs = 4, .reqs = r, .itl_s = itl, .n_itl = 3,
+					.completed = 3, .failed = 1, .duration_s = 8,
+					.total_output_tokens = 9};
+	struct kvt_replay_summary s;
+	(void)state;
+
+	for (int i = 0; i < 3; i++)
+		r[i].status = KVT_REQ_DONE;
+	CHECK_RC(kvt_replay_summarize(&res, &s), 0);
+	/* TTFT 1, 2, 3 s */
+	near(s.mean_ttft_ms, 2000, 1e-12, "mean TTFT");
+	near(s.median_ttft_ms, 2000, 1e-12, "median TTFT");
+	near(s.p99_ttft_ms, 1000 * (2 + 0.98), 1e-12, "p99 TTFT");
+	/* TPOT: (2-1)/2 = 0.5 s and (8-4)/4 = 1 s */
+	near(s.mean_tpot_ms, 750, 1e-12, "mean TPOT");
+	near(s.median_itl_ms, 300, 1e-12, "median ITL");
+	near(s.p99_itl_ms, 1000 * (0.3 + 0.98 * 0.2), 1e-12, "p99 ITL");
+	near(s.mean_scheduling_delay_ms, 1000.0 / 3, 1e-12, "scheduling delay");
+	near(s.output_throughput, 9.0 / 8, 1e-12, "output throughput");
+	near(s.request_throughput, 3.0 / 8, 1e-12, "request throughput");
+}
+
+static void test_json_keys(void **state)
+{
+	static const char *const vllm[] = {
+		"completed",	      "failed",
+		"duration",	      "total_input_tokens",
+		"total_output_tokens", "request_throughput",
+		"output_throughput",  "total_token_throughput",
+	};
+	static const char *const lat[] = {"ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"};
+	static const char *const ours[] = {
+		"mean_scheduling_delay_ms", "mean_batch_size", "max_batch_size",
+		"blocks_loaded_per_iteration", "recall_hit_rate", "policy", "model", "gpu",
+	};
+	struct kvt_trace t = mk_trace(8, 8192, 8, 0.05);
+	struct kvt_replay_opts o;
+	struct kvt_replay_result res;
+	struct kvt_replay_summary s;
+	char path[] = "/tmp/kvt-replay-json-XXXXXX", err[256], key[64];
+	json_t *root, *extra = json_pack("{s:s}", "trace", "synthetic");
+	json_error_t je;
+	int fd = mkstemp(path);
+	(void)state;
+
+	assert_true(fd >= 0);
+	close(fd);
+	opts(&o, KVT_POLICY_KVTIER);
+	run_ok(&o, &t, &res);
+	CHECK_RC(kvt_replay_summarize(&res, &s), 0);
+	CHECK_RC(kvt_replay_write_json(&res, &s, extra, path, err, sizeof(err)), 0);
+	root = json_load_file(path, 0, &je);
+	assert_non_null(root);
+	for (size_t i = 0; i < sizeof(vllm) / sizeof(vllm[0]); i++)
+		assert_true(json_is_number(json_object_get(root, vllm[i])));
+	for (size_t i = 0; i < 4; i++)
+		for (int k = 0; k < 3; k++) {
+			snprintf(key, sizeof(key), "%s_%s", k == 0 ? "mean" : k == 1 ? "median" : "p99",
+				 lat[i]);
+			assert_true(json_is_number(json_object_get(root, key)));
+		}
+	for (size_t i = 0; i < sizeof(ours) / sizeof(ours[0]); i++)
+		assert_non_null(json_object_get(root, ours[i]));
+	assert_int_equal(json_integer_value(json_object_get(root, "completed")), 8);
+	assert_string_equal(json_string_value(json_object_get(root, "policy")), "kvtier");
+	assert_string_equal(json_string_value(json_object_get(root, "trace")), "synthetic");
+	json_decref(root);
+	json_decref(extra);
+	unlink(path);
+	/* an unwritable path is an error with a message, not a crash */
+	assert_true(kvt_replay_write_json(&res, &s, NULL, "/nonexistent/dir/x.json", err,
+					  sizeof(err)) < 0);
+	assert_non_null(strstr(err, "/nonexistent/dir/x.json"));
+	kvt_replay_result_free(&res);
+	free(t.reqs);
+}
+
+static void test_bad_options(void **state)
+{
+	struct kvt_trace t = mk_trace(2, 1024, 4, 0), empty = {0};
+	struct kvt_replay_opts o;
+	struct kvt_replay_result res;
+	char err[256];
+	enum kvt_policy p;
+	(void)state;
+
+	opts(&o, KVT_POLICY_KVTIER);
+	assert_int_equal(kvt_replay_run(&o, &empty, &res, err, sizeof(err)), -EINVAL);
+	o.dram_gib = 0;
+	assert_int_equal(kvt_replay_run(&o, &t, &res, err, sizeof(err)), -EINVAL);
+	opts(&o, KVT_POLICY_KVTIER);
+	o.recall_cache_frac = 1.5;
+	assert_int_equal(kvt_replay_run(&o, &t, &res, err, sizeof(err)), -EINVAL);
+	opts(&o, KVT_POLICY_KVTIER);
+	kvt_preset_gpu("a100-40g", &o.gpu);
+	kvt_preset_model("llama3-70b", &o.model); /* 141 GB of weights on a 40 GB GPU */
+	assert_int_equal(kvt_replay_run(&o, &t, &res, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "no HBM left"));
+	assert_int_equal(kvt_policy_parse("sparse-offload", &p), 0);
+	assert_int_equal(p, KVT_POLICY_SPARSE_OFFLOAD);
+	assert_int_equal(kvt_policy_parse("vllm", &p), -EINVAL);
+	assert_string_equal(kvt_policy_name(KVT_POLICY_FULL), "full");
+	free(t.reqs);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_smoke_bundled), cmocka_unit_test(test_full_by_hand),
+		cmocka_unit_test(test_failures_alone), cmocka_unit_test(test_dram_admission),
+		cmocka_unit_test(test_closed_loop),   cmocka_unit_test(test_ws_control),
+		cmocka_unit_test(test_layer_sampling), cmocka_unit_test(test_summary),
+		cmocka_unit_test(test_json_keys),     cmocka_unit_test(test_bad_options),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
