@@ -56,8 +56,7 @@ struct kvt_replay_opts {
 	enum kvt_policy policy;
 	struct kvt_model_preset model;
 	struct kvt_gpu_preset gpu;
-	double hbm_gib;	 /* KV budget in HBM; <= 0: the GPU's memory less the weights, less
-			    a 10% reserve for activations */
+	double hbm_gib;	 /* KV budget in HBM; <= 0: the GPU's memory less the weights */
 	double dram_gib; /* host tier, default 256 */
 	/* Cache geometry: block tokens (8..64, power of two), sink, top-K, ring (recent) tokens */
 	uint32_t block_tokens, sink_tokens, topk_tokens, recent_tokens;
