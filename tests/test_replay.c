@@ -192,7 +192,8 @@ static void test_failures_alone(void **state)
 		assert_int_equal(res.reqs[5].status, KVT_REQ_DONE);
 		assert_string_equal(res.reqs[1].reason, "empty prompt");
 		assert_string_equal(res.reqs[2].reason, "no output tokens");
-		assert_string_equal(res.reqs[3].reason, "input + output exceed the model's context");
+		assert_string_equal(res.reqs[3].reason,
+				    "input + output exceed the model's context");
 		assert_non_null(strstr(res.reqs[4].reason, "exceeds the"));
 		kvt_replay_result_free(&res);
 		free(t.reqs);
@@ -282,7 +283,7 @@ static void test_ws_control(void **state)
 
 	print_message("ws on: batch %.1f, %.0f blocks/iteration; off: batch %.1f, %.0f\n", b_on,
 		      l_on, b_off, l_off);
-	assert_true(b_off > b_on);	      /* control admits fewer ... */
+	assert_true(b_off > b_on);		      /* control admits fewer ... */
 	assert_true(l_off / b_off > 2 * l_on / b_on); /* ... and loads far less per request */
 	kvt_replay_result_free(&on);
 	kvt_replay_result_free(&off);
@@ -307,14 +308,31 @@ static void test_layer_sampling(void **state)
 static void test_summary(void **state)
 {
 	struct kvt_req_result r[4] = {
-		{.arrival_s = 0, .sched_s = 0, .first_token_s = 1, .finish_s = 2, .output_tokens = 3},
-		{.arrival_s = 0, .sched_s = 1, .first_token_s = 2, .finish_s = 2, .output_tokens = 1},
-		{.arrival_s = 1, .sched_s = 1, .first_token_s = 4, .finish_s = 8, .output_tokens = 5},
+		{.arrival_s = 0,
+		 .sched_s = 0,
+		 .first_token_s = 1,
+		 .finish_s = 2,
+		 .output_tokens = 3},
+		{.arrival_s = 0,
+		 .sched_s = 1,
+		 .first_token_s = 2,
+		 .finish_s = 2,
+		 .output_tokens = 1},
+		{.arrival_s = 1,
+		 .sched_s = 1,
+		 .first_token_s = 4,
+		 .finish_s = 8,
+		 .output_tokens = 5},
 		{.status = KVT_REQ_FAILED, .reason = "x", .arrival_s = 0},
 	};
 	double itl[3] = {0.5, 0.1, 0.3};
-	struct kvt_replay_result res = {.n_reqs = 4, .reqs = r, .itl_s = itl, .n_itl = 3,
-					.completed = 3, .failed = 1, .duration_s = 8,
+	struct kvt_replay_result res = {.n_reqs = 4,
+					.reqs = r,
+					.itl_s = itl,
+					.n_itl = 3,
+					.completed = 3,
+					.failed = 1,
+					.duration_s = 8,
 					.total_output_tokens = 9};
 	struct kvt_replay_summary s;
 	(void)state;
@@ -338,15 +356,25 @@ static void test_summary(void **state)
 static void test_json_keys(void **state)
 {
 	static const char *const vllm[] = {
-		"completed",	      "failed",
-		"duration",	      "total_input_tokens",
-		"total_output_tokens", "request_throughput",
-		"output_throughput",  "total_token_throughput",
+		"completed",
+		"failed",
+		"duration",
+		"total_input_tokens",
+		"total_output_tokens",
+		"request_throughput",
+		"output_throughput",
+		"total_token_throughput",
 	};
 	static const char *const lat[] = {"ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"};
 	static const char *const ours[] = {
-		"mean_scheduling_delay_ms", "mean_batch_size", "max_batch_size",
-		"blocks_loaded_per_iteration", "recall_hit_rate", "policy", "model", "gpu",
+		"mean_scheduling_delay_ms",
+		"mean_batch_size",
+		"max_batch_size",
+		"blocks_loaded_per_iteration",
+		"recall_hit_rate",
+		"policy",
+		"model",
+		"gpu",
 	};
 	struct kvt_trace t = mk_trace(8, 8192, 8, 0.05);
 	struct kvt_replay_opts o;
@@ -370,7 +398,10 @@ static void test_json_keys(void **state)
 		assert_true(json_is_number(json_object_get(root, vllm[i])));
 	for (size_t i = 0; i < 4; i++)
 		for (int k = 0; k < 3; k++) {
-			snprintf(key, sizeof(key), "%s_%s", k == 0 ? "mean" : k == 1 ? "median" : "p99",
+			snprintf(key, sizeof(key), "%s_%s",
+				 k == 0	  ? "mean"
+				 : k == 1 ? "median"
+					  : "p99",
 				 lat[i]);
 			assert_true(json_is_number(json_object_get(root, key)));
 		}
@@ -421,11 +452,11 @@ static void test_bad_options(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_smoke_bundled), cmocka_unit_test(test_full_by_hand),
+		cmocka_unit_test(test_smoke_bundled),  cmocka_unit_test(test_full_by_hand),
 		cmocka_unit_test(test_failures_alone), cmocka_unit_test(test_dram_admission),
-		cmocka_unit_test(test_closed_loop),   cmocka_unit_test(test_ws_control),
+		cmocka_unit_test(test_closed_loop),    cmocka_unit_test(test_ws_control),
 		cmocka_unit_test(test_layer_sampling), cmocka_unit_test(test_summary),
-		cmocka_unit_test(test_json_keys),     cmocka_unit_test(test_bad_options),
+		cmocka_unit_test(test_json_keys),      cmocka_unit_test(test_bad_options),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -140,48 +140,92 @@ static int parse_opt(int c, const char *a, const char *name, struct opts *o)
 	uint32_t u;
 	double d;
 
-#define U32(lo, hi, dst)                                      \
-	do {                                                  \
-		if (cli_parse_u32(a, lo, hi, &u))             \
-			return cli_bad_value(TOOL, name, a);  \
-		dst = u;                                      \
+#define U32(lo, hi, dst)                                     \
+	do {                                                 \
+		if (cli_parse_u32(a, lo, hi, &u))            \
+			return cli_bad_value(TOOL, name, a); \
+		dst = u;                                     \
 	} while (0)
-#define DBL(lo, hi, dst)                                      \
-	do {                                                  \
-		if (parse_double(a, lo, hi, &d))              \
-			return cli_bad_value(TOOL, name, a);  \
-		dst = d;                                      \
+#define DBL(lo, hi, dst)                                     \
+	do {                                                 \
+		if (parse_double(a, lo, hi, &d))             \
+			return cli_bad_value(TOOL, name, a); \
+		dst = d;                                     \
 	} while (0)
 	switch (c) {
 	case O_FORMAT:
 		return kvt_trace_format_parse(a, &o->format) ? cli_bad_value(TOOL, name, a) : 0;
-	case O_NUM: U32(1, UINT32_MAX, o->num_prompts); break;
-	case O_RATE: DBL(0, INFINITY, o->rate); if (o->rate == 0) return cli_bad_value(TOOL, name, a); break;
-	case O_BURST: DBL(1e-3, 1e3, o->burstiness); break;
-	case O_SEED: U32(0, UINT32_MAX, o->seed); r->sel.seed = o->seed; break;
-	case O_CONC: U32(1, 1u << 20, r->concurrency); break;
+	case O_NUM:
+		U32(1, UINT32_MAX, o->num_prompts);
+		break;
+	case O_RATE:
+		DBL(0, INFINITY, o->rate);
+		if (o->rate == 0)
+			return cli_bad_value(TOOL, name, a);
+		break;
+	case O_BURST:
+		DBL(1e-3, 1e3, o->burstiness);
+		break;
+	case O_SEED:
+		U32(0, UINT32_MAX, o->seed);
+		r->sel.seed = o->seed;
+		break;
+	case O_CONC:
+		U32(1, 1u << 20, r->concurrency);
+		break;
 	case O_POLICY:
 		return kvt_policy_parse(a, &r->policy) ? cli_bad_value(TOOL, name, a) : 0;
 	case O_MODEL:
 		return kvt_preset_model(a, &r->model) ? cli_bad_value(TOOL, name, a) : 0;
 	case O_GPU:
 		return kvt_preset_gpu(a, &r->gpu) ? cli_bad_value(TOOL, name, a) : 0;
-	case O_HBM: DBL(1e-3, 1e6, r->hbm_gib); break;
-	case O_DRAM: DBL(1e-3, 1e7, r->dram_gib); break;
-	case O_RMAX: U32(1, 1u << 20, r->max_requests); break;
-	case O_TMAX: U32(1, UINT32_MAX, r->max_tokens); break;
-	case O_BT: U32(8, 64, r->block_tokens); break;
-	case O_SINK: U32(0, 1u << 24, r->sink_tokens); break;
-	case O_TOPK: U32(0, 1u << 24, r->topk_tokens); break;
-	case O_RECENT: U32(1, 1u << 24, r->recent_tokens); break;
-	case O_RECALL: U32(0, 1024, r->recall_blocks); break;
-	case O_RCFRAC: DBL(0, 0.99, r->recall_cache_frac); break;
-	case O_WSW: U32(1, 64, r->ws_window); break;
-	case O_KEEP: DBL(0, 1, r->sel.p_keep); break;
-	case O_REVISIT: DBL(0, 1, r->sel.p_revisit); break;
-	case O_SELW: U32(1, 64, r->sel.window); break;
-	case O_CHUNK: U32(1, UINT32_MAX, r->chunk_tokens); break;
-	default: break;
+	case O_HBM:
+		DBL(1e-3, 1e6, r->hbm_gib);
+		break;
+	case O_DRAM:
+		DBL(1e-3, 1e7, r->dram_gib);
+		break;
+	case O_RMAX:
+		U32(1, 1u << 20, r->max_requests);
+		break;
+	case O_TMAX:
+		U32(1, UINT32_MAX, r->max_tokens);
+		break;
+	case O_BT:
+		U32(8, 64, r->block_tokens);
+		break;
+	case O_SINK:
+		U32(0, 1u << 24, r->sink_tokens);
+		break;
+	case O_TOPK:
+		U32(0, 1u << 24, r->topk_tokens);
+		break;
+	case O_RECENT:
+		U32(1, 1u << 24, r->recent_tokens);
+		break;
+	case O_RECALL:
+		U32(0, 1024, r->recall_blocks);
+		break;
+	case O_RCFRAC:
+		DBL(0, 0.99, r->recall_cache_frac);
+		break;
+	case O_WSW:
+		U32(1, 64, r->ws_window);
+		break;
+	case O_KEEP:
+		DBL(0, 1, r->sel.p_keep);
+		break;
+	case O_REVISIT:
+		DBL(0, 1, r->sel.p_revisit);
+		break;
+	case O_SELW:
+		U32(1, 64, r->sel.window);
+		break;
+	case O_CHUNK:
+		U32(1, UINT32_MAX, r->chunk_tokens);
+		break;
+	default:
+		break;
 	}
 #undef U32
 #undef DBL
@@ -236,17 +280,38 @@ static int parse(int argc, char **argv, struct opts *o)
 		const char *name = c >= O_FORMAT && c <= O_HELP ? lo[c - O_FORMAT].name : "?";
 
 		switch (c) {
-		case O_SKIP: o->skip_bad = true; break;
-		case O_PRESET: o->preset_json = optarg; break;
-		case O_NOWS: o->r.ws_control = false; break;
-		case O_NOFUSED: o->r.fused = false; break;
-		case O_NOCPU: o->r.cpu_time = false; break;
-		case O_JSON: o->json = optarg; break;
-		case O_REQCSV: o->req_csv = optarg; break;
-		case O_ITERCSV: o->iter_csv = optarg; break;
-		case O_QUIET: o->quiet = true; break;
-		case O_HELP: usage(stdout); exit(0);
-		case '?': return -1;
+		case O_SKIP:
+			o->skip_bad = true;
+			break;
+		case O_PRESET:
+			o->preset_json = optarg;
+			break;
+		case O_NOWS:
+			o->r.ws_control = false;
+			break;
+		case O_NOFUSED:
+			o->r.fused = false;
+			break;
+		case O_NOCPU:
+			o->r.cpu_time = false;
+			break;
+		case O_JSON:
+			o->json = optarg;
+			break;
+		case O_REQCSV:
+			o->req_csv = optarg;
+			break;
+		case O_ITERCSV:
+			o->iter_csv = optarg;
+			break;
+		case O_QUIET:
+			o->quiet = true;
+			break;
+		case O_HELP:
+			usage(stdout);
+			exit(0);
+		case '?':
+			return -1;
 		default:
 			if (parse_opt(c, optarg, name, o))
 				return -1;
@@ -309,8 +374,8 @@ static void section(const char *title)
 {
 	int pad = 50 - (int)strlen(title) - 2, l = pad / 2, r = pad - l;
 
-	printf("%.*s %s %.*s\n", l, "--------------------------------------------------", title,
-	       r, "--------------------------------------------------");
+	printf("%.*s %s %.*s\n", l, "--------------------------------------------------", title, r,
+	       "--------------------------------------------------");
 }
 
 static void print_summary(const struct opts *o, const struct kvt_trace *t,
@@ -321,9 +386,10 @@ static void print_summary(const struct opts *o, const struct kvt_trace *t,
 	printf("%-40s %-10zu\n", "Successful requests:", res->completed);
 	printf("%-40s %-10zu\n", "Failed requests:", res->failed);
 	line("Benchmark duration (s):", res->duration_s, 2);
-	printf("%-40s %-10llu\n", "Total input tokens:", (unsigned long long)res->total_input_tokens);
-	printf("%-40s %-10llu\n", "Total generated tokens:",
-	       (unsigned long long)res->total_output_tokens);
+	printf("%-40s %-10llu\n",
+	       "Total input tokens:", (unsigned long long)res->total_input_tokens);
+	printf("%-40s %-10llu\n",
+	       "Total generated tokens:", (unsigned long long)res->total_output_tokens);
 	line("Request throughput (req/s):", s->request_throughput, 2);
 	line("Output token throughput (tok/s):", s->output_throughput, 2);
 	line("Total Token throughput (tok/s):", s->total_token_throughput, 2);
@@ -344,14 +410,13 @@ static void print_summary(const struct opts *o, const struct kvt_trace *t,
 	line("Median E2EL (ms):", s->median_e2el_ms, 2);
 	line("P99 E2EL (ms):", s->p99_e2el_ms, 2);
 	section("kvtier");
-	printf("%-40s %s / %s / %s\n", "Policy / model / GPU:", res->policy, res->model,
-	       res->gpu);
+	printf("%-40s %s / %s / %s\n", "Policy / model / GPU:", res->policy, res->model, res->gpu);
 	printf("%-40s %s (%s), %zu requests over %.1f s\n", "Trace:", o->trace,
 	       kvt_trace_format_name(t->format), ts->count, ts->duration_s);
 	printf("%-40s mean %.0f, p50 %.0f, p99 %.0f, max %u\n", "Input tokens:", ts->input_mean,
 	       ts->input_p50, ts->input_p99, ts->input_max);
-	printf("%-40s mean %.0f, p50 %.0f, p99 %.0f, max %u\n", "Output tokens:",
-	       ts->output_mean, ts->output_p50, ts->output_p99, ts->output_max);
+	printf("%-40s mean %.0f, p50 %.0f, p99 %.0f, max %u\n", "Output tokens:", ts->output_mean,
+	       ts->output_p50, ts->output_p99, ts->output_max);
 	if (t->skipped)
 		printf("%-40s %zu\n", "Malformed lines skipped:", t->skipped);
 	if (t->over_context)
@@ -373,8 +438,7 @@ static void print_summary(const struct opts *o, const struct kvt_trace *t,
 }
 
 /* Trace figures and options merged into the JSON. */
-static json_t *extra_json(const struct opts *o, const struct kvt_trace *t,
-			  const struct reasons *rs)
+static json_t *extra_json(const struct opts *o, const struct kvt_trace *t, const struct reasons *rs)
 {
 	json_t *x = json_object(), *fr = json_object();
 
@@ -395,8 +459,8 @@ static json_t *extra_json(const struct opts *o, const struct kvt_trace *t,
 	    json_object_set_new(x, "over_context", json_integer((json_int_t)t->over_context)) ||
 	    json_object_set_new(x, "request_rate",
 				o->rate > 0 && isfinite(o->rate) ? json_real(o->rate)
-				: o->rate > 0			  ? json_string("inf")
-								  : json_null()) ||
+				: o->rate > 0			 ? json_string("inf")
+								 : json_null()) ||
 	    json_object_set_new(x, "burstiness", json_real(o->burstiness)) ||
 	    json_object_set_new(x, "max_concurrency",
 				o->r.concurrency ? json_integer(o->r.concurrency) : json_null()) ||
@@ -475,9 +539,10 @@ int main(int argc, char **argv)
 		t.duration_s = t.reqs[t.count - 1].arrival_s;
 		t.over_context = 0;
 		for (size_t i = 0; i < t.count; i++)
-			t.over_context += to.max_context && (uint64_t)t.reqs[i].input_tokens +
-									t.reqs[i].output_tokens >
-								to.max_context;
+			t.over_context +=
+				to.max_context &&
+				(uint64_t)t.reqs[i].input_tokens + t.reqs[i].output_tokens >
+					to.max_context;
 	}
 	if (o.rate > 0 && kvt_trace_retime(&t, o.rate, o.burstiness, o.seed)) {
 		fprintf(stderr, TOOL ": bad --rate/--burstiness\n");

@@ -63,11 +63,11 @@ void kvt_replay_opts_init(struct kvt_replay_opts *o)
 #define ERRF(...) snprintf(run->err, run->err_len, __VA_ARGS__)
 
 struct rreq {
-	double last_tok_s; /* time of its latest token */
+	double last_tok_s;	    /* time of its latest token */
 	struct kvt_sel_stream *sel; /* [n_layers * n_kv_heads] once decoding (recall policies) */
 	uint32_t prompt;	    /* tokens to prefill (full: input + generated on recompute) */
 	bool submitted, decoding;
-	uint32_t ring; /* full: KV blocks held */
+	uint32_t ring;	   /* full: KV blocks held */
 	uint32_t done_tok; /* full: prompt tokens prefilled so far (chunked) */
 };
 
@@ -79,9 +79,9 @@ struct run {
 	char *err;
 	size_t err_len;
 	double now;
-	size_t next;	   /* next trace request to enter */
-	size_t in_system;  /* submitted and not finished (closed loop) */
-	size_t finished;   /* completed + failed */
+	size_t next;	  /* next trace request to enter */
+	size_t in_system; /* submitted and not finished (closed loop) */
+	size_t finished;  /* completed + failed */
 	size_t itl_cap;
 	size_t tbt_cap;
 	uint64_t batch_sum, loaded_sum, lookups, hits;
@@ -210,8 +210,8 @@ static int end_iteration(struct run *run, const struct iter_rec *ir, double star
 		res->win_time_s += ir->tm.total_s;
 		res->win_blocks_loaded += ir->loaded;
 		res->win_batch_sum += ir->batch;
-		if (ir->n_dec && push_double(&res->win_tbt_s, &res->n_win_tbt, &run->tbt_cap,
-					     ir->tm.total_s))
+		if (ir->n_dec &&
+		    push_double(&res->win_tbt_s, &res->n_win_tbt, &run->tbt_cap, ir->tm.total_s))
 			return -ENOMEM;
 	}
 	if (run->o->iter_csv)
@@ -334,7 +334,8 @@ static int submit_waiting(struct mrun *mr)
 				fail_req(run, i, static_reject(run, i));
 				continue;
 			}
-			if (run->dram_groups && groups_of(mr, &run->t->reqs[i]) > run->dram_groups) {
+			if (run->dram_groups &&
+			    groups_of(mr, &run->t->reqs[i]) > run->dram_groups) {
 				if (run->o->concurrency)
 					run->in_system--;
 				fail_req(run, i, "its history exceeds the DRAM budget");
@@ -439,8 +440,8 @@ static int recall_layer(struct mrun *mr, uint32_t l, uint32_t nd)
 	t0 = tick();
 	err = kvt_recall_blocks(mr->m, l, mr->dseq, nd, mr->blocks, r, NULL);
 	for (uint32_t d = 0; err == -ENOSPC && d < nd; d++) {
-		int e = kvt_recall_blocks(mr->m, l, &mr->dseq[d], 1,
-					  &mr->blocks[(size_t)d * H * r], r, NULL);
+		int e = kvt_recall_blocks(mr->m, l, &mr->dseq[d], 1, &mr->blocks[(size_t)d * H * r],
+					  r, NULL);
 
 		if (e && e != -ENOSPC) {
 			mr->cpu_s += tick() - t0;
@@ -519,8 +520,8 @@ static int mrun_iteration(struct mrun *mr)
 		ir.n_pre++;
 		w.prefill_token_layers +=
 			(uint64_t)r->input_tokens * (it->layer_end - it->layer_begin);
-		w.prefill_attn_flops +=
-			kvt_prefill_attn_flops(mp, r->input_tokens, it->layer_end - it->layer_begin);
+		w.prefill_attn_flops += kvt_prefill_attn_flops(mp, r->input_tokens,
+							       it->layer_end - it->layer_begin);
 	}
 	t0 = tick();
 	for (uint32_t l = 0; nd && l < n_layers && !err; l++)
@@ -556,7 +557,8 @@ static int mrun_iteration(struct mrun *mr)
 		if (!kvt_seq_info(mr->m, mr->dseq[d], &info))
 			w.kv_bytes_read += ((double)info.frames_per_layer * n_layers +
 					    (double)info.recall_step_frames * mr->scale) *
-					   2.0 * mr->cfg.block_tokens * mp->head_dim * mp->elem_bytes;
+					   2.0 * mr->cfg.block_tokens * mp->head_dim *
+					   mp->elem_bytes;
 	}
 	t0 = tick();
 	err = kvt_sched_commit(mr->s);
@@ -568,10 +570,11 @@ static int mrun_iteration(struct mrun *mr)
 	kvt_manager_stats(mr->m, &st);
 	kvt_sched_last(mr->s, &last);
 	w.decode_tokens = nd;
-	w.transfer_s = 1e-9 * ((double)(st.model_ns_h2d - mr->st0.model_ns_h2d) +
-			       recall_h2d_ns * (mr->scale - 1) +
-			       (double)(st.model_ns_d2d - mr->st0.model_ns_d2d) +
-			       (mr->time_d2h ? (double)(st.model_ns_d2h - mr->st0.model_ns_d2h) : 0));
+	w.transfer_s =
+		1e-9 * ((double)(st.model_ns_h2d - mr->st0.model_ns_h2d) +
+			recall_h2d_ns * (mr->scale - 1) +
+			(double)(st.model_ns_d2d - mr->st0.model_ns_d2d) +
+			(mr->time_d2h ? (double)(st.model_ns_d2h - mr->st0.model_ns_d2h) : 0));
 	mr->st0 = st;
 	w.cpu_s = run->o->cpu_time ? mr->cpu_s : 0;
 	kvt_iter_time(mp, &run->o->gpu, &w, &ir.tm);
@@ -648,11 +651,10 @@ static void mrun_config(struct mrun *mr)
 		c.topk_tokens = 0;
 		c.recent_tokens = o->so_recent_tokens;
 		c.model_fused = 0;
-		mr->r = o->so_recall_blocks
-				? o->so_recall_blocks
-				: (o->sink_tokens + o->topk_tokens + o->block_tokens - 1) /
-						  o->block_tokens +
-					  o->recall_blocks;
+		mr->r = o->so_recall_blocks ? o->so_recall_blocks
+					    : (o->sink_tokens + o->topk_tokens + o->block_tokens -
+					       1) / o->block_tokens +
+						      o->recall_blocks;
 		mr->recall = mr->r > 0;
 		break;
 	default:
@@ -685,12 +687,12 @@ static int mrun_loop(struct run *run, double hbm_bytes)
 	/* the resident sets get the rest of HBM; the simulated recall cache is the sampled
 	   layers' share of it */
 	mr->cfg.recall_cache_bytes = (uint64_t)(hbm_bytes * rc_frac / mr->scale);
-	mr->cfg.device_bytes =
-		(uint64_t)(hbm_bytes * (1 - rc_frac)) + mr->cfg.recall_cache_bytes;
+	mr->cfg.device_bytes = (uint64_t)(hbm_bytes * (1 - rc_frac)) + mr->cfg.recall_cache_bytes;
 	/* snapstream keeps nothing off the GPU: the library's write-through history gets room
 	   enough never to bind (4 TiB of address range; the model backend allocates none) */
-	mr->cfg.host_bytes = o->policy == KVT_POLICY_SNAPSTREAM ? (uint64_t)4 << 40
-								: (uint64_t)(o->dram_gib * 1073741824.0);
+	mr->cfg.host_bytes = o->policy == KVT_POLICY_SNAPSTREAM
+				     ? (uint64_t)4 << 40
+				     : (uint64_t)(o->dram_gib * 1073741824.0);
 	mr->sel = o->sel;
 	mr->sel.r = mr->r ? mr->r : 1;
 	if (mr->recall && kvt_sel_check(&mr->sel)) {
@@ -1109,8 +1111,7 @@ int kvt_replay_run(const struct kvt_replay_opts *o, const struct kvt_trace *t,
 	progress(&run, true);
 	res->iterations = run.iter;
 	res->mean_batch_size = run.iter ? (double)run.batch_sum / (double)run.iter : 0;
-	res->blocks_loaded_per_iteration =
-		run.iter ? (double)run.loaded_sum / (double)run.iter : 0;
+	res->blocks_loaded_per_iteration = run.iter ? (double)run.loaded_sum / (double)run.iter : 0;
 	res->recall_hit_rate = run.lookups ? (double)run.hits / (double)run.lookups : 0;
 	res->duration_s = 0;
 	for (size_t i = 0; i < t->count; i++)
@@ -1177,7 +1178,8 @@ int kvt_replay_summarize(const struct kvt_replay_result *res, struct kvt_replay_
 		ttft[k] = 1e3 * (r->first_token_s - r->arrival_s);
 		e2e[k++] = 1e3 * (r->finish_s - r->arrival_s);
 		if (r->output_tokens > 1)
-			tpot[kt++] = 1e3 * (r->finish_s - r->first_token_s) / (r->output_tokens - 1);
+			tpot[kt++] =
+				1e3 * (r->finish_s - r->first_token_s) / (r->output_tokens - 1);
 		delay += r->sched_s - r->arrival_s;
 		nd++;
 	}
@@ -1284,9 +1286,9 @@ int kvt_replay_write_requests_csv(const struct kvt_replay_result *res, FILE *f)
 	for (size_t i = 0; i < res->n_reqs; i++) {
 		const struct kvt_req_result *r = &res->reqs[i];
 
-		fprintf(f, "%zu,%.6f,%.6f,%.6f,%.6f,%u,%u,%u,%s,%s\n", i, r->arrival_s,
-			r->sched_s, r->first_token_s, r->finish_s, r->input_tokens,
-			r->output_tokens, r->generated,
+		fprintf(f, "%zu,%.6f,%.6f,%.6f,%.6f,%u,%u,%u,%s,%s\n", i, r->arrival_s, r->sched_s,
+			r->first_token_s, r->finish_s, r->input_tokens, r->output_tokens,
+			r->generated,
 			r->status == KVT_REQ_DONE     ? "completed"
 			: r->status == KVT_REQ_FAILED ? "failed"
 						      : "pending",

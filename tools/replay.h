@@ -73,18 +73,18 @@ struct kvt_replay_opts {
 	/* sparse-offload: the ring it keeps in HBM, and its recall (defaults: 64 tokens;
 	   (sink + top-K + r * block) / block blocks, the same attention budget as kvtier) */
 	uint32_t so_recent_tokens, so_recall_blocks;
-	struct kvt_sel_params sel; /* .r is set from the policy */
-	bool ws_control;	   /* --no-ws-control clears it */
-	bool fused;		   /* --no-fused-transfer clears it */
-	uint32_t chunk_tokens;	   /* --chunked-prefill B: B tokens of prefill per iteration
-				      (all layers); 0: layer-segmented (2048 * n_layers
-				      token-layers per iteration) */
+	struct kvt_sel_params sel;	   /* .r is set from the policy */
+	bool ws_control;		   /* --no-ws-control clears it */
+	bool fused;			   /* --no-fused-transfer clears it */
+	uint32_t chunk_tokens;		   /* --chunked-prefill B: B tokens of prefill per iteration
+					      (all layers); 0: layer-segmented (2048 * n_layers
+					      token-layers per iteration) */
 	uint32_t max_requests, max_tokens; /* R_max, T_max (T_max >= chunk) */
 	/* Prefill token-layers per iteration (kvtier, snapstream, sparse-offload); 0: the
 	   default, 2048 * n_layers, or chunk * n_layers. kvtier-curve raises it (with T_max)
 	   so that a closed loop's requests are all prefilled before its measured window. */
 	uint64_t max_inject_tokens;
-	bool cpu_time;			   /* add the measured manager+scheduler CPU time */
+	bool cpu_time; /* add the measured manager+scheduler CPU time */
 	/* Closed loop: keep `concurrency` requests in the system, the next one entering when
 	   one completes (arrival times ignored); 0: open loop by arrival time. */
 	uint32_t concurrency;
@@ -98,8 +98,8 @@ struct kvt_replay_opts {
 };
 
 /* Defaults for the llama3-8b/h100 presets, policy kvtier: block 32, sink 128, top-K 1024,
-   ring 512, r = 8 on 8 sampled layers, recall cache 10% of HBM, w = 12, ws control and fused transfers on,
-   layer-segmented prefill, R_max 256, T_max 8192, CPU time counted, DRAM 256 GiB. */
+   ring 512, r = 8 on 8 sampled layers, recall cache 10% of HBM, w = 12, ws control and fused
+   transfers on, layer-segmented prefill, R_max 256, T_max 8192, CPU time counted, DRAM 256 GiB. */
 void kvt_replay_opts_init(struct kvt_replay_opts *o);
 
 enum kvt_req_status {
@@ -117,13 +117,13 @@ struct kvt_req_result {
 };
 
 struct kvt_replay_result {
-	size_t n_reqs;			  /* requests read */
-	struct kvt_req_result *reqs;	  /* [n_reqs], trace order */
-	size_t completed, failed;	  /* completed + failed == n_reqs when run to the end */
-	double duration_s;		  /* simulated: first arrival to last completion */
-	uint64_t total_input_tokens;	  /* of completed requests */
-	uint64_t total_output_tokens;	  /* of completed requests */
-	double *itl_s;			  /* every inter-token latency, [n_itl] */
+	size_t n_reqs;		      /* requests read */
+	struct kvt_req_result *reqs;  /* [n_reqs], trace order */
+	size_t completed, failed;     /* completed + failed == n_reqs when run to the end */
+	double duration_s;	      /* simulated: first arrival to last completion */
+	uint64_t total_input_tokens;  /* of completed requests */
+	uint64_t total_output_tokens; /* of completed requests */
+	double *itl_s;		      /* every inter-token latency, [n_itl] */
 	size_t n_itl;
 	uint64_t iterations;
 	double mean_batch_size;
