@@ -55,6 +55,8 @@ static void usage(FILE *f)
 		"                        0: none)\n"
 		"  --recall-cache-frac F share of the HBM budget for the recall cache (default 0.1)\n"
 		"  --ws-window W         working-set window in steps (default 12)\n"
+		"  --recall-layers N     simulate recall on N evenly spaced layers standing for\n"
+		"                        all (loads and times scaled; default 8, 0: every layer)\n"
 		"  --sel-keep P --sel-revisit P --sel-window W   selection model (0.80, 0.45, 12)\n"
 		"ablations:\n"
 		"  --no-ws-control       admit by R_max/T_max and resident sets only\n"
@@ -120,6 +122,7 @@ enum {
 	O_RECALL,
 	O_RCFRAC,
 	O_WSW,
+	O_RLAYERS,
 	O_KEEP,
 	O_REVISIT,
 	O_SELW,
@@ -212,6 +215,9 @@ static int parse_opt(int c, const char *a, const char *name, struct opts *o)
 	case O_WSW:
 		U32(1, 64, r->ws_window);
 		break;
+	case O_RLAYERS:
+		U32(0, 1u << 16, r->recall_layers);
+		break;
 	case O_KEEP:
 		DBL(0, 1, r->sel.p_keep);
 		break;
@@ -257,6 +263,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		{"recall", required_argument, 0, O_RECALL},
 		{"recall-cache-frac", required_argument, 0, O_RCFRAC},
 		{"ws-window", required_argument, 0, O_WSW},
+		{"recall-layers", required_argument, 0, O_RLAYERS},
 		{"sel-keep", required_argument, 0, O_KEEP},
 		{"sel-revisit", required_argument, 0, O_REVISIT},
 		{"sel-window", required_argument, 0, O_SELW},
@@ -277,7 +284,7 @@ static int parse(int argc, char **argv, struct opts *o)
 	o->burstiness = 1.0;
 	o->seed = 1;
 	while ((c = getopt_long(argc, argv, "", lo, &idx)) != -1) {
-		const char *name = c >= O_FORMAT && c <= O_HELP ? lo[c - O_FORMAT].name : "?";
+		const char *name = c >= O_FORMAT ? lo[idx].name : "?";
 
 		switch (c) {
 		case O_SKIP:
