@@ -70,4 +70,19 @@ static inline int cli_cmp_double(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
+/* Percentile q (0..1) of sorted v[0..n), linear between ranks (numpy's default, as vLLM's
+   summaries); 0 when n is 0. */
+static inline double cli_percentile(const double *v, size_t n, double q)
+{
+	double x;
+	size_t lo, hi;
+
+	if (!n)
+		return 0;
+	x = q * (double)(n - 1);
+	lo = (size_t)x;
+	hi = lo + 1 < n ? lo + 1 : lo;
+	return v[lo] + (x - (double)lo) * (v[hi] - v[lo]);
+}
+
 #endif /* KVT_CLI_H */

@@ -594,20 +594,6 @@ static int make_trace(const struct curve *c, const struct kvt_trace *src, size_t
 	return 0;
 }
 
-/* Percentile q (0..1) of sorted v[n], linear between ranks (numpy's default). */
-static double percentile(const double *v, size_t n, double q)
-{
-	double idx;
-	size_t lo, hi;
-
-	if (!n)
-		return 0;
-	idx = q * (double)(n - 1);
-	lo = (size_t)idx;
-	hi = lo + 1 < n ? lo + 1 : n - 1;
-	return v[lo] + (v[hi] - v[lo]) * (idx - (double)lo);
-}
-
 /* The point's TBT figures (ms) from the window's decode iterations: 0 or -ENOMEM. */
 static int tbt_figures(const struct kvt_replay_result *r, struct point *p)
 {
@@ -625,7 +611,7 @@ static int tbt_figures(const struct kvt_replay_result *r, struct point *p)
 		sum += v[i];
 	qsort(v, n, sizeof(*v), cli_cmp_double);
 	p->tbt_ms = 1e3 * sum / (double)n;
-	p->tbt_p99_ms = 1e3 * percentile(v, n, 0.99);
+	p->tbt_p99_ms = 1e3 * cli_percentile(v, n, 0.99);
 	free(v);
 	return 0;
 }

@@ -1145,13 +1145,8 @@ static void stats3(double *v, size_t n, double *mean, double *med, double *p99)
 	for (size_t i = 0; i < n; i++)
 		s += v[i];
 	*mean = s / (double)n;
-	for (int k = 0; k < 2; k++) {
-		double q = k ? 0.99 : 0.5, x = q * (double)(n - 1);
-		size_t lo = (size_t)x, hi = lo + 1 < n ? lo + 1 : lo;
-		double val = v[lo] + (x - (double)lo) * (v[hi] - v[lo]);
-
-		*(k ? p99 : med) = val;
-	}
+	*med = cli_percentile(v, n, 0.5);
+	*p99 = cli_percentile(v, n, 0.99);
 }
 
 int kvt_replay_summarize(const struct kvt_replay_result *res, struct kvt_replay_summary *s)
