@@ -421,6 +421,85 @@ static void test_json_keys(void **state)
 	free(t.reqs);
 }
 
+/* Writes text to a new temporary file; returns its path (static buffer). */
+static const char *tmp_file(const char *text)
+{
+	static char path[64];
+	FILE *f;
+	int fd;
+
+	snprintf(path, sizeof(path), "/tmp/kvt-selfile-XXXXXX");
+	fd = mkstemp(path);
+	assert_true(fd >= 0);
+	f = fdopen(fd, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	assert_int_equal(fclose(f), 0);
+	return path;
+}
+
+/* Recorded selections: a request that recalls the same three blocks at every step loads them
+   once per (layer, kv head) and hits ever after; malformed or out-of-range records are
+   errors naming the file and line. */
+static void test_recorded_selections(void **state)
+{
+	struct kvt_trace t = mk_trace(1, 8192, 20, 0);
+	struct kvt_replay_opts o;
+	struct kvt_replay_result res;
+	struct kvt_selfile sf;
+	char err[512], *text = malloc(1 << 20);
+	size_t at = 0;
+	(void)state;
+
+	assert_non_null(text);
+	at += (size_t)sprintf(text + at, "# request step layer head blocks\n");
+	for (int st = 0; st < 19; st++)
+		for (int l = 0; l < 32; l++)
+			for (int h = 0; h < 8; h++)
+				at += (size_t)sprintf(text + at, "0 %d %d %d 100 101 102\n", st, l,
+						      h);
+	const char *path = tmp_file(text);
+
+	CHECK_RC(kvt_selfile_read(path, &sf, err, sizeof(err)), 0);
+	assert_int_equal(sf.n_rec, 19 * 32 * 8);
+	unlink(path);
+	opts(&o, KVT_POLICY_KVTIER);
+	o.selections = &sf;
+	run_ok(&o, &t, &res);
+	check_accounting(&res);
+	near(res.blocks_loaded_per_iteration * (double)res.iterations, 3 * 32 * 8, 1e-12,
+	     "blocks loaded");
+	near(res.recall_hit_rate, 18.0 / 19.0, 1e-12, "hit rate");
+	kvt_replay_result_free(&res);
+
+	/* a block past the history at its step: the run refuses, naming the line */
+	sf.blocks[sf.rec[5].first] = 8192 / 32 + 1;
+	assert_int_equal(kvt_replay_run(&o, &t, &res, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "field 'BLOCK'"));
+	assert_non_null(strstr(err, ":"));
+	kvt_selfile_free(&sf);
+
+	path = tmp_file("0 0 0 0 1 2\n0 x 0 0 1\n");
+	assert_int_equal(kvt_selfile_read(path, &sf, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, ":2: field 'STEP': not a number"));
+	unlink(path);
+	path = tmp_file("0 0 0\n");
+	assert_int_equal(kvt_selfile_read(path, &sf, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, ":1: field 'HEAD': missing"));
+	unlink(path);
+	path = tmp_file("0 0 0 0 1\n0 0 0 0 2 b\n");
+	assert_int_equal(kvt_selfile_read(path, &sf, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, ":2: field 'BLOCK 2': not a number"));
+	unlink(path);
+	path = tmp_file("1 2 3 4 5\n\n1 2 3 4 6\n");
+	assert_int_equal(kvt_selfile_read(path, &sf, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, ":3: record repeats line 1"));
+	unlink(path);
+	assert_true(kvt_selfile_read("/nonexistent/sel.txt", &sf, err, sizeof(err)) == -ENOENT);
+	free(text);
+	free(t.reqs);
+}
+
 static void test_bad_options(void **state)
 {
 	struct kvt_trace t = mk_trace(2, 1024, 4, 0), empty = {0};
@@ -456,7 +535,8 @@ int main(void)
 		cmocka_unit_test(test_failures_alone), cmocka_unit_test(test_dram_admission),
 		cmocka_unit_test(test_closed_loop),    cmocka_unit_test(test_ws_control),
 		cmocka_unit_test(test_layer_sampling), cmocka_unit_test(test_summary),
-		cmocka_unit_test(test_json_keys),      cmocka_unit_test(test_bad_options),
+		cmocka_unit_test(test_json_keys),      cmocka_unit_test(test_recorded_selections),
+		cmocka_unit_test(test_bad_options),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

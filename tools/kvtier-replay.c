@@ -58,6 +58,8 @@ static void usage(FILE *f)
 		"  --recall-layers N     simulate recall on N evenly spaced layers standing for\n"
 		"                        all (loads and times scaled; default 8, 0: every layer)\n"
 		"  --sel-keep P --sel-revisit P --sel-window W   selection model (0.80, 0.45, 12)\n"
+		"  --selections FILE     recorded selections for the requests they name, instead\n"
+		"                        of the selection model (format: tools/selfile.h)\n"
 		"ablations:\n"
 		"  --no-ws-control       admit by R_max/T_max and resident sets only\n"
 		"  --no-fused-transfer   recall by per-block copies instead of one fused gather\n"
@@ -78,7 +80,7 @@ static void usage(FILE *f)
 
 struct opts {
 	struct kvt_replay_opts r;
-	const char *trace, *json, *req_csv, *iter_csv, *preset_json;
+	const char *trace, *json, *req_csv, *iter_csv, *preset_json, *selfile;
 	enum kvt_trace_format format;
 	bool skip_bad, quiet;
 	uint32_t num_prompts;
@@ -123,6 +125,7 @@ enum {
 	O_RCFRAC,
 	O_WSW,
 	O_RLAYERS,
+	O_SELFILE,
 	O_KEEP,
 	O_REVISIT,
 	O_SELW,
@@ -264,6 +267,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		{"recall-cache-frac", required_argument, 0, O_RCFRAC},
 		{"ws-window", required_argument, 0, O_WSW},
 		{"recall-layers", required_argument, 0, O_RLAYERS},
+		{"selections", required_argument, 0, O_SELFILE},
 		{"sel-keep", required_argument, 0, O_KEEP},
 		{"sel-revisit", required_argument, 0, O_REVISIT},
 		{"sel-window", required_argument, 0, O_SELW},
@@ -292,6 +296,9 @@ static int parse(int argc, char **argv, struct opts *o)
 			break;
 		case O_PRESET:
 			o->preset_json = optarg;
+			break;
+		case O_SELFILE:
+			o->selfile = optarg;
 			break;
 		case O_NOWS:
 			o->r.ws_control = false;
@@ -521,6 +528,7 @@ int main(int argc, char **argv)
 	struct kvt_trace_stats ts;
 	struct kvt_replay_result res = {0};
 	struct kvt_replay_summary s;
+	struct kvt_selfile sf = {0};
 	struct reasons rs;
 	FILE *iter = NULL;
 	char err[512];
@@ -533,10 +541,18 @@ int main(int argc, char **argv)
 		fprintf(stderr, TOOL ": %s\n", err);
 		return 2;
 	}
+	if (o.selfile) {
+		if (kvt_selfile_read(o.selfile, &sf, err, sizeof(err))) {
+			fprintf(stderr, TOOL ": %s\n", err);
+			return 2;
+		}
+		o.r.selections = &sf;
+	}
 	to.skip_bad_lines = o.skip_bad;
 	to.max_context = o.r.model.max_context;
 	if (kvt_trace_read(o.trace, o.format, &to, &t, err, sizeof(err))) {
 		fprintf(stderr, TOOL ": %s\n", err);
+		kvt_selfile_free(&sf);
 		return 2;
 	}
 	for (size_t j = 0; j < t.n_bad; j++)
@@ -571,13 +587,15 @@ int main(int argc, char **argv)
 	}
 	if (!o.quiet && isatty(STDERR_FILENO))
 		o.r.progress = draw_progress;
-	rc = 1;
-	if (kvt_replay_run(&o.r, &t, &res, err, sizeof(err))) {
+	rc = kvt_replay_run(&o.r, &t, &res, err, sizeof(err));
+	if (rc) {
 		if (o.r.progress)
 			fputc('\n', stderr);
 		fprintf(stderr, TOOL ": %s\n", err);
+		rc = rc == -EINVAL ? 2 : 1; /* bad options or selections: bad input */
 		goto out;
 	}
+	rc = 1;
 	if (o.r.progress)
 		fputc('\n', stderr);
 	if (kvt_replay_summarize(&res, &s)) {
@@ -599,5 +617,6 @@ out:
 	}
 	kvt_replay_result_free(&res);
 	kvt_trace_free(&t);
+	kvt_selfile_free(&sf);
 	return rc;
 }

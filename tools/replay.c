@@ -415,6 +415,63 @@ static int grow_decode(struct mrun *mr, size_t n)
 	return 0;
 }
 
+/* The recorded selection of request i's decode step `step` for layer l into out[H][r]. */
+static void recorded(const struct mrun *mr, size_t i, uint32_t step, uint32_t l, uint32_t *out)
+{
+	const struct kvt_selfile *f = mr->run->o->selections;
+	uint32_t H = mr->cfg.n_kv_heads, r = mr->r;
+
+	for (uint32_t h = 0; h < H; h++) {
+		const struct kvt_selrec *rec = kvt_selfile_find(f, (uint32_t)i, step, l, h);
+		uint32_t n = rec ? rec->n : 0;
+
+		for (uint32_t j = 0; j < r; j++)
+			out[h * r + j] = j < n ? f->blocks[rec->first + j] : UINT32_MAX;
+	}
+}
+
+/* Checks recorded selections against the trace and the policy (r blocks at most, blocks
+   inside the history at their step): 0 or -EINVAL with "FILE:LINE: ..." in the run's err. */
+static int check_selections(struct mrun *mr)
+{
+	const struct kvt_selfile *f = mr->run->o->selections;
+	const struct kvt_trace *t = mr->run->t;
+	struct run *run = mr->run;
+
+	for (size_t k = 0; f && k < f->n_rec; k++) {
+		const struct kvt_selrec *rec = &f->rec[k];
+		const struct kvt_trace_req *q = rec->req < t->count ? &t->reqs[rec->req] : NULL;
+		const char *bad = NULL;
+		uint64_t nb = 0;
+
+		if (!q)
+			bad = "field 'REQUEST': past the trace's requests";
+		else if (!mr->recall)
+			bad = "the policy recalls nothing";
+		else if ((uint64_t)rec->step + 1 >= q->output_tokens)
+			bad = "field 'STEP': past the request's decode steps";
+		else if (rec->layer >= mr->cfg.n_layers)
+			bad = "field 'LAYER': out of range";
+		else if (rec->head >= mr->cfg.n_kv_heads)
+			bad = "field 'HEAD': out of range";
+		else if (rec->n > mr->r)
+			bad = "more blocks than the replay recalls per step (r)";
+		if (!bad) {
+			nb = ((uint64_t)q->input_tokens + rec->step + 1 + mr->cfg.block_tokens -
+			      1) /
+			     mr->cfg.block_tokens;
+			for (uint32_t j = 0; j < rec->n && !bad; j++)
+				if (f->blocks[rec->first + j] >= nb)
+					bad = "field 'BLOCK': past the request's history at that step";
+		}
+		if (bad) {
+			ERRF("%s:%u: %s", f->path, rec->line, bad);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
 /* Recalls for the decode items of one layer; on -ENOSPC (the call needs more frames than
    the cache has) retries per sequence. */
 static int recall_layer(struct mrun *mr, uint32_t l, uint32_t nd)
@@ -433,6 +490,11 @@ static int recall_layer(struct mrun *mr, uint32_t l, uint32_t nd)
 				      ? (uint32_t)((tokens - mr->cfg.recent_tokens) / bt)
 				      : 0;
 
+		if (run->o->selections && kvt_selfile_has_req(run->o->selections, mr->dreq[d])) {
+			recorded(mr, mr->dreq[d], rr->generated - 1, l,
+				 &mr->blocks[(size_t)d * H * r]);
+			continue;
+		}
 		for (uint32_t h = 0; h < H; h++)
 			kvt_sel_next(&mr->sel, &q->sel[l / mr->stride * H + h], lo, hi,
 				     &mr->blocks[((size_t)d * H + h) * r]);
@@ -680,7 +742,7 @@ static int mrun_loop(struct run *run, double hbm_bytes)
 	if (!mr->recall)
 		rc_frac = 0;
 	mr->stride = 1;
-	if (o->recall_layers && o->recall_layers < mr->cfg.n_layers)
+	if (o->recall_layers && o->recall_layers < mr->cfg.n_layers && !o->selections)
 		mr->stride = mr->cfg.n_layers / o->recall_layers;
 	mr->n_sampled = (mr->cfg.n_layers + mr->stride - 1) / mr->stride;
 	mr->scale = (double)mr->cfg.n_layers / mr->n_sampled;
@@ -701,6 +763,9 @@ static int mrun_loop(struct run *run, double hbm_bytes)
 		err = -EINVAL;
 		goto out;
 	}
+	err = check_selections(mr);
+	if (err)
+		goto out;
 	err = kvt_manager_create(&mr->cfg, &mr->m);
 	if (err) {
 		ERRF("kvt_manager_create: %s (check the cache geometry and budgets: block %u, "

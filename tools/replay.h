@@ -38,6 +38,7 @@
 
 #include "exec_model.h"
 #include "selection.h"
+#include "selfile.h"
 #include "trace.h"
 
 enum kvt_policy {
@@ -73,7 +74,10 @@ struct kvt_replay_opts {
 	/* sparse-offload: the ring it keeps in HBM, and its recall (defaults: 64 tokens;
 	   (sink + top-K + r * block) / block blocks, the same attention budget as kvtier) */
 	uint32_t so_recent_tokens, so_recall_blocks;
-	struct kvt_sel_params sel;	   /* .r is set from the policy */
+	struct kvt_sel_params sel; /* .r is set from the policy */
+	/* Recorded selections (selfile.h) replayed for the requests they name, or NULL; with
+	   them every layer is simulated (recall_layers is ignored). */
+	const struct kvt_selfile *selections;
 	bool ws_control;		   /* --no-ws-control clears it */
 	bool fused;			   /* --no-fused-transfer clears it */
 	uint32_t chunk_tokens;		   /* --chunked-prefill B: B tokens of prefill per iteration
