@@ -27,6 +27,21 @@ static inline int cli_parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_
 	return 0;
 }
 
+/* Parses a real number in [lo, hi] (NaN refused; inf only where hi is) into *out: 0, or -1
+   for anything else (junk, overflow, empty, out of range). */
+static inline int cli_parse_double(const char *s, double lo, double hi, double *out)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || *end || !(v >= lo && v <= hi))
+		return -1;
+	*out = v;
+	return 0;
+}
+
 /* Monotonic clock in seconds. */
 static inline double cli_now_s(void)
 {

@@ -12,6 +12,7 @@
  * stdout at the end, and to a two-panel plot when gnuplot is installed.
  */
 #include <errno.h>
+#include <float.h>
 #include <getopt.h>
 #include <math.h>
 #include <spawn.h>
@@ -71,19 +72,8 @@ enum {
 	O_MODEL,
 	O_GPU,
 	O_PRESET_JSON,
-	O_HBM,
-	O_DRAM,
-	O_RECALL,
-	O_RECALL_FRAC,
-	O_RECALL_LAYERS,
-	O_BLOCK,
-	O_SINK,
-	O_TOPK,
-	O_RECENT,
-	O_CHUNK,
-	O_NO_FUSED,
+	O_ENGINE, /* the engine's options: kvt_replay_opt by name */
 	O_SEED,
-	O_NO_CPU,
 	O_TRACE,
 	O_FORMAT,
 	O_PROMPT,
@@ -183,20 +173,6 @@ static void usage(FILE *f)
 	      f);
 }
 
-/* Parses a finite real > 0 (or >= 0 when zero_ok): 0 or -1. */
-static int parse_real(const char *s, bool zero_ok, double *out)
-{
-	char *end;
-	double v;
-
-	errno = 0;
-	v = strtod(s, &end);
-	if (errno || end == s || *end || !isfinite(v) || v < 0 || (v == 0 && !zero_ok))
-		return -1;
-	*out = v;
-	return 0;
-}
-
 /* The next comma-separated item of *s, cut in place; NULL at the end. Empty items are
    returned as "" for the caller to refuse. */
 static char *next_item(char **s)
@@ -234,7 +210,8 @@ static int parse_values(struct curve *c)
 
 		if (c->n_x == MAX_X)
 			goto bad;
-		if (c->rate ? parse_real(item, false, &c->xs[c->n_x])
+		if (c->rate ? cli_parse_double(item, 0, DBL_MAX, &c->xs[c->n_x]) ||
+				      c->xs[c->n_x] == 0
 			    : cli_parse_u32(item, 1, 1u << 20, &n))
 			goto bad;
 		if (!c->rate)
@@ -292,44 +269,6 @@ static int parse_series(struct curve *c)
 out:
 	free(buf);
 	return rc;
-}
-
-/* One option that sets a field of the engine's options: 0, -1 for a bad value, 1 when `opt`
-   is not one of them. */
-static int parse_engine_opt(int opt, const char *arg, struct kvt_replay_opts *o)
-{
-	switch (opt) {
-	case O_HBM:
-		return parse_real(arg, false, &o->hbm_gib);
-	case O_DRAM:
-		return parse_real(arg, false, &o->dram_gib);
-	case O_RECALL:
-		return cli_parse_u32(arg, 0, 1024, &o->recall_blocks);
-	case O_RECALL_FRAC:
-		return parse_real(arg, false, &o->recall_cache_frac) || o->recall_cache_frac >= 1
-			       ? -1
-			       : 0;
-	case O_RECALL_LAYERS:
-		return cli_parse_u32(arg, 0, 1u << 16, &o->recall_layers);
-	case O_BLOCK:
-		return cli_parse_u32(arg, 8, 64, &o->block_tokens);
-	case O_SINK:
-		return cli_parse_u32(arg, 0, 1u << 24, &o->sink_tokens);
-	case O_TOPK:
-		return cli_parse_u32(arg, 0, 1u << 24, &o->topk_tokens);
-	case O_RECENT:
-		return cli_parse_u32(arg, 0, 1u << 24, &o->recent_tokens);
-	case O_CHUNK:
-		return cli_parse_u32(arg, 1, 1u << 24, &o->chunk_tokens);
-	case O_NO_FUSED:
-		o->fused = false;
-		return 0;
-	case O_NO_CPU:
-		o->cpu_time = false;
-		return 0;
-	default:
-		return 1;
-	}
 }
 
 /* One option of the sweep, the workload or the output: 0 or -1 for a bad value. */
@@ -447,19 +386,19 @@ static int parse_opts(int argc, char **argv, struct curve *c)
 		{"model", required_argument, NULL, O_MODEL},
 		{"gpu", required_argument, NULL, O_GPU},
 		{"preset-json", required_argument, NULL, O_PRESET_JSON},
-		{"hbm-gib", required_argument, NULL, O_HBM},
-		{"dram-gib", required_argument, NULL, O_DRAM},
-		{"recall", required_argument, NULL, O_RECALL},
-		{"recall-cache-frac", required_argument, NULL, O_RECALL_FRAC},
-		{"recall-layers", required_argument, NULL, O_RECALL_LAYERS},
-		{"block-tokens", required_argument, NULL, O_BLOCK},
-		{"sink", required_argument, NULL, O_SINK},
-		{"topk", required_argument, NULL, O_TOPK},
-		{"recent", required_argument, NULL, O_RECENT},
-		{"chunked-prefill", required_argument, NULL, O_CHUNK},
-		{"no-fused-transfer", no_argument, NULL, O_NO_FUSED},
+		{"hbm-gib", required_argument, NULL, O_ENGINE},
+		{"dram-gib", required_argument, NULL, O_ENGINE},
+		{"recall", required_argument, NULL, O_ENGINE},
+		{"recall-cache-frac", required_argument, NULL, O_ENGINE},
+		{"recall-layers", required_argument, NULL, O_ENGINE},
+		{"block-tokens", required_argument, NULL, O_ENGINE},
+		{"sink", required_argument, NULL, O_ENGINE},
+		{"topk", required_argument, NULL, O_ENGINE},
+		{"recent", required_argument, NULL, O_ENGINE},
+		{"chunked-prefill", required_argument, NULL, O_ENGINE},
+		{"no-fused-transfer", no_argument, NULL, O_ENGINE},
 		{"seed", required_argument, NULL, O_SEED},
-		{"no-cpu-time", no_argument, NULL, O_NO_CPU},
+		{"no-cpu-time", no_argument, NULL, O_ENGINE},
 		{"trace", required_argument, NULL, O_TRACE},
 		{"format", required_argument, NULL, O_FORMAT},
 		{"prompt", required_argument, NULL, O_PROMPT},
@@ -498,9 +437,8 @@ static int parse_opts(int argc, char **argv, struct curve *c)
 			usage(stderr);
 			return -1;
 		}
-		bad = parse_engine_opt(opt, optarg, &c->base);
-		if (bad == 1)
-			bad = parse_tool_opt(opt, optarg, c);
+		bad = opt == O_ENGINE ? kvt_replay_opt(lo[li].name, optarg, &c->base)
+				      : parse_tool_opt(opt, optarg, c);
 		if (bad)
 			return cli_bad_value(TOOL, lo[li].name, optarg);
 	}

@@ -88,19 +88,6 @@ struct opts {
 	uint64_t seed;
 };
 
-static int parse_double(const char *s, double lo, double hi, double *out)
-{
-	char *end;
-	double v;
-
-	errno = 0;
-	v = strtod(s, &end);
-	if (errno || end == s || *end || !(v >= lo && v <= hi))
-		return -1;
-	*out = v;
-	return 0;
-}
-
 enum {
 	O_FORMAT = 256,
 	O_SKIP,
@@ -108,31 +95,12 @@ enum {
 	O_RATE,
 	O_BURST,
 	O_SEED,
-	O_CONC,
 	O_POLICY,
 	O_MODEL,
 	O_GPU,
 	O_PRESET,
-	O_HBM,
-	O_DRAM,
-	O_RMAX,
-	O_TMAX,
-	O_BT,
-	O_SINK,
-	O_TOPK,
-	O_RECENT,
-	O_RECALL,
-	O_RCFRAC,
-	O_WSW,
-	O_RLAYERS,
 	O_SELFILE,
-	O_KEEP,
-	O_REVISIT,
-	O_SELW,
-	O_NOWS,
-	O_NOFUSED,
-	O_CHUNK,
-	O_NOCPU,
+	O_ENGINE, /* the engine's options: kvt_replay_opt by name */
 	O_JSON,
 	O_REQCSV,
 	O_ITERCSV,
@@ -143,102 +111,42 @@ enum {
 static int parse_opt(int c, const char *a, const char *name, struct opts *o)
 {
 	struct kvt_replay_opts *r = &o->r;
-	uint32_t u;
-	double d;
+	uint32_t u = 0;
+	int bad = 0;
 
-#define U32(lo, hi, dst)                                     \
-	do {                                                 \
-		if (cli_parse_u32(a, lo, hi, &u))            \
-			return cli_bad_value(TOOL, name, a); \
-		dst = u;                                     \
-	} while (0)
-#define DBL(lo, hi, dst)                                     \
-	do {                                                 \
-		if (parse_double(a, lo, hi, &d))             \
-			return cli_bad_value(TOOL, name, a); \
-		dst = d;                                     \
-	} while (0)
 	switch (c) {
 	case O_FORMAT:
-		return kvt_trace_format_parse(a, &o->format) ? cli_bad_value(TOOL, name, a) : 0;
+		bad = kvt_trace_format_parse(a, &o->format);
+		break;
 	case O_NUM:
-		U32(1, UINT32_MAX, o->num_prompts);
+		bad = cli_parse_u32(a, 1, UINT32_MAX, &o->num_prompts);
 		break;
 	case O_RATE:
-		DBL(0, INFINITY, o->rate);
-		if (o->rate == 0)
-			return cli_bad_value(TOOL, name, a);
+		bad = cli_parse_double(a, 0, INFINITY, &o->rate) || o->rate == 0;
 		break;
 	case O_BURST:
-		DBL(1e-3, 1e3, o->burstiness);
+		bad = cli_parse_double(a, 1e-3, 1e3, &o->burstiness);
 		break;
 	case O_SEED:
-		U32(0, UINT32_MAX, o->seed);
-		r->sel.seed = o->seed;
-		break;
-	case O_CONC:
-		U32(1, 1u << 20, r->concurrency);
+		bad = cli_parse_u32(a, 0, UINT32_MAX, &u);
+		o->seed = r->sel.seed = u;
 		break;
 	case O_POLICY:
-		return kvt_policy_parse(a, &r->policy) ? cli_bad_value(TOOL, name, a) : 0;
+		bad = kvt_policy_parse(a, &r->policy);
+		break;
 	case O_MODEL:
-		return kvt_preset_model(a, &r->model) ? cli_bad_value(TOOL, name, a) : 0;
+		bad = kvt_preset_model(a, &r->model);
+		break;
 	case O_GPU:
-		return kvt_preset_gpu(a, &r->gpu) ? cli_bad_value(TOOL, name, a) : 0;
-	case O_HBM:
-		DBL(1e-3, 1e6, r->hbm_gib);
+		bad = kvt_preset_gpu(a, &r->gpu);
 		break;
-	case O_DRAM:
-		DBL(1e-3, 1e7, r->dram_gib);
-		break;
-	case O_RMAX:
-		U32(1, 1u << 20, r->max_requests);
-		break;
-	case O_TMAX:
-		U32(1, UINT32_MAX, r->max_tokens);
-		break;
-	case O_BT:
-		U32(8, 64, r->block_tokens);
-		break;
-	case O_SINK:
-		U32(0, 1u << 24, r->sink_tokens);
-		break;
-	case O_TOPK:
-		U32(0, 1u << 24, r->topk_tokens);
-		break;
-	case O_RECENT:
-		U32(1, 1u << 24, r->recent_tokens);
-		break;
-	case O_RECALL:
-		U32(0, 1024, r->recall_blocks);
-		break;
-	case O_RCFRAC:
-		DBL(0, 0.99, r->recall_cache_frac);
-		break;
-	case O_WSW:
-		U32(1, 64, r->ws_window);
-		break;
-	case O_RLAYERS:
-		U32(0, 1u << 16, r->recall_layers);
-		break;
-	case O_KEEP:
-		DBL(0, 1, r->sel.p_keep);
-		break;
-	case O_REVISIT:
-		DBL(0, 1, r->sel.p_revisit);
-		break;
-	case O_SELW:
-		U32(1, 64, r->sel.window);
-		break;
-	case O_CHUNK:
-		U32(1, UINT32_MAX, r->chunk_tokens);
+	case O_ENGINE:
+		bad = kvt_replay_opt(name, a, r);
 		break;
 	default:
 		break;
 	}
-#undef U32
-#undef DBL
-	return 0;
+	return bad ? cli_bad_value(TOOL, name, a ? a : "") : 0;
 }
 
 static int parse(int argc, char **argv, struct opts *o)
@@ -250,31 +158,31 @@ static int parse(int argc, char **argv, struct opts *o)
 		{"rate", required_argument, 0, O_RATE},
 		{"burstiness", required_argument, 0, O_BURST},
 		{"seed", required_argument, 0, O_SEED},
-		{"concurrency", required_argument, 0, O_CONC},
+		{"concurrency", required_argument, 0, O_ENGINE},
 		{"policy", required_argument, 0, O_POLICY},
 		{"model", required_argument, 0, O_MODEL},
 		{"gpu", required_argument, 0, O_GPU},
 		{"preset-json", required_argument, 0, O_PRESET},
-		{"hbm-gib", required_argument, 0, O_HBM},
-		{"dram-gib", required_argument, 0, O_DRAM},
-		{"max-batch", required_argument, 0, O_RMAX},
-		{"max-batch-tokens", required_argument, 0, O_TMAX},
-		{"block-tokens", required_argument, 0, O_BT},
-		{"sink", required_argument, 0, O_SINK},
-		{"topk", required_argument, 0, O_TOPK},
-		{"recent", required_argument, 0, O_RECENT},
-		{"recall", required_argument, 0, O_RECALL},
-		{"recall-cache-frac", required_argument, 0, O_RCFRAC},
-		{"ws-window", required_argument, 0, O_WSW},
-		{"recall-layers", required_argument, 0, O_RLAYERS},
+		{"hbm-gib", required_argument, 0, O_ENGINE},
+		{"dram-gib", required_argument, 0, O_ENGINE},
+		{"max-batch", required_argument, 0, O_ENGINE},
+		{"max-batch-tokens", required_argument, 0, O_ENGINE},
+		{"block-tokens", required_argument, 0, O_ENGINE},
+		{"sink", required_argument, 0, O_ENGINE},
+		{"topk", required_argument, 0, O_ENGINE},
+		{"recent", required_argument, 0, O_ENGINE},
+		{"recall", required_argument, 0, O_ENGINE},
+		{"recall-cache-frac", required_argument, 0, O_ENGINE},
+		{"ws-window", required_argument, 0, O_ENGINE},
+		{"recall-layers", required_argument, 0, O_ENGINE},
 		{"selections", required_argument, 0, O_SELFILE},
-		{"sel-keep", required_argument, 0, O_KEEP},
-		{"sel-revisit", required_argument, 0, O_REVISIT},
-		{"sel-window", required_argument, 0, O_SELW},
-		{"no-ws-control", no_argument, 0, O_NOWS},
-		{"no-fused-transfer", no_argument, 0, O_NOFUSED},
-		{"chunked-prefill", required_argument, 0, O_CHUNK},
-		{"no-cpu-time", no_argument, 0, O_NOCPU},
+		{"sel-keep", required_argument, 0, O_ENGINE},
+		{"sel-revisit", required_argument, 0, O_ENGINE},
+		{"sel-window", required_argument, 0, O_ENGINE},
+		{"no-ws-control", no_argument, 0, O_ENGINE},
+		{"no-fused-transfer", no_argument, 0, O_ENGINE},
+		{"chunked-prefill", required_argument, 0, O_ENGINE},
+		{"no-cpu-time", no_argument, 0, O_ENGINE},
 		{"json", required_argument, 0, O_JSON},
 		{"requests-csv", required_argument, 0, O_REQCSV},
 		{"iterations-csv", required_argument, 0, O_ITERCSV},
@@ -299,15 +207,6 @@ static int parse(int argc, char **argv, struct opts *o)
 			break;
 		case O_SELFILE:
 			o->selfile = optarg;
-			break;
-		case O_NOWS:
-			o->r.ws_control = false;
-			break;
-		case O_NOFUSED:
-			o->r.fused = false;
-			break;
-		case O_NOCPU:
-			o->r.cpu_time = false;
 			break;
 		case O_JSON:
 			o->json = optarg;
@@ -337,10 +236,6 @@ static int parse(int argc, char **argv, struct opts *o)
 		return -1;
 	}
 	o->trace = argv[optind];
-	if ((o->r.block_tokens & (o->r.block_tokens - 1)) != 0) {
-		fprintf(stderr, TOOL ": --block-tokens must be a power of two in 8..64\n");
-		return -1;
-	}
 	return 0;
 }
 

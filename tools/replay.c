@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -57,6 +58,82 @@ void kvt_replay_opts_init(struct kvt_replay_opts *o)
 	o->max_tokens = 8192;
 	o->cpu_time = true;
 }
+
+/* A u32 option of the engine: its name, bounds and field. */
+struct u32_opt {
+	const char *name;
+	uint32_t lo, hi;
+	size_t off;
+};
+
+struct dbl_opt {
+	const char *name;
+	double lo, hi;
+	size_t off;
+};
+
+#define OFF(f) offsetof(struct kvt_replay_opts, f)
+
+static const struct u32_opt u32_opts[] = {
+	{"max-batch", 1, 1u << 20, OFF(max_requests)},
+	{"max-batch-tokens", 1, UINT32_MAX, OFF(max_tokens)},
+	{"concurrency", 1, 1u << 20, OFF(concurrency)},
+	{"block-tokens", 8, 64, OFF(block_tokens)},
+	{"sink", 0, 1u << 24, OFF(sink_tokens)},
+	{"topk", 0, 1u << 24, OFF(topk_tokens)},
+	{"recent", 1, 1u << 24, OFF(recent_tokens)},
+	{"recall", 0, 1024, OFF(recall_blocks)},
+	{"recall-layers", 0, 1u << 16, OFF(recall_layers)},
+	{"ws-window", 1, 64, OFF(ws_window)},
+	{"sel-window", 1, 64, OFF(sel.window)},
+	{"chunked-prefill", 1, 1u << 24, OFF(chunk_tokens)},
+};
+
+static const struct dbl_opt dbl_opts[] = {
+	{"hbm-gib", 1e-3, 1e6, OFF(hbm_gib)},
+	{"dram-gib", 1e-3, 1e7, OFF(dram_gib)},
+	{"recall-cache-frac", 0, 0.99, OFF(recall_cache_frac)},
+	{"sel-keep", 0, 1, OFF(sel.p_keep)},
+	{"sel-revisit", 0, 1, OFF(sel.p_revisit)},
+};
+
+int kvt_replay_opt(const char *name, const char *arg, struct kvt_replay_opts *o)
+{
+	if (!strcmp(name, "no-ws-control"))
+		o->ws_control = false;
+	else if (!strcmp(name, "no-fused-transfer"))
+		o->fused = false;
+	else if (!strcmp(name, "no-cpu-time"))
+		o->cpu_time = false;
+	else
+		goto valued;
+	return 0;
+valued:
+	for (size_t i = 0; i < sizeof(u32_opts) / sizeof(u32_opts[0]); i++) {
+		const struct u32_opt *u = &u32_opts[i];
+		uint32_t v;
+
+		if (strcmp(name, u->name))
+			continue;
+		if (!arg || cli_parse_u32(arg, u->lo, u->hi, &v))
+			return -1;
+		if (u->off == OFF(block_tokens) && (v & (v - 1)))
+			return -1; /* a power of two */
+		*(uint32_t *)((char *)o + u->off) = v;
+		return 0;
+	}
+	for (size_t i = 0; i < sizeof(dbl_opts) / sizeof(dbl_opts[0]); i++) {
+		const struct dbl_opt *d = &dbl_opts[i];
+
+		if (strcmp(name, d->name))
+			continue;
+		return arg ? cli_parse_double(arg, d->lo, d->hi, (double *)((char *)o + d->off))
+			   : -1;
+	}
+	return 1;
+}
+
+#undef OFF
 
 /* ---- Shared state of one run ------------------------------------------------------------ */
 

@@ -106,6 +106,16 @@ struct kvt_replay_opts {
    transfers on, layer-segmented prefill, R_max 256, T_max 8192, CPU time counted, DRAM 256 GiB. */
 void kvt_replay_opts_init(struct kvt_replay_opts *o);
 
+/*
+ * The engine options kvtier-replay and kvtier-curve share, by long-option name (without
+ * "--"; arg is NULL for the flags): hbm-gib, dram-gib, max-batch, max-batch-tokens,
+ * concurrency, block-tokens, sink, topk, recent, recall, recall-cache-frac, recall-layers,
+ * ws-window, sel-keep, sel-revisit, sel-window, chunked-prefill, no-ws-control,
+ * no-fused-transfer, no-cpu-time. Parses arg into *o: 0, -1 for a bad value (*o unchanged),
+ * 1 when name is not one of them. A tool accepts those its getopt table lists.
+ */
+int kvt_replay_opt(const char *name, const char *arg, struct kvt_replay_opts *o);
+
 enum kvt_req_status {
 	KVT_REQ_PENDING = 0,
 	KVT_REQ_DONE,
