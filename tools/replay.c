@@ -143,9 +143,9 @@ struct rreq {
 	double last_tok_s;	    /* time of its latest token */
 	struct kvt_sel_stream *sel; /* [n_layers * n_kv_heads] once decoding (recall policies) */
 	uint32_t prompt;	    /* tokens to prefill (full: input + generated on recompute) */
-	bool submitted, decoding;
-	uint32_t ring;	   /* full: KV blocks held */
-	uint32_t done_tok; /* full: prompt tokens prefilled so far (chunked) */
+	bool submitted;		    /* its history reserved in DRAM */
+	uint32_t blocks_held;	    /* full: KV pages held */
+	uint32_t done_tok;	    /* full: prompt tokens prefilled so far (chunked) */
 };
 
 struct run {
@@ -156,9 +156,8 @@ struct run {
 	char *err;
 	size_t err_len;
 	double now;
-	size_t next;	  /* next trace request to enter */
-	size_t in_system; /* submitted and not finished (closed loop) */
-	size_t finished;  /* completed + failed */
+	size_t next;	 /* next trace request to enter: next - finished are in the system */
+	size_t finished; /* completed + failed */
 	size_t itl_cap;
 	size_t tbt_cap;
 	uint64_t batch_sum, loaded_sum, lookups, hits;
@@ -166,7 +165,6 @@ struct run {
 	double last_progress;
 	/* DRAM reservation (host groups) */
 	uint64_t dram_groups, dram_used;
-	uint64_t group_per_tok_block; /* host groups of one block of tokens: n_layers */
 };
 
 static int push_double(double **a, size_t *n, size_t *cap, double v)
@@ -320,7 +318,7 @@ static size_t arriving(struct run *run)
 	if (run->next >= run->t->count)
 		return SIZE_MAX;
 	if (run->o->concurrency) {
-		if (run->in_system >= run->o->concurrency)
+		if (run->next - run->finished >= run->o->concurrency)
 			return SIZE_MAX;
 		run->res->reqs[run->next].arrival_s = run->now;
 		return run->next;
@@ -360,11 +358,6 @@ struct mrun {
 	size_t wq_head, wq_n;
 };
 
-static double tick(void)
-{
-	return cli_now_s();
-}
-
 static uint64_t groups_of(const struct mrun *mr, const struct kvt_trace_req *q)
 {
 	uint64_t bt = mr->cfg.block_tokens;
@@ -379,8 +372,6 @@ static void release(struct mrun *mr, size_t i)
 	if (q->submitted) {
 		mr->run->dram_used -= groups_of(mr, &mr->run->t->reqs[i]);
 		q->submitted = false;
-		if (mr->run->o->concurrency)
-			mr->run->in_system--;
 	}
 	if (q->sel) {
 		for (uint32_t k = 0; k < mr->n_sampled * mr->cfg.n_kv_heads; k++)
@@ -399,23 +390,18 @@ static int submit_waiting(struct mrun *mr)
 		size_t i;
 
 		if (mr->wq_n == 0) {
+			const char *why;
+
 			i = arriving(run);
 			if (i == SIZE_MAX)
 				return 0;
 			run->next++;
-			if (run->o->concurrency)
-				run->in_system++;
-			if (static_reject(run, i)) {
-				if (run->o->concurrency)
-					run->in_system--;
-				fail_req(run, i, static_reject(run, i));
-				continue;
-			}
-			if (run->dram_groups &&
-			    groups_of(mr, &run->t->reqs[i]) > run->dram_groups) {
-				if (run->o->concurrency)
-					run->in_system--;
-				fail_req(run, i, "its history exceeds the DRAM budget");
+			why = static_reject(run, i);
+			if (!why && run->dram_groups &&
+			    groups_of(mr, &run->t->reqs[i]) > run->dram_groups)
+				why = "its history exceeds the DRAM budget";
+			if (why) {
+				fail_req(run, i, why);
 				continue;
 			}
 			mr->waitq[(mr->wq_head + mr->wq_n++) % run->t->count] = i;
@@ -434,8 +420,6 @@ static int submit_waiting(struct mrun *mr)
 			err = kvt_sched_submit(mr->s, i + 1, q->output_tokens);
 		if (err) {
 			kvt_seq_destroy(mr->m, i + 1);
-			if (run->o->concurrency)
-				run->in_system--;
 			fail_req(run, i,
 				 err == -E2BIG ? "its resident set exceeds the HBM budget"
 					       : "rejected by the manager");
@@ -576,21 +560,21 @@ static int recall_layer(struct mrun *mr, uint32_t l, uint32_t nd)
 			kvt_sel_next(&mr->sel, &q->sel[l / mr->stride * H + h], lo, hi,
 				     &mr->blocks[((size_t)d * H + h) * r]);
 	}
-	t0 = tick();
+	t0 = cli_now_s();
 	err = kvt_recall_blocks(mr->m, l, mr->dseq, nd, mr->blocks, r, NULL);
 	for (uint32_t d = 0; err == -ENOSPC && d < nd; d++) {
 		int e = kvt_recall_blocks(mr->m, l, &mr->dseq[d], 1, &mr->blocks[(size_t)d * H * r],
 					  r, NULL);
 
 		if (e && e != -ENOSPC) {
-			mr->cpu_s += tick() - t0;
+			mr->cpu_s += cli_now_s() - t0;
 			ERRF("kvt_recall_blocks: %s (%s)", kvt_strerror(e),
 			     kvt_manager_last_error(mr->m));
 			return e;
 		}
 		/* -ENOSPC for one sequence alone: it attends without its recall this step */
 	}
-	mr->cpu_s += tick() - t0;
+	mr->cpu_s += cli_now_s() - t0;
 	if (err && err != -ENOSPC) {
 		ERRF("kvt_recall_blocks: %s (%s)", kvt_strerror(err),
 		     kvt_manager_last_error(mr->m));
@@ -600,9 +584,8 @@ static int recall_layer(struct mrun *mr, uint32_t l, uint32_t nd)
 }
 
 /* Fails request i alone after a manager error on it. */
-static void fail_running(struct mrun *mr, size_t i, int err)
+static void fail_running(struct mrun *mr, size_t i)
 {
-	(void)err;
 	kvt_sched_finish(mr->s, i + 1);
 	kvt_seq_destroy(mr->m, i + 1);
 	release(mr, i);
@@ -624,9 +607,9 @@ static int mrun_iteration(struct mrun *mr)
 	int err;
 
 	mr->cpu_s = 0;
-	t0 = tick();
+	t0 = cli_now_s();
 	err = kvt_sched_step(mr->s, &b);
-	mr->cpu_s += tick() - t0;
+	mr->cpu_s += cli_now_s() - t0;
 	if (err) {
 		ERRF("kvt_sched_step: %s", kvt_strerror(err));
 		return err;
@@ -646,13 +629,13 @@ static int mrun_iteration(struct mrun *mr)
 			mr->dreq[nd++] = (uint32_t)i;
 			continue;
 		}
-		t0 = tick();
+		t0 = cli_now_s();
 		for (uint32_t l = it->layer_begin; l < it->layer_end && !err; l++)
 			err = kvt_prefill_layer(mr->m, it->seq, l, mr->dummy, mr->dummy, mr->dummy,
 						NULL);
-		mr->cpu_s += tick() - t0;
+		mr->cpu_s += cli_now_s() - t0;
 		if (err) {
-			fail_running(mr, i, err);
+			fail_running(mr, i);
 			err = 0;
 			continue;
 		}
@@ -662,10 +645,10 @@ static int mrun_iteration(struct mrun *mr)
 		w.prefill_attn_flops += kvt_prefill_attn_flops(mp, r->input_tokens,
 							       it->layer_end - it->layer_begin);
 	}
-	t0 = tick();
+	t0 = cli_now_s();
 	for (uint32_t l = 0; nd && l < n_layers && !err; l++)
 		err = kvt_decode_append(mr->m, l, mr->dseq, nd, mr->dummy, mr->dummy, NULL);
-	mr->cpu_s += tick() - t0;
+	mr->cpu_s += cli_now_s() - t0;
 	if (err) {
 		ERRF("kvt_decode_append: %s (%s)", kvt_strerror(err),
 		     kvt_manager_last_error(mr->m));
@@ -699,9 +682,9 @@ static int mrun_iteration(struct mrun *mr)
 					   2.0 * mr->cfg.block_tokens * mp->head_dim *
 					   mp->elem_bytes;
 	}
-	t0 = tick();
+	t0 = cli_now_s();
 	err = kvt_sched_commit(mr->s);
-	mr->cpu_s += tick() - t0;
+	mr->cpu_s += cli_now_s() - t0;
 	if (err) {
 		ERRF("kvt_sched_commit: %s", kvt_strerror(err));
 		return err;
@@ -923,6 +906,8 @@ struct frun {
 	size_t w_head, w_n, cap;
 	size_t *running;
 	size_t n_run;
+	size_t *pre;	   /* this iteration's prefills ... */
+	uint32_t *pre_tok; /* ... and their tokens */
 };
 
 static uint32_t fblocks(uint64_t tokens)
@@ -958,8 +943,6 @@ static void fadmit_arrivals(struct frun *f)
 			fail_req(run, i, why);
 			continue;
 		}
-		if (run->o->concurrency)
-			run->in_system++;
 		run->rq[i].prompt = q->input_tokens;
 		fwait_push_back(f, i);
 	}
@@ -968,8 +951,8 @@ static void fadmit_arrivals(struct frun *f)
 /* Frees request i's blocks. */
 static void ffree(struct frun *f, size_t i)
 {
-	f->free_blocks += f->run->rq[i].ring;
-	f->run->rq[i].ring = 0;
+	f->free_blocks += f->run->rq[i].blocks_held;
+	f->run->rq[i].blocks_held = 0;
 }
 
 /* Preempts the latest running request (recompute: back to the front of the queue). */
@@ -979,7 +962,6 @@ static void fpreempt_last(struct frun *f)
 	struct rreq *q = &f->run->rq[i];
 
 	ffree(f, i);
-	q->decoding = false;
 	q->done_tok = 0;
 	q->prompt = f->run->res->reqs[i].input_tokens + f->run->res->reqs[i].generated;
 	fwait_push_front(f, i);
@@ -997,16 +979,10 @@ static int frun_iteration(struct frun *f)
 	bool win = run->iter >= o->warmup_iterations;
 	uint32_t chunk = o->chunk_tokens;
 	uint64_t budget = chunk ? (o->max_tokens > chunk ? o->max_tokens : chunk) : o->max_tokens;
-	size_t *pre = NULL, n_pre = 0;
-	uint32_t *pre_tok = NULL;
+	size_t *pre = f->pre, n_pre = 0;
+	uint32_t *pre_tok = f->pre_tok;
 	int err = 0;
 
-	pre = malloc((f->w_n + 1) * sizeof(*pre));
-	pre_tok = malloc((f->w_n + 1) * sizeof(*pre_tok));
-	if (!pre || !pre_tok) {
-		err = -ENOMEM;
-		goto out;
-	}
 	/* admission of prefills: vLLM v0 gives prefills their own iteration; chunked
 	   prefill (v1) mixes one budget of decode tokens and prompt chunks */
 	uint64_t used = chunk ? f->n_run : 0;
@@ -1016,9 +992,9 @@ static int frun_iteration(struct frun *f)
 		size_t i = f->wait[f->w_head];
 		struct rreq *q = &run->rq[i];
 		uint32_t left = q->prompt - q->done_tok, take;
-		uint32_t need = q->done_tok ? 0 : fblocks(q->prompt) + 1;
+		uint32_t pages = q->done_tok ? 0 : fblocks(q->prompt); /* at its first chunk */
 
-		if (need > f->free_blocks)
+		if (pages && pages + 1 > f->free_blocks) /* one page of watermark */
 			break;
 		take = left;
 		if (used + take > budget) {
@@ -1029,8 +1005,8 @@ static int frun_iteration(struct frun *f)
 		}
 		if (!take)
 			break;
-		f->free_blocks -= need ? need - 1 : 0;
-		q->ring += need ? need - 1 : 0;
+		f->free_blocks -= pages;
+		q->blocks_held += pages;
 		used += take;
 		pre[n_pre] = i;
 		pre_tok[n_pre++] = take;
@@ -1055,10 +1031,10 @@ static int frun_iteration(struct frun *f)
 			uint64_t toks = (uint64_t)run->res->reqs[i].input_tokens +
 					run->res->reqs[i].generated + 1;
 
-			while (k < f->n_run && fblocks(toks) > run->rq[i].ring) {
+			while (k < f->n_run && fblocks(toks) > run->rq[i].blocks_held) {
 				if (f->free_blocks) {
 					f->free_blocks--;
-					run->rq[i].ring++;
+					run->rq[i].blocks_held++;
 				} else {
 					fpreempt_last(f);
 				}
@@ -1106,8 +1082,6 @@ static int frun_iteration(struct frun *f)
 				(f->n_run - k - 1) * sizeof(*f->running));
 			f->n_run--;
 			n_dec--;
-			if (o->concurrency)
-				run->in_system--;
 			continue;
 		}
 		k++;
@@ -1119,25 +1093,19 @@ static int frun_iteration(struct frun *f)
 		if (q->done_tok && q->done_tok < q->prompt)
 			continue; /* more chunks to go */
 		q->done_tok = 0;
-		if (run->res->reqs[i].generated == 0 || !q->decoding) {
-			if (run->res->reqs[i].generated == 0 && token(run, i, win)) {
-				err = -ENOMEM;
-				goto out;
-			}
+		/* its first token (a recomputed request has it already) */
+		if (run->res->reqs[i].generated == 0 && token(run, i, win)) {
+			err = -ENOMEM;
+			goto out;
 		}
 		if (run->res->reqs[i].status == KVT_REQ_DONE) {
 			ffree(f, i);
-			if (o->concurrency)
-				run->in_system--;
 			continue;
 		}
-		q->decoding = true;
 		f->running[f->n_run++] = i;
 	}
 	err = end_iteration(run, &ir, start);
 out:
-	free(pre);
-	free(pre_tok);
 	if (err == -ENOMEM)
 		ERRF("out of memory");
 	return err;
@@ -1153,7 +1121,9 @@ static int frun_loop(struct run *run, double hbm_bytes)
 	f.cap = run->t->count + 1;
 	f.wait = malloc(f.cap * sizeof(*f.wait));
 	f.running = malloc(f.cap * sizeof(*f.running));
-	if (!f.wait || !f.running) {
+	f.pre = malloc(f.cap * sizeof(*f.pre));
+	f.pre_tok = malloc(f.cap * sizeof(*f.pre_tok));
+	if (!f.wait || !f.running || !f.pre || !f.pre_tok) {
 		err = -ENOMEM;
 		goto out;
 	}
@@ -1175,6 +1145,8 @@ static int frun_loop(struct run *run, double hbm_bytes)
 out:
 	free(f.wait);
 	free(f.running);
+	free(f.pre);
+	free(f.pre_tok);
 	return err;
 }
 
