@@ -166,6 +166,40 @@ static void test_full_by_hand(void **state)
 	free(t.reqs);
 }
 
+/* Chunked prefill under `full`: a 3000-token prompt in chunks of 1024 takes three iterations,
+   its attention FLOPs add up to the whole prompt's, and a trace of long prompts completes. */
+static void test_full_chunked(void **state)
+{
+	struct kvt_trace t = mk_trace(1, 3000, 3, 0);
+	struct kvt_trace_opts to = KVT_TRACE_OPTS_INIT;
+	struct kvt_replay_opts o;
+	struct kvt_replay_result res;
+	char err[256];
+	(void)state;
+
+	opts(&o, KVT_POLICY_FULL);
+	o.chunk_tokens = 1024;
+	run_ok(&o, &t, &res);
+	check_accounting(&res);
+	assert_int_equal(res.iterations, 3 + 2);
+	near(res.t_attn_prefill,
+	     kvt_prefill_attn_flops(&o.model, 3000, o.model.n_layers) / (o.gpu.tflops * 1e12), 1e-9,
+	     "prefill attention");
+	kvt_replay_result_free(&res);
+	free(t.reqs);
+
+	to.max_context = 131072;
+	CHECK_RC(kvt_trace_read(bundled(), KVT_TRACE_AUTO, &to, &t, err, sizeof(err)), 0);
+	t.count = 60;
+	opts(&o, KVT_POLICY_FULL);
+	o.chunk_tokens = 2048;
+	run_ok(&o, &t, &res);
+	check_accounting(&res);
+	assert_int_equal(res.completed, 60);
+	kvt_replay_result_free(&res);
+	kvt_trace_free(&t);
+}
+
 /* Requests that can never run fail alone, each with its reason; the others complete. */
 static void test_failures_alone(void **state)
 {
@@ -531,11 +565,17 @@ static void test_bad_options(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_smoke_bundled),  cmocka_unit_test(test_full_by_hand),
-		cmocka_unit_test(test_failures_alone), cmocka_unit_test(test_dram_admission),
-		cmocka_unit_test(test_closed_loop),    cmocka_unit_test(test_ws_control),
-		cmocka_unit_test(test_layer_sampling), cmocka_unit_test(test_summary),
-		cmocka_unit_test(test_json_keys),      cmocka_unit_test(test_recorded_selections),
+		cmocka_unit_test(test_smoke_bundled),
+		cmocka_unit_test(test_full_by_hand),
+		cmocka_unit_test(test_full_chunked),
+		cmocka_unit_test(test_failures_alone),
+		cmocka_unit_test(test_dram_admission),
+		cmocka_unit_test(test_closed_loop),
+		cmocka_unit_test(test_ws_control),
+		cmocka_unit_test(test_layer_sampling),
+		cmocka_unit_test(test_summary),
+		cmocka_unit_test(test_json_keys),
+		cmocka_unit_test(test_recorded_selections),
 		cmocka_unit_test(test_bad_options),
 	};
 

@@ -937,7 +937,9 @@ static void fadmit_arrivals(struct frun *f)
 		const struct kvt_trace_req *q = &run->t->reqs[i];
 
 		run->next++;
-		if (!why && fblocks((uint64_t)q->input_tokens + q->output_tokens) > f->total)
+		/* admission keeps one page free: a request must fit with it, even when
+		   recomputed near its end */
+		if (!why && fblocks((uint64_t)q->input_tokens + q->output_tokens) + 1 > f->total)
 			why = "its KV exceeds the HBM budget";
 		if (why) {
 			fail_req(run, i, why);
@@ -985,7 +987,7 @@ static int frun_iteration(struct frun *f)
 
 	/* admission of prefills: vLLM v0 gives prefills their own iteration; chunked
 	   prefill (v1) mixes one budget of decode tokens and prompt chunks */
-	uint64_t used = chunk ? f->n_run : 0;
+	uint64_t used = chunk ? f->n_run : 0, pre_used = 0;
 	bool prefill_iter = false;
 
 	while (f->w_n && f->n_run + n_pre < o->max_requests) {
@@ -997,24 +999,29 @@ static int frun_iteration(struct frun *f)
 		if (pages && pages + 1 > f->free_blocks) /* one page of watermark */
 			break;
 		take = left;
-		if (used + take > budget) {
-			if (!chunk && n_pre)
-				break;
-			if (chunk)
-				take = (uint32_t)(budget > used ? budget - used : 0);
+		if (chunk) { /* at most B prompt tokens, and the iteration's budget */
+			uint64_t room = budget > used ? budget - used : 0;
+
+			if (chunk - pre_used < room)
+				room = chunk - pre_used;
+			if (take > room)
+				take = (uint32_t)room;
+		} else if (used + take > budget && n_pre) {
+			break; /* v0: whole prompts, the first one even past the budget */
 		}
 		if (!take)
 			break;
 		f->free_blocks -= pages;
 		q->blocks_held += pages;
 		used += take;
+		pre_used += take;
 		pre[n_pre] = i;
 		pre_tok[n_pre++] = take;
 		f->w_head = (f->w_head + 1) % f->cap;
 		f->w_n--;
 		prefill_iter = true;
+		q->done_tok += take;
 		if (take < left) {
-			q->done_tok += take;
 			/* stays at the front for its next chunk */
 			fwait_push_front(f, i);
 			break;
@@ -1050,8 +1057,7 @@ static int frun_iteration(struct frun *f)
 	}
 	for (size_t k = 0; k < n_pre; k++) {
 		struct rreq *q = &run->rq[pre[k]];
-		uint32_t end = q->done_tok ? q->done_tok : q->prompt;
-		uint32_t begin = end - pre_tok[k];
+		uint32_t end = q->done_tok, begin = end - pre_tok[k];
 
 		if (run->res->reqs[pre[k]].sched_s < 0)
 			run->res->reqs[pre[k]].sched_s = run->now;
@@ -1059,6 +1065,10 @@ static int frun_iteration(struct frun *f)
 		/* chunk [begin, end) attends to every earlier token */
 		w.prefill_attn_flops += kvt_prefill_attn_flops(mp, end, mp->n_layers) -
 					kvt_prefill_attn_flops(mp, begin, mp->n_layers);
+	}
+	if (n_pre + n_dec == 0) { /* a bug: the arrival check should have failed it */
+		ERRF("full: request %zu waits for pages with nothing running", f->wait[f->w_head]);
+		return -EDEADLK;
 	}
 	w.decode_tokens = n_dec;
 	kvt_iter_time(mp, &o->gpu, &w, &ir.tm);
@@ -1090,7 +1100,7 @@ static int frun_iteration(struct frun *f)
 		size_t i = pre[k];
 		struct rreq *q = &run->rq[i];
 
-		if (q->done_tok && q->done_tok < q->prompt)
+		if (q->done_tok < q->prompt)
 			continue; /* more chunks to go */
 		q->done_tok = 0;
 		/* its first token (a recomputed request has it already) */
