@@ -98,6 +98,23 @@ struct kvt_config {
 	double model_fused_eff;
 	uint32_t model_call_ns, model_launch_ns;
 	uint32_t model_fused;
+	/* Disk tier (DESIGN.md "Disk tier"). spill_dir: directory of the spill file (copied at
+	   create); NULL = no disk tier, and a full host tier then fails the call with -ENOMEM.
+	   With it, when the host tier is full the blocks of the sequences used least recently
+	   (never those of the call at hand) are written to a private spill file there (mode
+	   0600, unlinked: nothing is left behind), O_DIRECT where the file system allows,
+	   through io_uring, each block group with a CRC-32C; a sequence's blocks come back in
+	   one batched read before any call needs them (kvt_seq_fetch does it ahead of time).
+	   disk_bytes: most bytes the spill file may hold (0 = as much as the file system
+	   gives). disk_queue_depth: io_uring entries (1..4096), which is also the most I/Os in
+	   flight. model_disk_gbps / model_disk_ns: the disk of the model backend (which moves
+	   no bytes and writes no file): each batch of I/Os costs model_disk_ns plus
+	   bytes / model_disk_gbps, summed into kvt_stats.model_ns_disk. */
+	const char *spill_dir;
+	uint64_t disk_bytes;
+	uint32_t disk_queue_depth;
+	uint32_t model_disk_ns;
+	double model_disk_gbps;
 };
 
 /* Defaults: Llama-3-8B geometry (32 layers, 8 kv heads, 32 q heads, d=128, bf16), 32-token
@@ -105,7 +122,8 @@ struct kvt_config {
    4 GiB host, automatic backend, 2 save threads, 2 x 32 MiB staging, no recall (r = 0, no
    recall cache), a 12-step working-set window; transfer model of an H100 on PCIe Gen5: 53 GB/s
    each way, 1500 GB/s device copies, 2 us per DMA call, 5 us per kernel launch, fused gather
-   at 0.8 of the link. */
+   at 0.8 of the link; no disk tier (64 I/Os in flight when enabled; model disk: 6 GB/s,
+   80 us per batch). */
 #define KVT_CONFIG_INIT                                                                           \
 	{                                                                                         \
 		.size = sizeof(struct kvt_config), .version = KVT_CONFIG_VERSION, .n_layers = 32, \
@@ -117,7 +135,8 @@ struct kvt_config {
 		.staging_bytes = (uint64_t)32 << 20, .recall_blocks = 0, .ws_window = 12,         \
 		.recall_cache_bytes = 0, .model_h2d_gbps = 53.0, .model_d2h_gbps = 53.0,          \
 		.model_d2d_gbps = 1500.0, .model_fused_eff = 0.8, .model_call_ns = 2000,          \
-		.model_launch_ns = 5000, .model_fused = 1,                                        \
+		.model_launch_ns = 5000, .model_fused = 1, .spill_dir = NULL, .disk_bytes = 0,    \
+		.disk_queue_depth = 64, .model_disk_ns = 80000, .model_disk_gbps = 6.0,           \
 	}
 
 struct kvt_manager;
@@ -157,6 +176,19 @@ struct kvt_stats {
 	uint64_t model_ns_h2d, model_ns_d2h, model_ns_d2d;
 	/* Host-side calls modelled per direction: DMA copy calls plus kernel launches. */
 	uint64_t model_calls_h2d, model_calls_d2h, model_calls_d2d;
+	/* Disk tier, in blocks (one block = one (layer, kv head) block of block_tokens tokens,
+	   as host_blocks_*). total: what disk_bytes allows (0 = no disk tier; UINT64_MAX = no
+	   limit). spilled / fetched: blocks written to / read back from the spill file. */
+	uint64_t disk_blocks_total, disk_blocks_used;
+	uint64_t disk_blocks_spilled, disk_blocks_fetched;
+	uint64_t disk_bytes_written, disk_bytes_read; /* file bytes, padding included */
+	uint64_t disk_io_errors;	/* failed or short I/Os (each fails only its sequence) */
+	uint64_t disk_checksum_errors;	/* blocks read back with a CRC-32C mismatch */
+	uint64_t seqs_lost;		/* sequences whose history could not be read back */
+	uint64_t model_ns_disk;		/* modelled disk time (model backend) */
+	uint32_t disk_direct;		/* 1: the spill file is O_DIRECT; 0: page cache (the file
+					   system refused O_DIRECT) or no disk tier */
+	uint32_t reserved;
 };
 
 #define KVT_STATS_INIT                                                         \
@@ -296,10 +328,37 @@ struct kvt_seq_info {
 	uint64_t host_blocks;	     /* host blocks of its history, all layers */
 	uint64_t recall_ws_frames;   /* distinct blocks it recalled over its last ws_window steps */
 	uint64_t recall_step_frames; /* distinct blocks it recalled in its latest step */
+	uint64_t disk_blocks;	     /* of host_blocks, those in the spill file now */
+	int32_t lost;		     /* 0, or the error (-EBADMSG) that lost its history */
+	uint32_t reserved;
 };
 
 /* Fills *out up to out->size (at least the first two fields). -ENOENT, -EINVAL. */
 KVT_API int kvt_seq_info(struct kvt_manager *m, uint64_t seq, struct kvt_seq_info *out);
+
+/* ---- Disk tier ------------------------------------------------------------------------ */
+
+/* Reads the spilled blocks of the n named sequences back into the host tier, all in one
+   batched io_uring read (spilling blocks of other sequences, least recently used first, to
+   make room), so the calls that follow need no disk I/O. Every call that needs a sequence's
+   host history (decode, recall, resume, reading a token that is not resident) does this
+   itself; an engine calls it ahead of time, e.g. when its scheduler admits the sequence.
+   Sequences with nothing on disk cost nothing; without a disk tier it only validates.
+   Each sequence comes back whole or not at all; those that came back stay back when another
+   fails. Errors: -EINVAL (NULL, n == 0), -ENOENT (not live), -ENOMEM (the host tier cannot
+   hold them even after spilling every other sequence's blocks), -EIO (an I/O failed: the
+   blocks stay on disk and a later call may retry), -EBADMSG (a block's CRC-32C did not match:
+   that sequence's history is lost; every later call on it but kvt_seq_destroy and
+   kvt_seq_info fails with -EBADMSG, and no other sequence is affected). The last error names
+   the sequence. */
+KVT_API int kvt_seq_fetch(struct kvt_manager *m, const uint64_t *seqs, uint32_t n);
+
+/* Writes every host block of seq to the spill file now and frees them in the host tier (an
+   engine parking a preempted request; tests). Its device frames stay as they are. Nothing to
+   do (0) when it has no host blocks. -ENOENT; -ENOTSUP without a disk tier; -ENOSPC when
+   the spill file is at disk_bytes or the file system is full; -EIO when a write failed (the
+   blocks that failed stay in the host tier: nothing is lost); -EBADMSG when it is lost. */
+KVT_API int kvt_seq_spill(struct kvt_manager *m, uint64_t seq);
 
 /* ---- Dynamic recall (decode) --------------------------------------------------------- */
 

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "fault.h"
 #include "kvtier.h"
 #include "policy.h"
 #include "pool.h"
@@ -218,6 +219,12 @@ static inline uint32_t kvt_topk_lower(const int32_t *t, uint32_t n, uint32_t pos
 
 /* Grows a scratch array to hold n elements of size sz (never shrinks). 0 or -ENOMEM. */
 int kvt_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz);
+
+/* Calls backend transfer op `op` (copy_d2d, gather_h2d, save, append, read_d2h) unless the
+   fault hook fails this transfer site, which then returns -EIO as a failed copy would. */
+#define KVT_XFER(m, op, ...)                                                                  \
+	(kvt_fault(KVT_FAULT_XFER) ? kvt_be_fail((m)->be, -EIO, "injected fault in " #op)    \
+				   : (m)->ops->op((m)->be, __VA_ARGS__))
 
 /* Recall (manager/recall.c). */
 int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fault.h"
 #include "internal.h"
 #include "policy.h"
 
@@ -98,7 +99,7 @@ int kvt_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz)
 		return 0;
 	while (c < n)
 		c = c > UINT32_MAX / 2 ? n : c * 2;
-	p = realloc(*arr, (size_t)c * sz);
+	p = kvt_realloc(*arr, (size_t)c * sz);
 	if (!p)
 		return -ENOMEM;
 	*arr = p;
@@ -124,7 +125,7 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 	uint64_t n_rc;
 	int err;
 
-	m = calloc(1, sizeof(*m));
+	m = kvt_calloc(1, sizeof(*m));
 	if (!m)
 		return -ENOMEM;
 	m->cfg = c;

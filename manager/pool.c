@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "fault.h"
 #include "pool.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -46,8 +47,8 @@ int kvt_pool_init(struct kvt_pool *p, uint32_t n_units, void *poison_base, uint6
 	*p = (struct kvt_pool){0};
 	if (n_units == 0 || n_units == UINT32_MAX)
 		return -EINVAL;
-	p->free_ids = malloc((size_t)n_units * sizeof(*p->free_ids));
-	p->in_use = calloc(((size_t)n_units + 63) / 64, sizeof(*p->in_use));
+	p->free_ids = kvt_malloc((size_t)n_units * sizeof(*p->free_ids));
+	p->in_use = kvt_calloc(((size_t)n_units + 63) / 64, sizeof(*p->in_use));
 	if (!p->free_ids || !p->in_use) {
 		kvt_pool_fini(p);
 		return -ENOMEM;

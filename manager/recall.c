@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fault.h"
 #include "internal.h"
 #include "policy.h"
 
@@ -31,8 +32,8 @@ int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames)
 	rc->q_cap = 64; /* a power of two >= 2n + 64, so positions wrap with a mask */
 	while (rc->q_cap < 2ull * n_frames + 64)
 		rc->q_cap *= 2;
-	rc->e = calloc(n_frames, sizeof(*rc->e));
-	rc->q = malloc((size_t)rc->q_cap * sizeof(*rc->q));
+	rc->e = kvt_calloc(n_frames, sizeof(*rc->e));
+	rc->q = kvt_malloc((size_t)rc->q_cap * sizeof(*rc->q));
 	if (!rc->e || !rc->q)
 		return -ENOMEM; /* kvt_recall_fini frees what was allocated */
 	for (uint32_t i = 0; i < n_frames; i++)
@@ -74,7 +75,7 @@ void kvt_recall_free_seq(struct kvt_seq *s, uint32_t n_layers)
 /* Grows one table of n_old to n_new elements of sz bytes, new ones filled with byte `fill`. */
 static int grow(void **p, size_t n_old, size_t n_new, size_t sz, int fill)
 {
-	void *q = realloc(*p, n_new * sz);
+	void *q = kvt_realloc(*p, n_new * sz);
 
 	if (!q)
 		return -ENOMEM;
@@ -91,7 +92,7 @@ static int rc_layer_get(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_
 	size_t H = m->cfg.n_kv_heads, old, want;
 
 	if (!rc) {
-		rc = calloc(1, sizeof(*rc));
+		rc = kvt_calloc(1, sizeof(*rc));
 		if (!rc)
 			return -ENOMEM;
 		ly->rc = rc;
@@ -397,14 +398,14 @@ static int view_reserve(struct kvt_manager *m, struct kvt_recall_layer *rc, uint
 	size_t H = m->cfg.n_kv_heads;
 
 	if (!rc->view_n) {
-		rc->view_n = calloc(H, sizeof(*rc->view_n));
+		rc->view_n = kvt_calloc(H, sizeof(*rc->view_n));
 		if (!rc->view_n)
 			return -ENOMEM;
 	}
 	if (r <= rc->view_cap)
 		return 0;
 	/* The old view is laid out for the old capacity: re-lay it out per head. */
-	uint32_t *ent = malloc(H * r * sizeof(*ent)), *gen = malloc(H * r * sizeof(*gen));
+	uint32_t *ent = kvt_malloc(H * r * sizeof(*ent)), *gen = kvt_malloc(H * r * sizeof(*gen));
 
 	if (!ent || !gen) {
 		free(ent);
@@ -485,7 +486,7 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 		}
 		if (rc_layer_get(m, ly, ly->n_groups) || view_reserve(m, ly->rc, r) ||
 		    (!s->ws_bucket &&
-		     !(s->ws_bucket = calloc(m->cfg.ws_window, sizeof(*s->ws_bucket)))))
+		     !(s->ws_bucket = kvt_calloc(m->cfg.ws_window, sizeof(*s->ws_bucket)))))
 			return kvt_fail(m, -ENOMEM,
 					"recall: sequence %llu: no memory for its "
 					"recall tables",
@@ -609,7 +610,7 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	/* The blocks must have landed in the host history before the device reads them. */
 	err = wait ? m->ops->save_wait(m->be, wait) : 0;
 	if (!err && nx)
-		err = m->ops->gather_h2d(m->be, m->xf, nx, stream);
+		err = KVT_XFER(m, gather_h2d, m->xf, nx, stream);
 	if (err) {
 		/* The frames meant for the misses hold nothing valid: free them and the views
 		   of this call. The cache keeps its hits; the working sets keep this call's

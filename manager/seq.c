@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fault.h"
 #include "internal.h"
 #include "policy.h"
 
@@ -93,7 +94,7 @@ KVT_API int kvt_seq_create(struct kvt_manager *m, uint64_t seq, uint32_t prompt_
 	count = kvt_snapkv_count(&sp);
 	size_t bytes = sizeof(*s) + (size_t)m->cfg.n_layers * sizeof(s->layers[0]);
 
-	s = aligned_alloc(_Alignof(struct kvt_seq), bytes);
+	s = kvt_aligned_alloc(_Alignof(struct kvt_seq), bytes);
 	if (s)
 		memset(s, 0, bytes);
 	if (!s)
@@ -279,15 +280,15 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 				m->dev.n_free < s->n_frames ? m->dev.n_units : m->host.n_units,
 				m->dev.n_free < s->n_frames ? s->n_frames : nb);
 	/* Tables and scratch first: nothing visible changes until the pools are touched. */
-	ly.frames = malloc((size_t)s->n_frames * sizeof(*ly.frames));
-	ly.groups = malloc((size_t)nb * sizeof(*ly.groups));
+	ly.frames = kvt_malloc((size_t)s->n_frames * sizeof(*ly.frames));
+	ly.groups = kvt_malloc((size_t)nb * sizeof(*ly.groups));
 	ly.cap_groups = nb;
 	if (count)
-		ly.topk = malloc((size_t)c->n_kv_heads * count * sizeof(*ly.topk));
+		ly.topk = kvt_malloc((size_t)c->n_kv_heads * count * sizeof(*ly.topk));
 	snapkv_params(m, L, &sp);
 	if (count && m->payload && kvt_snapkv_scratch_bytes(&sp) > m->sel_scratch_bytes) {
 		size_t want = kvt_snapkv_scratch_bytes(&sp);
-		void *p = realloc(m->sel_scratch, want);
+		void *p = kvt_realloc(m->sel_scratch, want);
 
 		if (p) {
 			m->sel_scratch = p;
@@ -349,7 +350,7 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 			emit_resident(m, &ly, &nx, &src, h, L,
 				      count ? ly.topk + (size_t)h * count : NULL, count);
 	}
-	err = m->ops->copy_d2d(m->be, m->xf, nx, stream);
+	err = KVT_XFER(m, copy_d2d, m->xf, nx, stream);
 	if (err) {
 		err = kvt_fail(m, err, "sequence %llu layer %u: gather into frames: %s",
 			       (unsigned long long)seq, layer, m->be->err);
@@ -380,7 +381,7 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 		{ptr_u64(k), c->n_kv_heads * layer_bytes},
 		{ptr_u64(v), c->n_kv_heads * layer_bytes},
 	};
-	err = m->ops->save(m->be, src, 2, m->xf, nx, stream, &ticket);
+	err = KVT_XFER(m, save, src, 2, m->xf, nx, stream, &ticket);
 	if (err) {
 		/* A multi-chunk save may have handed chunks over: let them land before the
 		   blocks return to the pool. */
@@ -493,7 +494,7 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 		m->ap[i].host = kvt_host_row(m, ly, 0, ly->n_tokens);
 	}
 	g = (struct kvt_append_geom){m->cfg.n_kv_heads, m->row_bytes, m->block_bytes, m->v_offset};
-	err = m->ops->append(m->be, ptr_u64(k), ptr_u64(v), n, m->ap, &g, stream, &ticket);
+	err = KVT_XFER(m, append, ptr_u64(k), ptr_u64(v), n, m->ap, &g, stream, &ticket);
 	if (err) {
 		/* Give the new groups back so tables and pool are as before. */
 		while (n_fresh-- > 0) {
@@ -622,9 +623,9 @@ static int read_token(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint3
 	if (slot >= 0) {
 		uint64_t a = kvt_dev_row(m, ly, h, (uint32_t)slot);
 
-		err = m->ops->read_d2h(m->be, k_out, a, m->row_bytes);
+		err = KVT_XFER(m, read_d2h, k_out, a, m->row_bytes);
 		if (!err)
-			err = m->ops->read_d2h(m->be, v_out, a + m->v_offset, m->row_bytes);
+			err = KVT_XFER(m, read_d2h, v_out, a + m->v_offset, m->row_bytes);
 		if (err)
 			return kvt_fail(m, err, "read token: device read: %s", m->be->err);
 		m->st.bytes_read += 2ull * m->row_bytes;
@@ -874,7 +875,7 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 							    : NULL,
 					      s->valid_topk);
 	}
-	err = m->ops->gather_h2d(m->be, m->xf, nx, stream);
+	err = KVT_XFER(m, gather_h2d, m->xf, nx, stream);
 	if (err) {
 		for (uint32_t l = 0; l < c->n_layers; l++)
 			if (s->layers[l].n_tokens)

@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "fault.h"
 #include "internal.h"
 
 static inline uint32_t home_of(const struct kvt_seqmap *sm, uint64_t id)
@@ -13,7 +14,7 @@ static inline uint32_t home_of(const struct kvt_seqmap *sm, uint64_t id)
 
 static int alloc_slots(struct kvt_seqmap *sm, uint32_t cap)
 {
-	sm->slots = calloc(cap, sizeof(*sm->slots));
+	sm->slots = kvt_calloc(cap, sizeof(*sm->slots));
 	if (!sm->slots)
 		return -ENOMEM;
 	sm->cap = cap;

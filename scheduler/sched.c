@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fault.h"
 #include "kvtier.h"
 
 #define DIV_UP(a, b) (((a) + (b)-1) / (b))
@@ -163,7 +164,7 @@ static inline uint32_t home_of(const struct rmap *mp, uint64_t id)
 
 static int rmap_alloc(struct rmap *mp, uint32_t cap)
 {
-	mp->slots = calloc(cap, sizeof(*mp->slots));
+	mp->slots = kvt_calloc(cap, sizeof(*mp->slots));
 	if (!mp->slots)
 		return -ENOMEM;
 	mp->cap = cap;
@@ -308,7 +309,7 @@ KVT_API int kvt_sched_create(struct kvt_manager *m, const struct kvt_sched_confi
 	err = kvt_manager_config(m, &mc);
 	if (err)
 		return err;
-	s = calloc(1, sizeof(*s));
+	s = kvt_calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
 	s->cfg = defaults;
@@ -319,10 +320,10 @@ KVT_API int kvt_sched_create(struct kvt_manager *m, const struct kvt_sched_confi
 	s->n_heads = mc.n_kv_heads;
 	s->block_tokens = mc.block_tokens;
 	n = s->cfg.max_requests;
-	s->plan = calloc(n, sizeof(*s->plan));
-	s->items = calloc(n, sizeof(*s->items));
-	s->item_req = calloc(n, sizeof(*s->item_req));
-	s->completed = calloc(n, sizeof(*s->completed));
+	s->plan = kvt_calloc(n, sizeof(*s->plan));
+	s->items = kvt_calloc(n, sizeof(*s->items));
+	s->item_req = kvt_calloc(n, sizeof(*s->item_req));
+	s->completed = kvt_calloc(n, sizeof(*s->completed));
 	err = rmap_alloc(&s->map, 64);
 	if (err || !s->plan || !s->items || !s->item_req || !s->completed) {
 		kvt_sched_destroy(s);
@@ -387,7 +388,7 @@ KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new
 		alone += full_layer_frames(s, info.prompt_tokens);
 	if (alone > st.device_frames_total)
 		return -E2BIG;
-	r = calloc(1, sizeof(*r));
+	r = kvt_calloc(1, sizeof(*r));
 	if (!r)
 		return -ENOMEM;
 	r->seq = seq;

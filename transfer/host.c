@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fault.h"
 #include "backend.h"
 #include "jarena.h"
 #include "savepool.h"
@@ -61,7 +62,7 @@ static int stage_copy(void *cctx, int buf, void *stage, const struct kvt_save_sr
 
 static int host_create(const struct kvt_backend_params *p, struct kvt_be **out)
 {
-	struct host_backend *hb = calloc(1, sizeof(*hb));
+	struct host_backend *hb = kvt_calloc(1, sizeof(*hb));
 	struct kvt_savepool_alloc alloc = {stage_alloc, stage_free, NULL};
 	int err;
 

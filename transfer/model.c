@@ -41,6 +41,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
+#include "fault.h"
 #include "backend.h"
 
 /* Where the first arena goes, and the alignment of and gap between arenas. */
@@ -85,7 +86,7 @@ static int model_create(const struct kvt_backend_params *p, struct kvt_be **out)
 
 	if (!p || !out || p->staging_bytes == 0 || model_params_check(&p->model))
 		return -EINVAL;
-	mb = calloc(1, sizeof(*mb));
+	mb = kvt_calloc(1, sizeof(*mb));
 	if (!mb)
 		return -ENOMEM;
 	mb->base.ops = &kvt_backend_model_ops;

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "fault.h"
 #include "backend.h"
 
 struct null_backend {
@@ -16,7 +17,7 @@ struct null_backend {
 
 static int null_create(const struct kvt_backend_params *p, struct kvt_be **out)
 {
-	struct null_backend *nb = calloc(1, sizeof(*nb));
+	struct null_backend *nb = kvt_calloc(1, sizeof(*nb));
 
 	(void)p;
 	if (!nb)

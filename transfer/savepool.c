@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fault.h"
 #include "savepool.h"
 
 /* Slices of a chunk are at least this many bytes: waking a thread costs more than copying
@@ -92,7 +93,7 @@ int kvt_savepool_create(uint32_t threads, uint64_t staging_bytes,
 
 	if (threads > KVT_SAVE_MAX_THREADS || staging_bytes < 4096 || !alloc || !copy || !out)
 		return -EINVAL;
-	sp = calloc(1, sizeof(*sp));
+	sp = kvt_calloc(1, sizeof(*sp));
 	if (!sp)
 		return -ENOMEM;
 	sp->staging_bytes = staging_bytes;
@@ -167,7 +168,7 @@ static int reserve_items(struct kvt_savepool *sp, uint32_t i, size_t bytes)
 	cap = b->items_cap ? b->items_cap : 4096;
 	while (cap < bytes)
 		cap *= 2;
-	p = realloc(b->items, cap);
+	p = kvt_realloc(b->items, cap);
 	if (!p)
 		return -ENOMEM;
 	b->items = p;
