@@ -182,12 +182,12 @@ struct kvt_stats {
 	uint64_t disk_blocks_total, disk_blocks_used;
 	uint64_t disk_blocks_spilled, disk_blocks_fetched;
 	uint64_t disk_bytes_written, disk_bytes_read; /* file bytes, padding included */
-	uint64_t disk_io_errors;	/* failed or short I/Os (each fails only its sequence) */
-	uint64_t disk_checksum_errors;	/* blocks read back with a CRC-32C mismatch */
-	uint64_t seqs_lost;		/* sequences whose history could not be read back */
-	uint64_t model_ns_disk;		/* modelled disk time (model backend) */
-	uint32_t disk_direct;		/* 1: the spill file is O_DIRECT; 0: page cache (the file
-					   system refused O_DIRECT) or no disk tier */
+	uint64_t disk_io_errors;       /* failed or short I/Os (each fails only its sequence) */
+	uint64_t disk_checksum_errors; /* blocks read back with a CRC-32C mismatch */
+	uint64_t seqs_lost;	       /* sequences whose history could not be read back */
+	uint64_t model_ns_disk;	       /* modelled disk time (model backend) */
+	uint32_t disk_direct;	       /* 1: the spill file is O_DIRECT; 0: page cache (the file
+					  system refused O_DIRECT) or no disk tier */
 	uint32_t reserved;
 };
 

@@ -16,8 +16,7 @@ void kvt_fault_arm(uint32_t mask, uint64_t nth)
 {
 	if (!fs.armed)
 		atomic_fetch_add_explicit(&kvt_fault_armed, 1, memory_order_relaxed);
-	fs = (struct fault_state){
-		.armed = true, .mask = mask, .nth = nth, .site = KVT_FAULT_SITES};
+	fs = (struct fault_state){.armed = true, .mask = mask, .nth = nth, .site = KVT_FAULT_SITES};
 }
 
 uint64_t kvt_fault_disarm(void)

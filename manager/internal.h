@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "disk.h"
 #include "fault.h"
 #include "kvtier.h"
 #include "policy.h"
@@ -41,6 +42,8 @@ struct kvt_seq_layer {
 };
 
 #define KVT_NO_ENTRY UINT32_MAX
+/* A group table entry with this bit holds a disk slot (manager/spill.c), not a host group. */
+#define KVT_SPILLED 0x80000000u
 #define KVT_WS_MAX 64u
 
 /* Per (block, kv head) of a sequence layer: what the recall path reads together. */
@@ -108,6 +111,8 @@ struct kvt_seq {
 	uint32_t ws_step, ws_total;
 	uint32_t ws_cur;     /* ws_step % w */
 	uint32_t *ws_bucket; /* [w], NULL until its first recall */
+	uint32_t n_spilled;  /* group table entries (all layers) that are in the spill file */
+	int32_t lost;	     /* -EBADMSG once its history could not be read back, else 0 */
 	struct kvt_seq_layer layers[];
 };
 
@@ -173,8 +178,21 @@ struct kvt_manager {
 	float *qf; /* queries of one sequence in f32, and bound scratch */
 	uint32_t qf_cap;
 
+	/* disk tier (manager/spill.c); disk is NULL without one */
+	struct kvt_disk *disk;
+	char *spill_dir; /* the manager's copy of cfg.spill_dir */
+	struct kvt_disk_io *dio;
+	struct kvt_spill_ref *sref; /* what each entry of dio belongs to */
+	uint32_t dio_cap;
+
 	struct kvt_stats st;
 	char err[256];
+};
+
+struct kvt_spill_ref {
+	struct kvt_seq *s;
+	uint32_t layer, block;
+	uint32_t group; /* fetch: the host group read into */
 };
 
 /* Geometry helpers shared by the manager's files. */
@@ -222,8 +240,8 @@ int kvt_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz);
 
 /* Calls backend transfer op `op` (copy_d2d, gather_h2d, save, append, read_d2h) unless the
    fault hook fails this transfer site, which then returns -EIO as a failed copy would. */
-#define KVT_XFER(m, op, ...)                                                                  \
-	(kvt_fault(KVT_FAULT_XFER) ? kvt_be_fail((m)->be, -EIO, "injected fault in " #op)    \
+#define KVT_XFER(m, op, ...)                                                              \
+	(kvt_fault(KVT_FAULT_XFER) ? kvt_be_fail((m)->be, -EIO, "injected fault in " #op) \
 				   : (m)->ops->op((m)->be, __VA_ARGS__))
 
 /* Recall (manager/recall.c). */
@@ -289,6 +307,11 @@ static inline struct kvt_seq *kvt_batch_member(struct kvt_manager *m, uint64_t i
 		return NULL;
 	}
 	s->stamp = stamp;
+	if (s->lost) {
+		*err = kvt_fail(m, s->lost, "%s: sequence %llu: its history was lost", what,
+				(unsigned long long)id);
+		return NULL;
+	}
 	if (!s->layers[layer].n_tokens || s->preempted) {
 		*err = kvt_fail(m, -EINVAL, "%s: sequence %llu: %s", what, (unsigned long long)id,
 				s->preempted ? "preempted (resume it first)"
@@ -297,6 +320,22 @@ static inline struct kvt_seq *kvt_batch_member(struct kvt_manager *m, uint64_t i
 	}
 	return s;
 }
+
+/* Disk tier (manager/spill.c). */
+/* Opens the disk tier when cfg.spill_dir is set (0 otherwise). 0 or -errno, logged. */
+int kvt_spill_open(struct kvt_manager *m);
+void kvt_spill_close(struct kvt_manager *m);
+/* Makes `need` host groups free, spilling the least recently used sequences whose stamp is not
+   m->stamp (the caller stamps the sequences its call names). 0 or -ENOMEM. */
+int kvt_spill_room(struct kvt_manager *m, uint32_t need);
+/* Brings back every spilled group of v[0..n) (stamped by the caller, none lost): the number of
+   groups read, or a negative errno recorded with `what` as the prefix (see kvt_seq_fetch). */
+int kvt_spill_fetch(struct kvt_manager *m, struct kvt_seq *const *v, uint32_t n, const char *what);
+/* Returns every host group and disk slot of a layer's table (destroy). */
+void kvt_spill_release_layer(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_layer *ly);
+/* Test hook: corrupts the spilled group of (seq, layer, block index) in the file, so its next
+   read fails the CRC check. 0, -ENOENT (not spilled), -ENOTSUP (model backend). */
+int kvt_disk_corrupt_block(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t block);
 
 /* Logging (manager/log.c). */
 bool kvt_log_enabled(enum kvt_log_level level);

@@ -93,7 +93,7 @@ KVT_API const char *kvt_strerror(int err)
 	case EEXIST:
 		return "already exists";
 	case ENOSPC:
-		return "output buffer too small";
+		return "no space (output buffer, recall cache or spill file)";
 	case ENOMEM:
 		return "out of memory in a tier or the heap";
 	case EOVERFLOW:
@@ -108,6 +108,18 @@ KVT_API const char *kvt_strerror(int err)
 		return "resource temporarily unavailable";
 	case EBUSY:
 		return "busy";
+	case EBADMSG:
+		return "stored data failed its checksum (lost)";
+	case EALREADY:
+		return "already in that state";
+	case ESTALE:
+		return "stale view (recall again)";
+	case E2BIG:
+		return "larger than the tier could ever hold";
+	case ENOTDIR:
+		return "not a directory";
+	case EACCES:
+		return "permission denied";
 	}
 	return "unknown error";
 }

@@ -76,6 +76,10 @@ static int load_config(const struct kvt_config *cfg, struct kvt_config *c)
 		return cfg_error("recall_blocks must be at most 65536");
 	if (c->recall_cache_bytes >= c->device_bytes && c->recall_cache_bytes)
 		return cfg_error("recall_cache_bytes must be below device_bytes");
+	if (c->spill_dir && !c->spill_dir[0])
+		return cfg_error("spill_dir is empty (NULL turns the disk tier off)");
+	if (c->spill_dir && (c->disk_queue_depth == 0 || c->disk_queue_depth > 4096))
+		return cfg_error("disk_queue_depth must be 1..4096");
 	/* The transfer model matters to the model backend only; others ignore it. */
 	if (c->backend == KVT_BACKEND_MODEL) {
 		if (!gbps_ok(c->model_h2d_gbps) || !gbps_ok(c->model_d2h_gbps) ||
@@ -86,6 +90,8 @@ static int load_config(const struct kvt_config *cfg, struct kvt_config *c)
 			return cfg_error("model_fused_eff must be in (0, 1]");
 		if (c->model_fused > 1)
 			return cfg_error("model_fused must be 0 or 1");
+		if (c->spill_dir && !gbps_ok(c->model_disk_gbps))
+			return cfg_error("model_disk_gbps must be finite and > 0");
 	}
 	return 0;
 }
@@ -205,6 +211,8 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 	if (!err)
 		err = kvt_recall_init(m, m->dev_base + (uint64_t)n_dev * m->group_bytes,
 				      (uint32_t)n_rc);
+	if (!err)
+		err = kvt_spill_open(m);
 	if (err)
 		goto fail_be;
 	m->meta_bytes = 2 * m->row_bytes;
@@ -214,6 +222,7 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 	return 0;
 fail_be:
 	kvt_log(KVT_LOG_WARN, "backend %s: %s", ops->name, m->be ? m->be->err : "");
+	kvt_spill_close(m);
 	kvt_seqmap_fini(&m->seqs);
 	kvt_recall_fini(m);
 	kvt_pool_fini(&m->dev);
@@ -290,6 +299,7 @@ KVT_API void kvt_manager_destroy(struct kvt_manager *m)
 		free(s);
 	}
 	kvt_seqmap_fini(&m->seqs);
+	kvt_spill_close(m); /* the spill file goes with it */
 	kvt_recall_fini(m);
 	kvt_pool_fini(&m->dev);
 	kvt_pool_fini(&m->host);
@@ -348,6 +358,20 @@ KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out
 	st.model_calls_h2d = m->be->cost[KVT_DIR_H2D].calls;
 	st.model_calls_d2h = m->be->cost[KVT_DIR_D2H].calls;
 	st.model_calls_d2d = m->be->cost[KVT_DIR_D2D].calls;
+	if (m->disk) {
+		struct kvt_disk_stats ds;
+		uint64_t per = m->cfg.n_kv_heads;
+
+		kvt_disk_stats(m->disk, &ds);
+		st.disk_blocks_total = ds.slots_max == UINT64_MAX ? UINT64_MAX : ds.slots_max * per;
+		st.disk_blocks_used = ds.slots_used * per;
+		st.disk_bytes_written = ds.bytes_written;
+		st.disk_bytes_read = ds.bytes_read;
+		st.disk_io_errors = ds.io_errors;
+		st.disk_checksum_errors = ds.checksum_errors;
+		st.model_ns_disk = ds.model_ns;
+		st.disk_direct = ds.direct;
+	}
 	memcpy(out, &st, size);
 	return 0;
 }

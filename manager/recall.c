@@ -496,6 +496,11 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 		m->batch[i] = s;
 	}
 	*upper = need;
+	if (m->disk) {
+		err = kvt_spill_fetch(m, m->batch, n, "recall");
+		if (err < 0)
+			return err;
+	}
 	return 0;
 }
 

@@ -37,6 +37,20 @@ static struct kvt_seq *find_seq(struct kvt_manager *m, uint64_t seq, int *err)
 	return s;
 }
 
+/* find_seq, also refusing a sequence whose history was lost (every call but destroy, info and
+   tokens). */
+static struct kvt_seq *find_usable(struct kvt_manager *m, uint64_t seq, int *err)
+{
+	struct kvt_seq *s = find_seq(m, seq, err);
+
+	if (s && s->lost) {
+		*err = kvt_fail(m, s->lost, "sequence %llu: its history was lost",
+				(unsigned long long)seq);
+		return NULL;
+	}
+	return s;
+}
+
 /* The sequence's layer, prefilled; or NULL with the error recorded. */
 static struct kvt_seq_layer *find_layer(struct kvt_manager *m, uint64_t seq, uint32_t layer,
 					struct kvt_seq **sp, int *err)
@@ -46,7 +60,7 @@ static struct kvt_seq_layer *find_layer(struct kvt_manager *m, uint64_t seq, uin
 	*err = check_layer(m, layer);
 	if (*err)
 		return NULL;
-	s = find_seq(m, seq, err);
+	s = find_usable(m, seq, err);
 	if (!s)
 		return NULL;
 	if (s->layers[layer].n_tokens == 0) {
@@ -119,7 +133,9 @@ static void release_layer(struct kvt_manager *m, struct kvt_seq *s, struct kvt_s
 {
 	if (ly->frames && !s->preempted)
 		kvt_pool_free(&m->dev, ly->frames, s->n_frames);
-	if (ly->groups)
+	if (ly->groups && s->n_spilled)
+		kvt_spill_release_layer(m, s, ly);
+	else if (ly->groups)
 		kvt_pool_free(&m->host, ly->groups, ly->n_groups);
 	free(ly->frames);
 	free(ly->groups);
@@ -247,7 +263,7 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 	err = check_layer(m, layer);
 	if (err)
 		return err;
-	s = find_seq(m, seq, &err);
+	s = find_usable(m, seq, &err);
 	if (!s)
 		return err;
 	if (s->layers[layer].n_tokens)
@@ -269,7 +285,11 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 	nb = DIV_UP(L, c->block_tokens);
 
 	/* Capacity first, so an oversized prompt costs no allocation; then tables and scratch:
-	   nothing visible changes until the pools are touched. */
+	   nothing visible changes until the pools are touched. The disk tier makes host room
+	   from other sequences (this one is stamped as in use). */
+	s->stamp = ++m->stamp;
+	if (m->dev.n_free >= s->n_frames && m->host.n_free < nb)
+		kvt_spill_room(m, nb);
 	if (m->dev.n_free < s->n_frames || m->host.n_free < nb)
 		return kvt_fail(m, -ENOMEM,
 				"sequence %llu layer %u: %s tier full (%u of %u groups "
@@ -462,11 +482,11 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 		m->ap[i].host = ly->host_next;
 		if (ly->n_tokens & bt_mask)
 			continue;
-		if (n_fresh == m->host.n_free)
+		if (n_fresh == m->host.n_units)
 			return kvt_fail(m, -ENOMEM,
 					"decode: host tier full at sequence %llu (%u block "
-					"groups free)",
-					(unsigned long long)seqs[i], m->host.n_free);
+					"groups in all)",
+					(unsigned long long)seqs[i], m->host.n_units);
 		if (ly->n_groups == ly->cap_groups) {
 			uint32_t cap = ly->cap_groups;
 
@@ -484,6 +504,20 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 					(unsigned long long)seqs[i]);
 		m->fresh[n_fresh++] = i;
 	}
+
+	/* Spilled members come back from disk first (their cursors move), then the new blocks
+	   get host room; neither is visible if the call fails after. */
+	if (m->disk) {
+		err = kvt_spill_fetch(m, m->batch, n, "decode");
+		if (err < 0)
+			return err;
+		for (uint32_t i = 0; err > 0 && i < n; i++)
+			m->ap[i].host = m->batch[i]->layers[layer].host_next;
+	}
+	if (n_fresh > m->host.n_free && kvt_spill_room(m, n_fresh))
+		return kvt_fail(m, -ENOMEM,
+				"decode: host tier full (%u new block groups needed, %u free%s)",
+				n_fresh, m->host.n_free, m->disk ? " after spilling" : "");
 
 	/* Pass 2 (boundary tokens only): take their new host groups. */
 	for (uint32_t f = 0; f < n_fresh; f++) {
@@ -630,6 +664,12 @@ static int read_token(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint3
 			return kvt_fail(m, err, "read token: device read: %s", m->be->err);
 		m->st.bytes_read += 2ull * m->row_bytes;
 		return 0;
+	}
+	if (s->n_spilled) {
+		s->stamp = ++m->stamp;
+		err = kvt_spill_fetch(m, &s, 1, "read token");
+		if (err < 0)
+			return err;
 	}
 	err = m->ops->save_wait(m->be, s->save_ticket);
 	if (err)
@@ -811,7 +851,7 @@ KVT_API int kvt_seq_preempt(struct kvt_manager *m, uint64_t seq)
 
 	if (!m)
 		return -EINVAL;
-	s = find_seq(m, seq, &err);
+	s = find_usable(m, seq, &err);
 	if (!s)
 		return err;
 	if (s->preempted)
@@ -842,7 +882,7 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 	if (!m)
 		return -EINVAL;
 	c = &m->cfg;
-	s = find_seq(m, seq, &err);
+	s = find_usable(m, seq, &err);
 	if (!s)
 		return err;
 	if (!s->preempted)
@@ -859,6 +899,12 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 	if (entries > UINT32_MAX ||
 	    kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)entries, sizeof(*m->xf)))
 		return kvt_fail(m, -ENOMEM, "resume: no memory for the gather list");
+	if (s->n_spilled) {
+		s->stamp = ++m->stamp;
+		err = kvt_spill_fetch(m, &s, 1, "resume");
+		if (err < 0)
+			return err;
+	}
 	/* The history must have landed before the device reads it. */
 	err = m->ops->save_wait(m->be, s->save_ticket);
 	if (err)
@@ -927,6 +973,8 @@ KVT_API int kvt_seq_info(struct kvt_manager *m, uint64_t seq, struct kvt_seq_inf
 		in.device_frames = (uint64_t)in.layers_prefilled * in.frames_per_layer;
 	in.recall_ws_frames = kvt_ws_frames(m, s, in.tokens, &step);
 	in.recall_step_frames = step;
+	in.disk_blocks = (uint64_t)s->n_spilled * m->cfg.n_kv_heads;
+	in.lost = s->lost;
 	memcpy(out, &in, size);
 	return 0;
 }

@@ -1,0 +1,511 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <fcntl.h>
+#include <isa-l/crc.h>
+#include <liburing.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "disk.h"
+#include "fault.h"
+
+#define DISK_ALIGN 4096u
+#define DISK_MAX_SLOTS 0x7fffffffu	     /* slot ids fit in 31 bits (the manager tags them) */
+#define STAGE_MAX_BYTES ((uint64_t)64 << 20) /* bounce buffers, all together */
+#define UNIT_MAX_BYTES ((uint64_t)1 << 30)
+
+struct inflight {
+	uint32_t io;  /* index in the batch */
+	uint32_t crc; /* of the unit being written */
+};
+
+struct kvt_disk {
+	struct kvt_disk_params p;
+	int fd;
+	bool ring_ok, fixed;
+	struct io_uring ring;
+	uint64_t slot_bytes;
+	uint32_t slots_max;
+	uint32_t high; /* slots ever handed out: the file's length in slots */
+	uint32_t n_used;
+	uint32_t *free_slots; /* stack of released slots below high */
+	uint32_t n_free, free_cap;
+	uint32_t *crc;	  /* [slot] CRC-32C of the unit it holds (not in model mode) */
+	uint64_t *in_use; /* bit per slot */
+	uint32_t table_cap;
+	uint8_t *stage; /* n_bufs bounce buffers of slot_bytes, DISK_ALIGN-aligned */
+	uint32_t n_bufs, n_buf_free;
+	uint32_t *buf_free;
+	struct inflight *fl; /* [buf] */
+	int broken;	     /* the ring failed: every later I/O fails with this */
+	struct kvt_disk_stats st;
+};
+
+static int fail(char *err, size_t len, int e, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static int fail(char *err, size_t len, int e, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err && len) {
+		va_start(ap, fmt);
+		vsnprintf(err, len, fmt, ap);
+		va_end(ap);
+	}
+	return e;
+}
+
+static bool slot_used(const struct kvt_disk *d, uint32_t s)
+{
+	return s < d->high && (d->in_use[s >> 6] >> (s & 63)) & 1;
+}
+
+static void mark(struct kvt_disk *d, uint32_t s, bool used)
+{
+	if (used)
+		d->in_use[s >> 6] |= 1ull << (s & 63);
+	else
+		d->in_use[s >> 6] &= ~(1ull << (s & 63));
+}
+
+/* Grows the per-slot tables to hold slot `s`. 0 or -ENOMEM. */
+static int grow_tables(struct kvt_disk *d, uint32_t s)
+{
+	uint32_t cap = d->table_cap ? d->table_cap : 1024;
+	uint64_t *bits;
+
+	if (s < d->table_cap)
+		return 0;
+	while (cap <= s)
+		cap = cap > DISK_MAX_SLOTS / 2 ? DISK_MAX_SLOTS + 1u : cap * 2;
+	bits = kvt_realloc(d->in_use, (size_t)(cap + 63) / 64 * sizeof(*bits));
+	if (!bits)
+		return -ENOMEM;
+	memset(bits + (d->table_cap + 63) / 64, 0,
+	       ((size_t)(cap + 63) / 64 - (d->table_cap + 63) / 64) * sizeof(*bits));
+	d->in_use = bits;
+	if (!d->p.model) {
+		uint32_t *crc = kvt_realloc(d->crc, (size_t)cap * sizeof(*crc));
+
+		if (!crc)
+			return -ENOMEM; /* in_use grew: harmless, table_cap unchanged */
+		d->crc = crc;
+	}
+	d->table_cap = cap;
+	return 0;
+}
+
+/* Takes a slot: the most recently released one, else a new one at the end of the file.
+   0, -ENOSPC (at the limit) or -ENOMEM. */
+static int take_slot(struct kvt_disk *d, uint32_t *slot)
+{
+	int err;
+
+	if (d->n_free) {
+		*slot = d->free_slots[--d->n_free];
+	} else {
+		if (d->high >= d->slots_max)
+			return -ENOSPC;
+		err = grow_tables(d, d->high);
+		if (err)
+			return err;
+		if (d->free_cap < d->high + 1) {
+			/* the free stack can hold every slot below high: release never fails */
+			uint32_t cap = d->table_cap;
+			uint32_t *fs = kvt_realloc(d->free_slots, (size_t)cap * sizeof(*fs));
+
+			if (!fs)
+				return -ENOMEM;
+			d->free_slots = fs;
+			d->free_cap = cap;
+		}
+		*slot = d->high++;
+	}
+	mark(d, *slot, true);
+	d->n_used++;
+	return 0;
+}
+
+void kvt_disk_release(struct kvt_disk *d, uint32_t slot)
+{
+	if (!d || !slot_used(d, slot))
+		return;
+	mark(d, slot, false);
+	d->n_used--;
+	d->free_slots[d->n_free++] = slot;
+}
+
+/* Opens the spill file in dir: O_TMPFILE, else a unique name unlinked at once; O_DIRECT when
+   the file system takes it (checked with one aligned write). */
+static int open_file(struct kvt_disk *d, char *err, size_t len)
+{
+	const char *dir = d->p.dir;
+	void *probe = NULL;
+	int fd, e;
+
+	fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC | O_DIRECT, 0600);
+	if (fd < 0 && errno == EINVAL)
+		fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+	if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+		char path[4096];
+
+		if ((size_t)snprintf(path, sizeof(path), "%s/.kvtier-spill-XXXXXX", dir) >=
+		    sizeof(path))
+			return fail(err, len, -ENAMETOOLONG, "spill directory name too long");
+		fd = mkostemp(path, O_CLOEXEC);
+		if (fd >= 0) {
+			unlink(path);
+			fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_DIRECT);
+		}
+	}
+	if (fd < 0) {
+		e = -errno;
+		return fail(err, len, e, "cannot create a spill file in %s: %s", dir, strerror(-e));
+	}
+	d->fd = fd;
+	if (fchmod(fd, 0600)) {
+		e = -errno;
+		return fail(err, len, e, "spill file: chmod: %s", strerror(-e));
+	}
+	/* Some file systems accept O_DIRECT at open and refuse the I/O: probe once. */
+	d->st.direct = (fcntl(fd, F_GETFL) & O_DIRECT) != 0;
+	if (d->st.direct) {
+		probe = aligned_alloc(DISK_ALIGN, DISK_ALIGN);
+		if (!probe)
+			return fail(err, len, -ENOMEM, "spill file: no memory");
+		memset(probe, 0, DISK_ALIGN);
+		if (pwrite(fd, probe, DISK_ALIGN, 0) != DISK_ALIGN) {
+			fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_DIRECT);
+			d->st.direct = false;
+		}
+		free(probe);
+		if (ftruncate(fd, 0)) {
+			e = -errno;
+			return fail(err, len, e, "spill file: truncate: %s", strerror(-e));
+		}
+	}
+	return 0;
+}
+
+int kvt_disk_open(const struct kvt_disk_params *p, struct kvt_disk **out, char *err, size_t err_len)
+{
+	struct kvt_disk *d;
+	struct stat sb;
+	uint64_t slots;
+	int e;
+
+	if (!p || !out || !p->dir || !p->dir[0] || p->unit_bytes == 0 ||
+	    p->unit_bytes > UNIT_MAX_BYTES || p->queue_depth == 0 || p->queue_depth > 4096)
+		return fail(err, err_len, -EINVAL, "disk tier: bad parameters");
+	if (p->model && !(p->model_gbps > 0 && isfinite(p->model_gbps)))
+		return fail(err, err_len, -EINVAL, "disk tier: model bandwidth must be > 0");
+	if (stat(p->dir, &sb)) {
+		e = -errno;
+		return fail(err, err_len, e, "spill directory %s: %s", p->dir, strerror(-e));
+	}
+	if (!S_ISDIR(sb.st_mode))
+		return fail(err, err_len, -ENOTDIR, "spill directory %s: not a directory", p->dir);
+	if (access(p->dir, W_OK | X_OK)) {
+		e = -errno;
+		return fail(err, err_len, e, "spill directory %s: %s", p->dir, strerror(-e));
+	}
+	d = kvt_calloc(1, sizeof(*d));
+	if (!d)
+		return fail(err, err_len, -ENOMEM, "disk tier: no memory");
+	d->p = *p;
+	d->p.dir = NULL; /* the caller's string need not outlive open */
+	d->fd = -1;
+	d->slot_bytes = (p->unit_bytes + DISK_ALIGN - 1) / DISK_ALIGN * DISK_ALIGN;
+	slots = p->max_bytes ? p->max_bytes / d->slot_bytes : DISK_MAX_SLOTS;
+	d->slots_max = slots > DISK_MAX_SLOTS ? DISK_MAX_SLOTS : (uint32_t)slots;
+	if (d->slots_max == 0) {
+		e = fail(err, err_len, -EINVAL, "disk_bytes %llu hold no slot of %llu bytes",
+			 (unsigned long long)p->max_bytes, (unsigned long long)d->slot_bytes);
+		goto fail;
+	}
+	d->st.slot_bytes = d->slot_bytes;
+	d->st.slots_max = p->max_bytes ? d->slots_max : UINT64_MAX;
+	if (p->model) {
+		*out = d;
+		return 0;
+	}
+
+	d->p.dir = p->dir;
+	e = open_file(d, err, err_len);
+	d->p.dir = NULL;
+	if (e)
+		goto fail;
+
+	/* Bounce buffers: up to queue_depth of them within STAGE_MAX_BYTES (at least two). */
+	d->n_bufs = (uint32_t)(STAGE_MAX_BYTES / d->slot_bytes);
+	d->n_bufs = d->n_bufs < 2 ? 2 : d->n_bufs > p->queue_depth ? p->queue_depth : d->n_bufs;
+	d->stage = kvt_aligned_alloc(DISK_ALIGN, d->n_bufs * d->slot_bytes);
+	d->buf_free = kvt_calloc(d->n_bufs, sizeof(*d->buf_free));
+	d->fl = kvt_calloc(d->n_bufs, sizeof(*d->fl));
+	if (!d->stage || !d->buf_free || !d->fl) {
+		e = fail(err, err_len, -ENOMEM, "disk tier: no memory for %u bounce buffers",
+			 d->n_bufs);
+		goto fail;
+	}
+	for (uint32_t b = 0; b < d->n_bufs; b++)
+		d->buf_free[b] = d->n_bufs - 1 - b;
+	d->n_buf_free = d->n_bufs;
+
+	e = io_uring_queue_init(d->n_bufs, &d->ring, 0);
+	if (e < 0) {
+		fail(err, err_len, e, "io_uring_queue_init: %s", strerror(-e));
+		goto fail;
+	}
+	d->ring_ok = true;
+	{
+		struct iovec *iov = kvt_calloc(d->n_bufs, sizeof(*iov));
+
+		if (iov) {
+			for (uint32_t b = 0; b < d->n_bufs; b++)
+				iov[b] =
+					(struct iovec){d->stage + b * d->slot_bytes, d->slot_bytes};
+			/* Registered buffers spare the kernel a page walk per I/O; without them
+			   (memlock limits) plain reads and writes do the same job. */
+			d->fixed = io_uring_register_buffers(&d->ring, iov, d->n_bufs) == 0;
+			free(iov);
+		}
+	}
+	*out = d;
+	return 0;
+fail:
+	kvt_disk_close(d);
+	return e;
+}
+
+void kvt_disk_close(struct kvt_disk *d)
+{
+	if (!d)
+		return;
+	if (d->ring_ok)
+		io_uring_queue_exit(&d->ring);
+	if (d->fd >= 0)
+		close(d->fd);
+	free(d->stage);
+	free(d->buf_free);
+	free(d->fl);
+	free(d->free_slots);
+	free(d->crc);
+	free(d->in_use);
+	free(d);
+}
+
+/* Model mode: slots and figures as a real batch would have them, time from the model. */
+static uint32_t model_batch(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n, bool write)
+{
+	uint64_t bytes = 0;
+	uint32_t ok = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		io[i].res = write		       ? take_slot(d, &io[i].slot)
+			    : slot_used(d, io[i].slot) ? 0
+						       : -EINVAL;
+		if (!io[i].res && kvt_fault(KVT_FAULT_IO)) {
+			io[i].res = -EIO;
+			d->st.io_errors++;
+			if (write)
+				kvt_disk_release(d, io[i].slot);
+		}
+		if (io[i].res)
+			continue;
+		ok++;
+		bytes += d->slot_bytes;
+	}
+	if (write) {
+		d->st.units_written += ok;
+		d->st.bytes_written += bytes;
+	} else {
+		d->st.units_read += ok;
+		d->st.bytes_read += bytes;
+	}
+	if (n)
+		d->st.model_ns +=
+			d->p.model_ns + (uint64_t)llround((double)bytes / d->p.model_gbps);
+	return ok;
+}
+
+/* Completion of the I/O on bounce buffer b with result res. */
+static bool complete(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t b, int res, bool write)
+{
+	struct kvt_disk_io *x = &io[d->fl[b].io];
+	uint8_t *buf = d->stage + b * d->slot_bytes;
+
+	d->buf_free[d->n_buf_free++] = b;
+	if (kvt_fault(KVT_FAULT_IO))
+		res = -EIO;
+	if (res != (int)d->slot_bytes) {
+		x->res = write && (res == -ENOSPC || res == -EDQUOT) ? -ENOSPC : -EIO;
+		if (x->res == -EIO)
+			d->st.io_errors++;
+		if (write)
+			kvt_disk_release(d, x->slot);
+		return false;
+	}
+	if (write) {
+		d->crc[x->slot] = d->fl[b].crc;
+		d->st.units_written++;
+		d->st.bytes_written += d->slot_bytes;
+	} else {
+		if (crc32_iscsi(buf, (int)d->p.unit_bytes, 0) != d->crc[x->slot]) {
+			x->res = -EBADMSG;
+			d->st.checksum_errors++;
+			return false;
+		}
+		memcpy((void *)(uintptr_t)x->addr, buf, d->p.unit_bytes);
+		d->st.units_read++;
+		d->st.bytes_read += d->slot_bytes;
+	}
+	x->res = 0;
+	return true;
+}
+
+/* Queues unit i of the batch on a free bounce buffer (write: copied in and checksummed). */
+static void queue_io(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t i, bool write)
+{
+	uint32_t b = d->buf_free[--d->n_buf_free];
+	uint8_t *buf = d->stage + b * d->slot_bytes;
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&d->ring); /* n_bufs entries: never NULL */
+	uint64_t off = (uint64_t)io[i].slot * d->slot_bytes;
+
+	d->fl[b].io = i;
+	if (write) {
+		memcpy(buf, (const void *)(uintptr_t)io[i].addr, d->p.unit_bytes);
+		memset(buf + d->p.unit_bytes, 0, d->slot_bytes - d->p.unit_bytes);
+		d->fl[b].crc = crc32_iscsi(buf, (int)d->p.unit_bytes, 0);
+		if (d->fixed)
+			io_uring_prep_write_fixed(sqe, d->fd, buf, (unsigned)d->slot_bytes, off,
+						  (int)b);
+		else
+			io_uring_prep_write(sqe, d->fd, buf, (unsigned)d->slot_bytes, off);
+	} else {
+		if (d->fixed)
+			io_uring_prep_read_fixed(sqe, d->fd, buf, (unsigned)d->slot_bytes, off,
+						 (int)b);
+		else
+			io_uring_prep_read(sqe, d->fd, buf, (unsigned)d->slot_bytes, off);
+	}
+	io_uring_sqe_set_data64(sqe, b);
+}
+
+/* Runs a batch with at most n_bufs I/Os in flight, refilling buffers as completions come. */
+static uint32_t run_batch(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n, bool write)
+{
+	uint32_t next = 0, inflight = 0, ok = 0;
+
+	while (next < n || inflight) {
+		struct io_uring_cqe *cqe;
+		unsigned head, seen = 0;
+		int r;
+
+		while (next < n && d->n_buf_free && !d->broken) {
+			/* io[].res stays 1 (in flight) until its completion */
+			int e = write			      ? take_slot(d, &io[next].slot)
+				: slot_used(d, io[next].slot) ? 0
+							      : -EINVAL; /* never: slots are
+									    the manager's */
+
+			if (e) {
+				io[next++].res = e;
+				continue;
+			}
+			queue_io(d, io, next++, write);
+			inflight++;
+		}
+		if (!inflight)
+			break;
+		do
+			r = io_uring_submit_and_wait(&d->ring, 1);
+		while (r == -EINTR);
+		if (r < 0) {
+			/* The ring itself failed (not one I/O): nothing more can be trusted to
+			   complete. Fail what is in flight and every later batch. */
+			d->broken = r;
+			for (uint32_t b = 0; b < d->n_bufs; b++)
+				d->buf_free[b] = b;
+			d->n_buf_free = 0;
+			break;
+		}
+		io_uring_for_each_cqe(&d->ring, head, cqe)
+		{
+			ok += complete(d, io, (uint32_t)io_uring_cqe_get_data64(cqe), cqe->res,
+				       write);
+			inflight--;
+			seen++;
+		}
+		io_uring_cq_advance(&d->ring, seen);
+	}
+	if (d->broken) {
+		/* Units never completed fail with -EIO; writes give their slot back. */
+		for (uint32_t i = 0; i < n; i++) {
+			if (io[i].res <= 0)
+				continue;
+			if (write && i < next)
+				kvt_disk_release(d, io[i].slot);
+			io[i].res = -EIO;
+		}
+	}
+	return ok;
+}
+
+uint32_t kvt_disk_write(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n)
+{
+	if (d->p.model)
+		return model_batch(d, io, n, true);
+	/* res > 0 marks units still in flight should the ring break mid-batch */
+	for (uint32_t i = 0; i < n; i++)
+		io[i].res = 1;
+	return run_batch(d, io, n, true);
+}
+
+uint32_t kvt_disk_read(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n)
+{
+	if (d->p.model)
+		return model_batch(d, io, n, false);
+	for (uint32_t i = 0; i < n; i++)
+		io[i].res = 1;
+	return run_batch(d, io, n, false);
+}
+
+void kvt_disk_stats(const struct kvt_disk *d, struct kvt_disk_stats *out)
+{
+	*out = d->st;
+	out->slots_used = d->n_used;
+	out->slots_high = d->high;
+}
+
+int kvt_disk_corrupt(struct kvt_disk *d, uint32_t slot)
+{
+	uint8_t *buf;
+	int e = 0;
+
+	if (d->p.model)
+		return -ENOTSUP;
+	if (!slot_used(d, slot))
+		return -ENOENT;
+	buf = aligned_alloc(DISK_ALIGN, d->slot_bytes);
+	if (!buf)
+		return -ENOMEM;
+	if (pread(d->fd, buf, d->slot_bytes, (off_t)(slot * d->slot_bytes)) !=
+	    (ssize_t)d->slot_bytes) {
+		e = -EIO;
+	} else {
+		buf[0] ^= 0xff;
+		buf[d->p.unit_bytes - 1] ^= 0x5a;
+		if (pwrite(d->fd, buf, d->slot_bytes, (off_t)(slot * d->slot_bytes)) !=
+		    (ssize_t)d->slot_bytes)
+			e = -EIO;
+	}
+	free(buf);
+	return e;
+}

@@ -1,0 +1,84 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The disk tier's I/O engine: a private spill file of equal slots, each holding one unit (a host
+ * block group) padded to the direct-I/O alignment, written and read in batches through one
+ * io_uring with registered bounce buffers. Every slot carries the CRC-32C of its unit (kept in
+ * memory, ISA-L's crc32_iscsi), checked on every read. Freed slots are reused, most recently
+ * freed first, so the file grows only to the high-water mark of units spilled at once.
+ *
+ * The file is opened O_TMPFILE (or created and unlinked at once where the file system lacks
+ * O_TMPFILE), mode 0600, so no path to it ever exists for another process and nothing is left
+ * behind by a crash; O_DIRECT where the file system takes it, the page cache otherwise.
+ *
+ * In model mode (payload-free backends) there is no file: slots are accounted the same way and
+ * each batch is timed as latency + bytes / bandwidth.
+ *
+ * All calls come from the manager's thread; the engine has no threads of its own: a batch is
+ * submitted and its completions reaped before the call returns.
+ */
+#ifndef KVT_DISK_H
+#define KVT_DISK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct kvt_disk;
+
+struct kvt_disk_params {
+	const char *dir;      /* directory of the spill file */
+	uint64_t unit_bytes;  /* payload bytes per slot (>= 1) */
+	uint64_t max_bytes;   /* most bytes of the file, padding included; 0 = no limit */
+	uint32_t queue_depth; /* io_uring entries, 1..4096 */
+	bool model;	      /* no file and no bytes: accounting and time only */
+	double model_gbps;    /* model mode: bytes per ns */
+	uint32_t model_ns;    /* model mode: cost of one batch */
+};
+
+struct kvt_disk_stats {
+	uint64_t slot_bytes;		 /* file bytes per slot */
+	uint64_t slots_max;		 /* UINT64_MAX: no limit */
+	uint64_t slots_used, slots_high; /* in use now; file length in slots */
+	uint64_t units_written, units_read;
+	uint64_t bytes_written, bytes_read;
+	uint64_t io_errors, checksum_errors;
+	uint64_t model_ns;
+	bool direct;
+};
+
+/* One unit of a batch: its host address (never dereferenced in model mode), its slot, and the
+   outcome (0 or -errno). */
+struct kvt_disk_io {
+	uint64_t addr;
+	uint32_t slot;
+	int res;
+};
+
+/* Opens the engine and its spill file. 0; -EINVAL (bad params); -ENOENT, -ENOTDIR, -EACCES,
+   ... (the directory); -ENOMEM; or the error of io_uring setup. The detail goes to err. */
+int kvt_disk_open(const struct kvt_disk_params *p, struct kvt_disk **out, char *err,
+		  size_t err_len);
+/* Closes the file (its space goes back to the file system) and frees everything. NULL: no-op. */
+void kvt_disk_close(struct kvt_disk *d);
+
+/* Writes the n units: takes a slot for each (io[i].slot), writes the unit and records its
+   CRC. Per unit io[i].res is 0, -ENOSPC (file at its limit, or file system full), or -EIO (a
+   failed or short write); a failed unit holds no slot. Returns the number written. */
+uint32_t kvt_disk_write(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n);
+
+/* Reads the n units in slots io[i].slot into io[i].addr and checks each CRC. Per unit io[i].res
+   is 0, -EIO (failed or short read; the slot still holds the unit) or -EBADMSG (CRC mismatch).
+   Slots stay taken: the caller frees them once it has committed. Returns the number read. */
+uint32_t kvt_disk_read(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n);
+
+/* Returns a slot for reuse. */
+void kvt_disk_release(struct kvt_disk *d, uint32_t slot);
+
+void kvt_disk_stats(const struct kvt_disk *d, struct kvt_disk_stats *out);
+
+/* Test hook: flips bytes of the unit stored in slot on the file itself (not through the
+   engine), so the next read of it fails its CRC. 0, -ENOENT (slot not in use), -ENOTSUP
+   (model mode) or -errno of the write. */
+int kvt_disk_corrupt(struct kvt_disk *d, uint32_t slot);
+
+#endif /* KVT_DISK_H */
