@@ -468,6 +468,11 @@ struct kvt_sched_batch {
 	uint32_t n_items;
 	const uint64_t *completed; /* requests finished at the previous commit (frames freed) */
 	uint32_t n_completed;
+	/* Requests dropped by this step because their history was lost (a spilled block failed
+	   its checksum: kvt_seq_fetch's -EBADMSG). They are no longer scheduled; the engine
+	   fails them and destroys their sequences. */
+	const uint64_t *failed;
+	uint32_t n_failed;
 	struct kvt_sched_iter it;
 };
 
@@ -478,7 +483,11 @@ KVT_API int kvt_sched_create(struct kvt_manager *m, const struct kvt_sched_confi
 KVT_API void kvt_sched_destroy(struct kvt_sched *s);
 /* Queues live sequence seq (not prefilled yet) to produce max_new_tokens (>= 1) tokens: the
    first comes from its prefill, each further one from a decode step. -ENOENT (not live),
-   -EEXIST (already queued), -EINVAL, -E2BIG when the device tier could never hold it alone. */
+   -EEXIST (already queued), -EINVAL, -E2BIG when the device tier could never hold it alone, or,
+   with a disk tier, when its whole history (prompt + max_new_tokens) would not fit the host
+   tier (a batch member's history is brought back whole). With a disk tier, admission also
+   keeps the batch's histories within the host tier, and kvt_sched_step brings the admitted
+   requests' spilled blocks back (kvt_seq_fetch) before it returns. */
 KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new_tokens);
 /* Forms the next iteration's batch (preempting and resuming as needed) into *out, valid until
    the next call on s. Candidates are taken first come, first served; the first one that does

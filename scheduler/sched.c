@@ -106,6 +106,8 @@ struct kvt_sched {
 	uint32_t n_items;
 	uint64_t *completed;
 	uint32_t n_completed;
+	uint64_t *failed; /* requests dropped at this step: their history was lost */
+	uint32_t n_failed;
 	struct kvt_sched_iter cur, last;
 	uint64_t snap_lookups, snap_hits, snap_loads;
 };
@@ -324,8 +326,9 @@ KVT_API int kvt_sched_create(struct kvt_manager *m, const struct kvt_sched_confi
 	s->items = kvt_calloc(n, sizeof(*s->items));
 	s->item_req = kvt_calloc(n, sizeof(*s->item_req));
 	s->completed = kvt_calloc(n, sizeof(*s->completed));
+	s->failed = kvt_calloc(n, sizeof(*s->failed));
 	err = rmap_alloc(&s->map, 64);
-	if (err || !s->plan || !s->items || !s->item_req || !s->completed) {
+	if (err || !s->plan || !s->items || !s->item_req || !s->completed || !s->failed) {
 		kvt_sched_destroy(s);
 		return -ENOMEM;
 	}
@@ -346,6 +349,7 @@ KVT_API void kvt_sched_destroy(struct kvt_sched *s)
 	free(s->items);
 	free(s->item_req);
 	free(s->completed);
+	free(s->failed);
 	free(s);
 }
 
@@ -387,6 +391,13 @@ KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new
 	if (s->cfg.ws_control)
 		alone += full_layer_frames(s, info.prompt_tokens);
 	if (alone > st.device_frames_total)
+		return -E2BIG;
+	/* With a disk tier, a batch member's whole history is brought into the host tier
+	   (kvt_seq_fetch): one that could outgrow it could never run. */
+	if (st.disk_blocks_total &&
+	    DIV_UP((uint64_t)info.prompt_tokens + max_new_tokens, s->block_tokens) * s->n_layers *
+			    s->n_heads >
+		    st.host_blocks_total)
 		return -E2BIG;
 	r = kvt_calloc(1, sizeof(*r));
 	if (!r)
@@ -444,8 +455,9 @@ KVT_API int kvt_sched_finish(struct kvt_sched *s, uint64_t seq)
 /* Walks the candidates FCFS and fills s->plan with those admitted (Algorithm 1). */
 static void admit(struct kvt_sched *s, const struct kvt_stats *st)
 {
-	const bool ws = s->cfg.ws_control;
+	const bool ws = s->cfg.ws_control, disk = st->disk_blocks_total != 0;
 	uint64_t budget = s->cfg.max_inject_tokens, tokens = 0, res_sum = 0, rec_sum = 0;
+	uint64_t host_sum = 0;
 	uint32_t passed = 0;
 	bool prefill_open = true, have_prefill = false;
 	struct sreq *p = s->pre.head, *d = s->dec.head;
@@ -454,7 +466,7 @@ static void admit(struct kvt_sched *s, const struct kvt_stats *st)
 	while (s->n_plan < s->cfg.max_requests) {
 		struct kvt_seq_info info;
 		struct sreq *r;
-		uint64_t tok = 1, res, rec = 0, need = 0;
+		uint64_t tok = 1, res, rec = 0, need = 0, host;
 		uint32_t k = 0;
 		int err;
 
@@ -515,10 +527,16 @@ static void admit(struct kvt_sched *s, const struct kvt_stats *st)
 				res += full_layer_frames(s, r->prompt);
 			need = (uint64_t)info.frames_per_layer * k;
 		}
+		/* With a disk tier the batch's histories must fit the host tier together, with
+		   this iteration's new blocks (a block per layer for a decode, at most). */
+		host = info.host_blocks +
+		       (uint64_t)s->n_heads * (k ? (uint64_t)k * DIV_UP(r->prompt, s->block_tokens)
+						 : s->n_layers);
 		/* The recall part of a lone candidate is let through: a working set larger than
 		   the whole recall cache must still run (recall evicts within it). */
 		if (res_sum + res > st->device_frames_total ||
-		    (ws && s->n_plan && rec_sum + rec > st->recall_frames_total)) {
+		    (ws && s->n_plan && rec_sum + rec > st->recall_frames_total) ||
+		    (disk && s->n_plan && host_sum + host > st->host_blocks_total)) {
 			mark_reset(s, r);
 			break;
 		}
@@ -536,6 +554,7 @@ static void admit(struct kvt_sched *s, const struct kvt_stats *st)
 		r->admitted = true;
 		res_sum += res;
 		rec_sum += rec;
+		host_sum += host;
 		tokens += tok;
 		if (k) {
 			uint64_t used = (uint64_t)k * r->prompt;
@@ -667,6 +686,39 @@ static void make_resident(struct kvt_sched *s, uint64_t free_frames)
 	}
 }
 
+/* With a disk tier: brings the admitted requests' spilled histories back in one batched read,
+   so the engine's calls find them in the host tier. A request whose read fails waits (I/O
+   error: retried next step; no room: its turn comes); one whose history was lost is dropped
+   and reported in the batch's failed list. */
+static void fetch_planned(struct kvt_sched *s)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < s->n_plan; i++)
+		if (s->plan[i].r)
+			s->failed[n++] = s->plan[i].r->seq; /* scratch: the list of seqs */
+	if (!n || kvt_seq_fetch(s->m, s->failed, n) == 0)
+		return;
+	for (uint32_t i = 0; i < s->n_plan; i++) {
+		struct plan *pl = &s->plan[i];
+		int err;
+
+		if (!pl->r)
+			continue;
+		err = kvt_seq_fetch(s->m, &pl->r->seq, 1);
+		if (err == -EBADMSG || err == -ENOENT) {
+			uint64_t seq = pl->r->seq;
+
+			unplan(s, i);
+			drop(s, rmap_get(&s->map, seq));
+			if (err == -EBADMSG)
+				s->failed[s->n_failed++] = seq;
+		} else if (err) {
+			unplan(s, i);
+		}
+	}
+}
+
 /* Lays the plan out as items: prefills first, then decodes, FCFS within each. */
 static void emit(struct kvt_sched *s)
 {
@@ -711,8 +763,13 @@ KVT_API int kvt_sched_step(struct kvt_sched *s, struct kvt_sched_batch *out)
 	if (err)
 		return err;
 	s->cur = (struct kvt_sched_iter){.iteration = s->iteration, .completed = s->n_completed};
+	s->n_failed = 0;
 	admit(s, &st);
 	make_resident(s, st.device_frames_free);
+	if (st.disk_blocks_total) {
+		s->n_failed = 0;
+		fetch_planned(s);
+	}
 	emit(s);
 	s->cur.queued = kvt_sched_pending(s) - s->n_items;
 	s->snap_lookups = st.recall_lookups;
@@ -725,6 +782,8 @@ KVT_API int kvt_sched_step(struct kvt_sched *s, struct kvt_sched_batch *out)
 		.n_items = s->n_items,
 		.completed = s->completed,
 		.n_completed = s->n_completed,
+		.failed = s->failed,
+		.n_failed = s->n_failed,
 		.it = s->cur,
 	};
 	return 0;

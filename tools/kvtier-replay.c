@@ -46,6 +46,10 @@ static void usage(FILE *f)
 		"  --preset-json FILE    override model/GPU fields: {\"model\": {...}, \"gpu\": {...}}\n"
 		"  --hbm-gib X           HBM for KV (default: the GPU's memory less the weights)\n"
 		"  --dram-gib X          host tier (default 256)\n"
+		"  --spill-dir DIR       disk tier in DIR (kvtier, sparse-offload): host blocks\n"
+		"                        spill there when DRAM is full, so DRAM no longer limits\n"
+		"                        admission (the model backend times the I/O, writes none)\n"
+		"  --disk-gib X          most the disk tier holds (default 0: no limit)\n"
 		"  --max-batch N         R_max, requests per iteration (default 256)\n"
 		"  --max-batch-tokens N  T_max, tokens per iteration (default 8192)\n"
 		"cache and recall:\n"
@@ -165,6 +169,8 @@ static int parse(int argc, char **argv, struct opts *o)
 		{"preset-json", required_argument, 0, O_PRESET},
 		{"hbm-gib", required_argument, 0, O_ENGINE},
 		{"dram-gib", required_argument, 0, O_ENGINE},
+		{"spill-dir", required_argument, 0, O_ENGINE},
+		{"disk-gib", required_argument, 0, O_ENGINE},
 		{"max-batch", required_argument, 0, O_ENGINE},
 		{"max-batch-tokens", required_argument, 0, O_ENGINE},
 		{"block-tokens", required_argument, 0, O_ENGINE},
@@ -339,6 +345,10 @@ static void print_summary(const struct opts *o, const struct kvt_trace *t,
 	line("Blocks loaded per iteration:", res->blocks_loaded_per_iteration, 1);
 	line("Recall hit rate:", res->recall_hit_rate, 4);
 	printf("%-40s %llu\n", "Preemptions:", (unsigned long long)res->preemptions);
+	if (res->disk_blocks_spilled || res->disk_blocks_fetched)
+		printf("%-40s %llu spilled, %llu fetched, %.1f s of I/O\n", "Disk tier (blocks):",
+		       (unsigned long long)res->disk_blocks_spilled,
+		       (unsigned long long)res->disk_blocks_fetched, res->t_disk);
 	printf("%-40s gemm %.1f, attention %.1f + %.1f, transfer %.1f, cpu %.1f\n",
 	       "Iteration time (s):", res->t_gemm, res->t_attn_decode, res->t_attn_prefill,
 	       res->t_transfer, res->t_cpu);

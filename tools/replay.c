@@ -6,7 +6,9 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -92,6 +94,7 @@ static const struct u32_opt u32_opts[] = {
 static const struct dbl_opt dbl_opts[] = {
 	{"hbm-gib", 1e-3, 1e6, OFF(hbm_gib)},
 	{"dram-gib", 1e-3, 1e7, OFF(dram_gib)},
+	{"disk-gib", 0, 1e8, OFF(disk_gib)},
 	{"recall-cache-frac", 0, 0.99, OFF(recall_cache_frac)},
 	{"sel-keep", 0, 1, OFF(sel.p_keep)},
 	{"sel-revisit", 0, 1, OFF(sel.p_revisit)},
@@ -105,7 +108,11 @@ int kvt_replay_opt(const char *name, const char *arg, struct kvt_replay_opts *o)
 		o->fused = false;
 	else if (!strcmp(name, "no-cpu-time"))
 		o->cpu_time = false;
-	else
+	else if (!strcmp(name, "spill-dir")) {
+		if (!arg || !*arg)
+			return -1;
+		o->spill_dir = arg;
+	} else
 		goto valued;
 	return 0;
 valued:
@@ -165,6 +172,7 @@ struct run {
 	double last_progress;
 	/* DRAM reservation (host groups) */
 	uint64_t dram_groups, dram_used;
+	uint64_t host_groups; /* DRAM alone, with a disk tier: a running history must fit it */
 };
 
 static int push_double(double **a, size_t *n, size_t *cap, double v)
@@ -400,6 +408,9 @@ static int submit_waiting(struct mrun *mr)
 			if (!why && run->dram_groups &&
 			    groups_of(mr, &run->t->reqs[i]) > run->dram_groups)
 				why = "its history exceeds the DRAM budget";
+			if (!why && run->host_groups &&
+			    groups_of(mr, &run->t->reqs[i]) > run->host_groups)
+				why = "its history exceeds DRAM (it must fit while it runs)";
 			if (why) {
 				fail_req(run, i, why);
 				continue;
@@ -696,7 +707,11 @@ static int mrun_iteration(struct mrun *mr)
 		1e-9 * ((double)(st.model_ns_h2d - mr->st0.model_ns_h2d) +
 			recall_h2d_ns * (mr->scale - 1) +
 			(double)(st.model_ns_d2d - mr->st0.model_ns_d2d) +
-			(mr->time_d2h ? (double)(st.model_ns_d2h - mr->st0.model_ns_d2h) : 0));
+			(mr->time_d2h ? (double)(st.model_ns_d2h - mr->st0.model_ns_d2h) : 0) +
+			(double)(st.model_ns_disk - mr->st0.model_ns_disk));
+	run->res->t_disk += 1e-9 * (double)(st.model_ns_disk - mr->st0.model_ns_disk);
+	run->res->disk_blocks_spilled += st.disk_blocks_spilled - mr->st0.disk_blocks_spilled;
+	run->res->disk_blocks_fetched += st.disk_blocks_fetched - mr->st0.disk_blocks_fetched;
 	mr->st0 = st;
 	w.cpu_s = run->o->cpu_time ? mr->cpu_s : 0;
 	kvt_iter_time(mp, &run->o->gpu, &w, &ir.tm);
@@ -815,6 +830,10 @@ static int mrun_loop(struct run *run, double hbm_bytes)
 	mr->cfg.host_bytes = o->policy == KVT_POLICY_SNAPSTREAM
 				     ? (uint64_t)4 << 40
 				     : (uint64_t)(o->dram_gib * 1073741824.0);
+	if (o->spill_dir && o->policy != KVT_POLICY_SNAPSTREAM) {
+		mr->cfg.spill_dir = o->spill_dir;
+		mr->cfg.disk_bytes = (uint64_t)(o->disk_gib * 1073741824.0);
+	}
 	mr->sel = o->sel;
 	mr->sel.r = mr->r ? mr->r : 1;
 	if (mr->recall && kvt_sel_check(&mr->sel)) {
@@ -850,8 +869,17 @@ static int mrun_loop(struct run *run, double hbm_bytes)
 		ERRF("kvt_sched_create: %s", kvt_strerror(err));
 		goto out;
 	}
-	run->dram_groups = mr->cfg.host_bytes / (2ull * mr->cfg.block_tokens * mr->cfg.head_dim *
-						 o->model.elem_bytes * mr->cfg.n_kv_heads);
+	{
+		uint64_t group = 2ull * mr->cfg.block_tokens * mr->cfg.head_dim *
+				 o->model.elem_bytes * mr->cfg.n_kv_heads;
+
+		/* with a disk tier a history may live in DRAM or on disk: admission counts
+		   both, and nothing when the disk has no limit */
+		run->dram_groups = mr->cfg.spill_dir && !mr->cfg.disk_bytes
+					   ? 0
+					   : (mr->cfg.host_bytes + mr->cfg.disk_bytes) / group;
+		run->host_groups = mr->cfg.spill_dir ? mr->cfg.host_bytes / group : 0;
+	}
 	mr->waitq = malloc(run->t->count * sizeof(*mr->waitq));
 	if (!mr->waitq) {
 		err = -ENOMEM;
@@ -1177,6 +1205,25 @@ static int check_opts(const struct kvt_replay_opts *o, const struct kvt_trace *t
 		snprintf(err, len, "budgets must be finite and the DRAM budget positive");
 		return -EINVAL;
 	}
+	if (!(o->disk_gib >= 0) || !isfinite(o->disk_gib)) {
+		snprintf(err, len, "the disk budget must be finite and >= 0");
+		return -EINVAL;
+	}
+	if (o->spill_dir) {
+		const char *why = NULL;
+		struct stat sb;
+
+		if (stat(o->spill_dir, &sb))
+			why = strerror(errno);
+		else if (!S_ISDIR(sb.st_mode))
+			why = "not a directory";
+		else if (access(o->spill_dir, W_OK | X_OK))
+			why = strerror(errno);
+		if (why) {
+			snprintf(err, len, "spill directory %s: %s", o->spill_dir, why);
+			return -EINVAL;
+		}
+	}
 	if (!(o->recall_cache_frac >= 0 && o->recall_cache_frac < 1)) {
 		snprintf(err, len, "the recall cache fraction must be in [0, 1)");
 		return -EINVAL;
@@ -1362,6 +1409,7 @@ int kvt_replay_write_json(const struct kvt_replay_result *res, const struct kvt_
 		{"time_attention_decode_s", res->t_attn_decode},
 		{"time_attention_prefill_s", res->t_attn_prefill},
 		{"time_transfer_s", res->t_transfer},
+		{"time_disk_s", res->t_disk},
 		{"time_cpu_s", res->t_cpu},
 		{"wall_s", res->wall_s},
 	};
@@ -1380,6 +1428,10 @@ int kvt_replay_write_json(const struct kvt_replay_result *res, const struct kvt_
 	    json_object_set_new(o, "max_batch_size", json_integer(res->max_batch_size)) ||
 	    json_object_set_new(o, "iterations", json_integer((json_int_t)res->iterations)) ||
 	    json_object_set_new(o, "preemptions", json_integer((json_int_t)res->preemptions)) ||
+	    json_object_set_new(o, "disk_blocks_spilled",
+				json_integer((json_int_t)res->disk_blocks_spilled)) ||
+	    json_object_set_new(o, "disk_blocks_fetched",
+				json_integer((json_int_t)res->disk_blocks_fetched)) ||
 	    json_object_set_new(o, "policy", json_string(res->policy)) ||
 	    json_object_set_new(o, "model", json_string(res->model)) ||
 	    json_object_set_new(o, "gpu", json_string(res->gpu)))

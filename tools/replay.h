@@ -89,6 +89,12 @@ struct kvt_replay_opts {
 	   so that a closed loop's requests are all prefilled before its measured window. */
 	uint64_t max_inject_tokens;
 	bool cpu_time; /* add the measured manager+scheduler CPU time */
+	/* Disk tier (kvtier, sparse-offload): the manager spills host blocks to a spill file in
+	   this directory (NULL: none), of at most disk_gib (0: no limit), and DRAM admission
+	   counts DRAM plus disk. The model backend writes no file: each I/O batch is timed by
+	   the manager's disk model and added to the iteration's transfer time. */
+	const char *spill_dir;
+	double disk_gib;
 	/* Closed loop: keep `concurrency` requests in the system, the next one entering when
 	   one completes (arrival times ignored); 0: open loop by arrival time. */
 	uint32_t concurrency;
@@ -103,7 +109,8 @@ struct kvt_replay_opts {
 
 /* Defaults for the llama3-8b/h100 presets, policy kvtier: block 32, sink 128, top-K 1024,
    ring 512, r = 8 on 8 sampled layers, recall cache 10% of HBM, w = 12, ws control and fused
-   transfers on, layer-segmented prefill, R_max 256, T_max 8192, CPU time counted, DRAM 256 GiB. */
+   transfers on, layer-segmented prefill, R_max 256, T_max 8192, CPU time counted, DRAM 256 GiB,
+   no disk tier. */
 void kvt_replay_opts_init(struct kvt_replay_opts *o);
 
 /*
@@ -145,6 +152,10 @@ struct kvt_replay_result {
 	double blocks_loaded_per_iteration; /* recall misses loaded, mean over iterations */
 	double recall_hit_rate;		    /* hits / lookups; 0 without recall */
 	uint64_t preemptions;
+	/* Disk tier: blocks written to / read back from the spill file, and their modelled time
+	   (part of t_transfer) */
+	uint64_t disk_blocks_spilled, disk_blocks_fetched;
+	double t_disk;
 	/* Iteration time split (simulated seconds, summed) */
 	double t_gemm, t_attn_decode, t_attn_prefill, t_transfer, t_cpu;
 	/* Window figures (iterations after warmup_iterations): simulated time, decode tokens,
