@@ -530,8 +530,8 @@ static void admit(struct kvt_sched *s, const struct kvt_stats *st)
 		/* With a disk tier the batch's histories must fit the host tier together, with
 		   this iteration's new blocks (a block per layer for a decode, at most). */
 		host = info.host_blocks +
-		       (uint64_t)s->n_heads * (k ? (uint64_t)k * DIV_UP(r->prompt, s->block_tokens)
-						 : s->n_layers);
+		       (uint64_t)s->n_heads *
+			       (k ? (uint64_t)k * DIV_UP(r->prompt, s->block_tokens) : s->n_layers);
 		/* The recall part of a lone candidate is let through: a working set larger than
 		   the whole recall cache must still run (recall evicts within it). */
 		if (res_sum + res > st->device_frames_total ||

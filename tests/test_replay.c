@@ -255,6 +255,56 @@ static void test_dram_admission(void **state)
 	free(t.reqs);
 }
 
+/* --spill-dir: DRAM no longer bounds how many requests are in the system, the disk tier
+   takes the histories of those not running (spilled, then fetched back before they run), and
+   every request completes; a history larger than DRAM alone still fails, with its reason. */
+static void test_spill_dir(void **state)
+{
+	struct kvt_trace t = mk_trace(24, 4096, 1024, 0.5);
+	struct kvt_replay_opts o;
+	struct kvt_replay_result plain, res;
+	char dir[] = "/tmp/kvt-replay-spill-XXXXXX";
+	(void)state;
+
+	assert_non_null(mkdtemp(dir));
+	opts(&o, KVT_POLICY_KVTIER);
+	o.dram_gib = 5; /* eight of the 640 MiB histories */
+	run_ok(&o, &t, &plain);
+	check_accounting(&plain);
+	assert_int_equal(plain.completed, 24);
+	assert_int_equal(plain.disk_blocks_spilled, 0);
+
+	o.spill_dir = dir;
+	run_ok(&o, &t, &res);
+	check_accounting(&res);
+	assert_int_equal(res.completed, 24);
+	assert_true(res.disk_blocks_spilled > 0);
+	assert_true(res.disk_blocks_fetched > 0);
+	assert_true(res.t_disk > 0 && res.t_disk <= res.t_transfer);
+	/* requests waiting on disk let more into the batch than DRAM alone did */
+	assert_true(res.max_batch_size > plain.max_batch_size);
+	kvt_replay_result_free(&res);
+
+	/* a bounded disk: DRAM + disk admission again */
+	o.disk_gib = 4;
+	run_ok(&o, &t, &res);
+	check_accounting(&res);
+	assert_int_equal(res.completed, 24);
+	kvt_replay_result_free(&res);
+
+	/* a history beyond DRAM alone cannot run even with a disk */
+	o.disk_gib = 0;
+	o.dram_gib = 0.5;
+	run_ok(&o, &t, &res);
+	check_accounting(&res);
+	assert_int_equal(res.completed, 0);
+	assert_non_null(strstr(res.reqs[0].reason, "exceeds DRAM"));
+	kvt_replay_result_free(&res);
+	kvt_replay_result_free(&plain);
+	free(t.reqs);
+	assert_int_equal(rmdir(dir), 0); /* no spill file left behind */
+}
+
 /* Closed loop: at most `concurrency` requests in the system, arrival times ignored, each
    entering when an earlier one completes. */
 static void test_closed_loop(void **state)
@@ -565,17 +615,12 @@ static void test_bad_options(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_smoke_bundled),
-		cmocka_unit_test(test_full_by_hand),
-		cmocka_unit_test(test_full_chunked),
-		cmocka_unit_test(test_failures_alone),
-		cmocka_unit_test(test_dram_admission),
-		cmocka_unit_test(test_closed_loop),
-		cmocka_unit_test(test_ws_control),
-		cmocka_unit_test(test_layer_sampling),
-		cmocka_unit_test(test_summary),
-		cmocka_unit_test(test_json_keys),
-		cmocka_unit_test(test_recorded_selections),
+		cmocka_unit_test(test_smoke_bundled),  cmocka_unit_test(test_full_by_hand),
+		cmocka_unit_test(test_full_chunked),   cmocka_unit_test(test_failures_alone),
+		cmocka_unit_test(test_dram_admission), cmocka_unit_test(test_spill_dir),
+		cmocka_unit_test(test_closed_loop),    cmocka_unit_test(test_ws_control),
+		cmocka_unit_test(test_layer_sampling), cmocka_unit_test(test_summary),
+		cmocka_unit_test(test_json_keys),      cmocka_unit_test(test_recorded_selections),
 		cmocka_unit_test(test_bad_options),
 	};
 

@@ -346,8 +346,8 @@ static void print_summary(const struct opts *o, const struct kvt_trace *t,
 	line("Recall hit rate:", res->recall_hit_rate, 4);
 	printf("%-40s %llu\n", "Preemptions:", (unsigned long long)res->preemptions);
 	if (res->disk_blocks_spilled || res->disk_blocks_fetched)
-		printf("%-40s %llu spilled, %llu fetched, %.1f s of I/O\n", "Disk tier (blocks):",
-		       (unsigned long long)res->disk_blocks_spilled,
+		printf("%-40s %llu spilled, %llu fetched, %.1f s of I/O\n",
+		       "Disk tier (blocks):", (unsigned long long)res->disk_blocks_spilled,
 		       (unsigned long long)res->disk_blocks_fetched, res->t_disk);
 	printf("%-40s gemm %.1f, attention %.1f + %.1f, transfer %.1f, cpu %.1f\n",
 	       "Iteration time (s):", res->t_gemm, res->t_attn_decode, res->t_attn_prefill,
