@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * kvtier: a KV cache manager for long-context LLM serving across GPU memory (device tier),
- * pinned host memory (host tier) and, later, local disk.
+ * pinned host memory (host tier) and local disk (disk tier, optional: config.spill_dir).
  *
  * Every sequence keeps a fixed-size compressed cache on the device (SnapStream: attention-sink
  * tokens, the top-K prompt tokens chosen by a SnapKV observation-window vote, and a ring of the
@@ -15,11 +15,26 @@
  * `stream` is a cudaStream_t or NULL. Calls that need token bytes (kvt_seq_read_token,
  * kvt_attend, kvt_decode_recall's scoring) return -ENOTSUP on a backend without payload.
  *
- * Threads: a manager and everything reached through it belong to one thread at a time; calls
- * on one manager must not overlap (distinct managers are independent). The library runs its own
- * save threads (config.save_threads) that scatter saved rows into host blocks; they never touch
- * a manager's bookkeeping, and every call that reads the host history waits for the saves it
- * depends on. kvt_log_set and kvt_strerror may be called from any thread.
+ * Concurrency contract.
+ * - Ownership: a manager, its sequences and the scheduler made over it belong to one thread at
+ *   a time (the owner). Calls on one manager, or on its scheduler, must not overlap; handing
+ *   the manager to another thread needs the usual happens-before (a mutex, a thread join).
+ *   Distinct managers share nothing and may be used from different threads at once (each has
+ *   its own save threads, io_uring and spill file).
+ * - Any thread, any time: kvt_version, kvt_strerror, kvt_log_set, kvt_log_set_level. A log
+ *   callback may be called from the owner's thread or from a save thread, so it must be
+ *   thread-safe; it must not call back into the manager.
+ * - Internal threads: config.save_threads threads per manager scatter the rows of saves (the
+ *   second half of FlashD2H) from a staging buffer into host blocks. They touch nothing but
+ *   staging buffers and the host blocks named by the save, never the bookkeeping. Every call
+ *   that reads host blocks (read token, recall, resume, spill) or hands them to another owner
+ *   (destroy, spilling) first waits for the saves that wrote them; kvt_manager_sync and
+ *   kvt_manager_destroy wait for all of them.
+ * - The disk tier runs no thread: its io_uring batches are submitted and their completions
+ *   reaped by the owner's thread inside the call that needs them, which returns only when the
+ *   batch is done (spills free host blocks only after their write completed).
+ * - Tensors passed in may be reused when the call returns (stream-ordered on a GPU); pointers
+ *   returned (frames, views, last error) stay valid until the next call on the manager.
  */
 #ifndef KVTIER_H
 #define KVTIER_H
@@ -110,11 +125,12 @@ struct kvt_config {
 	   flight. model_disk_gbps / model_disk_ns: the disk of the model backend (which moves
 	   no bytes and writes no file): each batch of I/Os costs model_disk_ns plus
 	   bytes / model_disk_gbps, summed into kvt_stats.model_ns_disk. */
+	uint32_t disk_queue_depth;
 	const char *spill_dir;
 	uint64_t disk_bytes;
-	uint32_t disk_queue_depth;
-	uint32_t model_disk_ns;
 	double model_disk_gbps;
+	uint32_t model_disk_ns;
+	uint32_t reserved; /* 0 */
 };
 
 /* Defaults: Llama-3-8B geometry (32 layers, 8 kv heads, 32 q heads, d=128, bf16), 32-token
