@@ -5,5 +5,7 @@
 
 /* kvtier-bench recall (tools/bench_recall.c): argv[0] is "recall". Exit status. */
 int kvt_bench_recall(int argc, char **argv);
+/* kvtier-bench disk (tools/bench_disk.c). */
+int kvt_bench_disk(int argc, char **argv);
 
 #endif /* KVT_BENCH_H */

@@ -8,6 +8,8 @@
  *   kvtier-bench sched     the scheduler's decision time (kvt_sched_step) with a long queue,
  *                          on the null backend, the batches executed between steps.
  *   kvtier-bench recall    the recall bookkeeping of one decode step (tools/bench_recall.c).
+ *   kvtier-bench disk      the disk tier's I/O engine against plain sequential I/O
+ *                          (tools/bench_disk.c).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -35,6 +37,7 @@ static void usage(FILE *f)
 		"usage: kvtier-bench manager [options]\n"
 		"       kvtier-bench sched [options]\n"
 		"       kvtier-bench recall [options]   (kvtier-bench recall --help)\n"
+		"       kvtier-bench disk [options]     (kvtier-bench disk --help)\n"
 		"Both use Llama-3-8B geometry (8 kv heads, 32 q heads, d=128, bf16, 32-token\n"
 		"blocks, sink 128, recent 512, top-K 4096).\n\n"
 		"manager: the manager's CPU time for decode steps of a batch. One step =\n"
@@ -553,6 +556,8 @@ int main(int argc, char **argv)
 		return bench_sched(argc - 1, argv + 1);
 	if (strcmp(argv[1], "recall") == 0)
 		return kvt_bench_recall(argc - 1, argv + 1);
+	if (strcmp(argv[1], "disk") == 0)
+		return kvt_bench_disk(argc - 1, argv + 1);
 	fprintf(stderr, "kvtier-bench: unknown benchmark '%s' (try --help)\n", argv[1]);
 	return 2;
 }
