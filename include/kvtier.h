@@ -9,7 +9,9 @@
  * history, so nothing is lost and any token can be read back bit-exact.
  *
  * Conventions: every fallible call returns 0 or a negative errno (kvt_strerror names it) and
- * changes nothing when it fails; results come back through out-parameters. Tensors are dense,
+ * changes nothing visible when it fails (which tier holds a block is not visible: a failing
+ * call may have spilled or fetched blocks; kvt_decode_recall states its own exceptions);
+ * results come back through out-parameters. Tensors are dense,
  * row-major, of config.dtype, in the backend's memory space: host pointers for the host and
  * model backends (the model backend never reads them), device pointers for the CUDA backend.
  * `stream` is a cudaStream_t or NULL. Calls that need token bytes (kvt_seq_read_token,
@@ -384,9 +386,14 @@ KVT_API int kvt_seq_spill(struct kvt_manager *m, uint64_t seq);
    the top config.recall_blocks blocks per kv head, among blocks not fully resident through
    sink/top-K/ring, resident in the shared recall cache: hits are reused, misses are loaded in
    one batched gather, evicting the least recently used frames of any sequence. Ties go to the
-   lower block. Replaces each (sequence, layer)'s recall view. All or nothing: -ENOENT, -EINVAL
-   (NULL, n == 0, repeated id, layer not prefilled, sequence preempted, recall disabled),
-   -ENOSPC when the blocks this call needs exceed the cache. */
+   lower block. Replaces each (sequence, layer)'s recall view. Errors found before anything
+   moves change nothing: -ENOENT, -EINVAL (NULL, n == 0, repeated id, layer not prefilled,
+   sequence preempted, recall disabled), -ENOSPC when the blocks this call needs exceed the
+   cache, and the errors of kvt_seq_fetch when a sequence's history is on disk. When the load
+   itself fails (-EIO), the views of the named (sequence, layer)s read as stale (-ESTALE) until
+   they are recalled again; frames this call took from other sequences stay taken (their views
+   read as stale, as after any recall that evicts them), and the working-set estimates keep
+   this call's blocks. */
 KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
 			      uint32_t n, const void *q, void *stream);
 

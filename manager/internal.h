@@ -64,6 +64,7 @@ struct kvt_recall_layer {
 	/* view of the latest recall call naming this (sequence, layer): per head view_n[h]
 	   entries (cache entry id, generation) at [h * view_cap ...] */
 	uint32_t view_cap;
+	bool view_failed; /* the latest recall naming it failed: its view reads as stale */
 	uint32_t *view_n;
 	uint32_t *view_ent, *view_gen;
 };
@@ -252,6 +253,8 @@ void kvt_recall_fini(struct kvt_manager *m);
 static inline bool kvt_view_stale(const struct kvt_manager *m, const struct kvt_recall_layer *rc,
 				  uint32_t h)
 {
+	if (rc && rc->view_failed)
+		return true;
 	for (uint32_t i = 0; rc && rc->view_n && i < rc->view_n[h]; i++) {
 		size_t at = (size_t)h * rc->view_cap + i;
 

@@ -357,9 +357,11 @@ void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
 		rc->n_used--;
 	}
 	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
-		if (s->layers[l].rc && s->layers[l].rc->view_n)
+		if (s->layers[l].rc && s->layers[l].rc->view_n) {
 			memset(s->layers[l].rc->view_n, 0,
 			       m->cfg.n_kv_heads * sizeof(*s->layers[l].rc->view_n));
+			s->layers[l].rc->view_failed = false;
+		}
 }
 
 /* A frame for a new block: a free one, else the least recently used one not used by this call.
@@ -607,6 +609,7 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 				ws_touch(m, s, &lrc->slot[at].touched, N);
 			}
 			lrc->view_n[h] = nv_out;
+			lrc->view_failed = false;
 		}
 		if (loaded && s->save_ticket > wait)
 			wait = s->save_ticket;
@@ -617,9 +620,11 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	if (!err && nx)
 		err = KVT_XFER(m, gather_h2d, m->xf, nx, stream);
 	if (err) {
-		/* The frames meant for the misses hold nothing valid: free them and the views
-		   of this call. The cache keeps its hits; the working sets keep this call's
-		   blocks (an estimate, erring high). */
+		/* The frames meant for the misses hold nothing valid: free them, and make the
+		   views of this call read as stale (the previous ones were overwritten), so no
+		   attention silently runs without its recalled blocks. The cache keeps its hits;
+		   frames taken from other sequences stay taken, as any recall may take them; the
+		   working sets keep this call's blocks (an estimate, erring high). */
 		for (uint32_t x = 0; x < nx; x++) {
 			uint32_t id = (uint32_t)((m->xf[x].dst - rc->base) / m->block_bytes);
 
@@ -629,8 +634,7 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 			rc->n_used--;
 		}
 		for (uint32_t i = 0; i < n; i++)
-			memset(m->batch[i]->layers[layer].rc->view_n, 0,
-			       H * sizeof(*m->batch[i]->layers[layer].rc->view_n));
+			m->batch[i]->layers[layer].rc->view_failed = true;
 		return kvt_fail(m, err, "recall: layer %u: loading %u blocks: %s", layer, nx,
 				m->be->err);
 	}
