@@ -374,8 +374,10 @@ KVT_API int kvt_seq_fetch(struct kvt_manager *m, const uint64_t *seqs, uint32_t 
 /* Writes every host block of seq to the spill file now and frees them in the host tier (an
    engine parking a preempted request; tests). Its device frames stay as they are. Nothing to
    do (0) when it has no host blocks. -ENOENT; -ENOTSUP without a disk tier; -ENOSPC when
-   the spill file is at disk_bytes or the file system is full; -EIO when a write failed (the
-   blocks that failed stay in the host tier: nothing is lost); -EBADMSG when it is lost. */
+   the spill file is at disk_bytes or the file system is full; -EIO when a write failed;
+   -ENOMEM; -EBADMSG when it is lost. On -ENOSPC, -EIO or -ENOMEM the blocks written before the
+   failure stay on disk and the others in the host tier (placement only: nothing is lost, and
+   the next call that needs them fetches them). */
 KVT_API int kvt_seq_spill(struct kvt_manager *m, uint64_t seq);
 
 /* ---- Dynamic recall (decode) --------------------------------------------------------- */

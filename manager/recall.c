@@ -763,6 +763,9 @@ KVT_API int kvt_seq_recall_view(struct kvt_manager *m, uint64_t seq, uint32_t la
 	s = kvt_seqmap_get(&m->seqs, seq);
 	if (!s)
 		return kvt_fail(m, -ENOENT, "sequence %llu is not live", (unsigned long long)seq);
+	if (s->lost)
+		return kvt_fail(m, s->lost, "recall view: sequence %llu: its history was lost",
+				(unsigned long long)seq);
 	ly = &s->layers[layer];
 	if (!ly->n_tokens || s->preempted)
 		return kvt_fail(m, -EINVAL, "recall view: sequence %llu: %s",

@@ -37,8 +37,8 @@ static struct kvt_seq *find_seq(struct kvt_manager *m, uint64_t seq, int *err)
 	return s;
 }
 
-/* find_seq, also refusing a sequence whose history was lost (every call but destroy, info and
-   tokens). */
+/* find_seq, also refusing a sequence whose history was lost (every call but destroy and
+   info). */
 static struct kvt_seq *find_usable(struct kvt_manager *m, uint64_t seq, int *err)
 {
 	struct kvt_seq *s = find_seq(m, seq, err);
@@ -707,7 +707,7 @@ KVT_API int kvt_seq_tokens(struct kvt_manager *m, uint64_t seq, uint32_t layer, 
 	err = check_layer(m, layer);
 	if (err)
 		return err;
-	s = find_seq(m, seq, &err);
+	s = find_usable(m, seq, &err);
 	if (!s)
 		return err;
 	*n_out = s->layers[layer].n_tokens;
