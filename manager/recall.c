@@ -218,11 +218,6 @@ uint64_t kvt_block_resident(const struct kvt_manager *m, const struct kvt_seq *s
 	return mask;
 }
 
-static inline uint64_t full_mask(uint32_t n)
-{
-	return n >= 64 ? ~0ull : (1ull << n) - 1;
-}
-
 /* ---- working set ---- */
 
 /* Moves s's window forward to step t, forgetting the steps that fall out of it. */

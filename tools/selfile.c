@@ -118,7 +118,8 @@ int kvt_selfile_read(const char *path, struct kvt_selfile *out, char *err, size_
 		rc = -EIO;
 		goto out;
 	}
-	qsort(f.rec, f.n_rec, sizeof(*f.rec), cmp_rec);
+	if (f.n_rec > 1)
+		qsort(f.rec, f.n_rec, sizeof(*f.rec), cmp_rec);
 	for (size_t i = 1; i < f.n_rec; i++)
 		if (!cmp_key(&f.rec[i - 1], &f.rec[i])) {
 			uint32_t a = f.rec[i - 1].line, c = f.rec[i].line;

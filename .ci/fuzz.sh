@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# CI: libFuzzer targets of tests/fuzz. Builds them with clang under ASan+UBSan (build-ci-fuzz),
+# runs each over its corpus as a regression test (meson suite 'fuzz'), then fuzzes each for
+# FUZZ_SECONDS (default 20) on a temporary copy of its corpus, so the repository is never
+# written. Prints one line per target with its executions and a closing total; exits non-zero
+# on any crash, leak, timeout or sanitizer report. Needs clang and libclang-rt-14-dev (the CI
+# image installs them); installs nothing itself. Run from anywhere: bash .ci/fuzz.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds=${FUZZ_SECONDS:-20}
+targets=(fuzz_api fuzz_trace fuzz_selfile)
+build=build-ci-fuzz
+supp=$PWD/tests/fuzz/ubsan.supp
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions=$supp
+
+rm -rf "$build"
+CC=clang meson setup "$build" -Dfuzz=true -Dtests=false -Db_sanitize=address,undefined \
+	-Db_lundef=false -Dbuildtype=debug >/dev/null
+ninja -C "$build" "${targets[@]/#/tests/fuzz/}"
+
+status=0
+meson test -C "$build" --suite fuzz --print-errorlogs || status=1
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+total=0
+crashes=0
+for t in "${targets[@]}"; do
+	mkdir -p "$work/$t/corpus" "$work/$t/artifacts"
+	cp tests/fuzz/corpus/"$t"/* "$work/$t/corpus/"
+	rc=0
+	"$build/tests/fuzz/$t" "$work/$t/corpus" -max_total_time="$seconds" -timeout=10 \
+		-rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$work/$t/artifacts/" \
+		>"$work/$t/log" 2>&1 || rc=$?
+	execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/$t/log" | tail -n 1)
+	found=$(find "$work/$t/artifacts" -type f | wc -l)
+	if [ "$rc" -ne 0 ] || [ "$found" -ne 0 ]; then
+		[ "$found" -ne 0 ] || found=1
+		crashes=$((crashes + found))
+		status=1
+		echo "fuzz: $t FAILED (exit $rc); the end of its log:"
+		tail -n 60 "$work/$t/log"
+		for a in "$work/$t/artifacts"/*; do
+			[ -f "$a" ] && echo "fuzz: $t input (base64): $(base64 -w0 "$a")"
+		done
+	fi
+	echo "fuzz: $t: ${execs:-0} executions in ${seconds}s, corpus $(ls "$work/$t/corpus" | wc -l) inputs"
+	total=$((total + ${execs:-0}))
+done
+echo "fuzz: $total executions, $crashes crashes"
+exit $status

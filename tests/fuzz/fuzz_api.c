@@ -1,0 +1,1046 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libFuzzer target: a sequence of public API calls (include/kvtier.h only) on a small manager
+ * of the host backend, read from the input bytes. The first two bytes choose the
+ * configuration (dtype, save threads, tier budgets, SnapStream shape, recall, disk tier); each
+ * following operation is one opcode byte and its arguments. The target keeps a model of what
+ * every live sequence holds: token counts per layer and token contents, a pure function of
+ * (sequence generation, layer, kv head, position), so every row read back is compared bit for
+ * bit. Checked, and a violation abort()s:
+ *   - every call returns 0 or a negative errno; calls the contract says must fail do fail, and
+ *     calls that must succeed fail only for a resource reason (memory, disk);
+ *   - a failed call changes nothing visible: token counts, prefilled layers and the preempted
+ *     flag of every sequence stay as they were (checked after every call);
+ *   - kvt_seq_read_token is bit-exact; resident positions ascend and are the positions whose
+ *     rows kvt_seq_frames's slots hold; recalled frames hold their blocks' rows; kvt_attend
+ *     equals a double-precision reference over resident plus recalled tokens;
+ *   - at the end, every token of every live sequence reads back bit-exact (-EBADMSG only when
+ *     kvt_seq_info reports the sequence lost), then kvt_manager_destroy.
+ * FUZZ_API_TRACE=1 in the environment prints each operation (to follow a reproducer).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvtier.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* Geometry (fixed) and bounds of the model. */
+#define NL 2
+#define NKV 2
+#define NQ 4
+#define HD 8
+#define NSLOTS 6
+#define MAX_PROMPT 96
+#define MAX_TOK 192
+#define MAX_BATCH 4
+#define MAX_OPS 512
+#define MAX_ESZ 4
+
+static const uint64_t slot_ids[NSLOTS] = {
+	1, 0, 42, UINT64_MAX, (uint64_t)1 << 63, 0x123456789aull,
+};
+static const uint64_t unknown_ids[] = {2, 7, UINT64_MAX - 1, 43};
+#define N_UNKNOWN (sizeof(unknown_ids) / sizeof(unknown_ids[0]))
+
+struct slot {
+	bool live, preempted, lost;
+	uint32_t gen; /* contents: unique per kvt_seq_create */
+	uint32_t prompt;
+	uint32_t tokens[NL]; /* 0: layer not prefilled */
+};
+
+static struct {
+	struct kvt_manager *m;
+	struct kvt_config cfg;
+	uint32_t esz, bt, gen;
+	bool disk, trace;
+	struct slot s[NSLOTS];
+	uint32_t op; /* index of the operation, for messages */
+} F;
+
+static char spill_dir[64];
+
+static void quiet(void *user, enum kvt_log_level level, const char *msg)
+{
+	(void)user;
+	(void)level;
+	(void)msg;
+}
+
+static void remove_spill_dir(void)
+{
+	rmdir(spill_dir);
+}
+
+/* ---- failures -------------------------------------------------------------------------- */
+
+__attribute__((noreturn)) static void die(int line, const char *what, int rc)
+{
+	fprintf(stderr, "fuzz_api: line %d, op %u: %s (rc %d %s; last error: %s)\n", line, F.op,
+		what, rc, kvt_strerror(rc), F.m ? kvt_manager_last_error(F.m) : "-");
+	abort();
+}
+#define CHECK(cond)                              \
+	do {                                     \
+		if (!(cond))                     \
+			die(__LINE__, #cond, 0); \
+	} while (0)
+#define CHECK_RC(cond, rc)                          \
+	do {                                        \
+		if (!(cond))                        \
+			die(__LINE__, #cond, (rc)); \
+	} while (0)
+
+static void trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#include <stdarg.h>
+static void trace(const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!F.trace)
+		return;
+	va_start(ap, fmt);
+	fprintf(stderr, "op %u: ", F.op);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+}
+
+/* 0 or a negative errno */
+static void check_errno(int rc)
+{
+	CHECK_RC(rc == 0 || (rc < 0 && rc > -4096), rc);
+}
+
+/* Failures that no argument can rule out: memory and the disk tier. */
+static bool resource_error(int rc)
+{
+	if (rc == -ENOMEM)
+		return true;
+	return F.disk && (rc == -ENOSPC || rc == -EIO || rc == -EBADMSG);
+}
+
+/* ---- input ------------------------------------------------------------------------------ */
+
+struct in {
+	const uint8_t *p;
+	size_t n;
+};
+
+static uint8_t u8(struct in *in)
+{
+	if (!in->n)
+		return 0;
+	in->n--;
+	return *in->p++;
+}
+
+static uint16_t u16(struct in *in)
+{
+	return (uint16_t)(u8(in) | u8(in) << 8);
+}
+
+/* ---- contents --------------------------------------------------------------------------- */
+
+static uint64_t mix(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+/* k/64 with |k| <= 255: exact in f32, bf16 and f16. */
+static float token_val(uint32_t gen, uint32_t layer, uint32_t head, uint32_t pos, int kv,
+		       uint32_t d)
+{
+	uint64_t h = mix(((uint64_t)gen << 32) ^ ((uint64_t)layer << 28) ^ ((uint64_t)head << 24) ^
+			 ((uint64_t)pos << 5) ^ ((uint64_t)kv << 4) ^ d);
+
+	return (float)((int)(h % 511) - 255) / 64.0f;
+}
+
+static float query_val(uint32_t seed, uint32_t i)
+{
+	return (float)((int)(mix(((uint64_t)seed << 32) ^ i ^ 0x5eedull) % 511) - 255) / 64.0f;
+}
+
+static uint16_t to_f16(float v)
+{
+	int e;
+	float f;
+	uint16_t sign = v < 0 ? 0x8000 : 0;
+
+	if (v == 0.0f)
+		return 0;
+	f = frexpf(fabsf(v), &e); /* |v| = f * 2^e, f in [0.5, 1), |v| >= 2^-6: normal */
+	return (uint16_t)(sign | (uint16_t)(e - 1 + 15) << 10 |
+			  (uint16_t)lrintf((f * 2.0f - 1.0f) * 1024.0f));
+}
+
+static void put_val(void *dst, float v)
+{
+	uint32_t b;
+
+	switch (F.cfg.dtype) {
+	case KVT_DTYPE_F32:
+		memcpy(dst, &v, 4);
+		break;
+	case KVT_DTYPE_BF16:
+		memcpy(&b, &v, 4);
+		b >>= 16;
+		memcpy(dst, &b, 2); /* little endian */
+		break;
+	case KVT_DTYPE_F16: {
+		uint16_t h = to_f16(v);
+
+		memcpy(dst, &h, 2);
+		break;
+	}
+	}
+}
+
+/* The K (kv = 0) or V (kv = 1) row of a token in config.dtype. */
+static void token_row(const struct slot *s, uint32_t layer, uint32_t head, uint32_t pos, int kv,
+		      uint8_t *row)
+{
+	for (uint32_t d = 0; d < HD; d++)
+		put_val(row + d * F.esz, token_val(s->gen, layer, head, pos, kv, d));
+}
+
+/* ---- model checks ------------------------------------------------------------------------ */
+
+static uint64_t id_of(int slot)
+{
+	return slot < NSLOTS ? slot_ids[slot] : unknown_ids[slot - NSLOTS];
+}
+
+/* A sequence id from one byte: mostly the slots', sometimes one never created. */
+static int pick(uint8_t b)
+{
+	return b < 232 ? b % NSLOTS : NSLOTS + b % N_UNKNOWN;
+}
+
+static bool live(int slot)
+{
+	return slot < NSLOTS && F.s[slot].live;
+}
+
+static void refresh_lost(void)
+{
+	for (int i = 0; i < NSLOTS; i++) {
+		struct kvt_seq_info info = {.size = sizeof(info)};
+
+		if (!F.s[i].live)
+			continue;
+		CHECK(kvt_seq_info(F.m, slot_ids[i], &info) == 0);
+		F.s[i].lost = info.lost != 0;
+	}
+}
+
+/* What every sequence shows through the API equals the model: a failed call changed
+   nothing, a successful one what it should. */
+static void check_model(void)
+{
+	struct kvt_stats st = KVT_STATS_INIT;
+	uint32_t n_live = 0;
+
+	for (int i = 0; i < NSLOTS + (int)N_UNKNOWN; i++) {
+		struct kvt_seq_info info = {.size = sizeof(info)};
+		uint32_t n = 12345, most = 0, prefilled = 0;
+		uint64_t blocks = 0;
+		int rc;
+
+		for (uint32_t l = 0; l < NL; l++) {
+			rc = kvt_seq_tokens(F.m, id_of(i), l, &n);
+			if (!live(i)) {
+				CHECK_RC(rc == -ENOENT, rc);
+				continue;
+			}
+			CHECK_RC(rc == 0 && n == F.s[i].tokens[l], rc);
+			most = n > most ? n : most;
+			prefilled += n > 0;
+			blocks += (n + F.bt - 1) / F.bt * NKV;
+		}
+		rc = kvt_seq_info(F.m, id_of(i), &info);
+		if (!live(i)) {
+			CHECK_RC(rc == -ENOENT, rc);
+			continue;
+		}
+		n_live++;
+		CHECK_RC(rc == 0, rc);
+		CHECK(info.size == sizeof(info));
+		CHECK(info.prompt_tokens == F.s[i].prompt);
+		CHECK(info.layers_prefilled == prefilled);
+		CHECK(info.preempted == F.s[i].preempted);
+		CHECK(info.tokens == most);
+		CHECK(info.host_blocks == blocks);
+		CHECK(info.disk_blocks <= info.host_blocks);
+		CHECK(F.s[i].preempted
+			      ? info.device_frames == 0
+			      : info.device_frames == (uint64_t)prefilled * info.frames_per_layer);
+		CHECK(info.lost == 0 || info.lost == -EBADMSG);
+		CHECK(!F.s[i].lost || info.lost);
+		CHECK(F.disk || info.lost == 0);
+	}
+	CHECK(kvt_manager_stats(F.m, &st) == 0);
+	CHECK(st.live_seqs == n_live);
+	CHECK(st.device_frames_used + st.device_frames_free == st.device_frames_total);
+	CHECK(st.host_blocks_used + st.host_blocks_free == st.host_blocks_total);
+	CHECK(st.recall_frames_used <= st.recall_frames_total);
+	CHECK(st.disk_blocks_used <= st.disk_blocks_total);
+	CHECK(F.disk || st.disk_blocks_total == 0);
+}
+
+/* Reads one token and compares it with the model. Returns the call's result. */
+static int read_check(int slot, uint32_t layer, uint32_t head, uint32_t pos)
+{
+	uint8_t k[HD * MAX_ESZ], v[HD * MAX_ESZ], ek[HD * MAX_ESZ], ev[HD * MAX_ESZ];
+	const struct slot *s = &F.s[slot < NSLOTS ? slot : 0];
+	bool valid = live(slot) && layer < NL && head < NKV && pos < s->tokens[layer];
+	int rc = kvt_seq_read_token(F.m, id_of(slot), layer, head, pos, k, v);
+
+	check_errno(rc);
+	if (!valid) {
+		CHECK_RC(rc < 0, rc);
+		return rc;
+	}
+	if (rc) {
+		if (rc == -EBADMSG)
+			refresh_lost();
+		CHECK_RC(s->lost ? rc == -EBADMSG : resource_error(rc), rc);
+		return rc;
+	}
+	token_row(s, layer, head, pos, 0, ek);
+	token_row(s, layer, head, pos, 1, ev);
+	if (memcmp(k, ek, HD * F.esz) || memcmp(v, ev, HD * F.esz)) {
+		fprintf(stderr, "fuzz_api: seq %llu layer %u head %u pos %u reads back wrong\n",
+			(unsigned long long)id_of(slot), layer, head, pos);
+		die(__LINE__, "read_token not bit-exact", rc);
+	}
+	return rc;
+}
+
+static void read_all(int slot)
+{
+	for (uint32_t l = 0; l < NL; l++)
+		for (uint32_t h = 0; h < NKV; h++)
+			for (uint32_t p = 0; p < F.s[slot].tokens[l]; p++)
+				if (read_check(slot, l, h, p))
+					return;
+}
+
+/* Resident positions of (slot, layer, head) into pos[]; returns their count or -errno. */
+static int resident(int slot, uint32_t layer, uint32_t head, int32_t *pos, uint32_t cap)
+{
+	uint32_t n = 0;
+	int rc = kvt_seq_resident_positions(F.m, id_of(slot), layer, head, pos, cap, &n);
+
+	check_errno(rc);
+	if (rc)
+		return rc;
+	CHECK(n <= cap);
+	for (uint32_t i = 0; i < n; i++) {
+		CHECK(pos[i] >= 0 && (uint32_t)pos[i] < F.s[slot].tokens[layer]);
+		CHECK(i == 0 || pos[i] > pos[i - 1]);
+	}
+	CHECK(!F.s[slot].preempted || n == 0);
+	return (int)n;
+}
+
+/* ---- configuration ----------------------------------------------------------------------- */
+
+static int make_manager(struct in *in)
+{
+	static const uint32_t dev_groups[] = {4, 7, 14, 48};
+	static const uint32_t host_groups[] = {6, 14, 40, 160};
+	static const uint32_t rc_blocks[] = {2, 5, 8, 24};
+	static const uint32_t ws[] = {1, 4, 12, 64};
+	/* sink, recent, top-K, obs window, pool kernel, block tokens */
+	static const uint32_t shape[4][6] = {
+		{4, 8, 8, 4, 3, 8},
+		{0, 1, 0, 1, 1, 8},
+		{3, 13, 5, 7, 5, 8},
+		{4, 8, 8, 4, 3, 16},
+	};
+	static const uint32_t recall[] = {2, 2, 1, 0};
+	struct kvt_config c = KVT_CONFIG_INIT;
+	uint8_t a = u8(in), b = u8(in);
+	const uint32_t *sh = shape[b & 3];
+	uint64_t block_bytes, group_bytes;
+	int rc;
+
+	c.n_layers = NL;
+	c.n_kv_heads = NKV;
+	c.n_q_heads = NQ;
+	c.head_dim = HD;
+	c.dtype = (a >> 1 & 3) == 1   ? KVT_DTYPE_BF16
+		  : (a >> 1 & 3) == 2 ? KVT_DTYPE_F16
+				      : KVT_DTYPE_F32;
+	c.sink_tokens = sh[0];
+	c.recent_tokens = sh[1];
+	c.topk_tokens = sh[2];
+	c.obs_window = sh[3];
+	c.pool_kernel = sh[4];
+	c.block_tokens = sh[5];
+	c.backend = KVT_BACKEND_HOST;
+	c.save_threads = a & 1;
+	c.staging_bytes = 4096;
+	F.esz = c.dtype == KVT_DTYPE_F32 ? 4 : 2;
+	F.bt = c.block_tokens;
+	block_bytes = 2ull * c.block_tokens * HD * F.esz;
+	group_bytes = block_bytes * NKV;
+	c.recall_blocks = recall[b >> 2 & 3];
+	c.recall_cache_bytes = rc_blocks[b >> 4 & 3] * block_bytes;
+	c.ws_window = ws[b >> 6];
+	c.device_bytes = dev_groups[a >> 3 & 3] * group_bytes + c.recall_cache_bytes;
+	c.host_bytes = host_groups[a >> 5 & 3] * group_bytes;
+	F.disk = a >> 7;
+	if (F.disk) {
+		c.spill_dir = spill_dir;
+		c.disk_bytes = 64 << 10;
+		c.disk_queue_depth = 8;
+	}
+	rc = kvt_manager_create(&c, &F.m);
+	CHECK_RC(rc == 0, rc);
+	CHECK(kvt_manager_config(F.m, &F.cfg) == 0);
+	CHECK(F.cfg.backend == KVT_BACKEND_HOST);
+	return 0;
+}
+
+/* ---- operations -------------------------------------------------------------------------- */
+
+static void op_create(struct in *in)
+{
+	static const uint32_t bad_prompt[] = {0, (uint32_t)INT32_MAX + 1, UINT32_MAX};
+	int slot = pick(u8(in)) % NSLOTS; /* the unknown ids stay unknown */
+	uint8_t p = u8(in);
+	uint32_t prompt = p < 250 ? 1 + p % MAX_PROMPT : bad_prompt[p % 3];
+	bool ok = !live(slot) && prompt >= 1 && prompt <= MAX_PROMPT;
+	int rc = kvt_seq_create(F.m, id_of(slot), prompt);
+
+	trace("create %llu prompt %u -> %d", (unsigned long long)id_of(slot), prompt, rc);
+	check_errno(rc);
+	if (!ok) {
+		/* a live id with a bad prompt may be refused for either */
+		CHECK_RC((live(slot) && rc == -EEXIST) ||
+				 (prompt < 1 || prompt > MAX_PROMPT ? rc == -EINVAL : false),
+			 rc);
+		return;
+	}
+	CHECK_RC(rc == 0, rc);
+	F.s[slot] = (struct slot){.live = true, .gen = ++F.gen, .prompt = prompt};
+}
+
+static void op_destroy(struct in *in)
+{
+	int slot = pick(u8(in));
+	int rc = kvt_seq_destroy(F.m, id_of(slot));
+
+	trace("destroy %llu -> %d", (unsigned long long)id_of(slot), rc);
+	check_errno(rc);
+	CHECK_RC(live(slot) ? rc == 0 : rc == -ENOENT, rc);
+	if (live(slot))
+		F.s[slot].live = false;
+}
+
+static void op_prefill(struct in *in)
+{
+	static uint8_t k[NKV * MAX_PROMPT * HD * MAX_ESZ], v[sizeof(k)];
+	static uint8_t q[NQ * 8 * HD * MAX_ESZ];
+	int slot = pick(u8(in));
+	uint8_t b = u8(in), seed = u8(in);
+	uint32_t layer = b % (NL + 1);
+	const struct slot *s = &F.s[slot < NSLOTS ? slot : 0];
+	uint32_t L = s->prompt, ow = F.cfg.obs_window;
+	bool no_q = b & 0x10, null_kv = (b & 0xe0) == 0xe0;
+	bool selects =
+		F.cfg.topk_tokens > 0 && L > F.cfg.sink_tokens + F.cfg.recent_tokens && L > ow;
+	bool ok, must_fail;
+	int rc;
+
+	must_fail = !live(slot) || layer >= NL || s->preempted || null_kv ||
+		    (live(slot) && s->tokens[layer]) || (no_q && selects);
+	ok = !must_fail;
+	if (live(slot) && L <= MAX_PROMPT) {
+		for (uint32_t h = 0; h < NKV; h++)
+			for (uint32_t p = 0; p < L; p++) {
+				size_t off = ((size_t)h * L + p) * HD * F.esz;
+
+				token_row(s, layer, h, p, 0, k + off);
+				token_row(s, layer, h, p, 1, v + off);
+			}
+	}
+	for (uint32_t i = 0; i < NQ * ow * HD; i++)
+		put_val(q + i * F.esz, query_val(seed, i));
+	rc = kvt_prefill_layer(F.m, id_of(slot), layer, null_kv ? NULL : k, v, no_q ? NULL : q,
+			       NULL);
+	trace("prefill %llu layer %u%s%s -> %d", (unsigned long long)id_of(slot), layer,
+	      no_q ? " (no q)" : "", null_kv ? " (no k)" : "", rc);
+	check_errno(rc);
+	if (!ok) {
+		CHECK_RC(rc < 0, rc);
+	} else if (rc) {
+		if (rc == -EBADMSG)
+			refresh_lost();
+		CHECK_RC(resource_error(rc) || (s->lost && rc == -EBADMSG), rc);
+	} else {
+		F.s[slot].tokens[layer] = L;
+	}
+}
+
+/* A batch of ids for decode, recall and fetch; *valid: every id live, distinct, not lost. */
+static uint32_t batch(struct in *in, int *slots, bool *distinct)
+{
+	uint8_t b = u8(in);
+	uint32_t n = 1 + b % MAX_BATCH;
+
+	*distinct = true;
+	for (uint32_t i = 0; i < n; i++) {
+		slots[i] = pick(u8(in));
+		for (uint32_t j = 0; j < i; j++)
+			*distinct &= slots[j] != slots[i];
+	}
+	return n;
+}
+
+/* Whether every sequence of the batch can take a decode/recall on layer. */
+static bool batch_ready(const int *slots, uint32_t n, uint32_t layer, bool need_room)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		const struct slot *s;
+
+		if (!live(slots[i]) || layer >= NL)
+			return false;
+		s = &F.s[slots[i]];
+		if (s->preempted || !s->tokens[layer] || (need_room && s->tokens[layer] >= MAX_TOK))
+			return false;
+	}
+	return true;
+}
+
+static void op_decode(struct in *in)
+{
+	static uint8_t k[MAX_BATCH * NKV * HD * MAX_ESZ], v[sizeof(k)];
+	int slots[MAX_BATCH];
+	uint64_t ids[MAX_BATCH];
+	uint32_t layer = u8(in) % (NL + 1);
+	bool distinct, ok;
+	uint32_t n = batch(in, slots, &distinct);
+	int rc;
+
+	for (uint32_t i = 0; i < n; i++) {
+		ids[i] = id_of(slots[i]);
+		if (!live(slots[i]) || layer >= NL)
+			continue;
+		if (F.s[slots[i]].tokens[layer] >= MAX_TOK)
+			return; /* the model's bound, not the library's */
+		for (uint32_t h = 0; h < NKV; h++) {
+			size_t off = ((size_t)i * NKV + h) * HD * F.esz;
+
+			token_row(&F.s[slots[i]], layer, h, F.s[slots[i]].tokens[layer], 0,
+				  k + off);
+			token_row(&F.s[slots[i]], layer, h, F.s[slots[i]].tokens[layer], 1,
+				  v + off);
+		}
+	}
+	ok = distinct && batch_ready(slots, n, layer, true);
+	rc = kvt_decode_append(F.m, layer, ids, n, k, v, NULL);
+	trace("decode layer %u n %u first %llu -> %d", layer, n, (unsigned long long)ids[0], rc);
+	check_errno(rc);
+	if (!ok) {
+		CHECK_RC(rc < 0, rc);
+	} else if (rc) {
+		if (rc == -EBADMSG)
+			refresh_lost();
+		CHECK_RC(resource_error(rc) || rc == -EBADMSG, rc);
+	} else {
+		for (uint32_t i = 0; i < n; i++)
+			F.s[slots[i]].tokens[layer]++;
+	}
+}
+
+static void op_decode_recall(struct in *in)
+{
+	static uint8_t q[MAX_BATCH * NQ * HD * MAX_ESZ];
+	int slots[MAX_BATCH];
+	uint64_t ids[MAX_BATCH];
+	uint32_t layer = u8(in) % (NL + 1);
+	uint8_t seed = u8(in);
+	bool distinct, ok;
+	uint32_t n = batch(in, slots, &distinct);
+	int rc;
+
+	for (uint32_t i = 0; i < n; i++)
+		ids[i] = id_of(slots[i]);
+	for (uint32_t i = 0; i < n * NQ * HD; i++)
+		put_val(q + i * F.esz, query_val(seed, i));
+	ok = distinct && batch_ready(slots, n, layer, false) && F.cfg.recall_blocks > 0;
+	rc = kvt_decode_recall(F.m, layer, ids, n, q, NULL);
+	trace("decode_recall layer %u n %u first %llu -> %d", layer, n, (unsigned long long)ids[0],
+	      rc);
+	check_errno(rc);
+	if (!ok) {
+		CHECK_RC(rc < 0, rc);
+	} else if (rc) {
+		if (rc == -EBADMSG)
+			refresh_lost();
+		CHECK_RC(rc == -ENOSPC || resource_error(rc) || rc == -EBADMSG, rc);
+	}
+}
+
+static void op_recall_blocks(struct in *in)
+{
+	static uint32_t blocks[MAX_BATCH * NKV * 3];
+	int slots[MAX_BATCH];
+	uint64_t ids[MAX_BATCH];
+	uint32_t layer = u8(in) % (NL + 1);
+	uint32_t r = u8(in) % 4; /* 0: invalid */
+	bool distinct, ok, in_range = true;
+	uint32_t n = batch(in, slots, &distinct);
+	int rc;
+
+	for (uint32_t i = 0; i < n; i++) {
+		ids[i] = id_of(slots[i]);
+		for (uint32_t j = 0; j < NKV * r; j++) {
+			uint8_t b = u8(in);
+			uint32_t blk = b == 255 ? UINT32_MAX : b % 32;
+			uint32_t have = live(slots[i]) && layer < NL
+						? (F.s[slots[i]].tokens[layer] + F.bt - 1) / F.bt
+						: 0;
+
+			blocks[i * NKV * r + j] = blk;
+			if (blk != UINT32_MAX && blk >= have)
+				in_range = false;
+		}
+	}
+	ok = distinct && r > 0 && in_range && batch_ready(slots, n, layer, false);
+	rc = kvt_recall_blocks(F.m, layer, ids, n, blocks, r, NULL);
+	trace("recall_blocks layer %u n %u r %u first %llu -> %d", layer, n, r,
+	      (unsigned long long)ids[0], rc);
+	check_errno(rc);
+	if (!ok) {
+		CHECK_RC(rc < 0, rc);
+	} else if (rc) {
+		if (rc == -EBADMSG)
+			refresh_lost();
+		CHECK_RC(rc == -ENOSPC || resource_error(rc) || rc == -EBADMSG, rc);
+	}
+}
+
+static void op_preempt(struct in *in)
+{
+	int slot = pick(u8(in));
+	int rc = kvt_seq_preempt(F.m, id_of(slot));
+
+	trace("preempt %llu -> %d", (unsigned long long)id_of(slot), rc);
+	check_errno(rc);
+	if (!live(slot)) {
+		CHECK_RC(rc == -ENOENT, rc);
+	} else if (F.s[slot].preempted) {
+		CHECK_RC(rc == -EALREADY || (F.s[slot].lost && rc == -EBADMSG), rc);
+	} else if (rc) {
+		if (rc == -EBADMSG)
+			refresh_lost();
+		CHECK_RC(F.s[slot].lost && rc == -EBADMSG, rc);
+	} else {
+		F.s[slot].preempted = true;
+	}
+}
+
+static void op_resume(struct in *in)
+{
+	int slot = pick(u8(in));
+	int rc = kvt_seq_resume(F.m, id_of(slot), NULL);
+
+	trace("resume %llu -> %d", (unsigned long long)id_of(slot), rc);
+	check_errno(rc);
+	if (!live(slot)) {
+		CHECK_RC(rc == -ENOENT, rc);
+	} else if (!F.s[slot].preempted) {
+		CHECK_RC(rc == -EALREADY || (F.s[slot].lost && rc == -EBADMSG), rc);
+	} else if (rc) {
+		if (rc == -EBADMSG)
+			refresh_lost();
+		CHECK_RC(resource_error(rc) || (F.s[slot].lost && rc == -EBADMSG), rc);
+	} else {
+		F.s[slot].preempted = false;
+	}
+}
+
+static void op_read(struct in *in)
+{
+	int slot = pick(u8(in));
+	uint8_t b = u8(in);
+	uint16_t p = u16(in);
+	uint32_t layer = b % (NL + 1), head = (b >> 2) % (NKV + 1);
+	uint32_t have = live(slot) && layer < NL ? F.s[slot].tokens[layer] : 0;
+	uint32_t pos = p < 0xff00 ? p % (have + 2) : UINT32_MAX - (p & 0xff);
+
+	trace("read %llu layer %u head %u pos %u", (unsigned long long)id_of(slot), layer, head,
+	      pos);
+	read_check(slot, layer, head, pos);
+}
+
+static void op_read_seq(struct in *in)
+{
+	int slot = pick(u8(in)) % NSLOTS;
+
+	trace("read all of %llu", (unsigned long long)id_of(slot));
+	if (live(slot))
+		read_all(slot);
+}
+
+/* Positions recalled for (slot, layer, head) by its view, checking each frame's rows. */
+static int recalled(int slot, uint32_t layer, uint32_t head, int32_t *pos, uint32_t cap,
+		    uint32_t *n_pos)
+{
+	struct kvt_recall_ref refs[32];
+	uint8_t row[HD * MAX_ESZ];
+	uint32_t n = 0;
+	size_t rb = (size_t)HD * F.esz;
+	int rc = kvt_seq_recall_view(F.m, id_of(slot), layer, head, refs, 32, &n);
+
+	check_errno(rc);
+	*n_pos = 0;
+	if (rc)
+		return rc;
+	CHECK(n <= 32 && n <= 3);
+	for (uint32_t i = 0; i < n; i++) {
+		const uint8_t *frame = (const uint8_t *)(uintptr_t)refs[i].frame;
+
+		CHECK(i == 0 || refs[i].block > refs[i - 1].block);
+		CHECK(refs[i].n_valid >= 1 && refs[i].n_valid <= F.bt);
+		CHECK((uint64_t)refs[i].block * F.bt + refs[i].n_valid <= F.s[slot].tokens[layer]);
+		for (uint32_t t = 0; t < refs[i].n_valid; t++) {
+			uint32_t p = refs[i].block * F.bt + t;
+
+			token_row(&F.s[slot], layer, head, p, 0, row);
+			if (memcmp(frame + t * rb, row, rb))
+				die(__LINE__, "recalled K row differs from the history", 0);
+			token_row(&F.s[slot], layer, head, p, 1, row);
+			if (memcmp(frame + (F.bt + t) * rb, row, rb))
+				die(__LINE__, "recalled V row differs from the history", 0);
+			if (!(refs[i].resident >> t & 1) && *n_pos < cap)
+				pos[(*n_pos)++] = (int32_t)p;
+		}
+	}
+	return 0;
+}
+
+static void op_view(struct in *in)
+{
+	int32_t pos[64];
+	uint32_t n;
+	int slot = pick(u8(in)), rc;
+	uint8_t b = u8(in);
+	uint32_t layer = b % (NL + 1), head = (b >> 2) % (NKV + 1);
+	bool valid = live(slot) && layer < NL && head < NKV;
+
+	if (!valid || b >= 0xf0) { /* the argument checks, with a small capacity too */
+		struct kvt_recall_ref r;
+
+		rc = kvt_seq_recall_view(F.m, id_of(slot), layer, head, &r, b & 1, &n);
+		trace("recall_view (args) %llu layer %u head %u -> %d",
+		      (unsigned long long)id_of(slot), layer, head, rc);
+		check_errno(rc);
+		CHECK_RC(valid || rc < 0, rc);
+		return;
+	}
+	rc = recalled(slot, layer, head, pos, 64, &n);
+	trace("recall_view %llu layer %u head %u -> %d", (unsigned long long)id_of(slot), layer,
+	      head, rc);
+	if (F.s[slot].preempted || !F.s[slot].tokens[layer])
+		CHECK_RC(rc < 0, rc);
+}
+
+static void op_resident(struct in *in)
+{
+	int32_t pos[MAX_TOK];
+	int slot = pick(u8(in));
+	uint8_t b = u8(in);
+	uint32_t layer = b % (NL + 1), head = (b >> 2) % (NKV + 1);
+	bool valid = live(slot) && layer < NL && head < NKV && F.s[slot].tokens[layer];
+	uint32_t cap = b & 0x80 ? b & 0x1f : MAX_TOK, n = 0;
+	int rc = kvt_seq_resident_positions(F.m, id_of(slot), layer, head, cap ? pos : NULL, cap,
+					    &n);
+
+	trace("resident %llu layer %u head %u cap %u -> %d n %u", (unsigned long long)id_of(slot),
+	      layer, head, cap, rc, n);
+	check_errno(rc);
+	if (!valid) {
+		CHECK_RC(rc < 0, rc);
+		return;
+	}
+	CHECK_RC(rc == 0 || (rc == -ENOSPC && n > cap), rc);
+	if (!rc)
+		CHECK(resident(slot, layer, head, pos, MAX_TOK) == (int)n);
+}
+
+/* Every resident position's rows are in some slot of the frames, and the slot count is the
+   resident count. */
+static void op_frames(struct in *in)
+{
+	uint64_t frames[16];
+	int32_t pos[MAX_TOK];
+	uint8_t k[HD * MAX_ESZ], v[HD * MAX_ESZ];
+	int slot = pick(u8(in));
+	uint8_t b = u8(in);
+	uint32_t layer = b % (NL + 1), head = (b >> 2) % (NKV + 1);
+	bool valid = live(slot) && layer < NL && head < NKV && F.s[slot].tokens[layer] &&
+		     !F.s[slot].preempted;
+	uint32_t cap = b & 0x80 ? b & 3 : 16, nf = 0, ns = 0;
+	size_t rb = (size_t)HD * F.esz;
+	int rc = kvt_seq_frames(F.m, id_of(slot), layer, head, cap ? frames : NULL, cap, &nf, &ns);
+	int nres;
+
+	trace("frames %llu layer %u head %u cap %u -> %d", (unsigned long long)id_of(slot), layer,
+	      head, cap, rc);
+	check_errno(rc);
+	if (!valid) {
+		CHECK_RC(rc < 0, rc);
+		return;
+	}
+	CHECK_RC(rc == 0 || (rc == -ENOSPC && nf > cap), rc);
+	if (rc)
+		return;
+	CHECK(ns <= (uint64_t)nf * F.bt);
+	nres = resident(slot, layer, head, pos, MAX_TOK);
+	CHECK_RC(nres >= 0 && (uint32_t)nres == ns, nres);
+	for (int i = 0; i < nres; i++) {
+		bool found = false;
+
+		token_row(&F.s[slot], layer, head, (uint32_t)pos[i], 0, k);
+		token_row(&F.s[slot], layer, head, (uint32_t)pos[i], 1, v);
+		for (uint32_t sl = 0; sl < ns && !found; sl++) {
+			const uint8_t *f = (const uint8_t *)(uintptr_t)frames[sl / F.bt];
+			uint32_t r = sl % F.bt;
+
+			found = !memcmp(f + r * rb, k, rb) && !memcmp(f + (F.bt + r) * rb, v, rb);
+		}
+		if (!found) {
+			fprintf(stderr,
+				"fuzz_api: resident position %d of seq %llu layer %u head "
+				"%u is in no slot\n",
+				pos[i], (unsigned long long)id_of(slot), layer, head);
+			die(__LINE__, "frames do not hold the resident rows", 0);
+		}
+	}
+}
+
+static double to_double(const uint8_t *p)
+{
+	float f;
+	uint32_t b = 0;
+	uint16_t h;
+
+	switch (F.cfg.dtype) {
+	case KVT_DTYPE_F32:
+		memcpy(&f, p, 4);
+		return f;
+	case KVT_DTYPE_BF16:
+		memcpy(&b, p, 2);
+		b <<= 16;
+		memcpy(&f, &b, 4);
+		return f;
+	case KVT_DTYPE_F16:
+		memcpy(&h, p, 2);
+		if (!(h & 0x7fff))
+			return 0.0;
+		return ldexp(1.0 + (h & 0x3ff) / 1024.0, ((h >> 10) & 0x1f) - 15) *
+		       (h & 0x8000 ? -1.0 : 1.0);
+	}
+	return 0.0;
+}
+
+static void op_attend(struct in *in)
+{
+	float q[NQ * HD], out[NQ * HD];
+	int slot = pick(u8(in));
+	uint8_t b = u8(in), seed = u8(in);
+	uint32_t layer = b % (NL + 1);
+	bool valid = live(slot) && layer < NL && F.s[slot].tokens[layer] && !F.s[slot].preempted;
+	int rc;
+
+	for (uint32_t i = 0; i < NQ * HD; i++)
+		q[i] = query_val(seed, i);
+	rc = kvt_attend(F.m, id_of(slot), layer, q, out);
+	trace("attend %llu layer %u -> %d", (unsigned long long)id_of(slot), layer, rc);
+	check_errno(rc);
+	if (!valid) {
+		CHECK_RC(rc < 0, rc);
+		return;
+	}
+	if (rc) {
+		CHECK_RC(rc == -ESTALE || resource_error(rc) || (F.s[slot].lost && rc == -EBADMSG),
+			 rc);
+		return;
+	}
+	/* reference: softmax over resident plus recalled (non-resident) tokens, in double */
+	for (uint32_t h = 0; h < NKV; h++) {
+		int32_t pos[MAX_TOK + 64];
+		uint8_t kr[HD * MAX_ESZ], vr[HD * MAX_ESZ];
+		uint32_t nrec = 0;
+		int nres = resident(slot, layer, h, pos, MAX_TOK);
+
+		CHECK_RC(nres >= 0, nres);
+		rc = recalled(slot, layer, h, pos + nres, 64, &nrec);
+		CHECK_RC(rc == 0, rc);
+		for (uint32_t g = h * (NQ / NKV); g < (h + 1) * (NQ / NKV); g++) {
+			double logit[MAX_TOK + 64], mx = -INFINITY, sum = 0, ref[HD] = {0};
+			uint32_t n = (uint32_t)nres + nrec;
+
+			for (uint32_t t = 0; t < n; t++) {
+				double dot = 0;
+
+				token_row(&F.s[slot], layer, h, (uint32_t)pos[t], 0, kr);
+				for (uint32_t d = 0; d < HD; d++)
+					dot += (double)q[g * HD + d] * to_double(kr + d * F.esz);
+				logit[t] = dot / sqrt((double)HD);
+				mx = logit[t] > mx ? logit[t] : mx;
+			}
+			for (uint32_t t = 0; t < n; t++) {
+				double w = exp(logit[t] - mx);
+
+				sum += w;
+				token_row(&F.s[slot], layer, h, (uint32_t)pos[t], 1, vr);
+				for (uint32_t d = 0; d < HD; d++)
+					ref[d] += w * to_double(vr + d * F.esz);
+			}
+			for (uint32_t d = 0; d < HD; d++) {
+				double r = n ? ref[d] / sum : 0.0, o = out[g * HD + d];
+
+				if (!(fabs(o - r) <= 1e-3 + 1e-3 * fabs(r))) {
+					fprintf(stderr,
+						"fuzz_api: attend seq %llu layer %u q head %u dim "
+						"%u: %.9g, reference %.9g over %u tokens\n",
+						(unsigned long long)id_of(slot), layer, g, d, o, r,
+						n);
+					die(__LINE__, "attend differs from the reference", 0);
+				}
+			}
+		}
+	}
+}
+
+static void op_info(struct in *in)
+{
+	struct kvt_seq_info info;
+	int slot = pick(u8(in));
+	uint8_t b = u8(in);
+	int rc;
+
+	memset(&info, 0xee, sizeof(info));
+	/* an undersized or partial size: fields past it are not written */
+	info.size = b < 200 ? sizeof(info) : b % 16;
+	rc = kvt_seq_info(F.m, id_of(slot), &info);
+	trace("info %llu size %u -> %d", (unsigned long long)id_of(slot), info.size, rc);
+	check_errno(rc);
+	if (!live(slot) || info.size < 8)
+		CHECK_RC(rc < 0, rc);
+	else
+		CHECK_RC(rc == 0, rc);
+	if (!rc && info.size < sizeof(info))
+		CHECK(((uint8_t *)&info)[sizeof(info) - 1] == 0xee);
+}
+
+static void op_spill(struct in *in)
+{
+	int slot = pick(u8(in));
+	int rc = kvt_seq_spill(F.m, id_of(slot));
+
+	trace("spill %llu -> %d", (unsigned long long)id_of(slot), rc);
+	check_errno(rc);
+	if (!live(slot))
+		CHECK_RC(rc < 0, rc);
+	if (rc == -EBADMSG)
+		refresh_lost();
+}
+
+static void op_fetch(struct in *in)
+{
+	int slots[MAX_BATCH];
+	uint64_t ids[MAX_BATCH];
+	bool distinct, all_live = true;
+	uint32_t n = batch(in, slots, &distinct);
+	int rc;
+
+	for (uint32_t i = 0; i < n; i++) {
+		ids[i] = id_of(slots[i]);
+		all_live &= live(slots[i]);
+	}
+	rc = kvt_seq_fetch(F.m, ids, n);
+	trace("fetch n %u first %llu -> %d", n, (unsigned long long)ids[0], rc);
+	check_errno(rc);
+	if (!all_live)
+		CHECK_RC(rc < 0, rc);
+	if (rc == -EBADMSG)
+		refresh_lost();
+}
+
+static void op_sync(struct in *in)
+{
+	(void)in;
+	trace("sync");
+	CHECK(kvt_manager_sync(F.m, NULL) == 0);
+}
+
+typedef void (*op_fn)(struct in *in);
+static const op_fn ops[] = {
+	op_create,   op_prefill,  op_decode,  op_decode, op_decode_recall, op_recall_blocks,
+	op_preempt,  op_resume,	  op_read,    op_attend, op_info,	   op_frames,
+	op_view,     op_resident, op_destroy, op_spill,	 op_fetch,	   op_sync,
+	op_read_seq, op_prefill,  op_create,
+};
+#define N_OPS (sizeof(ops) / sizeof(ops[0]))
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+	(void)argc;
+	(void)argv;
+	snprintf(spill_dir, sizeof(spill_dir), "/tmp/kvt-fuzz-XXXXXX");
+	if (!mkdtemp(spill_dir)) {
+		perror("fuzz_api: mkdtemp");
+		abort();
+	}
+	atexit(remove_spill_dir);
+	F.trace = getenv("FUZZ_API_TRACE") != NULL;
+	if (!F.trace)
+		kvt_log_set(quiet, NULL);
+	return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct in in = {data, size};
+
+	memset(&F.s, 0, sizeof(F.s));
+	F.op = 0;
+	F.gen = 0;
+	if (size < 2)
+		return 0;
+	make_manager(&in);
+	while (in.n && F.op < MAX_OPS) {
+		F.op++;
+		ops[u8(&in) % N_OPS](&in);
+		check_model();
+	}
+	/* every token of every live sequence reads back bit-exact */
+	F.op++;
+	refresh_lost();
+	for (int i = 0; i < NSLOTS; i++)
+		if (F.s[i].live)
+			read_all(i);
+	kvt_manager_destroy(F.m);
+	F.m = NULL;
+	return 0;
+}

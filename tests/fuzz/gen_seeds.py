@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Writes the hand-made seeds of the fuzz corpora (tests/fuzz/corpus/<target>/seed-*).
+
+Run from anywhere: python3 tests/fuzz/gen_seeds.py. Trace seeds are slices of
+tests/data/traces and traces/; selection seeds of tests/data/selections plus a few written here;
+API seeds are operation sequences in fuzz_api.c's encoding (opcode byte, then its arguments).
+Seeds are deterministic, so re-running rewrites the same files."""
+import os
+import pathlib
+
+here = pathlib.Path(__file__).resolve().parent
+root = here.parent.parent
+
+
+def put(target, name, data):
+    d = here / 'corpus' / target
+    d.mkdir(parents=True, exist_ok=True)
+    (d / ('seed-' + name)).write_bytes(data)
+
+
+# ---- fuzz_trace: the sample traces, whole (they are small), and slices of the bundled one
+for f in sorted((root / 'tests' / 'data' / 'traces').iterdir()):
+    put('fuzz_trace', f.name, f.read_bytes()[:4096])
+bundled = (root / 'traces' / 'mooncake_synthetic.jsonl').read_bytes().splitlines(True)
+put('fuzz_trace', 'mooncake_synthetic_head.jsonl',
+    b''.join(bundled[:3]).replace(b', 1', b'')[:2048])
+put('fuzz_trace', 'mooncake_short.jsonl',
+    b'{"timestamp": 5, "input_length": 10, "output_length": 2}\n'
+    b'{"timestamp": 1, "input_length": 3, "output_length": 1, "hash_ids": [1]}\n')
+put('fuzz_trace', 'azure_crlf.csv',
+    b'TIMESTAMP,ContextTokens,GeneratedTokens\r\n'
+    b'2023-11-16 18:17:03.9799600,4808,10\r\n2023-11-16 18:17:02,1,1')
+put('fuzz_trace', 'vidur_quoted.csv',
+    b'"arrived_at","num_prefill_tokens","num_decode_tokens"\n"1.5"," 2 ",3.0\n0,1,1\n')
+put('fuzz_trace', 'burstgpt_bom.csv',
+    b'\xef\xbb\xbfTimestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n'
+    b'1e3,m,1,0,1,x\n2,m,5,5,10,x\n')
+put('fuzz_trace', 'nul.csv', b'arrived_at,num_prefill_tokens,num_decode_tokens\n1,\x002,3\n')
+
+# ---- fuzz_selfile
+for f in sorted((root / 'tests' / 'data' / 'selections').iterdir()):
+    put('fuzz_selfile', f.name, f.read_bytes()[:4096])
+put('fuzz_selfile', 'small.txt', b'# r = 3\n0 0 0 0 1 2 4\n0 0 0 1\n2 3 1 1 0 12\n\n1 0 1 0 0\n')
+put('fuzz_selfile', 'tabs_crlf.txt', b'\t0\t1\t0\t0\t5\r\n0 0 1 1 4294967295\r\n')
+put('fuzz_selfile', 'repeat.txt', b'0 0 0 0 1\n0 0 0 0 2\n')
+put('fuzz_selfile', 'bad_field.txt', b'0 0 x 0\n')
+put('fuzz_selfile', 'overflow.txt', b'0 0 0 0 4294967296\n')
+put('fuzz_selfile', 'missing.txt', b'1 2 3\n')
+put('fuzz_selfile', 'empty.txt', b'')
+
+# ---- fuzz_api: opcodes of fuzz_api.c's ops[]
+(CREATE, PREFILL, DECODE, DECODE2, DRECALL, RBLOCKS, PREEMPT, RESUME, READ, ATTEND, INFO,
+ FRAMES, VIEW, RESIDENT, DESTROY, SPILL, FETCH, SYNC, READSEQ, PREFILL2, CREATE2) = range(21)
+
+
+def api(cfg_a, cfg_b, *ops):
+    out = bytearray([cfg_a, cfg_b])
+    for op in ops:
+        out += bytes(op)
+    return bytes(out)
+
+
+def life(slot, prompt, decodes=4, seed=7):
+    """create, prefill both layers, decode a few steps on both layers."""
+    ops = [(CREATE, slot, prompt - 1), (PREFILL, slot, 0, seed), (PREFILL, slot, 1, seed)]
+    for _ in range(decodes):
+        ops += [(DECODE, 0, 0, slot), (DECODE, 1, 0, slot)]
+    return ops
+
+
+basic = life(0, 60) + [(READ, 0, 0, 3, 0), (ATTEND, 0, 0, 9), (INFO, 0, 0), (FRAMES, 0, 0),
+                       (RESIDENT, 0, 0), (READSEQ, 0)]
+recall = life(0, 90, 2) + life(1, 70, 2) + [
+    (DRECALL, 0, 5, 1, 0, 1), (VIEW, 0, 0), (ATTEND, 0, 0, 5), (RBLOCKS, 1, 2, 0, 1, 2, 3, 4),
+    (VIEW, 1, 1), (ATTEND, 1, 1, 3), (DRECALL, 0, 9, 3, 0, 1, 2, 3)]
+preempt = life(0, 40) + life(2, 20) + [
+    (PREEMPT, 2), (READ, 2, 1, 5, 0), (DECODE, 0, 1, 0, 2), (RESUME, 2), (ATTEND, 2, 1, 1),
+    (PREEMPT, 2), (PREEMPT, 2), (RESUME, 0), (DESTROY, 2), (DESTROY, 2), (CREATE, 2, 10),
+    (PREFILL, 2, 0, 1)]
+errors = [(CREATE, 0, 250), (CREATE, 0, 251), (CREATE, 0, 252), (CREATE, 0, 5),
+          (CREATE, 0, 5), (PREFILL, 0, 2, 0), (PREFILL, 0, 0xe0, 0), (DECODE, 0, 1, 0, 0),
+          (DECODE, 0, 0, 240), (PREFILL, 0, 0, 0), (PREFILL, 0, 0, 0), (DECODE, 0, 1, 0, 0),
+          (DECODE, 2, 0, 0), (RBLOCKS, 0, 0, 0, 0), (RBLOCKS, 0, 1, 0, 0, 200, 255),
+          (READ, 0, 0, 0xff, 0xff), (INFO, 240, 0), (INFO, 0, 250), (FRAMES, 0, 0x80),
+          (RESIDENT, 0, 0x81), (VIEW, 0, 0xf1), (ATTEND, 245, 0, 0), (DESTROY, 250)]
+full = []
+for s in range(6):
+    full += life(s, 95, 3, s)
+full += [(PREEMPT, 0), (PREEMPT, 1), (RESUME, 0), (RESUME, 1), (SPILL, 2), (FETCH, 1, 2, 3),
+         (READSEQ, 2), (SYNC,)]
+disk = life(0, 80, 2) + life(1, 80, 2) + [(SPILL, 0), (READ, 0, 0, 10, 0), (FETCH, 0, 0),
+                                            (SPILL, 1), (SPILL, 1), (FETCH, 1, 0, 1),
+                                            (DECODE, 0, 1, 0, 1), (SPILL, 240)]
+# config byte a: bit0 save thread, bits1-2 dtype, bits3-4 device, bits5-6 host, bit7 disk
+for i, (a, b) in enumerate([(0x00, 0x00), (0x01, 0x00), (0x7b, 0x10), (0x02, 0x31),
+                            (0x04, 0x42), (0x79, 0x83), (0x99, 0x20)]):
+    put('fuzz_api', 'basic-%d' % i, api(a, b, *basic))
+    put('fuzz_api', 'recall-%d' % i, api(a, b, *recall))
+    put('fuzz_api', 'preempt-%d' % i, api(a, b, *preempt))
+put('fuzz_api', 'errors', api(0x78, 0x00, *errors))
+put('fuzz_api', 'errors-norecall', api(0x78, 0x0c, *errors, *recall))
+for i, (a, b) in enumerate([(0x78, 0x00), (0x00, 0x00), (0x79, 0x30), (0x19, 0x01)]):
+    put('fuzz_api', 'full-%d' % i, api(a, b, *full))
+for i, (a, b) in enumerate([(0x80, 0x00), (0x81, 0x10), (0xa3, 0x31), (0xfb, 0x00)]):
+    put('fuzz_api', 'disk-%d' % i, api(a, b, *disk))
+put('fuzz_api', 'short', b'\x00')
