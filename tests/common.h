@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "kvtier.h"
 #include "policy.h"
@@ -21,6 +23,52 @@ static inline uint64_t t_mix(uint64_t x)
 	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
 	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
 	return x ^ (x >> 31);
+}
+
+/* The randomized tests' number stream: splitmix64, one per test binary, seeded with
+   t_rng_seed (the state lives in a function so binaries that draw none carry no variable). */
+static inline uint64_t *t_rng_state(void)
+{
+	static uint64_t state;
+
+	return &state;
+}
+
+static inline void t_rng_seed(uint64_t seed)
+{
+	*t_rng_state() = seed;
+}
+
+static inline uint64_t t_rng_next(void)
+{
+	uint64_t *s = t_rng_state(), z = t_mix(*s);
+
+	*s += 0x9e3779b97f4a7c15ull;
+	return z;
+}
+
+/* uniform in [0, n) */
+static inline uint32_t t_rng_below(uint32_t n)
+{
+	return (uint32_t)(t_rng_next() % n);
+}
+
+/* KVT_TEST_SEED when set (a run is repeated with it), else one from the clock and pid. */
+static inline uint64_t t_pick_seed(void)
+{
+	const char *e = getenv("KVT_TEST_SEED");
+
+	if (e && *e)
+		return strtoull(e, NULL, 0);
+	return t_mix((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)clock());
+}
+
+/* KVT_TEST_OPS when set (longer or shorter runs, e.g. under valgrind), else dflt. */
+static inline long t_pick_ops(long dflt)
+{
+	const char *e = getenv("KVT_TEST_OPS");
+
+	return e && *e ? strtol(e, NULL, 0) : dflt;
 }
 
 /* Zeroed allocation that never returns NULL to a test (n == 0 allocates 1 byte). */

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "policy.h"
 
 static const enum kvt_dtype all_dtypes[] = {KVT_DTYPE_F32, KVT_DTYPE_F16, KVT_DTYPE_BF16};
@@ -74,21 +75,10 @@ static bool bf16_is_nan(uint16_t h)
 	return (h & 0x7f80u) == 0x7f80u && (h & 0x7fu);
 }
 
-static uint64_t rng_state;
-
-static uint64_t rng_next(void)
-{
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
 /* uniform integer in [lo, hi] */
 static int rng_int(int lo, int hi)
 {
-	return lo + (int)(rng_next() % (uint64_t)(hi - lo + 1));
+	return lo + (int)(t_rng_next() % (uint64_t)(hi - lo + 1));
 }
 
 /* A tensor of n random values m/128, |m| <= 255, both as f32 (for the naive code) and as
@@ -554,11 +544,11 @@ static void test_rounding_random(void **state)
 	int i;
 
 	(void)state;
-	rng_state = 7;
+	t_rng_seed(7);
 	for (i = 0; i < 300000; i++) {
-		uint32_t u = (uint32_t)rng_next();
+		uint32_t u = (uint32_t)t_rng_next();
 		/* f16: exponents around its range (2^-30 .. 2^17), any mantissa and sign */
-		uint32_t e16 = 97 + (uint32_t)(rng_next() % 48);
+		uint32_t e16 = 97 + (uint32_t)(t_rng_next() % 48);
 		float x16 = float_of((u & 0x807fffffu) | (e16 << 23));
 		float xb = float_of(u);
 
@@ -1004,7 +994,7 @@ static void test_random_vs_naive(void **state)
 	size_t c, g, d;
 
 	(void)state;
-	rng_state = 1234;
+	t_rng_seed(1234);
 	max_swap_gap = 0;
 	for (c = 0; c < sizeof(combos) / sizeof(combos[0]); c++) {
 		for (g = 0; g < 4; g++) {
@@ -1039,7 +1029,7 @@ static void test_scores_vs_naive(void **state)
 	uint32_t h;
 
 	(void)state;
-	rng_state = 99;
+	t_rng_seed(99);
 	for (c = 0; c < sizeof(combos) / sizeof(combos[0]); c++) {
 		for (d = 0; d < 3; d++) {
 			struct kvt_snapkv p =
@@ -1094,7 +1084,7 @@ static void test_attend_vs_naive(void **state)
 	size_t d, s, i, g, t;
 
 	(void)state;
-	rng_state = 4242;
+	t_rng_seed(4242);
 	for (d = 0; d < 3; d++) {
 		enum kvt_dtype dt = all_dtypes[d];
 		size_t esz = kvt_dtype_size(dt), nbuf = 11 * SPREAD + NSEG;

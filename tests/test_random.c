@@ -51,41 +51,6 @@ static void run_context(char *buf, size_t len)
 	snprintf(buf, len, "seed %llu, op %ld (%s): ", (unsigned long long)g_seed, g_op, g_what);
 }
 
-/* ---- random numbers ---------------------------------------------------------------------- */
-
-static uint64_t rng_state;
-
-static uint64_t rng_next(void)
-{
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-/* uniform in [0, n) */
-static uint32_t rng_below(uint32_t n)
-{
-	return (uint32_t)(rng_next() % n);
-}
-
-static uint64_t pick_seed(void)
-{
-	const char *e = getenv("KVT_TEST_SEED");
-
-	if (e && *e)
-		return strtoull(e, NULL, 0);
-	return t_mix((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)clock());
-}
-
-static long pick_ops(void)
-{
-	const char *e = getenv("KVT_TEST_OPS");
-
-	return e && *e ? strtol(e, NULL, 0) : 6000;
-}
-
 /* ---- the model --------------------------------------------------------------------------- */
 
 struct mseq {
@@ -321,7 +286,7 @@ static void check_attend(struct model *md, const struct mseq *s, uint32_t l)
 			CHECK_RC(rc, 0);
 	}
 	for (size_t i = 0; i < (size_t)c->n_q_heads * D; i++)
-		q[i] = (float)((int)rng_below(512) - 256) / 128.0f;
+		q[i] = (float)((int)t_rng_below(512) - 256) / 128.0f;
 	if (stale) {
 		CHECK_RC(kvt_attend(md->m, s->id, l, q, out), -ESTALE);
 		md->stale++;
@@ -407,13 +372,13 @@ static uint32_t random_prompt(const struct kvt_config *c)
 {
 	uint32_t sr = c->sink_tokens + c->recent_tokens;
 
-	switch (rng_below(4)) {
+	switch (t_rng_below(4)) {
 	case 0: /* Case 1, edges included */
-		return 1 + rng_below(sr + 1);
+		return 1 + t_rng_below(sr + 1);
 	case 1: /* just past sink + recent: few candidates */
-		return sr + 1 + rng_below(c->obs_window + c->topk_tokens + 2);
+		return sr + 1 + t_rng_below(c->obs_window + c->topk_tokens + 2);
 	default: /* long: top-K applies */
-		return sr + 1 + rng_below(260);
+		return sr + 1 + t_rng_below(260);
 	}
 }
 
@@ -425,13 +390,13 @@ static void op_create(struct model *md)
 	struct kvt_snapkv sp = t_snapkv_of(&md->c, L);
 
 	g_what = "create";
-	if (md->n_dead && rng_below(4) == 0) {
-		uint32_t k = rng_below(md->n_dead);
+	if (md->n_dead && t_rng_below(4) == 0) {
+		uint32_t k = t_rng_below(md->n_dead);
 
 		id = md->dead[k]; /* ids of destroyed sequences may come back */
 		md->dead[k] = md->dead[--md->n_dead];
 	} else {
-		id = rng_below(8) == 0 ? rng_below(1000) : rng_next();
+		id = t_rng_below(8) == 0 ? t_rng_below(1000) : t_rng_next();
 	}
 	if (id_is_live(md, id))
 		return;
@@ -453,12 +418,12 @@ static void op_destroy(struct model *md)
 	g_what = "destroy";
 	if (!md->n_live)
 		return;
-	i = rng_below(md->n_live);
+	i = t_rng_below(md->n_live);
 	CHECK_RC(kvt_seq_destroy(md->m, md->live[i].id), 0);
 	if (md->n_dead < DEAD_IDS)
 		md->dead[md->n_dead++] = md->live[i].id;
 	else
-		md->dead[rng_below(DEAD_IDS)] = md->live[i].id;
+		md->dead[t_rng_below(DEAD_IDS)] = md->live[i].id;
 	mseq_free(&md->live[i]);
 	md->live[i] = md->live[--md->n_live];
 	memset(&md->live[md->n_live], 0, sizeof(md->live[0]));
@@ -482,8 +447,8 @@ static void op_prefill(struct model *md)
 
 		if (!md->n_live)
 			return;
-		t = &md->live[rng_below(md->n_live)];
-		l = rng_below(c->n_layers);
+		t = &md->live[t_rng_below(md->n_live)];
+		l = t_rng_below(c->n_layers);
 		if (!t->n[l] && !t->pre)
 			s = t;
 	}
@@ -509,7 +474,7 @@ static void op_prefill(struct model *md)
 		CHECK_RC(kvt_snapkv_select(&sp, md->buf_k, md->buf_q, s->topk[l], md->scratch), 0);
 	}
 	rc = kvt_prefill_layer(md->m, s->id, l, md->buf_k, md->buf_v,
-			       s->count || rng_below(2) ? md->buf_q : NULL, NULL);
+			       s->count || t_rng_below(2) ? md->buf_q : NULL, NULL);
 	/* the library must not read the caller's tensors after the call */
 	memset(md->buf_k, 0x5a, (size_t)c->n_kv_heads * s->L * md->rb);
 	memset(md->buf_v, 0xa5, (size_t)c->n_kv_heads * s->L * md->rb);
@@ -557,7 +522,7 @@ static void op_decode(struct model *md)
 	struct mseq *cand[MAX_LIVE], *batch[MAX_BATCH];
 	uint64_t ids[MAX_BATCH];
 	uint32_t pos[MAX_BATCH], n_cand = 0, n, fresh = 0;
-	uint32_t l = rng_below(c->n_layers);
+	uint32_t l = t_rng_below(c->n_layers);
 	int want, rc;
 
 	g_what = "decode";
@@ -566,9 +531,9 @@ static void op_decode(struct model *md)
 			cand[n_cand++] = &md->live[i];
 	if (!n_cand)
 		return;
-	n = 1 + rng_below(n_cand < MAX_BATCH ? n_cand : MAX_BATCH);
+	n = 1 + t_rng_below(n_cand < MAX_BATCH ? n_cand : MAX_BATCH);
 	for (uint32_t i = 0; i < n; i++) { /* partial Fisher-Yates */
-		uint32_t j = i + rng_below(n_cand - i);
+		uint32_t j = i + t_rng_below(n_cand - i);
 		struct mseq *t = cand[i];
 
 		cand[i] = cand[j];
@@ -619,11 +584,11 @@ static void op_preempt(struct model *md)
 	if (!md->n_live)
 		return;
 	/* resumes twice as often as preemptions, so most sequences stay resident */
-	bool resume = rng_below(3) != 0;
+	bool resume = t_rng_below(3) != 0;
 
-	s = &md->live[rng_below(md->n_live)];
+	s = &md->live[t_rng_below(md->n_live)];
 	for (int tries = 0; tries < 8 && s->pre != resume; tries++)
-		s = &md->live[rng_below(md->n_live)];
+		s = &md->live[t_rng_below(md->n_live)];
 	if (!s->pre) {
 		CHECK_RC(kvt_seq_preempt(md->m, s->id), 0);
 		s->pre = true;
@@ -653,8 +618,8 @@ static void op_recall(struct model *md)
 	struct kvt_stats before = stats_of(md->m), after;
 	struct mseq *cand[MAX_LIVE];
 	uint64_t ids[4];
-	uint32_t sel[4 * 8 * 4], n_cand = 0, n, r = 1 + rng_below(4);
-	uint32_t l = rng_below(c->n_layers);
+	uint32_t sel[4 * 8 * 4], n_cand = 0, n, r = 1 + t_rng_below(4);
+	uint32_t l = t_rng_below(c->n_layers);
 	int rc;
 
 	g_what = "recall";
@@ -666,9 +631,9 @@ static void op_recall(struct model *md)
 			cand[n_cand++] = &md->live[i];
 	if (!n_cand)
 		return;
-	n = 1 + rng_below(n_cand < 4 ? n_cand : 4);
+	n = 1 + t_rng_below(n_cand < 4 ? n_cand : 4);
 	for (uint32_t i = 0; i < n; i++) {
-		uint32_t j = i + rng_below(n_cand - i), nb;
+		uint32_t j = i + t_rng_below(n_cand - i), nb;
 		struct mseq *t = cand[i];
 
 		cand[i] = cand[j];
@@ -676,7 +641,8 @@ static void op_recall(struct model *md)
 		ids[i] = cand[i]->id;
 		nb = DIV_UP(cand[i]->n[l], c->block_tokens);
 		for (uint32_t x = 0; x < c->n_kv_heads * r; x++)
-			sel[i * c->n_kv_heads * r + x] = rng_below(8) ? rng_below(nb) : UINT32_MAX;
+			sel[i * c->n_kv_heads * r + x] =
+				t_rng_below(8) ? t_rng_below(nb) : UINT32_MAX;
 	}
 	rc = kvt_recall_blocks(md->m, l, ids, n, sel, r, NULL);
 	if ((uint64_t)n * c->n_kv_heads * r <= before.recall_frames_total)
@@ -704,14 +670,14 @@ static void op_reject(struct model *md)
 	const struct kvt_config *c = &md->c;
 	struct kvt_stats before = stats_of(md->m), after;
 	uint64_t ids[3];
-	uint32_t kind = rng_below(6), l = rng_below(c->n_layers);
+	uint32_t kind = t_rng_below(6), l = t_rng_below(c->n_layers);
 	struct mseq *s;
 	int want = 0, rc = 0;
 
 	g_what = "reject";
 	if (!md->n_live)
 		return;
-	s = &md->live[rng_below(md->n_live)];
+	s = &md->live[t_rng_below(md->n_live)];
 	reserve_bufs(md, (size_t)MAX_BATCH * c->n_kv_heads * md->rb);
 	memset(md->buf_k, 0, 3 * c->n_kv_heads * md->rb);
 	memset(md->buf_v, 0, 3 * c->n_kv_heads * md->rb);
@@ -730,7 +696,7 @@ static void op_reject(struct model *md)
 		if (!s->n[l] || s->n[l] % c->block_tokens == 0 || s->pre)
 			return;
 		ids[0] = s->id;
-		ids[1] = rng_next();
+		ids[1] = t_rng_next();
 		if (id_is_live(md, ids[1]))
 			return;
 		want = -ENOENT;
@@ -765,7 +731,7 @@ static void op_reject(struct model *md)
 		if (!s->n[l]) {
 			rc = kvt_prefill_layer(md->m, s->id, l, md->buf_k, md->buf_v, md->buf_q,
 					       NULL);
-		} else if (rng_below(2)) {
+		} else if (t_rng_below(2)) {
 			rc = kvt_decode_append(md->m, l, &s->id, 1, md->buf_k, md->buf_v, NULL);
 		} else {
 			uint32_t b = 0;
@@ -800,7 +766,7 @@ static void run(const struct kvt_config *c, uint64_t seed, long ops, bool want_d
 {
 	struct model *md = t_xmalloc(sizeof(*md));
 
-	rng_state = seed;
+	t_rng_seed(seed);
 	model_init(md, c);
 	check_all(md);
 	for (g_op = 0; g_op < ops; g_op++) {
@@ -810,7 +776,7 @@ static void run(const struct kvt_config *c, uint64_t seed, long ops, bool want_d
 		static const uint32_t mix[2][6] = {{16, 48, 80, 84, 88, 95},
 						   {10, 28, 60, 88, 92, 97}};
 		const uint32_t *t = mix[(g_op / 400) % 2];
-		uint32_t r = rng_below(100);
+		uint32_t r = t_rng_below(100);
 
 		if (r < t[0])
 			md->n_live < MAX_LIVE ? op_create(md) : op_destroy(md);
@@ -828,8 +794,8 @@ static void run(const struct kvt_config *c, uint64_t seed, long ops, bool want_d
 			op_reject(md);
 		check_all(md);
 		if (g_op % 10 == 9 && md->n_live) {
-			struct mseq *s = &md->live[rng_below(md->n_live)];
-			uint32_t l = rng_below(c->n_layers);
+			struct mseq *s = &md->live[t_rng_below(md->n_live)];
+			uint32_t l = t_rng_below(c->n_layers);
 
 			g_what = "attend";
 			if (s->n[l] && !s->pre)
@@ -920,7 +886,7 @@ static void test_random_f16(void **state)
 	c.device_bytes += c.recall_cache_bytes;
 	print_message("# seed %llu (KVT_TEST_SEED=%llu repeats this run)\n",
 		      (unsigned long long)g_seed, (unsigned long long)g_seed);
-	run(&c, g_seed, pick_ops(), true, false);
+	run(&c, g_seed, t_pick_ops(6000), true, false);
 }
 
 /* bf16, 4 layers, GQA 4, 16-token blocks, no sink, windows off the block grid, an obs window
@@ -949,7 +915,7 @@ static void test_random_bf16(void **state)
 	c.device_bytes += c.recall_cache_bytes;
 	print_message("# seed %llu (KVT_TEST_SEED=%llu repeats this run)\n",
 		      (unsigned long long)g_seed, (unsigned long long)g_seed);
-	run(&c, t_mix(g_seed ^ 1), pick_ops(), false, true);
+	run(&c, t_mix(g_seed ^ 1), t_pick_ops(6000), false, true);
 }
 
 /* f32, GQA 1, 3 kv heads, 64-token blocks, sink 5 + recent 13, four save threads, small
@@ -976,7 +942,7 @@ static void test_random_f32(void **state)
 	c.staging_bytes = 8192;
 	print_message("# seed %llu (KVT_TEST_SEED=%llu repeats this run)\n",
 		      (unsigned long long)g_seed, (unsigned long long)g_seed);
-	run(&c, t_mix(g_seed ^ 2), pick_ops(), false, true);
+	run(&c, t_mix(g_seed ^ 2), t_pick_ops(6000), false, true);
 }
 
 int main(void)
@@ -988,7 +954,7 @@ int main(void)
 	};
 
 	check_context = run_context;
-	g_seed = pick_seed();
+	g_seed = t_pick_seed();
 	print_message("# random: seed %llu\n", (unsigned long long)g_seed);
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -59,41 +59,6 @@ static void run_context(char *buf, size_t len)
 		snprintf(buf, len, "%s: ", g_what);
 }
 
-/* ---- random numbers ---------------------------------------------------------------------- */
-
-static uint64_t rng_state;
-
-static uint64_t rng_next(void)
-{
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-/* uniform in [0, n) */
-static uint32_t rng_below(uint32_t n)
-{
-	return (uint32_t)(rng_next() % n);
-}
-
-static uint64_t pick_seed(void)
-{
-	const char *e = getenv("KVT_TEST_SEED");
-
-	if (e && *e)
-		return strtoull(e, NULL, 0);
-	return t_mix((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)clock());
-}
-
-static long pick_ops(long dflt)
-{
-	const char *e = getenv("KVT_TEST_OPS");
-
-	return e && *e ? strtol(e, NULL, 0) : dflt;
-}
-
 static double now_s(void)
 {
 	struct timespec ts;
@@ -1591,7 +1556,7 @@ static uint64_t tok_sum(const struct rrun *r, const uint8_t *k, const uint8_t *v
 static void fill_random(struct rrun *r, void *dst, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
-		r->f[i] = (float)((int)rng_below(256) - 128) / 128.0f;
+		r->f[i] = (float)((int)t_rng_below(256) - 128) / 128.0f;
 	kvt_from_f32(r->c.dtype, r->f, dst, n);
 }
 
@@ -1788,13 +1753,13 @@ static uint32_t random_prompt(const struct kvt_config *c)
 {
 	uint32_t sr = c->sink_tokens + c->recent_tokens;
 
-	switch (rng_below(4)) {
+	switch (t_rng_below(4)) {
 	case 0:
-		return 1 + rng_below(sr + 1);
+		return 1 + t_rng_below(sr + 1);
 	case 1:
-		return sr + 1 + rng_below(c->obs_window + c->topk_tokens + 2);
+		return sr + 1 + t_rng_below(c->obs_window + c->topk_tokens + 2);
 	default:
-		return sr + 1 + rng_below(120);
+		return sr + 1 + t_rng_below(120);
 	}
 }
 
@@ -1857,13 +1822,13 @@ static void op_create(struct rrun *r)
 	struct kvt_snapkv sp = t_snapkv_of(c, L);
 
 	g_what = "create";
-	if (r->n_dead && rng_below(4) == 0) {
-		uint32_t k = rng_below(r->n_dead);
+	if (r->n_dead && t_rng_below(4) == 0) {
+		uint32_t k = t_rng_below(r->n_dead);
 
 		id = r->dead[k]; /* ids of destroyed sequences come back */
 		r->dead[k] = r->dead[--r->n_dead];
 	} else {
-		id = rng_below(8) == 0 ? rng_below(2000) : rng_next();
+		id = t_rng_below(8) == 0 ? t_rng_below(2000) : t_rng_next();
 	}
 	if (find_live(r, id))
 		return;
@@ -1874,7 +1839,7 @@ static void op_create(struct rrun *r)
 	s->L = L;
 	s->fph = DIV_UP(c->sink_tokens + c->recent_tokens + kvt_snapkv_count(&sp), c->block_tokens);
 	r->created++;
-	if (rng_below(2)) /* prefilled at once, every layer */
+	if (t_rng_below(2)) /* prefilled at once, every layer */
 		for (uint32_t l = 0; l < c->n_layers; l++) {
 			do_prefill(r, s, l);
 			if (!s->n[l])
@@ -1889,12 +1854,12 @@ static void op_destroy(struct rrun *r)
 	g_what = "destroy";
 	if (!r->n_live)
 		return;
-	i = rng_below(r->n_live);
+	i = t_rng_below(r->n_live);
 	CHECK_RC(kvt_seq_destroy(r->m, r->live[i].id), 0);
 	if (r->n_dead < R_DEAD)
 		r->dead[r->n_dead++] = r->live[i].id;
 	else
-		r->dead[rng_below(R_DEAD)] = r->live[i].id;
+		r->dead[t_rng_below(R_DEAD)] = r->live[i].id;
 	rseq_free(&r->live[i]);
 	r->live[i] = r->live[--r->n_live];
 	memset(&r->live[r->n_live], 0, sizeof(r->live[0]));
@@ -1908,7 +1873,7 @@ static void op_prefill(struct rrun *r)
 	struct rseq *s = NULL;
 
 	for (int tries = 0; tries < 8 && !s && r->n_live; tries++) {
-		struct rseq *t = &r->live[rng_below(r->n_live)];
+		struct rseq *t = &r->live[t_rng_below(r->n_live)];
 
 		for (uint32_t l = 0; l < c->n_layers && !s; l++)
 			if (!t->n[l] && !t->pre)
@@ -1916,7 +1881,7 @@ static void op_prefill(struct rrun *r)
 	}
 	if (!s)
 		return;
-	if (rng_below(2)) {
+	if (t_rng_below(2)) {
 		for (uint32_t l = 0; l < c->n_layers; l++)
 			if (!s->n[l]) {
 				do_prefill(r, s, l);
@@ -1924,7 +1889,7 @@ static void op_prefill(struct rrun *r)
 					break;
 			}
 	} else {
-		uint32_t l = rng_below(c->n_layers);
+		uint32_t l = t_rng_below(c->n_layers);
 
 		while (s->n[l])
 			l = (l + 1) % c->n_layers;
@@ -1943,9 +1908,9 @@ static uint32_t pick_batch(struct rrun *r, uint32_t l, struct rseq **out, uint32
 			cand[n_cand++] = &r->live[i];
 	if (!n_cand)
 		return 0;
-	n = 1 + rng_below(n_cand < max ? n_cand : max);
+	n = 1 + t_rng_below(n_cand < max ? n_cand : max);
 	for (uint32_t i = 0; i < n; i++) {
-		uint32_t j = i + rng_below(n_cand - i);
+		uint32_t j = i + t_rng_below(n_cand - i);
 		struct rseq *t = cand[i];
 
 		cand[i] = cand[j];
@@ -1962,7 +1927,7 @@ static void op_decode(struct rrun *r)
 	const struct kvt_config *c = &r->c;
 	struct rseq *b[R_BATCH];
 	uint64_t ids[R_BATCH], need = 0;
-	uint32_t l = rng_below(c->n_layers), n = pick_batch(r, l, b, R_BATCH);
+	uint32_t l = t_rng_below(c->n_layers), n = pick_batch(r, l, b, R_BATCH);
 	int rc;
 
 	g_what = "decode";
@@ -2015,8 +1980,8 @@ static void op_recall(struct rrun *r)
 	const struct kvt_config *c = &r->c;
 	struct rseq *b[4];
 	uint64_t ids[4], need = 0;
-	uint32_t l = rng_below(c->n_layers), n = pick_batch(r, l, b, 4);
-	uint32_t sel[4 * 8 * 3], rr = 1 + rng_below(3);
+	uint32_t l = t_rng_below(c->n_layers), n = pick_batch(r, l, b, 4);
+	uint32_t sel[4 * 8 * 3], rr = 1 + t_rng_below(3);
 	int rc;
 
 	g_what = "recall";
@@ -2029,9 +1994,10 @@ static void op_recall(struct rrun *r)
 		ids[i] = b[i]->id;
 		need += blocks_of(r, b[i]);
 		for (uint32_t x = 0; x < c->n_kv_heads * rr; x++)
-			sel[i * c->n_kv_heads * rr + x] = rng_below(8) ? rng_below(nb) : UINT32_MAX;
+			sel[i * c->n_kv_heads * rr + x] =
+				t_rng_below(8) ? t_rng_below(nb) : UINT32_MAX;
 	}
-	if (rng_below(2)) {
+	if (t_rng_below(2)) {
 		reserve_tok(r, R_BATCH);
 		fill_random(r, r->q, (size_t)n * c->n_q_heads * c->head_dim);
 		rc = kvt_decode_recall(r->m, l, ids, n, r->q, NULL);
@@ -2065,16 +2031,16 @@ static void op_preempt(struct rrun *r)
 {
 	struct kvt_stats st = stats_of(r->m);
 	struct rseq *s;
-	bool resume = rng_below(3) != 0;
+	bool resume = t_rng_below(3) != 0;
 	uint64_t dn;
 	int rc;
 
 	g_what = "preempt/resume";
 	if (!r->n_live)
 		return;
-	s = &r->live[rng_below(r->n_live)];
+	s = &r->live[t_rng_below(r->n_live)];
 	for (int tries = 0; tries < 8 && s->pre != resume; tries++)
-		s = &r->live[rng_below(r->n_live)];
+		s = &r->live[t_rng_below(r->n_live)];
 	if (!s->pre) {
 		CHECK_RC(kvt_seq_preempt(r->m, s->id), 0);
 		s->pre = true;
@@ -2111,7 +2077,7 @@ static void op_spill(struct rrun *r)
 
 	g_what = "spill";
 	for (int tries = 0; tries < 8 && r->n_live; tries++) {
-		struct rseq *t = &r->live[rng_below(r->n_live)];
+		struct rseq *t = &r->live[t_rng_below(r->n_live)];
 
 		a = info_of(r->m, t->id);
 		s = t;
@@ -2150,13 +2116,13 @@ static void op_fetch(struct rrun *r)
 	g_what = "fetch";
 	if (!r->n_live)
 		return;
-	n = 1 + rng_below(r->n_live < 4 ? r->n_live : 4);
+	n = 1 + t_rng_below(r->n_live < 4 ? r->n_live : 4);
 	for (uint32_t i = 0; i < n; i++) {
 		struct rseq *t;
 		bool dup;
 
 		do {
-			t = &r->live[rng_below(r->n_live)];
+			t = &r->live[t_rng_below(r->n_live)];
 			dup = false;
 			for (uint32_t j = 0; j < i; j++)
 				dup |= b[j] == t;
@@ -2197,9 +2163,9 @@ static void op_fetch(struct rrun *r)
    whereabouts; every later check counts the failure in disk_io_errors. */
 static void op_faulty(struct rrun *r)
 {
-	uint32_t which = rng_below(5);
+	uint32_t which = t_rng_below(5);
 
-	kvt_fault_arm(1u << KVT_FAULT_IO, 1 + rng_below(6));
+	kvt_fault_arm(1u << KVT_FAULT_IO, 1 + t_rng_below(6));
 	r->fault_ok = true;
 	if (which == 0)
 		op_spill(r);
@@ -2261,7 +2227,7 @@ static void run_noloss(struct fix *fx, uint64_t seed, long ops, uint64_t disk_bl
 	r->c = c;
 	r->dir = dir;
 	r->rb = rowb(&c);
-	rng_state = seed;
+	t_rng_seed(seed);
 	r->m = fx->m = mk(&c);
 	st = stats_of(r->m);
 	r->host_total = st.host_blocks_total;
@@ -2279,7 +2245,7 @@ static void run_noloss(struct fix *fx, uint64_t seed, long ops, uint64_t disk_bl
 		static const uint32_t mix[2][8] = {{20, 38, 63, 70, 77, 83, 89, 92},
 						   {10, 26, 51, 58, 65, 71, 76, 79}};
 		const uint32_t *t = mix[((ops - 1 - g_op) / 500) % 2];
-		uint32_t x = rng_below(100);
+		uint32_t x = t_rng_below(100);
 
 		if (x < t[0])
 			r->n_live < R_LIVE ? op_create(r) : op_destroy(r);
@@ -2304,7 +2270,7 @@ static void run_noloss(struct fix *fx, uint64_t seed, long ops, uint64_t disk_bl
 		if (g_op % 300 == 299 && r->n_live) {
 			g_what = "read back (subset)";
 			for (int i = 0; i < 4; i++)
-				readback(r, &r->live[rng_below(r->n_live)], i == 0);
+				readback(r, &r->live[t_rng_below(r->n_live)], i == 0);
 			if (r->mismatches)
 				fail_at(__FILE__, __LINE__, "%llu tokens read back differ",
 					(unsigned long long)r->mismatches);
@@ -2417,7 +2383,7 @@ static void test_spill_noloss(void **state)
 	g_what = "no-loss";
 	print_message("# seed %llu (KVT_TEST_SEED=%llu repeats this run)\n",
 		      (unsigned long long)g_seed, (unsigned long long)g_seed);
-	run_noloss(f, g_seed, pick_ops(24000), 0);
+	run_noloss(f, g_seed, t_pick_ops(24000), 0);
 }
 
 /* The same with a spill file that holds about a third of what the host tier cannot: -ENOSPC
@@ -2429,7 +2395,7 @@ static void test_spill_noloss_limited(void **state)
 	g_what = "no-loss, limited file";
 	print_message("# seed %llu (KVT_TEST_SEED=%llu repeats this run)\n",
 		      (unsigned long long)g_seed, (unsigned long long)g_seed);
-	run_noloss(f, t_mix(g_seed ^ 1), pick_ops(24000) / 3, 1000);
+	run_noloss(f, t_mix(g_seed ^ 1), t_pick_ops(24000) / 3, 1000);
 }
 
 int main(void)
@@ -2444,7 +2410,7 @@ int main(void)
 #undef T
 
 	check_context = run_context;
-	g_seed = pick_seed();
+	g_seed = t_pick_seed();
 	print_message("# spill: seed %llu\n", (unsigned long long)g_seed);
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
