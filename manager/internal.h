@@ -245,6 +245,18 @@ int kvt_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz);
 	(kvt_fault(KVT_FAULT_XFER) ? kvt_be_fail((m)->be, -EIO, "injected fault in " #op) \
 				   : (m)->ops->op((m)->be, __VA_ARGS__))
 
+/* The live sequence id, or NULL with the error recorded: -ENOENT, or its loss (-EBADMSG)
+   for every call but destroy and info. `what` prefixes the message (may be NULL). */
+struct kvt_seq *kvt_seq_usable(struct kvt_manager *m, uint64_t id, const char *what, int *err);
+
+/* The decode cursor of a layer's host history: head 0's K row of position n_tokens, or 0 when
+   that position starts a block not allocated yet. */
+static inline uint64_t kvt_host_cursor(const struct kvt_manager *m, const struct kvt_seq_layer *ly)
+{
+	return (ly->n_tokens & (m->cfg.block_tokens - 1)) ? kvt_host_row(m, ly, 0, ly->n_tokens)
+							  : 0;
+}
+
 /* Recall (manager/recall.c). */
 int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames);
 void kvt_recall_fini(struct kvt_manager *m);
@@ -334,6 +346,9 @@ int kvt_spill_room(struct kvt_manager *m, uint32_t need);
 /* Brings back every spilled group of v[0..n) (stamped by the caller, none lost): the number of
    groups read, or a negative errno recorded with `what` as the prefix (see kvt_seq_fetch). */
 int kvt_spill_fetch(struct kvt_manager *m, struct kvt_seq *const *v, uint32_t n, const char *what);
+/* kvt_spill_fetch of one sequence (stamped here) when it has anything on disk: 0 or the
+   error, recorded. */
+int kvt_spill_fetch_seq(struct kvt_manager *m, struct kvt_seq *s, const char *what);
 /* Returns every host group and disk slot of a layer's table (destroy). */
 void kvt_spill_release_layer(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_layer *ly);
 /* Test hook: corrupts the spilled group of (seq, layer, block index) in the file, so its next

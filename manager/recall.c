@@ -747,6 +747,7 @@ KVT_API int kvt_seq_recall_view(struct kvt_manager *m, uint64_t seq, uint32_t la
 	const struct kvt_seq_layer *ly;
 	struct kvt_seq *s;
 	uint32_t cnt;
+	int err = 0;
 
 	if (!m)
 		return -EINVAL;
@@ -755,12 +756,9 @@ KVT_API int kvt_seq_recall_view(struct kvt_manager *m, uint64_t seq, uint32_t la
 	if (layer >= m->cfg.n_layers || kv_head >= m->cfg.n_kv_heads)
 		return kvt_fail(m, -EINVAL, "recall view: %s out of range",
 				layer >= m->cfg.n_layers ? "layer" : "kv head");
-	s = kvt_seqmap_get(&m->seqs, seq);
+	s = kvt_seq_usable(m, seq, "recall view", &err);
 	if (!s)
-		return kvt_fail(m, -ENOENT, "sequence %llu is not live", (unsigned long long)seq);
-	if (s->lost)
-		return kvt_fail(m, s->lost, "recall view: sequence %llu: its history was lost",
-				(unsigned long long)seq);
+		return err;
 	ly = &s->layers[layer];
 	if (!ly->n_tokens || s->preempted)
 		return kvt_fail(m, -EINVAL, "recall view: sequence %llu: %s",

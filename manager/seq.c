@@ -37,18 +37,17 @@ static struct kvt_seq *find_seq(struct kvt_manager *m, uint64_t seq, int *err)
 	return s;
 }
 
-/* find_seq, also refusing a sequence whose history was lost (every call but destroy and
-   info). */
-static struct kvt_seq *find_usable(struct kvt_manager *m, uint64_t seq, int *err)
+struct kvt_seq *kvt_seq_usable(struct kvt_manager *m, uint64_t seq, const char *what, int *err)
 {
-	struct kvt_seq *s = find_seq(m, seq, err);
+	struct kvt_seq *s = kvt_seqmap_get(&m->seqs, seq);
 
-	if (s && s->lost) {
-		*err = kvt_fail(m, s->lost, "sequence %llu: its history was lost",
-				(unsigned long long)seq);
-		return NULL;
-	}
-	return s;
+	if (!s)
+		*err = kvt_fail(m, -ENOENT, "%s%ssequence %llu is not live", what ? what : "",
+				what ? ": " : "", (unsigned long long)seq);
+	else if (s->lost)
+		*err = kvt_fail(m, s->lost, "%s%ssequence %llu: its history was lost",
+				what ? what : "", what ? ": " : "", (unsigned long long)seq);
+	return s && !s->lost ? s : NULL;
 }
 
 /* The sequence's layer, prefilled; or NULL with the error recorded. */
@@ -60,7 +59,7 @@ static struct kvt_seq_layer *find_layer(struct kvt_manager *m, uint64_t seq, uin
 	*err = check_layer(m, layer);
 	if (*err)
 		return NULL;
-	s = find_usable(m, seq, err);
+	s = kvt_seq_usable(m, seq, NULL, err);
 	if (!s)
 		return NULL;
 	if (s->layers[layer].n_tokens == 0) {
@@ -263,7 +262,7 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 	err = check_layer(m, layer);
 	if (err)
 		return err;
-	s = find_usable(m, seq, &err);
+	s = kvt_seq_usable(m, seq, NULL, &err);
 	if (!s)
 		return err;
 	if (s->layers[layer].n_tokens)
@@ -414,7 +413,7 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 	ly.n_tokens = L;
 	ly.ring_slot = kvt_ring_slot(L, sink, recent);
 	ly.dev_next = kvt_dev_row(m, &ly, 0, ly.ring_slot);
-	ly.host_next = (L & (c->block_tokens - 1)) ? kvt_host_row(m, &ly, 0, L) : 0;
+	ly.host_next = kvt_host_cursor(m, &ly);
 	s->layers[layer] = ly;
 	s->layers_prefilled++;
 	s->save_ticket = ticket;
@@ -665,12 +664,9 @@ static int read_token(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint3
 		m->st.bytes_read += 2ull * m->row_bytes;
 		return 0;
 	}
-	if (s->n_spilled) {
-		s->stamp = ++m->stamp;
-		err = kvt_spill_fetch(m, &s, 1, "read token");
-		if (err < 0)
-			return err;
-	}
+	err = kvt_spill_fetch_seq(m, s, "read token");
+	if (err)
+		return err;
 	err = m->ops->save_wait(m->be, s->save_ticket);
 	if (err)
 		return kvt_fail(m, err, "read token: waiting for its save: %s", m->be->err);
@@ -707,7 +703,7 @@ KVT_API int kvt_seq_tokens(struct kvt_manager *m, uint64_t seq, uint32_t layer, 
 	err = check_layer(m, layer);
 	if (err)
 		return err;
-	s = find_usable(m, seq, &err);
+	s = kvt_seq_usable(m, seq, NULL, &err);
 	if (!s)
 		return err;
 	*n_out = s->layers[layer].n_tokens;
@@ -851,7 +847,7 @@ KVT_API int kvt_seq_preempt(struct kvt_manager *m, uint64_t seq)
 
 	if (!m)
 		return -EINVAL;
-	s = find_usable(m, seq, &err);
+	s = kvt_seq_usable(m, seq, NULL, &err);
 	if (!s)
 		return err;
 	if (s->preempted)
@@ -882,7 +878,7 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 	if (!m)
 		return -EINVAL;
 	c = &m->cfg;
-	s = find_usable(m, seq, &err);
+	s = kvt_seq_usable(m, seq, NULL, &err);
 	if (!s)
 		return err;
 	if (!s->preempted)
@@ -899,12 +895,9 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 	if (entries > UINT32_MAX ||
 	    kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)entries, sizeof(*m->xf)))
 		return kvt_fail(m, -ENOMEM, "resume: no memory for the gather list");
-	if (s->n_spilled) {
-		s->stamp = ++m->stamp;
-		err = kvt_spill_fetch(m, &s, 1, "resume");
-		if (err < 0)
-			return err;
-	}
+	err = kvt_spill_fetch_seq(m, s, "resume");
+	if (err)
+		return err;
 	/* The history must have landed before the device reads it. */
 	err = m->ops->save_wait(m->be, s->save_ticket);
 	if (err)

@@ -219,9 +219,7 @@ static void reset_cursors(struct kvt_manager *m, struct kvt_seq *s)
 		struct kvt_seq_layer *ly = &s->layers[l];
 
 		if (ly->n_tokens)
-			ly->host_next = (ly->n_tokens & (m->cfg.block_tokens - 1))
-						? kvt_host_row(m, ly, 0, ly->n_tokens)
-						: 0;
+			ly->host_next = kvt_host_cursor(m, ly);
 	}
 }
 
@@ -339,20 +337,6 @@ void kvt_spill_release_layer(struct kvt_manager *m, struct kvt_seq *s, struct kv
 	}
 }
 
-/* A live, usable sequence, or NULL with the error recorded. */
-static struct kvt_seq *usable(struct kvt_manager *m, uint64_t id, const char *what, int *err)
-{
-	struct kvt_seq *s = kvt_seqmap_get(&m->seqs, id);
-
-	if (!s)
-		*err = kvt_fail(m, -ENOENT, "%s: sequence %llu is not live", what,
-				(unsigned long long)id);
-	else if (s->lost)
-		*err = kvt_fail(m, s->lost, "%s: sequence %llu: its history was lost", what,
-				(unsigned long long)id);
-	return s && !s->lost ? s : NULL;
-}
-
 KVT_API int kvt_seq_fetch(struct kvt_manager *m, const uint64_t *seqs, uint32_t n)
 {
 	uint64_t stamp;
@@ -367,7 +351,7 @@ KVT_API int kvt_seq_fetch(struct kvt_manager *m, const uint64_t *seqs, uint32_t 
 		return kvt_fail(m, -ENOMEM, "fetch: no memory for a list of %u", n);
 	stamp = ++m->stamp;
 	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_seq *s = usable(m, seqs[i], "fetch", &err);
+		struct kvt_seq *s = kvt_seq_usable(m, seqs[i], "fetch", &err);
 
 		if (!s)
 			return err;
@@ -389,7 +373,7 @@ KVT_API int kvt_seq_spill(struct kvt_manager *m, uint64_t seq)
 
 	if (!m)
 		return -EINVAL;
-	s = usable(m, seq, "spill", &err);
+	s = kvt_seq_usable(m, seq, "spill", &err);
 	if (!s)
 		return err;
 	if (!m->disk)
@@ -406,6 +390,17 @@ KVT_API int kvt_seq_spill(struct kvt_manager *m, uint64_t seq)
 			(unsigned long long)seq, (unsigned long long)(have - host_groups(m, s)),
 			(unsigned long long)have, kvt_strerror(err));
 	return 0;
+}
+
+int kvt_spill_fetch_seq(struct kvt_manager *m, struct kvt_seq *s, const char *what)
+{
+	int err;
+
+	if (!s->n_spilled)
+		return 0;
+	s->stamp = ++m->stamp;
+	err = kvt_spill_fetch(m, &s, 1, what);
+	return err < 0 ? err : 0;
 }
 
 int kvt_disk_corrupt_block(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t block)
