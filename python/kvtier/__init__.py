@@ -1,0 +1,658 @@
+# SPDX-License-Identifier: MIT
+"""kvtier: a KV cache manager for long-context LLM serving across GPU memory, pinned host
+memory and local disk. This package calls the C library (libkvtier.so) through ctypes.
+
+An engine creates one :class:`Manager` per model replica and calls it from its model forward,
+layer by layer::
+
+    import numpy as np, kvtier
+
+    m = kvtier.Manager(n_layers=4, n_kv_heads=2, n_q_heads=8, head_dim=64,
+                       dtype="f32", backend="host", recall_blocks=8,
+                       recall_cache_bytes=1 << 20)
+    m.create_seq(7, prompt_tokens=len(prompt))
+    for layer in range(4):                      # prefill
+        m.prefill_layer(7, layer, k, v, q_obs)  # k, v: [n_kv_heads][T][head_dim]
+    for layer in range(4):                      # one decode step
+        m.decode_append(layer, [7], k1, v1)     # k1, v1: [1][n_kv_heads][head_dim]
+        m.decode_recall(layer, [7], q1)         # q1: [1][n_q_heads][head_dim]
+        out = m.attend(7, layer, q1[0])         # or the engine's kernel over m.frames()
+
+Tensors are NumPy arrays on the host and model backends, and on the CUDA backend anything with
+``__cuda_array_interface__`` or ``__dlpack__`` (PyTorch CUDA tensors): their pointers are
+passed through, never copied, on the stream given (``stream=``: a torch.cuda.Stream, an int
+handle or None). A failing call raises :class:`Error` (an OSError whose errno is the library's,
+with kvt_strerror's text and the manager's last error) and changes nothing; a bad argument
+raises TypeError or ValueError before the library is called.
+
+Threads: a manager belongs to one thread at a time (kvtier.h's concurrency contract); this
+binding holds a per-manager lock around every call, so calls from several Python threads are
+serialized rather than overlapped.
+"""
+from __future__ import annotations
+
+import ctypes
+import enum
+import logging
+import os
+import sys
+import threading
+import weakref
+from ctypes import byref, c_uint32, c_uint64, c_void_p
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _capi, _tensor
+from ._capi import IterStats, RecallRef, SchedItem, SeqInfo, Stats
+
+__all__ = [
+    "Backend", "DType", "LogLevel", "Config", "Manager", "Scheduler", "Batch", "Error",
+    "Stats", "SeqInfo", "RecallRef", "SchedItem", "IterStats", "NO_BLOCK",
+    "version", "strerror", "set_log_handler", "set_log_level", "log_to_logging",
+]
+
+_lib = _capi.load()
+
+#: Entry of a recall_blocks selection that names no block.
+NO_BLOCK = 0xFFFFFFFF
+
+
+class Backend(enum.IntEnum):
+    AUTO = 0   #: CUDA when built and a device is usable, else host
+    HOST = 1   #: device tier emulated in RAM; the reference backend
+    CUDA = 2   #: a real GPU
+    MODEL = 3  #: no payload; every transfer timed by a bandwidth and per-call model
+
+
+class DType(enum.IntEnum):
+    F32 = 0
+    F16 = 1
+    BF16 = 2
+
+
+class LogLevel(enum.IntEnum):
+    ERROR = 0
+    WARN = 1
+    INFO = 2
+    DEBUG = 3
+
+
+_DTYPE_NAMES = {"f32": DType.F32, "float32": DType.F32, "f16": DType.F16,
+                "float16": DType.F16, "bf16": DType.BF16, "bfloat16": DType.BF16}
+
+
+def version() -> str:
+    """The C library's version, "MAJOR.MINOR.PATCH"."""
+    return _lib.kvt_version().decode()
+
+
+def strerror(err: int) -> str:
+    """kvt_strerror: the library's text for an error code (negative or positive errno)."""
+    return _lib.kvt_strerror(int(err)).decode()
+
+
+class Error(OSError):
+    """A kvtier call failed. ``errno`` is the positive errno (compare with the errno module),
+    ``strerror`` kvt_strerror's text, ``func`` the C function and ``detail`` the manager's
+    last error (which names the sequence, layer or limit at fault; "" when none)."""
+
+    def __init__(self, err: int, func: str, detail: str = "") -> None:
+        super().__init__(abs(err), strerror(err))
+        self.func = func
+        self.detail = detail
+
+    def __str__(self) -> str:
+        tail = f": {self.detail}" if self.detail else ""
+        return f"{self.func}: {self.strerror} [errno {self.errno}]{tail}"
+
+
+def _as_enum(cls: Any, value: Any, names: Optional[dict] = None) -> Any:
+    if isinstance(value, str):
+        key = value.lower()
+        if names and key in names:
+            return names[key]
+        try:
+            return cls[value.upper()]
+        except KeyError:
+            raise ValueError(f"unknown {cls.__name__} {value!r}") from None
+    return cls(value)
+
+
+@dataclass
+class Config:
+    """struct kvt_config, with KVT_CONFIG_INIT's defaults (Llama-3-8B geometry, 32-token blocks,
+    sink 128 / recent 512 / top-K 4096, 1 GiB device and 4 GiB host tiers). Field meanings and
+    limits are kvtier.h's; the library validates them at Manager creation."""
+
+    n_layers: int = 32
+    n_kv_heads: int = 8
+    n_q_heads: int = 32
+    head_dim: int = 128
+    block_tokens: int = 32
+    dtype: DType = DType.BF16
+    sink_tokens: int = 128
+    recent_tokens: int = 512
+    topk_tokens: int = 4096
+    obs_window: int = 32
+    pool_kernel: int = 7
+    device_bytes: int = 1 << 30
+    host_bytes: int = 4 << 30
+    backend: Backend = Backend.AUTO
+    save_threads: int = 2
+    staging_bytes: int = 32 << 20
+    recall_blocks: int = 0
+    ws_window: int = 12
+    recall_cache_bytes: int = 0
+    model_h2d_gbps: float = 53.0
+    model_d2h_gbps: float = 53.0
+    model_d2d_gbps: float = 1500.0
+    model_fused_eff: float = 0.8
+    model_call_ns: int = 2000
+    model_launch_ns: int = 5000
+    model_fused: int = 1
+    disk_queue_depth: int = 64
+    spill_dir: Optional[Union[str, os.PathLike]] = None
+    disk_bytes: int = 0
+    model_disk_gbps: float = 6.0
+    model_disk_ns: int = 80000
+
+    def __post_init__(self) -> None:
+        self.dtype = _as_enum(DType, self.dtype, _DTYPE_NAMES)
+        self.backend = _as_enum(Backend, self.backend)
+
+    def _to_c(self) -> Tuple[_capi.CConfig, Optional[bytes]]:
+        c = _capi.CConfig()
+        c.size = ctypes.sizeof(_capi.CConfig)
+        c.version = _capi.CONFIG_VERSION
+        spill = os.fsencode(self.spill_dir) if self.spill_dir is not None else None
+        for f in fields(self):
+            if f.name == "spill_dir":
+                c.spill_dir = spill
+                continue
+            val = getattr(self, f.name)
+            try:
+                setattr(c, f.name, val if isinstance(val, float) else int(val))
+            except (TypeError, ValueError) as e:
+                raise TypeError(f"Config.{f.name}: {e}") from None
+            if not isinstance(val, float) and getattr(c, f.name) != int(val):
+                raise ValueError(f"Config.{f.name}: {val} does not fit the C field")
+        return c, spill  # spill keeps the path's bytes alive while c points at them
+
+    @classmethod
+    def _from_c(cls, c: _capi.CConfig) -> "Config":
+        kw = {}
+        for f in fields(cls):
+            val = getattr(c, f.name)
+            kw[f.name] = os.fsdecode(val) if f.name == "spill_dir" and val is not None else val
+        return cls(**kw)
+
+
+def _seq_array(seqs: Any) -> Tuple[Any, int]:
+    """(uint64 C array, n) for a sequence id, a list of ids or a uint64 NumPy array."""
+    if isinstance(seqs, np.ndarray) and seqs.dtype == np.uint64 and seqs.flags.c_contiguous:
+        return seqs.ctypes.data_as(ctypes.POINTER(c_uint64)), int(seqs.size)
+    if isinstance(seqs, (int, np.integer)):
+        seqs = [seqs]
+    ids = [int(s) for s in seqs]
+    if any(s < 0 or s >= 1 << 64 for s in ids):
+        raise ValueError("seqs: sequence ids are unsigned 64-bit integers")
+    return (c_uint64 * len(ids))(*ids), len(ids)
+
+
+class Manager:
+    """A kvtier manager (kvt_manager): both tier arenas, the sequences, the save threads and,
+    with ``spill_dir``, the disk tier. Build it from a :class:`Config`, keyword overrides, or
+    both: ``Manager(cfg, host_bytes=8 << 30)``. Use it as a context manager or call
+    :meth:`close`; it is also closed when garbage-collected."""
+
+    def __init__(self, config: Optional[Config] = None, **overrides: Any) -> None:
+        self._m: Optional[int] = None
+        self._lock = threading.RLock()
+        self._scheds: "weakref.WeakSet[Scheduler]" = weakref.WeakSet()
+        cfg = Config(**{**(config.__dict__ if config else {}), **overrides})
+        c, _spill = cfg._to_c()
+        handle = c_void_p()
+        err, said = _capture_log(lambda: _lib.kvt_manager_create(byref(c), byref(handle)))
+        if err:  # no manager, so no last error: its detail is what the library logged
+            raise Error(err, "kvt_manager_create", "; ".join(said))
+        self._m = handle.value
+        out = _capi.CConfig()
+        out.size = ctypes.sizeof(out)
+        out.version = _capi.CONFIG_VERSION
+        self._check(_lib.kvt_manager_config(self._m, byref(out)), "kvt_manager_config")
+        #: The effective configuration (backend resolved from AUTO).
+        self.config: Config = Config._from_c(out)
+        self._memory = _tensor.CUDA if self.config.backend == Backend.CUDA else _tensor.HOST
+        c0 = self.config
+        self._H, self._Hq, self._D = c0.n_kv_heads, c0.n_q_heads, c0.head_dim
+        self._dt = int(c0.dtype)
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Closes this manager's schedulers, waits for pending saves, frees every sequence and
+        both arenas (kvt_manager_destroy). Idempotent."""
+        with self._lock:
+            for s in list(self._scheds):
+                s.close()
+            if self._m is not None:
+                _lib.kvt_manager_destroy(self._m)
+                self._m = None
+
+    def __enter__(self) -> "Manager":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def closed(self) -> bool:
+        return self._m is None
+
+    def _h(self) -> int:
+        if self._m is None:
+            raise ValueError("kvtier: the manager is closed")
+        return self._m
+
+    def _check(self, err: int, func: str) -> None:
+        if err:
+            detail = _lib.kvt_manager_last_error(self._m).decode() if self._m else ""
+            raise Error(err, func, detail)
+
+    @property
+    def last_error(self) -> str:
+        """kvt_manager_last_error: detail of the latest failed call ("" when none failed)."""
+        with self._lock:
+            return _lib.kvt_manager_last_error(self._h()).decode()
+
+    def _t(self, obj: Any, name: str, shape: Tuple[int, ...], stream: Optional[int],
+           writable: bool = False) -> Tuple[int, Any]:
+        return _tensor.address(obj, name=name, shape=shape, dtype=self._dt, memory=self._memory,
+                               writable=writable, stream=stream)
+
+    # -- manager -----------------------------------------------------------------------------
+
+    def stats(self) -> Stats:
+        """kvt_manager_stats: the manager's counters (a :class:`Stats`; ``.as_dict()``)."""
+        out = Stats()
+        out.size = ctypes.sizeof(out)
+        out.version = _capi.STATS_VERSION
+        with self._lock:
+            self._check(_lib.kvt_manager_stats(self._h(), byref(out)), "kvt_manager_stats")
+        return out
+
+    def sync(self, stream: Any = None) -> None:
+        """kvt_manager_sync: waits for every pending save and the work queued on stream."""
+        st = _tensor.stream_handle(stream)
+        with self._lock:
+            self._check(_lib.kvt_manager_sync(self._h(), st), "kvt_manager_sync")
+
+    # -- sequences ---------------------------------------------------------------------------
+
+    def create_seq(self, seq: int, prompt_tokens: int) -> None:
+        """kvt_seq_create: registers sequence id `seq` with a prompt of prompt_tokens tokens."""
+        with self._lock:
+            self._check(_lib.kvt_seq_create(self._h(), seq, prompt_tokens), "kvt_seq_create")
+
+    def destroy_seq(self, seq: int) -> None:
+        """kvt_seq_destroy: frees the sequence's device frames and host blocks."""
+        with self._lock:
+            self._check(_lib.kvt_seq_destroy(self._h(), seq), "kvt_seq_destroy")
+
+    def info(self, seq: int) -> SeqInfo:
+        """kvt_seq_info: what the sequence holds and needs (a :class:`SeqInfo`)."""
+        out = SeqInfo()
+        out.size = ctypes.sizeof(out)
+        with self._lock:
+            self._check(_lib.kvt_seq_info(self._h(), seq, byref(out)), "kvt_seq_info")
+        return out
+
+    def tokens(self, seq: int, layer: int) -> int:
+        """kvt_seq_tokens: tokens written to (seq, layer); 0 before its prefill."""
+        n = c_uint32()
+        with self._lock:
+            self._check(_lib.kvt_seq_tokens(self._h(), seq, layer, byref(n)), "kvt_seq_tokens")
+        return n.value
+
+    def prefill_layer(self, seq: int, layer: int, k: Any, v: Any, q_obs: Any = None,
+                      stream: Any = None) -> None:
+        """kvt_prefill_layer: k and v hold [n_kv_heads][prompt_tokens][head_dim] of the layer
+        (post-RoPE keys), q_obs [n_q_heads][obs_window][head_dim] post-RoPE queries of the last
+        obs_window prompt positions (None when no selection happens). SnapKV selects the
+        top-K tokens, sink/top-K/ring go to device frames, the whole layer to the host tier."""
+        st = _tensor.stream_handle(stream)
+        with self._lock:
+            T = self.info(seq).prompt_tokens
+            pk, keep_k = self._t(k, "k", (self._H, T, self._D), st)
+            pv, keep_v = self._t(v, "v", (self._H, T, self._D), st)
+            pq, keep_q = (None, None)
+            if q_obs is not None:
+                pq, keep_q = self._t(q_obs, "q_obs",
+                                     (self._Hq, self.config.obs_window, self._D), st)
+            err = _lib.kvt_prefill_layer(self._h(), seq, layer, pk, pv, pq, st)
+            del keep_k, keep_v, keep_q
+            self._check(err, "kvt_prefill_layer")
+
+    def decode_append(self, layer: int, seqs: Any, k: Any, v: Any, stream: Any = None) -> None:
+        """kvt_decode_append: appends one token per sequence to `layer`; k and v hold
+        [n][n_kv_heads][head_dim]. All or nothing."""
+        st = _tensor.stream_handle(stream)
+        ids, n = _seq_array(seqs)
+        with self._lock:
+            pk, keep_k = self._t(k, "k", (n, self._H, self._D), st)
+            pv, keep_v = self._t(v, "v", (n, self._H, self._D), st)
+            err = _lib.kvt_decode_append(self._h(), layer, ids, n, pk, pv, st)
+            del keep_k, keep_v
+            self._check(err, "kvt_decode_append")
+
+    def decode_recall(self, layer: int, seqs: Any, q: Any, stream: Any = None) -> None:
+        """kvt_decode_recall: scores each sequence's host blocks of `layer` against its decode
+        queries q ([n][n_q_heads][head_dim], the manager's dtype) and makes the top
+        recall_blocks per kv head resident in the recall cache; replaces the recall views."""
+        st = _tensor.stream_handle(stream)
+        ids, n = _seq_array(seqs)
+        with self._lock:
+            pq, keep = self._t(q, "q", (n, self._Hq, self._D), st)
+            err = _lib.kvt_decode_recall(self._h(), layer, ids, n, pq, st)
+            del keep
+            self._check(err, "kvt_decode_recall")
+
+    def recall_blocks(self, layer: int, seqs: Any, blocks: Any, stream: Any = None) -> None:
+        """kvt_recall_blocks: as decode_recall with the selection given: blocks is
+        [n][n_kv_heads][r] host block indices (host memory; NO_BLOCK entries are ignored)."""
+        st = _tensor.stream_handle(stream)
+        ids, n = _seq_array(seqs)
+        b = np.ascontiguousarray(blocks, dtype=np.uint32)
+        if b.size == 0 or b.size % (n * self._H):
+            raise ValueError(f"blocks: expected [{n}][{self._H}][r] block indices, "
+                             f"got shape {b.shape}")
+        r = b.size // (n * self._H)
+        with self._lock:
+            err = _lib.kvt_recall_blocks(self._h(), layer, ids, n, b.ctypes.data, r, st)
+            self._check(err, "kvt_recall_blocks")
+
+    def _counted(self, fn: Callable[[Any, int, Any], int], ctype: Any, func: str) -> Any:
+        """Runs a `cap, n_out` query twice: once for the count, once to fill."""
+        n = c_uint32()
+        err = fn(None, 0, byref(n))
+        if err == -28 and n.value:  # -ENOSPC: room for n.value needed
+            out = (ctype * n.value)()
+            err = fn(out, n.value, byref(n))
+            self._check(err, func)
+            return out
+        self._check(err, func)
+        return (ctype * 0)()
+
+    def resident_positions(self, seq: int, layer: int, kv_head: int) -> np.ndarray:
+        """kvt_seq_resident_positions: positions resident on the device for (seq, layer,
+        kv_head), ascending (sink, top-K, ring), as an int32 array."""
+        with self._lock:
+            h = self._h()
+            out = self._counted(
+                lambda o, cap, n: _lib.kvt_seq_resident_positions(h, seq, layer, kv_head, o,
+                                                                  cap, n),
+                ctypes.c_int32, "kvt_seq_resident_positions")
+        return np.ctypeslib.as_array(out).copy() if len(out) else np.zeros(0, np.int32)
+
+    def recall_view(self, seq: int, layer: int, kv_head: int) -> List[RecallRef]:
+        """kvt_seq_recall_view: the blocks the latest recall made resident for (seq, layer,
+        kv_head), ascending; :class:`Error` with errno ESTALE when a frame went to another
+        block since (recall again)."""
+        with self._lock:
+            h = self._h()
+            out = self._counted(
+                lambda o, cap, n: _lib.kvt_seq_recall_view(h, seq, layer, kv_head, o, cap, n),
+                RecallRef, "kvt_seq_recall_view")
+        return list(out)
+
+    def frames(self, seq: int, layer: int, kv_head: int) -> Tuple[np.ndarray, int]:
+        """kvt_seq_frames: (device addresses of the resident set's frames as uint64, number of
+        slots holding tokens). Slot s is row s % block_tokens of frames[s // block_tokens]."""
+        slots = c_uint32()
+        with self._lock:
+            h = self._h()
+            out = self._counted(
+                lambda o, cap, n: _lib.kvt_seq_frames(h, seq, layer, kv_head, o, cap, n,
+                                                      byref(slots)),
+                c_uint64, "kvt_seq_frames")
+        arr = np.ctypeslib.as_array(out).copy() if len(out) else np.zeros(0, np.uint64)
+        return arr, slots.value
+
+    def read_token(self, seq: int, layer: int, kv_head: int, pos: int
+                   ) -> Tuple[np.ndarray, np.ndarray]:
+        """kvt_seq_read_token: the K and V rows of token `pos`, bit-exact, as host arrays of
+        the manager's dtype (uint16 bit patterns for bf16), from whichever tier holds it."""
+        k = np.empty(self._D, _tensor.numpy_dtype(self._dt))
+        v = np.empty(self._D, _tensor.numpy_dtype(self._dt))
+        with self._lock:
+            err = _lib.kvt_seq_read_token(self._h(), seq, layer, kv_head, pos, k.ctypes.data,
+                                          v.ctypes.data)
+            self._check(err, "kvt_seq_read_token")
+        return k, v
+
+    def attend(self, seq: int, layer: int, q: Any, out: Optional[np.ndarray] = None
+               ) -> np.ndarray:
+        """kvt_attend: reference decode attention of (seq, layer) over its resident set plus
+        its latest recall view. q is [n_q_heads][head_dim] float32 in host memory; returns
+        `out` (allocated when None), [n_q_heads][head_dim] float32."""
+        shape = (self._Hq, self._D)
+        qa = np.ascontiguousarray(q, dtype=np.float32)
+        if qa.size != self._Hq * self._D:
+            raise ValueError(f"q: expected {self._Hq}x{self._D} float32, got shape {qa.shape}")
+        if out is None:
+            out = np.empty(shape, np.float32)
+        elif (out.dtype != np.float32 or out.size != qa.size or not out.flags.c_contiguous
+              or not out.flags.writeable):
+            raise ValueError(f"out: expected a writable C-contiguous float32 array of "
+                             f"{self._Hq}x{self._D}")
+        with self._lock:
+            err = _lib.kvt_attend(self._h(), seq, layer, qa.ctypes.data, out.ctypes.data)
+            self._check(err, "kvt_attend")
+        return out
+
+    # -- preemption and the disk tier ----------------------------------------------------------
+
+    def preempt(self, seq: int) -> None:
+        """kvt_seq_preempt: frees the sequence's device frames; its history stays whole."""
+        with self._lock:
+            self._check(_lib.kvt_seq_preempt(self._h(), seq), "kvt_seq_preempt")
+
+    def resume(self, seq: int, stream: Any = None) -> None:
+        """kvt_seq_resume: rebuilds a preempted sequence's device state bit for bit."""
+        st = _tensor.stream_handle(stream)
+        with self._lock:
+            self._check(_lib.kvt_seq_resume(self._h(), seq, st), "kvt_seq_resume")
+
+    def fetch(self, seqs: Any) -> None:
+        """kvt_seq_fetch: reads the spilled blocks of the sequences back in one batched read."""
+        ids, n = _seq_array(seqs)
+        with self._lock:
+            self._check(_lib.kvt_seq_fetch(self._h(), ids, n), "kvt_seq_fetch")
+
+    def spill(self, seq: int) -> None:
+        """kvt_seq_spill: writes every host block of seq to the spill file now."""
+        with self._lock:
+            self._check(_lib.kvt_seq_spill(self._h(), seq), "kvt_seq_spill")
+
+
+@dataclass
+class Batch:
+    """One iteration's work from :meth:`Scheduler.step`: `items` (prefills first, then decodes),
+    the requests that `completed` at the previous commit (their frames are freed; destroy the
+    sequences when done with them), those that `failed` (history lost: fail and destroy them),
+    and the iteration's figures `it`."""
+
+    items: List[SchedItem] = field(default_factory=list)
+    completed: List[int] = field(default_factory=list)
+    failed: List[int] = field(default_factory=list)
+    it: IterStats = field(default_factory=IterStats)
+
+    @property
+    def prefills(self) -> List[SchedItem]:
+        return [i for i in self.items if not i.decode]
+
+    @property
+    def decodes(self) -> List[SchedItem]:
+        return [i for i in self.items if i.decode]
+
+
+class Scheduler:
+    """SparseServe's working-set-aware admission over a manager (kvt_sched): the engine creates
+    each request's sequence, :meth:`submit`\\ s it, then per iteration calls :meth:`step`,
+    executes the batch and calls :meth:`commit`."""
+
+    def __init__(self, manager: Manager, max_requests: int = 256, max_tokens: int = 8192,
+                 max_inject_tokens: int = 2048 * 32, ws_control: bool = True) -> None:
+        self._s: Optional[int] = None
+        self._m = manager
+        c = _capi.CSchedConfig()
+        c.size = ctypes.sizeof(c)
+        c.version = _capi.SCHED_CONFIG_VERSION
+        c.max_requests, c.max_tokens = max_requests, max_tokens
+        c.max_inject_tokens, c.ws_control = max_inject_tokens, 1 if ws_control else 0
+        handle = c_void_p()
+        with manager._lock:
+            manager._check(_lib.kvt_sched_create(manager._h(), byref(c), byref(handle)),
+                           "kvt_sched_create")
+            self._s = handle.value
+            manager._scheds.add(self)
+
+    def close(self) -> None:
+        """kvt_sched_destroy; the manager's sequences stay as they are. Idempotent."""
+        with self._m._lock:
+            if self._s is not None:
+                _lib.kvt_sched_destroy(self._s)
+                self._s = None
+
+    def __enter__(self) -> "Scheduler":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _h(self) -> int:
+        if self._s is None or self._m._m is None:
+            raise ValueError("kvtier: the scheduler is closed")
+        return self._s
+
+    def submit(self, seq: int, max_new_tokens: int) -> None:
+        """kvt_sched_submit: queues live, not yet prefilled sequence seq for max_new_tokens."""
+        with self._m._lock:
+            self._m._check(_lib.kvt_sched_submit(self._h(), seq, max_new_tokens),
+                           "kvt_sched_submit")
+
+    def step(self) -> Batch:
+        """kvt_sched_step: forms the next iteration's batch (preempting/resuming as needed)."""
+        b = _capi.CSchedBatch()
+        with self._m._lock:
+            self._m._check(_lib.kvt_sched_step(self._h(), byref(b)), "kvt_sched_step")
+            items = [SchedItem.from_buffer_copy(b.items[i]) for i in range(b.n_items)]
+            done = [b.completed[i] for i in range(b.n_completed)]
+            failed = [b.failed[i] for i in range(b.n_failed)]
+        return Batch(items, done, failed, IterStats.from_buffer_copy(b.it))
+
+    def commit(self) -> None:
+        """kvt_sched_commit: the engine executed the current batch."""
+        with self._m._lock:
+            self._m._check(_lib.kvt_sched_commit(self._h()), "kvt_sched_commit")
+
+    def finish(self, seq: int) -> None:
+        """kvt_sched_finish: removes seq now (finished early or failed)."""
+        with self._m._lock:
+            self._m._check(_lib.kvt_sched_finish(self._h(), seq), "kvt_sched_finish")
+
+    @property
+    def pending(self) -> int:
+        """Requests queued or running (not completed)."""
+        with self._m._lock:
+            return int(_lib.kvt_sched_pending(self._h()))
+
+    def last(self) -> IterStats:
+        """kvt_sched_last: figures of the iteration committed last."""
+        out = IterStats()
+        with self._m._lock:
+            self._m._check(_lib.kvt_sched_last(self._h(), byref(out)), "kvt_sched_last")
+        return out
+
+
+# -- logging -----------------------------------------------------------------------------------
+
+# One trampoline, installed into the library the first time it is needed and kept for the life
+# of the process (a save thread may be inside it at any time), dispatching to Python state.
+_log_cb: Optional[Any] = None
+_log_user: Optional[Callable[[LogLevel, str], None]] = None
+_log_capture: Optional[List[str]] = None
+_log_lock = threading.Lock()
+
+
+def _log_dispatch(_user: Any, level: int, msg: bytes) -> None:
+    try:
+        text = msg.decode(errors="replace")
+        cap = _log_capture
+        if cap is not None:
+            cap.append(text.removeprefix("kvtier: "))
+        fn = _log_user
+        if fn is not None:
+            fn(LogLevel(level), text)
+        else:
+            sys.stderr.write(text + "\n")
+    except Exception:  # an exception must not cross into C
+        pass
+
+
+def _log_hook() -> None:
+    global _log_cb
+    if _log_cb is None:
+        _log_cb = _capi.LOG_FN(_log_dispatch)
+        _lib.kvt_log_set(_log_cb, None)
+
+
+def _capture_log(call: Callable[[], int]) -> Tuple[int, List[str]]:
+    """Runs call() with the library's messages also collected (a failed kvt_manager_create
+    has no manager to hold its last error); they still reach the handler, or stderr."""
+    global _log_capture
+    said: List[str] = []
+    with _log_lock:
+        _log_hook()
+        _log_capture = said
+        try:
+            err = call()
+        finally:
+            _log_capture = None
+    return err, said
+
+
+def set_log_handler(fn: Optional[Callable[[LogLevel, str], None]]) -> None:
+    """Routes the library's messages to fn(level, message), or back to stderr when None.
+    fn may be called from the library's save threads; it must not call into a manager."""
+    global _log_user
+    with _log_lock:
+        _log_user = fn
+        _log_hook()
+
+
+def log_to_logging(logger: Optional[logging.Logger] = None) -> None:
+    """Routes the library's messages to a `logging` logger (default: "kvtier")."""
+    log = logger or logging.getLogger("kvtier")
+    levels = {LogLevel.ERROR: logging.ERROR, LogLevel.WARN: logging.WARNING,
+              LogLevel.INFO: logging.INFO, LogLevel.DEBUG: logging.DEBUG}
+    set_log_handler(lambda level, msg: log.log(levels[level], "%s", msg))
+
+
+def set_log_level(level: Union[LogLevel, int, str]) -> None:
+    """kvt_log_set_level: the threshold of library messages (overrides $KVT_LOG)."""
+    _lib.kvt_log_set_level(int(_as_enum(LogLevel, level)))

@@ -1,0 +1,208 @@
+# SPDX-License-Identifier: MIT
+"""Turns the tensors a caller passes into the addresses the C library takes, without copying.
+
+Three kinds of objects are understood:
+- NumPy arrays (host memory): the host and model backends;
+- objects with ``__cuda_array_interface__`` (CuPy, Numba, PyTorch CUDA tensors): device memory;
+- objects with ``__dlpack__`` (PyTorch, JAX, CuPy, NumPy >= 1.22): host or device memory,
+  as the object's ``__dlpack_device__`` says.
+
+Every tensor must be C-contiguous (row-major, no gaps) and hold exactly the elements the call
+expects, of the manager's dtype; anything else raises TypeError or ValueError before the
+library is called, so a bad tensor changes nothing.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import math
+from typing import Any, Optional, Sequence, Tuple
+
+import numpy as np
+
+HOST = "host"
+CUDA = "cuda"
+
+# kvt_dtype -> (name, NumPy dtypes accepted, DLPack (code, bits) accepted, CAI typestrs)
+# bf16 has no NumPy type: raw 16-bit patterns (uint16) stand for it, as does ml_dtypes'
+# bfloat16 (a 2-byte 'V' dtype named bfloat16).
+_DTYPES = {
+    0: ("float32", ("float32",), ((2, 32),), ("<f4",)),
+    1: ("float16", ("float16",), ((2, 16),), ("<f2",)),
+    2: ("bfloat16", ("bfloat16", "uint16"), ((4, 16), (1, 16)), ("<V2", "<u2")),
+}
+_ITEMSIZE = {0: 4, 1: 2, 2: 2}
+
+# DLPack device types
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
+
+
+def dtype_name(dtype: int) -> str:
+    return _DTYPES[dtype][0]
+
+
+def numpy_dtype(dtype: int) -> np.dtype:
+    """The NumPy dtype read-backs use for a kvt_dtype (uint16 bit patterns for bf16)."""
+    return np.dtype({0: np.float32, 1: np.float16, 2: np.uint16}[dtype])
+
+
+def itemsize(dtype: int) -> int:
+    return _ITEMSIZE[dtype]
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+_capsule_get = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_get.restype = ctypes.c_void_p
+_capsule_get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def _contiguous(shape: Sequence[int], strides: Optional[Sequence[int]], unit: int) -> bool:
+    """Whether strides (in units of `unit` bytes or elements) describe a C-contiguous layout;
+    dimensions of extent 1 may have any stride."""
+    if strides is None:
+        return True
+    want = unit
+    for ext, st in zip(reversed(list(shape)), reversed(list(strides))):
+        if ext != 1 and st != want:
+            return False
+        want *= ext
+    return True
+
+
+def stream_handle(stream: Any) -> Optional[int]:
+    """A cudaStream_t as an integer from None, an int, a torch.cuda.Stream (``cuda_stream``)
+    or any object speaking the ``__cuda_stream__`` protocol."""
+    if stream is None:
+        return None
+    if isinstance(stream, int):
+        return stream or None
+    if hasattr(stream, "__cuda_stream__"):
+        return int(stream.__cuda_stream__()[1]) or None
+    if hasattr(stream, "cuda_stream"):
+        return int(stream.cuda_stream) or None
+    raise TypeError(f"stream: expected None, an int, or a CUDA stream object, "
+                    f"got {type(stream).__name__}")
+
+
+_cudart = None
+
+
+def _sync_stream(handle: int) -> None:
+    """Waits for a producer's stream (CUDA Array Interface v3 'stream' key)."""
+    global _cudart
+    if _cudart is None:
+        name = ctypes.util.find_library("cudart")
+        for cand in ([name] if name else []) + ["libcudart.so", "libcudart.so.13",
+                                                "libcudart.so.12"]:
+            try:
+                _cudart = ctypes.CDLL(cand)
+                break
+            except OSError:
+                continue
+        if _cudart is None:
+            raise RuntimeError("kvtier: a CUDA array names a stream but libcudart cannot be "
+                               "loaded to wait for it")
+        _cudart.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+        _cudart.cudaStreamSynchronize.restype = ctypes.c_int
+    # CAI: 1 = legacy default stream, 2 = per-thread default stream
+    rc = _cudart.cudaStreamSynchronize(ctypes.c_void_p({1: 0, 2: 2}.get(handle, handle)))
+    if rc != 0:
+        raise RuntimeError(f"kvtier: cudaStreamSynchronize failed ({rc}) waiting for a "
+                           "CUDA array's producer stream")
+
+
+def address(obj: Any, *, name: str, shape: Tuple[int, ...], dtype: int, memory: str,
+            writable: bool = False, stream: Optional[int] = None) -> Tuple[int, Any]:
+    """Returns (address, keepalive) of tensor `obj` after checking that it holds
+    prod(shape) elements of kvt_dtype `dtype`, C-contiguous, in `memory` ("host" or "cuda").
+    Any shape with that many elements is accepted; `shape` only names the expectation in
+    messages. keepalive must outlive the C call."""
+    count = math.prod(shape)
+    want = "x".join(str(s) for s in shape)
+    tname = _DTYPES[dtype][0]
+    what = f"{name}: expected a C-contiguous {tname} tensor of {want} elements in {memory} memory"
+
+    if isinstance(obj, np.ndarray):
+        if memory != HOST:
+            raise TypeError(f"{what}; got a NumPy array (host memory)")
+        if obj.dtype.name not in _DTYPES[dtype][1] or obj.dtype.itemsize != _ITEMSIZE[dtype]:
+            raise TypeError(f"{what}; got dtype {obj.dtype}")
+        if obj.size != count:
+            raise ValueError(f"{what}; got shape {obj.shape}")
+        if not obj.flags.c_contiguous:
+            raise ValueError(f"{what}; got a non-contiguous array")
+        if writable and not obj.flags.writeable:
+            raise ValueError(f"{name}: the array is read-only")
+        return obj.ctypes.data, obj
+
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        if memory != CUDA:
+            raise TypeError(f"{what}; got a CUDA array (__cuda_array_interface__): this "
+                            "manager's backend works on host memory")
+        ptr, readonly = cai["data"]
+        if cai["typestr"] not in _DTYPES[dtype][3]:
+            raise TypeError(f"{what}; got typestr {cai['typestr']}")
+        if math.prod(cai["shape"]) != count:
+            raise ValueError(f"{what}; got shape {tuple(cai['shape'])}")
+        if not _contiguous(cai["shape"], cai.get("strides"), _ITEMSIZE[dtype]):
+            raise ValueError(f"{what}; got strides {cai.get('strides')}")
+        if writable and readonly:
+            raise ValueError(f"{name}: the CUDA array is read-only")
+        producer = cai.get("stream")
+        if producer is not None and producer != stream:
+            _sync_stream(producer)
+        return int(ptr or 0), obj
+
+    if hasattr(obj, "__dlpack__"):
+        dev_type, _ = obj.__dlpack_device__()
+        ok = {HOST: (_DL_CPU, _DL_CUDA_HOST),
+              CUDA: (_DL_CUDA, _DL_CUDA_MANAGED, _DL_CUDA_HOST)}[memory]
+        if dev_type not in ok:
+            raise TypeError(f"{what}; got a DLPack tensor on device type {dev_type}")
+        if dev_type in (_DL_CUDA, _DL_CUDA_MANAGED):
+            # the producer orders its work before `stream` (DLPack's stream argument;
+            # None means the legacy default stream, 1 in DLPack's numbering)
+            capsule = obj.__dlpack__(stream=stream if stream is not None else 1)
+        else:
+            capsule = obj.__dlpack__()
+        # Borrowed, not consumed: the capsule keeps its name, so its destructor hands the
+        # tensor back to the producer once the capsule is dropped after the call.
+        tensor = _DLTensor.from_address(_capsule_get(capsule, b"dltensor"))
+        code_bits = (tensor.dtype.code, tensor.dtype.bits)
+        if code_bits not in _DTYPES[dtype][2] or tensor.dtype.lanes != 1:
+            raise TypeError(f"{what}; got DLPack dtype code {tensor.dtype.code}, "
+                            f"{tensor.dtype.bits} bits x {tensor.dtype.lanes}")
+        shp = [tensor.shape[i] for i in range(tensor.ndim)]
+        if math.prod(shp) != count:
+            raise ValueError(f"{what}; got shape {tuple(shp)}")
+        strides = ([tensor.strides[i] for i in range(tensor.ndim)]
+                   if tensor.strides else None)
+        if not _contiguous(shp, strides, 1):
+            raise ValueError(f"{what}; got strides {tuple(strides or ())}")
+        return (tensor.data or 0) + tensor.byte_offset, (obj, capsule)
+
+    if memory == HOST and not writable and isinstance(obj, (list, tuple)):
+        arr = np.ascontiguousarray(obj, dtype=numpy_dtype(dtype) if dtype != 2 else np.uint16)
+        return address(arr, name=name, shape=shape, dtype=dtype, memory=memory)
+    raise TypeError(f"{what}; got {type(obj).__name__} (pass a NumPy array, an object with "
+                    "__cuda_array_interface__, or one with __dlpack__)")

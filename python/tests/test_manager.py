@@ -1,0 +1,368 @@
+# SPDX-License-Identifier: MIT
+"""The binding on the host backend (the reference backend): data round trips, selection,
+recall, attention, preemption, the disk tier, and how errors surface."""
+import ctypes
+import errno
+import threading
+
+import numpy as np
+import pytest
+
+import kvtier
+from conftest import SMALL, prefill
+
+
+def kept_positions(m, seq, layer, h):
+    """Resident positions plus the valid, not resident tokens of the latest recall view."""
+    bt = m.config.block_tokens
+    kept = set(int(p) for p in m.resident_positions(seq, layer, h))
+    for ref in m.recall_view(seq, layer, h):
+        for i in range(ref.n_valid):
+            if not (ref.resident >> i) & 1:
+                kept.add(ref.block * bt + i)
+    return sorted(kept)
+
+
+def dense(q, K, V):
+    """softmax(q.K^T / sqrt(d)) V in float64."""
+    s = (K.astype(np.float64) @ q.astype(np.float64)) / np.sqrt(q.shape[-1])
+    w = np.exp(s - s.max())
+    return (w / w.sum()) @ V.astype(np.float64)
+
+
+def test_config_round_trip_and_auto_backend():
+    with kvtier.Manager(kvtier.Config(**{**SMALL, "backend": "auto"}), n_layers=3) as m:
+        assert m.config.backend == kvtier.Backend.HOST  # no CUDA backend in this build
+        assert m.config.n_layers == 3 and m.config.dtype == kvtier.DType.F32
+        st = m.stats()
+        assert st.live_seqs == 0 and st.device_frames_total > 0 and st.save_threads == 2
+        assert set(st.as_dict()) >= {"bytes_h2d", "recall_hits", "disk_blocks_spilled"}
+
+
+def test_bad_config_raises_with_the_field_named():
+    with pytest.raises(kvtier.Error) as e:
+        kvtier.Manager(**{**SMALL, "n_q_heads": 7})
+    assert e.value.errno == errno.EINVAL
+    assert e.value.strerror == kvtier.strerror(-errno.EINVAL)
+    assert "n_q_heads" in e.value.detail
+    with pytest.raises(ValueError):
+        kvtier.Manager(**{**SMALL, "dtype": "f64"})
+    with pytest.raises(TypeError):
+        kvtier.Manager(**{**SMALL, "n_layers": "four"})
+    with pytest.raises(ValueError):
+        kvtier.Manager(**{**SMALL, "n_layers": -1})
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_prefill_and_decode_read_back_bit_exact(dtype, rng):
+    with kvtier.Manager(**{**SMALL, "dtype": dtype}) as m:
+        T = 200
+        kv = prefill(m, 3, T, rng)
+        assert m.tokens(3, 0) == T and m.info(3).layers_prefilled == 2
+        nd = kvtier._tensor.numpy_dtype(int(m.config.dtype))
+        k1 = (rng.integers(0, 1 << 14, (1, 2, 32))).astype(nd)
+        v1 = (rng.integers(0, 1 << 14, (1, 2, 32))).astype(nd)
+        m.decode_append(1, [3], k1, v1)
+        assert m.tokens(3, 1) == T + 1 and m.tokens(3, 0) == T
+        for layer, (k, v) in kv.items():
+            for h in range(2):
+                for pos in range(T):
+                    rk, rv = m.read_token(3, layer, h, pos)
+                    assert rk.tobytes() == k[h, pos].tobytes()
+                    assert rv.tobytes() == v[h, pos].tobytes()
+        rk, rv = m.read_token(3, 1, 1, T)
+        assert rk.tobytes() == k1[0, 1].tobytes() and rv.tobytes() == v1[0, 1].tobytes()
+
+
+def test_resident_set_is_sink_topk_ring(mgr, rng):
+    T = 300
+    prefill(mgr, 1, T, rng)
+    c = mgr.config
+    pos = mgr.resident_positions(1, 0, 0)
+    assert pos.dtype == np.int32 and len(pos) == c.sink_tokens + c.topk_tokens + c.recent_tokens
+    assert list(pos[:c.sink_tokens]) == list(range(c.sink_tokens))
+    assert list(pos[-c.recent_tokens:]) == list(range(T - c.recent_tokens, T))
+    assert np.all(np.diff(pos) > 0)
+
+
+def test_frames_hold_the_resident_rows(mgr, rng):
+    """On the host backend the frames are host addresses: what an engine's attention kernel
+    reads through kvt_seq_frames must be the tokens' rows (slot rule of DESIGN.md)."""
+    T = 300
+    kv = prefill(mgr, 1, T, rng)
+    c = mgr.config
+    bt, D, S, R = c.block_tokens, c.head_dim, c.sink_tokens, c.recent_tokens
+    frames, n_slots = mgr.frames(1, 1, 1)
+    assert n_slots == S + R + c.topk_tokens and len(frames) * bt >= n_slots
+
+    def slot_rows(slot):
+        base = int(frames[slot // bt])
+        k = np.ctypeslib.as_array((ctypes.c_float * (bt * D)).from_address(base))
+        v = np.ctypeslib.as_array((ctypes.c_float * (bt * D)).from_address(base + bt * D * 4))
+        r = slot % bt
+        return k[r * D:(r + 1) * D], v[r * D:(r + 1) * D]
+
+    k, v = kv[1]
+    for p in list(range(S)) + list(range(T - R, T)):
+        slot = p if p < S else S + (p - S) % R
+        fk, fv = slot_rows(slot)
+        assert np.array_equal(fk, k[1, p]) and np.array_equal(fv, v[1, p])
+
+
+def quest_reference(m, K, T, q, h, resident):
+    """Top-r blocks of kv head h by the Quest bound, blocks fully resident excluded."""
+    c = m.config
+    bt, G = c.block_tokens, c.n_q_heads // c.n_kv_heads
+    scores = {}
+    for b in range((T + bt - 1) // bt):
+        toks = range(b * bt, min(T, (b + 1) * bt))
+        if all(t in resident for t in toks):
+            continue
+        mn, mx = K[h, toks.start:toks.stop].min(0), K[h, toks.start:toks.stop].max(0)
+        qs = q[h * G:(h + 1) * G].astype(np.float64)
+        scores[b] = max(np.maximum(qs * mn, qs * mx).sum(1))
+    order = sorted(scores, key=lambda b: (-scores[b], b))
+    return order[:c.recall_blocks], scores
+
+
+def test_decode_recall_picks_the_quest_top_blocks(mgr, rng):
+    T = 400
+    kv = prefill(mgr, 1, T, rng)
+    c = mgr.config
+    k1 = rng.standard_normal((1, 2, 32)).astype(np.float32)
+    mgr.decode_append(0, [1], k1, k1)
+    q = rng.standard_normal((1, c.n_q_heads, c.head_dim)).astype(np.float32)
+    mgr.decode_recall(0, [1], q)
+    K = np.concatenate([kv[0][0], k1.reshape(2, 1, 32)], axis=1)
+    for h in range(2):
+        resident = set(int(p) for p in mgr.resident_positions(1, 0, h))
+        want, scores = quest_reference(mgr, K, T + 1, q[0], h, resident)
+        got = [ref.block for ref in mgr.recall_view(1, 0, h)]
+        assert len(got) == c.recall_blocks and got == sorted(got)
+        # equal up to float ties at the cutoff
+        cutoff = scores[want[-1]]
+        assert set(got) == set(want) or min(scores[b] for b in got) >= cutoff - 1e-4
+    st = mgr.stats()
+    assert st.recall_calls == 1 and st.recall_loads == 2 * c.recall_blocks
+
+
+def test_attend_is_dense_attention_over_the_kept_tokens(mgr, rng):
+    T = 400
+    kv = prefill(mgr, 1, T, rng)
+    c = mgr.config
+    G = c.n_q_heads // c.n_kv_heads
+    K, V = kv[1]
+    for step in range(5):
+        k1 = rng.standard_normal((1, 2, 32)).astype(np.float32)
+        v1 = rng.standard_normal((1, 2, 32)).astype(np.float32)
+        mgr.decode_append(1, [1], k1, v1)
+        K = np.concatenate([K, k1.reshape(2, 1, 32)], axis=1)
+        V = np.concatenate([V, v1.reshape(2, 1, 32)], axis=1)
+        q = rng.standard_normal((1, c.n_q_heads, c.head_dim)).astype(np.float32)
+        mgr.decode_recall(1, [1], q)
+        out = mgr.attend(1, 1, q[0])
+        assert out.shape == (c.n_q_heads, c.head_dim) and out.dtype == np.float32
+        for g in range(c.n_q_heads):
+            h = g // G
+            idx = kept_positions(mgr, 1, 1, h)
+            assert len(idx) < T + step + 1  # compression happened
+            want = dense(q[0, g], K[h, idx], V[h, idx])
+            np.testing.assert_allclose(out[g], want, rtol=1e-4, atol=1e-5)
+
+
+def test_recall_blocks_given_selection(mgr, rng):
+    T = 400
+    prefill(mgr, 5, T, rng)
+    sel = np.full((1, 2, 3), kvtier.NO_BLOCK, np.uint32)
+    sel[0, 0, :2] = [4, 7]
+    sel[0, 1, 0] = 9
+    mgr.recall_blocks(0, [5], sel)
+    assert [r.block for r in mgr.recall_view(5, 0, 0)] == [4, 7]
+    assert [r.block for r in mgr.recall_view(5, 0, 1)] == [9]
+    with pytest.raises(kvtier.Error) as e:
+        mgr.recall_blocks(0, [5], np.array([[[1000], [1]]], np.uint32))
+    assert e.value.errno == errno.EINVAL and "1000" in e.value.detail
+    assert [r.block for r in mgr.recall_view(5, 0, 0)] == [4, 7]  # unchanged
+    with pytest.raises(ValueError):
+        mgr.recall_blocks(0, [5], np.zeros((1, 3), np.uint32))
+
+
+def test_errors_carry_errno_text_and_detail_and_change_nothing(mgr, rng):
+    T = 100
+    prefill(mgr, 1, T, rng)
+    with pytest.raises(kvtier.Error) as e:
+        mgr.tokens(77, 0)
+    assert e.value.errno == errno.ENOENT and e.value.func == "kvt_seq_tokens"
+    assert "77" in e.value.detail and e.value.detail == mgr.last_error
+    assert isinstance(e.value, OSError) and "kvt_seq_tokens" in str(e.value)
+    with pytest.raises(kvtier.Error) as e:
+        mgr.create_seq(1, 10)
+    assert e.value.errno == errno.EEXIST
+    k = np.zeros((2, 2, 32), np.float32)
+    with pytest.raises(kvtier.Error) as e:
+        mgr.decode_append(0, [1, 1], k, k)
+    assert e.value.errno == errno.EINVAL
+    assert mgr.tokens(1, 0) == T and mgr.stats().tokens_appended == 0
+    # tensors are checked before the library is called
+    with pytest.raises(ValueError, match="1x2x32"):
+        mgr.decode_append(0, [1], k, k)
+    with pytest.raises(TypeError, match="float64"):
+        mgr.decode_append(0, [1], k[:1].astype(np.float64), k[:1])
+    with pytest.raises(ValueError, match="non-contiguous"):
+        kk = np.zeros((1, 2, 64), np.float32)[:, :, ::2]
+        mgr.decode_append(0, [1], kk, kk)
+    with pytest.raises(TypeError, match="NumPy array"):
+        mgr.decode_append(0, [1], b"\0" * 256, k[:1])
+    assert mgr.tokens(1, 0) == T
+
+
+def test_cuda_tensors_are_refused_by_the_host_backend(mgr, rng):
+    class FakeCudaArray:
+        __cuda_array_interface__ = {"data": (0x10000, False), "shape": (1, 2, 32),
+                                    "typestr": "<f4", "version": 3, "strides": None}
+
+    prefill(mgr, 1, 50, rng)
+    with pytest.raises(TypeError, match="CUDA array"):
+        mgr.decode_append(0, [1], FakeCudaArray(), FakeCudaArray())
+
+    class FakeDLPackCuda:
+        def __dlpack_device__(self):
+            return (2, 0)
+
+        def __dlpack__(self, stream=None):
+            raise AssertionError("must not be exported")
+
+    with pytest.raises(TypeError, match="device type 2"):
+        mgr.decode_append(0, [1], FakeDLPackCuda(), FakeDLPackCuda())
+    assert mgr.tokens(1, 0) == 50
+
+
+def test_dlpack_host_tensors_are_taken_without_copy(mgr, rng):
+    class DLPackOnly:  # hides the NumPy array behind the DLPack protocol alone
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, stream=None):
+            return self.a.__dlpack__()
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    T = 120
+    mgr.create_seq(2, T)
+    k = rng.standard_normal((2, T, 32)).astype(np.float32)
+    v = rng.standard_normal((2, T, 32)).astype(np.float32)
+    q = rng.standard_normal((8, 8, 32)).astype(np.float32)
+    mgr.prefill_layer(2, 0, DLPackOnly(k), DLPackOnly(v), DLPackOnly(q))
+    for pos in (0, 57, T - 1):
+        rk, rv = mgr.read_token(2, 0, 1, pos)
+        assert np.array_equal(rk, k[1, pos]) and np.array_equal(rv, v[1, pos])
+    with pytest.raises(TypeError, match="dtype code"):
+        mgr.prefill_layer(2, 1, DLPackOnly(k.astype(np.float64)), DLPackOnly(v), None)
+    assert mgr.info(2).layers_prefilled == 1
+
+
+def test_preempt_resume_restores_the_device_state(mgr, rng):
+    T = 300
+    prefill(mgr, 4, T, rng)
+    before = {h: mgr.resident_positions(4, 0, h) for h in range(2)}
+    rows = [mgr.read_token(4, 0, 0, p) for p in range(T)]
+    mgr.preempt(4)
+    assert mgr.info(4).preempted == 1 and mgr.info(4).device_frames == 0
+    with pytest.raises(kvtier.Error) as e:
+        mgr.preempt(4)
+    assert e.value.errno == errno.EALREADY
+    mgr.resume(4)
+    assert mgr.info(4).preempted == 0
+    for h in range(2):
+        assert np.array_equal(mgr.resident_positions(4, 0, h), before[h])
+    for p in range(T):
+        rk, rv = mgr.read_token(4, 0, 0, p)
+        assert np.array_equal(rk, rows[p][0]) and np.array_equal(rv, rows[p][1])
+    assert mgr.stats().preemptions == 1 and mgr.stats().resumes == 1
+
+
+def test_disk_tier_spill_and_fetch(tmp_path, rng):
+    with kvtier.Manager(**SMALL, spill_dir=tmp_path) as m:
+        assert m.config.spill_dir == str(tmp_path)
+        T = 200
+        kv = prefill(m, 8, T, rng)
+        m.spill(8)
+        info = m.info(8)
+        assert info.disk_blocks == info.host_blocks > 0
+        assert m.stats().disk_blocks_spilled == info.host_blocks
+        assert list(tmp_path.iterdir()) == []  # the spill file has no name
+        m.fetch([8])
+        assert m.info(8).disk_blocks == 0
+        k, v = kv[1]
+        for pos in range(0, T, 7):
+            rk, rv = m.read_token(8, 1, 1, pos)
+            assert np.array_equal(rk, k[1, pos]) and np.array_equal(rv, v[1, pos])
+    with kvtier.Manager(**SMALL) as m:
+        prefill(m, 8, 50, rng)
+        with pytest.raises(kvtier.Error) as e:
+            m.spill(8)
+        assert e.value.errno == errno.ENOTSUP
+
+
+def test_missing_spill_dir_is_named(tmp_path):
+    with pytest.raises(kvtier.Error) as e:
+        kvtier.Manager(**SMALL, spill_dir=tmp_path / "absent")
+    assert "absent" in e.value.detail
+
+
+def test_closed_manager_refuses_calls():
+    m = kvtier.Manager(**SMALL)
+    m.close()
+    m.close()
+    assert m.closed
+    with pytest.raises(ValueError, match="closed"):
+        m.create_seq(1, 10)
+
+
+def test_calls_from_several_threads_are_serialized(mgr, rng):
+    """kvtier.h: calls on one manager must not overlap; the binding's lock ensures it."""
+    T, steps = 64, 200
+    for s in range(4):
+        prefill(mgr, s, T, rng, layers=[0])
+    k = np.ones((1, 2, 32), np.float32)
+    errors = []
+
+    def worker(s):
+        try:
+            for _ in range(steps):
+                mgr.decode_append(0, [s], k, k)
+                mgr.tokens(s, 0)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [mgr.tokens(s, 0) for s in range(4)] == [T + steps] * 4
+    assert mgr.stats().tokens_appended == 4 * steps
+
+
+def test_log_handler_receives_library_messages():
+    said = []
+    kvtier.set_log_handler(lambda level, msg: said.append((level, msg)))
+    try:
+        with pytest.raises(kvtier.Error):
+            kvtier.Manager(**{**SMALL, "block_tokens": 12})
+    finally:
+        kvtier.set_log_handler(None)
+    assert said and said[0][0] == kvtier.LogLevel.WARN and "block_tokens" in said[0][1]
+
+
+def test_seq_ids_as_numpy_uint64(mgr, rng):
+    for s in (10, 11, 12):
+        prefill(mgr, s, 40, rng, layers=[0])
+    ids = np.array([10, 11, 12], np.uint64)
+    k = rng.standard_normal((3, 2, 32)).astype(np.float32)
+    mgr.decode_append(0, ids, k, k)
+    for i, s in enumerate(ids):
+        rk, _ = mgr.read_token(int(s), 0, 1, 40)
+        assert np.array_equal(rk, k[i, 1])
