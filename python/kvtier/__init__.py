@@ -99,9 +99,11 @@ class Error(OSError):
     last error (which names the sequence, layer or limit at fault; "" when none)."""
 
     def __init__(self, err: int, func: str, detail: str = "") -> None:
-        super().__init__(abs(err), strerror(err))
+        text = strerror(err)
+        super().__init__(abs(err), text)
         self.func = func
-        self.detail = detail
+        # the library's last error ends with the same text in parentheses: say it once
+        self.detail = detail.removesuffix(f" ({text})")
 
     def __str__(self) -> str:
         tail = f": {self.detail}" if self.detail else ""

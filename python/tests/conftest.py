@@ -55,16 +55,22 @@ _results = []
 
 def pytest_runtest_logreport(report):
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        _results.append((report.nodeid, report.outcome))
+        _results.append((report.nodeid, report.outcome, ""))
+
+
+def pytest_collectreport(report):
+    if report.skipped:  # a whole module skipped (e.g. the GPU tests without a GPU)
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
+        _results.append((report.nodeid, "skipped", reason))
 
 
 def pytest_terminal_summary(terminalreporter):
     if os.environ.get("KVTIER_TAP") != "1":
         return
-    for i, (name, outcome) in enumerate(_results, 1):
+    for i, (name, outcome, reason) in enumerate(_results, 1):
         if outcome == "passed":
             terminalreporter.write_line(f"ok {i} - {name}")
         elif outcome == "skipped":
-            terminalreporter.write_line(f"ok {i} - {name} # SKIP")
+            terminalreporter.write_line(f"ok {i} - {name} # SKIP {reason}".rstrip())
         else:
             terminalreporter.write_line(f"not ok {i} - {name}")
