@@ -175,10 +175,15 @@ class Config:
                 continue
             val = getattr(self, f.name)
             try:
-                setattr(c, f.name, val if isinstance(val, float) else int(val))
+                if isinstance(getattr(c, f.name), float):  # a double field
+                    setattr(c, f.name, float(val))
+                    continue
+                if isinstance(val, float) and not val.is_integer():
+                    raise TypeError(f"{val} is not an integer")
+                setattr(c, f.name, int(val))
             except (TypeError, ValueError) as e:
                 raise TypeError(f"Config.{f.name}: {e}") from None
-            if not isinstance(val, float) and getattr(c, f.name) != int(val):
+            if getattr(c, f.name) != int(val):
                 raise ValueError(f"Config.{f.name}: {val} does not fit the C field")
         return c, spill  # spill keeps the path's bytes alive while c points at them
 

@@ -51,6 +51,10 @@ def test_bad_config_raises_with_the_field_named():
         kvtier.Manager(**{**SMALL, "n_layers": "four"})
     with pytest.raises(ValueError):
         kvtier.Manager(**{**SMALL, "n_layers": -1})
+    with pytest.raises(TypeError, match="not an integer"):
+        kvtier.Manager(**{**SMALL, "host_bytes": 1.5e6 + 0.5})
+    with kvtier.Manager(**{**SMALL, "host_bytes": 16e6, "model_h2d_gbps": 40}) as m:
+        assert m.config.host_bytes <= 16_000_000 and m.config.model_h2d_gbps == 40.0
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
