@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import errno
 import logging
 import os
 import sys
@@ -40,7 +41,7 @@ import threading
 import weakref
 from ctypes import byref, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -165,9 +166,7 @@ class Config:
         self.backend = _as_enum(Backend, self.backend)
 
     def _to_c(self) -> Tuple[_capi.CConfig, Optional[bytes]]:
-        c = _capi.CConfig()
-        c.size = ctypes.sizeof(_capi.CConfig)
-        c.version = _capi.CONFIG_VERSION
+        c = _capi.CConfig.sized(_capi.CONFIG_VERSION)
         spill = os.fsencode(self.spill_dir) if self.spill_dir is not None else None
         for f in fields(self):
             if f.name == "spill_dir":
@@ -225,10 +224,8 @@ class Manager:
         if err:  # no manager, so no last error: its detail is what the library logged
             raise Error(err, "kvt_manager_create", "; ".join(said))
         self._m = handle.value
-        out = _capi.CConfig()
-        out.size = ctypes.sizeof(out)
-        out.version = _capi.CONFIG_VERSION
-        self._check(_lib.kvt_manager_config(self._m, byref(out)), "kvt_manager_config")
+        out = _capi.CConfig.sized(_capi.CONFIG_VERSION)
+        self._call(_lib.kvt_manager_config, byref(out))
         #: The effective configuration (backend resolved from AUTO).
         self.config: Config = Config._from_c(out)
         self._memory = _tensor.CUDA if self.config.backend == Backend.CUDA else _tensor.HOST
@@ -274,6 +271,11 @@ class Manager:
             detail = _lib.kvt_manager_last_error(self._m).decode() if self._m else ""
             raise Error(err, func, detail)
 
+    def _call(self, fn: Any, *args: Any) -> None:
+        """fn(manager, *args) under the lock; a failure raises Error named after fn."""
+        with self._lock:
+            self._check(fn(self._h(), *args), fn.__name__)
+
     @property
     def last_error(self) -> str:
         """kvt_manager_last_error: detail of the latest failed call ("" when none failed)."""
@@ -289,44 +291,34 @@ class Manager:
 
     def stats(self) -> Stats:
         """kvt_manager_stats: the manager's counters (a :class:`Stats`; ``.as_dict()``)."""
-        out = Stats()
-        out.size = ctypes.sizeof(out)
-        out.version = _capi.STATS_VERSION
-        with self._lock:
-            self._check(_lib.kvt_manager_stats(self._h(), byref(out)), "kvt_manager_stats")
+        out = Stats.sized(_capi.STATS_VERSION)
+        self._call(_lib.kvt_manager_stats, byref(out))
         return out
 
     def sync(self, stream: Any = None) -> None:
         """kvt_manager_sync: waits for every pending save and the work queued on stream."""
-        st = _tensor.stream_handle(stream)
-        with self._lock:
-            self._check(_lib.kvt_manager_sync(self._h(), st), "kvt_manager_sync")
+        self._call(_lib.kvt_manager_sync, _tensor.stream_handle(stream))
 
     # -- sequences ---------------------------------------------------------------------------
 
     def create_seq(self, seq: int, prompt_tokens: int) -> None:
         """kvt_seq_create: registers sequence id `seq` with a prompt of prompt_tokens tokens."""
-        with self._lock:
-            self._check(_lib.kvt_seq_create(self._h(), seq, prompt_tokens), "kvt_seq_create")
+        self._call(_lib.kvt_seq_create, seq, prompt_tokens)
 
     def destroy_seq(self, seq: int) -> None:
         """kvt_seq_destroy: frees the sequence's device frames and host blocks."""
-        with self._lock:
-            self._check(_lib.kvt_seq_destroy(self._h(), seq), "kvt_seq_destroy")
+        self._call(_lib.kvt_seq_destroy, seq)
 
     def info(self, seq: int) -> SeqInfo:
         """kvt_seq_info: what the sequence holds and needs (a :class:`SeqInfo`)."""
-        out = SeqInfo()
-        out.size = ctypes.sizeof(out)
-        with self._lock:
-            self._check(_lib.kvt_seq_info(self._h(), seq, byref(out)), "kvt_seq_info")
+        out = SeqInfo.sized()
+        self._call(_lib.kvt_seq_info, seq, byref(out))
         return out
 
     def tokens(self, seq: int, layer: int) -> int:
         """kvt_seq_tokens: tokens written to (seq, layer); 0 before its prefill."""
         n = c_uint32()
-        with self._lock:
-            self._check(_lib.kvt_seq_tokens(self._h(), seq, layer, byref(n)), "kvt_seq_tokens")
+        self._call(_lib.kvt_seq_tokens, seq, layer, byref(n))
         return n.value
 
     def prefill_layer(self, seq: int, layer: int, k: Any, v: Any, q_obs: Any = None,
@@ -338,15 +330,14 @@ class Manager:
         st = _tensor.stream_handle(stream)
         with self._lock:
             T = self.info(seq).prompt_tokens
-            pk, keep_k = self._t(k, "k", (self._H, T, self._D), st)
-            pv, keep_v = self._t(v, "v", (self._H, T, self._D), st)
-            pq, keep_q = (None, None)
+            # the second items (keepalives) hold the tensors until the call returned
+            pk, _k = self._t(k, "k", (self._H, T, self._D), st)
+            pv, _v = self._t(v, "v", (self._H, T, self._D), st)
+            pq, _q = (None, None)
             if q_obs is not None:
-                pq, keep_q = self._t(q_obs, "q_obs",
-                                     (self._Hq, self.config.obs_window, self._D), st)
-            err = _lib.kvt_prefill_layer(self._h(), seq, layer, pk, pv, pq, st)
-            del keep_k, keep_v, keep_q
-            self._check(err, "kvt_prefill_layer")
+                pq, _q = self._t(q_obs, "q_obs", (self._Hq, self.config.obs_window, self._D),
+                                 st)
+            self._call(_lib.kvt_prefill_layer, seq, layer, pk, pv, pq, st)
 
     def decode_append(self, layer: int, seqs: Any, k: Any, v: Any, stream: Any = None) -> None:
         """kvt_decode_append: appends one token per sequence to `layer`; k and v hold
@@ -354,11 +345,9 @@ class Manager:
         st = _tensor.stream_handle(stream)
         ids, n = _seq_array(seqs)
         with self._lock:
-            pk, keep_k = self._t(k, "k", (n, self._H, self._D), st)
-            pv, keep_v = self._t(v, "v", (n, self._H, self._D), st)
-            err = _lib.kvt_decode_append(self._h(), layer, ids, n, pk, pv, st)
-            del keep_k, keep_v
-            self._check(err, "kvt_decode_append")
+            pk, _k = self._t(k, "k", (n, self._H, self._D), st)
+            pv, _v = self._t(v, "v", (n, self._H, self._D), st)
+            self._call(_lib.kvt_decode_append, layer, ids, n, pk, pv, st)
 
     def decode_recall(self, layer: int, seqs: Any, q: Any, stream: Any = None) -> None:
         """kvt_decode_recall: scores each sequence's host blocks of `layer` against its decode
@@ -367,10 +356,8 @@ class Manager:
         st = _tensor.stream_handle(stream)
         ids, n = _seq_array(seqs)
         with self._lock:
-            pq, keep = self._t(q, "q", (n, self._Hq, self._D), st)
-            err = _lib.kvt_decode_recall(self._h(), layer, ids, n, pq, st)
-            del keep
-            self._check(err, "kvt_decode_recall")
+            pq, _q = self._t(q, "q", (n, self._Hq, self._D), st)
+            self._call(_lib.kvt_decode_recall, layer, ids, n, pq, st)
 
     def recall_blocks(self, layer: int, seqs: Any, blocks: Any, stream: Any = None) -> None:
         """kvt_recall_blocks: as decode_recall with the selection given: blocks is
@@ -382,54 +369,42 @@ class Manager:
             raise ValueError(f"blocks: expected [{n}][{self._H}][r] block indices, "
                              f"got shape {b.shape}")
         r = b.size // (n * self._H)
-        with self._lock:
-            err = _lib.kvt_recall_blocks(self._h(), layer, ids, n, b.ctypes.data, r, st)
-            self._check(err, "kvt_recall_blocks")
+        self._call(_lib.kvt_recall_blocks, layer, ids, n, b.ctypes.data, r, st)
 
-    def _counted(self, fn: Callable[[Any, int, Any], int], ctype: Any, func: str) -> Any:
-        """Runs a `cap, n_out` query twice: once for the count, once to fill."""
+    def _counted(self, fn: Any, ctype: Any, args: Tuple[Any, ...], tail: Tuple[Any, ...] = ()
+                 ) -> Any:
+        """A `fn(m, *args, out, cap, n_out, *tail)` query: once for the count, then, when it
+        answers -ENOSPC, again with room for that many."""
         n = c_uint32()
-        err = fn(None, 0, byref(n))
-        if err == -28 and n.value:  # -ENOSPC: room for n.value needed
-            out = (ctype * n.value)()
-            err = fn(out, n.value, byref(n))
-            self._check(err, func)
-            return out
-        self._check(err, func)
-        return (ctype * 0)()
+        with self._lock:
+            h = self._h()
+            out = (ctype * 0)()
+            err = fn(h, *args, None, 0, byref(n), *tail)
+            if err == -errno.ENOSPC and n.value:
+                out = (ctype * n.value)()
+                err = fn(h, *args, out, n.value, byref(n), *tail)
+            self._check(err, fn.__name__)
+        return out
 
     def resident_positions(self, seq: int, layer: int, kv_head: int) -> np.ndarray:
         """kvt_seq_resident_positions: positions resident on the device for (seq, layer,
         kv_head), ascending (sink, top-K, ring), as an int32 array."""
-        with self._lock:
-            h = self._h()
-            out = self._counted(
-                lambda o, cap, n: _lib.kvt_seq_resident_positions(h, seq, layer, kv_head, o,
-                                                                  cap, n),
-                ctypes.c_int32, "kvt_seq_resident_positions")
+        out = self._counted(_lib.kvt_seq_resident_positions, ctypes.c_int32,
+                            (seq, layer, kv_head))
         return np.ctypeslib.as_array(out).copy() if len(out) else np.zeros(0, np.int32)
 
     def recall_view(self, seq: int, layer: int, kv_head: int) -> List[RecallRef]:
         """kvt_seq_recall_view: the blocks the latest recall made resident for (seq, layer,
         kv_head), ascending; :class:`Error` with errno ESTALE when a frame went to another
         block since (recall again)."""
-        with self._lock:
-            h = self._h()
-            out = self._counted(
-                lambda o, cap, n: _lib.kvt_seq_recall_view(h, seq, layer, kv_head, o, cap, n),
-                RecallRef, "kvt_seq_recall_view")
-        return list(out)
+        return list(self._counted(_lib.kvt_seq_recall_view, RecallRef, (seq, layer, kv_head)))
 
     def frames(self, seq: int, layer: int, kv_head: int) -> Tuple[np.ndarray, int]:
         """kvt_seq_frames: (device addresses of the resident set's frames as uint64, number of
         slots holding tokens). Slot s is row s % block_tokens of frames[s // block_tokens]."""
         slots = c_uint32()
-        with self._lock:
-            h = self._h()
-            out = self._counted(
-                lambda o, cap, n: _lib.kvt_seq_frames(h, seq, layer, kv_head, o, cap, n,
-                                                      byref(slots)),
-                c_uint64, "kvt_seq_frames")
+        out = self._counted(_lib.kvt_seq_frames, c_uint64, (seq, layer, kv_head),
+                            (byref(slots),))
         arr = np.ctypeslib.as_array(out).copy() if len(out) else np.zeros(0, np.uint64)
         return arr, slots.value
 
@@ -439,10 +414,8 @@ class Manager:
         the manager's dtype (uint16 bit patterns for bf16), from whichever tier holds it."""
         k = np.empty(self._D, _tensor.numpy_dtype(self._dt))
         v = np.empty(self._D, _tensor.numpy_dtype(self._dt))
-        with self._lock:
-            err = _lib.kvt_seq_read_token(self._h(), seq, layer, kv_head, pos, k.ctypes.data,
-                                          v.ctypes.data)
-            self._check(err, "kvt_seq_read_token")
+        self._call(_lib.kvt_seq_read_token, seq, layer, kv_head, pos, k.ctypes.data,
+                   v.ctypes.data)
         return k, v
 
     def attend(self, seq: int, layer: int, q: Any, out: Optional[np.ndarray] = None
@@ -460,34 +433,27 @@ class Manager:
               or not out.flags.writeable):
             raise ValueError(f"out: expected a writable C-contiguous float32 array of "
                              f"{self._Hq}x{self._D}")
-        with self._lock:
-            err = _lib.kvt_attend(self._h(), seq, layer, qa.ctypes.data, out.ctypes.data)
-            self._check(err, "kvt_attend")
+        self._call(_lib.kvt_attend, seq, layer, qa.ctypes.data, out.ctypes.data)
         return out
 
     # -- preemption and the disk tier ----------------------------------------------------------
 
     def preempt(self, seq: int) -> None:
         """kvt_seq_preempt: frees the sequence's device frames; its history stays whole."""
-        with self._lock:
-            self._check(_lib.kvt_seq_preempt(self._h(), seq), "kvt_seq_preempt")
+        self._call(_lib.kvt_seq_preempt, seq)
 
     def resume(self, seq: int, stream: Any = None) -> None:
         """kvt_seq_resume: rebuilds a preempted sequence's device state bit for bit."""
-        st = _tensor.stream_handle(stream)
-        with self._lock:
-            self._check(_lib.kvt_seq_resume(self._h(), seq, st), "kvt_seq_resume")
+        self._call(_lib.kvt_seq_resume, seq, _tensor.stream_handle(stream))
 
     def fetch(self, seqs: Any) -> None:
         """kvt_seq_fetch: reads the spilled blocks of the sequences back in one batched read."""
         ids, n = _seq_array(seqs)
-        with self._lock:
-            self._check(_lib.kvt_seq_fetch(self._h(), ids, n), "kvt_seq_fetch")
+        self._call(_lib.kvt_seq_fetch, ids, n)
 
     def spill(self, seq: int) -> None:
         """kvt_seq_spill: writes every host block of seq to the spill file now."""
-        with self._lock:
-            self._check(_lib.kvt_seq_spill(self._h(), seq), "kvt_seq_spill")
+        self._call(_lib.kvt_seq_spill, seq)
 
 
 @dataclass
@@ -520,15 +486,12 @@ class Scheduler:
                  max_inject_tokens: int = 2048 * 32, ws_control: bool = True) -> None:
         self._s: Optional[int] = None
         self._m = manager
-        c = _capi.CSchedConfig()
-        c.size = ctypes.sizeof(c)
-        c.version = _capi.SCHED_CONFIG_VERSION
+        c = _capi.CSchedConfig.sized(_capi.SCHED_CONFIG_VERSION)
         c.max_requests, c.max_tokens = max_requests, max_tokens
         c.max_inject_tokens, c.ws_control = max_inject_tokens, 1 if ws_control else 0
         handle = c_void_p()
         with manager._lock:
-            manager._check(_lib.kvt_sched_create(manager._h(), byref(c), byref(handle)),
-                           "kvt_sched_create")
+            manager._call(_lib.kvt_sched_create, byref(c), byref(handle))
             self._s = handle.value
             manager._scheds.add(self)
 
@@ -556,17 +519,20 @@ class Scheduler:
             raise ValueError("kvtier: the scheduler is closed")
         return self._s
 
+    def _call(self, fn: Any, *args: Any) -> None:
+        """fn(scheduler, *args) under the manager's lock; a failure raises Error."""
+        with self._m._lock:
+            self._m._check(fn(self._h(), *args), fn.__name__)
+
     def submit(self, seq: int, max_new_tokens: int) -> None:
         """kvt_sched_submit: queues live, not yet prefilled sequence seq for max_new_tokens."""
-        with self._m._lock:
-            self._m._check(_lib.kvt_sched_submit(self._h(), seq, max_new_tokens),
-                           "kvt_sched_submit")
+        self._call(_lib.kvt_sched_submit, seq, max_new_tokens)
 
     def step(self) -> Batch:
         """kvt_sched_step: forms the next iteration's batch (preempting/resuming as needed)."""
         b = _capi.CSchedBatch()
         with self._m._lock:
-            self._m._check(_lib.kvt_sched_step(self._h(), byref(b)), "kvt_sched_step")
+            self._call(_lib.kvt_sched_step, byref(b))
             items = [SchedItem.from_buffer_copy(b.items[i]) for i in range(b.n_items)]
             done = [b.completed[i] for i in range(b.n_completed)]
             failed = [b.failed[i] for i in range(b.n_failed)]
@@ -574,13 +540,11 @@ class Scheduler:
 
     def commit(self) -> None:
         """kvt_sched_commit: the engine executed the current batch."""
-        with self._m._lock:
-            self._m._check(_lib.kvt_sched_commit(self._h()), "kvt_sched_commit")
+        self._call(_lib.kvt_sched_commit)
 
     def finish(self, seq: int) -> None:
         """kvt_sched_finish: removes seq now (finished early or failed)."""
-        with self._m._lock:
-            self._m._check(_lib.kvt_sched_finish(self._h(), seq), "kvt_sched_finish")
+        self._call(_lib.kvt_sched_finish, seq)
 
     @property
     def pending(self) -> int:
@@ -591,8 +555,7 @@ class Scheduler:
     def last(self) -> IterStats:
         """kvt_sched_last: figures of the iteration committed last."""
         out = IterStats()
-        with self._m._lock:
-            self._m._check(_lib.kvt_sched_last(self._h(), byref(out)), "kvt_sched_last")
+        self._call(_lib.kvt_sched_last, byref(out))
         return out
 
 

@@ -20,7 +20,7 @@ from ctypes import (
     c_uint64,
     c_void_p,
 )
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 # The version of the C library this binding was written against (major.minor must match).
 ABI_MAJOR, ABI_MINOR = 0, 1
@@ -38,6 +38,16 @@ class _Struct(Structure):
             val = getattr(self, name)
             out[name] = val.decode() if isinstance(val, bytes) else val
         return out
+
+    @classmethod
+    def sized(cls, version: Optional[int] = None) -> Any:
+        """A zeroed instance with `size` (and `version`, when given) filled in, as the C
+        calls that take a versioned structure expect."""
+        s = cls()
+        s.size = ctypes.sizeof(cls)
+        if version is not None:
+            s.version = version
+        return s
 
     def __repr__(self) -> str:
         body = ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items()

@@ -34,17 +34,14 @@ def prefill(m, seq, T, rng, layers=None):
     m.create_seq(seq, T)
     kv = {}
     dt = kvtier._tensor.numpy_dtype(int(c.dtype))
+
+    def cast(a):  # float32 to the manager's dtype (bf16: the top 16 bits)
+        return (a.view(np.uint32) >> 16).astype(np.uint16) if dt == np.uint16 else a.astype(dt)
+
     for layer in range(c.n_layers) if layers is None else layers:
-        k = rng.standard_normal((c.n_kv_heads, T, c.head_dim)).astype(np.float32)
-        v = rng.standard_normal((c.n_kv_heads, T, c.head_dim)).astype(np.float32)
-        if dt != np.float32:
-            k, v = k.astype(dt) if dt == np.float16 else k.view(np.uint32).astype(np.uint16), \
-                v.astype(dt) if dt == np.float16 else v.view(np.uint32).astype(np.uint16)
-        q = rng.standard_normal((c.n_q_heads, c.obs_window, c.head_dim)).astype(np.float32)
-        if dt == np.float16:
-            q = q.astype(np.float16)
-        elif dt == np.uint16:
-            q = (q.view(np.uint32) >> 16).astype(np.uint16)
+        k = cast(rng.standard_normal((c.n_kv_heads, T, c.head_dim)).astype(np.float32))
+        v = cast(rng.standard_normal((c.n_kv_heads, T, c.head_dim)).astype(np.float32))
+        q = cast(rng.standard_normal((c.n_q_heads, c.obs_window, c.head_dim)).astype(np.float32))
         m.prefill_layer(seq, layer, k, v, q)
         kv[layer] = (k, v)
     return kv
