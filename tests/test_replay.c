@@ -365,7 +365,7 @@ static void test_ws_control(void **state)
 	double b_on = (double)on.win_batch_sum / (double)on.win_iterations;
 	double b_off = (double)off.win_batch_sum / (double)off.win_iterations;
 
-	print_message("ws on: batch %.1f, %.0f blocks/iteration; off: batch %.1f, %.0f\n", b_on,
+	print_message("# ws on: batch %.1f, %.0f blocks/iteration; off: batch %.1f, %.0f\n", b_on,
 		      l_on, b_off, l_off);
 	assert_true(b_off > b_on);		      /* control admits fewer ... */
 	assert_true(l_off / b_off > 2 * l_on / b_on); /* ... and loads far less per request */

@@ -3,9 +3,9 @@
 # and pkg-config file (a tiny program built with `pkg-config --cflags --libs kvtier` and run),
 # the tools, and the Python package (imported from where it was installed, finding the library
 # without KVTIER_LIBRARY); then `pip install ./python` into a virtual environment.
-# usage: install_test.sh BUILD_DIR SOURCE_DIR
+# usage: install_test.sh BUILD_DIR SOURCE_DIR [PYTHON]   (PYTHON: the interpreter meson found)
 set -euo pipefail
-build=$1 src=$2
+build=$1 src=$2 py=${3:-}
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 fail() { echo "install_test: $*" >&2; exit 1; }
@@ -28,17 +28,25 @@ for tool in kvtier-demo kvtier-bench kvtier-replay kvtier-curve; do
 done
 echo "tools: installed and answer --help"
 
-py=$(command -v python3 || true)
+[ -n "$py" ] || py=$(command -v python3 || true)
 [ -n "$py" ] || { echo "install_test: no python3, Python checks skipped"; exit 0; }
 init=$(find "$stage" -path '*/kvtier/__init__.py' -print -quit)
 [ -n "$init" ] || fail "Python package not installed"
 site=$(dirname "$(dirname "$init")")
 grep -q "LIBDIR = \"$libdir\"" "$site/kvtier/_install.py" || fail "_install.py does not name $libdir"
-if [ "$prefix" = /usr/local ]; then
-	# installed for real, the package must be where this interpreter looks
-	"$py" -c "import sys; sys.exit(0 if '${site#"$stage"}' in sys.path else 1)" ||
-		fail "${site#"$stage"} is not on $py's sys.path"
-fi
+# Where the prefix is the interpreter's own (its sys.prefix, or /usr/local on Debian), the
+# package must land in one of its site directories (which site adds once they exist).
+"$py" - "$prefix" "${site#"$stage"}" <<'PY' || fail "package not installed where $py looks"
+import site, sys, sysconfig
+prefix, where = sys.argv[1], sys.argv[2]
+own = prefix == sys.prefix or (prefix == "/usr/local" and
+                               sysconfig.get_default_scheme() == "posix_local")
+if own and where not in site.getsitepackages():
+    sys.exit(f"install_test: {where} is not among {sys.executable}'s site directories "
+             f"{site.getsitepackages()}")
+print(f"python: package installed to {where}" +
+      ("" if own else f" (prefix {prefix} is not {sys.executable}'s: needs PYTHONPATH)"))
+PY
 "$py" -c 'import numpy' 2>/dev/null || { echo "install_test: no numpy, import skipped"; exit 0; }
 export GLIBC_TUNABLES=glibc.rtld.optional_static_tls=4096
 unset KVTIER_LIBRARY
