@@ -71,7 +71,9 @@ enum kvt_dtype {
 enum kvt_backend {
 	KVT_BACKEND_AUTO = 0,  /* CUDA when built and a device is usable, else host */
 	KVT_BACKEND_HOST = 1,  /* device tier emulated in RAM; the reference backend */
-	KVT_BACKEND_CUDA = 2,  /* real GPU (not in this build yet: -ENODEV) */
+	KVT_BACKEND_CUDA = 2,  /* real GPU: the plugin libkvtier-cuda.so (found beside
+				  libkvtier.so, or $KVTIER_CUDA_PLUGIN); -ENODEV when it is not
+				  built or no device is usable */
 	KVT_BACKEND_MODEL = 3, /* no payload bytes; every transfer timed by a bandwidth and
 				  per-call model (config.model_*); never chosen by AUTO */
 };
@@ -207,6 +209,14 @@ struct kvt_stats {
 	uint32_t disk_direct;	       /* 1: the spill file is O_DIRECT; 0: page cache (the file
 					  system refused O_DIRECT) or no disk tier */
 	uint32_t reserved;
+	/* CUDA backend (0 on the others): how loads of host blocks into device frames ran, as one
+	   fused gather kernel (FlashH2D) or one cudaMemcpyBatchAsync, and the calibration that
+	   chooses between them, measured when the manager was created: a load of at least
+	   xfer_gather_min_* pieces of that size (<= 4 KiB, <= 16 KiB, larger) runs as the kernel,
+	   a smaller one as DMA (UINT32_MAX: DMA always; 0: the kernel always). */
+	uint64_t h2d_kernel_launches, h2d_dma_batches;
+	uint32_t xfer_calibrated; /* 1: measured; 0: not (the kernel always) */
+	uint32_t xfer_gather_min_4k, xfer_gather_min_16k, xfer_gather_min_64k;
 };
 
 #define KVT_STATS_INIT                                                         \

@@ -164,11 +164,14 @@ struct kvt_manager {
 	uint32_t batch_cap;
 	void *sel_scratch;
 	size_t sel_scratch_bytes;
-	struct kvt_attend_rows *segs;
+	struct kvt_attend_rows *segs; /* kvt_attend: every head's, head h's from seg_off[h] */
 	uint32_t segs_cap;
+	uint32_t *seg_off;
+	uint32_t seg_off_cap;
 
 	/* recall */
-	bool keep_meta;	     /* block metadata maintained (recall_blocks > 0 and CPU-readable) */
+	bool keep_meta;	     /* block metadata maintained (recall_blocks > 0, and the device tier is
+				CPU-readable or the backend builds metadata itself) */
 	uint32_t meta_bytes; /* 2 * row_bytes */
 	struct kvt_recall_cache rc;
 	uint32_t *sel; /* [n][H][r] selection of the current recall call */
@@ -178,6 +181,10 @@ struct kvt_manager {
 	uint32_t score_cap, cand_cap;
 	float *qf; /* queries of one sequence in f32, and bound scratch */
 	uint32_t qf_cap;
+	/* Host copy of a caller's device tensor the CPU policy needs (decode keys for block
+	   metadata, recall queries) when the device tier is not CPU-readable. */
+	uint8_t *hcopy;
+	uint32_t hcopy_cap;
 
 	/* disk tier (manager/spill.c); disk is NULL without one */
 	struct kvt_disk *disk;
@@ -244,6 +251,11 @@ int kvt_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz);
 #define KVT_XFER(m, op, ...)                                                              \
 	(kvt_fault(KVT_FAULT_XFER) ? kvt_be_fail((m)->be, -EIO, "injected fault in " #op) \
 				   : (m)->ops->op((m)->be, __VA_ARGS__))
+
+/* Copies bytes of a caller's device tensor at src into m->hcopy (synchronously, after the
+   device work queued before). 0, -ENOMEM (detail in the backend's err) or the backend's
+   error. */
+int kvt_host_copy(struct kvt_manager *m, const void *src, uint64_t bytes);
 
 /* The live sequence id, or NULL with the error recorded: -ENOENT, or its loss (-EBADMSG)
    for every call but destroy and info. `what` prefixes the message (may be NULL). */

@@ -216,7 +216,7 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 	if (err)
 		goto fail_be;
 	m->meta_bytes = 2 * m->row_bytes;
-	m->keep_meta = c.recall_blocks > 0 && m->cpu_device;
+	m->keep_meta = c.recall_blocks > 0 && (m->cpu_device || (m->payload && ops->block_meta));
 	m->st.save_threads = c.save_threads;
 	*out = m;
 	return 0;
@@ -251,9 +251,10 @@ KVT_API int kvt_manager_create(const struct kvt_config *cfg, struct kvt_manager 
 	if (err)
 		return err;
 	ops = kvt_backend_find(c.backend, &resolved, &err);
-	if (!ops) {
-		kvt_log(KVT_LOG_WARN, "backend %d is not available in this build (%s)",
-			(int)c.backend, kvt_strerror(err));
+	if (!ops) { /* kvt_backend_find logged why (CUDA: plugin or device) */
+		if (err == -EINVAL)
+			kvt_log(KVT_LOG_WARN, "invalid configuration: backend %d is unknown",
+				(int)c.backend);
 		return err;
 	}
 	c.backend = resolved;
@@ -316,6 +317,8 @@ KVT_API void kvt_manager_destroy(struct kvt_manager *m)
 	free(m->score);
 	free(m->cand);
 	free(m->qf);
+	free(m->hcopy);
+	free(m->seg_off);
 	free(m);
 }
 
@@ -372,8 +375,28 @@ KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out
 		st.model_ns_disk = ds.model_ns;
 		st.disk_direct = ds.direct;
 	}
+	if (m->ops->stats) {
+		struct kvt_be_stats bs;
+
+		m->ops->stats(m->be, &bs);
+		st.h2d_kernel_launches = bs.h2d_kernel_launches;
+		st.h2d_dma_batches = bs.h2d_dma_batches;
+		st.xfer_calibrated = bs.calibrated;
+		st.xfer_gather_min_4k = bs.gather_min[0];
+		st.xfer_gather_min_16k = bs.gather_min[1];
+		st.xfer_gather_min_64k = bs.gather_min[2];
+	}
 	memcpy(out, &st, size);
 	return 0;
+}
+
+int kvt_host_copy(struct kvt_manager *m, const void *src, uint64_t bytes)
+{
+	if (bytes > UINT32_MAX ||
+	    kvt_reserve((void **)&m->hcopy, &m->hcopy_cap, (uint32_t)bytes, 1))
+		return kvt_be_fail(m->be, -ENOMEM, "no memory for a host copy of %llu bytes",
+				   (unsigned long long)bytes);
+	return KVT_XFER(m, read_d2h, m->hcopy, (uint64_t)(uintptr_t)src, bytes);
 }
 
 KVT_API int kvt_manager_sync(struct kvt_manager *m, void *stream)

@@ -722,6 +722,13 @@ KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint6
 		return kvt_fail(m, -ENOMEM, "recall: no memory for the selection of %u sequences",
 				n);
 	qstride = (uint64_t)m->cfg.n_q_heads * m->row_bytes;
+	if (!m->cpu_device) { /* the scoring runs on the CPU: the queries come over first */
+		int err = kvt_host_copy(m, q, n * qstride);
+
+		if (err)
+			return kvt_fail(m, err, "recall: queries: %s", m->be->err);
+		q = m->hcopy;
+	}
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_seq *s = kvt_seqmap_get(&m->seqs, seqs[i]);
 		struct kvt_seq_layer *ly = s ? &s->layers[layer] : NULL;

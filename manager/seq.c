@@ -305,7 +305,7 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 	if (count)
 		ly.topk = kvt_malloc((size_t)c->n_kv_heads * count * sizeof(*ly.topk));
 	snapkv_params(m, L, &sp);
-	if (count && m->payload && kvt_snapkv_scratch_bytes(&sp) > m->sel_scratch_bytes) {
+	if (count && m->cpu_device && kvt_snapkv_scratch_bytes(&sp) > m->sel_scratch_bytes) {
 		size_t want = kvt_snapkv_scratch_bytes(&sp);
 		void *p = kvt_realloc(m->sel_scratch, want);
 
@@ -328,7 +328,8 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 					  sizeof(*m->xf));
 	}
 	if (!err && m->keep_meta)
-		err = kvt_meta_prefill(m, &ly, k, L);
+		err = m->cpu_device ? kvt_meta_prefill(m, &ly, k, L)
+				    : kvt_meta_reserve(m, &ly, DIV_UP(L, c->block_tokens));
 	if (err || !ly.frames || !ly.groups || (count && !ly.topk)) {
 		err = kvt_fail(m, -ENOMEM, "sequence %llu layer %u: no memory for its tables",
 			       (unsigned long long)seq, layer);
@@ -339,13 +340,17 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 	kvt_pool_alloc(&m->host, nb, ly.groups);
 	ly.n_groups = nb;
 
-	/* Select (SnapKV). Without payload there is no data to score: keep the candidates
-	   nearest the recent window, which is what a recency prior would keep. */
+	/* Select (SnapKV), on the CPU where it can read the tensors, else on the backend's device
+	   (the layer's K never leaves it). Without payload there is no data to score: keep the
+	   candidates nearest the recent window, which is what a recency prior would keep. */
 	if (count && m->payload) {
-		err = kvt_snapkv_select(&sp, k, q_obs, ly.topk, m->sel_scratch);
+		err = m->cpu_device    ? kvt_snapkv_select(&sp, k, q_obs, ly.topk, m->sel_scratch)
+		      : m->ops->select ? KVT_XFER(m, select, &sp, k, q_obs, ly.topk, stream)
+				       : -ENOTSUP;
 		if (err) {
-			err = kvt_fail(m, err, "sequence %llu layer %u: selection failed",
-				       (unsigned long long)seq, layer);
+			err = kvt_fail(m, err, "sequence %llu layer %u: selection failed%s%s",
+				       (unsigned long long)seq, layer, m->cpu_device ? "" : ": ",
+				       m->cpu_device ? "" : m->be->err);
 			goto fail_host;
 		}
 	} else if (count) {
@@ -354,6 +359,17 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 		for (uint32_t h = 0; h < c->n_kv_heads; h++)
 			for (uint32_t i = 0; i < count; i++)
 				ly.topk[(size_t)h * count + i] = (int32_t)(hi - count + i);
+	}
+
+	/* Block metadata for recall, built on the device from the layer's K. */
+	if (m->keep_meta && !m->cpu_device) {
+		err = KVT_XFER(m, block_meta, c->dtype, c->head_dim, c->n_kv_heads, L,
+			       c->block_tokens, k, ly.rc->meta, stream);
+		if (err) {
+			err = kvt_fail(m, err, "sequence %llu layer %u: block metadata: %s",
+				       (unsigned long long)seq, layer, m->be->err);
+			goto fail_host;
+		}
 	}
 
 	/* Gather sink, ring and top-K rows of the caller's tensors into the frames. */
@@ -503,6 +519,13 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 					(unsigned long long)seqs[i]);
 		m->fresh[n_fresh++] = i;
 	}
+	/* The block metadata folds in the new keys on the CPU: bring them over from the device. */
+	if (m->keep_meta && !m->cpu_device) {
+		err = kvt_host_copy(m, k, (uint64_t)n * m->cfg.n_kv_heads * m->row_bytes);
+		if (err)
+			return kvt_fail(m, err, "decode: layer %u: keys for block metadata: %s",
+					layer, m->be->err);
+	}
 
 	/* Spilled members come back from disk first (their cursors move), then the new blocks
 	   get host room; neither is visible if the call fails after. */
@@ -552,7 +575,7 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 		ly->ring_slot = slot;
 		if (m->keep_meta)
 			kvt_meta_append(m, ly, ly->n_tokens,
-					(const uint8_t *)k +
+					(m->cpu_device ? (const uint8_t *)k : m->hcopy) +
 						(size_t)i * m->cfg.n_kv_heads * m->row_bytes);
 		ly->host_next = (++ly->n_tokens & bt_mask) ? m->ap[i].host + m->row_bytes : 0;
 		s->save_ticket = ticket;
@@ -760,7 +783,7 @@ KVT_API int kvt_attend(struct kvt_manager *m, uint64_t seq, uint32_t layer, cons
 	if (s->preempted)
 		return kvt_fail(m, -EINVAL, "attend: sequence %llu is preempted",
 				(unsigned long long)seq);
-	if (!m->cpu_device)
+	if (!m->cpu_device && !m->ops->attend)
 		return kvt_fail(m, -ENOTSUP, "attend: backend %s has no reference attention",
 				m->ops->name);
 	c = &m->cfg;
@@ -778,14 +801,22 @@ KVT_API int kvt_attend(struct kvt_manager *m, uint64_t seq, uint32_t layer, cons
 	/* Valid slots: [0, min(N, sink + recent)) plus the top-K slots right after the ring,
 	   which exist only when the prompt filled the ring (so the range is contiguous). */
 	n_valid = (ly->n_tokens < m->slots_sr ? ly->n_tokens : m->slots_sr) + s->valid_topk;
-	if (kvt_reserve((void **)&m->segs, &m->segs_cap, s->n_frames + most * (bt / 2 + 1),
-			sizeof(*m->segs)))
+	/* Every head's segments in one list (head h's from seg_off[h]), so a device backend
+	   attends all heads in one go. */
+	if ((uint64_t)c->n_kv_heads * (s->n_frames + most * (bt / 2 + 1)) > UINT32_MAX ||
+	    kvt_reserve((void **)&m->segs, &m->segs_cap,
+			c->n_kv_heads * (s->n_frames + most * (bt / 2 + 1)), sizeof(*m->segs)) ||
+	    kvt_reserve((void **)&m->seg_off, &m->seg_off_cap, c->n_kv_heads + 1,
+			sizeof(*m->seg_off)))
 		return kvt_fail(m, -ENOMEM, "attend: no memory for %u segments", s->n_frames);
-	err = m->ops->sync(m->be, NULL);
-	if (err)
-		return kvt_fail(m, err, "attend: %s", m->be->err);
+	if (m->cpu_device) {
+		err = m->ops->sync(m->be, NULL);
+		if (err)
+			return kvt_fail(m, err, "attend: %s", m->be->err);
+	}
+	m->seg_off[0] = 0;
 	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
-		uint32_t nseg = 0;
+		uint32_t nseg = m->seg_off[h];
 
 		for (uint32_t s0 = 0; s0 < n_valid; s0 += bt) {
 			uint64_t a = kvt_dev_row(m, ly, h, s0);
@@ -806,10 +837,18 @@ KVT_API int kvt_attend(struct kvt_manager *m, uint64_t seq, uint32_t layer, cons
 			nseg += recall_segments(m, m->rc.base + (uint64_t)id * m->block_bytes,
 						e->n_valid, mask, m->segs + nseg);
 		}
-		kvt_attend_rows(c->dtype, c->head_dim, q + (size_t)h * m->group_q * c->head_dim,
-				m->group_q, m->segs, nseg,
-				out + (size_t)h * m->group_q * c->head_dim);
+		m->seg_off[h + 1] = nseg;
 	}
+	if (!m->cpu_device) {
+		err = m->ops->attend(m->be, c->dtype, c->head_dim, c->n_kv_heads, m->group_q,
+				     m->segs, m->seg_off, q, out);
+		return err ? kvt_fail(m, err, "attend: %s", m->be->err) : 0;
+	}
+	for (uint32_t h = 0; h < c->n_kv_heads; h++)
+		kvt_attend_rows(c->dtype, c->head_dim, q + (size_t)h * m->group_q * c->head_dim,
+				m->group_q, m->segs + m->seg_off[h],
+				m->seg_off[h + 1] - m->seg_off[h],
+				out + (size_t)h * m->group_q * c->head_dim);
 	return 0;
 }
 

@@ -206,6 +206,20 @@ static inline void t_fill_decode(const struct kvt_config *c, const uint64_t *seq
 		}
 }
 
+#ifdef KVT_PLUGIN_H
+/* What KVT_BACKEND_AUTO resolves to here: CUDA where the plugin loads and a device is usable
+   (a GPU machine with the plugin built), else host. */
+static inline enum kvt_backend t_auto_backend(void)
+{
+	const struct kvt_plugin *p;
+	char why[256];
+	int err = 0;
+
+	p = kvt_plugin_load(&err);
+	return p && p->probe(why, sizeof(why)) == 0 ? KVT_BACKEND_CUDA : KVT_BACKEND_HOST;
+}
+#endif
+
 /* A small host-backend configuration: 2 layers, 2 kv heads, 4 q heads, d=16, 8-token blocks,
    sink 8, recent 16, top-K 16, obs 4, kernel 3, f16, 4 MiB per tier, 2 save threads. */
 static inline struct kvt_config t_small_config(void)

@@ -24,6 +24,7 @@
 #include "cli.h"
 #include "internal.h"
 #include "kvtier.h"
+#include "plugin.h"
 
 struct mopts {
 	uint32_t seqs, layers, prompt, steps, threads;
@@ -38,6 +39,7 @@ static void usage(FILE *f)
 		"       kvtier-bench sched [options]\n"
 		"       kvtier-bench recall [options]   (kvtier-bench recall --help)\n"
 		"       kvtier-bench disk [options]     (kvtier-bench disk --help)\n"
+		"       kvtier-bench transfer [options] (kvtier-bench transfer --help; CUDA)\n"
 		"Both use Llama-3-8B geometry (8 kv heads, 32 q heads, d=128, bf16, 32-token\n"
 		"blocks, sink 128, recent 512, top-K 4096).\n\n"
 		"manager: the manager's CPU time for decode steps of a batch. One step =\n"
@@ -544,6 +546,22 @@ out:
 	return rc;
 }
 
+/* The transfer benchmark lives in the CUDA plugin (transfer/cuda_bench.c), which links the
+   CUDA runtime; this program does not. Exit 77 (skipped) when there is no plugin. */
+static int bench_transfer(int argc, char **argv)
+{
+	int err = 0;
+	const struct kvt_plugin *p = kvt_plugin_load(&err);
+
+	if (!p) {
+		fprintf(stderr,
+			"kvtier-bench transfer: the CUDA backend plugin is not available (%s)\n",
+			kvt_plugin_error()[0] ? kvt_plugin_error() : "not built or not found");
+		return 77;
+	}
+	return p->bench(argc, argv);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
@@ -558,6 +576,8 @@ int main(int argc, char **argv)
 		return kvt_bench_recall(argc - 1, argv + 1);
 	if (strcmp(argv[1], "disk") == 0)
 		return kvt_bench_disk(argc - 1, argv + 1);
+	if (strcmp(argv[1], "transfer") == 0)
+		return bench_transfer(argc - 1, argv + 1);
 	fprintf(stderr, "kvtier-bench: unknown benchmark '%s' (try --help)\n", argv[1]);
 	return 2;
 }

@@ -13,7 +13,7 @@
 
 #include "kvtier.h"
 
-#define KVT_BACKEND_OPS_VERSION 1
+#define KVT_BACKEND_OPS_VERSION 2
 
 enum kvt_tier {
 	KVT_TIER_DEVICE = 0,
@@ -53,6 +53,18 @@ struct kvt_model_params {
 	uint32_t call_ns, launch_ns;	     /* one DMA copy call; one kernel launch */
 	uint32_t fused;			     /* 1: fused gather kernel; 0: a DMA per piece */
 };
+
+/* Transfer figures of a backend for kvt_stats (the CUDA backend's; zero elsewhere). */
+struct kvt_be_stats {
+	uint64_t h2d_kernel_launches; /* gathers run as the fused kernel (FlashH2D) */
+	uint64_t h2d_dma_batches;     /* gathers run as one cudaMemcpyBatchAsync */
+	uint32_t calibrated;	      /* 1: gather_min was measured at create */
+	uint32_t gather_min[3];	      /* per piece-size class (<= 4 KiB, <= 16 KiB, larger): the
+					 fewest pieces the kernel takes; UINT32_MAX: DMA only */
+};
+
+struct kvt_snapkv;
+struct kvt_attend_rows;
 
 struct kvt_backend_params {
 	uint32_t save_threads;
@@ -129,6 +141,31 @@ struct kvt_backend_ops {
 
 	/* Waits for the work queued on stream (NULL: the backend's default stream). */
 	int (*sync)(struct kvt_be *b, void *stream);
+
+	/* ---- Optional (NULL): the policy on the backend's own device. A backend whose device
+	   tier is CPU-readable leaves them NULL and the manager runs policy/ on the CPU. ---- */
+
+	/* SnapKV selection of one prefill layer, as kvt_snapkv_select: k and q_obs in device
+	   memory, out (n_kv_heads x count positions) in host memory when the call returns. */
+	int (*select)(struct kvt_be *b, const struct kvt_snapkv *p, const void *k,
+		      const void *q_obs, int32_t *out, void *stream);
+
+	/* Block metadata of one prefill layer (k [n_heads][L][head_dim] in device memory), as
+	   kvt_meta_build per (block, head), into host memory meta [nb][n_heads][2][head_dim]. */
+	int (*block_meta)(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads,
+			  uint32_t L, uint32_t block_tokens, const void *k, void *meta,
+			  void *stream);
+
+	/* Reference decode attention of n_heads kv heads over device rows, as kvt_attend_rows per
+	   head: head h uses seg[seg_off[h] .. seg_off[h + 1]) (host arrays; rows at device
+	   addresses); q and out are [n_heads * g_count][head_dim] f32 in host memory. Waits for
+	   all device work first (the rows may have been written on any stream). */
+	int (*attend)(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads,
+		      uint32_t g_count, const struct kvt_attend_rows *seg, const uint32_t *seg_off,
+		      const float *q, float *out);
+
+	/* Transfer figures for kvt_stats. */
+	void (*stats)(struct kvt_be *b, struct kvt_be_stats *out);
 };
 
 /* The backend for a kvt_backend value (AUTO resolved; AUTO never picks the model backend), or

@@ -1,0 +1,1230 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The CUDA backend (plugin libkvtier-cuda.so; see plugin.h for how libkvtier finds it).
+ *
+ * - Device tier: one cudaMalloc of the configured budget, carved into frames by the manager.
+ * - Host tier: one cudaHostAlloc, mapped and portable, so kernels read host blocks over UVA;
+ *   preferred on the GPU's NUMA node when sysfs names one. Variable-size pinned allocations
+ *   (staging buffers, piece lists) come from a private jemalloc arena whose extent hooks hand
+ *   out cudaHostAlloc memory.
+ * - FlashH2D (gather_h2d): the piece list goes to the device in one small copy and one launch of
+ *   the fused gather kernel (cuda_gather.cu) moves every piece; small gathers, where the
+ *   start-up calibration found DMA faster, go out as one cudaMemcpyBatchAsync instead.
+ * - FlashD2H (save, append): one cudaMemcpyAsync per source of the contiguous new rows into a
+ *   pinned staging buffer (two, ping-pong, owned by the save pool), an event per buffer, and the
+ *   save threads wait for that event and scatter into host blocks while the GPU goes on.
+ * - The policy on the device: SnapKV selection, block metadata and the reference attention
+ *   (policy/snapkv.cu, recall.cu, attend.cu), so a prefill layer's K never leaves the GPU.
+ *
+ * Every CUDA error becomes a negative errno with the CUDA text in the backend's err; injected
+ * faults (KVT_FAULT_CUDA) replace a call by cudaErrorUnknown before it runs. Nothing aborts.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+#include <jemalloc/jemalloc.h>
+
+#include "cuda_be.h"
+#include "gpu.h"
+#include "policy.h"
+
+#define LIST_SLOTS 4
+#define ALIGN_UP(x, a) (((x) + (a)-1) / (a) * (a))
+
+const struct kvt_plugin_host *kvt_cuda_host;
+
+/* A piece list (or row address list) in flight: written into pinned host memory, copied to
+   the device, read by a kernel; `done` fires when the kernel that read it has finished. */
+struct list_slot {
+	void *host, *dev;
+	size_t cap;
+	cudaEvent_t done;
+	bool recorded;
+};
+
+struct pinned_region {
+	void *base;
+};
+
+struct cuda_backend {
+	struct kvt_be base;
+	extent_hooks_t hooks; /* the pinned arena's; jemalloc hands back its address */
+	int device, numa_node;
+	uint32_t gather_ctas, copy_ctas;
+
+	unsigned arena;
+	bool arena_live;
+	pthread_mutex_t reg_lock;
+	struct pinned_region *reg;
+	size_t n_reg, cap_reg;
+
+	struct kvt_savepool *sp;
+	cudaEvent_t stage_done[2];
+	cudaStream_t save_stream; /* stream of the save being submitted (owner thread only) */
+	atomic_int save_err;	  /* first failure of a save thread's wait */
+
+	struct list_slot slot[LIST_SLOTS];
+	uint32_t next_slot;
+
+	void *dev_arena, *host_arena;
+	uint64_t host_lo, host_hi; /* host arena range, for address translation */
+	int64_t host_delta;	   /* device address - host address of the host arena */
+
+	void *io_dev; /* device scratch of the policy ops */
+	size_t io_bytes;
+	void **b_dst, **b_src; /* cudaMemcpyBatchAsync arrays */
+	size_t *b_size;
+	size_t b_cap;
+
+	struct kvt_cuda_calib calib;
+	uint64_t kernel_launches, dma_batches;
+};
+
+/* ---- Errors ----------------------------------------------------------------------------- */
+
+static int be_fail(struct kvt_be *b, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int be_fail(struct kvt_be *b, int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(b->err, sizeof(b->err), fmt, ap);
+	va_end(ap);
+	return err;
+}
+
+static int errno_of(cudaError_t e)
+{
+	switch (e) {
+	case cudaSuccess:
+		return 0;
+	case cudaErrorMemoryAllocation:
+		return -ENOMEM;
+	case cudaErrorInvalidValue:
+	case cudaErrorInvalidDevicePointer:
+	case cudaErrorInvalidResourceHandle:
+	case cudaErrorInvalidPitchValue:
+		return -EINVAL;
+	case cudaErrorNoDevice:
+	case cudaErrorInvalidDevice:
+	case cudaErrorInsufficientDriver:
+	case cudaErrorDevicesUnavailable:
+	case cudaErrorCallRequiresNewerDriver:
+		return -ENODEV;
+	default:
+		return -EIO;
+	}
+}
+
+/* 0, or the errno of e with "what: CUDA's text" recorded. */
+static int cu_result(struct cuda_backend *cb, cudaError_t e, const char *what)
+{
+	if (e == cudaSuccess)
+		return 0;
+	return be_fail(&cb->base, errno_of(e), "%s: %s (%s)", what, cudaGetErrorString(e),
+		       cudaGetErrorName(e));
+}
+
+/* Runs a CUDA call unless fault injection says this hit fails (then the call never runs). */
+#define CU(cb, expr, what) \
+	cu_result((cb), kvt_cuda_host->fault(KVT_FAULT_CUDA) ? cudaErrorUnknown : (expr), (what))
+
+/* ---- The pinned jemalloc arena ------------------------------------------------------------ */
+
+static struct cuda_backend *of_hooks(extent_hooks_t *h)
+{
+	return (struct cuda_backend *)((char *)h - offsetof(struct cuda_backend, hooks));
+}
+
+static void *hook_alloc(extent_hooks_t *h, void *new_addr, size_t size, size_t alignment,
+			bool *zero, bool *commit, unsigned arena_ind)
+{
+	struct cuda_backend *cb = of_hooks(h);
+	size_t extra = alignment > 4096 ? alignment : 0;
+	uintptr_t a;
+	void *p;
+
+	(void)arena_ind;
+	if (new_addr) /* only fresh memory can be pinned */
+		return NULL;
+	pthread_mutex_lock(&cb->reg_lock);
+	if (cb->n_reg == cb->cap_reg) {
+		size_t cap = cb->cap_reg ? 2 * cb->cap_reg : 16;
+		void *r = realloc(cb->reg, cap * sizeof(*cb->reg));
+
+		if (!r)
+			goto fail;
+		cb->reg = r;
+		cb->cap_reg = cap;
+	}
+	if (cudaHostAlloc(&p, size + extra, cudaHostAllocMapped | cudaHostAllocPortable) !=
+	    cudaSuccess)
+		goto fail;
+	cb->reg[cb->n_reg++].base = p;
+	pthread_mutex_unlock(&cb->reg_lock);
+	a = ALIGN_UP((uintptr_t)p, alignment ? alignment : 1);
+	if (*zero)
+		memset((void *)a, 0, size);
+	*commit = true;
+	return (void *)a;
+fail:
+	pthread_mutex_unlock(&cb->reg_lock);
+	return NULL;
+}
+
+/* Pinned extents are never handed back one by one (opt out: jemalloc retains and reuses them);
+   the backend frees every region at destroy, after the arena is gone. */
+static bool hook_dalloc(extent_hooks_t *h, void *addr, size_t size, bool committed,
+			unsigned arena_ind)
+{
+	(void)h, (void)addr, (void)size, (void)committed, (void)arena_ind;
+	return true;
+}
+
+static void hook_destroy(extent_hooks_t *h, void *addr, size_t size, bool committed,
+			 unsigned arena_ind)
+{
+	(void)h, (void)addr, (void)size, (void)committed, (void)arena_ind;
+}
+
+static bool hook_commit(extent_hooks_t *h, void *addr, size_t size, size_t offset, size_t length,
+			unsigned arena_ind)
+{
+	(void)h, (void)addr, (void)size, (void)offset, (void)length, (void)arena_ind;
+	return false; /* pinned memory is always committed */
+}
+
+static bool hook_decommit(extent_hooks_t *h, void *addr, size_t size, size_t offset, size_t length,
+			  unsigned arena_ind)
+{
+	(void)h, (void)addr, (void)size, (void)offset, (void)length, (void)arena_ind;
+	return true; /* refused: it stays committed */
+}
+
+static bool hook_split(extent_hooks_t *h, void *addr, size_t size, size_t size_a, size_t size_b,
+		       bool committed, unsigned arena_ind)
+{
+	(void)h, (void)addr, (void)size, (void)size_a, (void)size_b, (void)committed,
+		(void)arena_ind;
+	return false; /* extents are never freed one by one, so any split is fine */
+}
+
+static bool hook_merge(extent_hooks_t *h, void *addr_a, size_t size_a, void *addr_b, size_t size_b,
+		       bool committed, unsigned arena_ind)
+{
+	(void)h, (void)addr_a, (void)size_a, (void)addr_b, (void)size_b, (void)committed,
+		(void)arena_ind;
+	return false;
+}
+
+static int pinned_arena_create(struct cuda_backend *cb)
+{
+	extent_hooks_t *hp = &cb->hooks;
+	size_t sz = sizeof(cb->arena);
+
+	cb->hooks = (extent_hooks_t){
+		.alloc = hook_alloc,
+		.dalloc = hook_dalloc,
+		.destroy = hook_destroy,
+		.commit = hook_commit,
+		.decommit = hook_decommit,
+		.split = hook_split,
+		.merge = hook_merge,
+	};
+	if (mallctl("arenas.create", &cb->arena, &sz, &hp, sizeof(hp)) != 0)
+		return be_fail(&cb->base, -ENOMEM, "cannot create the pinned jemalloc arena");
+	cb->arena_live = true;
+	return 0;
+}
+
+static void pinned_arena_destroy(struct cuda_backend *cb)
+{
+	char name[64];
+
+	if (cb->arena_live) {
+		snprintf(name, sizeof(name), "arena.%u.destroy", cb->arena);
+		mallctl(name, NULL, NULL, NULL, 0);
+		cb->arena_live = false;
+	}
+	for (size_t i = 0; i < cb->n_reg; i++)
+		cudaFreeHost(cb->reg[i].base);
+	free(cb->reg);
+	cb->reg = NULL;
+	cb->n_reg = cb->cap_reg = 0;
+}
+
+static void *pinned_alloc(void *actx, size_t bytes)
+{
+	struct cuda_backend *cb = actx;
+
+	if (!cb->arena_live || bytes == 0 || kvt_cuda_host->fault(KVT_FAULT_ALLOC))
+		return NULL;
+	return mallocx(bytes, MALLOCX_ARENA(cb->arena) | MALLOCX_TCACHE_NONE | MALLOCX_ALIGN(4096));
+}
+
+static void pinned_free(void *actx, void *p, size_t bytes)
+{
+	(void)actx;
+	(void)bytes;
+	if (p)
+		dallocx(p, MALLOCX_TCACHE_NONE);
+}
+
+/* ---- NUMA: the host arena on the GPU's node ---------------------------------------------- */
+
+#ifndef MPOL_DEFAULT
+#define MPOL_DEFAULT 0
+#define MPOL_PREFERRED 1
+#endif
+
+static int gpu_numa_node(int device)
+{
+	char bus[32], path[128];
+	int node = -1;
+	FILE *f;
+
+	if (cudaDeviceGetPCIBusId(bus, sizeof(bus), device) != cudaSuccess)
+		return -1;
+	for (char *c = bus; *c; c++)
+		*c = (char)(*c >= 'A' && *c <= 'F' ? *c - 'A' + 'a' : *c);
+	snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s/numa_node", bus);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	if (fscanf(f, "%d", &node) != 1)
+		node = -1;
+	fclose(f);
+	return node;
+}
+
+/* Prefers node for the pages this thread faults in next (cudaHostAlloc pins, so touches, them
+   in the calling thread); -1 restores the default. Best effort: a refusal only costs locality. */
+static void prefer_node(int node)
+{
+	unsigned long mask[16] = {0};
+
+	if (node < 0 || node >= (int)(8 * sizeof(mask))) {
+		syscall(SYS_set_mempolicy, MPOL_DEFAULT, NULL, 0);
+		return;
+	}
+	mask[node / (8 * sizeof(mask[0]))] |= 1ul << (node % (8 * sizeof(mask[0])));
+	syscall(SYS_set_mempolicy, MPOL_PREFERRED, mask, 8 * sizeof(mask));
+}
+
+/* ---- Piece lists ------------------------------------------------------------------------- */
+
+/* The next list slot with room for bytes, once the kernel that last read it has finished. */
+static int slot_get(struct cuda_backend *cb, size_t bytes, struct list_slot **out)
+{
+	struct list_slot *s = &cb->slot[cb->next_slot];
+	int err;
+
+	cb->next_slot = (cb->next_slot + 1) % LIST_SLOTS;
+	if (s->recorded) {
+		err = CU(cb, cudaEventSynchronize(s->done), "piece list: wait for its last use");
+		if (err)
+			return err;
+		s->recorded = false;
+	}
+	if (bytes > s->cap) {
+		size_t cap = s->cap ? s->cap : 4096;
+
+		while (cap < bytes)
+			cap *= 2;
+		pinned_free(cb, s->host, s->cap);
+		s->host = NULL;
+		if (s->dev)
+			cudaFree(s->dev);
+		s->dev = NULL;
+		s->cap = 0;
+		s->host = pinned_alloc(cb, cap);
+		if (!s->host)
+			return be_fail(&cb->base, -ENOMEM,
+				       "piece list: no pinned memory for %zu bytes", cap);
+		err = CU(cb, cudaMalloc(&s->dev, cap), "piece list: device buffer");
+		if (err) {
+			s->dev = NULL;
+			pinned_free(cb, s->host, cap);
+			s->host = NULL;
+			return err;
+		}
+		s->cap = cap;
+	}
+	*out = s;
+	return 0;
+}
+
+/* Copies the slot's first bytes to the device on stream (before the kernel that reads them). */
+static int slot_upload(struct cuda_backend *cb, struct list_slot *s, size_t bytes,
+		       cudaStream_t stream)
+{
+	return CU(cb, cudaMemcpyAsync(s->dev, s->host, bytes, cudaMemcpyHostToDevice, stream),
+		  "piece list: copy to the device");
+}
+
+static int slot_done(struct cuda_backend *cb, struct list_slot *s, cudaStream_t stream)
+{
+	int err = CU(cb, cudaEventRecord(s->done, stream), "piece list: record its use");
+
+	s->recorded = err == 0;
+	if (err) /* nothing will say when the kernel is done with the list: wait for it now */
+		cudaStreamSynchronize(stream);
+	return err;
+}
+
+/* A host-arena address as the device sees it (identical under UVA, else shifted). */
+static inline uint64_t dev_addr(const struct cuda_backend *cb, uint64_t a)
+{
+	return a >= cb->host_lo && a < cb->host_hi ? (uint64_t)((int64_t)a + cb->host_delta) : a;
+}
+
+/* Flattens a copy list into pieces (one per rep); *n_out pieces, their largest size. */
+static int count_pieces(struct cuda_backend *cb, const struct kvt_xfer *x, uint32_t n,
+			uint32_t *n_out, uint64_t *largest)
+{
+	uint64_t total = 0, big = 0;
+
+	for (uint32_t e = 0; e < n; e++) {
+		total += x[e].reps;
+		big = x[e].bytes > big ? x[e].bytes : big;
+	}
+	if (total > UINT32_MAX)
+		return be_fail(&cb->base, -EINVAL, "copy list of %llu pieces",
+			       (unsigned long long)total);
+	*n_out = (uint32_t)total;
+	*largest = big;
+	return 0;
+}
+
+static void fill_pieces(const struct cuda_backend *cb, const struct kvt_xfer *x, uint32_t n,
+			struct kvt_gpu_piece *p)
+{
+	for (uint32_t e = 0; e < n; e++)
+		for (uint32_t r = 0; r < x[e].reps; r++)
+			*p++ = (struct kvt_gpu_piece){
+				.src = dev_addr(cb, x[e].src + r * x[e].src_stride),
+				.dst = dev_addr(cb, x[e].dst + r * x[e].dst_stride),
+				.bytes = x[e].bytes,
+			};
+}
+
+/* One launch of the fused gather over a copy list, on stream. */
+static int run_kernel(struct cuda_backend *cb, const struct kvt_xfer *x, uint32_t n,
+		      uint32_t pieces, uint32_t ctas, cudaStream_t stream)
+{
+	size_t bytes = (size_t)pieces * sizeof(struct kvt_gpu_piece);
+	struct list_slot *s;
+	int err = slot_get(cb, bytes, &s);
+
+	if (err)
+		return err;
+	fill_pieces(cb, x, n, s->host);
+	err = slot_upload(cb, s, bytes, stream);
+	if (!err)
+		err = CU(cb, (cudaError_t)kvt_gather_launch(s->dev, pieces, ctas, (void *)stream),
+			 "fused gather: launch");
+	if (!err)
+		cb->kernel_launches++;
+	/* The list was maybe copied even when the launch failed: let the copy finish first. */
+	if (slot_done(cb, s, stream) && !err)
+		err = -EIO;
+	return err;
+}
+
+static int grow_batch(struct cuda_backend *cb, size_t n)
+{
+	void **d, **s;
+	size_t *z;
+
+	if (n <= cb->b_cap)
+		return 0;
+	d = kvt_cuda_host->realloc(cb->b_dst, n * sizeof(*d));
+	if (d)
+		cb->b_dst = d;
+	s = kvt_cuda_host->realloc(cb->b_src, n * sizeof(*s));
+	if (s)
+		cb->b_src = s;
+	z = kvt_cuda_host->realloc(cb->b_size, n * sizeof(*z));
+	if (z)
+		cb->b_size = z;
+	if (!d || !s || !z)
+		return be_fail(&cb->base, -ENOMEM, "no memory for a batch of %zu copies", n);
+	cb->b_cap = n;
+	return 0;
+}
+
+/* One cudaMemcpyBatchAsync over a copy list (host -> device, stream-ordered). */
+static int run_batch(struct cuda_backend *cb, const struct kvt_xfer *x, uint32_t n, uint32_t pieces,
+		     cudaStream_t stream)
+{
+	struct cudaMemcpyAttributes attr = {
+		.srcAccessOrder = cudaMemcpySrcAccessOrderStream,
+		.srcLocHint = {.type = cudaMemLocationTypeHost},
+		.dstLocHint = {.type = cudaMemLocationTypeDevice, .id = cb->device},
+		.flags = cudaMemcpyFlagPreferOverlapWithCompute,
+	};
+	size_t attr_idx = 0, k = 0;
+	int err = grow_batch(cb, pieces);
+
+	if (err)
+		return err;
+	for (uint32_t e = 0; e < n; e++)
+		for (uint32_t r = 0; r < x[e].reps; r++, k++) {
+			cb->b_dst[k] = (void *)(uintptr_t)(x[e].dst + r * x[e].dst_stride);
+			cb->b_src[k] = (void *)(uintptr_t)(x[e].src + r * x[e].src_stride);
+			cb->b_size[k] = x[e].bytes;
+		}
+	err = CU(cb,
+		 cudaMemcpyBatchAsync(cb->b_dst, (const void *const *)cb->b_src, cb->b_size, pieces,
+				      &attr, &attr_idx, 1, stream),
+		 "gather: cudaMemcpyBatchAsync");
+	if (!err)
+		cb->dma_batches++;
+	return err;
+}
+
+static inline uint32_t size_class(uint64_t bytes)
+{
+	return bytes <= 4096 ? 0 : bytes <= 16384 ? 1 : 2;
+}
+
+/* ---- Calibration --------------------------------------------------------------------------- */
+
+static int cmp_float(const void *a, const void *b)
+{
+	float x = *(const float *)a, y = *(const float *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* Median ms of reps runs of one gather of count pieces of size bytes, by kernel or DMA. */
+static int time_gather(struct cuda_backend *cb, struct kvt_xfer *x, uint32_t count, bool kernel,
+		       cudaStream_t st, cudaEvent_t t0, cudaEvent_t t1, float *ms)
+{
+	float runs[3];
+	int err = 0;
+
+	for (int i = -1; i < 3 && !err; i++) { /* run -1 warms up */
+		err = CU(cb, cudaEventRecord(t0, st), "calibration: event");
+		if (!err)
+			err = kernel ? run_kernel(cb, x, count, count, cb->gather_ctas, st)
+				     : run_batch(cb, x, count, count, st);
+		if (!err)
+			err = CU(cb, cudaEventRecord(t1, st), "calibration: event");
+		if (!err)
+			err = CU(cb, cudaEventSynchronize(t1), "calibration: wait");
+		if (!err && i >= 0)
+			err = CU(cb, cudaEventElapsedTime(&runs[i], t0, t1), "calibration: time");
+	}
+	qsort(runs, 3, sizeof(runs[0]), cmp_float);
+	*ms = runs[1];
+	return err;
+}
+
+/* For each piece-size class, where the fused kernel starts to beat one cudaMemcpyBatchAsync
+   on this machine (DESIGN.md "FlashH2D": no public system picks per (size, count) yet). */
+static int calibrate(struct cuda_backend *cb)
+{
+	static const uint32_t sizes[KVT_CALIB_CLASSES] = {4096, 16384, 65536};
+	static const uint32_t counts[] = {8, 32, 128, 512};
+	enum { N_COUNTS = sizeof(counts) / sizeof(counts[0]), MOST = 512 };
+	size_t span = (size_t)MOST * 65536;
+	cudaEvent_t t0 = NULL, t1 = NULL;
+	cudaStream_t st = NULL;
+	struct kvt_xfer *x = NULL;
+	void *host = NULL, *dev = NULL;
+	int err;
+
+	x = kvt_cuda_host->calloc(MOST, sizeof(*x));
+	if (!x)
+		return be_fail(&cb->base, -ENOMEM, "calibration: no memory");
+	err = CU(cb, cudaHostAlloc(&host, span, cudaHostAllocMapped | cudaHostAllocPortable),
+		 "calibration: pinned buffer");
+	if (!err)
+		err = CU(cb, cudaMalloc(&dev, span), "calibration: device buffer");
+	if (!err)
+		err = CU(cb, cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking),
+			 "calibration: stream");
+	if (!err)
+		err = CU(cb, cudaEventCreate(&t0), "calibration: event");
+	if (!err)
+		err = CU(cb, cudaEventCreate(&t1), "calibration: event");
+	if (err)
+		goto out;
+	memset(host, 0x5a, span);
+	for (uint32_t c = 0; c < KVT_CALIB_CLASSES && !err; c++) {
+		bool wins[N_COUNTS];
+		float k_ms = 0, b_ms = 0;
+
+		/* Blocks in reverse order, so neither side sees one contiguous run. */
+		for (uint32_t i = 0; i < MOST; i++)
+			x[i] = (struct kvt_xfer){
+				.src = (uint64_t)(uintptr_t)host +
+				       (uint64_t)(MOST - 1 - i) * sizes[c],
+				.dst = (uint64_t)(uintptr_t)dev + (uint64_t)i * sizes[c],
+				.bytes = sizes[c],
+				.reps = 1,
+			};
+		for (uint32_t j = 0; j < N_COUNTS && !err; j++) {
+			err = time_gather(cb, x, counts[j], true, st, t0, t1, &k_ms);
+			if (!err)
+				err = time_gather(cb, x, counts[j], false, st, t0, t1, &b_ms);
+			wins[j] = k_ms <= b_ms;
+		}
+		if (err)
+			break;
+		cb->calib.gather_min[c] = UINT32_MAX;
+		for (int j = N_COUNTS - 1; j >= 0 && wins[j]; j--)
+			cb->calib.gather_min[c] = j == 0 ? 0 : counts[j];
+		cb->calib.gather_gbps[c] = (double)counts[N_COUNTS - 1] * sizes[c] / (k_ms * 1e6);
+		cb->calib.batch_gbps[c] = (double)counts[N_COUNTS - 1] * sizes[c] / (b_ms * 1e6);
+	}
+	if (!err)
+		cb->calib.measured = 1;
+out:
+	if (st)
+		cudaStreamSynchronize(st);
+	if (t0)
+		cudaEventDestroy(t0);
+	if (t1)
+		cudaEventDestroy(t1);
+	if (st)
+		cudaStreamDestroy(st);
+	if (dev)
+		cudaFree(dev);
+	if (host)
+		cudaFreeHost(host);
+	free(x);
+	cb->kernel_launches = cb->dma_batches = 0; /* the calibration's own runs do not count */
+	return err;
+}
+
+/* ---- The save path (FlashD2H) --------------------------------------------------------------- */
+
+static int stage_copy(void *cctx, int buf, void *stage, const struct kvt_save_src *src,
+		      uint32_t n_src, uint64_t off, uint64_t len)
+{
+	struct cuda_backend *cb = cctx;
+	uint8_t *out = stage;
+	uint64_t base = 0;
+	int err = 0;
+
+	for (uint32_t i = 0; i < n_src && len && !err; i++) {
+		uint64_t end = base + src[i].bytes;
+
+		if (off < end) {
+			uint64_t n = end - off < len ? end - off : len;
+
+			err = CU(cb,
+				 cudaMemcpyAsync(
+					 out, (const void *)(uintptr_t)(src[i].addr + off - base),
+					 n, cudaMemcpyDeviceToHost, cb->save_stream),
+				 "save: copy into the staging buffer");
+			out += n;
+			off += n;
+			len -= n;
+		}
+		base = end;
+	}
+	if (!err)
+		err = CU(cb, cudaEventRecord(cb->stage_done[buf], cb->save_stream),
+			 "save: record the staging copy");
+	if (err) /* the buffer may still be written: let it land before the pool reuses it */
+		cudaStreamSynchronize(cb->save_stream);
+	return err;
+}
+
+/* On a save thread: the staging copy must have landed before the scatter reads it. */
+static int stage_wait(void *cctx, int buf)
+{
+	struct cuda_backend *cb = cctx;
+	cudaError_t e = cudaSetDevice(cb->device);
+
+	if (e == cudaSuccess)
+		e = cudaEventSynchronize(cb->stage_done[buf]);
+	if (e != cudaSuccess) {
+		int expected = 0;
+
+		atomic_compare_exchange_strong(&cb->save_err, &expected, errno_of(e));
+		kvt_cuda_host->log(KVT_LOG_ERROR, "cuda: save: staging copy failed: %s",
+				   cudaGetErrorString(e));
+		return -EIO;
+	}
+	return 0;
+}
+
+/* ---- Operations ----------------------------------------------------------------------------- */
+
+static int bind(struct cuda_backend *cb)
+{
+	return CU(cb, cudaSetDevice(cb->device), "select the backend's device");
+}
+
+static uint32_t env_u32(const char *name, uint32_t dflt, uint32_t lo, uint32_t hi)
+{
+	const char *s = getenv(name);
+	char *end;
+	unsigned long v;
+
+	if (!s || !*s)
+		return dflt;
+	v = strtoul(s, &end, 10);
+	if (*end || v < lo || v > hi) {
+		kvt_cuda_host->log(KVT_LOG_WARN, "%s=%s ignored (want %u..%u)", name, s, lo, hi);
+		return dflt;
+	}
+	return (uint32_t)v;
+}
+
+static void cuda_destroy(struct kvt_be *b);
+
+static int cuda_create(const struct kvt_backend_params *p, struct kvt_be **out)
+{
+	struct cuda_backend *cb = kvt_cuda_host->calloc(1, sizeof(*cb));
+	struct kvt_savepool_alloc alloc = {pinned_alloc, pinned_free, NULL};
+	int uva = 0, map = 0, sms = 0, err;
+
+	if (!cb)
+		return -ENOMEM;
+	cb->base.ops = &kvt_backend_cuda_ops;
+	pthread_mutex_init(&cb->reg_lock, NULL);
+	cb->numa_node = -1;
+	err = CU(cb, cudaGetDevice(&cb->device), "current device");
+	if (!err)
+		err = bind(cb);
+	if (!err)
+		err = CU(cb, cudaDeviceGetAttribute(&uva, cudaDevAttrUnifiedAddressing, cb->device),
+			 "device attributes");
+	if (!err)
+		err = CU(cb, cudaDeviceGetAttribute(&map, cudaDevAttrCanMapHostMemory, cb->device),
+			 "device attributes");
+	if (!err)
+		err = CU(cb,
+			 cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cb->device),
+			 "device attributes");
+	if (!err && (!uva || !map))
+		err = be_fail(&cb->base, -ENODEV,
+			      "device %d cannot map host memory into a unified address space",
+			      cb->device);
+	if (err)
+		goto fail;
+	cb->numa_node = gpu_numa_node(cb->device);
+	cb->gather_ctas =
+		env_u32("KVTIER_GATHER_CTAS", KVT_GATHER_CTAS_DEFAULT, 1, KVT_GATHER_CTAS_MAX);
+	/* Copies within the device are bounded by HBM, not PCIe: a few CTAs per SM. */
+	cb->copy_ctas = sms > 0 && 4u * (uint32_t)sms < KVT_GATHER_CTAS_MAX ? 4u * (uint32_t)sms
+									    : KVT_GATHER_CTAS_MAX;
+	err = pinned_arena_create(cb);
+	for (int i = 0; i < 2 && !err; i++)
+		err = CU(cb, cudaEventCreateWithFlags(&cb->stage_done[i], cudaEventDisableTiming),
+			 "save: events");
+	for (int i = 0; i < LIST_SLOTS && !err; i++)
+		err = CU(cb, cudaEventCreateWithFlags(&cb->slot[i].done, cudaEventDisableTiming),
+			 "piece lists: events");
+	if (err)
+		goto fail;
+	alloc.actx = cb;
+	err = kvt_cuda_host->savepool_create(p->save_threads, p->staging_bytes, &alloc, stage_copy,
+					     stage_wait, cb, &cb->sp);
+	if (err) {
+		be_fail(&cb->base, err, "save threads or pinned staging buffers");
+		goto fail;
+	}
+	if (env_u32("KVTIER_CUDA_CALIBRATE", 1, 0, 1)) {
+		err = calibrate(cb);
+		if (err) {
+			/* Not fatal: the defaults (kernel for every gather) still work. */
+			kvt_cuda_host->log(KVT_LOG_WARN,
+					   "cuda: calibration failed (%s): every "
+					   "gather uses the fused kernel",
+					   cb->base.err);
+			cb->base.err[0] = '\0';
+			err = 0;
+		}
+	}
+	if (!cb->calib.measured)
+		memset(cb->calib.gather_min, 0, sizeof(cb->calib.gather_min));
+	kvt_cuda_host->log(KVT_LOG_INFO,
+			   "cuda: device %d (NUMA node %d), gather %u CTAs; calibration: kernel "
+			   "from %u/%u/%u pieces of 4/16/64 KiB",
+			   cb->device, cb->numa_node, cb->gather_ctas, cb->calib.gather_min[0],
+			   cb->calib.gather_min[1], cb->calib.gather_min[2]);
+	*out = &cb->base;
+	return 0;
+fail:
+	/* The caller reads b->err only from a live backend: log the detail before freeing. */
+	kvt_cuda_host->log(KVT_LOG_WARN, "cuda: cannot start: %s", cb->base.err);
+	cuda_destroy(&cb->base);
+	return err;
+}
+
+static void cuda_destroy(struct kvt_be *b)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+
+	if (!cb)
+		return;
+	cudaSetDevice(cb->device);
+	if (cb->sp)
+		kvt_cuda_host->savepool_destroy(cb->sp);
+	cudaDeviceSynchronize();
+	for (int i = 0; i < LIST_SLOTS; i++) {
+		pinned_free(cb, cb->slot[i].host, cb->slot[i].cap);
+		if (cb->slot[i].dev)
+			cudaFree(cb->slot[i].dev);
+		if (cb->slot[i].done)
+			cudaEventDestroy(cb->slot[i].done);
+	}
+	for (int i = 0; i < 2; i++)
+		if (cb->stage_done[i])
+			cudaEventDestroy(cb->stage_done[i]);
+	if (cb->io_dev)
+		cudaFree(cb->io_dev);
+	pinned_arena_destroy(cb);
+	free(cb->b_dst);
+	free(cb->b_src);
+	free(cb->b_size);
+	pthread_mutex_destroy(&cb->reg_lock);
+	free(cb);
+}
+
+static int cuda_arena_alloc(struct kvt_be *b, enum kvt_tier tier, uint64_t bytes, uint64_t *base)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	void *p = NULL, *d = NULL;
+	int err;
+
+	if (bytes == 0 || bytes > SIZE_MAX)
+		return be_fail(b, -EINVAL, "arena of %llu bytes", (unsigned long long)bytes);
+	err = bind(cb);
+	if (err)
+		return err;
+	if (tier == KVT_TIER_DEVICE) {
+		err = CU(cb, cudaMalloc(&p, (size_t)bytes), "device arena (cudaMalloc)");
+		if (err)
+			return err;
+		cb->dev_arena = p;
+		*base = (uint64_t)(uintptr_t)p;
+		return 0;
+	}
+	prefer_node(cb->numa_node);
+	err = CU(cb, cudaHostAlloc(&p, (size_t)bytes, cudaHostAllocMapped | cudaHostAllocPortable),
+		 "host arena (cudaHostAlloc, pinned and mapped)");
+	prefer_node(-1);
+	if (err)
+		return err;
+	err = CU(cb, cudaHostGetDevicePointer(&d, p, 0), "host arena: device address");
+	if (err) {
+		cudaFreeHost(p);
+		return err;
+	}
+	cb->host_arena = p;
+	cb->host_lo = (uint64_t)(uintptr_t)p;
+	cb->host_hi = cb->host_lo + bytes;
+	cb->host_delta = (int64_t)((uint64_t)(uintptr_t)d - cb->host_lo);
+	*base = cb->host_lo;
+	return 0;
+}
+
+static void cuda_arena_free(struct kvt_be *b, enum kvt_tier tier, uint64_t base, uint64_t bytes)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+
+	(void)bytes;
+	cudaSetDevice(cb->device);
+	/* Kernels or copies may still use the arena. */
+	cudaDeviceSynchronize();
+	if (tier == KVT_TIER_DEVICE) {
+		cudaFree((void *)(uintptr_t)base);
+		cb->dev_arena = NULL;
+	} else {
+		cudaFreeHost((void *)(uintptr_t)base);
+		cb->host_arena = NULL;
+		cb->host_lo = cb->host_hi = 0;
+	}
+}
+
+static int cuda_copy_d2d(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n, void *stream)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	uint64_t largest = 0;
+	uint32_t pieces = 0;
+	int err = bind(cb);
+
+	if (!err)
+		err = count_pieces(cb, x, n, &pieces, &largest);
+	if (err || pieces == 0)
+		return err;
+	return run_kernel(cb, x, n, pieces, cb->copy_ctas, (cudaStream_t)stream);
+}
+
+static int cuda_gather_h2d(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n, void *stream)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	uint64_t largest = 0;
+	uint32_t pieces = 0;
+	int err = bind(cb);
+
+	if (!err)
+		err = count_pieces(cb, x, n, &pieces, &largest);
+	if (err || pieces == 0)
+		return err;
+	/* cudaMemcpyBatchAsync refuses the legacy default stream: DMA only on a real stream. */
+	if (stream && pieces < cb->calib.gather_min[size_class(largest)])
+		return run_batch(cb, x, n, pieces, (cudaStream_t)stream);
+	return run_kernel(cb, x, n, pieces, cb->gather_ctas, (cudaStream_t)stream);
+}
+
+static int cuda_save(struct kvt_be *b, const struct kvt_save_src *src, uint32_t n_src,
+		     const struct kvt_xfer *x, uint32_t n, void *stream, uint64_t *ticket)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	struct kvt_save_job job = {
+		.src = src,
+		.n_src = n_src,
+		.items = x,
+		.n_items = n,
+		.item_size = sizeof(*x),
+		.scatter = kvt_cuda_host->scatter_xfer,
+	};
+	int err = bind(cb);
+
+	if (err)
+		return err;
+	cb->save_stream = (cudaStream_t)stream;
+	err = kvt_cuda_host->savepool_submit(cb->sp, &job, ticket);
+	if (err && !b->err[0])
+		be_fail(b, err, "save of %u entries", n);
+	return err;
+}
+
+static int cuda_append(struct kvt_be *b, uint64_t k, uint64_t v, uint32_t n,
+		       const struct kvt_append *a, const struct kvt_append_geom *g, void *stream,
+		       uint64_t *ticket)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	uint64_t half = (uint64_t)n * g->n_heads * g->row_bytes;
+	struct kvt_save_src src[2] = {{k, half}, {v, half}};
+	struct kvt_append_scatter_ctx ctx = {*g, n};
+	struct kvt_save_job job = {
+		.src = src,
+		.n_src = 2,
+		.items = a,
+		.n_items = n,
+		.item_size = sizeof(*a),
+		.scatter = kvt_cuda_host->scatter_append,
+		.ctx = &ctx,
+		.ctx_size = sizeof(ctx),
+	};
+	struct list_slot *s;
+	uint64_t *dev;
+	int err = bind(cb);
+
+	if (err)
+		return err;
+	/* The list slot first and the save second: once the save is submitted, only a launch
+	   failure (a broken context) can still fail the call. */
+	err = slot_get(cb, (size_t)n * sizeof(uint64_t), &s);
+	if (err)
+		return err;
+	cb->save_stream = (cudaStream_t)stream;
+	err = kvt_cuda_host->savepool_submit(cb->sp, &job, ticket);
+	if (err) {
+		if (!b->err[0])
+			be_fail(b, err, "save of a %u-sequence append", n);
+		return err;
+	}
+	dev = s->host;
+	for (uint32_t i = 0; i < n; i++)
+		dev[i] = dev_addr(cb, a[i].dev);
+	err = slot_upload(cb, s, (size_t)n * sizeof(uint64_t), (cudaStream_t)stream);
+	if (!err)
+		err = CU(cb,
+			 (cudaError_t)kvt_append_launch(k, v, n, s->dev, g->n_heads, g->row_bytes,
+							g->head_stride, g->v_offset, cb->copy_ctas,
+							stream),
+			 "append: ring write launch");
+	if (slot_done(cb, s, (cudaStream_t)stream) && !err)
+		err = -EIO;
+	return err;
+}
+
+static int cuda_save_wait(struct kvt_be *b, uint64_t ticket)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	int err;
+
+	kvt_cuda_host->savepool_wait(cb->sp, ticket);
+	err = atomic_load(&cb->save_err);
+	if (err)
+		return be_fail(b, err, "save: a staging copy failed (see the log)");
+	return 0;
+}
+
+static int cuda_read_d2h(struct kvt_be *b, void *dst, uint64_t src, uint64_t bytes)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	int err = bind(cb);
+
+	/* The bytes may have been written on any stream of the caller's. */
+	if (!err)
+		err = CU(cb, cudaDeviceSynchronize(), "read: wait for the device");
+	if (!err)
+		err = CU(cb,
+			 cudaMemcpy(dst, (const void *)(uintptr_t)dev_addr(cb, src), bytes,
+				    cudaMemcpyDefault),
+			 "read: copy to host");
+	return err;
+}
+
+static int cuda_sync(struct kvt_be *b, void *stream)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	int err = bind(cb);
+
+	if (err)
+		return err;
+	if (stream)
+		return CU(cb, cudaStreamSynchronize((cudaStream_t)stream), "stream synchronize");
+	return CU(cb, cudaDeviceSynchronize(), "device synchronize");
+}
+
+/* ---- The policy on the device ------------------------------------------------------------- */
+
+/* Device scratch of at least bytes (256-byte aligned, as cudaMalloc gives). */
+static int io_reserve(struct cuda_backend *cb, size_t bytes)
+{
+	void *p;
+	int err;
+
+	if (bytes <= cb->io_bytes)
+		return 0;
+	if (cb->io_dev) {
+		cudaFree(cb->io_dev); /* synchronises the device: nothing still uses it */
+		cb->io_dev = NULL;
+		cb->io_bytes = 0;
+	}
+	bytes = ALIGN_UP(bytes, (size_t)1 << 20);
+	err = CU(cb, cudaMalloc(&p, bytes), "policy scratch (cudaMalloc)");
+	if (err)
+		return err;
+	cb->io_dev = p;
+	cb->io_bytes = bytes;
+	return 0;
+}
+
+/* kvt_snapkv_count (policy/snapkv.c), which the plugin does not link. */
+static uint32_t snapkv_count(const struct kvt_snapkv *p)
+{
+	uint32_t L = p->prompt_tokens, lo = p->sink, hi;
+
+	if (p->topk == 0 || L <= p->sink + p->recent || L <= p->obs_window)
+		return 0;
+	hi = L - p->recent < L - p->obs_window ? L - p->recent : L - p->obs_window;
+	if (hi <= lo)
+		return 0;
+	return hi - lo < p->topk ? hi - lo : p->topk;
+}
+
+static int cuda_select(struct kvt_be *b, const struct kvt_snapkv *p, const void *k,
+		       const void *q_obs, int32_t *out, void *stream)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	uint32_t count = snapkv_count(p);
+	size_t scratch = ALIGN_UP(kvt_gpu_snapkv_scratch_bytes(p), 256);
+	size_t out_bytes = (size_t)p->n_kv_heads * count * sizeof(int32_t);
+	cudaStream_t st = (cudaStream_t)stream;
+	int err = bind(cb);
+
+	if (err || count == 0)
+		return err;
+	err = io_reserve(cb, scratch + out_bytes);
+	if (!err)
+		err = CU(cb,
+			 (cudaError_t)kvt_gpu_snapkv_select(
+				 p, k, q_obs, (int32_t *)((char *)cb->io_dev + scratch), cb->io_dev,
+				 scratch, stream),
+			 "SnapKV selection: launch");
+	if (!err)
+		err = CU(cb,
+			 cudaMemcpyAsync(out, (char *)cb->io_dev + scratch, out_bytes,
+					 cudaMemcpyDeviceToHost, st),
+			 "SnapKV selection: copy the positions back");
+	if (!err)
+		err = CU(cb, cudaStreamSynchronize(st), "SnapKV selection: wait");
+	return err;
+}
+
+static int cuda_block_meta(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads,
+			   uint32_t L, uint32_t block_tokens, const void *k, void *meta,
+			   void *stream)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	size_t nb = (L + block_tokens - 1) / block_tokens;
+	size_t bytes = nb * n_heads * 2 * head_dim * kvt_dtype_size(dt);
+	cudaStream_t st = (cudaStream_t)stream;
+	int err = bind(cb);
+
+	if (err || bytes == 0)
+		return err;
+	err = io_reserve(cb, bytes);
+	if (!err)
+		err = CU(cb,
+			 (cudaError_t)kvt_gpu_block_meta(dt, head_dim, n_heads, L, block_tokens, k,
+							 cb->io_dev, stream),
+			 "block metadata: launch");
+	if (!err)
+		err = CU(cb, cudaMemcpyAsync(meta, cb->io_dev, bytes, cudaMemcpyDeviceToHost, st),
+			 "block metadata: copy back");
+	if (!err)
+		err = CU(cb, cudaStreamSynchronize(st), "block metadata: wait");
+	return err;
+}
+
+static int cuda_attend(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads,
+		       uint32_t g_count, const struct kvt_attend_rows *seg, const uint32_t *seg_off,
+		       const float *q, float *out)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	size_t n_seg = seg_off[n_heads];
+	size_t seg_b = ALIGN_UP(n_seg * sizeof(*seg), 256);
+	size_t off_b = ALIGN_UP((n_heads + 1) * sizeof(*seg_off), 256);
+	size_t q_b = (size_t)n_heads * g_count * head_dim * sizeof(float);
+	char *io;
+	int err = bind(cb);
+
+	if (!err)
+		err = CU(cb, cudaDeviceSynchronize(), "attention: wait for the device");
+	if (!err)
+		err = io_reserve(cb, seg_b + off_b + 2 * ALIGN_UP(q_b, 256));
+	if (err)
+		return err;
+	io = cb->io_dev;
+	if (n_seg)
+		err = CU(cb, cudaMemcpy(io, seg, n_seg * sizeof(*seg), cudaMemcpyHostToDevice),
+			 "attention: segments");
+	if (!err)
+		err = CU(cb,
+			 cudaMemcpy(io + seg_b, seg_off, (n_heads + 1) * sizeof(*seg_off),
+				    cudaMemcpyHostToDevice),
+			 "attention: segment offsets");
+	if (!err)
+		err = CU(cb, cudaMemcpy(io + seg_b + off_b, q, q_b, cudaMemcpyHostToDevice),
+			 "attention: queries");
+	if (!err)
+		err = CU(cb,
+			 (cudaError_t)kvt_gpu_attend(
+				 dt, head_dim, n_heads, g_count, (const void *)io,
+				 (const uint32_t *)(io + seg_b),
+				 (const float *)(io + seg_b + off_b),
+				 (float *)(io + seg_b + off_b + ALIGN_UP(q_b, 256)), NULL),
+			 "attention: launch");
+	if (!err)
+		err = CU(cb,
+			 cudaMemcpy(out, io + seg_b + off_b + ALIGN_UP(q_b, 256), q_b,
+				    cudaMemcpyDeviceToHost),
+			 "attention: copy the output back");
+	return err;
+}
+
+static void cuda_stats(struct kvt_be *b, struct kvt_be_stats *out)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+
+	*out = (struct kvt_be_stats){
+		.h2d_kernel_launches = cb->kernel_launches,
+		.h2d_dma_batches = cb->dma_batches,
+		.calibrated = cb->calib.measured,
+	};
+	memcpy(out->gather_min, cb->calib.gather_min, sizeof(out->gather_min));
+}
+
+const struct kvt_backend_ops kvt_backend_cuda_ops = {
+	.version = KVT_BACKEND_OPS_VERSION,
+	.name = "cuda",
+	.create = cuda_create,
+	.destroy = cuda_destroy,
+	.arena_alloc = cuda_arena_alloc,
+	.arena_free = cuda_arena_free,
+	.copy_d2d = cuda_copy_d2d,
+	.gather_h2d = cuda_gather_h2d,
+	.save = cuda_save,
+	.append = cuda_append,
+	.save_wait = cuda_save_wait,
+	.read_d2h = cuda_read_d2h,
+	.sync = cuda_sync,
+	.select = cuda_select,
+	.block_meta = cuda_block_meta,
+	.attend = cuda_attend,
+	.stats = cuda_stats,
+};
+
+const struct kvt_cuda_calib *kvt_cuda_calibration(const struct kvt_be *b)
+{
+	return &((const struct cuda_backend *)b)->calib;
+}
+
+int kvt_cuda_describe(char *gpu, size_t gpu_len, int *driver, int *runtime)
+{
+	struct cudaDeviceProp prop;
+	int dev = 0;
+
+	if (cudaGetDevice(&dev) != cudaSuccess ||
+	    cudaGetDeviceProperties(&prop, dev) != cudaSuccess ||
+	    cudaDriverGetVersion(driver) != cudaSuccess ||
+	    cudaRuntimeGetVersion(runtime) != cudaSuccess)
+		return -ENODEV;
+	snprintf(gpu, gpu_len, "%s", prop.name);
+	return 0;
+}
+
+/* ---- The plugin's face ---------------------------------------------------------------------- */
+
+static int cuda_probe(char *why, size_t why_len)
+{
+	int n = 0;
+	cudaError_t e = cudaGetDeviceCount(&n);
+
+	if (e != cudaSuccess) {
+		snprintf(why, why_len, "no usable CUDA device: %s", cudaGetErrorString(e));
+		return -ENODEV;
+	}
+	if (n == 0) {
+		snprintf(why, why_len, "no CUDA device");
+		return -ENODEV;
+	}
+	return 0;
+}
+
+static const struct kvt_plugin plugin = {
+	.abi = KVT_PLUGIN_ABI,
+	.size = sizeof(struct kvt_plugin),
+	.ops = &kvt_backend_cuda_ops,
+	.probe = cuda_probe,
+	.bench = kvt_cuda_bench,
+};
+
+__attribute__((visibility("default"))) const struct kvt_plugin *
+kvt_cuda_plugin_entry(const struct kvt_plugin_host *host);
+
+__attribute__((visibility("default"))) const struct kvt_plugin *
+kvt_cuda_plugin_entry(const struct kvt_plugin_host *host)
+{
+	if (!host || host->abi != KVT_PLUGIN_ABI || host->size < sizeof(*host))
+		return NULL;
+	kvt_cuda_host = host;
+	return &plugin;
+}
