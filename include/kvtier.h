@@ -213,7 +213,9 @@ struct kvt_stats {
 	   fused gather kernel (FlashH2D) or one cudaMemcpyBatchAsync, and the calibration that
 	   chooses between them, measured when the manager was created: a load of at least
 	   xfer_gather_min_* pieces of that size (<= 4 KiB, <= 16 KiB, larger) runs as the kernel,
-	   a smaller one as DMA (UINT32_MAX: DMA always; 0: the kernel always). */
+	   a smaller one as DMA (UINT32_MAX: DMA always; 0: the kernel always). Loads on the NULL
+	   stream always use the kernel (cudaMemcpyBatchAsync refuses the legacy stream). The
+	   calibration's own runs are not counted. */
 	uint64_t h2d_kernel_launches, h2d_dma_batches;
 	uint32_t xfer_calibrated; /* 1: measured; 0: not (the kernel always) */
 	uint32_t xfer_gather_min_4k, xfer_gather_min_16k, xfer_gather_min_64k;

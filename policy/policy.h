@@ -12,6 +12,10 @@
 
 #include "kvtier.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Bytes of one element of dtype: 4, 2 or 2; 0 for an unknown dtype. */
 static inline uint32_t kvt_dtype_size(enum kvt_dtype dt)
 {
@@ -106,5 +110,9 @@ float kvt_meta_bound(enum kvt_dtype dt, uint32_t head_dim, const void *meta, con
    heap: min(r, n) uint32 of scratch. O(n log r). */
 uint32_t kvt_topr(const float *score, const uint32_t *id, uint32_t n, uint32_t r, uint32_t *out,
 		  uint32_t *heap);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* KVT_POLICY_H */

@@ -22,9 +22,11 @@
  * a recall, failed one at a time (KVT_FAULT_CUDA), fails its call with a negative errno and
  * changes nothing visible, after which the same call succeeds with the reference's results.
  *
- * Data: splitmix64 from a fixed seed (KVT_TEST_SEED overrides it). A few "heavy" keys per head
- * point along a direction the observation queries share, so the SnapKV vote is far from flat
- * and the top-K cutoff falls between scores well apart (the smallest margin is printed).
+ * Data: splitmix64 from a fixed seed (KVT_TEST_SEED overrides it). N_HEAVY "heavy" keys per
+ * head point along a direction the observation queries share; their pooling windows (POOL
+ * positions each, never overlapping) fill the top-K exactly (TOPK = N_HEAVY x POOL), so the
+ * vote is far from flat and the cutoff falls between the heavy windows and the rest, far apart
+ * (the smallest relative gap is printed), instead of between two noise-level scores.
  * Without a usable device (no driver, no device, plugin not found) the binary prints
  * "# skip: ..." and exits 77.
  */
@@ -60,11 +62,12 @@
 #define BT 16
 #define SINK 16
 #define RECENT 64
-#define TOPK 64
+#define TOPK 63 /* N_HEAVY pooling windows of POOL positions */
 #define OBS 8
 #define POOL 7
 #define R_BLOCKS 4
-#define N_HEAVY 6 /* heavy keys per (sequence, layer, kv head) of a prompt that selects */
+#define N_HEAVY 9 /* heavy keys per (sequence, layer, kv head) of a prompt that selects */
+_Static_assert(TOPK == N_HEAVY * POOL, "the top-K is the heavy keys' pooling windows");
 
 #define POS_CAP 256  /* >= SINK + RECENT + TOPK */
 #define FRAME_CAP 16 /* >= frames of one resident set */
@@ -114,7 +117,8 @@ static const char *dt_name(enum kvt_dtype dt)
 static void cuda_ok_at(cudaError_t e, const char *what, const char *file, int line)
 {
 	if (e != cudaSuccess)
-		fail_at(file, line, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+		fail_at(file, line, "%s: %s (%s)", what, cudaGetErrorString(e),
+			cudaGetErrorName(e));
 }
 
 static void *dev_alloc(size_t n)
@@ -312,12 +316,12 @@ struct tseq {
 	uint32_t count;	 /* top-K tokens per head (kvt_snapkv_count) */
 	enum kvt_dtype dt;
 	size_t rowb;
-	uint32_t n[N_LAYERS];		      /* tokens written per layer (0: not prefilled) */
-	uint8_t *k[N_LAYERS], *v[N_LAYERS];   /* [N_KV][cap][HEAD_DIM] of dt */
-	uint8_t *q_obs[N_LAYERS];	      /* [N_Q][OBS][HEAD_DIM] of dt */
-	uint8_t *q_dec[N_LAYERS];	      /* [N_Q][HEAD_DIM] of dt: the recall query */
-	float *q_att[N_LAYERS];		      /* the same in f32: the attention query */
-	uint32_t n_heavy;		      /* heavy keys per head (0 without selection) */
+	uint32_t n[N_LAYERS];		    /* tokens written per layer (0: not prefilled) */
+	uint8_t *k[N_LAYERS], *v[N_LAYERS]; /* [N_KV][cap][HEAD_DIM] of dt */
+	uint8_t *q_obs[N_LAYERS];	    /* [N_Q][OBS][HEAD_DIM] of dt */
+	uint8_t *q_dec[N_LAYERS];	    /* [N_Q][HEAD_DIM] of dt: the recall query */
+	float *q_att[N_LAYERS];		    /* the same in f32: the attention query */
+	uint32_t n_heavy;		    /* heavy keys per head (0 without selection) */
 	uint32_t heavy[N_LAYERS][N_KV][N_HEAVY];
 	int32_t topk_h[N_LAYERS][N_KV][TOPK]; /* top-K each manager chose at prefill */
 	int32_t topk_c[N_LAYERS][N_KV][TOPK];
@@ -334,7 +338,8 @@ static const uint8_t *ref_row(const struct tseq *t, uint32_t layer, uint32_t h, 
 /* Generates every row of a sequence of an L-token prompt and `extra` decode tokens. Keys and
    values are uniform in [-1, 1); the observation queries of kv head h share a direction u_h
    (+-1 per channel) with N_HEAVY keys of graded strength in the candidate range, so those keys
-   (and their pooling windows, which never overlap) get most of the vote. */
+   get most of the vote, and pooling spreads it over their windows (which never overlap): the
+   top-K is exactly those windows. */
 static void tseq_gen(struct tseq *t, const struct kvt_config *c, uint64_t id, uint32_t L,
 		     uint32_t extra)
 {
@@ -368,8 +373,9 @@ static void tseq_gen(struct tseq *t, const struct kvt_config *c, uint64_t id, ui
 			assert_true(span >= 16);
 			for (uint32_t h = 0; h < N_KV; h++)
 				for (uint32_t i = 0; i < N_HEAVY; i++) {
-					uint32_t p = lo + i * span + (uint32_t)(sm_next(&s) % (span - 8));
-					float strength = 1.0f + 0.2f * (float)i;
+					uint32_t p = lo + i * span +
+						     (uint32_t)(sm_next(&s) % (span - 8));
+					float strength = 1.0f + 0.15f * (float)i;
 
 					t->heavy[l][h][i] = p;
 					for (uint32_t d = 0; d < D; d++)
@@ -592,7 +598,8 @@ static void recall_both_at(struct pair *p, struct tseq *const *ts, uint32_t n, u
 				"cuda: recall of layer %u loaded %llu blocks of %zu bytes as %s, but "
 				"xfer_gather_min for that size is %u (kvtier.h: at least that many "
 				"pieces run as the kernel, fewer as DMA)",
-				layer, ULL(loads), p->block_bytes, kern ? "the kernel" : "DMA", min);
+				layer, ULL(loads), p->block_bytes, kern ? "the kernel" : "DMA",
+				min);
 	}
 	for (uint32_t i = 0; i < n; i++)
 		ts[i]->recalled[layer] = true;
@@ -634,7 +641,7 @@ static void slot_map_at(const int32_t *pos, uint32_t n_pos, uint32_t N, uint32_t
 		slot_pos[s] = -1;
 	for (uint32_t i = 0; i < n_pos; i++) {
 		uint32_t q = (uint32_t)pos[i];
-		uint32_t s = q < SINK	? q
+		uint32_t s = q < SINK  ? q
 			     : q >= r0 ? kvt_ring_slot(q, SINK, RECENT)
 				       : SINK + RECENT + ti++;
 
@@ -647,7 +654,8 @@ static void slot_map_at(const int32_t *pos, uint32_t n_pos, uint32_t N, uint32_t
 	}
 	for (uint32_t s = 0; s < n_slots; s++)
 		if (slot_pos[s] < 0)
-			fail_at(file, line, "%s: valid slot %u holds no resident position", what, s);
+			fail_at(file, line, "%s: valid slot %u holds no resident position", what,
+				s);
 }
 
 static size_t first_diff(const uint8_t *a, const uint8_t *b, size_t n)
@@ -695,7 +703,7 @@ static void margin_note(const struct tseq *t, uint32_t layer, uint32_t h, const 
 
 /* After prefill: the host backend's resident positions are DESIGN.md's rule over
    kvt_snapkv_select on the very tensors the test handed over (so the tie analysis below reads
-   the right scores), every heavy key is among them, and the CUDA backend's list is sink, an
+   the right scores), its top-K is the heavy keys' windows, and the CUDA backend's list is sink, an
    ascending top-K within the candidates, then the ring; its top-K equals the host's, or differs
    only by positions whose pooled scores are within TIE_TOL of each other. */
 static void check_selection_at(struct pair *p, struct tseq *t, uint32_t layer, const char *file,
@@ -729,8 +737,8 @@ static void check_selection_at(struct pair *p, struct tseq *t, uint32_t layer, c
 				fail_at(file, line,
 					"host: seq %llu layer %u head %u (L=%u): resident[%u] = %d (of "
 					"%u), DESIGN.md's rule over kvt_snapkv_select gives %d (of %u)",
-					ULL(t->id), layer, h, N, i, i < nh ? ph[i] : -1, nh, want[i],
-					nw);
+					ULL(t->id), layer, h, N, i, i < nh ? ph[i] : -1, nh,
+					want[i], nw);
 		if (nc != nw)
 			fail_at(file, line,
 				"cuda: seq %llu layer %u head %u (L=%u): %u resident positions, "
@@ -747,26 +755,31 @@ static void check_selection_at(struct pair *p, struct tseq *t, uint32_t layer, c
 				fail_at(file, line,
 					"cuda: seq %llu layer %u head %u: resident[%u] = %d, expected "
 					"ring position %u",
-					ULL(t->id), layer, h, n_sink + count + i, pc[n_sink + count + i],
-					r0 + i);
+					ULL(t->id), layer, h, n_sink + count + i,
+					pc[n_sink + count + i], r0 + i);
 		for (uint32_t i = 0; i < count; i++)
-			if (tc[i] < (int32_t)SINK || tc[i] >= (int32_t)hi || (i && tc[i] <= tc[i - 1]))
+			if (tc[i] < (int32_t)SINK || tc[i] >= (int32_t)hi ||
+			    (i && tc[i] <= tc[i - 1]))
 				fail_at(file, line,
 					"cuda: seq %llu layer %u head %u: top-K[%u] = %d is outside the "
 					"candidates [%u, %u) or not ascending",
 					ULL(t->id), layer, h, i, tc[i], SINK, hi);
 		memcpy(t->topk_h[layer][h], th, count * sizeof(int32_t));
 		memcpy(t->topk_c[layer][h], tc, count * sizeof(int32_t));
-		for (uint32_t i = 0; i < t->n_heavy; i++) {
+		/* the data does what it was made for: the top-K is the heavy keys' windows */
+		for (uint32_t i = 0; i < t->n_heavy * POOL; i++) {
+			int32_t w = (int32_t)t->heavy[layer][h][i / POOL] - POOL / 2 +
+				    (int32_t)(i % POOL);
 			bool found = false;
 
 			for (uint32_t j = 0; j < count && !found; j++)
-				found = th[j] == (int32_t)t->heavy[layer][h][i];
+				found = th[j] == w;
 			if (!found)
 				fail_at(file, line,
-					"test data: seq %llu layer %u head %u: heavy key at %u is not "
-					"in the host backend's top-K (the vote is flatter than designed)",
-					ULL(t->id), layer, h, t->heavy[layer][h][i]);
+					"test data: seq %llu layer %u head %u: position %d, in the pooling "
+					"window of the heavy key at %u, is not in the host backend's top-K "
+					"(the vote is flatter than designed)",
+					ULL(t->id), layer, h, w, t->heavy[layer][h][i / POOL]);
 		}
 		if (!count)
 			continue;
@@ -797,14 +810,16 @@ static void check_selection_at(struct pair *p, struct tseq *t, uint32_t layer, c
 							"keeps position %u (pooled score %.9g) where the "
 							"host keeps %u (%.9g): relative difference %.3g, "
 							"not a tie (> %.0e)",
-							dt_name(t->dt), ULL(t->id), layer, h, b[j], sb,
-							a[i], sa, fabs(sa - sb) / fmax(fabs(sa), fabs(sb)),
+							dt_name(t->dt), ULL(t->id), layer, h, b[j],
+							sb, a[i], sa,
+							fabs(sa - sb) / fmax(fabs(sa), fabs(sb)),
 							TIE_TOL);
-					print_message("# %s: seq %llu layer %u head %u: tie at the top-K "
-						      "cutoff accepted: cuda keeps %u (%.9g), host %u "
-						      "(%.9g)\n",
-						      dt_name(t->dt), ULL(t->id), layer, h, b[j], sb,
-						      a[i], sa);
+					print_message(
+						"# %s: seq %llu layer %u head %u: tie at the top-K "
+						"cutoff accepted: cuda keeps %u (%.9g), host %u "
+						"(%.9g)\n",
+						dt_name(t->dt), ULL(t->id), layer, h, b[j], sb,
+						a[i], sa);
 				}
 			t->tie[layer] = true;
 		}
@@ -835,8 +850,9 @@ static void check_resident_at(struct pair *p, const struct tseq *t, uint32_t lay
 					fail_at(file, line,
 						"%s: seq %llu layer %u head %u (L=%u, N=%u): "
 						"resident[%u] = %d (of %u), expected %d (of %u)",
-						side(p, m), ULL(t->id), layer, h, t->L, t->n[layer], i,
-						i < n ? got[i] : -1, n, i < nw ? want[i] : -1, nw);
+						side(p, m), ULL(t->id), layer, h, t->L, t->n[layer],
+						i, i < n ? got[i] : -1, n, i < nw ? want[i] : -1,
+						nw);
 		}
 	}
 }
@@ -876,8 +892,10 @@ static void check_tokens_at(struct pair *p, const struct tseq *t, uint32_t layer
 		got = UINT32_MAX;
 		rc = kvt_seq_tokens(m, t->id, layer, &got);
 		if (rc || got != N)
-			fail_at(file, line, "%s: kvt_seq_tokens(seq %llu, layer %u) = %d, %u tokens; "
-				"expected %u", side(p, m), ULL(t->id), layer, rc, got, N);
+			fail_at(file, line,
+				"%s: kvt_seq_tokens(seq %llu, layer %u) = %d, %u tokens; "
+				"expected %u",
+				side(p, m), ULL(t->id), layer, rc, got, N);
 		/* one past the end is out of range */
 		rc = kvt_seq_read_token(m, t->id, layer, 0, N, gk, gv);
 		if (rc != -EINVAL)
@@ -890,7 +908,8 @@ static void check_tokens_at(struct pair *p, const struct tseq *t, uint32_t layer
 
 		resident_map(pos, nres, map, N);
 		for (uint32_t q = 0; q < N; q++) {
-			const uint8_t *wk = ref_row(t, layer, h, q, 0), *wv = ref_row(t, layer, h, q, 1);
+			const uint8_t *wk = ref_row(t, layer, h, q, 0),
+				      *wv = ref_row(t, layer, h, q, 1);
 
 			for (int path = 0; path < 3; path++) {
 				static const char *const names[3] = {
@@ -899,13 +918,15 @@ static void check_tokens_at(struct pair *p, const struct tseq *t, uint32_t layer
 					"host kvt_seq_read_token",
 				};
 				struct kvt_manager *m = path == 2 ? p->h : p->c;
-				const char *where = map[q] ? "resident" : "not resident";
+				const char *where =
+					map[q] ? "position resident" : "position not resident";
 				char what[128];
 				int rc;
 
 				if (path == 2 && !with_host)
 					continue;
-				rc = path == 1 ? kvt_seq_read_token_host(m, t->id, layer, h, q, gk, gv)
+				rc = path == 1 ? kvt_seq_read_token_host(m, t->id, layer, h, q, gk,
+									 gv)
 					       : kvt_seq_read_token(m, t->id, layer, h, q, gk, gv);
 				if (rc)
 					fail_at(file, line,
@@ -922,7 +943,8 @@ static void check_tokens_at(struct pair *p, const struct tseq *t, uint32_t layer
 	}
 	free(map);
 }
-#define CHECK_TOKENS(p, t, l, with_host) check_tokens_at((p), (t), (l), (with_host), __FILE__, __LINE__)
+#define CHECK_TOKENS(p, t, l, with_host) \
+	check_tokens_at((p), (t), (l), (with_host), __FILE__, __LINE__)
 
 /* The valid slots of (t, layer, h) on m, each as its K row then its V row; *ns_out slots. */
 static uint8_t *frame_rows_at(struct pair *p, struct kvt_manager *m, const struct tseq *t,
@@ -964,8 +986,8 @@ static uint8_t *frame_rows_at(struct pair *p, struct kvt_manager *m, const struc
 /* The device frames of (t, layer) on both managers, slot by slot: each slot holds the input
    rows of the position the layout puts there, and the CUDA frames equal the host backend's
    bit for bit (when both kept the same positions). */
-static void check_frames_at(struct pair *p, const struct tseq *t, uint32_t layer,
-			    const char *file, int line)
+static void check_frames_at(struct pair *p, const struct tseq *t, uint32_t layer, const char *file,
+			    int line)
 {
 	size_t rb = t->rowb;
 
@@ -988,8 +1010,9 @@ static void check_frames_at(struct pair *p, const struct tseq *t, uint32_t layer
 
 				snprintf(what, sizeof(what), "%s device frame slot %u, K row",
 					 side(p, m), sl);
-				expect_row_at(rows[s] + (size_t)sl * 2 * rb, ref_row(t, layer, h, q, 0),
-					      rb, what, t, layer, h, q, file, line);
+				expect_row_at(rows[s] + (size_t)sl * 2 * rb,
+					      ref_row(t, layer, h, q, 0), rb, what, t, layer, h, q,
+					      file, line);
 				snprintf(what, sizeof(what), "%s device frame slot %u, V row",
 					 side(p, m), sl);
 				expect_row_at(rows[s] + (size_t)sl * 2 * rb + rb,
@@ -1038,22 +1061,33 @@ static uint8_t *snapshot_at(struct pair *p, struct kvt_manager *m, const struct 
 }
 #define SNAPSHOT(p, m, t, l, b) snapshot_at((p), (m), (t), (l), (b), __FILE__, __LINE__)
 
-static void expect_snapshot_at(const uint8_t *before, size_t nb, const uint8_t *after, size_t na,
-			       const struct tseq *t, uint32_t layer, const char *what,
-			       const char *file, int line)
+/* Whether two snapshots of (t, layer) differ; if so, where, into msg. */
+static bool snapshot_differs(const uint8_t *before, size_t nb, const uint8_t *after, size_t na,
+			     const struct tseq *t, uint32_t layer, char *msg, size_t len)
 {
 	size_t rb = t->rowb, i = nb == na ? first_diff(before, after, nb) : 0;
 	size_t ns = nb / (N_KV * 2 * rb);
 
 	if (nb != na)
-		fail_at(file, line, "%s: seq %llu layer %u: %zu bytes of valid slots, %zu before",
-			what, ULL(t->id), layer, na, nb);
-	if (i != SIZE_MAX)
-		fail_at(file, line,
-			"%s: seq %llu layer %u: device frame of head %zu slot %zu (%s row, byte %zu) "
-			"differs from before",
-			what, ULL(t->id), layer, i / (2 * rb) / ns, i / (2 * rb) % ns,
-			i % (2 * rb) < rb ? "K" : "V", i % rb);
+		snprintf(msg, len, "seq %llu layer %u: %zu bytes of valid slots, %zu before",
+			 ULL(t->id), layer, na, nb);
+	else if (i != SIZE_MAX)
+		snprintf(msg, len,
+			 "seq %llu layer %u: device frame of head %zu slot %zu (%s row, byte %zu) "
+			 "differs from before",
+			 ULL(t->id), layer, i / (2 * rb) / ns, i / (2 * rb) % ns,
+			 i % (2 * rb) < rb ? "K" : "V", i % rb);
+	return nb != na || i != SIZE_MAX;
+}
+
+static void expect_snapshot_at(const uint8_t *before, size_t nb, const uint8_t *after, size_t na,
+			       const struct tseq *t, uint32_t layer, const char *what,
+			       const char *file, int line)
+{
+	char msg[200];
+
+	if (snapshot_differs(before, nb, after, na, t, layer, msg, sizeof(msg)))
+		fail_at(file, line, "%s: %s", what, msg);
 }
 
 /* Recall views of (t, layer) on both managers: as many blocks as kvtier.h makes resident
@@ -1075,7 +1109,8 @@ static void check_views_at(struct pair *p, const struct tseq *t, uint32_t layer,
 		for (int s = 0; s < 2; s++) {
 			struct kvt_manager *m = s ? p->c : p->h;
 			int32_t pos[POS_CAP];
-			uint32_t np = positions_at(p, m, t, layer, h, pos, file, line), cand = 0, want;
+			uint32_t np = positions_at(p, m, t, layer, h, pos, file, line), cand = 0,
+				 want;
 			int rc = kvt_seq_recall_view(m, t->id, layer, h, rv[s], VIEW_CAP, &nv[s]);
 
 			if (rc)
@@ -1121,8 +1156,8 @@ static void check_views_at(struct pair *p, const struct tseq *t, uint32_t layer,
 						"%s: seq %llu layer %u head %u: view of block %u: "
 						"n_valid %u resident 0x%llx; expected %u and 0x%llx (not "
 						"all set)",
-						side(p, m), ULL(t->id), layer, h, r->block, r->n_valid,
-						ULL(r->resident), n_valid, ULL(mask));
+						side(p, m), ULL(t->id), layer, h, r->block,
+						r->n_valid, ULL(r->resident), n_valid, ULL(mask));
 				addr_get(fb[s] + j * bb, r->frame, bb, m == p->c);
 				for (uint32_t i = 0; i < n_valid; i++) {
 					uint32_t q = r->block * BT + i;
@@ -1130,14 +1165,15 @@ static void check_views_at(struct pair *p, const struct tseq *t, uint32_t layer,
 					snprintf(what, sizeof(what),
 						 "%s recalled frame of block %u, K row", side(p, m),
 						 r->block);
-					expect_row_at(fb[s] + j * bb + i * rb, ref_row(t, layer, h, q, 0),
-						      rb, what, t, layer, h, q, file, line);
+					expect_row_at(fb[s] + j * bb + i * rb,
+						      ref_row(t, layer, h, q, 0), rb, what, t,
+						      layer, h, q, file, line);
 					snprintf(what, sizeof(what),
 						 "%s recalled frame of block %u, V row", side(p, m),
 						 r->block);
 					expect_row_at(fb[s] + j * bb + (BT + i) * rb,
-						      ref_row(t, layer, h, q, 1), rb, what, t, layer, h,
-						      q, file, line);
+						      ref_row(t, layer, h, q, 1), rb, what, t,
+						      layer, h, q, file, line);
 				}
 			}
 		}
@@ -1158,7 +1194,8 @@ static void check_views_at(struct pair *p, const struct tseq *t, uint32_t layer,
 						"n_valid %u resident 0x%llx, host block %u n_valid %u "
 						"resident 0x%llx",
 						ULL(t->id), layer, h, j, a->block, a->n_valid,
-						ULL(a->resident), b->block, b->n_valid, ULL(b->resident));
+						ULL(a->resident), b->block, b->n_valid,
+						ULL(b->resident));
 				if (memcmp(fb[1] + j * bb, fb[0] + j * bb, vb) ||
 				    memcmp(fb[1] + j * bb + BT * rb, fb[0] + j * bb + BT * rb, vb))
 					fail_at(file, line,
@@ -1190,7 +1227,8 @@ static void attend_reference_at(struct pair *p, struct kvt_manager *m, const str
 		int rc = kvt_seq_recall_view(m, t->id, layer, h, rv, VIEW_CAP, &nv);
 
 		if (rc)
-			fail_at(file, line, "%s: kvt_seq_recall_view(seq %llu, layer %u, head %u) = %d",
+			fail_at(file, line,
+				"%s: kvt_seq_recall_view(seq %llu, layer %u, head %u) = %d",
 				side(p, m), ULL(t->id), layer, h, rc);
 		for (uint32_t i = 0; i < n; i++) {
 			memcpy(kb + w * rb, ref_row(t, layer, h, (uint32_t)pos[i], 0), rb);
@@ -1201,15 +1239,17 @@ static void attend_reference_at(struct pair *p, struct kvt_manager *m, const str
 			for (uint32_t i = 0; i < rv[j].n_valid; i++) {
 				if ((rv[j].resident >> i) & 1)
 					continue;
-				memcpy(kb + w * rb, ref_row(t, layer, h, rv[j].block * BT + i, 0), rb);
-				memcpy(vb + w * rb, ref_row(t, layer, h, rv[j].block * BT + i, 1), rb);
+				memcpy(kb + w * rb, ref_row(t, layer, h, rv[j].block * BT + i, 0),
+				       rb);
+				memcpy(vb + w * rb, ref_row(t, layer, h, rv[j].block * BT + i, 1),
+				       rb);
 				w++;
 			}
 		{
 			struct kvt_attend_rows seg = {kb, vb, rb, rb, w};
 
-			kvt_attend_rows(t->dt, HEAD_DIM, q + (size_t)h * G_Q * HEAD_DIM, G_Q, &seg, 1,
-					out + (size_t)h * G_Q * HEAD_DIM);
+			kvt_attend_rows(t->dt, HEAD_DIM, q + (size_t)h * G_Q * HEAD_DIM, G_Q, &seg,
+					1, out + (size_t)h * G_Q * HEAD_DIM);
 		}
 	}
 	free(kb);
@@ -1234,8 +1274,8 @@ static void expect_close_at(const float *got, const float *want, const char *wha
 					"%s %s: seq %llu layer %u (N=%u) q head %u dim %u: %.9g, "
 					"expected %.9g (|diff| %.3g > %.0e x %.3g, the head's largest "
 					"output)",
-					dt_name(t->dt), what, ULL(t->id), layer, t->n[layer], g, d, a, b,
-					fabs(a - b), ATTEND_TOL, mx);
+					dt_name(t->dt), what, ULL(t->id), layer, t->n[layer], g, d,
+					a, b, fabs(a - b), ATTEND_TOL, mx);
 		}
 	}
 }
@@ -1260,8 +1300,8 @@ static void check_attend_at(struct pair *p, const struct tseq *t, uint32_t layer
 	expect_close_at(out[0], ref[0], "host kvt_attend vs its rows", t, layer, file, line);
 	expect_close_at(out[1], ref[1], "cuda kvt_attend vs its rows", t, layer, file, line);
 	if (!t->tie[layer])
-		expect_close_at(out[1], out[0], "cuda kvt_attend vs host kvt_attend", t, layer, file,
-				line);
+		expect_close_at(out[1], out[0], "cuda kvt_attend vs host kvt_attend", t, layer,
+				file, line);
 	if (out_c)
 		memcpy(out_c, out[1], sizeof(out[1]));
 }
@@ -1278,7 +1318,10 @@ struct stat_field {
 	unsigned flags;
 };
 
-#define SF(f, fl) {#f, offsetof(struct kvt_stats, f), sizeof(((struct kvt_stats *)0)->f), (fl)}
+#define SF(f, fl)                                                                           \
+	{                                                                                   \
+#f, offsetof(struct kvt_stats, f), sizeof(((struct kvt_stats *)0)->f), (fl) \
+	}
 
 /* The manager's own counters (not the CUDA transfer figures, which only the CUDA backend
    keeps). */
@@ -1385,8 +1428,9 @@ static void check_xfer_at(const struct kvt_stats *st, const char *file, int line
 			fail_at(file, line,
 				"KVTIER_CUDA_CALIBRATE=0: calibrated %u, gather_min %u/%u/%u, %llu DMA "
 				"batches; expected 0, 0/0/0 (the kernel always), 0",
-				st->xfer_calibrated, st->xfer_gather_min_4k, st->xfer_gather_min_16k,
-				st->xfer_gather_min_64k, ULL(st->h2d_dma_batches));
+				st->xfer_calibrated, st->xfer_gather_min_4k,
+				st->xfer_gather_min_16k, st->xfer_gather_min_64k,
+				ULL(st->h2d_dma_batches));
 	} else if (st->xfer_calibrated != 1) {
 		fail_at(file, line, "cuda: xfer_calibrated = %u, expected 1 (measured at create)",
 			st->xfer_calibrated);
@@ -1548,8 +1592,9 @@ static void run_vs_host(enum kvt_dtype dt)
 				CHECK_EQ(in.preempted, 1);
 				CHECK_EQ(in.device_frames, 0);
 				CHECK_EQ(in.layers_prefilled, N_LAYERS);
-				CHECK_RC(kvt_seq_frames(m, pr[j]->id, 0, 0, fr, FRAME_CAP, &nf, &ns),
-					 -EINVAL);
+				CHECK_RC(
+					kvt_seq_frames(m, pr[j]->id, 0, 0, fr, FRAME_CAP, &nf, &ns),
+					-EINVAL);
 				CHECK_RC(kvt_attend(m, pr[j]->id, 0, pr[j]->q_att[0], o), -EINVAL);
 			}
 			for (uint32_t l = 0; l < N_LAYERS; l++) {
@@ -1584,7 +1629,8 @@ static void run_vs_host(enum kvt_dtype dt)
 				uint8_t *after = SNAPSHOT(&p, p.c, pr[j], l, &nb);
 
 				expect_snapshot_at(snap[j][l], snap_b[j][l], after, nb, pr[j], l,
-						   "cuda after preempt + resume", __FILE__, __LINE__);
+						   "cuda after preempt + resume", __FILE__,
+						   __LINE__);
 				free(after);
 				free(snap[j][l]);
 				CHECK_EQ(info_of(p.c, pr[j]->id).preempted, 0);
@@ -1604,10 +1650,11 @@ static void run_vs_host(enum kvt_dtype dt)
 
 				CHECK_VIEWS(&p, pr[j], l);
 				CHECK_ATTEND(&p, pr[j], l, o);
-				expect_close_at(o, before[j][l],
-						"cuda kvt_attend after preempt + resume + recall vs "
-						"before",
-						pr[j], l, __FILE__, __LINE__);
+				expect_close_at(
+					o, before[j][l],
+					"cuda kvt_attend after preempt + resume + recall vs "
+					"before",
+					pr[j], l, __FILE__, __LINE__);
 			}
 	}
 
@@ -1719,7 +1766,8 @@ static void test_nonblocking_stream(void **state)
 			hv = upload_async(&p, p.dv, v, kvb);
 			if (t->count)
 				hq = upload_async(&p, p.dq, t->q_obs[l], qb);
-			CHECK_RC(kvt_prefill_layer(p.c, t->id, l, p.dk, p.dv, hq ? p.dq : NULL, nb), 0);
+			CHECK_RC(kvt_prefill_layer(p.c, t->id, l, p.dk, p.dv, hq ? p.dq : NULL, nb),
+				 0);
 			garble(&p, p.dk, kvb);
 			garble(&p, p.dv, kvb);
 			garble(&p, p.dq, qb);
@@ -1751,10 +1799,10 @@ static void test_nonblocking_stream(void **state)
 			CHECK_RC(decode_on(&p, p.h, bt, 2, l), 0);
 			for (uint32_t i = 0; i < 2; i++)
 				for (uint32_t h = 0; h < N_KV; h++) {
-					memcpy(k + (i * N_KV + h) * rb, ref_row(&ts[i], l, h, ts[i].n[l], 0),
-					       rb);
-					memcpy(v + (i * N_KV + h) * rb, ref_row(&ts[i], l, h, ts[i].n[l], 1),
-					       rb);
+					memcpy(k + (i * N_KV + h) * rb,
+					       ref_row(&ts[i], l, h, ts[i].n[l], 0), rb);
+					memcpy(v + (i * N_KV + h) * rb,
+					       ref_row(&ts[i], l, h, ts[i].n[l], 1), rb);
 				}
 			stall(&p, delay);
 			hk = upload_async(&p, p.ek, k, bytes);
@@ -1815,6 +1863,10 @@ struct fenv {
 	struct tseq b, t;
 	uint8_t *b_snap[N_LAYERS]; /* b's device frames on the CUDA manager */
 	size_t b_snap_bytes[N_LAYERS];
+	/* Failed calls that changed their own sequence's device frames: collected, so one run
+	   walks every CUDA call and lists them all at the end (fault_problems_at). */
+	char problems[1536];
+	uint32_t n_problems;
 };
 
 static void fenv_init(struct fenv *e)
@@ -1822,14 +1874,18 @@ static void fenv_init(struct fenv *e)
 	struct pair *p = &e->p;
 	struct tseq *bb[1] = {&e->b};
 
+	memset(e, 0, sizeof(*e));
 	set_ctx("fault: setup");
 	pair_init(p, KVT_DTYPE_F16, NULL, 700, 1);
 	tseq_gen(&e->b, &p->cfg, 0xb1e55ed0ull, 700, 16);
-	tseq_gen(&e->t, &p->cfg, 0x7a59e70ull, 700, 600);
+	tseq_gen(&e->t, &p->cfg, 0x7a59e70ull, 700, 1200);
 	CHECK_RC(kvt_seq_create(p->h, e->b.id, e->b.L), 0);
 	CHECK_RC(kvt_seq_create(p->c, e->b.id, e->b.L), 0);
 	for (uint32_t l = 0; l < N_LAYERS; l++)
 		PREFILL_BOTH(p, &e->b, l);
+	sync_both(p);
+	for (uint32_t l = 0; l < N_LAYERS; l++)
+		CHECK_SELECTION(p, &e->b, l);
 	for (uint32_t step = 0; step < 5; step++)
 		for (uint32_t l = 0; l < N_LAYERS; l++)
 			DECODE_BOTH(p, bb, 1, l);
@@ -1840,7 +1896,7 @@ static void fenv_init(struct fenv *e)
 	}
 	sync_both(p);
 	for (uint32_t l = 0; l < N_LAYERS; l++) {
-		CHECK_SELECTION(p, &e->b, l);
+		CHECK_RESIDENT(p, &e->b, l);
 		e->b_snap[l] = SNAPSHOT(p, p->c, &e->b, l, &e->b_snap_bytes[l]);
 	}
 }
@@ -1857,16 +1913,16 @@ static void fenv_fini(struct fenv *e)
 
 /* The CUDA call numbered nth of `call` fails (KVT_FAULT_CUDA); fired: whether it was reached.
    Nothing between arming and disarming may fail the test (cmocka would leave it armed). */
-#define ARMED(nth, fired, rc, call)                                   \
-	do {                                                          \
-		kvt_fault_arm(1u << KVT_FAULT_CUDA, (nth));           \
-		(rc) = (call);                                        \
-		(fired) = kvt_fault_fired();                          \
-		kvt_fault_disarm();                                   \
+#define ARMED(nth, fired, rc, call)                         \
+	do {                                                \
+		kvt_fault_arm(1u << KVT_FAULT_CUDA, (nth)); \
+		(rc) = (call);                              \
+		(fired) = kvt_fault_fired();                \
+		kvt_fault_disarm();                         \
 	} while (0)
 
-static void expect_info_at(const struct kvt_seq_info *a, const struct kvt_seq_info *b,
-			   uint64_t id, const char *op, const char *file, int line)
+static void expect_info_at(const struct kvt_seq_info *a, const struct kvt_seq_info *b, uint64_t id,
+			   const char *op, const char *file, int line)
 {
 	if (a->layers_prefilled != b->layers_prefilled || a->tokens != b->tokens ||
 	    a->device_frames != b->device_frames || a->host_blocks != b->host_blocks ||
@@ -1896,8 +1952,8 @@ static void before_take(struct fenv *e, struct before *b, uint32_t t_layer)
 	b->bi = info_of(p->c, e->b.id);
 	b->st = stats_of(p->c);
 	b->t_layer = t_layer;
-	b->t_snap = b->ti.layers_prefilled ? SNAPSHOT(p, p->c, &e->t, t_layer, &b->t_snap_bytes)
-					   : NULL;
+	b->t_snap =
+		b->ti.layers_prefilled ? SNAPSHOT(p, p->c, &e->t, t_layer, &b->t_snap_bytes) : NULL;
 }
 
 /* The armed call failed through its fault: a negative errno CUDA failures map to, the last
@@ -1922,8 +1978,9 @@ static void after_fault_at(struct fenv *e, const struct before *b, const char *o
 		const struct stat_field *f = &stat_fields[i];
 
 		if ((f->flags & F_FIX) && stat_get(&st, f) != stat_get(&b->st, f))
-			fail_at(file, line, "failed %s (CUDA call %llu) changed stats.%s: %llu -> %llu",
-				op, ULL(nth), f->name, ULL(stat_get(&b->st, f)), ULL(stat_get(&st, f)));
+			fail_at(file, line,
+				"failed %s (CUDA call %llu) changed stats.%s: %llu -> %llu", op,
+				ULL(nth), f->name, ULL(stat_get(&b->st, f)), ULL(stat_get(&st, f)));
 	}
 	expect_info_at(&b->ti, &ti, e->t.id, op, file, line);
 	expect_info_at(&b->bi, &bi, e->b.id, op, file, line);
@@ -1938,15 +1995,37 @@ static void after_fault_at(struct fenv *e, const struct before *b, const char *o
 		check_tokens_at(p, &e->b, l, false, file, line);
 	}
 	if (b->t_snap) {
-		size_t n;
+		size_t n, used = strlen(e->problems);
 		uint8_t *now = SNAPSHOT(p, p->c, &e->t, b->t_layer, &n);
+		char msg[200];
 
-		expect_snapshot_at(b->t_snap, b->t_snap_bytes, now, n, &e->t, b->t_layer, what, file,
-				   line);
+		if (snapshot_differs(b->t_snap, b->t_snap_bytes, now, n, &e->t, b->t_layer, msg,
+				     sizeof(msg))) {
+			/* its tokens read back differently for the same reason: the retry
+			   rewrites them, and then they are compared with the reference */
+			e->n_problems++;
+			snprintf(e->problems + used, sizeof(e->problems) - used,
+				 "#   %s:%d: %s failed (%d) at CUDA call %llu but changed %s\n",
+				 file, line, op, rc, ULL(nth), msg);
+		} else {
+			for (uint32_t l = 0; l < N_LAYERS; l++)
+				check_tokens_at(p, &e->t, l, false, file, line);
+		}
 		free(now);
-		for (uint32_t l = 0; l < N_LAYERS; l++)
-			check_tokens_at(p, &e->t, l, false, file, line);
 	}
+}
+
+/* kvtier.h: a failed call changes nothing visible; its own sequence's frames included. */
+static void fault_problems_at(const struct fenv *e, const char *file, int line)
+{
+	if (!e->n_problems)
+		return;
+	g_ctx[0] = '\0';
+	print_message("%s", e->problems);
+	fail_at(file, line,
+		"%u failed calls changed their own sequence's device frames (listed "
+		"above)",
+		e->n_problems);
 }
 
 /* The loop over nth ended: the fault hook was reached at least once. */
@@ -1961,14 +2040,15 @@ static void fault_expect_done_at(uint64_t failed, const char *op, const char *fi
 }
 
 /* Checks an armed call's outcome: rc and whether its fault fired. Returns whether it fired. */
-static bool armed_outcome_at(struct fenv *e, const struct before *b, const char *op,
-			     uint64_t nth, int rc, bool fired, const char *file, int line)
+static bool armed_outcome_at(struct fenv *e, const struct before *b, const char *op, uint64_t nth,
+			     int rc, bool fired, const char *file, int line)
 {
 	if (!fired) {
 		if (rc)
-			fail_at(file, line, "%s returned %d (%s) without its fault firing (CUDA call "
-				"%llu): %s", op, rc, kvt_strerror(rc), ULL(nth),
-				kvt_manager_last_error(e->p.c));
+			fail_at(file, line,
+				"%s returned %d (%s) without its fault firing (CUDA call "
+				"%llu): %s",
+				op, rc, kvt_strerror(rc), ULL(nth), kvt_manager_last_error(e->p.c));
 		return false;
 	}
 	if (rc == 0)
@@ -2029,6 +2109,7 @@ static void test_fault_prefill(void **state)
 		CHECK_RC(kvt_seq_destroy(p->c, t->id), 0);
 	}
 	fault_expect_done_at(failed, "kvt_prefill_layer", __FILE__, __LINE__);
+	fault_problems_at(&e, __FILE__, __LINE__);
 	fenv_fini(&e);
 }
 
@@ -2058,7 +2139,8 @@ static void test_fault_decode(void **state)
 
 			set_ctx("fault: %s, CUDA call %llu fails", op, ULL(nth));
 			if (nth > FAULT_MAX)
-				fail_at(__FILE__, __LINE__, "%s never completed with a fault armed", op);
+				fail_at(__FILE__, __LINE__, "%s never completed with a fault armed",
+					op);
 			while ((t->n[0] % BT == 0) != (pass == 1))
 				DECODE_BOTH(p, tt, 1, 0);
 			sync_both(p);
@@ -2080,6 +2162,7 @@ static void test_fault_decode(void **state)
 		}
 		fault_expect_done_at(failed, op, __FILE__, __LINE__);
 	}
+	fault_problems_at(&e, __FILE__, __LINE__);
 	fenv_fini(&e);
 }
 
@@ -2095,12 +2178,13 @@ static void test_fault_recall(void **state)
 	CHECK_RC(kvt_seq_create(p->c, t->id, t->L), 0);
 	for (uint32_t l = 0; l < N_LAYERS; l++)
 		CHECK_RC(prefill_on(p, p->c, t, l), 0);
+	sync_both(p);
+	for (uint32_t l = 0; l < N_LAYERS; l++)
+		CHECK_SELECTION(p, t, l);
 	for (uint32_t step = 0; step < 20; step++)
 		for (uint32_t l = 0; l < N_LAYERS; l++)
 			DECODE_BOTH(p, tt, 1, l);
 	sync_both(p);
-	for (uint32_t l = 0; l < N_LAYERS; l++)
-		CHECK_SELECTION(p, t, l);
 	for (uint64_t nth = 1;; nth++) {
 		struct before b;
 		bool fired;
@@ -2132,6 +2216,7 @@ static void test_fault_recall(void **state)
 			break;
 	}
 	fault_expect_done_at(failed, "kvt_decode_recall", __FILE__, __LINE__);
+	fault_problems_at(&e, __FILE__, __LINE__);
 	fenv_fini(&e);
 }
 
@@ -2140,14 +2225,10 @@ static void test_fault_recall(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_backend_choice),
-		cmocka_unit_test(test_vs_host_f32),
-		cmocka_unit_test(test_vs_host_f16),
-		cmocka_unit_test(test_vs_host_bf16),
-		cmocka_unit_test(test_nonblocking_stream),
-		cmocka_unit_test(test_fault_prefill),
-		cmocka_unit_test(test_fault_decode),
-		cmocka_unit_test(test_fault_recall),
+		cmocka_unit_test(test_backend_choice),	   cmocka_unit_test(test_vs_host_f32),
+		cmocka_unit_test(test_vs_host_f16),	   cmocka_unit_test(test_vs_host_bf16),
+		cmocka_unit_test(test_nonblocking_stream), cmocka_unit_test(test_fault_prefill),
+		cmocka_unit_test(test_fault_decode),	   cmocka_unit_test(test_fault_recall),
 	};
 	const struct kvt_plugin *plugin;
 	const char *seed = getenv("KVT_TEST_SEED");

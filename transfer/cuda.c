@@ -375,14 +375,15 @@ static int slot_upload(struct cuda_backend *cb, struct list_slot *s, size_t byte
 		  "piece list: copy to the device");
 }
 
+/* Marks the slot busy until the work queued on stream so far is done. Runs after the work was
+   queued, so a failure here must not fail the call (the work would stay done): it waits for
+   the stream instead, and only a failure of that (a broken context) is an error. */
 static int slot_done(struct cuda_backend *cb, struct list_slot *s, cudaStream_t stream)
 {
-	int err = CU(cb, cudaEventRecord(s->done, stream), "piece list: record its use");
-
-	s->recorded = err == 0;
-	if (err) /* nothing will say when the kernel is done with the list: wait for it now */
-		cudaStreamSynchronize(stream);
-	return err;
+	s->recorded = cudaEventRecord(s->done, stream) == cudaSuccess;
+	if (s->recorded)
+		return 0;
+	return cu_result(cb, cudaStreamSynchronize(stream), "piece list: wait for its use");
 }
 
 /* A host-arena address as the device sees it (identical under UVA, else shifted). */
@@ -421,13 +422,14 @@ static void fill_pieces(const struct cuda_backend *cb, const struct kvt_xfer *x,
 			};
 }
 
-/* One launch of the fused gather over a copy list, on stream. */
+/* One launch of the fused gather over a copy list, on stream; h2d: a load of host blocks
+   (counted in the stats), else a copy within the device. */
 static int run_kernel(struct cuda_backend *cb, const struct kvt_xfer *x, uint32_t n,
-		      uint32_t pieces, uint32_t ctas, cudaStream_t stream)
+		      uint32_t pieces, uint32_t ctas, bool h2d, cudaStream_t stream)
 {
 	size_t bytes = (size_t)pieces * sizeof(struct kvt_gpu_piece);
 	struct list_slot *s;
-	int err = slot_get(cb, bytes, &s);
+	int err = slot_get(cb, bytes, &s), e2;
 
 	if (err)
 		return err;
@@ -436,12 +438,11 @@ static int run_kernel(struct cuda_backend *cb, const struct kvt_xfer *x, uint32_
 	if (!err)
 		err = CU(cb, (cudaError_t)kvt_gather_launch(s->dev, pieces, ctas, (void *)stream),
 			 "fused gather: launch");
-	if (!err)
+	if (!err && h2d)
 		cb->kernel_launches++;
 	/* The list was maybe copied even when the launch failed: let the copy finish first. */
-	if (slot_done(cb, s, stream) && !err)
-		err = -EIO;
-	return err;
+	e2 = slot_done(cb, s, stream);
+	return err ? err : e2;
 }
 
 static int grow_batch(struct cuda_backend *cb, size_t n)
@@ -520,7 +521,7 @@ static int time_gather(struct cuda_backend *cb, struct kvt_xfer *x, uint32_t cou
 	for (int i = -1; i < 3 && !err; i++) { /* run -1 warms up */
 		err = CU(cb, cudaEventRecord(t0, st), "calibration: event");
 		if (!err)
-			err = kernel ? run_kernel(cb, x, count, count, cb->gather_ctas, st)
+			err = kernel ? run_kernel(cb, x, count, count, cb->gather_ctas, true, st)
 				     : run_batch(cb, x, count, count, st);
 		if (!err)
 			err = CU(cb, cudaEventRecord(t1, st), "calibration: event");
@@ -868,7 +869,7 @@ static int cuda_copy_d2d(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n,
 		err = count_pieces(cb, x, n, &pieces, &largest);
 	if (err || pieces == 0)
 		return err;
-	return run_kernel(cb, x, n, pieces, cb->copy_ctas, (cudaStream_t)stream);
+	return run_kernel(cb, x, n, pieces, cb->copy_ctas, false, (cudaStream_t)stream);
 }
 
 static int cuda_gather_h2d(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n, void *stream)
@@ -885,7 +886,7 @@ static int cuda_gather_h2d(struct kvt_be *b, const struct kvt_xfer *x, uint32_t 
 	/* cudaMemcpyBatchAsync refuses the legacy default stream: DMA only on a real stream. */
 	if (stream && pieces < cb->calib.gather_min[size_class(largest)])
 		return run_batch(cb, x, n, pieces, (cudaStream_t)stream);
-	return run_kernel(cb, x, n, pieces, cb->gather_ctas, (cudaStream_t)stream);
+	return run_kernel(cb, x, n, pieces, cb->gather_ctas, true, (cudaStream_t)stream);
 }
 
 static int cuda_save(struct kvt_be *b, const struct kvt_save_src *src, uint32_t n_src,
@@ -905,6 +906,7 @@ static int cuda_save(struct kvt_be *b, const struct kvt_save_src *src, uint32_t 
 	if (err)
 		return err;
 	cb->save_stream = (cudaStream_t)stream;
+	b->err[0] = '\0'; /* a failing stage copy leaves its own detail */
 	err = kvt_cuda_host->savepool_submit(cb->sp, &job, ticket);
 	if (err && !b->err[0])
 		be_fail(b, err, "save of %u entries", n);
@@ -941,6 +943,7 @@ static int cuda_append(struct kvt_be *b, uint64_t k, uint64_t v, uint32_t n,
 	if (err)
 		return err;
 	cb->save_stream = (cudaStream_t)stream;
+	b->err[0] = '\0';
 	err = kvt_cuda_host->savepool_submit(cb->sp, &job, ticket);
 	if (err) {
 		if (!b->err[0])
@@ -957,8 +960,14 @@ static int cuda_append(struct kvt_be *b, uint64_t k, uint64_t v, uint32_t n,
 							g->head_stride, g->v_offset, cb->copy_ctas,
 							stream),
 			 "append: ring write launch");
-	if (slot_done(cb, s, (cudaStream_t)stream) && !err)
-		err = -EIO;
+	if (!err)
+		err = slot_done(cb, s, (cudaStream_t)stream);
+	else
+		slot_done(cb, s, (cudaStream_t)stream); /* the list copy may be queued */
+	/* The call fails and the manager gives the new host blocks back: the save already
+	   submitted must have written them before that. */
+	if (err)
+		kvt_cuda_host->savepool_wait(cb->sp, *ticket);
 	return err;
 }
 
@@ -1044,13 +1053,13 @@ static int cuda_select(struct kvt_be *b, const struct kvt_snapkv *p, const void 
 {
 	struct cuda_backend *cb = (struct cuda_backend *)b;
 	uint32_t count = snapkv_count(p);
-	size_t scratch = ALIGN_UP(kvt_gpu_snapkv_scratch_bytes(p), 256);
-	size_t out_bytes = (size_t)p->n_kv_heads * count * sizeof(int32_t);
+	size_t out_bytes = (size_t)p->n_kv_heads * count * sizeof(int32_t), scratch;
 	cudaStream_t st = (cudaStream_t)stream;
-	int err = bind(cb);
+	int err = bind(cb); /* CUB's scratch query reads the current device */
 
 	if (err || count == 0)
 		return err;
+	scratch = ALIGN_UP(kvt_gpu_snapkv_scratch_bytes(p), 256);
 	err = io_reserve(cb, scratch + out_bytes);
 	if (!err)
 		err = CU(cb,
