@@ -552,7 +552,9 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 	g = (struct kvt_append_geom){m->cfg.n_kv_heads, m->row_bytes, m->block_bytes, m->v_offset};
 	err = KVT_XFER(m, append, ptr_u64(k), ptr_u64(v), n, m->ap, &g, stream, &ticket);
 	if (err) {
-		/* Give the new groups back so tables and pool are as before. */
+		/* Give the new groups back so tables and pool are as before, once the chunks of
+		   a multi-chunk save that were handed over before the failure have landed. */
+		m->ops->save_wait(m->be, UINT64_MAX);
 		while (n_fresh-- > 0) {
 			struct kvt_seq_layer *ly = &m->batch[m->fresh[n_fresh]]->layers[layer];
 

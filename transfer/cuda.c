@@ -72,7 +72,9 @@ struct cuda_backend {
 	struct kvt_savepool *sp;
 	cudaEvent_t stage_done[2];
 	cudaStream_t save_stream; /* stream of the save being submitted (owner thread only) */
-	atomic_int save_err;	  /* first failure of a save thread's wait */
+	/* First failure of a save thread's wait. Sticky on purpose: an event wait fails only on a
+	   broken context (an earlier kernel fault), after which no save can be trusted. */
+	atomic_int save_err;
 
 	struct list_slot slot[LIST_SLOTS];
 	uint32_t next_slot;
@@ -227,7 +229,9 @@ static bool hook_merge(extent_hooks_t *h, void *addr_a, size_t size_a, void *add
 {
 	(void)h, (void)addr_a, (void)size_a, (void)addr_b, (void)size_b, (void)committed,
 		(void)arena_ind;
-	return false;
+	/* Refused: two cudaHostAlloc regions may happen to be adjacent, and a buffer spanning
+	   both is not one pinned allocation for the copy engines. */
+	return true;
 }
 
 static int pinned_arena_create(struct cuda_backend *cb)
@@ -964,10 +968,6 @@ static int cuda_append(struct kvt_be *b, uint64_t k, uint64_t v, uint32_t n,
 		err = slot_done(cb, s, (cudaStream_t)stream);
 	else
 		slot_done(cb, s, (cudaStream_t)stream); /* the list copy may be queued */
-	/* The call fails and the manager gives the new host blocks back: the save already
-	   submitted must have written them before that. */
-	if (err)
-		kvt_cuda_host->savepool_wait(cb->sp, *ticket);
 	return err;
 }
 

@@ -63,9 +63,10 @@ int kvt_savepool_create(uint32_t threads, uint64_t staging_bytes,
 /* Waits for every job, stops the threads, frees everything. NULL is a no-op. */
 void kvt_savepool_destroy(struct kvt_savepool *sp);
 
-/* Submits a job. On failure (-ENOMEM growing the item tables, or the stage copy's error before
-   any chunk was handed over) nothing of the job was scattered. A job with zero source bytes
-   completes at once. */
+/* Submits a job. On failure (-ENOMEM growing the item tables, or a stage copy's error) the
+   chunks handed over before the failure may still be scattering: a caller that frees the
+   destinations must kvt_savepool_wait(UINT64_MAX) first. Nothing was scattered when the first
+   chunk's copy failed. A job with zero source bytes completes at once. */
 int kvt_savepool_submit(struct kvt_savepool *sp, const struct kvt_save_job *job, uint64_t *ticket);
 
 /* Blocks until every job with ticket <= t is scattered. */
