@@ -60,7 +60,10 @@ struct kvt_recall_layer {
 	struct kvt_rc_slot *slot; /* [block][head] */
 	uint8_t *tk;		  /* [block][head] top-K positions inside the block */
 	uint32_t cap_blocks;
-	bool tk_ready; /* tk counted from the layer's top-K (done at its first recall) */
+	uint32_t meta_n; /* tokens folded into meta: decode tokens are folded in at the next
+			    scoring, from the host history (so a decode append never waits for
+			    the device to hand its keys to the CPU) */
+	bool tk_ready;	 /* tk counted from the layer's top-K (done at its first recall) */
 	/* view of the latest recall call naming this (sequence, layer): per head view_n[h]
 	   entries (cache entry id, generation) at [h * view_cap ...] */
 	uint32_t view_cap;
@@ -298,9 +301,10 @@ void kvt_recall_free_seq(struct kvt_seq *s, uint32_t n_layers);
 int kvt_meta_prefill(struct kvt_manager *m, struct kvt_seq_layer *ly, const void *k, uint32_t L);
 /* Makes room for the metadata of block index b of ly (decode boundary): 0 or -ENOMEM. */
 int kvt_meta_reserve(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t n_blocks);
-/* Folds the decode token at position pos (rows k + h * row_bytes) into its block. */
-void kvt_meta_append(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t pos,
-		     const uint8_t *k);
+/* Brings the block metadata of (s, layer ly) up to its tokens: folds the keys of positions
+   [meta_n, n_tokens) in from the host history, after fetching it from disk and waiting for its
+   saves. 0 or the error, recorded. */
+int kvt_meta_catch_up(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_layer *ly);
 /* Recall working set of s advanced to step t (frames recalled in the last w steps); the
    frames of step t alone in *step_frames. */
 uint32_t kvt_ws_frames(struct kvt_manager *m, struct kvt_seq *s, uint32_t t, uint32_t *step_frames);

@@ -169,22 +169,42 @@ int kvt_meta_prefill(struct kvt_manager *m, struct kvt_seq_layer *ly, const void
 				       rows + (size_t)p0 * m->row_bytes, m->row_bytes, n);
 		}
 	}
+	ly->rc->meta_n = L;
 	return 0;
 }
 
-void kvt_meta_append(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t pos,
-		     const uint8_t *k)
+int kvt_meta_catch_up(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_layer *ly)
 {
 	const struct kvt_config *c = &m->cfg;
-	uint8_t *meta = ly->rc->meta + (size_t)(pos >> m->lbt) * c->n_kv_heads * m->meta_bytes;
-	bool first = (pos & (c->block_tokens - 1)) == 0;
+	struct kvt_recall_layer *rc = ly->rc;
+	int err;
 
-	for (uint32_t h = 0; h < c->n_kv_heads; h++, meta += m->meta_bytes, k += m->row_bytes) {
-		if (first)
-			kvt_meta_init(c->dtype, c->head_dim, meta, k);
-		else
-			kvt_meta_add(c->dtype, c->head_dim, meta, k);
+	if (rc->meta_n >= ly->n_tokens)
+		return 0;
+	err = kvt_spill_fetch_seq(m, s, "recall");
+	if (err)
+		return err;
+	err = m->ops->save_wait(m->be, s->save_ticket);
+	if (err)
+		return kvt_fail(m, err, "recall: sequence %llu: its saves: %s",
+				(unsigned long long)s->id, m->be->err);
+	/* Ascending positions, as the tokens arrived: the same result as folding each at its
+	   append. */
+	for (uint32_t pos = rc->meta_n; pos < ly->n_tokens; pos++) {
+		uint8_t *meta = rc->meta + (size_t)(pos >> m->lbt) * c->n_kv_heads * m->meta_bytes;
+		bool first = (pos & (c->block_tokens - 1)) == 0;
+
+		for (uint32_t h = 0; h < c->n_kv_heads; h++, meta += m->meta_bytes) {
+			const void *k = (const void *)(uintptr_t)kvt_host_row(m, ly, h, pos);
+
+			if (first)
+				kvt_meta_init(c->dtype, c->head_dim, meta, k);
+			else
+				kvt_meta_add(c->dtype, c->head_dim, meta, k);
+		}
 	}
+	rc->meta_n = ly->n_tokens;
+	return 0;
 }
 
 uint64_t kvt_block_resident(const struct kvt_manager *m, const struct kvt_seq *s,
@@ -702,6 +722,7 @@ KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint6
 {
 	uint32_t H, r;
 	uint64_t qstride;
+	int err;
 
 	if (!m)
 		return -EINVAL;
@@ -723,8 +744,7 @@ KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint6
 				n);
 	qstride = (uint64_t)m->cfg.n_q_heads * m->row_bytes;
 	if (!m->cpu_device) { /* the scoring runs on the CPU: the queries come over first */
-		int err = kvt_host_copy(m, q, n * qstride);
-
+		err = kvt_host_copy(m, q, n * qstride);
 		if (err)
 			return kvt_fail(m, err, "recall: queries: %s", m->be->err);
 		q = m->hcopy;
@@ -734,11 +754,14 @@ KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint6
 		struct kvt_seq_layer *ly = s ? &s->layers[layer] : NULL;
 
 		/* recall_core reports every invalid sequence; score only valid ones. */
-		if (!s || !ly->n_tokens || s->preempted || !ly->rc || !ly->rc->meta) {
+		if (!s || s->lost || !ly->n_tokens || s->preempted || !ly->rc || !ly->rc->meta) {
 			for (size_t j = 0; j < (size_t)H * r; j++)
 				m->sel[(size_t)i * H * r + j] = KVT_NO_ENTRY;
 			continue;
 		}
+		err = kvt_meta_catch_up(m, s, ly);
+		if (err)
+			return err;
 		if (score_seq(m, s, ly, (const uint8_t *)q + i * qstride, r,
 			      m->sel + (size_t)i * H * r))
 			return kvt_fail(m, -ENOMEM, "recall: no memory for scoring");

@@ -370,6 +370,7 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 				       (unsigned long long)seq, layer, m->be->err);
 			goto fail_host;
 		}
+		ly.rc->meta_n = L;
 	}
 
 	/* Gather sink, ring and top-K rows of the caller's tensors into the frames. */
@@ -519,13 +520,6 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 					(unsigned long long)seqs[i]);
 		m->fresh[n_fresh++] = i;
 	}
-	/* The block metadata folds in the new keys on the CPU: bring them over from the device. */
-	if (m->keep_meta && !m->cpu_device) {
-		err = kvt_host_copy(m, k, (uint64_t)n * m->cfg.n_kv_heads * m->row_bytes);
-		if (err)
-			return kvt_fail(m, err, "decode: layer %u: keys for block metadata: %s",
-					layer, m->be->err);
-	}
 
 	/* Spilled members come back from disk first (their cursors move), then the new blocks
 	   get host room; neither is visible if the call fails after. */
@@ -575,10 +569,6 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 				       ? ly->dev_next + m->row_bytes
 				       : kvt_dev_row(m, ly, 0, slot);
 		ly->ring_slot = slot;
-		if (m->keep_meta)
-			kvt_meta_append(m, ly, ly->n_tokens,
-					(m->cpu_device ? (const uint8_t *)k : m->hcopy) +
-						(size_t)i * m->cfg.n_kv_heads * m->row_bytes);
 		ly->host_next = (++ly->n_tokens & bt_mask) ? m->ap[i].host + m->row_bytes : 0;
 		s->save_ticket = ticket;
 	}
