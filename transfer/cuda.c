@@ -519,7 +519,7 @@ static int cmp_float(const void *a, const void *b)
 static int time_gather(struct cuda_backend *cb, struct kvt_xfer *x, uint32_t count, bool kernel,
 		       cudaStream_t st, cudaEvent_t t0, cudaEvent_t t1, float *ms)
 {
-	float runs[3];
+	float runs[3] = {0};
 	int err = 0;
 
 	for (int i = -1; i < 3 && !err; i++) { /* run -1 warms up */
