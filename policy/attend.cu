@@ -17,35 +17,13 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "dtype.cuh"
 #include "gpu.h"
 
 #define AT_THREADS 256
 #define AT_WARPS (AT_THREADS / 32)
 #define AT_CHUNK 32 /* rows whose weights are staged at once */
 #define AT_FULL 0xffffffffu
-
-struct at_f16 {
-	uint16_t bits;
-};
-struct at_bf16 {
-	uint16_t bits;
-};
-
-static __device__ __forceinline__ float at_load(const float *p)
-{
-	return *p;
-}
-
-/* Exact, as kvt_to_f32. */
-static __device__ __forceinline__ float at_load(const at_f16 *p)
-{
-	return __half2float(__ushort_as_half(p->bits));
-}
-
-static __device__ __forceinline__ float at_load(const at_bf16 *p)
-{
-	return __uint_as_float((uint32_t)p->bits << 16);
-}
 
 static __device__ __forceinline__ const void *at_row(const void *base, size_t stride, uint64_t i)
 {
@@ -62,7 +40,7 @@ static __device__ __forceinline__ float at_logit(const float *__restrict__ q, co
 	float acc = 0.0f;
 
 	for (size_t d = lane; d < D; d += 32)
-		acc = fmaf(q[d], at_load(r + d), acc);
+		acc = fmaf(q[d], kvt_load(r + d), acc);
 #pragma unroll
 	for (int o = 16; o > 0; o /= 2)
 		acc += __shfl_xor_sync(AT_FULL, acc, o);
@@ -135,7 +113,7 @@ static __global__ void __launch_bounds__(AT_THREADS, 2)
 
 				for (uint32_t c = 0; c < cn; c++)
 					acc = fmaf(w[c],
-						   at_load((const T *)at_row(vb, vs, i0 + c) + d),
+						   kvt_load((const T *)at_row(vb, vs, i0 + c) + d),
 						   acc);
 				og[d] = acc;
 			}
@@ -166,11 +144,11 @@ extern "C" int kvt_gpu_attend(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_h
 									    seg_off, q, out, norm);
 		break;
 	case KVT_DTYPE_F16:
-		at_kernel<at_f16><<<(unsigned int)ctas, AT_THREADS, 0, st>>>(head_dim, g_count, seg,
-									     seg_off, q, out, norm);
+		at_kernel<kvt_f16><<<(unsigned int)ctas, AT_THREADS, 0, st>>>(
+			head_dim, g_count, seg, seg_off, q, out, norm);
 		break;
 	case KVT_DTYPE_BF16:
-		at_kernel<at_bf16><<<(unsigned int)ctas, AT_THREADS, 0, st>>>(
+		at_kernel<kvt_bf16><<<(unsigned int)ctas, AT_THREADS, 0, st>>>(
 			head_dim, g_count, seg, seg_off, q, out, norm);
 		break;
 	}

@@ -50,6 +50,11 @@ struct kvt_snapkv {
 	uint32_t sink, recent, topk, pool_kernel; /* pool_kernel odd */
 };
 
+/* The parameter checks of every SnapKV entry point (and of the GPU versions, policy/gpu.h): 0,
+   or -EINVAL for zero heads/dims, n_q_heads not a multiple of n_kv_heads, an unknown dtype, an
+   even pool_kernel, a prompt past INT32_MAX or a scratch size that overflows. */
+int kvt_snapkv_check(const struct kvt_snapkv *p);
+
 /* valid_topk of DESIGN.md step 5/6: min(topk, #candidates) where candidates are
    [sink, min(L - recent, L - L_obs)); 0 when L <= sink + recent (Case 1), when topk == 0, or
    when that interval is empty. Depends only on the parameters, never on the data. */

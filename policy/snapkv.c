@@ -81,9 +81,7 @@ static bool snapkv_layout(const struct kvt_snapkv *p, struct snapkv_layout *lay)
 	return true;
 }
 
-/* The parameter checks shared by every entry point; count and scratch_bytes use them to answer
-   0 for parameters that select would refuse. */
-static int snapkv_check(const struct kvt_snapkv *p)
+int kvt_snapkv_check(const struct kvt_snapkv *p)
 {
 	struct snapkv_layout lay;
 
@@ -105,14 +103,14 @@ static int snapkv_check(const struct kvt_snapkv *p)
 
 uint32_t kvt_snapkv_count(const struct kvt_snapkv *p)
 {
-	return snapkv_check(p) ? 0 : snapkv_count_raw(p);
+	return kvt_snapkv_check(p) ? 0 : snapkv_count_raw(p);
 }
 
 size_t kvt_snapkv_scratch_bytes(const struct kvt_snapkv *p)
 {
 	struct snapkv_layout lay;
 
-	if (snapkv_check(p))
+	if (kvt_snapkv_check(p))
 		return 0;
 	snapkv_layout(p, &lay);
 	return lay.total * 4;
@@ -262,7 +260,7 @@ int kvt_snapkv_select(const struct kvt_snapkv *p, const void *k, const void *q_o
 	float *s = scratch;
 	int err;
 
-	err = snapkv_check(p);
+	err = kvt_snapkv_check(p);
 	if (err)
 		return err;
 	count = snapkv_count_raw(p);
@@ -289,7 +287,7 @@ int kvt_snapkv_scores(const struct kvt_snapkv *p, uint32_t h, const void *k, con
 	struct snapkv_layout lay;
 	int err;
 
-	err = snapkv_check(p);
+	err = kvt_snapkv_check(p);
 	if (err)
 		return err;
 	if (h >= p->n_kv_heads)

@@ -28,6 +28,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "dtype.cuh"
 #include "gpu.h"
 
 #define SK_R 32		   /* obs rows per product tile */
@@ -39,30 +40,6 @@
 #define SK_ALIGN 256	   /* every scratch piece; also what CUB's temp storage wants */
 #define SK_GRID_MAX 65536u /* 1D grid-stride kernels: enough CTAs to fill any current GPU */
 #define SK_FULL 0xffffffffu
-
-/* Element types by tag, so one kernel template serves every dtype. */
-struct sk_f16 {
-	uint16_t bits;
-};
-struct sk_bf16 {
-	uint16_t bits;
-};
-
-static __device__ __forceinline__ float sk_load(const float *p)
-{
-	return *p;
-}
-
-/* Exact, as kvt_to_f32: every binary16 value is an f32 value. */
-static __device__ __forceinline__ float sk_load(const sk_f16 *p)
-{
-	return __half2float(__ushort_as_half(p->bits));
-}
-
-static __device__ __forceinline__ float sk_load(const sk_bf16 *p)
-{
-	return __uint_as_float((uint32_t)p->bits << 16);
-}
 
 /* Shapes every kernel needs; passed by value. Row r of kv head h's group is obs query r % L_obs
    of query head h * G + r / L_obs, i.e. row h * GL + r of q_obs, at position n + r % L_obs. */
@@ -100,14 +77,14 @@ sk_logits(const T *__restrict__ q, uint32_t nrows, const T *__restrict__ k, uint
 			uint32_t r = e / SK_DC, dd = e % SK_DC;
 
 			sm->q[r][dd] = r < nrows && d0 + dd < D
-					       ? sk_load(q + (size_t)r * D + d0 + dd)
+					       ? kvt_load(q + (size_t)r * D + d0 + dd)
 					       : 0.0f;
 		}
 		for (uint32_t e = tid; e < SK_TK * SK_DC; e += SK_THREADS) {
 			uint32_t j = e / SK_DC, dd = e % SK_DC;
 
 			sm->k[j][dd] = j < nkeys && d0 + dd < D
-					       ? sk_load(k + (size_t)j * D + d0 + dd)
+					       ? kvt_load(k + (size_t)j * D + d0 + dd)
 					       : 0.0f;
 		}
 		__syncthreads();
@@ -417,64 +394,6 @@ static bool sk_take(size_t *at, size_t *off, size_t n, size_t size)
 	return true;
 }
 
-static uint32_t sk_count_raw(const struct kvt_snapkv *p)
-{
-	uint64_t L = p->prompt_tokens, hi;
-
-	if (!p->topk || L <= (uint64_t)p->sink + p->recent || L <= p->obs_window)
-		return 0;
-	hi = L - p->recent; /* > sink, so no underflow */
-	if (L - p->obs_window < hi)
-		hi = L - p->obs_window;
-	if (hi <= p->sink)
-		return 0;
-	return hi - p->sink < p->topk ? (uint32_t)(hi - p->sink) : p->topk;
-}
-
-/* snapkv.c's snapkv_check and count, re-derived here because the plugin does not link
-   policy/snapkv.c: the parameters the reference refuses (its own scratch size overflowing
-   included) are refused here too, and sk_count(p) is kvt_snapkv_count(p) exactly. */
-static bool sk_valid(const struct kvt_snapkv *p)
-{
-	size_t L, D, n, at, add[5];
-
-	if (!p || !p->n_kv_heads || !p->n_q_heads || !p->head_dim)
-		return false;
-	if (p->n_q_heads % p->n_kv_heads)
-		return false;
-	if (!kvt_dtype_size(p->dtype))
-		return false;
-	if (!(p->pool_kernel & 1u))
-		return false;
-	if (p->prompt_tokens > INT32_MAX)
-		return false;
-	L = p->prompt_tokens;
-	D = p->head_dim;
-	n = L > p->obs_window ? L - p->obs_window : 0;
-	if (n == 0)
-		return true;
-	/* the reference's scratch: L * D + D + L + 2 n + count elements of 4 bytes */
-	if (L > SIZE_MAX / 4 / D)
-		return false;
-	at = L * D;
-	add[0] = D;
-	add[1] = L;
-	add[2] = n;
-	add[3] = n;
-	add[4] = sk_count_raw(p);
-	for (int i = 0; i < 5; i++) {
-		if (add[i] > SIZE_MAX / 4 - at)
-			return false;
-		at += add[i];
-	}
-	return true;
-}
-
-static uint32_t sk_count(const struct kvt_snapkv *p)
-{
-	return sk_valid(p) ? sk_count_raw(p) : 0;
-}
-
 /* Fills *pl for p. with_temp: also size CUB's temp storage, which asks the current device
    (cudaGetDevice, PTX version), so it needs a working CUDA context; selection needs it, the
    scores do not. Returns a cudaError_t. */
@@ -485,7 +404,7 @@ static cudaError_t sk_plan_make(const struct kvt_snapkv *p, bool with_temp, stru
 	cudaError_t err;
 
 	memset(pl, 0, sizeof(*pl));
-	if (!sk_valid(p))
+	if (kvt_snapkv_check(p))
 		return cudaErrorInvalidValue;
 	/* the head is blockIdx.y; obs rows are one CTA each in sk_rowstats */
 	if (p->n_kv_heads > 65535)
@@ -520,7 +439,7 @@ static cudaError_t sk_plan_make(const struct kvt_snapkv *p, bool with_temp, stru
 		return cudaErrorInvalidValue;
 	pl->scores_bytes = at;
 
-	pl->count = sk_count_raw(p);
+	pl->count = kvt_snapkv_count(p);
 	if (pl->count == 0)
 		return cudaSuccess;
 	pl->lo = p->sink;
@@ -608,10 +527,10 @@ static cudaError_t sk_pooled(const struct kvt_snapkv *p, const struct sk_plan *p
 		err = sk_votes_t<float>(pl, k, q_obs, s, st);
 		break;
 	case KVT_DTYPE_F16:
-		err = sk_votes_t<sk_f16>(pl, k, q_obs, s, st);
+		err = sk_votes_t<kvt_f16>(pl, k, q_obs, s, st);
 		break;
 	case KVT_DTYPE_BF16:
-		err = sk_votes_t<sk_bf16>(pl, k, q_obs, s, st);
+		err = sk_votes_t<kvt_bf16>(pl, k, q_obs, s, st);
 		break;
 	}
 	if (err != cudaSuccess)
@@ -641,9 +560,9 @@ extern "C" int kvt_gpu_snapkv_select(const struct kvt_snapkv *p, const void *k, 
 	size_t bytes;
 	cudaError_t err;
 
-	if (!sk_valid(p))
+	if (kvt_snapkv_check(p))
 		return cudaErrorInvalidValue;
-	if (sk_count(p) == 0)
+	if (kvt_snapkv_count(p) == 0)
 		return cudaSuccess; /* nothing is read, as the reference */
 	err = sk_plan_make(p, true, &pl);
 	if (err != cudaSuccess)

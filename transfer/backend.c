@@ -53,10 +53,9 @@ static const struct kvt_plugin_host plugin_host = {
 	.log = kvt_log,
 	.savepool_create = kvt_savepool_create,
 	.savepool_destroy = kvt_savepool_destroy,
-	.savepool_submit = kvt_savepool_submit,
+	.savepool_submit_xfer = kvt_savepool_submit_xfer,
+	.savepool_submit_append = kvt_savepool_submit_append,
 	.savepool_wait = kvt_savepool_wait,
-	.scatter_xfer = kvt_scatter_xfer,
-	.scatter_append = kvt_scatter_append,
 };
 
 static pthread_once_t plugin_once = PTHREAD_ONCE_INIT;

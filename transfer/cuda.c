@@ -862,23 +862,11 @@ static void cuda_arena_free(struct kvt_be *b, enum kvt_tier tier, uint64_t base,
 	}
 }
 
-static int cuda_copy_d2d(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n, void *stream)
+/* A copy list on stream: h2d, a load of host blocks (FlashH2D: the kernel, or DMA where the
+   calibration found it faster), else a copy within the device (the kernel, with more CTAs). */
+static int copy_list(struct cuda_backend *cb, const struct kvt_xfer *x, uint32_t n, bool h2d,
+		     cudaStream_t stream)
 {
-	struct cuda_backend *cb = (struct cuda_backend *)b;
-	uint64_t largest = 0;
-	uint32_t pieces = 0;
-	int err = bind(cb);
-
-	if (!err)
-		err = count_pieces(cb, x, n, &pieces, &largest);
-	if (err || pieces == 0)
-		return err;
-	return run_kernel(cb, x, n, pieces, cb->copy_ctas, false, (cudaStream_t)stream);
-}
-
-static int cuda_gather_h2d(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n, void *stream)
-{
-	struct cuda_backend *cb = (struct cuda_backend *)b;
 	uint64_t largest = 0;
 	uint32_t pieces = 0;
 	int err = bind(cb);
@@ -888,30 +876,32 @@ static int cuda_gather_h2d(struct kvt_be *b, const struct kvt_xfer *x, uint32_t 
 	if (err || pieces == 0)
 		return err;
 	/* cudaMemcpyBatchAsync refuses the legacy default stream: DMA only on a real stream. */
-	if (stream && pieces < cb->calib.gather_min[size_class(largest)])
-		return run_batch(cb, x, n, pieces, (cudaStream_t)stream);
-	return run_kernel(cb, x, n, pieces, cb->gather_ctas, true, (cudaStream_t)stream);
+	if (h2d && stream && pieces < cb->calib.gather_min[size_class(largest)])
+		return run_batch(cb, x, n, pieces, stream);
+	return run_kernel(cb, x, n, pieces, h2d ? cb->gather_ctas : cb->copy_ctas, h2d, stream);
+}
+
+static int cuda_copy_d2d(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n, void *stream)
+{
+	return copy_list((struct cuda_backend *)b, x, n, false, (cudaStream_t)stream);
+}
+
+static int cuda_gather_h2d(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n, void *stream)
+{
+	return copy_list((struct cuda_backend *)b, x, n, true, (cudaStream_t)stream);
 }
 
 static int cuda_save(struct kvt_be *b, const struct kvt_save_src *src, uint32_t n_src,
 		     const struct kvt_xfer *x, uint32_t n, void *stream, uint64_t *ticket)
 {
 	struct cuda_backend *cb = (struct cuda_backend *)b;
-	struct kvt_save_job job = {
-		.src = src,
-		.n_src = n_src,
-		.items = x,
-		.n_items = n,
-		.item_size = sizeof(*x),
-		.scatter = kvt_cuda_host->scatter_xfer,
-	};
 	int err = bind(cb);
 
 	if (err)
 		return err;
 	cb->save_stream = (cudaStream_t)stream;
 	b->err[0] = '\0'; /* a failing stage copy leaves its own detail */
-	err = kvt_cuda_host->savepool_submit(cb->sp, &job, ticket);
+	err = kvt_cuda_host->savepool_submit_xfer(cb->sp, src, n_src, x, n, ticket);
 	if (err && !b->err[0])
 		be_fail(b, err, "save of %u entries", n);
 	return err;
@@ -922,19 +912,6 @@ static int cuda_append(struct kvt_be *b, uint64_t k, uint64_t v, uint32_t n,
 		       uint64_t *ticket)
 {
 	struct cuda_backend *cb = (struct cuda_backend *)b;
-	uint64_t half = (uint64_t)n * g->n_heads * g->row_bytes;
-	struct kvt_save_src src[2] = {{k, half}, {v, half}};
-	struct kvt_append_scatter_ctx ctx = {*g, n};
-	struct kvt_save_job job = {
-		.src = src,
-		.n_src = 2,
-		.items = a,
-		.n_items = n,
-		.item_size = sizeof(*a),
-		.scatter = kvt_cuda_host->scatter_append,
-		.ctx = &ctx,
-		.ctx_size = sizeof(ctx),
-	};
 	struct list_slot *s;
 	uint64_t *dev;
 	int err = bind(cb);
@@ -948,7 +925,7 @@ static int cuda_append(struct kvt_be *b, uint64_t k, uint64_t v, uint32_t n,
 		return err;
 	cb->save_stream = (cudaStream_t)stream;
 	b->err[0] = '\0';
-	err = kvt_cuda_host->savepool_submit(cb->sp, &job, ticket);
+	err = kvt_cuda_host->savepool_submit_append(cb->sp, k, v, n, a, g, ticket);
 	if (err) {
 		if (!b->err[0])
 			be_fail(b, err, "save of a %u-sequence append", n);
@@ -1035,24 +1012,11 @@ static int io_reserve(struct cuda_backend *cb, size_t bytes)
 	return 0;
 }
 
-/* kvt_snapkv_count (policy/snapkv.c), which the plugin does not link. */
-static uint32_t snapkv_count(const struct kvt_snapkv *p)
-{
-	uint32_t L = p->prompt_tokens, lo = p->sink, hi;
-
-	if (p->topk == 0 || L <= p->sink + p->recent || L <= p->obs_window)
-		return 0;
-	hi = L - p->recent < L - p->obs_window ? L - p->recent : L - p->obs_window;
-	if (hi <= lo)
-		return 0;
-	return hi - lo < p->topk ? hi - lo : p->topk;
-}
-
 static int cuda_select(struct kvt_be *b, const struct kvt_snapkv *p, const void *k,
 		       const void *q_obs, int32_t *out, void *stream)
 {
 	struct cuda_backend *cb = (struct cuda_backend *)b;
-	uint32_t count = snapkv_count(p);
+	uint32_t count = kvt_snapkv_count(p);
 	size_t out_bytes = (size_t)p->n_kv_heads * count * sizeof(int32_t), scratch;
 	cudaStream_t st = (cudaStream_t)stream;
 	int err = bind(cb); /* CUB's scratch query reads the current device */

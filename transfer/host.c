@@ -139,18 +139,10 @@ static int host_save(struct kvt_be *b, const struct kvt_save_src *src, uint32_t 
 		     const struct kvt_xfer *x, uint32_t n, void *stream, uint64_t *ticket)
 {
 	struct host_backend *hb = (struct host_backend *)b;
-	struct kvt_save_job job = {
-		.src = src,
-		.n_src = n_src,
-		.items = x,
-		.n_items = n,
-		.item_size = sizeof(*x),
-		.scatter = kvt_scatter_xfer,
-	};
 	int err;
 
 	(void)stream;
-	err = kvt_savepool_submit(hb->sp, &job, ticket);
+	err = kvt_savepool_submit_xfer(hb->sp, src, n_src, x, n, ticket);
 	if (err)
 		return kvt_be_fail(b, err, "save of %u entries", n);
 	return 0;
@@ -161,25 +153,12 @@ static int host_append(struct kvt_be *b, uint64_t k, uint64_t v, uint32_t n,
 		       uint64_t *ticket)
 {
 	struct host_backend *hb = (struct host_backend *)b;
-	uint64_t half = (uint64_t)n * g->n_heads * g->row_bytes;
-	struct kvt_save_src src[2] = {{k, half}, {v, half}};
-	struct kvt_append_scatter_ctx ctx = {*g, n};
-	struct kvt_save_job job = {
-		.src = src,
-		.n_src = 2,
-		.items = a,
-		.n_items = n,
-		.item_size = sizeof(*a),
-		.scatter = kvt_scatter_append,
-		.ctx = &ctx,
-		.ctx_size = sizeof(ctx),
-	};
 	int err;
 
 	(void)stream;
 	/* Save first: the save can fail (tables), the ring write cannot; so a failed call leaves
 	   the ring untouched. */
-	err = kvt_savepool_submit(hb->sp, &job, ticket);
+	err = kvt_savepool_submit_append(hb->sp, k, v, n, a, g, ticket);
 	if (err)
 		return kvt_be_fail(b, err, "save of a %u-sequence append", n);
 	for (uint32_t i = 0; i < n; i++) {

@@ -5,9 +5,9 @@
  * so it builds, loads and runs on machines with no GPU and no driver.
  *
  * The plugin is a thin CUDA layer. The machinery it shares with the other backends (the save
- * thread pool, its scatter functions, the library's allocator with its fault-injection sites,
- * the log) stays in libkvtier and reaches the plugin through struct kvt_plugin_host, so there
- * is one copy of each and one fault-injection state per process.
+ * thread pool with the two save jobs every backend submits, the library's allocator with its
+ * fault-injection sites, the log) stays in libkvtier and reaches the plugin through struct
+ * kvt_plugin_host, so there is one copy of each and one fault-injection state per process.
  *
  * Search order of kvt_plugin_load: $KVTIER_CUDA_PLUGIN (a path), the directory libkvtier was
  * loaded from (libkvtier-cuda.so, then kvtier/libkvtier-cuda.so), the configured install
@@ -46,10 +46,13 @@ struct kvt_plugin_host {
 			       const struct kvt_savepool_alloc *alloc, kvt_stage_copy_fn copy,
 			       kvt_stage_wait_fn wait, void *cctx, struct kvt_savepool **out);
 	void (*savepool_destroy)(struct kvt_savepool *sp);
-	int (*savepool_submit)(struct kvt_savepool *sp, const struct kvt_save_job *job,
-			       uint64_t *ticket);
+	int (*savepool_submit_xfer)(struct kvt_savepool *sp, const struct kvt_save_src *src,
+				    uint32_t n_src, const struct kvt_xfer *x, uint32_t n,
+				    uint64_t *ticket);
+	int (*savepool_submit_append)(struct kvt_savepool *sp, uint64_t k, uint64_t v, uint32_t n,
+				      const struct kvt_append *a, const struct kvt_append_geom *g,
+				      uint64_t *ticket);
 	void (*savepool_wait)(struct kvt_savepool *sp, uint64_t t);
-	kvt_scatter_fn scatter_xfer, scatter_append;
 };
 
 /* What the plugin gives back. */

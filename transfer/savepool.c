@@ -343,3 +343,39 @@ void kvt_scatter_append(const void *items, uint32_t i0, uint32_t i1, const uint8
 		}
 	}
 }
+
+int kvt_savepool_submit_xfer(struct kvt_savepool *sp, const struct kvt_save_src *src,
+			     uint32_t n_src, const struct kvt_xfer *x, uint32_t n, uint64_t *ticket)
+{
+	struct kvt_save_job job = {
+		.src = src,
+		.n_src = n_src,
+		.items = x,
+		.n_items = n,
+		.item_size = sizeof(*x),
+		.scatter = kvt_scatter_xfer,
+	};
+
+	return kvt_savepool_submit(sp, &job, ticket);
+}
+
+int kvt_savepool_submit_append(struct kvt_savepool *sp, uint64_t k, uint64_t v, uint32_t n,
+			       const struct kvt_append *a, const struct kvt_append_geom *g,
+			       uint64_t *ticket)
+{
+	uint64_t half = (uint64_t)n * g->n_heads * g->row_bytes;
+	struct kvt_save_src src[2] = {{k, half}, {v, half}};
+	struct kvt_append_scatter_ctx ctx = {*g, n};
+	struct kvt_save_job job = {
+		.src = src,
+		.n_src = 2,
+		.items = a,
+		.n_items = n,
+		.item_size = sizeof(*a),
+		.scatter = kvt_scatter_append,
+		.ctx = &ctx,
+		.ctx_size = sizeof(ctx),
+	};
+
+	return kvt_savepool_submit(sp, &job, ticket);
+}

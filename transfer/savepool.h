@@ -86,4 +86,14 @@ struct kvt_append_scatter_ctx {
 void kvt_scatter_append(const void *items, uint32_t i0, uint32_t i1, const uint8_t *stage,
 			uint64_t c0, uint64_t c1, const void *ctx);
 
+/* The two jobs every backend submits, as kvt_savepool_submit: a save (backend.h's save: x's src
+   are offsets into the concatenated sources), and the save of a decode append (k, v: [n]
+   [n_heads][row] each, scattered to a[i].host). */
+int kvt_savepool_submit_xfer(struct kvt_savepool *sp, const struct kvt_save_src *src,
+			     uint32_t n_src, const struct kvt_xfer *x, uint32_t n,
+			     uint64_t *ticket);
+int kvt_savepool_submit_append(struct kvt_savepool *sp, uint64_t k, uint64_t v, uint32_t n,
+			       const struct kvt_append *a, const struct kvt_append_geom *g,
+			       uint64_t *ticket);
+
 #endif /* KVT_SAVEPOOL_H */

@@ -116,13 +116,8 @@ int kvt_append_launch(uint64_t k, uint64_t v, uint32_t n, const uint64_t *dev, u
 /* The GPU version's parameter checks: the reference's, and its own launch limits. */
 static bool sk_valid(const struct kvt_snapkv *p)
 {
-	if (!p || !p->n_kv_heads || !p->n_q_heads || !p->head_dim || p->n_q_heads % p->n_kv_heads ||
-	    !kvt_dtype_size(p->dtype) || !(p->pool_kernel & 1u) || p->prompt_tokens > INT32_MAX)
-		return false;
-	if (p->n_kv_heads > 65535 || (uint64_t)p->n_q_heads * p->obs_window > INT32_MAX)
-		return false;
-	/* the reference sizes its scratch unless the sizes overflow */
-	return p->prompt_tokens <= p->obs_window || kvt_snapkv_scratch_bytes(p) > 0;
+	return kvt_snapkv_check(p) == 0 && p->n_kv_heads <= 65535 &&
+	       (uint64_t)p->n_q_heads * p->obs_window <= INT32_MAX;
 }
 
 size_t kvt_gpu_snapkv_scratch_bytes(const struct kvt_snapkv *p)
