@@ -211,7 +211,8 @@ struct kvt_stats {
 	uint32_t reserved;
 	/* CUDA backend (0 on the others): how loads of host blocks into device frames ran, as one
 	   fused gather kernel (FlashH2D) or one cudaMemcpyBatchAsync, and the calibration that
-	   chooses between them, measured when the manager was created: a load of at least
+	   chooses between them, measured at create by the process's first manager on that device
+	   (later ones reuse it): a load of at least
 	   xfer_gather_min_* pieces of that size (<= 4 KiB, <= 16 KiB, larger) runs as the kernel,
 	   a smaller one as DMA (UINT32_MAX: DMA always; 0: the kernel always). Loads on the NULL
 	   stream always use the kernel (cudaMemcpyBatchAsync refuses the legacy stream). The

@@ -617,6 +617,41 @@ out:
 	return err;
 }
 
+/* A machine's figures do not change between managers: the first manager of a process measures
+   them for its (device, gather CTAs), the later ones reuse them. */
+#define CALIB_CACHE 16
+struct calib_entry {
+	int device;
+	uint32_t ctas;
+	struct kvt_cuda_calib calib;
+};
+static struct calib_entry calib_cache[CALIB_CACHE];
+static uint32_t calib_cached_n;
+static pthread_mutex_t calib_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bool calib_cached(struct cuda_backend *cb)
+{
+	bool hit = false;
+
+	pthread_mutex_lock(&calib_lock);
+	for (uint32_t i = 0; i < calib_cached_n && !hit; i++)
+		if (calib_cache[i].device == cb->device && calib_cache[i].ctas == cb->gather_ctas) {
+			cb->calib = calib_cache[i].calib;
+			hit = true;
+		}
+	pthread_mutex_unlock(&calib_lock);
+	return hit;
+}
+
+static void calib_keep(const struct cuda_backend *cb)
+{
+	pthread_mutex_lock(&calib_lock);
+	if (calib_cached_n < CALIB_CACHE)
+		calib_cache[calib_cached_n++] =
+			(struct calib_entry){cb->device, cb->gather_ctas, cb->calib};
+	pthread_mutex_unlock(&calib_lock);
+}
+
 /* ---- The save path (FlashD2H) --------------------------------------------------------------- */
 
 static int stage_copy(void *cctx, int buf, void *stage, const struct kvt_save_src *src,
@@ -748,8 +783,10 @@ static int cuda_create(const struct kvt_backend_params *p, struct kvt_be **out)
 		be_fail(&cb->base, err, "save threads or pinned staging buffers");
 		goto fail;
 	}
-	if (env_u32("KVTIER_CUDA_CALIBRATE", 1, 0, 1)) {
+	if (env_u32("KVTIER_CUDA_CALIBRATE", 1, 0, 1) && !calib_cached(cb)) {
 		err = calibrate(cb);
+		if (!err)
+			calib_keep(cb);
 		if (err) {
 			/* Not fatal: the defaults (kernel for every gather) still work. */
 			kvt_cuda_host->log(KVT_LOG_WARN,
