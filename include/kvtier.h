@@ -517,7 +517,8 @@ struct kvt_sched_batch {
 /* Creates a scheduler over m. -EINVAL (NULL, bad size/version, zero limits), -ENOMEM. */
 KVT_API int kvt_sched_create(struct kvt_manager *m, const struct kvt_sched_config *cfg,
 			     struct kvt_sched **out);
-/* NULL is a no-op. Leaves the manager's sequences as they are. */
+/* NULL is a no-op. Leaves the manager's sequences as they are, except that it frees the frames
+   of completed requests that kvt_sched_commit could not free (see there). */
 KVT_API void kvt_sched_destroy(struct kvt_sched *s);
 /* Queues live sequence seq (not prefilled yet) to produce max_new_tokens (>= 1) tokens: the
    first comes from its prefill, each further one from a decode step. -ENOENT (not live),
@@ -536,6 +537,9 @@ KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new
 KVT_API int kvt_sched_step(struct kvt_sched *s, struct kvt_sched_batch *out);
 /* The engine executed the current batch: advances each request; those that reached their
    max_new_tokens complete (their frames are freed; the sequence stays live for the engine).
+   Where the device could not be waited for before freeing them (kvt_seq_preempt failed on the
+   CUDA backend), the request completes all the same and the next kvt_sched_step (or
+   kvt_sched_destroy) frees them, unless the engine destroyed the sequence first.
    -EINVAL when there is no batch to commit. */
 KVT_API int kvt_sched_commit(struct kvt_sched *s);
 /* Removes seq from the scheduler now (finished early, or failed): frees its device frames if

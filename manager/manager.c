@@ -286,9 +286,10 @@ KVT_API void kvt_manager_destroy(struct kvt_manager *m)
 {
 	if (!m)
 		return;
-	/* Every pending save must land before the host arena goes away. */
+	/* Every pending save must land before the host arena goes away; device work still queued
+	   on the arenas is waited for by arena_free, which cannot fail (a sync here could, with
+	   nobody to tell). */
 	m->ops->save_wait(m->be, UINT64_MAX);
-	m->ops->sync(m->be, NULL);
 	for (uint32_t i = 0; i < m->seqs.cap; i++) {
 		struct kvt_seq *s = m->seqs.slots[i].val;
 

@@ -108,6 +108,10 @@ struct kvt_sched {
 	uint32_t n_completed;
 	uint64_t *failed; /* requests dropped at this step: their history was lost */
 	uint32_t n_failed;
+	/* completed requests whose frames the preempt at commit could not free (a device error):
+	   freed at the next step instead (release_completed); max_requests entries */
+	uint64_t *release;
+	uint32_t n_release;
 	struct kvt_sched_iter cur, last;
 	uint64_t snap_lookups, snap_hits, snap_loads;
 };
@@ -327,8 +331,10 @@ KVT_API int kvt_sched_create(struct kvt_manager *m, const struct kvt_sched_confi
 	s->item_req = kvt_calloc(n, sizeof(*s->item_req));
 	s->completed = kvt_calloc(n, sizeof(*s->completed));
 	s->failed = kvt_calloc(n, sizeof(*s->failed));
+	s->release = kvt_calloc(n, sizeof(*s->release));
 	err = rmap_alloc(&s->map, 64);
-	if (err || !s->plan || !s->items || !s->item_req || !s->completed || !s->failed) {
+	if (err || !s->plan || !s->items || !s->item_req || !s->completed || !s->failed ||
+	    !s->release) {
 		kvt_sched_destroy(s);
 		return -ENOMEM;
 	}
@@ -336,10 +342,13 @@ KVT_API int kvt_sched_create(struct kvt_manager *m, const struct kvt_sched_confi
 	return 0;
 }
 
+static void release_completed(struct kvt_sched *s);
+
 KVT_API void kvt_sched_destroy(struct kvt_sched *s)
 {
 	if (!s)
 		return;
+	release_completed(s);
 	while (s->pre.head)
 		drop(s, s->pre.head);
 	while (s->dec.head)
@@ -350,6 +359,7 @@ KVT_API void kvt_sched_destroy(struct kvt_sched *s)
 	free(s->item_req);
 	free(s->completed);
 	free(s->failed);
+	free(s->release);
 	free(s);
 }
 
@@ -750,6 +760,27 @@ static void emit(struct kvt_sched *s)
 	it->admitted = s->n_items;
 }
 
+/* Frees the frames of the completed requests whose preempt failed at commit, before the step
+   counts free frames; keeps those that fail again for the next step. A sequence gone, already
+   preempted, holding nothing or submitted again as a new request is no longer ours to free. */
+static void release_completed(struct kvt_sched *s)
+{
+	uint32_t w = 0;
+
+	for (uint32_t i = 0; i < s->n_release; i++) {
+		uint64_t seq = s->release[i];
+		struct kvt_seq_info info;
+		int err = seq_info(s, seq, &info);
+
+		if (err || info.preempted || !info.device_frames || rmap_get(&s->map, seq))
+			continue;
+		err = kvt_seq_preempt(s->m, seq);
+		if (err && err != -EALREADY && err != -ENOENT)
+			s->release[w++] = seq;
+	}
+	s->n_release = w;
+}
+
 KVT_API int kvt_sched_step(struct kvt_sched *s, struct kvt_sched_batch *out)
 {
 	struct kvt_stats st = KVT_STATS_INIT;
@@ -759,6 +790,7 @@ KVT_API int kvt_sched_step(struct kvt_sched *s, struct kvt_sched_batch *out)
 		return -EINVAL;
 	if (s->open)
 		return -EBUSY;
+	release_completed(s);
 	err = kvt_manager_stats(s->m, &st);
 	if (err)
 		return err;
@@ -796,7 +828,11 @@ static void complete(struct kvt_sched *s, struct sreq *r)
 {
 	int err = kvt_seq_preempt(s->m, r->seq);
 
-	(void)err; /* -EALREADY: nothing held; -ENOENT: already gone */
+	/* -EALREADY: nothing held; -ENOENT: already gone. Any other error (the CUDA backend could
+	   not wait for the device) changed nothing: the request completed all the same, and the
+	   next step frees its frames, unless the engine has destroyed it by then. */
+	if (err && err != -EALREADY && err != -ENOENT && s->n_release < s->cfg.max_requests)
+		s->release[s->n_release++] = r->seq;
 	s->completed[s->n_completed++] = r->seq;
 	drop(s, r);
 }

@@ -206,6 +206,38 @@ static inline void t_fill_decode(const struct kvt_config *c, const uint64_t *seq
 		}
 }
 
+#ifdef KVT_TEST_CUDA
+#include <cuda_runtime_api.h>
+
+#include "plugin.h"
+#endif
+
+/* The backend a manager that a test creates on the host backend runs on: the host backend, or
+   the CUDA backend when the core suites run on it (KVT_TEST_CUDA below). */
+#ifdef KVT_TEST_CUDA
+#define T_HOST_BACKEND KVT_BACKEND_CUDA
+#else
+#define T_HOST_BACKEND KVT_BACKEND_HOST
+#endif
+
+/* Copies n bytes of a frame or recall-view frame at device address addr (kvt_seq_frames,
+   kvt_seq_recall_view) into host memory dst: a plain read on the host backend, a cudaMemcpy
+   when the core suites run on the CUDA backend (KVT_TEST_CUDA below). */
+static inline void t_dev_read(void *dst, uint64_t addr, size_t n)
+{
+#ifdef KVT_TEST_CUDA
+	cudaError_t e = cudaMemcpy(dst, (const void *)(uintptr_t)addr, n, cudaMemcpyDeviceToHost);
+
+	if (e != cudaSuccess) {
+		fprintf(stderr, "test: reading %zu device bytes at 0x%llx: %s\n", n,
+			(unsigned long long)addr, cudaGetErrorString(e));
+		abort();
+	}
+#else
+	memcpy(dst, (const void *)(uintptr_t)addr, n);
+#endif
+}
+
 #ifdef KVT_PLUGIN_H
 /* What KVT_BACKEND_AUTO resolves to here: CUDA where the plugin loads and a device is usable
    (a GPU machine with the plugin built), else host. */
@@ -244,5 +276,156 @@ static inline struct kvt_config t_small_config(void)
 	c.staging_bytes = 64u << 10;
 	return c;
 }
+
+#ifdef KVT_TEST_CUDA
+/*
+ * The core suites on the CUDA backend. A binary built with KVT_TEST_CUDA (tests/meson.build:
+ * suite 'gpu' with the real runtime and plugin, suite 'core' over the emulated ones in
+ * tests/cuda_emu) runs its unchanged test code against CUDA: every manager the tests create on
+ * the host backend is created on the CUDA backend instead, and the calls that take tensors in
+ * the backend's memory get device copies of the host tensors the tests build. The tests read
+ * frames through t_dev_read. The binary exits 77 (skipped) where no CUDA backend is usable.
+ */
+static inline void *t_cu_in(const void *h, size_t n)
+{
+	void *d = NULL;
+	cudaError_t e;
+
+	if (!h || !n)
+		return (void *)h;
+	e = cudaMalloc(&d, n);
+	if (e == cudaSuccess)
+		e = cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
+	if (e != cudaSuccess) {
+		fprintf(stderr, "test: a device copy of %zu bytes: %s\n", n, cudaGetErrorString(e));
+		abort();
+	}
+	return d;
+}
+
+/* Frees a device copy once the work queued on the legacy stream (the suites pass NULL) that
+   reads it is done: cudaFree waits for the device. */
+static inline void t_cu_drop(void *d, const void *h)
+{
+	if (d && d != h)
+		cudaFree(d);
+}
+
+/* Shapes come from the manager itself; where it cannot say (a NULL or destroyed manager, an
+   unknown sequence, a model-backend manager) the tensors pass through unchanged, and the call
+   fails on its own checks as it does on the host backend. */
+static inline int t_cu_shape(struct kvt_manager *m, uint64_t seq, struct kvt_config *c,
+			     uint32_t *prompt_tokens)
+{
+	struct kvt_seq_info si = {.size = sizeof(si)};
+
+	if (!m || kvt_manager_config(m, c) || c->backend != KVT_BACKEND_CUDA)
+		return -1;
+	if (prompt_tokens) {
+		if (kvt_seq_info(m, seq, &si))
+			return -1;
+		*prompt_tokens = si.prompt_tokens;
+	}
+	return 0;
+}
+
+static inline int t_cu_manager_create(const struct kvt_config *cfg, struct kvt_manager **out)
+{
+	struct kvt_config c;
+
+	if (!cfg || cfg->backend != KVT_BACKEND_HOST)
+		return kvt_manager_create(cfg, out);
+	c = *cfg;
+	c.backend = KVT_BACKEND_CUDA;
+	return kvt_manager_create(&c, out);
+}
+
+static inline int t_cu_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t layer,
+				     const void *k, const void *v, const void *q_obs, void *stream)
+{
+	struct kvt_config c;
+	uint32_t L;
+	size_t row, kv;
+	void *dk, *dv, *dq;
+	int rc;
+
+	if (t_cu_shape(m, seq, &c, &L))
+		return kvt_prefill_layer(m, seq, layer, k, v, q_obs, stream);
+	row = (size_t)c.head_dim * kvt_dtype_size(c.dtype);
+	kv = (size_t)c.n_kv_heads * L * row;
+	dk = t_cu_in(k, kv);
+	dv = t_cu_in(v, kv);
+	dq = t_cu_in(q_obs, (size_t)c.n_q_heads * c.obs_window * row);
+	rc = kvt_prefill_layer(m, seq, layer, dk, dv, dq, stream);
+	t_cu_drop(dk, k);
+	t_cu_drop(dv, v);
+	t_cu_drop(dq, q_obs);
+	return rc;
+}
+
+static inline int t_cu_decode_append(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
+				     uint32_t n, const void *k, const void *v, void *stream)
+{
+	struct kvt_config c;
+	size_t bytes;
+	void *dk, *dv;
+	int rc;
+
+	if (t_cu_shape(m, 0, &c, NULL))
+		return kvt_decode_append(m, layer, seqs, n, k, v, stream);
+	bytes = (size_t)n * c.n_kv_heads * c.head_dim * kvt_dtype_size(c.dtype);
+	dk = t_cu_in(k, bytes);
+	dv = t_cu_in(v, bytes);
+	rc = kvt_decode_append(m, layer, seqs, n, dk, dv, stream);
+	t_cu_drop(dk, k);
+	t_cu_drop(dv, v);
+	return rc;
+}
+
+static inline int t_cu_decode_recall(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
+				     uint32_t n, const void *q, void *stream)
+{
+	struct kvt_config c;
+	void *dq;
+	int rc;
+
+	if (t_cu_shape(m, 0, &c, NULL))
+		return kvt_decode_recall(m, layer, seqs, n, q, stream);
+	dq = t_cu_in(q, (size_t)n * c.n_q_heads * c.head_dim * kvt_dtype_size(c.dtype));
+	rc = kvt_decode_recall(m, layer, seqs, n, dq, stream);
+	t_cu_drop(dq, q);
+	return rc;
+}
+
+#define kvt_manager_create(cfg, out) t_cu_manager_create(cfg, out)
+#define kvt_prefill_layer(m, seq, layer, k, v, q, s) t_cu_prefill_layer(m, seq, layer, k, v, q, s)
+#define kvt_decode_append(m, layer, seqs, n, k, v, s) t_cu_decode_append(m, layer, seqs, n, k, v, s)
+#define kvt_decode_recall(m, layer, seqs, n, q, s) t_cu_decode_recall(m, layer, seqs, n, q, s)
+
+/* Skips the whole binary (exit 77) where the CUDA backend cannot run: no device, the plugin
+   not found, or a device the plugin finds unusable. */
+__attribute__((constructor)) static void t_cu_require(void)
+{
+	const struct kvt_plugin *p;
+	char why[256] = "";
+	int n = 0, err = 0;
+	cudaError_t e = cudaGetDeviceCount(&n);
+
+	if (e != cudaSuccess || n == 0) {
+		printf("# skip: %s\n", e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+		exit(77);
+	}
+	p = kvt_plugin_load(&err);
+	if (!p) {
+		printf("# skip: CUDA backend plugin not loaded (%s)\n",
+		       kvt_plugin_error()[0] ? kvt_plugin_error() : "not found");
+		exit(77);
+	}
+	if (p->probe(why, sizeof(why))) {
+		printf("# skip: %s\n", why[0] ? why : "no usable CUDA device");
+		exit(77);
+	}
+}
+#endif /* KVT_TEST_CUDA */
 
 #endif /* KVT_TEST_COMMON_H */

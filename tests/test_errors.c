@@ -497,7 +497,7 @@ static void test_create_older_caller(void **state)
 	assert_int_equal(got.head_dim, c.head_dim);
 	assert_int_equal(got.dtype, c.dtype);
 	assert_int_equal(got.device_bytes, c.device_bytes);
-	assert_int_equal(got.backend, KVT_BACKEND_HOST);
+	assert_int_equal(got.backend, T_HOST_BACKEND);
 	assert_int_equal(kvt_manager_stats(m, &st), 0);
 	assert_int_equal(st.save_threads, defaults.save_threads);
 	kvt_manager_destroy(m);
@@ -608,7 +608,7 @@ static void test_config_errors(void **state)
 	EXPECT_FAIL_CONST(f, kvt_manager_config(f->m, NULL), -EINVAL);
 	assert_int_equal(kvt_manager_config(f->m, &out), 0);
 	assert_int_equal(out.n_layers, 2);
-	assert_int_equal(out.backend, KVT_BACKEND_HOST);
+	assert_int_equal(out.backend, T_HOST_BACKEND);
 }
 
 static void test_stats_errors(void **state)

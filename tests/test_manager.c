@@ -440,7 +440,7 @@ static void test_config_and_geometry(void **state)
 		c.backend = KVT_BACKEND_AUTO;
 	m = mk(&c);
 	CHECK_RC(kvt_manager_config(m, &got), 0);
-	assert_int_equal(got.backend, KVT_BACKEND_HOST);
+	assert_int_equal(got.backend, T_HOST_BACKEND);
 	assert_int_equal(got.n_layers, c.n_layers);
 	assert_int_equal(got.n_kv_heads, c.n_kv_heads);
 	assert_int_equal(got.n_q_heads, c.n_q_heads);

@@ -272,7 +272,7 @@ static void check_attend(struct model *md, const struct mseq *s, uint32_t l)
 	int32_t pos[1024];
 	double logit[1024], ref[64];
 	struct kvt_recall_ref refs[64];
-	uint8_t want[256];
+	uint8_t want[256], got[256];
 	uint32_t nv[16];
 	bool stale = false;
 
@@ -312,8 +312,8 @@ static void check_attend(struct model *md, const struct mseq *s, uint32_t l)
 						"%d, resident set says %d",
 						(unsigned long long)s->id, l, h, p, !res, res);
 				t_fill_row(c->dtype, D, want, s->id, l, h, p, 0);
-				if (memcmp((const void *)(uintptr_t)(refs[i].frame + j * md->rb),
-					   want, md->rb))
+				t_dev_read(got, refs[i].frame + j * md->rb, md->rb);
+				if (memcmp(got, want, md->rb))
 					fail_at(__FILE__, __LINE__,
 						"recalled frame: seq %llu layer %u head %u pos %u "
 						"differs",

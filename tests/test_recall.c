@@ -322,13 +322,13 @@ static void test_recall_all_equals_full(void **state)
 					assert_int_equal(res, is_resident(pos, np, p));
 					covered += !res;
 					/* the frame holds the token, bit for bit */
-					uint8_t *kk = t_xmalloc(row);
+					uint8_t *kk = t_xmalloc(row), *kgot = t_xmalloc(row);
 
 					t_fill_row(c.dtype, c.head_dim, kk, seq, l, h, p, 0);
-					assert_memory_equal(
-						(const void *)(uintptr_t)(refs[i].frame + j * row),
-						kk, row);
+					t_dev_read(kgot, refs[i].frame + j * row, row);
+					assert_memory_equal(kgot, kk, row);
 					free(kk);
+					free(kgot);
 				}
 			}
 			assert_int_equal(covered + np, N); /* every token exactly once */
@@ -420,9 +420,12 @@ static void test_recall_finds_needle(void **state)
 	assert_int_equal(n, 1);
 	assert_int_equal(ref.block, 9);
 	assert_int_equal(ref.resident, 0);
-	assert_memory_equal((const void *)(uintptr_t)ref.frame, k + (1 * L + 72) * D, 8 * row);
-	assert_memory_equal((const void *)(uintptr_t)(ref.frame + 8 * row), v + (1 * L + 72) * D,
-			    8 * row);
+	uint8_t got[16 * 64 * sizeof(float)];
+
+	assert_true(16 * row <= sizeof(got));
+	t_dev_read(got, ref.frame, 16 * row);
+	assert_memory_equal(got, k + (1 * L + 72) * D, 8 * row);
+	assert_memory_equal(got + 8 * row, v + (1 * L + 72) * D, 8 * row);
 	free(k);
 	free(v);
 	kvt_manager_destroy(m);
@@ -650,9 +653,8 @@ static uint8_t *snapshot(struct kvt_manager *m, const struct kvt_config *c, uint
 				uint64_t a = fr[s / c->block_tokens] + (s % c->block_tokens) * row;
 
 				assert_true(at + 2 * row <= cap);
-				memcpy(buf + at, (const void *)(uintptr_t)a, row);
-				memcpy(buf + at + row,
-				       (const void *)(uintptr_t)(a + c->block_tokens * row), row);
+				t_dev_read(buf + at, a, row);
+				t_dev_read(buf + at + row, a + c->block_tokens * row, row);
 				at += 2 * row;
 			}
 		}

@@ -348,7 +348,7 @@ static uint32_t check_view(struct kvt_manager *m, const struct kvt_config *c, ui
 			   uint32_t layer)
 {
 	struct kvt_recall_ref refs[64];
-	uint8_t want[256];
+	uint8_t want[256], *fr = t_xmalloc(2 * (size_t)c->block_tokens * rowb(c));
 	size_t row = rowb(c);
 	uint32_t total = 0;
 
@@ -356,9 +356,9 @@ static uint32_t check_view(struct kvt_manager *m, const struct kvt_config *c, ui
 		uint32_t nv = 0;
 
 		CHECK_RC(kvt_seq_recall_view(m, seq, layer, h, refs, 64, &nv), 0);
-		for (uint32_t i = 0; i < nv; i++)
+		for (uint32_t i = 0; i < nv; i++) {
+			t_dev_read(fr, refs[i].frame, 2 * (size_t)c->block_tokens * row);
 			for (uint32_t j = 0; j < refs[i].n_valid; j++) {
-				const uint8_t *fr = (const uint8_t *)(uintptr_t)refs[i].frame;
 				uint32_t p = refs[i].block * c->block_tokens + j;
 
 				t_fill_row(c->dtype, c->head_dim, want, seq, layer, h, p, 0);
@@ -374,8 +374,10 @@ static uint32_t check_view(struct kvt_manager *m, const struct kvt_config *c, ui
 						"differs",
 						(unsigned long long)seq, layer, h, p);
 			}
+		}
 		total += nv;
 	}
+	free(fr);
 	return total;
 }
 
@@ -1222,7 +1224,8 @@ static void test_spill_checksum(void **state)
 	struct kvt_seq_info in;
 	uint64_t A = 41, B = 42, C = 43, ba[2] = {42, 41}, x;
 	char bad[1024] = "";
-	uint8_t k[256], v[256], q[256];
+	uint8_t *k, *v, *q; /* of the shapes the calls on A take (its prompt is 80 tokens) */
+	size_t kv_bytes, q_bytes;
 	float qf[64], out[64];
 	int32_t res[128];
 	struct kvt_recall_ref refs[8];
@@ -1257,9 +1260,11 @@ static void test_spill_checksum(void **state)
 	CHECK_EQ(in.lost, -EBADMSG);
 
 	/* every call on A but info and destroy */
-	memset(k, 0, sizeof(k));
-	memset(v, 0, sizeof(v));
-	memset(q, 0, sizeof(q));
+	kv_bytes = (size_t)c.n_kv_heads * 80 * rowb(&c);
+	q_bytes = (size_t)c.n_q_heads * (c.obs_window > 2 ? c.obs_window : 2) * rowb(&c);
+	k = t_xmalloc(kv_bytes);
+	v = t_xmalloc(kv_bytes);
+	q = t_xmalloc(q_bytes);
 	memset(qf, 0, sizeof(qf));
 	lost_call(bad, sizeof(bad), "fetch", kvt_seq_fetch(m, &A, 1));
 	lost_call(bad, sizeof(bad), "spill", kvt_seq_spill(m, A));
@@ -1318,6 +1323,9 @@ static void test_spill_checksum(void **state)
 	CHECK_RC(kvt_seq_spill(m, A), 0);
 	CHECK_SEQ(m, &c, A);
 	CHECK_EQ(info_of(m, A).lost, 0);
+	free(k);
+	free(v);
+	free(q);
 	fdestroy(f);
 	CHECK_DIR_EMPTY(f->dir);
 	if (bad[0])

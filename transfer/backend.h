@@ -111,6 +111,7 @@ struct kvt_backend_ops {
 	/* One arena per tier: device frames, host blocks (host-addressable for every backend that
 	   carries payload; mapped for the GPU where there is one). *base is the arena address. */
 	int (*arena_alloc)(struct kvt_be *b, enum kvt_tier tier, uint64_t bytes, uint64_t *base);
+	/* Cannot fail: waits for the device work that may still use the arena, then frees it. */
 	void (*arena_free)(struct kvt_be *b, enum kvt_tier tier, uint64_t base, uint64_t bytes);
 
 	/* Device -> device copies (caller tensors into frames, frame to frame). */
