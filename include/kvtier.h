@@ -278,8 +278,10 @@ KVT_API int kvt_manager_sync(struct kvt_manager *m, void *stream);
    -EINVAL on a zero or oversized prompt, -ENOMEM. */
 KVT_API int kvt_seq_create(struct kvt_manager *m, uint64_t seq, uint32_t prompt_tokens);
 
-/* Waits for the sequence's pending saves, then frees its device frames and host blocks.
-   -ENOENT if seq is not live. */
+/* Waits for the sequence's pending saves (and, on the CUDA backend, for device work the
+   manager queued that may still use its frames or host blocks), then frees its device frames
+   and host blocks. -ENOENT if seq is not live; on the CUDA backend, the error of that wait
+   (-EIO, detail in the last error), with nothing changed. */
 KVT_API int kvt_seq_destroy(struct kvt_manager *m, uint64_t seq);
 
 /* Prefills one layer of `seq`: k, v are [n_kv_heads][prompt_tokens][head_dim] and q_obs is
@@ -465,6 +467,11 @@ struct kvt_sched_config {
 	uint32_t ws_control;	    /* 1: admit only while working sets fit (SparseServe); 0: by
 				       R_max/T_max and device frames for resident sets only */
 	uint32_t reserved;
+	/* The engine's stream (a cudaStream_t): kvt_sched_step queues the loads of the requests
+	   it resumes there, ordered before the engine's work on them. NULL: the legacy default
+	   stream, which does not order with streams created non-blocking; an engine on such a
+	   stream passes it here (or synchronizes after each step). Ignored off the GPU. */
+	void *stream;
 };
 
 #define KVT_SCHED_CONFIG_INIT                                                                      \

@@ -152,6 +152,10 @@ struct kvt_manager {
 
 	uint64_t dev_base, host_base, dev_arena_bytes, host_arena_bytes;
 	bool payload, cpu_device; /* bytes exist; device tier CPU-readable */
+	/* Device work that reads host blocks or writes frames may be queued on some stream
+	   since the last device-wide wait (backends whose device tier the CPU cannot read queue
+	   their copies): kvt_dev_quiesce waits for it before either changes hands. */
+	bool dev_queued;
 	struct kvt_pool dev, host;
 	struct kvt_seqmap seqs;
 	uint64_t stamp;
@@ -260,6 +264,20 @@ int kvt_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz);
    error. */
 int kvt_host_copy(struct kvt_manager *m, const void *src, uint64_t bytes);
 
+/* Before a call queues device work that reads host blocks or writes frames. */
+static inline void kvt_dev_queue(struct kvt_manager *m)
+{
+	m->dev_queued |= !m->cpu_device;
+}
+
+/* Waits for the device work queued on any stream since the last device-wide wait, so the host
+   blocks it reads and the frames it writes can change hands (free, spill, reuse by another
+   stream's work): nothing to do on a synchronous backend or when nothing was queued. 0, or
+   the backend's error with its detail in m->be->err. After a failed wait nothing queued runs
+   any more (the wait returns when the device is idle or its context is lost), so failure
+   paths that only clean up may go on regardless. */
+int kvt_dev_quiesce(struct kvt_manager *m);
+
 /* The live sequence id, or NULL with the error recorded: -ENOENT, or its loss (-EBADMSG)
    for every call but destroy and info. `what` prefixes the message (may be NULL). */
 struct kvt_seq *kvt_seq_usable(struct kvt_manager *m, uint64_t id, const char *what, int *err);
@@ -357,7 +375,8 @@ static inline struct kvt_seq *kvt_batch_member(struct kvt_manager *m, uint64_t i
 int kvt_spill_open(struct kvt_manager *m);
 void kvt_spill_close(struct kvt_manager *m);
 /* Makes `need` host groups free, spilling the least recently used sequences whose stamp is not
-   m->stamp (the caller stamps the sequences its call names). 0 or -ENOMEM. */
+   m->stamp (the caller stamps the sequences its call names). 0, -ENOMEM, or the error of
+   waiting for queued device work first (kvt_dev_quiesce; nothing spilled). */
 int kvt_spill_room(struct kvt_manager *m, uint32_t need);
 /* Brings back every spilled group of v[0..n) (stamped by the caller, none lost): the number of
    groups read, or a negative errno recorded with `what` as the prefix (see kvt_seq_fetch). */

@@ -400,6 +400,18 @@ int kvt_host_copy(struct kvt_manager *m, const void *src, uint64_t bytes)
 	return KVT_XFER(m, read_d2h, m->hcopy, (uint64_t)(uintptr_t)src, bytes);
 }
 
+int kvt_dev_quiesce(struct kvt_manager *m)
+{
+	int err;
+
+	if (!m->dev_queued)
+		return 0;
+	err = m->ops->sync(m->be, NULL);
+	if (!err)
+		m->dev_queued = false;
+	return err;
+}
+
 KVT_API int kvt_manager_sync(struct kvt_manager *m, void *stream)
 {
 	int err;
@@ -407,6 +419,8 @@ KVT_API int kvt_manager_sync(struct kvt_manager *m, void *stream)
 	if (!m)
 		return -EINVAL;
 	err = m->ops->sync(m->be, stream);
+	if (!err && !stream)
+		m->dev_queued = false;
 	if (!err)
 		err = m->ops->save_wait(m->be, UINT64_MAX);
 	if (err)

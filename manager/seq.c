@@ -152,9 +152,14 @@ KVT_API int kvt_seq_destroy(struct kvt_manager *m, uint64_t seq)
 	s = find_seq(m, seq, &err);
 	if (!s)
 		return err;
-	/* Its host blocks may still be the target of a pending scatter: let it land before the
-	   blocks can be handed to someone else. */
+	/* Its host blocks may still be the target of a pending scatter, or read by a load still
+	   queued on the device, and its frames written by one: let them land before the blocks
+	   and frames can be handed to someone else. */
 	m->ops->save_wait(m->be, s->save_ticket);
+	err = kvt_dev_quiesce(m);
+	if (err)
+		return kvt_fail(m, err, "destroy: sequence %llu: waiting for the device: %s",
+				(unsigned long long)seq, m->be->err);
 	kvt_recall_drop_seq(m, s);
 	kvt_recall_free_seq(s, m->cfg.n_layers);
 	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
@@ -287,8 +292,14 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 	   nothing visible changes until the pools are touched. The disk tier makes host room
 	   from other sequences (this one is stamped as in use). */
 	s->stamp = ++m->stamp;
-	if (m->dev.n_free >= s->n_frames && m->host.n_free < nb)
-		kvt_spill_room(m, nb);
+	if (m->dev.n_free >= s->n_frames && m->host.n_free < nb) {
+		err = kvt_spill_room(m, nb);
+		if (err && err != -ENOMEM)
+			return kvt_fail(m, err,
+					"sequence %llu layer %u: waiting for the device "
+					"before spilling: %s",
+					(unsigned long long)seq, layer, m->be->err);
+	}
 	if (m->dev.n_free < s->n_frames || m->host.n_free < nb)
 		return kvt_fail(m, -ENOMEM,
 				"sequence %llu layer %u: %s tier full (%u of %u groups "
@@ -386,6 +397,7 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 			emit_resident(m, &ly, &nx, &src, h, L,
 				      count ? ly.topk + (size_t)h * count : NULL, count);
 	}
+	kvt_dev_queue(m);
 	err = KVT_XFER(m, copy_d2d, m->xf, nx, stream);
 	if (err) {
 		err = kvt_fail(m, err, "sequence %llu layer %u: gather into frames: %s",
@@ -448,6 +460,7 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 	return 0;
 
 fail_host:
+	kvt_dev_quiesce(m); /* a copy into the frames may be queued; see kvt_dev_quiesce */
 	kvt_pool_free(&m->host, ly.groups, ly.n_groups);
 	kvt_pool_free(&m->dev, ly.frames, s->n_frames);
 fail_tables:
@@ -530,7 +543,10 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 		for (uint32_t i = 0; err > 0 && i < n; i++)
 			m->ap[i].host = m->batch[i]->layers[layer].host_next;
 	}
-	if (n_fresh > m->host.n_free && kvt_spill_room(m, n_fresh))
+	if (n_fresh > m->host.n_free && (err = kvt_spill_room(m, n_fresh)) != 0 && err != -ENOMEM)
+		return kvt_fail(m, err, "decode: waiting for the device before spilling: %s",
+				m->be->err);
+	if (n_fresh > m->host.n_free)
 		return kvt_fail(m, -ENOMEM,
 				"decode: host tier full (%u new block groups needed, %u free%s)",
 				n_fresh, m->host.n_free, m->disk ? " after spilling" : "");
@@ -544,6 +560,7 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 		m->ap[i].host = kvt_host_row(m, ly, 0, ly->n_tokens);
 	}
 	g = (struct kvt_append_geom){m->cfg.n_kv_heads, m->row_bytes, m->block_bytes, m->v_offset};
+	kvt_dev_queue(m);
 	err = KVT_XFER(m, append, ptr_u64(k), ptr_u64(v), n, m->ap, &g, stream, &ticket);
 	if (err) {
 		/* Give the new groups back so tables and pool are as before, once the chunks of
@@ -884,10 +901,12 @@ KVT_API int kvt_seq_preempt(struct kvt_manager *m, uint64_t seq)
 	if (s->preempted)
 		return kvt_fail(m, -EALREADY, "preempt: sequence %llu is already preempted",
 				(unsigned long long)seq);
-	/* Device work queued on the frames must be done before they change hands. */
+	/* Device work queued on the frames must be done before they change hands (the caller's
+	   own reads of them too, which it may have queued since the manager's last wait). */
 	err = m->ops->sync(m->be, NULL);
 	if (err)
 		return kvt_fail(m, err, "preempt: %s", m->be->err);
+	m->dev_queued = false;
 	kvt_recall_drop_seq(m, s);
 	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
 		if (s->layers[l].n_tokens)
@@ -945,8 +964,10 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 							    : NULL,
 					      s->valid_topk);
 	}
+	kvt_dev_queue(m);
 	err = KVT_XFER(m, gather_h2d, m->xf, nx, stream);
 	if (err) {
+		kvt_dev_quiesce(m); /* part of the load may be queued */
 		for (uint32_t l = 0; l < c->n_layers; l++)
 			if (s->layers[l].n_tokens)
 				kvt_pool_free(&m->dev, s->layers[l].frames, s->n_frames);

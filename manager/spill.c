@@ -146,7 +146,10 @@ static void spill_seq(struct kvt_manager *m, struct kvt_seq *s, uint32_t want, i
 	uint32_t n = 0, goal = m->host.n_free + want;
 	int e;
 
-	e = m->ops->save_wait(m->be, s->save_ticket); /* its blocks must have landed */
+	/* its blocks must have landed, and no queued load may still read them */
+	e = m->ops->save_wait(m->be, s->save_ticket);
+	if (!e)
+		e = kvt_dev_quiesce(m);
 	if (e) {
 		*err = *err ? *err : e;
 		return;
@@ -190,6 +193,11 @@ int kvt_spill_room(struct kvt_manager *m, uint32_t need)
 		return 0;
 	if (!m->disk || need > m->host.n_units)
 		return -ENOMEM;
+	/* No queued load may still read a block this frees (spill_seq waits too; here the
+	   error fails the caller instead of making room elsewhere). */
+	err = kvt_dev_quiesce(m);
+	if (err)
+		return err;
 	target = need + m->host.n_units / 64;
 	target = target > m->host.n_units ? m->host.n_units : target;
 	if (reserve_io(m, SPILL_BATCH))
@@ -239,6 +247,9 @@ int kvt_spill_fetch(struct kvt_manager *m, struct kvt_seq *const *v, uint32_t n,
 				"%s: %llu spilled block groups exceed the host tier (%u)", what,
 				(unsigned long long)total, m->host.n_units);
 	err = kvt_spill_room(m, (uint32_t)total);
+	if (err && err != -ENOMEM)
+		return kvt_fail(m, err, "%s: waiting for the device before spilling: %s", what,
+				m->be->err);
 	if (!err)
 		err = reserve_io(m, (uint32_t)total);
 	if (err)

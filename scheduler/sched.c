@@ -679,7 +679,7 @@ static void make_resident(struct kvt_sched *s, uint64_t free_frames)
 
 		if (!pl->r || !pl->resume)
 			continue;
-		err = kvt_seq_resume(s->m, pl->r->seq, NULL);
+		err = kvt_seq_resume(s->m, pl->r->seq, s->cfg.stream);
 		if (err == -ENOENT) {
 			pl->r->admitted = false;
 			drop(s, pl->r);

@@ -39,7 +39,10 @@
 #include "gpu.h"
 #include "policy.h"
 
-#define LIST_SLOTS 4
+/* Piece lists in flight: a call takes the next slot and waits, on the host, for the kernel
+   that used it LIST_SLOTS list-using calls before (one per layer for decode appends), so this
+   bounds how far the CPU can run ahead of the GPU. */
+#define LIST_SLOTS 16
 #define ALIGN_UP(x, a) (((x) + (a)-1) / (a) * (a))
 
 const struct kvt_plugin_host *kvt_cuda_host;
@@ -769,7 +772,10 @@ static int cuda_create(const struct kvt_backend_params *p, struct kvt_be **out)
 									    : KVT_GATHER_CTAS_MAX;
 	err = pinned_arena_create(cb);
 	for (int i = 0; i < 2 && !err; i++)
-		err = CU(cb, cudaEventCreateWithFlags(&cb->stage_done[i], cudaEventDisableTiming),
+		/* blocking: a save thread waiting for its copy sleeps instead of spinning */
+		err = CU(cb,
+			 cudaEventCreateWithFlags(&cb->stage_done[i],
+						  cudaEventDisableTiming | cudaEventBlockingSync),
 			 "save: events");
 	for (int i = 0; i < LIST_SLOTS && !err; i++)
 		err = CU(cb, cudaEventCreateWithFlags(&cb->slot[i].done, cudaEventDisableTiming),
@@ -912,8 +918,10 @@ static int copy_list(struct cuda_backend *cb, const struct kvt_xfer *x, uint32_t
 		err = count_pieces(cb, x, n, &pieces, &largest);
 	if (err || pieces == 0)
 		return err;
-	/* cudaMemcpyBatchAsync refuses the legacy default stream: DMA only on a real stream. */
-	if (h2d && stream && pieces < cb->calib.gather_min[size_class(largest)])
+	/* cudaMemcpyBatchAsync refuses the legacy default stream (NULL or its explicit handle):
+	   DMA only on another stream. */
+	if (h2d && stream && stream != cudaStreamLegacy &&
+	    pieces < cb->calib.gather_min[size_class(largest)])
 		return run_batch(cb, x, n, pieces, stream);
 	return run_kernel(cb, x, n, pieces, h2d ? cb->gather_ctas : cb->copy_ctas, h2d, stream);
 }
@@ -1075,6 +1083,8 @@ static int cuda_select(struct kvt_be *b, const struct kvt_snapkv *p, const void 
 			 "SnapKV selection: copy the positions back");
 	if (!err)
 		err = CU(cb, cudaStreamSynchronize(st), "SnapKV selection: wait");
+	else /* what was queued may still use the scratch, which the next call reuses */
+		cudaStreamSynchronize(st);
 	return err;
 }
 
@@ -1101,6 +1111,8 @@ static int cuda_block_meta(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_di
 			 "block metadata: copy back");
 	if (!err)
 		err = CU(cb, cudaStreamSynchronize(st), "block metadata: wait");
+	else /* as in cuda_select */
+		cudaStreamSynchronize(st);
 	return err;
 }
 

@@ -9,7 +9,8 @@
 #include "savepool.h"
 
 /* Slices of a chunk are at least this many bytes: waking a thread costs more than copying
-   less. A chunk smaller than one slice is scattered by the submitting thread itself. */
+   less. A chunk smaller than one slice is scattered by the submitting thread itself, unless
+   its staging copy is asynchronous (then one thread waits for it and scatters). */
 #define SLICE_MIN_BYTES (64u << 10)
 
 struct stage_buf {
@@ -228,7 +229,10 @@ int kvt_savepool_submit(struct kvt_savepool *sp, const struct kvt_save_job *job,
 		b->c0 = c0;
 		b->c1 = c0 + len;
 		b->ticket = t;
-		if (sp->n_threads == 0 || len < SLICE_MIN_BYTES) {
+		/* Small chunks are scattered here, unless the copy is asynchronous (a wait
+		   function): then waiting for it here would hold the owner until the device got
+		   that far. */
+		if (sp->n_threads == 0 || (len < SLICE_MIN_BYTES && !sp->wait)) {
 			struct work w = {bi, 0, job->n_items};
 
 			run_slice(sp, &w);

@@ -480,15 +480,19 @@ class Batch:
 class Scheduler:
     """SparseServe's working-set-aware admission over a manager (kvt_sched): the engine creates
     each request's sequence, :meth:`submit`\\ s it, then per iteration calls :meth:`step`,
-    executes the batch and calls :meth:`commit`."""
+    executes the batch and calls :meth:`commit`. On a GPU, pass the engine's ``stream`` (the
+    loads of the requests a step resumes go on it)."""
 
     def __init__(self, manager: Manager, max_requests: int = 256, max_tokens: int = 8192,
-                 max_inject_tokens: int = 2048 * 32, ws_control: bool = True) -> None:
+                 max_inject_tokens: int = 2048 * 32, ws_control: bool = True,
+                 stream: Any = None) -> None:
         self._s: Optional[int] = None
         self._m = manager
         c = _capi.CSchedConfig.sized(_capi.SCHED_CONFIG_VERSION)
         c.max_requests, c.max_tokens = max_requests, max_tokens
         c.max_inject_tokens, c.ws_control = max_inject_tokens, 1 if ws_control else 0
+        # the stream the resumes of step() go on (the engine's: see kvt_sched_config.stream)
+        c.stream = _tensor.stream_handle(stream)
         handle = c_void_p()
         with manager._lock:
             manager._call(_lib.kvt_sched_create, byref(c), byref(handle))

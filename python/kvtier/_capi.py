@@ -147,6 +147,7 @@ class CSchedConfig(_Struct):
         ("max_requests", c_uint32), ("max_tokens", c_uint32),
         ("max_inject_tokens", c_uint64),
         ("ws_control", c_uint32), ("reserved", c_uint32),
+        ("stream", c_void_p),
     ]
 
 
