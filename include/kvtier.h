@@ -14,8 +14,13 @@
  * results come back through out-parameters. Tensors are dense,
  * row-major, of config.dtype, in the backend's memory space: host pointers for the host and
  * model backends (the model backend never reads them), device pointers for the CUDA backend.
- * `stream` is a cudaStream_t or NULL. Calls that need token bytes (kvt_seq_read_token,
- * kvt_attend, kvt_decode_recall's scoring) return -ENOTSUP on a backend without payload.
+ * `stream` is a cudaStream_t or NULL: the device work of a call (copies into frames, loads of
+ * host blocks, ring writes) is queued there, so calls that pass different streams must be
+ * ordered by the caller (use one stream, or synchronize when switching); the manager itself
+ * waits for the device before frames or host blocks change hands (preempt, destroy,
+ * spilling). The CUDA backend makes its device current (cudaSetDevice) on the calling thread
+ * in each call. Calls that need token bytes (kvt_seq_read_token, kvt_attend,
+ * kvt_decode_recall's scoring) return -ENOTSUP on a backend without payload.
  *
  * Concurrency contract.
  * - Ownership: a manager, its sequences and the scheduler made over it belong to one thread at
