@@ -278,6 +278,10 @@ static inline void kvt_dev_queue(struct kvt_manager *m)
    paths that only clean up may go on regardless. */
 int kvt_dev_quiesce(struct kvt_manager *m);
 
+/* Loads the nx entries of m->xf from host blocks into frames on stream (resume, recall): 0 or
+   the backend's error, after which no part of the load is still queued. */
+int kvt_dev_gather(struct kvt_manager *m, uint32_t nx, void *stream);
+
 /* The live sequence id, or NULL with the error recorded: -ENOENT, or its loss (-EBADMSG)
    for every call but destroy and info. `what` prefixes the message (may be NULL). */
 struct kvt_seq *kvt_seq_usable(struct kvt_manager *m, uint64_t id, const char *what, int *err);

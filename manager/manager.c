@@ -412,6 +412,17 @@ int kvt_dev_quiesce(struct kvt_manager *m)
 	return err;
 }
 
+int kvt_dev_gather(struct kvt_manager *m, uint32_t nx, void *stream)
+{
+	int err;
+
+	kvt_dev_queue(m);
+	err = KVT_XFER(m, gather_h2d, m->xf, nx, stream);
+	if (err)
+		kvt_dev_quiesce(m); /* part of the load may be queued */
+	return err;
+}
+
 KVT_API int kvt_manager_sync(struct kvt_manager *m, void *stream)
 {
 	int err;

@@ -632,12 +632,8 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 
 	/* The blocks must have landed in the host history before the device reads them. */
 	err = wait ? m->ops->save_wait(m->be, wait) : 0;
-	if (!err && nx) {
-		kvt_dev_queue(m);
-		err = KVT_XFER(m, gather_h2d, m->xf, nx, stream);
-		if (err)
-			kvt_dev_quiesce(m); /* part of the load may be queued */
-	}
+	if (!err && nx)
+		err = kvt_dev_gather(m, nx, stream);
 	if (err) {
 		/* The frames meant for the misses hold nothing valid: free them, and make the
 		   views of this call read as stale (the previous ones were overwritten), so no

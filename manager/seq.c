@@ -964,10 +964,8 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 							    : NULL,
 					      s->valid_topk);
 	}
-	kvt_dev_queue(m);
-	err = KVT_XFER(m, gather_h2d, m->xf, nx, stream);
+	err = kvt_dev_gather(m, nx, stream);
 	if (err) {
-		kvt_dev_quiesce(m); /* part of the load may be queued */
 		for (uint32_t l = 0; l < c->n_layers; l++)
 			if (s->layers[l].n_tokens)
 				kvt_pool_free(&m->dev, s->layers[l].frames, s->n_frames);

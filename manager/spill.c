@@ -146,10 +146,8 @@ static void spill_seq(struct kvt_manager *m, struct kvt_seq *s, uint32_t want, i
 	uint32_t n = 0, goal = m->host.n_free + want;
 	int e;
 
-	/* its blocks must have landed, and no queued load may still read them */
+	/* its blocks must have landed (the callers have waited for queued loads that read them) */
 	e = m->ops->save_wait(m->be, s->save_ticket);
-	if (!e)
-		e = kvt_dev_quiesce(m);
 	if (e) {
 		*err = *err ? *err : e;
 		return;
@@ -193,8 +191,7 @@ int kvt_spill_room(struct kvt_manager *m, uint32_t need)
 		return 0;
 	if (!m->disk || need > m->host.n_units)
 		return -ENOMEM;
-	/* No queued load may still read a block this frees (spill_seq waits too; here the
-	   error fails the caller instead of making room elsewhere). */
+	/* No queued load may still read a block this frees. */
 	err = kvt_dev_quiesce(m);
 	if (err)
 		return err;
@@ -394,6 +391,10 @@ KVT_API int kvt_seq_spill(struct kvt_manager *m, uint64_t seq)
 		return 0;
 	if (reserve_io(m, SPILL_BATCH))
 		return kvt_fail(m, -ENOMEM, "spill: no memory for the I/O list");
+	err = kvt_dev_quiesce(m); /* no queued load may still read a block this frees */
+	if (err)
+		return kvt_fail(m, err, "spill: sequence %llu: waiting for the device: %s",
+				(unsigned long long)seq, m->be->err);
 	spill_seq(m, s, (uint32_t)have, &err);
 	if (err)
 		return kvt_fail(
