@@ -1,0 +1,409 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The CPU kernel emulator's scheduler (see kemu.h): the threads of a CTA are ucontext fibers on
+ * the launching thread. The scheduler runs every ready fiber until it finishes or waits; then,
+ * when the whole of a warp waits at a shuffle, it exchanges the values and readies the warp;
+ * when every thread of the CTA waits at __syncthreads(), it readies them all; when neither can
+ * happen with threads still waiting, the CTA can never finish on a GPU either, and the launch
+ * fails with the reason (kemu_last_fault). Round-robin in thread order, so every run is the
+ * same.
+ *
+ * Under ASan the stack switches are announced (__sanitizer_start/finish_switch_fiber), so ASan
+ * keeps checking the fibers' stacks and the kernels' accesses.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include "kemu.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define KEMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KEMU_ASAN 1
+#endif
+#endif
+#ifdef KEMU_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+/* A fiber's stack. ASan clears the shadow of the whole stack at every swapcontext, so larger
+   stacks cost time there; the kernels need a few KiB. */
+#define KEMU_STACK (128u << 10)
+
+#define KEMU_MAX_THREADS 1024
+
+namespace kemu
+{
+
+thread_local coords cur;
+
+namespace
+{
+
+enum fstate { READY, AT_SYNC, AT_SHFL, DONE };
+
+struct fiber {
+	ucontext_t uc;
+	char *stack; /* KEMU_STACK usable bytes above a guard page */
+	uint3 tid;
+	enum fstate state;
+	/* the pending shuffle */
+	unsigned int mask, arg;
+	int width;
+	bool xor_lanes;
+	uint64_t val, result;
+};
+
+struct sched {
+	ucontext_t main;
+	fiber *f;
+	uint32_t n; /* threads per CTA */
+	void (*fn)(void *);
+	void *closure;
+	fiber *running;
+	bool fault;
+#ifdef KEMU_ASAN
+	const void *main_bottom;
+	size_t main_size;
+#endif
+};
+
+thread_local sched *S;
+thread_local fiber *pool;
+thread_local uint32_t pool_n;
+thread_local cudaError_t last_err;
+thread_local char fault_msg[512];
+thread_local struct kemu_launch_info info;
+
+void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+void fail(const char *fmt, ...)
+{
+	va_list ap;
+	int at;
+
+	at = snprintf(fault_msg, sizeof(fault_msg), "kemu: CTA (%u,%u,%u): ", cur.bid.x, cur.bid.y,
+		      cur.bid.z);
+	va_start(ap, fmt);
+	vsnprintf(fault_msg + at, sizeof(fault_msg) - (size_t)at, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "%s\n", fault_msg);
+	S->fault = true;
+}
+
+/* Back to the scheduler; returns when the scheduler runs this fiber again. */
+__attribute__((noinline)) void yield()
+{
+	fiber *me = S->running;
+#ifdef KEMU_ASAN
+	void *fake = nullptr;
+
+	__sanitizer_start_switch_fiber(&fake, S->main_bottom, S->main_size);
+#endif
+	swapcontext(&me->uc, &S->main);
+#ifdef KEMU_ASAN
+	__sanitizer_finish_switch_fiber(fake, &S->main_bottom, &S->main_size);
+#endif
+}
+
+void entry()
+{
+#ifdef KEMU_ASAN
+	__sanitizer_finish_switch_fiber(nullptr, &S->main_bottom, &S->main_size);
+#endif
+	S->fn(S->closure);
+	S->running->state = DONE;
+#ifdef KEMU_ASAN
+	__sanitizer_start_switch_fiber(nullptr, S->main_bottom, S->main_size);
+#endif
+	setcontext(&S->main);
+}
+
+/* Fibers for n threads, their stacks kept for later launches. */
+int pool_reserve(uint32_t n)
+{
+	long page = sysconf(_SC_PAGESIZE);
+
+	if (n <= pool_n)
+		return 0;
+	fiber *p = (fiber *)realloc(pool, n * sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	pool = p;
+	for (; pool_n < n; pool_n++) {
+		char *m = (char *)mmap(nullptr, KEMU_STACK + (size_t)page, PROT_READ | PROT_WRITE,
+				       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+
+		if (m == MAP_FAILED)
+			return -ENOMEM;
+		mprotect(m, (size_t)page, PROT_NONE); /* an overflow faults, not corrupts */
+		pool[pool_n].stack = m + page;
+	}
+	return 0;
+}
+
+__attribute__((noinline)) void switch_to(fiber *f)
+{
+	S->running = f;
+	cur.tid = f->tid;
+#ifdef KEMU_ASAN
+	void *fake = nullptr;
+
+	__sanitizer_start_switch_fiber(&fake, f->stack, KEMU_STACK);
+#endif
+	swapcontext(&S->main, &f->uc);
+#ifdef KEMU_ASAN
+	__sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+}
+
+/* Resolves a warp whose lanes [w0, w0 + cnt) all wait at a shuffle; false after a fault. */
+bool shuffle_warp(fiber *f, uint32_t w0, uint32_t cnt)
+{
+	unsigned int full = cnt == 32 ? 0xffffffffu : (1u << cnt) - 1;
+
+	for (uint32_t l = 0; l < cnt; l++) {
+		fiber *x = &f[w0 + l];
+
+		if (x->mask != full) {
+			fail("warp %u lane %u: shuffle mask %#x, but the warp's live lanes are %#x",
+			     w0 / 32, l, x->mask, full);
+			return false;
+		}
+		if (x->xor_lanes != f[w0].xor_lanes || x->width != f[w0].width) {
+			fail("warp %u: lanes at different shuffles", w0 / 32);
+			return false;
+		}
+		if (x->width <= 0 || x->width > 32 || (x->width & (x->width - 1))) {
+			fail("warp %u: shuffle width %d", w0 / 32, x->width);
+			return false;
+		}
+	}
+	for (uint32_t l = 0; l < cnt; l++) {
+		fiber *x = &f[w0 + l];
+		uint32_t w = (uint32_t)x->width, base = l & ~(w - 1);
+		uint32_t src = x->xor_lanes ? l ^ x->arg : base + x->arg % w;
+
+		/* CUDA: an xor source in a later width-segment gives the lane its own value */
+		if (x->xor_lanes && src / w > l / w)
+			src = l;
+		if (src >= cnt) {
+			fail("warp %u lane %u: shuffle reads lane %u, which does not exist",
+			     w0 / 32, l, src);
+			return false;
+		}
+		x->result = f[w0 + src].val;
+	}
+	for (uint32_t l = 0; l < cnt; l++)
+		f[w0 + l].state = READY;
+	return true;
+}
+
+/* Readies f to run thread t from the start (apart, for getcontext returns twice). */
+__attribute__((noinline)) void fiber_init(fiber *f, uint32_t t)
+{
+	f->tid = uint3{t % cur.bdim.x, t / cur.bdim.x % cur.bdim.y, t / (cur.bdim.x * cur.bdim.y)};
+	f->state = READY;
+	getcontext(&f->uc);
+	f->uc.uc_stack.ss_sp = f->stack;
+	f->uc.uc_stack.ss_size = KEMU_STACK;
+	f->uc.uc_link = nullptr;
+	makecontext(&f->uc, entry, 0);
+}
+
+/* Runs one CTA to its end; false after a fault. */
+bool run_cta()
+{
+	fiber *f = S->f;
+	uint32_t n = S->n;
+
+	for (uint32_t t = 0; t < n; t++)
+		fiber_init(&f[t], t);
+	for (;;) {
+		uint32_t live = 0, at_sync = 0, at_shfl = 0, done;
+		bool released = false;
+
+		for (uint32_t t = 0; t < n; t++) {
+			if (f[t].state == READY)
+				switch_to(&f[t]);
+			if (S->fault)
+				return false;
+		}
+		for (uint32_t t = 0; t < n; t++) {
+			live += f[t].state != DONE;
+			at_sync += f[t].state == AT_SYNC;
+			at_shfl += f[t].state == AT_SHFL;
+		}
+		if (live == 0)
+			return true;
+		done = n - live;
+		for (uint32_t w0 = 0; w0 < n; w0 += 32) {
+			uint32_t cnt = n - w0 < 32 ? n - w0 : 32, waiting = 0;
+
+			for (uint32_t l = 0; l < cnt; l++)
+				waiting += f[w0 + l].state == AT_SHFL;
+			if (waiting == cnt) {
+				if (!shuffle_warp(f, w0, cnt))
+					return false;
+				released = true;
+			}
+		}
+		if (released)
+			continue;
+		if (at_sync == live && done == 0) {
+			for (uint32_t t = 0; t < n; t++)
+				f[t].state = READY;
+			continue;
+		}
+		if (at_shfl) {
+			for (uint32_t w0 = 0; w0 < n; w0 += 32) {
+				uint32_t cnt = n - w0 < 32 ? n - w0 : 32, shfl = 0, gone = 0;
+
+				for (uint32_t l = 0; l < cnt; l++) {
+					shfl += f[w0 + l].state == AT_SHFL;
+					gone += f[w0 + l].state == DONE;
+				}
+				if (shfl)
+					fail("warp %u: %u of %u lanes at a shuffle, %u returned, the "
+					     "rest at __syncthreads()",
+					     w0 / 32, shfl, cnt, gone);
+				if (shfl)
+					return false;
+			}
+		}
+		fail("__syncthreads() reached by %u of %u threads, %u returned before it", at_sync,
+		     n, done);
+		return false;
+	}
+}
+
+} /* namespace */
+
+void sync_cta()
+{
+	S->running->state = AT_SYNC;
+	yield();
+}
+
+uint64_t shuffle(unsigned int mask, uint64_t v, unsigned int arg, int width, bool xor_lanes)
+{
+	fiber *me = S->running;
+
+	me->mask = mask;
+	me->val = v;
+	me->arg = arg;
+	me->width = width;
+	me->xor_lanes = xor_lanes;
+	me->state = AT_SHFL;
+	yield();
+	return me->result;
+}
+
+cudaError_t run_grid(dim3 grid, dim3 block, size_t shmem, void (*fn)(void *), void *closure)
+{
+	uint64_t threads = (uint64_t)block.x * block.y * block.z;
+	sched s = {};
+	sched *outer = S;
+	coords saved = cur;
+	bool ok = true;
+
+	info.launches++;
+	info.grid[0] = grid.x, info.grid[1] = grid.y, info.grid[2] = grid.z;
+	info.block[0] = block.x, info.block[1] = block.y, info.block[2] = block.z;
+	/* the limits of every GPU since sm_30 */
+	if (!grid.x || !grid.y || !grid.z || grid.x > 0x7fffffffu || grid.y > 65535 ||
+	    grid.z > 65535 || threads == 0 || threads > KEMU_MAX_THREADS || block.z > 64 ||
+	    shmem > 48 * 1024) {
+		snprintf(
+			fault_msg, sizeof(fault_msg),
+			"kemu: invalid launch: grid (%u,%u,%u), block (%u,%u,%u), %zu bytes shared",
+			grid.x, grid.y, grid.z, block.x, block.y, block.z, shmem);
+		last_err = cudaErrorInvalidConfiguration;
+		return last_err;
+	}
+	if (outer) { /* a launch from a kernel: dynamic parallelism, which the backend never uses */
+		snprintf(fault_msg, sizeof(fault_msg), "kemu: a launch inside a kernel");
+		last_err = cudaErrorLaunchFailure;
+		return last_err;
+	}
+	if (pool_reserve((uint32_t)threads)) {
+		snprintf(fault_msg, sizeof(fault_msg), "kemu: no memory for %llu fibers",
+			 (unsigned long long)threads);
+		last_err = cudaErrorLaunchFailure;
+		return last_err;
+	}
+	s.f = pool;
+	s.n = (uint32_t)threads;
+	s.fn = fn;
+	s.closure = closure;
+	S = &s;
+	cur.bdim = block;
+	cur.gdim = grid;
+	for (uint32_t z = 0; ok && z < grid.z; z++)
+		for (uint32_t y = 0; ok && y < grid.y; y++)
+			for (uint32_t x = 0; ok && x < grid.x; x++) {
+				cur.bid = uint3{x, y, z};
+				ok = run_cta();
+			}
+	S = outer;
+	cur = saved;
+	if (!ok) {
+		info.faults++;
+		last_err = cudaErrorLaunchFailure;
+		return last_err;
+	}
+	return cudaSuccess;
+}
+
+} /* namespace kemu */
+
+extern "C" {
+
+void kemu_get_launch_info(struct kemu_launch_info *out)
+{
+	*out = kemu::info;
+}
+
+const char *kemu_last_fault(void)
+{
+	return kemu::fault_msg;
+}
+
+cudaError_t cudaGetLastError(void)
+{
+	cudaError_t e = kemu::last_err;
+
+	kemu::last_err = cudaSuccess;
+	return e;
+}
+
+cudaError_t cudaPeekAtLastError(void)
+{
+	return kemu::last_err;
+}
+
+cudaError_t cudaGetDevice(int *device)
+{
+	if (!device)
+		return cudaErrorInvalidValue;
+	*device = 0;
+	return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t stream)
+{
+	(void)stream;
+	if (bytes && !p)
+		return cudaErrorInvalidValue;
+	if (bytes)
+		memset(p, value, bytes);
+	return cudaSuccess;
+}
+
+} /* extern "C" */

@@ -1,0 +1,47 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The CPU kernel emulator's C face (tests/kernel_emu): the CUDA runtime's error values the
+ * emulated launch wrappers return, and what a test asks the emulator about its launches.
+ *
+ * The emulator runs the real .cu kernels of the CUDA backend (transfer/cuda_gather.cu,
+ * policy/snapkv.cu, recall.cu, attend.cu) on the CPU, every CUDA thread a fiber, with host
+ * memory standing in for device memory. Launches run to completion before the launching call
+ * returns; streams are accepted and ignored.
+ */
+#ifndef KEMU_API_H
+#define KEMU_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* cudaError_t values, as the real runtime numbers them. */
+enum {
+	KEMU_SUCCESS = 0,
+	KEMU_ERR_INVALID_VALUE = 1,	    /* cudaErrorInvalidValue */
+	KEMU_ERR_INVALID_CONFIGURATION = 9, /* cudaErrorInvalidConfiguration */
+	KEMU_ERR_LAUNCH_FAILURE = 719,	    /* cudaErrorLaunchFailure */
+};
+
+/* The shape of the latest launch of the calling thread. */
+struct kemu_launch_info {
+	uint32_t grid[3], block[3];
+	uint64_t launches; /* launches so far, valid or not */
+	uint64_t faults;   /* launches that failed while running (see kemu_last_fault) */
+};
+
+void kemu_get_launch_info(struct kemu_launch_info *out);
+
+/* What the latest failed launch did wrong ("" if none): a __syncthreads() that not every live
+   thread of the CTA reached, a warp shuffle with absent lanes or lanes at different shuffles, a
+   mask other than the warp's full one. Also printed to stderr when it happens. */
+const char *kemu_last_fault(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KEMU_API_H */

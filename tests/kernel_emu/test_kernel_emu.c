@@ -1,0 +1,516 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kernel-emu: the CUDA backend's real kernels (transfer/cuda_gather.cu, policy/snapkv.cu,
+ * recall.cu, attend.cu), compiled for the CPU kernel emulator (kemu.h), against the host
+ * references on the same inputs, as the GPU suite compares them on a GPU:
+ *   - the gather and the decode append: every destination byte bit-exact, nothing else written,
+ *     for each of the kernel's copy widths, and the CTA bound (<= 16 by default);
+ *   - block metadata: bit-exact with kvt_meta_build, NaN, infinities and signed zeros included;
+ *   - SnapKV: pooled scores within f32 rounding of kvt_snapkv_scores, the selection identical up
+ *     to ties at the cutoff (a differing position must score within 1e-4 of the cutoff);
+ *   - decode attention: within f32 tolerance of kvt_attend_rows, heads without rows zeroed;
+ *   - the wrappers' argument checks;
+ *   - and the emulator itself: a __syncthreads() or shuffle some threads miss fails the launch.
+ * Device memory is host memory here, so under ASan every kernel access is bounds-checked.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdbool.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gather.h"
+#include "gpu.h"
+#include "kemu_api.h"
+#include "policy.h"
+#include "selftest.h"
+
+static uint64_t rng_state;
+
+static uint64_t rnd(void)
+{
+	/* splitmix64 */
+	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* Uniform in [-1, 1). */
+static float rndf(void)
+{
+	return (float)((double)(rnd() >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
+}
+
+static void *xmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+
+	assert_non_null(p);
+	return p;
+}
+
+static void fill_bytes(uint8_t *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (uint8_t)rnd();
+}
+
+/* ---- gather and append ------------------------------------------------------------------ */
+
+/* n pieces of about `bytes` each, aligned to `align` (1, 4 or 16), scattered over src and
+   placed without overlap in dst; checks every byte of dst. */
+static void gather_case(uint32_t n, uint32_t bytes, uint32_t align, uint32_t ctas,
+			uint32_t want_grid)
+{
+	size_t slot = (size_t)bytes + 64, total = slot * n;
+	uint8_t *src = xmalloc(total + 64), *dst = xmalloc(total + 64), *want = xmalloc(total + 64);
+	struct kvt_gpu_piece *pc = xmalloc(n * sizeof(*pc));
+	struct kemu_launch_info li;
+	uint32_t *perm = xmalloc(n * sizeof(*perm));
+
+	fill_bytes(src, total + 64);
+	fill_bytes(dst, total + 64);
+	memcpy(want, dst, total + 64);
+	for (uint32_t i = 0; i < n; i++)
+		perm[i] = i;
+	for (uint32_t i = n; i > 1; i--) { /* sources in shuffled order */
+		uint32_t j = (uint32_t)(rnd() % i), t = perm[i - 1];
+
+		perm[i - 1] = perm[j];
+		perm[j] = t;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		/* offsets that are multiples of align and of nothing wider (align 1: odd) */
+		size_t so = (size_t)perm[i] * slot + align, dofs = (size_t)i * slot + 2 * align;
+		uint64_t len = bytes - (align == 16 ? 0 : align == 4 ? 4 : 1) * (rnd() % 3);
+
+		pc[i] = (struct kvt_gpu_piece){(uint64_t)(uintptr_t)(src + so),
+					       (uint64_t)(uintptr_t)(dst + dofs), len};
+		memcpy(want + dofs, src + so, len);
+	}
+	assert_int_equal(kvt_gather_launch(pc, n, ctas, NULL), 0);
+	kemu_get_launch_info(&li);
+	assert_int_equal(li.grid[0], want_grid);
+	assert_int_equal(li.block[0], KVT_GATHER_THREADS);
+	assert_memory_equal(dst, want, total + 64);
+	free(perm);
+	free(pc);
+	free(want);
+	free(dst);
+	free(src);
+}
+
+static void test_gather(void **state)
+{
+	(void)state;
+	rng_state = 1;
+	gather_case(40, 16384, 16, 0, KVT_GATHER_CTAS_DEFAULT); /* 16-byte vectors, default CTAs */
+	gather_case(5, 4096, 16, 0, 5);				/* fewer pieces than CTAs */
+	gather_case(33, 4100, 4, 1, 1);				/* words, one CTA */
+	gather_case(17, 777, 1, 3, 3);				/* bytes */
+	gather_case(3000, 16, 16, 5000, KVT_GATHER_CTAS_MAX);	/* clamped to the maximum */
+	gather_case(64, 65536, 16, 16, 16);			/* 64 KiB pieces */
+}
+
+static void append_case(uint32_t n, uint32_t n_heads, uint32_t row_bytes, uint32_t want_threads)
+{
+	size_t in_bytes = (size_t)n * n_heads * row_bytes;
+	uint64_t head_stride = (uint64_t)row_bytes * 3, v_offset = row_bytes;
+	size_t frame = head_stride * n_heads + 32, arena = frame * n;
+	uint8_t *k = xmalloc(in_bytes), *v = xmalloc(in_bytes);
+	uint8_t *dev = xmalloc(arena), *want = xmalloc(arena);
+	uint64_t *at = xmalloc(n * sizeof(*at));
+	struct kemu_launch_info li;
+
+	fill_bytes(k, in_bytes);
+	fill_bytes(v, in_bytes);
+	fill_bytes(dev, arena);
+	memcpy(want, dev, arena);
+	for (uint32_t i = 0; i < n; i++) {
+		size_t f = (size_t)(n - 1 - i) * frame + 16; /* frames in reverse order */
+
+		at[i] = (uint64_t)(uintptr_t)(dev + f);
+		for (uint32_t h = 0; h < n_heads; h++) {
+			size_t r = ((size_t)i * n_heads + h) * row_bytes;
+
+			memcpy(want + f + h * head_stride, k + r, row_bytes);
+			memcpy(want + f + h * head_stride + v_offset, v + r, row_bytes);
+		}
+	}
+	assert_int_equal(kvt_append_launch((uint64_t)(uintptr_t)k, (uint64_t)(uintptr_t)v, n, at,
+					   n_heads, row_bytes, head_stride, v_offset, 0, NULL),
+			 0);
+	kemu_get_launch_info(&li);
+	assert_int_equal(li.block[0], want_threads);
+	assert_true(li.grid[0] <= KVT_GATHER_CTAS_DEFAULT);
+	assert_memory_equal(dev, want, arena);
+	free(at);
+	free(want);
+	free(dev);
+	free(v);
+	free(k);
+}
+
+static void test_append(void **state)
+{
+	(void)state;
+	rng_state = 2;
+	append_case(7, 8, 256, 32);   /* Llama-3-8B f16 rows: a warp per row */
+	append_case(3, 2, 2048, 128); /* wide rows: four warps */
+	append_case(20, 1, 36, 32);   /* 4-byte words */
+	append_case(1, 3, 10, 32);    /* bytes */
+	assert_int_equal(kvt_append_launch(0, 0, 0, NULL, 8, 256, 0, 0, 0, NULL), 0); /* no rows */
+}
+
+/* ---- block metadata ----------------------------------------------------------------------- */
+
+static const uint32_t special32[] = {
+	0x7fc00000u, 0xffc00001u, 0x7f800000u, 0xff800000u, 0x00000000u,
+	0x80000000u, 0x00000001u, 0x80000001u, 0x7f7fffffu, 0xff7fffffu,
+};
+static const uint16_t special16[] = {0x7e00u, 0xfe01u, 0x7c00u, 0xfc00u, 0x0000u,
+				     0x8000u, 0x0001u, 0x8001u, 0x7bffu, 0xfbffu};
+static const uint16_t specialbf[] = {0x7fc0u, 0xffc1u, 0x7f80u, 0xff80u, 0x0000u,
+				     0x8000u, 0x0001u, 0x8001u, 0x7f7fu, 0xff7fu};
+
+/* n random elements of dt in [-1, 1), with a special value in about 1 of `special_every`. */
+static void *rand_tensor(enum kvt_dtype dt, size_t n, uint32_t special_every)
+{
+	uint32_t es = kvt_dtype_size(dt);
+	uint8_t *p = xmalloc(n * es);
+
+	for (size_t i = 0; i < n; i++) {
+		float f = rndf();
+
+		kvt_from_f32(dt, &f, p + i * es, 1);
+		if (special_every && rnd() % special_every == 0) {
+			uint32_t s = (uint32_t)(rnd() % 10);
+
+			if (dt == KVT_DTYPE_F32)
+				memcpy(p + i * es, &special32[s], 4);
+			else
+				memcpy(p + i * es,
+				       dt == KVT_DTYPE_F16 ? &special16[s] : &specialbf[s], 2);
+		}
+	}
+	return p;
+}
+
+static void meta_case(enum kvt_dtype dt, uint32_t D, uint32_t H, uint32_t L, uint32_t bt,
+		      uint32_t special_every)
+{
+	uint32_t es = kvt_dtype_size(dt), nb = (L + bt - 1) / bt;
+	size_t mb = 2 * (size_t)D * es, all = (size_t)nb * H * mb;
+	uint8_t *k = rand_tensor(dt, (size_t)H * L * D, special_every);
+	uint8_t *got = xmalloc(all + 8), *want = xmalloc(all);
+
+	memset(got, 0x5a, all + 8);
+	for (uint32_t b = 0; b < nb; b++)
+		for (uint32_t h = 0; h < H; h++) {
+			uint32_t r0 = b * bt, nr = L - r0 < bt ? L - r0 : bt;
+
+			kvt_meta_build(dt, D, want + ((size_t)b * H + h) * mb,
+				       k + ((size_t)h * L + r0) * D * es, (size_t)D * es, nr);
+		}
+	assert_int_equal(kvt_gpu_block_meta(dt, D, H, L, bt, k, got, NULL), 0);
+	assert_memory_equal(got, want, all);
+	for (int i = 0; i < 8; i++)
+		assert_int_equal(got[all + i], 0x5a); /* nothing past the end */
+	free(want);
+	free(got);
+	free(k);
+}
+
+static void test_block_meta(void **state)
+{
+	(void)state;
+	rng_state = 3;
+	for (int dt = KVT_DTYPE_F32; dt <= KVT_DTYPE_BF16; dt++) {
+		meta_case((enum kvt_dtype)dt, 128, 8, 100, 16, 0); /* last block partial */
+		meta_case((enum kvt_dtype)dt, 72, 3, 64, 16, 4);   /* specials everywhere */
+		meta_case((enum kvt_dtype)dt, 5, 2, 7, 3, 2);
+		meta_case((enum kvt_dtype)dt, 64, 1, 1, 16, 0); /* one row */
+	}
+	assert_int_equal(kvt_gpu_block_meta(KVT_DTYPE_F16, 64, 2, 0, 16, NULL, NULL, NULL), 0);
+	assert_int_equal(kvt_gpu_block_meta(KVT_DTYPE_F16, 64, 2, 16, 0, NULL, NULL, NULL),
+			 KEMU_ERR_INVALID_VALUE);
+	assert_int_equal(kvt_gpu_block_meta((enum kvt_dtype)7, 64, 2, 16, 16, NULL, NULL, NULL),
+			 KEMU_ERR_INVALID_VALUE);
+}
+
+/* ---- SnapKV ------------------------------------------------------------------------------ */
+
+static bool same_float(float a, float b, float rel)
+{
+	if (isnan(a) || isnan(b))
+		return isnan(a) && isnan(b);
+	if (isinf(a) || isinf(b))
+		return a == b;
+	return fabsf(a - b) <= rel * fmaxf(fabsf(a), fabsf(b)) + 1e-30f;
+}
+
+/* Keys with a few heavy positions per head (so the vote is far from flat) and queries. */
+static void snap_inputs(const struct kvt_snapkv *p, bool special, void **k, void **q)
+{
+	size_t nk = (size_t)p->n_kv_heads * p->prompt_tokens * p->head_dim;
+	size_t nq = (size_t)p->n_q_heads * p->obs_window * p->head_dim;
+	float *kf = xmalloc(nk * sizeof(float)), *qf = xmalloc((nq ? nq : 1) * sizeof(float));
+
+	for (size_t i = 0; i < nq; i++)
+		qf[i] = rndf();
+	for (size_t i = 0; i < nk; i++)
+		kf[i] = 0.3f * rndf();
+	for (uint32_t h = 0; h < p->n_kv_heads; h++)
+		for (uint32_t j = 0; j < p->prompt_tokens; j++)
+			if (rnd() % 7 == 0) /* heavy: aligned with the group's mean query */
+				for (uint32_t d = 0; d < p->head_dim; d++)
+					kf[((size_t)h * p->prompt_tokens + j) * p->head_dim + d] *=
+						6.0f;
+	*k = xmalloc(nk * kvt_dtype_size(p->dtype));
+	*q = xmalloc((nq ? nq : 1) * kvt_dtype_size(p->dtype));
+	kvt_from_f32(p->dtype, kf, *k, nk);
+	kvt_from_f32(p->dtype, qf, *q, nq);
+	if (special) { /* one NaN or infinite element in one key of head 0: it poisons that head
+			  only, as on the CPU */
+		uint32_t es = kvt_dtype_size(p->dtype), s = (uint32_t)(rnd() % 4);
+		size_t i = (size_t)(rnd() % p->prompt_tokens) * p->head_dim + rnd() % p->head_dim;
+
+		if (p->dtype == KVT_DTYPE_F32)
+			memcpy((uint8_t *)*k + i * es, &special32[s], 4);
+		else
+			memcpy((uint8_t *)*k + i * es,
+			       p->dtype == KVT_DTYPE_F16 ? &special16[s] : &specialbf[s], 2);
+	}
+	free(qf);
+	free(kf);
+}
+
+static void snap_case(struct kvt_snapkv p, bool special)
+{
+	uint32_t H = p.n_kv_heads, L = p.prompt_tokens;
+	uint32_t n = L > p.obs_window ? L - p.obs_window : 0, count = kvt_snapkv_count(&p);
+	size_t gs = kvt_gpu_snapkv_scratch_bytes(&p), cs = kvt_snapkv_scratch_bytes(&p);
+	float *want = xmalloc((size_t)H * (n ? n : 1) * sizeof(float));
+	float *got = xmalloc((size_t)H * (n ? n : 1) * sizeof(float));
+	int32_t *sel_g = xmalloc((size_t)H * (count ? count : 1) * sizeof(int32_t));
+	int32_t *sel_c = xmalloc((size_t)H * (count ? count : 1) * sizeof(int32_t));
+	void *cpu_scratch = xmalloc(cs), *gpu_scratch = NULL, *k, *q;
+
+	snap_inputs(&p, special, &k, &q);
+	if (gs)
+		assert_int_equal(posix_memalign(&gpu_scratch, 256, gs), 0);
+	for (uint32_t h = 0; h < H; h++)
+		assert_int_equal(kvt_snapkv_scores(&p, h, k, q, want + (size_t)h * n, cpu_scratch),
+				 0);
+	assert_int_equal(kvt_gpu_snapkv_scores(&p, k, q, got, gpu_scratch, gs, NULL), 0);
+	for (size_t i = 0; i < (size_t)H * n; i++)
+		if (!same_float(got[i], want[i], 2e-5f))
+			fail_msg("pooled[%zu] (L %u D %u dtype %d): gpu %.9g, cpu %.9g", i, L,
+				 p.head_dim, (int)p.dtype, got[i], want[i]);
+
+	assert_int_equal(kvt_snapkv_select(&p, k, q, sel_c, cpu_scratch), 0);
+	memset(sel_g, 0xff, (size_t)H * (count ? count : 1) * sizeof(int32_t));
+	assert_int_equal(kvt_gpu_snapkv_select(&p, k, q, sel_g, gpu_scratch, gs, NULL), 0);
+	for (uint32_t h = 0; h < H && count; h++) {
+		const int32_t *a = sel_g + (size_t)h * count, *b = sel_c + (size_t)h * count;
+		const float *sc = want + (size_t)h * n;
+		float cut = INFINITY;
+
+		for (uint32_t i = 0; i < count; i++) {
+			assert_true(a[i] >= (int32_t)p.sink && (uint32_t)a[i] < n);
+			if (i)
+				assert_true(a[i] > a[i - 1]); /* ascending, distinct */
+			if (!isnan(sc[b[i]]) && sc[b[i]] < cut)
+				cut = sc[b[i]];
+		}
+		for (uint32_t i = 0, j = 0; i < count || j < count;) {
+			/* walk both ascending lists; a position one side lacks must tie the cutoff
+			 */
+			if (i < count && j < count && a[i] == b[j]) {
+				i++, j++;
+				continue;
+			}
+			int32_t only = (j >= count || (i < count && a[i] < b[j])) ? a[i++] : b[j++];
+
+			if (!same_float(sc[only], cut, 1e-4f))
+				fail_msg("head %u: position %d kept by one side only, score %.9g, "
+					 "cutoff %.9g: not a tie",
+					 h, only, sc[only], cut);
+		}
+	}
+	free(gpu_scratch);
+	free(cpu_scratch);
+	free(q);
+	free(k);
+	free(sel_c);
+	free(sel_g);
+	free(got);
+	free(want);
+}
+
+static void test_snapkv(void **state)
+{
+	(void)state;
+	rng_state = 4;
+	for (int dt = KVT_DTYPE_F32; dt <= KVT_DTYPE_BF16; dt++) {
+		/* n_kv, n_q, D, dtype, L, L_obs, sink, recent, topk, pool */
+		snap_case((struct kvt_snapkv){2, 8, 64, (enum kvt_dtype)dt, 300, 16, 4, 16, 40, 7},
+			  false);
+		snap_case((struct kvt_snapkv){1, 1, 40, (enum kvt_dtype)dt, 97, 5, 0, 3, 10, 1},
+			  false);
+	}
+	/* several spans of key tiles per head, a head_dim that is not a multiple of the tile */
+	snap_case((struct kvt_snapkv){3, 6, 72, KVT_DTYPE_F16, 1500, 33, 4, 32, 100, 13}, false);
+	/* more obs rows than one product tile, odd group */
+	snap_case((struct kvt_snapkv){2, 6, 32, KVT_DTYPE_BF16, 400, 40, 2, 8, 64, 5}, false);
+	/* topk larger than the candidates; L <= L_obs (no scores); Case 1 (nothing selected) */
+	snap_case((struct kvt_snapkv){2, 4, 32, KVT_DTYPE_F32, 120, 8, 4, 8, 500, 3}, false);
+	snap_case((struct kvt_snapkv){2, 4, 32, KVT_DTYPE_F32, 8, 16, 2, 2, 4, 3}, false);
+	snap_case((struct kvt_snapkv){2, 4, 32, KVT_DTYPE_F32, 20, 4, 10, 10, 4, 3}, false);
+	/* a NaN or infinite key: the pooled scores keep the reference's special values */
+	for (int i = 0; i < 12; i++)
+		snap_case(
+			(struct kvt_snapkv){2, 4, 32, (enum kvt_dtype)(i % 3), 200, 8, 2, 8, 30, 5},
+			true);
+}
+
+static void test_snapkv_args(void **state)
+{
+	struct kvt_snapkv p = {2, 4, 32, KVT_DTYPE_F16, 200, 8, 2, 8, 30, 5};
+	size_t gs = kvt_gpu_snapkv_scratch_bytes(&p);
+	void *scratch = NULL, *k, *q;
+	int32_t out[60];
+
+	(void)state;
+	rng_state = 5;
+	snap_inputs(&p, false, &k, &q);
+	assert_true(gs > 0);
+	assert_int_equal(posix_memalign(&scratch, 256, gs + 256), 0);
+	/* too little scratch, misaligned scratch, an even pool kernel */
+	assert_int_equal(kvt_gpu_snapkv_select(&p, k, q, out, scratch, gs - 1, NULL),
+			 KEMU_ERR_INVALID_VALUE);
+	assert_int_equal(kvt_gpu_snapkv_select(&p, k, q, out, (char *)scratch + 8, gs, NULL),
+			 KEMU_ERR_INVALID_VALUE);
+	p.pool_kernel = 4;
+	assert_int_equal(kvt_gpu_snapkv_scratch_bytes(&p), 0);
+	assert_int_equal(kvt_gpu_snapkv_select(&p, k, q, out, scratch, gs, NULL),
+			 KEMU_ERR_INVALID_VALUE);
+	free(scratch);
+	free(q);
+	free(k);
+}
+
+/* ---- decode attention -------------------------------------------------------------------- */
+
+static void attend_case(enum kvt_dtype dt, uint32_t D, uint32_t H, uint32_t G,
+			const uint32_t *rows_per_seg, uint32_t segs_per_head)
+{
+	uint32_t es = kvt_dtype_size(dt), nseg = H * segs_per_head;
+	struct kvt_attend_rows *seg = xmalloc(nseg * sizeof(*seg));
+	uint32_t *off = xmalloc((H + 1) * sizeof(*off));
+	float *q = xmalloc((size_t)H * G * D * sizeof(float));
+	float *got = xmalloc((size_t)H * G * D * sizeof(float));
+	float *want = xmalloc((size_t)H * G * D * sizeof(float));
+	void **bufs = xmalloc(2 * nseg * sizeof(*bufs));
+
+	for (size_t i = 0; i < (size_t)H * G * D; i++)
+		q[i] = 2.0f * rndf();
+	for (uint32_t h = 0; h <= H; h++)
+		off[h] = h * segs_per_head;
+	for (uint32_t s = 0; s < nseg; s++) {
+		uint32_t n = rows_per_seg[s % segs_per_head];
+		size_t ks = (size_t)D * es + (s % 2 ? 0 : 16); /* a padded stride too */
+
+		bufs[2 * s] = rand_tensor(dt, (ks / es) * (n ? n : 1), 0);
+		bufs[2 * s + 1] = rand_tensor(dt, (size_t)D * (n ? n : 1), 0);
+		seg[s] = (struct kvt_attend_rows){bufs[2 * s], bufs[2 * s + 1], ks, (size_t)D * es,
+						  n};
+	}
+	memset(got, 0x7f, (size_t)H * G * D * sizeof(float));
+	assert_int_equal(kvt_gpu_attend(dt, D, H, G, seg, off, q, got, NULL), 0);
+	for (uint32_t h = 0; h < H; h++)
+		kvt_attend_rows(dt, D, q + (size_t)h * G * D, G, seg + off[h], off[h + 1] - off[h],
+				want + (size_t)h * G * D);
+	for (size_t i = 0; i < (size_t)H * G * D; i++)
+		if (!(fabsf(got[i] - want[i]) <= 1e-5f + 1e-4f * fabsf(want[i])))
+			fail_msg("out[%zu] (D %u dtype %d): gpu %.9g, cpu %.9g", i, D, (int)dt,
+				 got[i], want[i]);
+	for (uint32_t s = 0; s < 2 * nseg; s++)
+		free(bufs[s]);
+	free(bufs);
+	free(want);
+	free(got);
+	free(q);
+	free(off);
+	free(seg);
+}
+
+static void test_attend(void **state)
+{
+	static const uint32_t segs[] = {4, 33, 100}; /* sink, ring, top-K like */
+	static const uint32_t one[] = {1}, none[] = {0, 0};
+
+	(void)state;
+	rng_state = 6;
+	for (int dt = KVT_DTYPE_F32; dt <= KVT_DTYPE_BF16; dt++) {
+		attend_case((enum kvt_dtype)dt, 128, 2, 4, segs, 3);
+		attend_case((enum kvt_dtype)dt, 72, 3, 1, one, 1);
+	}
+	attend_case(KVT_DTYPE_F16, 300, 1, 2, segs, 3); /* head_dim past the CTA's threads */
+	attend_case(KVT_DTYPE_F32, 64, 2, 3, none, 2);	/* no rows: zeros */
+	assert_int_equal(kvt_gpu_attend((enum kvt_dtype)9, 64, 1, 1, NULL, NULL, NULL, NULL, NULL),
+			 KEMU_ERR_INVALID_VALUE);
+}
+
+/* ---- the emulator's own checks ----------------------------------------------------------- */
+
+static void test_emulator(void **state)
+{
+	struct kemu_launch_info li;
+	float sum = 0;
+
+	(void)state;
+	/* a correct block reduction through shuffles and shared memory */
+	assert_int_equal(kemu_selftest_reduce(256, &sum), 0);
+	assert_true(sum == 256.0f * 255.0f / 2.0f);
+	assert_int_equal(kemu_selftest_reduce(96, &sum), 0); /* three warps */
+	assert_true(sum == 96.0f * 95.0f / 2.0f);
+	/* a __syncthreads() half the CTA skips, one some threads return before */
+	kemu_get_launch_info(&li);
+	uint64_t faults = li.faults;
+	assert_int_equal(kemu_selftest_divergent_sync(), KEMU_ERR_LAUNCH_FAILURE);
+	assert_non_null(strstr(kemu_last_fault(), "__syncthreads() reached by 16 of 64"));
+	assert_int_equal(kemu_selftest_early_return(), KEMU_ERR_LAUNCH_FAILURE);
+	assert_non_null(strstr(kemu_last_fault(), "returned before it"));
+	/* a full-mask shuffle a lane has left */
+	assert_int_equal(kemu_selftest_partial_shuffle(), KEMU_ERR_LAUNCH_FAILURE);
+	assert_non_null(strstr(kemu_last_fault(), "lanes at a shuffle"));
+	/* a full mask in a warp of 20 threads */
+	assert_int_equal(kemu_selftest_reduce(20, &sum), KEMU_ERR_LAUNCH_FAILURE);
+	assert_non_null(strstr(kemu_last_fault(), "shuffle mask"));
+	kemu_get_launch_info(&li);
+	assert_int_equal(li.faults, faults + 4);
+	/* launch limits */
+	assert_int_equal(kemu_selftest_reduce(2048, &sum), KEMU_ERR_INVALID_CONFIGURATION);
+	assert_int_equal(kemu_selftest_reduce(0, &sum), KEMU_ERR_INVALID_CONFIGURATION);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_emulator), cmocka_unit_test(test_gather),
+		cmocka_unit_test(test_append),	 cmocka_unit_test(test_block_meta),
+		cmocka_unit_test(test_snapkv),	 cmocka_unit_test(test_snapkv_args),
+		cmocka_unit_test(test_attend),
+	};
+
+	return cmocka_run_group_tests_name("kernel-emu", tests, NULL, NULL);
+}
