@@ -80,6 +80,7 @@ thread_local uint32_t pool_n;
 thread_local cudaError_t last_err;
 thread_local char fault_msg[512];
 thread_local struct kemu_launch_info info;
+thread_local int schedule = KEMU_SCHED_LOCKSTEP;
 
 void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
@@ -226,14 +227,28 @@ bool run_cta()
 	for (uint32_t t = 0; t < n; t++)
 		fiber_init(&f[t], t);
 	for (;;) {
-		uint32_t live = 0, at_sync = 0, at_shfl = 0, done;
+		uint32_t live = 0, at_sync = 0, at_shfl = 0, done, nw = (n + 31) / 32;
 		bool released = false;
 
-		for (uint32_t t = 0; t < n; t++) {
-			if (f[t].state == READY)
-				switch_to(&f[t]);
-			if (S->fault)
-				return false;
+		for (uint32_t i = 0; i < nw; i++) {
+			uint32_t w0 = 32 * (schedule == KEMU_SCHED_WARPS_REVERSE ? nw - 1 - i : i);
+			uint32_t cnt = n - w0 < 32 ? n - w0 : 32;
+			bool again;
+
+			do { /* lockstep: once; warp at a time: until the warp waits for the CTA */
+				uint32_t shfl = 0;
+
+				for (uint32_t l = 0; l < cnt; l++) {
+					if (f[w0 + l].state == READY)
+						switch_to(&f[w0 + l]);
+					if (S->fault)
+						return false;
+					shfl += f[w0 + l].state == AT_SHFL;
+				}
+				again = schedule != KEMU_SCHED_LOCKSTEP && shfl == cnt;
+				if (again && !shuffle_warp(f, w0, cnt))
+					return false;
+			} while (again);
 		}
 		for (uint32_t t = 0; t < n; t++) {
 			live += f[t].state != DONE;
@@ -368,6 +383,16 @@ extern "C" {
 void kemu_get_launch_info(struct kemu_launch_info *out)
 {
 	*out = kemu::info;
+}
+
+int kemu_set_schedule(int mode)
+{
+	int old = kemu::schedule;
+
+	if (mode < KEMU_SCHED_LOCKSTEP || mode > KEMU_SCHED_WARPS_REVERSE)
+		return -1;
+	kemu::schedule = mode;
+	return old;
 }
 
 const char *kemu_last_fault(void)

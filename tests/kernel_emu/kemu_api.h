@@ -35,6 +35,22 @@ struct kemu_launch_info {
 
 void kemu_get_launch_info(struct kemu_launch_info *out);
 
+/* The order in which the threads of a CTA run between the points where they wait (which
+   changes nothing for a race-free kernel, and reorders the reads and writes of a racy one):
+     LOCKSTEP       every warp in turn runs to its next shuffle or __syncthreads(), warp by
+		    warp, then the shuffles resolve: the warps advance together (the default);
+     WARPS_FORWARD  warp 0 runs alone until it waits at __syncthreads() or ends, its
+		    shuffles resolved at once, then warp 1, and so on;
+     WARPS_REVERSE  the same from the last warp: a warp that runs ahead reads and writes
+		    shared memory before the warps below it, which a missing barrier shows.
+   Returns the previous mode, or -1 for an unknown one. */
+enum {
+	KEMU_SCHED_LOCKSTEP = 0,
+	KEMU_SCHED_WARPS_FORWARD = 1,
+	KEMU_SCHED_WARPS_REVERSE = 2,
+};
+int kemu_set_schedule(int mode);
+
 /* What the latest failed launch did wrong ("" if none): a __syncthreads() that not every live
    thread of the CTA reached, a warp shuffle with absent lanes or lanes at different shuffles, a
    mask other than the warp's full one. Also printed to stderr when it happens. */

@@ -356,10 +356,8 @@ static void snap_case(struct kvt_snapkv p, bool special)
 	free(want);
 }
 
-static void test_snapkv(void **state)
+static void snapkv_cases(void)
 {
-	(void)state;
-	rng_state = 4;
 	for (int dt = KVT_DTYPE_F32; dt <= KVT_DTYPE_BF16; dt++) {
 		/* n_kv, n_q, D, dtype, L, L_obs, sink, recent, topk, pool */
 		snap_case((struct kvt_snapkv){2, 8, 64, (enum kvt_dtype)dt, 300, 16, 4, 16, 40, 7},
@@ -369,6 +367,8 @@ static void test_snapkv(void **state)
 	}
 	/* several spans of key tiles per head, a head_dim that is not a multiple of the tile */
 	snap_case((struct kvt_snapkv){3, 6, 72, KVT_DTYPE_F16, 1500, 33, 4, 32, 100, 13}, false);
+	/* more than 32 spans of key tiles per head: sk_rowstats merges across warps */
+	snap_case((struct kvt_snapkv){2, 4, 32, KVT_DTYPE_F32, 2600, 8, 4, 16, 64, 7}, false);
 	/* more obs rows than one product tile, odd group */
 	snap_case((struct kvt_snapkv){2, 6, 32, KVT_DTYPE_BF16, 400, 40, 2, 8, 64, 5}, false);
 	/* topk larger than the candidates; L <= L_obs (no scores); Case 1 (nothing selected) */
@@ -380,6 +380,19 @@ static void test_snapkv(void **state)
 		snap_case(
 			(struct kvt_snapkv){2, 4, 32, (enum kvt_dtype)(i % 3), 200, 8, 2, 8, 30, 5},
 			true);
+}
+
+/* Every case under each schedule of the emulator: a barrier the kernels lack would let a warp
+   that runs ahead change what another reads. */
+static void test_snapkv(void **state)
+{
+	(void)state;
+	for (int mode = KEMU_SCHED_LOCKSTEP; mode <= KEMU_SCHED_WARPS_REVERSE; mode++) {
+		kemu_set_schedule(mode);
+		rng_state = 4;
+		snapkv_cases();
+	}
+	kemu_set_schedule(KEMU_SCHED_LOCKSTEP);
 }
 
 static void test_snapkv_args(void **state)
@@ -453,13 +466,11 @@ static void attend_case(enum kvt_dtype dt, uint32_t D, uint32_t H, uint32_t G,
 	free(seg);
 }
 
-static void test_attend(void **state)
+static void attend_cases(void)
 {
 	static const uint32_t segs[] = {4, 33, 100}; /* sink, ring, top-K like */
 	static const uint32_t one[] = {1}, none[] = {0, 0};
 
-	(void)state;
-	rng_state = 6;
 	for (int dt = KVT_DTYPE_F32; dt <= KVT_DTYPE_BF16; dt++) {
 		attend_case((enum kvt_dtype)dt, 128, 2, 4, segs, 3);
 		attend_case((enum kvt_dtype)dt, 72, 3, 1, one, 1);
@@ -470,6 +481,17 @@ static void test_attend(void **state)
 			 KEMU_ERR_INVALID_VALUE);
 }
 
+static void test_attend(void **state)
+{
+	(void)state;
+	for (int mode = KEMU_SCHED_LOCKSTEP; mode <= KEMU_SCHED_WARPS_REVERSE; mode++) {
+		kemu_set_schedule(mode);
+		rng_state = 6;
+		attend_cases();
+	}
+	kemu_set_schedule(KEMU_SCHED_LOCKSTEP);
+}
+
 /* ---- the emulator's own checks ----------------------------------------------------------- */
 
 static void test_emulator(void **state)
@@ -478,9 +500,15 @@ static void test_emulator(void **state)
 	float sum = 0;
 
 	(void)state;
-	/* a correct block reduction through shuffles and shared memory */
-	assert_int_equal(kemu_selftest_reduce(256, &sum), 0);
-	assert_true(sum == 256.0f * 255.0f / 2.0f);
+	/* a correct block reduction through shuffles and shared memory, in every schedule */
+	for (int mode = KEMU_SCHED_LOCKSTEP; mode <= KEMU_SCHED_WARPS_REVERSE; mode++) {
+		assert_int_equal(kemu_set_schedule(mode), mode ? mode - 1 : KEMU_SCHED_LOCKSTEP);
+		sum = 0;
+		assert_int_equal(kemu_selftest_reduce(256, &sum), 0);
+		assert_true(sum == 256.0f * 255.0f / 2.0f);
+	}
+	assert_int_equal(kemu_set_schedule(7), -1);
+	kemu_set_schedule(KEMU_SCHED_LOCKSTEP);
 	assert_int_equal(kemu_selftest_reduce(96, &sum), 0); /* three warps */
 	assert_true(sum == 96.0f * 95.0f / 2.0f);
 	/* a __syncthreads() half the CTA skips, one some threads return before */
