@@ -8,8 +8,10 @@
  *
  * - Device memory (cudaMalloc) is a memfd mapped twice: the address handed out is PROT_NONE, so
  *   any host-side read or write of device memory crashes at once; the copies and kernels work
- *   through a second, writable view. Fresh device memory is filled with 0xcd (the first
- *   POISON_MAX bytes), pinned memory with 0xab, so nothing can rely on zeroed memory.
+ *   through a second, writable view. (With FAKE_CUDA_DEVICE_READABLE set, for the real kernels
+ *   run by tests/kernel_emu, the address handed out is readable and writable too.) Fresh device
+ * memory is filled with 0xcd (the first POISON_MAX bytes), pinned memory with 0xab, so nothing can
+ * rely on zeroed memory.
  * - Pinned host memory (cudaHostAlloc, cudaMallocHost) has one address on both sides (UVA). It
  *   is mapped, not taken from the heap, with a PROT_NONE guard page behind it.
  * - Every copy, memset and kernel range must lie inside one live allocation (pageable host memory
@@ -511,7 +513,11 @@ cudaError_t cudaMalloc(void **p, size_t n)
 	fd = memfd_create("cuda-emu device memory", MFD_CLOEXEC);
 	if (fd < 0 || ftruncate(fd, (off_t)a.span) != 0)
 		goto out;
-	dev = mmap(NULL, a.span, PROT_NONE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+	/* FAKE_CUDA_DEVICE_READABLE: kernels that dereference device addresses themselves (the
+	   real ones, through tests/kernel_emu) need the address readable and writable */
+	dev = mmap(NULL, a.span,
+		   getenv("FAKE_CUDA_DEVICE_READABLE") ? PROT_READ | PROT_WRITE : PROT_NONE,
+		   MAP_SHARED | MAP_NORESERVE, fd, 0);
 	shadow = mmap(NULL, a.span, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
 	if (dev == MAP_FAILED || shadow == MAP_FAILED)
 		goto out;

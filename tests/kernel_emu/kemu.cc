@@ -19,6 +19,8 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <mutex>
+
 #include "kemu.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -41,7 +43,7 @@
 namespace kemu
 {
 
-thread_local coords cur;
+coords cur;
 
 namespace
 {
@@ -74,13 +76,18 @@ struct sched {
 #endif
 };
 
-thread_local sched *S;
-thread_local fiber *pool;
-thread_local uint32_t pool_n;
-thread_local cudaError_t last_err;
-thread_local char fault_msg[512];
-thread_local struct kemu_launch_info info;
-thread_local int schedule = KEMU_SCHED_LOCKSTEP;
+/* One launch at a time in the process: launches from several threads take turns (no
+   thread-local state: the emulator may live in a dlopened plugin, where LeakSanitizer can
+   misread dynamic TLS). Recursive, so that a launch from inside a kernel is refused, not a
+   deadlock. */
+std::recursive_mutex launch_mu;
+sched *S;
+fiber *pool;
+uint32_t pool_n;
+cudaError_t last_err;
+char fault_msg[512];
+struct kemu_launch_info info;
+int schedule = KEMU_SCHED_LOCKSTEP;
 
 void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
@@ -320,13 +327,16 @@ uint64_t shuffle(unsigned int mask, uint64_t v, unsigned int arg, int width, boo
 	return me->result;
 }
 
-cudaError_t run_grid(dim3 grid, dim3 block, size_t shmem, void (*fn)(void *), void *closure)
+cudaError_t run_grid(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, void (*fn)(void *),
+		     void *closure)
 {
+	std::lock_guard<std::recursive_mutex> hold(launch_mu);
 	uint64_t threads = (uint64_t)block.x * block.y * block.z;
 	sched s = {};
 	sched *outer = S;
 	coords saved = cur;
 	bool ok = true;
+	int err;
 
 	info.launches++;
 	info.grid[0] = grid.x, info.grid[1] = grid.y, info.grid[2] = grid.z;
@@ -353,6 +363,12 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t shmem, void (*fn)(void *), vo
 		last_err = cudaErrorLaunchFailure;
 		return last_err;
 	}
+	err = kemu_stream_begin(stream);
+	if (err) {
+		snprintf(fault_msg, sizeof(fault_msg), "kemu: launch on a stream that is not live");
+		last_err = (cudaError_t)err;
+		return last_err;
+	}
 	s.f = pool;
 	s.n = (uint32_t)threads;
 	s.fn = fn;
@@ -368,6 +384,7 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t shmem, void (*fn)(void *), vo
 			}
 	S = outer;
 	cur = saved;
+	kemu_stream_end(stream);
 	if (!ok) {
 		info.faults++;
 		last_err = cudaErrorLaunchFailure;
@@ -382,11 +399,14 @@ extern "C" {
 
 void kemu_get_launch_info(struct kemu_launch_info *out)
 {
+	std::lock_guard<std::recursive_mutex> hold(kemu::launch_mu);
+
 	*out = kemu::info;
 }
 
 int kemu_set_schedule(int mode)
 {
+	std::lock_guard<std::recursive_mutex> hold(kemu::launch_mu);
 	int old = kemu::schedule;
 
 	if (mode < KEMU_SCHED_LOCKSTEP || mode > KEMU_SCHED_WARPS_REVERSE)
@@ -402,6 +422,7 @@ const char *kemu_last_fault(void)
 
 cudaError_t cudaGetLastError(void)
 {
+	std::lock_guard<std::recursive_mutex> hold(kemu::launch_mu);
 	cudaError_t e = kemu::last_err;
 
 	kemu::last_err = cudaSuccess;
@@ -410,25 +431,9 @@ cudaError_t cudaGetLastError(void)
 
 cudaError_t cudaPeekAtLastError(void)
 {
+	std::lock_guard<std::recursive_mutex> hold(kemu::launch_mu);
+
 	return kemu::last_err;
-}
-
-cudaError_t cudaGetDevice(int *device)
-{
-	if (!device)
-		return cudaErrorInvalidValue;
-	*device = 0;
-	return cudaSuccess;
-}
-
-cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t stream)
-{
-	(void)stream;
-	if (bytes && !p)
-		return cudaErrorInvalidValue;
-	if (bytes)
-		memset(p, value, bytes);
-	return cudaSuccess;
 }
 
 } /* extern "C" */

@@ -68,7 +68,7 @@ struct coords {
 	uint3 tid, bid;
 	dim3 bdim, gdim;
 };
-extern thread_local coords cur;
+extern coords cur; /* valid while a launch runs (one at a time) */
 
 /* Waits for every thread of the CTA (__syncthreads). */
 void sync_cta();
@@ -77,7 +77,8 @@ void sync_cta();
 uint64_t shuffle(unsigned int mask, uint64_t v, unsigned int arg, int width, bool xor_lanes);
 
 /* Runs fn(closure) once per thread of every CTA of grid; the launch's cudaError_t. */
-cudaError_t run_grid(dim3 grid, dim3 block, size_t shmem, void (*fn)(void *), void *closure);
+cudaError_t run_grid(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, void (*fn)(void *),
+		     void *closure);
 
 template <typename T> static inline uint64_t bits_of(T v)
 {
@@ -99,11 +100,11 @@ template <typename T> static inline T of_bits(uint64_t u)
 struct launch {
 	dim3 grid, block;
 	size_t shmem;
+	cudaStream_t stream; /* the launch runs now: stream order holds trivially */
 
 	launch(dim3 g, dim3 b, size_t sh = 0, cudaStream_t st = nullptr)
-	    : grid(g), block(b), shmem(sh)
+	    : grid(g), block(b), shmem(sh), stream(st)
 	{
-		(void)st; /* the launch runs now; stream order holds trivially */
 	}
 
 	/* Like a CUDA launch, the arguments are converted to the kernel's parameter types once
@@ -116,7 +117,7 @@ struct launch {
 		} c{kernel, std::tuple<std::decay_t<P>...>(std::forward<A>(a)...)};
 
 		return run_grid(
-			grid, block, shmem,
+			grid, block, shmem, stream,
 			[](void *p) {
 				closure *cl = (closure *)p;
 				std::tuple<std::decay_t<P>...> mine = cl->args;
@@ -177,6 +178,8 @@ static inline unsigned int max(unsigned int a, unsigned int b)
 
 /* ---- the runtime API the launch wrappers call ------------------------------------------- */
 
+/* cudaGetLastError and cudaPeekAtLastError: kemu.cc (the launches' errors); the rest: the
+   runtime the emulator is linked with (kemu_rt.cc, or the fake runtime through kemu_fake.c). */
 extern "C" {
 cudaError_t cudaGetLastError(void);
 cudaError_t cudaPeekAtLastError(void);

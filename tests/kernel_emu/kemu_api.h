@@ -56,6 +56,15 @@ int kemu_set_schedule(int mode);
    mask other than the warp's full one. Also printed to stderr when it happens. */
 const char *kemu_last_fault(void);
 
+/* ---- what the runtime the emulator is linked with provides (kemu_rt.cc standalone, kemu_fake.c
+   over tests/cuda_emu's fake runtime) ---- */
+
+/* Before a launch's first thread runs: 0, or the cudaError_t that fails the launch (a stream
+   that is not live). */
+int kemu_stream_begin(void *stream);
+/* After a launch that kemu_stream_begin let run has finished. */
+void kemu_stream_end(void *stream);
+
 #ifdef __cplusplus
 }
 #endif
