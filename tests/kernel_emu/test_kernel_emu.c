@@ -382,17 +382,22 @@ static void snapkv_cases(void)
 			true);
 }
 
-/* Every case under each schedule of the emulator: a barrier the kernels lack would let a warp
-   that runs ahead change what another reads. */
+/* The cases under each schedule of the emulator, on the same inputs: a barrier the kernels
+   lack would let a warp that runs ahead change what another reads. */
+static void each_schedule(void (*cases)(void), uint64_t seed)
+{
+	for (int mode = KEMU_SCHED_LOCKSTEP; mode <= KEMU_SCHED_WARPS_REVERSE; mode++) {
+		kemu_set_schedule(mode);
+		rng_state = seed;
+		cases();
+	}
+	kemu_set_schedule(KEMU_SCHED_LOCKSTEP);
+}
+
 static void test_snapkv(void **state)
 {
 	(void)state;
-	for (int mode = KEMU_SCHED_LOCKSTEP; mode <= KEMU_SCHED_WARPS_REVERSE; mode++) {
-		kemu_set_schedule(mode);
-		rng_state = 4;
-		snapkv_cases();
-	}
-	kemu_set_schedule(KEMU_SCHED_LOCKSTEP);
+	each_schedule(snapkv_cases, 4);
 }
 
 static void test_snapkv_args(void **state)
@@ -484,12 +489,7 @@ static void attend_cases(void)
 static void test_attend(void **state)
 {
 	(void)state;
-	for (int mode = KEMU_SCHED_LOCKSTEP; mode <= KEMU_SCHED_WARPS_REVERSE; mode++) {
-		kemu_set_schedule(mode);
-		rng_state = 6;
-		attend_cases();
-	}
-	kemu_set_schedule(KEMU_SCHED_LOCKSTEP);
+	each_schedule(attend_cases, 6);
 }
 
 /* ---- the emulator's own checks ----------------------------------------------------------- */
