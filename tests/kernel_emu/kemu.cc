@@ -237,12 +237,15 @@ bool run_cta()
 		uint32_t live = 0, at_sync = 0, at_shfl = 0, done, nw = (n + 31) / 32;
 		bool released = false;
 
+		/* Each warp runs its ready lanes, and its shuffle resolves once all its lanes are
+		   there. Lockstep: once per warp and round, so the warps advance together; warp at
+		   a time: again and again until the warp waits for the CTA. */
 		for (uint32_t i = 0; i < nw; i++) {
 			uint32_t w0 = 32 * (schedule == KEMU_SCHED_WARPS_REVERSE ? nw - 1 - i : i);
 			uint32_t cnt = n - w0 < 32 ? n - w0 : 32;
 			bool again;
 
-			do { /* lockstep: once; warp at a time: until the warp waits for the CTA */
+			do {
 				uint32_t shfl = 0;
 
 				for (uint32_t l = 0; l < cnt; l++) {
@@ -252,10 +255,11 @@ bool run_cta()
 						return false;
 					shfl += f[w0 + l].state == AT_SHFL;
 				}
-				again = schedule != KEMU_SCHED_LOCKSTEP && shfl == cnt;
+				again = shfl == cnt;
 				if (again && !shuffle_warp(f, w0, cnt))
 					return false;
-			} while (again);
+				released |= again;
+			} while (again && schedule != KEMU_SCHED_LOCKSTEP);
 		}
 		for (uint32_t t = 0; t < n; t++) {
 			live += f[t].state != DONE;
@@ -264,45 +268,47 @@ bool run_cta()
 		}
 		if (live == 0)
 			return true;
-		done = n - live;
-		for (uint32_t w0 = 0; w0 < n; w0 += 32) {
-			uint32_t cnt = n - w0 < 32 ? n - w0 : 32, waiting = 0;
-
-			for (uint32_t l = 0; l < cnt; l++)
-				waiting += f[w0 + l].state == AT_SHFL;
-			if (waiting == cnt) {
-				if (!shuffle_warp(f, w0, cnt))
-					return false;
-				released = true;
-			}
-		}
 		if (released)
 			continue;
+		done = n - live;
 		if (at_sync == live && done == 0) {
 			for (uint32_t t = 0; t < n; t++)
 				f[t].state = READY;
 			continue;
 		}
-		if (at_shfl) {
-			for (uint32_t w0 = 0; w0 < n; w0 += 32) {
-				uint32_t cnt = n - w0 < 32 ? n - w0 : 32, shfl = 0, gone = 0;
+		/* nothing can move: a warp partly at a shuffle, or a barrier some threads left */
+		for (uint32_t w0 = 0; at_shfl && w0 < n; w0 += 32) {
+			uint32_t cnt = n - w0 < 32 ? n - w0 : 32, shfl = 0, gone = 0;
 
-				for (uint32_t l = 0; l < cnt; l++) {
-					shfl += f[w0 + l].state == AT_SHFL;
-					gone += f[w0 + l].state == DONE;
-				}
-				if (shfl)
-					fail("warp %u: %u of %u lanes at a shuffle, %u returned, the "
-					     "rest at __syncthreads()",
-					     w0 / 32, shfl, cnt, gone);
-				if (shfl)
-					return false;
+			for (uint32_t l = 0; l < cnt; l++) {
+				shfl += f[w0 + l].state == AT_SHFL;
+				gone += f[w0 + l].state == DONE;
+			}
+			if (shfl) {
+				fail("warp %u: %u of %u lanes at a shuffle, %u returned, the rest at "
+				     "__syncthreads()",
+				     w0 / 32, shfl, cnt, gone);
+				return false;
 			}
 		}
 		fail("__syncthreads() reached by %u of %u threads, %u returned before it", at_sync,
 		     n, done);
 		return false;
 	}
+}
+
+/* A launch refused before any thread ran: err, and why in fault_msg. */
+cudaError_t refuse(cudaError_t err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+cudaError_t refuse(cudaError_t err, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(fault_msg, sizeof(fault_msg), fmt, ap);
+	va_end(ap);
+	last_err = err;
+	return err;
 }
 
 } /* namespace */
@@ -344,31 +350,19 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, v
 	/* the limits of every GPU since sm_30 */
 	if (!grid.x || !grid.y || !grid.z || grid.x > 0x7fffffffu || grid.y > 65535 ||
 	    grid.z > 65535 || threads == 0 || threads > KEMU_MAX_THREADS || block.z > 64 ||
-	    shmem > 48 * 1024) {
-		snprintf(
-			fault_msg, sizeof(fault_msg),
-			"kemu: invalid launch: grid (%u,%u,%u), block (%u,%u,%u), %zu bytes shared",
-			grid.x, grid.y, grid.z, block.x, block.y, block.z, shmem);
-		last_err = cudaErrorInvalidConfiguration;
-		return last_err;
-	}
-	if (outer) { /* a launch from a kernel: dynamic parallelism, which the backend never uses */
-		snprintf(fault_msg, sizeof(fault_msg), "kemu: a launch inside a kernel");
-		last_err = cudaErrorLaunchFailure;
-		return last_err;
-	}
-	if (pool_reserve((uint32_t)threads)) {
-		snprintf(fault_msg, sizeof(fault_msg), "kemu: no memory for %llu fibers",
-			 (unsigned long long)threads);
-		last_err = cudaErrorLaunchFailure;
-		return last_err;
-	}
+	    shmem > 48 * 1024)
+		return refuse(cudaErrorInvalidConfiguration,
+			      "kemu: invalid launch: grid (%u,%u,%u), block (%u,%u,%u), %zu bytes "
+			      "shared",
+			      grid.x, grid.y, grid.z, block.x, block.y, block.z, shmem);
+	if (outer) /* a launch from a kernel: dynamic parallelism, which the backend never uses */
+		return refuse(cudaErrorLaunchFailure, "kemu: a launch inside a kernel");
+	if (pool_reserve((uint32_t)threads))
+		return refuse(cudaErrorLaunchFailure, "kemu: no memory for %llu fibers",
+			      (unsigned long long)threads);
 	err = kemu_stream_begin(stream);
-	if (err) {
-		snprintf(fault_msg, sizeof(fault_msg), "kemu: launch on a stream that is not live");
-		last_err = (cudaError_t)err;
-		return last_err;
-	}
+	if (err)
+		return refuse((cudaError_t)err, "kemu: launch on a stream that is not live");
 	s.f = pool;
 	s.n = (uint32_t)threads;
 	s.fn = fn;

@@ -108,7 +108,7 @@ struct launch {
 	}
 
 	/* Like a CUDA launch, the arguments are converted to the kernel's parameter types once
-	   and every thread gets its own copies. */
+	   and every thread gets its own copies (the kernel takes them by value). */
 	template <typename... P, typename... A> cudaError_t run(void (*kernel)(P...), A &&...a)
 	{
 		struct closure {
@@ -120,9 +120,8 @@ struct launch {
 			grid, block, shmem, stream,
 			[](void *p) {
 				closure *cl = (closure *)p;
-				std::tuple<std::decay_t<P>...> mine = cl->args;
 
-				std::apply(cl->kernel, mine);
+				std::apply(cl->kernel, cl->args);
 			},
 			&c);
 	}

@@ -25,42 +25,23 @@
 
 #include <cmocka.h>
 
+#include "common.h"
 #include "gather.h"
 #include "gpu.h"
 #include "kemu_api.h"
 #include "policy.h"
 #include "selftest.h"
 
-static uint64_t rng_state;
-
-static uint64_t rnd(void)
-{
-	/* splitmix64 */
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
 /* Uniform in [-1, 1). */
 static float rndf(void)
 {
-	return (float)((double)(rnd() >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
-}
-
-static void *xmalloc(size_t n)
-{
-	void *p = malloc(n ? n : 1);
-
-	assert_non_null(p);
-	return p;
+	return (float)((double)(t_rng_next() >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
 }
 
 static void fill_bytes(uint8_t *p, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
-		p[i] = (uint8_t)rnd();
+		p[i] = (uint8_t)t_rng_next();
 }
 
 /* ---- gather and append ------------------------------------------------------------------ */
@@ -71,10 +52,11 @@ static void gather_case(uint32_t n, uint32_t bytes, uint32_t align, uint32_t cta
 			uint32_t want_grid)
 {
 	size_t slot = (size_t)bytes + 64, total = slot * n;
-	uint8_t *src = xmalloc(total + 64), *dst = xmalloc(total + 64), *want = xmalloc(total + 64);
-	struct kvt_gpu_piece *pc = xmalloc(n * sizeof(*pc));
+	uint8_t *src = t_xmalloc(total + 64), *dst = t_xmalloc(total + 64),
+		*want = t_xmalloc(total + 64);
+	struct kvt_gpu_piece *pc = t_xmalloc(n * sizeof(*pc));
 	struct kemu_launch_info li;
-	uint32_t *perm = xmalloc(n * sizeof(*perm));
+	uint32_t *perm = t_xmalloc(n * sizeof(*perm));
 
 	fill_bytes(src, total + 64);
 	fill_bytes(dst, total + 64);
@@ -82,7 +64,7 @@ static void gather_case(uint32_t n, uint32_t bytes, uint32_t align, uint32_t cta
 	for (uint32_t i = 0; i < n; i++)
 		perm[i] = i;
 	for (uint32_t i = n; i > 1; i--) { /* sources in shuffled order */
-		uint32_t j = (uint32_t)(rnd() % i), t = perm[i - 1];
+		uint32_t j = (uint32_t)(t_rng_next() % i), t = perm[i - 1];
 
 		perm[i - 1] = perm[j];
 		perm[j] = t;
@@ -90,7 +72,7 @@ static void gather_case(uint32_t n, uint32_t bytes, uint32_t align, uint32_t cta
 	for (uint32_t i = 0; i < n; i++) {
 		/* offsets that are multiples of align and of nothing wider (align 1: odd) */
 		size_t so = (size_t)perm[i] * slot + align, dofs = (size_t)i * slot + 2 * align;
-		uint64_t len = bytes - (align == 16 ? 0 : align == 4 ? 4 : 1) * (rnd() % 3);
+		uint64_t len = bytes - (align == 16 ? 0 : align == 4 ? 4 : 1) * (t_rng_next() % 3);
 
 		pc[i] = (struct kvt_gpu_piece){(uint64_t)(uintptr_t)(src + so),
 					       (uint64_t)(uintptr_t)(dst + dofs), len};
@@ -111,7 +93,7 @@ static void gather_case(uint32_t n, uint32_t bytes, uint32_t align, uint32_t cta
 static void test_gather(void **state)
 {
 	(void)state;
-	rng_state = 1;
+	t_rng_seed(1);
 	gather_case(40, 16384, 16, 0, KVT_GATHER_CTAS_DEFAULT); /* 16-byte vectors, default CTAs */
 	gather_case(5, 4096, 16, 0, 5);				/* fewer pieces than CTAs */
 	gather_case(33, 4100, 4, 1, 1);				/* words, one CTA */
@@ -125,9 +107,9 @@ static void append_case(uint32_t n, uint32_t n_heads, uint32_t row_bytes, uint32
 	size_t in_bytes = (size_t)n * n_heads * row_bytes;
 	uint64_t head_stride = (uint64_t)row_bytes * 3, v_offset = row_bytes;
 	size_t frame = head_stride * n_heads + 32, arena = frame * n;
-	uint8_t *k = xmalloc(in_bytes), *v = xmalloc(in_bytes);
-	uint8_t *dev = xmalloc(arena), *want = xmalloc(arena);
-	uint64_t *at = xmalloc(n * sizeof(*at));
+	uint8_t *k = t_xmalloc(in_bytes), *v = t_xmalloc(in_bytes);
+	uint8_t *dev = t_xmalloc(arena), *want = t_xmalloc(arena);
+	uint64_t *at = t_xmalloc(n * sizeof(*at));
 	struct kemu_launch_info li;
 
 	fill_bytes(k, in_bytes);
@@ -162,7 +144,7 @@ static void append_case(uint32_t n, uint32_t n_heads, uint32_t row_bytes, uint32
 static void test_append(void **state)
 {
 	(void)state;
-	rng_state = 2;
+	t_rng_seed(2);
 	append_case(7, 8, 256, 32);   /* Llama-3-8B f16 rows: a warp per row */
 	append_case(3, 2, 2048, 128); /* wide rows: four warps */
 	append_case(20, 1, 36, 32);   /* 4-byte words */
@@ -181,25 +163,28 @@ static const uint16_t special16[] = {0x7e00u, 0xfe01u, 0x7c00u, 0xfc00u, 0x0000u
 static const uint16_t specialbf[] = {0x7fc0u, 0xffc1u, 0x7f80u, 0xff80u, 0x0000u,
 				     0x8000u, 0x0001u, 0x8001u, 0x7f7fu, 0xff7fu};
 
+/* Writes special value s (0-9: NaNs, infinities, signed zeros, the smallest subnormals, the
+   largest finite values) of dt at p. */
+static void put_special(enum kvt_dtype dt, void *p, uint32_t s)
+{
+	if (dt == KVT_DTYPE_F32)
+		memcpy(p, &special32[s], 4);
+	else
+		memcpy(p, dt == KVT_DTYPE_F16 ? &special16[s] : &specialbf[s], 2);
+}
+
 /* n random elements of dt in [-1, 1), with a special value in about 1 of `special_every`. */
 static void *rand_tensor(enum kvt_dtype dt, size_t n, uint32_t special_every)
 {
 	uint32_t es = kvt_dtype_size(dt);
-	uint8_t *p = xmalloc(n * es);
+	uint8_t *p = t_xmalloc(n * es);
 
 	for (size_t i = 0; i < n; i++) {
 		float f = rndf();
 
 		kvt_from_f32(dt, &f, p + i * es, 1);
-		if (special_every && rnd() % special_every == 0) {
-			uint32_t s = (uint32_t)(rnd() % 10);
-
-			if (dt == KVT_DTYPE_F32)
-				memcpy(p + i * es, &special32[s], 4);
-			else
-				memcpy(p + i * es,
-				       dt == KVT_DTYPE_F16 ? &special16[s] : &specialbf[s], 2);
-		}
+		if (special_every && t_rng_next() % special_every == 0)
+			put_special(dt, p + i * es, (uint32_t)(t_rng_next() % 10));
 	}
 	return p;
 }
@@ -210,7 +195,7 @@ static void meta_case(enum kvt_dtype dt, uint32_t D, uint32_t H, uint32_t L, uin
 	uint32_t es = kvt_dtype_size(dt), nb = (L + bt - 1) / bt;
 	size_t mb = 2 * (size_t)D * es, all = (size_t)nb * H * mb;
 	uint8_t *k = rand_tensor(dt, (size_t)H * L * D, special_every);
-	uint8_t *got = xmalloc(all + 8), *want = xmalloc(all);
+	uint8_t *got = t_xmalloc(all + 8), *want = t_xmalloc(all);
 
 	memset(got, 0x5a, all + 8);
 	for (uint32_t b = 0; b < nb; b++)
@@ -232,7 +217,7 @@ static void meta_case(enum kvt_dtype dt, uint32_t D, uint32_t H, uint32_t L, uin
 static void test_block_meta(void **state)
 {
 	(void)state;
-	rng_state = 3;
+	t_rng_seed(3);
 	for (int dt = KVT_DTYPE_F32; dt <= KVT_DTYPE_BF16; dt++) {
 		meta_case((enum kvt_dtype)dt, 128, 8, 100, 16, 0); /* last block partial */
 		meta_case((enum kvt_dtype)dt, 72, 3, 64, 16, 4);   /* specials everywhere */
@@ -262,7 +247,7 @@ static void snap_inputs(const struct kvt_snapkv *p, bool special, void **k, void
 {
 	size_t nk = (size_t)p->n_kv_heads * p->prompt_tokens * p->head_dim;
 	size_t nq = (size_t)p->n_q_heads * p->obs_window * p->head_dim;
-	float *kf = xmalloc(nk * sizeof(float)), *qf = xmalloc((nq ? nq : 1) * sizeof(float));
+	float *kf = t_xmalloc(nk * sizeof(float)), *qf = t_xmalloc((nq ? nq : 1) * sizeof(float));
 
 	for (size_t i = 0; i < nq; i++)
 		qf[i] = rndf();
@@ -270,24 +255,22 @@ static void snap_inputs(const struct kvt_snapkv *p, bool special, void **k, void
 		kf[i] = 0.3f * rndf();
 	for (uint32_t h = 0; h < p->n_kv_heads; h++)
 		for (uint32_t j = 0; j < p->prompt_tokens; j++)
-			if (rnd() % 7 == 0) /* heavy: aligned with the group's mean query */
+			if (t_rng_next() % 7 ==
+			    0) /* heavy: six times larger, its logits stand out */
 				for (uint32_t d = 0; d < p->head_dim; d++)
 					kf[((size_t)h * p->prompt_tokens + j) * p->head_dim + d] *=
 						6.0f;
-	*k = xmalloc(nk * kvt_dtype_size(p->dtype));
-	*q = xmalloc((nq ? nq : 1) * kvt_dtype_size(p->dtype));
+	*k = t_xmalloc(nk * kvt_dtype_size(p->dtype));
+	*q = t_xmalloc((nq ? nq : 1) * kvt_dtype_size(p->dtype));
 	kvt_from_f32(p->dtype, kf, *k, nk);
 	kvt_from_f32(p->dtype, qf, *q, nq);
 	if (special) { /* one NaN or infinite element in one key of head 0: it poisons that head
 			  only, as on the CPU */
-		uint32_t es = kvt_dtype_size(p->dtype), s = (uint32_t)(rnd() % 4);
-		size_t i = (size_t)(rnd() % p->prompt_tokens) * p->head_dim + rnd() % p->head_dim;
+		uint32_t s = (uint32_t)(t_rng_next() % 4);
+		size_t i = (size_t)(t_rng_next() % p->prompt_tokens) * p->head_dim +
+			   t_rng_next() % p->head_dim;
 
-		if (p->dtype == KVT_DTYPE_F32)
-			memcpy((uint8_t *)*k + i * es, &special32[s], 4);
-		else
-			memcpy((uint8_t *)*k + i * es,
-			       p->dtype == KVT_DTYPE_F16 ? &special16[s] : &specialbf[s], 2);
+		put_special(p->dtype, (uint8_t *)*k + i * kvt_dtype_size(p->dtype), s);
 	}
 	free(qf);
 	free(kf);
@@ -298,11 +281,11 @@ static void snap_case(struct kvt_snapkv p, bool special)
 	uint32_t H = p.n_kv_heads, L = p.prompt_tokens;
 	uint32_t n = L > p.obs_window ? L - p.obs_window : 0, count = kvt_snapkv_count(&p);
 	size_t gs = kvt_gpu_snapkv_scratch_bytes(&p), cs = kvt_snapkv_scratch_bytes(&p);
-	float *want = xmalloc((size_t)H * (n ? n : 1) * sizeof(float));
-	float *got = xmalloc((size_t)H * (n ? n : 1) * sizeof(float));
-	int32_t *sel_g = xmalloc((size_t)H * (count ? count : 1) * sizeof(int32_t));
-	int32_t *sel_c = xmalloc((size_t)H * (count ? count : 1) * sizeof(int32_t));
-	void *cpu_scratch = xmalloc(cs), *gpu_scratch = NULL, *k, *q;
+	float *want = t_xmalloc((size_t)H * (n ? n : 1) * sizeof(float));
+	float *got = t_xmalloc((size_t)H * (n ? n : 1) * sizeof(float));
+	int32_t *sel_g = t_xmalloc((size_t)H * (count ? count : 1) * sizeof(int32_t));
+	int32_t *sel_c = t_xmalloc((size_t)H * (count ? count : 1) * sizeof(int32_t));
+	void *cpu_scratch = t_xmalloc(cs), *gpu_scratch = NULL, *k, *q;
 
 	snap_inputs(&p, special, &k, &q);
 	if (gs)
@@ -388,7 +371,7 @@ static void each_schedule(void (*cases)(void), uint64_t seed)
 {
 	for (int mode = KEMU_SCHED_LOCKSTEP; mode <= KEMU_SCHED_WARPS_REVERSE; mode++) {
 		kemu_set_schedule(mode);
-		rng_state = seed;
+		t_rng_seed(seed);
 		cases();
 	}
 	kemu_set_schedule(KEMU_SCHED_LOCKSTEP);
@@ -408,7 +391,7 @@ static void test_snapkv_args(void **state)
 	int32_t out[60];
 
 	(void)state;
-	rng_state = 5;
+	t_rng_seed(5);
 	snap_inputs(&p, false, &k, &q);
 	assert_true(gs > 0);
 	assert_int_equal(posix_memalign(&scratch, 256, gs + 256), 0);
@@ -432,12 +415,12 @@ static void attend_case(enum kvt_dtype dt, uint32_t D, uint32_t H, uint32_t G,
 			const uint32_t *rows_per_seg, uint32_t segs_per_head)
 {
 	uint32_t es = kvt_dtype_size(dt), nseg = H * segs_per_head;
-	struct kvt_attend_rows *seg = xmalloc(nseg * sizeof(*seg));
-	uint32_t *off = xmalloc((H + 1) * sizeof(*off));
-	float *q = xmalloc((size_t)H * G * D * sizeof(float));
-	float *got = xmalloc((size_t)H * G * D * sizeof(float));
-	float *want = xmalloc((size_t)H * G * D * sizeof(float));
-	void **bufs = xmalloc(2 * nseg * sizeof(*bufs));
+	struct kvt_attend_rows *seg = t_xmalloc(nseg * sizeof(*seg));
+	uint32_t *off = t_xmalloc((H + 1) * sizeof(*off));
+	float *q = t_xmalloc((size_t)H * G * D * sizeof(float));
+	float *got = t_xmalloc((size_t)H * G * D * sizeof(float));
+	float *want = t_xmalloc((size_t)H * G * D * sizeof(float));
+	void **bufs = t_xmalloc(2 * nseg * sizeof(*bufs));
 
 	for (size_t i = 0; i < (size_t)H * G * D; i++)
 		q[i] = 2.0f * rndf();
