@@ -1854,6 +1854,158 @@ static void test_nonblocking_stream(void **state)
 	g_ctx[0] = '\0';
 }
 
+/* ---- many resumes, one wait -------------------------------------------------------------------
+ */
+
+#define BURST 20 /* more resumes than the backend has piece-list slots (16) */
+
+/* A batch of preempted sequences resumed back to back on a non-blocking stream, with one wait
+   after the last, twice: every resume's gather (the fused kernel: calibration off) is still
+   queued when the next one fills its piece list, and the last ones find every list slot used
+   by work not yet waited for. Short prompts, so no list outgrows its slot (growing one frees
+   device memory, and cudaFree waits for the device). Then every frame as before the
+   preemption, bit for bit. */
+static void test_resume_burst(void **state)
+{
+	const char *was = getenv("KVTIER_CUDA_CALIBRATE");
+	char *saved = was ? strdup(was) : NULL;
+	struct tseq *ts = t_xmalloc(BURST * sizeof(*ts));
+	uint8_t *snap[BURST][N_LAYERS];
+	size_t snap_b[BURST][N_LAYERS];
+	float early[N_LAYERS][N_Q * HEAD_DIM];
+	struct kvt_stats s0, s1;
+	bool any_tie = false;
+	cudaStream_t nb;
+	struct pair p;
+
+	(void)state;
+	set_ctx("resume burst: setup");
+	assert_true(!was || saved);
+	CUDA_OK(cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking));
+	assert_int_equal(setenv("KVTIER_CUDA_CALIBRATE", "0", 1), 0);
+	pair_init(&p, KVT_DTYPE_F16, NULL, 40, 1); /* prefill_on's inputs follow a blocking one */
+	if (saved)
+		assert_int_equal(setenv("KVTIER_CUDA_CALIBRATE", saved, 1), 0);
+	else
+		assert_int_equal(unsetenv("KVTIER_CUDA_CALIBRATE"), 0);
+	free(saved);
+	CHECK_EQ(stats_of(p.c).xfer_calibrated, 0);
+	for (uint32_t i = 0; i < BURST; i++) {
+		tseq_gen(&ts[i], &p.cfg, 0xb0257000ull + i, 40, 1);
+		CHECK_RC(kvt_seq_create(p.h, ts[i].id, ts[i].L), 0);
+		CHECK_RC(kvt_seq_create(p.c, ts[i].id, ts[i].L), 0);
+		for (uint32_t l = 0; l < N_LAYERS; l++)
+			PREFILL_BOTH(&p, &ts[i], l);
+	}
+	sync_both(&p);
+	g_margin.gap = INFINITY;
+	for (uint32_t i = 0; i < BURST; i++)
+		for (uint32_t l = 0; l < N_LAYERS; l++) {
+			CHECK_SELECTION(&p, &ts[i], l);
+			any_tie |= ts[i].tie[l];
+			snap[i][l] = SNAPSHOT(&p, p.c, &ts[i], l, &snap_b[i][l]);
+		}
+
+	for (int round = 0; round < 2; round++) {
+		set_ctx("resume burst: round %d: preempt and resume", round);
+		for (uint32_t i = 0; i < BURST; i++) {
+			CHECK_RC(kvt_seq_preempt(p.h, ts[i].id), 0);
+			CHECK_RC(kvt_seq_preempt(p.c, ts[i].id), 0);
+		}
+		sync_both(&p);
+		s0 = stats_of(p.c);
+		for (uint32_t i = 0; i < BURST; i++) {
+			CHECK_RC(kvt_seq_resume(p.h, ts[i].id, NULL), 0);
+			CHECK_RC(kvt_seq_resume(p.c, ts[i].id, nb), 0);
+		}
+		s1 = stats_of(p.c);
+		CHECK_EQ(s1.h2d_kernel_launches - s0.h2d_kernel_launches, BURST);
+		CHECK_EQ(s1.h2d_dma_batches, s0.h2d_dma_batches);
+		/* attention needs the frames the queued gathers write: it waits for them */
+		for (uint32_t l = 0; l < N_LAYERS; l++)
+			CHECK_RC(kvt_attend(p.c, ts[BURST - 1].id, l, ts[BURST - 1].q_att[l],
+					    early[l]),
+				 0);
+		CHECK_RC(kvt_manager_sync(p.c, nb), 0);
+		for (uint32_t l = 0; l < N_LAYERS; l++) {
+			float o[N_Q * HEAD_DIM];
+
+			CHECK_ATTEND(&p, &ts[BURST - 1], l, o);
+			expect_close_at(early[l], o,
+					"cuda kvt_attend before the wait vs after the wait",
+					&ts[BURST - 1], l, __FILE__, __LINE__);
+		}
+
+		set_ctx("resume burst: round %d: after the wait", round);
+		for (uint32_t i = 0; i < BURST; i++)
+			for (uint32_t l = 0; l < N_LAYERS; l++) {
+				size_t nb_after;
+				uint8_t *after = SNAPSHOT(&p, p.c, &ts[i], l, &nb_after);
+
+				expect_snapshot_at(snap[i][l], snap_b[i][l], after, nb_after,
+						   &ts[i], l, "cuda after a burst of resumes",
+						   __FILE__, __LINE__);
+				free(after);
+				CHECK_FRAMES(&p, &ts[i], l);
+				CHECK_TOKENS(&p, &ts[i], l, true);
+			}
+		COMPARE_STATS(&p, any_tie);
+	}
+
+	/* Half of them resumed and destroyed at once, their resumes still queued; new sequences
+	   then take their frames and host blocks (the prefills' saves write those blocks on the
+	   host, their frames are written on another stream): destroy must let the queued gathers
+	   land first. The new sequences and the other half: as they should be. */
+	set_ctx("resume burst: destroyed while resuming");
+	for (uint32_t i = 0; i < BURST / 2; i++) {
+		CHECK_RC(kvt_seq_preempt(p.h, ts[i].id), 0);
+		CHECK_RC(kvt_seq_preempt(p.c, ts[i].id), 0);
+	}
+	sync_both(&p);
+	for (uint32_t i = 0; i < BURST / 2; i++) {
+		CHECK_RC(kvt_seq_resume(p.h, ts[i].id, NULL), 0);
+		CHECK_RC(kvt_seq_resume(p.c, ts[i].id, nb), 0);
+	}
+	for (uint32_t i = 0; i < BURST / 2; i++) {
+		CHECK_RC(kvt_seq_destroy(p.h, ts[i].id), 0);
+		CHECK_RC(kvt_seq_destroy(p.c, ts[i].id), 0);
+		tseq_free(&ts[i]);
+		tseq_gen(&ts[i], &p.cfg, 0xb0257100ull + i, 40, 1);
+		CHECK_RC(kvt_seq_create(p.h, ts[i].id, ts[i].L), 0);
+		CHECK_RC(kvt_seq_create(p.c, ts[i].id, ts[i].L), 0);
+		for (uint32_t l = 0; l < N_LAYERS; l++)
+			PREFILL_BOTH(&p, &ts[i], l);
+	}
+	CHECK_RC(kvt_manager_sync(p.c, nb), 0);
+	sync_both(&p);
+	for (uint32_t i = 0; i < BURST; i++)
+		for (uint32_t l = 0; l < N_LAYERS; l++) {
+			if (i >= BURST / 2) {
+				size_t nb_after;
+				uint8_t *after = SNAPSHOT(&p, p.c, &ts[i], l, &nb_after);
+
+				expect_snapshot_at(snap[i][l], snap_b[i][l], after, nb_after,
+						   &ts[i], l, "cuda beside destroyed sequences",
+						   __FILE__, __LINE__);
+				free(after);
+			}
+			CHECK_RESIDENT(&p, &ts[i], l);
+			CHECK_FRAMES(&p, &ts[i], l);
+			CHECK_TOKENS(&p, &ts[i], l, true);
+		}
+	COMPARE_STATS(&p, any_tie);
+	for (uint32_t i = 0; i < BURST; i++)
+		for (uint32_t l = 0; l < N_LAYERS; l++)
+			free(snap[i][l]);
+
+	for (uint32_t i = 0; i < BURST; i++)
+		tseq_free(&ts[i]);
+	free(ts);
+	pair_fini(&p);
+	CUDA_OK(cudaStreamDestroy(nb));
+	g_ctx[0] = '\0';
+}
+
 /* ---- CUDA failures, one call at a time ------------------------------------------------------ */
 
 /* A bystander sequence b, live on both managers, and a target t prefilled on the host manager
@@ -2227,8 +2379,9 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_backend_choice),	   cmocka_unit_test(test_vs_host_f32),
 		cmocka_unit_test(test_vs_host_f16),	   cmocka_unit_test(test_vs_host_bf16),
-		cmocka_unit_test(test_nonblocking_stream), cmocka_unit_test(test_fault_prefill),
-		cmocka_unit_test(test_fault_decode),	   cmocka_unit_test(test_fault_recall),
+		cmocka_unit_test(test_nonblocking_stream), cmocka_unit_test(test_resume_burst),
+		cmocka_unit_test(test_fault_prefill),	   cmocka_unit_test(test_fault_decode),
+		cmocka_unit_test(test_fault_recall),
 	};
 	const struct kvt_plugin *plugin;
 	const char *seed = getenv("KVT_TEST_SEED");

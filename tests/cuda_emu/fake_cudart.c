@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * A synchronous fake of the CUDA runtime, so that builds without a GPU (CI, sanitizers) run the
- * real CUDA backend (transfer/cuda.c, cuda_bench.c) and the real GPU suite (tests/test_cuda.c)
- * on the CPU. Every call does its work before it returns; the kernels are fake_kernels.c. It
+ * A fake of the CUDA runtime, so that builds without a GPU (CI, sanitizers) run the real CUDA
+ * backend (transfer/cuda.c, cuda_bench.c) and the real GPU suite (tests/test_cuda.c) on the
+ * CPU. Every call does its work before it returns, unless FAKE_CUDA_ASYNC asks for the
+ * asynchronous mode below; the kernels are fake_kernels.c. It
  * is a shared library so that the test binary and the dlopened plugin share one allocation
  * table. What it checks, which a real GPU would not report or only as a corrupt result:
  *
@@ -28,12 +29,30 @@
  *   the process with status 1 (after flushing stdio), so meson sees the test fail even when
  *   the test binary itself passed.
  *
- * Ordering: the work is done by the calling thread, so there is nothing to wait for, but a
- * thread that waits (an event, a stream, the device) must see what the work wrote, as on a GPU.
- * Every queued operation ends with a release on one device-wide timeline (and a recorded event
- * keeps its own), every wait begins with the matching acquire: TSan sees at least the order CUDA
- * promises (a stream's wait also orders other streams' work: coarser than CUDA, never finer).
- * Work on device memory alone is hidden from TSan (tsan_hide).
+ * Ordering, synchronous (the default): the work is done by the calling thread, so there is
+ * nothing to wait for, but a thread that waits (an event, a stream, the device) must see what
+ * the work wrote, as on a GPU. Every queued operation ends with a release on one device-wide
+ * timeline (and a recorded event keeps its own), every wait begins with the matching acquire:
+ * TSan sees at least the order CUDA promises (a stream's wait also orders other streams' work:
+ * coarser than CUDA, never finer). Work on device memory alone is hidden from TSan (tsan_hide).
+ *
+ * Ordering, asynchronous (FAKE_CUDA_ASYNC=1): what CUDA lets run after the call returns does.
+ * Kernels, device-side memsets and copies that touch device memory and no pageable memory are
+ * queued and run as late as CUDA allows: only when a wait needs them (an event or stream
+ * synchronisation, a blocking copy, cudaDeviceSynchronize, cudaFree), on the waiting thread,
+ * and then only the work that wait depends on (the stream's earlier work; for the legacy stream,
+ * the earlier work of every blocking stream, and the other way round; never a non-blocking
+ * stream's for another stream). So a kernel reads its inputs, and a copy its source, when it
+ * runs, not when it was launched, and its results appear only then: code that reuses a buffer
+ * the device still reads, or reads what the device has not yet written, without the wait CUDA
+ * requires, computes wrong results here deterministically, where a GPU would do so only now
+ * and then. Copies CUDA performs before returning (cudaMemcpy to or from the host, any copy
+ * with a pageable side, host to host) first run the work their stream depends on, then run at
+ * once. One lock orders the queue and the work. Pinned memory that queued work uses is watched
+ * until it runs (struct watch): a copy's pinned source and destination, and what a launch names
+ * in its reads (a gather's piece sources); a destination nothing else queued uses is poisoned
+ * (0xef) when queued. The operation dies, when it runs, if any of it changed meanwhile other
+ * than by queued work: the host rewrote a buffer the device had not finished with.
  *
  * No thread-local variables: the bench loads this library only through the dlopened plugin, and
  * LeakSanitizer (GCC 12) can take wrong bounds for such a library's dynamic TLS block and crash
@@ -49,6 +68,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +83,7 @@
 #define PAGE 4096
 #define POISON_DEVICE 0xcd
 #define POISON_PINNED 0xab
+#define POISON_PENDING 0xef /* asynchronous: pinned memory a queued operation will write */
 #define POISON_MAX ((size_t)64 << 20) /* bytes poisoned per allocation; the rest reads 0 */
 #define STREAM_MAGIC 0x5354524du
 #define EVENT_MAGIC 0x4556544eu
@@ -336,18 +357,373 @@ void fake_cuda_check_footprint(const struct fake_range *w, size_t n_w, const str
 
 /* ---- Streams and events -------------------------------------------------------------------- */
 
+struct op;
+
 struct CUstream_st {
 	uint32_t magic;
 	unsigned int flags;
+	uint64_t id; /* never reused: queued work names its stream by id */
 };
 
 struct CUevent_st {
 	uint32_t magic;
 	unsigned int flags;
 	atomic_uint recorded; /* release by cudaEventRecord, acquire by the waits */
+	struct op *mark;      /* asynchronous: the latest record, NULL before the first */
 };
 
 static atomic_long live_streams, live_events;
+static atomic_ulong next_stream_id = 1; /* 0 is the legacy stream */
+
+/* ---- The asynchronous fake ------------------------------------------------------------------ */
+
+static bool async_on; /* FAKE_CUDA_ASYNC, read once before the first call */
+
+__attribute__((constructor)) static void async_init(void)
+{
+	const char *e = getenv("FAKE_CUDA_ASYNC");
+
+	async_on = e && *e && strcmp(e, "0") != 0;
+}
+
+/* How a stream orders with the others (CUDA's legacy default stream semantics). */
+enum scls {
+	S_LEGACY,      /* waits for the earlier work of every blocking stream, and they for it */
+	S_BLOCKING,    /* created without cudaStreamNonBlocking */
+	S_NONBLOCKING, /* ordered with nothing but itself */
+};
+
+struct skey {
+	uint64_t id;
+	enum scls cls;
+};
+
+static struct skey key_of(cudaStream_t s)
+{
+	if (!s)
+		return (struct skey){0, S_LEGACY};
+	return (struct skey){s->id, s->flags & cudaStreamNonBlocking ? S_NONBLOCKING : S_BLOCKING};
+}
+
+enum op_kind { OP_COPY, OP_SET, OP_WORK, OP_MARK };
+
+/* Pinned memory that a queued operation reads or writes, with a checksum of it: until the
+   operation has run, only queued operations may change it (the host waits first). */
+struct watch {
+	uintptr_t lo, hi;
+	uint64_t sum;
+	bool write;
+};
+
+/* One queued operation. Pointers are the caller's (device addresses): they are resolved to
+   views when the operation runs, so memory freed meanwhile is caught then. */
+struct op {
+	struct skey on;
+	enum op_kind kind;
+	bool done, take;   /* take: scratch of run_deps */
+	unsigned int refs; /* events whose latest record this is */
+	const char *what;
+	void *dst;
+	const void *src;
+	size_t n;
+	int value;
+	fake_cuda_work fn;
+	struct watch *w; /* asynchronous: its pinned ranges */
+	size_t n_w;
+	max_align_t args[]; /* OP_WORK: the launch's copy of its arguments */
+};
+
+static pthread_mutex_t dev_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct op **pend; /* queued, not yet run, in the order queued (dev_lock) */
+static size_t n_pend, cap_pend;
+static uint64_t *need; /* run_deps' streams (dev_lock) */
+static size_t cap_need;
+static unsigned long n_queued, n_run_late, most_pending;
+
+static struct op *op_new(struct skey on, enum op_kind kind, const char *what, size_t args)
+{
+	struct op *o = calloc(1, sizeof(*o) + args);
+
+	if (!o)
+		fake_cuda_die("%s: no memory to queue an operation", what);
+	o->on = on;
+	o->kind = kind;
+	o->what = what;
+	return o;
+}
+
+static void op_free(struct op *o)
+{
+	if (o) {
+		free(o->w);
+		free(o);
+	}
+}
+
+/* A checksum of [lo, hi): any change of a few bytes changes it. */
+static uint64_t checksum(uintptr_t lo, uintptr_t hi)
+{
+	const unsigned char *p = (const unsigned char *)lo;
+	size_t n = hi - lo, i = 0;
+	uint64_t h = 0x9e3779b97f4a7c15ull ^ n, x;
+
+	for (; i + 8 <= n; i += 8) {
+		memcpy(&x, p + i, sizeof(x));
+		h = (h ^ x) * 0xff51afd7ed558ccdull;
+		h ^= h >> 29;
+	}
+	for (; i < n; i++)
+		h = (h ^ p[i]) * 0x100000001b3ull;
+	return h;
+}
+
+/* Whether a queued operation other than `but` reads or writes pinned memory in [lo, hi)
+   (dev_lock held). */
+static bool watched(uintptr_t lo, uintptr_t hi, const struct op *but)
+{
+	for (size_t j = 0; j < n_pend; j++)
+		for (size_t i = 0; pend[j] != but && i < pend[j]->n_w; i++)
+			if (pend[j]->w[i].lo < hi && lo < pend[j]->w[i].hi)
+				return true;
+	return false;
+}
+
+/* Watches [p, p + n) for o, about to be queued, if it is pinned memory (dev_lock held). A
+   destination that no queued operation uses yet is poisoned first: what the host reads there
+   before waiting for o is garbage, as it may be on a GPU, instead of the old contents. */
+static void watch(struct op *o, const void *p, size_t n, bool write)
+{
+	uintptr_t lo = (uintptr_t)p;
+	struct watch *w;
+	struct alloc a;
+
+	if (!n || table_find(lo, &a) != PINNED || n > a.size || lo - a.base > a.size - n)
+		return; /* an overrun: o itself reports it when it runs */
+	w = realloc(o->w, (o->n_w + 1) * sizeof(*w));
+	if (!w)
+		fake_cuda_die("%s: no memory to queue an operation", o->what);
+	o->w = w;
+	w = &o->w[o->n_w++];
+	*w = (struct watch){lo, lo + n, 0, write};
+	if (write && !watched(w->lo, w->hi, NULL))
+		memset((void *)lo, POISON_PENDING, n);
+	w->sum = checksum(w->lo, w->hi);
+}
+
+/* Before o runs: dies when the host changed pinned memory o reads or writes since o was
+   queued (dev_lock held). */
+static void watch_check(const struct op *o)
+{
+	for (size_t i = 0; i < o->n_w; i++)
+		if (checksum(o->w[i].lo, o->w[i].hi) != o->w[i].sum)
+			fake_cuda_die("%s: pinned memory [%p, %p) that it %s changed after it was "
+				      "queued and before it ran, with no wait for it: the host "
+				      "reused a buffer the device had not finished with",
+				      o->what, (void *)o->w[i].lo, (void *)o->w[i].hi,
+				      o->w[i].write ? "writes" : "reads");
+}
+
+/* After o ran: the queued operations watching what it wrote take their checksums again (dev_lock
+   held); device work may change what later work uses. */
+static void watch_update(const struct op *o)
+{
+	for (size_t i = 0; i < o->n_w; i++) {
+		if (!o->w[i].write)
+			continue;
+		for (size_t j = 0; j < n_pend; j++) {
+			struct op *q = pend[j];
+
+			for (size_t k = 0; q != o && !q->done && k < q->n_w; k++)
+				if (q->w[k].lo < o->w[i].hi && o->w[i].lo < q->w[k].hi)
+					q->w[k].sum = checksum(q->w[k].lo, q->w[k].hi);
+		}
+	}
+}
+
+/* Queues o (dev_lock held). */
+static void op_queue(struct op *o)
+{
+	if (n_pend == cap_pend) {
+		size_t cap = cap_pend ? 2 * cap_pend : 256;
+		struct op **p = realloc(pend, cap * sizeof(*p));
+
+		if (!p)
+			fake_cuda_die("%s: no memory to queue an operation", o->what);
+		pend = p;
+		cap_pend = cap;
+	}
+	pend[n_pend++] = o;
+	n_queued++;
+	if (n_pend > most_pending)
+		most_pending = n_pend;
+}
+
+/* Does o's work (dev_lock held, or the synchronous fake). */
+static void op_run(struct op *o)
+{
+	struct range d, r;
+
+	watch_check(o);
+	switch (o->kind) {
+	case OP_COPY:
+		d = resolve(o->dst, o->n, o->what);
+		r = resolve(o->src, o->n, o->what);
+		if (d.kind == DEVICE && r.kind == DEVICE)
+			tsan_hide(true);
+		memcpy(d.view, r.view, o->n);
+		if (d.kind == DEVICE && r.kind == DEVICE)
+			tsan_hide(false);
+		break;
+	case OP_SET:
+		d = resolve(o->dst, o->n, o->what);
+		if (d.kind == DEVICE)
+			tsan_hide(true);
+		memset(d.view, o->value, o->n);
+		if (d.kind == DEVICE)
+			tsan_hide(false);
+		break;
+	case OP_WORK:
+		o->fn(o->args);
+		break;
+	case OP_MARK:
+		break;
+	}
+	o->done = true;
+	watch_update(o);
+}
+
+/* Frees o once it has run and no event names it (dev_lock held). */
+static void op_put(struct op *o)
+{
+	if (o && o->done && o->refs == 0)
+		op_free(o);
+}
+
+/* Whether stream id is in need[0, n). */
+static bool needed(size_t n, uint64_t id)
+{
+	for (size_t i = 0; i < n; i++)
+		if (need[i] == id)
+			return true;
+	return false;
+}
+
+/* Runs, in the order queued, the queued work that an operation on stream `on` queued at
+   position `at` of pend depends on (dev_lock held); the operation at `at` too when self.
+   Walking back from `at`, an operation is needed when its stream is one of the needed ones or
+   the legacy/blocking rule ties it to one; each needed operation adds its own stream and
+   rule. Then drops what ran from pend. */
+static void run_deps(struct skey on, size_t at, bool self)
+{
+	bool legacy = on.cls == S_BLOCKING, blocking = on.cls == S_LEGACY;
+	size_t n_need = 0, w = 0;
+
+	if (cap_need < 1 + n_pend) {
+		uint64_t *p = realloc(need, (1 + n_pend) * sizeof(*p));
+
+		if (!p)
+			fake_cuda_die("no memory to order %zu queued operations", n_pend);
+		need = p;
+		cap_need = 1 + n_pend;
+	}
+	need[n_need++] = on.id;
+	if (self)
+		pend[at]->take = true;
+	for (size_t j = at; j-- > 0;) {
+		struct op *o = pend[j];
+
+		o->take = needed(n_need, o->on.id) || (o->on.cls == S_LEGACY && legacy) ||
+			  (o->on.cls == S_BLOCKING && blocking);
+		if (!o->take)
+			continue;
+		if (!needed(n_need, o->on.id))
+			need[n_need++] = o->on.id;
+		legacy |= o->on.cls == S_BLOCKING;
+		blocking |= o->on.cls == S_LEGACY;
+	}
+	for (size_t j = 0; j < at + self; j++) /* all of pend stays valid while they run */
+		if (pend[j]->take) {
+			op_run(pend[j]);
+			n_run_late++;
+		}
+	for (size_t j = 0; j < n_pend; j++) {
+		struct op *o = pend[j];
+
+		if (j < at + self && o->take) {
+			o->take = false;
+			op_put(o);
+		} else {
+			pend[w++] = o;
+		}
+	}
+	n_pend = w;
+}
+
+/* Waits, as the next operation on stream s would, for what it depends on (asynchronous). */
+static void async_wait_stream(cudaStream_t s)
+{
+	pthread_mutex_lock(&dev_lock);
+	run_deps(key_of(s), n_pend, false);
+	pthread_mutex_unlock(&dev_lock);
+}
+
+/* Runs everything queued (asynchronous). */
+static void async_wait_all(void)
+{
+	pthread_mutex_lock(&dev_lock);
+	for (size_t j = 0; j < n_pend; j++) {
+		op_run(pend[j]);
+		n_run_late++;
+	}
+	for (size_t j = 0; j < n_pend; j++)
+		op_put(pend[j]);
+	n_pend = 0;
+	pthread_mutex_unlock(&dev_lock);
+}
+
+/* Queues o, or in the synchronous fake runs it now. */
+static void submit(struct op *o)
+{
+	if (!async_on) {
+		op_run(o);
+		op_free(o);
+		queued();
+		return;
+	}
+	pthread_mutex_lock(&dev_lock);
+	if (o->kind == OP_COPY) {
+		watch(o, o->src, o->n, false);
+		watch(o, o->dst, o->n, true);
+	}
+	op_queue(o);
+	pthread_mutex_unlock(&dev_lock);
+}
+
+/* Runs o now, after the work its stream's next operation depends on: a call CUDA completes
+   before it returns. */
+static void submit_blocking(struct op *o)
+{
+	if (!async_on) {
+		submit(o);
+		return;
+	}
+	pthread_mutex_lock(&dev_lock);
+	run_deps(o->on, n_pend, false);
+	op_run(o);
+	op_free(o);
+	pthread_mutex_unlock(&dev_lock);
+}
+
+/* A wait for stream s (NULL: the legacy stream) or, with all, for the whole device. */
+static void wait_for(cudaStream_t s, bool all)
+{
+	if (!async_on)
+		waited();
+	else if (all)
+		async_wait_all();
+	else
+		async_wait_stream(s);
+}
 
 /* NULL (the legacy stream) or a live stream. A destroyed handle is freed memory: ASan reports
    its use here, plain builds most likely see the cleared magic. */
@@ -367,9 +743,67 @@ static bool event_ok(cudaEvent_t e, const char *what)
 	return false;
 }
 
+int fake_cuda_launch(void *stream, const char *kernel, fake_cuda_work fn, const void *args,
+		     size_t size, const struct fake_range *reads, size_t n_reads)
+{
+	struct op *o;
+
+	if (!stream_ok(stream, kernel))
+		return cudaErrorInvalidResourceHandle;
+	o = op_new(key_of(stream), OP_WORK, kernel, size);
+	o->fn = fn;
+	memcpy(o->args, args, size);
+	if (!async_on) {
+		submit(o);
+		return cudaSuccess;
+	}
+	pthread_mutex_lock(&dev_lock);
+	for (size_t i = 0; i < n_reads; i++)
+		watch(o, (const void *)(uintptr_t)reads[i].addr, reads[i].bytes, false);
+	op_queue(o);
+	pthread_mutex_unlock(&dev_lock);
+	return cudaSuccess;
+}
+
+const void *fake_cuda_peek(uint64_t addr, size_t n)
+{
+	uintptr_t lo = (uintptr_t)addr, hi = lo + n;
+	const void *v;
+	struct alloc a;
+
+	if (!n)
+		return NULL;
+	v = fake_cuda_kernel_view(addr, n, "fake_cuda_peek");
+	if (!async_on)
+		return v;
+	pthread_mutex_lock(&dev_lock);
+	for (size_t j = n_pend; j-- > 0;) {
+		const struct op *o = pend[j];
+		uintptr_t d = (uintptr_t)o->dst;
+
+		if (o->kind == OP_WORK) { /* what it writes is not known */
+			v = NULL;
+			break;
+		}
+		if ((o->kind != OP_COPY && o->kind != OP_SET) || d >= hi || lo >= d + o->n)
+			continue;
+		v = NULL;
+		if (o->kind == OP_COPY && d <= lo && hi <= d + o->n &&
+		    table_find((uintptr_t)o->src, &a) == PINNED)
+			v = (const char *)o->src + (lo - d);
+		break;
+	}
+	pthread_mutex_unlock(&dev_lock);
+	return v;
+}
+
 int fake_cuda_launch_begin(void *stream, const char *kernel)
 {
-	return stream_ok(stream, kernel) ? cudaSuccess : cudaErrorInvalidResourceHandle;
+	if (!stream_ok(stream, kernel))
+		return cudaErrorInvalidResourceHandle;
+	if (async_on)
+		async_wait_stream(stream);
+	return cudaSuccess;
 }
 
 void fake_cuda_launch_end(void *stream)
@@ -387,7 +821,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags)
 	st = malloc(sizeof(*st));
 	if (!st)
 		return cudaErrorMemoryAllocation;
-	*st = (struct CUstream_st){STREAM_MAGIC, flags};
+	*st = (struct CUstream_st){STREAM_MAGIC, flags, atomic_fetch_add(&next_stream_id, 1)};
 	atomic_fetch_add(&live_streams, 1);
 	*s = st;
 	return cudaSuccess;
@@ -412,7 +846,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
 	if (!stream_ok(s, "cudaStreamSynchronize"))
 		return cudaErrorInvalidResourceHandle;
-	waited();
+	wait_for(s, false);
 	return cudaSuccess;
 }
 
@@ -427,6 +861,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags)
 		return cudaErrorMemoryAllocation;
 	ev->magic = EVENT_MAGIC;
 	ev->flags = flags;
+	ev->mark = NULL;
 	atomic_init(&ev->recorded, 0);
 	atomic_fetch_add(&live_events, 1);
 	*e = ev;
@@ -442,6 +877,12 @@ cudaError_t cudaEventDestroy(cudaEvent_t e)
 {
 	if (!event_ok(e, "cudaEventDestroy"))
 		return cudaErrorInvalidResourceHandle;
+	if (e->mark) { /* its work goes on, as CUDA's does */
+		pthread_mutex_lock(&dev_lock);
+		e->mark->refs--;
+		op_put(e->mark);
+		pthread_mutex_unlock(&dev_lock);
+	}
 	e->magic = 0;
 	free(e);
 	atomic_fetch_sub(&live_events, 1);
@@ -451,10 +892,27 @@ cudaError_t cudaEventDestroy(cudaEvent_t e)
 /* The event completes with the work queued on s so far, by any thread. */
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
+	struct op *o;
+
 	if (!event_ok(e, "cudaEventRecord") || !stream_ok(s, "cudaEventRecord"))
 		return cudaErrorInvalidResourceHandle;
-	waited();
-	atomic_store_explicit(&e->recorded, 1, memory_order_release);
+	if (!async_on) {
+		waited();
+		atomic_store_explicit(&e->recorded, 1, memory_order_release);
+		return cudaSuccess;
+	}
+	atomic_store_explicit(&e->recorded, 1, memory_order_relaxed); /* dev_lock orders the rest */
+	/* a mark queued behind the stream's work: the event completes when the mark runs */
+	o = op_new(key_of(s), OP_MARK, "cudaEventRecord", 0);
+	o->refs = 1;
+	pthread_mutex_lock(&dev_lock);
+	op_queue(o);
+	if (e->mark) {
+		e->mark->refs--;
+		op_put(e->mark);
+	}
+	e->mark = o;
+	pthread_mutex_unlock(&dev_lock);
 	return cudaSuccess;
 }
 
@@ -464,7 +922,27 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
 	if (!event_ok(e, "cudaEventSynchronize"))
 		return cudaErrorInvalidResourceHandle;
 	(void)atomic_load_explicit(&e->recorded, memory_order_acquire);
+	if (async_on) {
+		pthread_mutex_lock(&dev_lock);
+		for (size_t j = 0; e->mark && !e->mark->done && j < n_pend; j++)
+			if (pend[j] == e->mark)
+				run_deps(e->mark->on, j, true);
+		pthread_mutex_unlock(&dev_lock);
+	}
 	return cudaSuccess;
+}
+
+/* Whether e has completed (asynchronous: its latest mark ran; dev_lock taken here). */
+static bool event_done(cudaEvent_t e)
+{
+	bool done;
+
+	if (!async_on)
+		return true;
+	pthread_mutex_lock(&dev_lock);
+	done = e->mark && e->mark->done;
+	pthread_mutex_unlock(&dev_lock);
+	return done;
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
@@ -480,6 +958,12 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
 	    !atomic_load(&start->recorded) || !atomic_load(&end->recorded)) {
 		fake_cuda_warn("cudaEventElapsedTime: an event without timing or never recorded");
 		return cudaErrorInvalidResourceHandle;
+	}
+	if (!event_done(start) || !event_done(end)) {
+		fake_cuda_warn(
+			"cudaEventElapsedTime: an event not yet completed (cudaErrorNotReady "
+			"on a GPU)");
+		return cudaErrorNotReady;
 	}
 	x = atomic_load(&lcg);
 	do
@@ -549,7 +1033,7 @@ cudaError_t cudaFree(void *p)
 
 	if (!p)
 		return cudaSuccess;
-	waited();
+	wait_for(NULL, true);
 	err = table_take((uintptr_t)p, DEVICE, &a);
 	if (err) {
 		fake_cuda_warn("cudaFree(%p): %s", p,
@@ -604,7 +1088,7 @@ cudaError_t cudaFreeHost(void *p)
 
 	if (!p)
 		return cudaSuccess;
-	waited();
+	wait_for(NULL, true);
 	err = table_take((uintptr_t)p, PINNED, &a);
 	if (err) {
 		fake_cuda_warn("cudaFreeHost(%p): %s", p,
@@ -667,12 +1151,14 @@ static bool kind_ok(enum cudaMemcpyKind kind, struct range dst, struct range src
 	return !bad;
 }
 
-/* One copy of n bytes, done now; CUDA's checks first, then the fake's. */
+/* One copy of n bytes on stream s: CUDA's checks first, then the fake's; then done now or, in
+   the asynchronous fake, queued where CUDA lets it run after the call returns. blocking: a
+   call that CUDA completes before it returns when a host side is involved (cudaMemcpy). */
 static cudaError_t copy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
-			cudaStream_t s, const char *what)
+			cudaStream_t s, bool blocking, const char *what)
 {
 	struct range d, r;
-	bool hide;
+	struct op *o;
 
 	if (!stream_ok(s, what))
 		return cudaErrorInvalidResourceHandle;
@@ -689,26 +1175,32 @@ static cudaError_t copy(void *dst, const void *src, size_t n, enum cudaMemcpyKin
 	if ((uintptr_t)d.view - (uintptr_t)r.view < n || (uintptr_t)r.view - (uintptr_t)d.view < n)
 		fake_cuda_die("%s: source %p and destination %p of %zu bytes overlap", what, src,
 			      dst, n);
-	hide = d.kind == DEVICE && r.kind == DEVICE;
-	if (hide)
-		tsan_hide(true);
-	memcpy(d.view, r.view, n);
-	if (hide)
-		tsan_hide(false);
-	queued();
+	o = op_new(key_of(s), OP_COPY, what, 0);
+	o->dst = dst;
+	o->src = src;
+	o->n = n;
+	/* Asynchronous with respect to the host only between device memory and device or pinned
+	   memory (CUDA's "API synchronization behavior"): a pageable side is staged or waited
+	   for, host to host is synchronous, and cudaMemcpy waits unless both sides are device. */
+	if ((d.kind == DEVICE || r.kind == DEVICE) && d.kind != PAGEABLE && r.kind != PAGEABLE &&
+	    !(blocking && (d.kind != DEVICE || r.kind != DEVICE)))
+		submit(o);
+	else
+		submit_blocking(o);
 	return cudaSuccess;
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
 {
-	waited(); /* the legacy stream waits for the work queued before */
-	return copy(dst, src, n, kind, NULL, "cudaMemcpy");
+	if (!async_on)
+		waited(); /* the legacy stream waits for the work queued before */
+	return copy(dst, src, n, kind, NULL, true, "cudaMemcpy");
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
 			    cudaStream_t s)
 {
-	return copy(dst, src, n, kind, s, "cudaMemcpyAsync");
+	return copy(dst, src, n, kind, s, false, "cudaMemcpyAsync");
 }
 
 cudaError_t cudaMemcpyBatchAsync(void *const *dsts, const void *const *srcs, const size_t *sizes,
@@ -753,15 +1245,18 @@ cudaError_t cudaMemcpyBatchAsync(void *const *dsts, const void *const *srcs, con
 	}
 	fake_cuda_check_footprint(fr, count, fr + count, count, what);
 	for (size_t i = 0; i < count && e == cudaSuccess; i++)
-		e = copy(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, s, what);
+		e = copy(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, s, false, what);
 out:
 	free(fr);
 	return e;
 }
 
+/* A memset on stream s, queued in the asynchronous fake unless the memory is pinned (then
+   CUDA finishes it before returning). */
 static cudaError_t set(void *p, int value, size_t n, cudaStream_t s, const char *what)
 {
 	struct range r;
+	struct op *o;
 
 	if (!stream_ok(s, what))
 		return cudaErrorInvalidResourceHandle;
@@ -772,18 +1267,21 @@ static cudaError_t set(void *p, int value, size_t n, cudaStream_t s, const char 
 		fake_cuda_warn("%s(%p): not device-accessible memory", what, p);
 		return cudaErrorInvalidValue;
 	}
+	o = op_new(key_of(s), OP_SET, what, 0);
+	o->dst = p;
+	o->n = n;
+	o->value = value;
 	if (r.kind == DEVICE)
-		tsan_hide(true);
-	memset(r.view, value, n);
-	if (r.kind == DEVICE)
-		tsan_hide(false);
-	queued();
+		submit(o);
+	else
+		submit_blocking(o);
 	return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void *p, int value, size_t n)
 {
-	waited();
+	if (!async_on)
+		waited();
 	return set(p, value, n, NULL, "cudaMemset");
 }
 
@@ -818,7 +1316,7 @@ cudaError_t cudaSetDevice(int d)
 
 cudaError_t cudaDeviceSynchronize(void)
 {
-	waited();
+	wait_for(NULL, true);
 	return cudaSuccess;
 }
 
@@ -901,6 +1399,8 @@ const char *cudaGetErrorName(cudaError_t e)
 		return "cudaErrorInvalidResourceHandle";
 	case cudaErrorUnknown:
 		return "cudaErrorUnknown";
+	case cudaErrorNotReady:
+		return "cudaErrorNotReady";
 	default:
 		return "unrecognized error code";
 	}
@@ -921,6 +1421,8 @@ const char *cudaGetErrorString(cudaError_t e)
 		return "invalid resource handle";
 	case cudaErrorUnknown:
 		return "unknown error";
+	case cudaErrorNotReady:
+		return "device not ready";
 	default:
 		return "unrecognized error code";
 	}
@@ -943,6 +1445,14 @@ __attribute__((destructor)) static void exit_check(void)
 	fprintf(stderr,
 		"cuda-emu: at exit: %zu allocations, %ld streams, %ld events live; %lu warnings\n",
 		n, streams, events, warnings);
+	if (async_on) {
+		pthread_mutex_lock(&dev_lock);
+		fprintf(stderr,
+			"cuda-emu: asynchronous: %lu operations queued, %lu run by a later wait, "
+			"at most %lu pending, %zu never needed\n",
+			n_queued, n_run_late, most_pending, n_pend);
+		pthread_mutex_unlock(&dev_lock);
+	}
 	if (n == 0 && streams == 0 && events == 0 && warnings == 0)
 		return;
 	fputs("cuda-emu: failing the process (exit status 1) for the leaks or warnings above\n",

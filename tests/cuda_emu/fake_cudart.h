@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * What the synchronous fake CUDA runtime (fake_cudart.c) lends the CPU kernels of the emulated
+ * What the fake CUDA runtime (fake_cudart.c) lends the CPU kernels of the emulated
  * plugin (fake_kernels.c) beyond the runtime API itself: host views of device-accessible memory,
  * the checks a kernel launch makes, and the fake's error reporting.
  *
@@ -19,18 +19,39 @@
    unless [addr, addr + n) lies inside one live allocation. n == 0 gives NULL. */
 void *fake_cuda_kernel_view(uint64_t addr, size_t n, const char *what);
 
-/* Starts a kernel launch on stream (a cudaStream_t; NULL = the legacy stream): 0, or
-   cudaErrorInvalidResourceHandle (with a warning) for a stream that is not live. */
-int fake_cuda_launch_begin(void *stream, const char *kernel);
-
-/* Ends a launch started by fake_cuda_launch_begin: its writes are now ordered before any later
-   synchronisation, on any thread (what a completed kernel guarantees). */
-void fake_cuda_launch_end(void *stream);
+/* The work of one kernel launch, run on the host over views of device-accessible memory
+   (fake_cuda_kernel_view); args is the launch's own copy of its arguments. */
+typedef void (*fake_cuda_work)(void *args);
 
 /* A range of device-accessible addresses that a launch or a copy batch writes or reads. */
 struct fake_range {
 	uint64_t addr, bytes;
 };
+
+/* Launches a kernel on stream (a cudaStream_t; NULL = the legacy stream): fn on a copy of the
+   size bytes at args. The synchronous fake runs it now; the asynchronous one (FAKE_CUDA_ASYNC)
+   queues it, to run when a later wait needs it, as a GPU would, so everything it reads is read
+   then, and everything it writes is seen only by code that waited for it. reads[0, n_reads):
+   ranges it will read that are named only by memory it reads (a gather's piece sources,
+   found with fake_cuda_peek); those in pinned memory are watched until it runs, and the fake
+   dies if the host changes them meanwhile. 0, or cudaErrorInvalidResourceHandle (with a
+   warning) for a stream that is not live. */
+int fake_cuda_launch(void *stream, const char *kernel, fake_cuda_work fn, const void *args,
+		     size_t size, const struct fake_range *reads, size_t n_reads);
+
+/* What the n bytes at device-accessible address addr will hold once the work queued so far
+   has run, where the fake can tell without running it: the memory itself when no queued
+   operation writes it, the pinned source of the queued copy that last writes all of it;
+   else NULL (a queued kernel writes what it writes). Dies unless the range lies in one live
+   allocation. For a launch's reads argument; the launch itself reads at run time. */
+const void *fake_cuda_peek(uint64_t addr, size_t n);
+
+/* A launch whose work the caller runs itself between these two calls (tests/kernel_emu's
+   emulated kernels). Begin waits, in the asynchronous fake, for the work the stream's next
+   operation depends on; 0, or cudaErrorInvalidResourceHandle (with a warning) for a stream
+   that is not live. End orders the work's writes before any later wait, on any thread. */
+int fake_cuda_launch_begin(void *stream, const char *kernel);
+void fake_cuda_launch_end(void *stream);
 
 /* Dies when the writes of one launch or cudaMemcpyBatchAsync overlap each other or any of its
    reads: a GPU runs them in no particular order, so the CPU's sequential result would be one
