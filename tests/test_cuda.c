@@ -1080,14 +1080,18 @@ static bool snapshot_differs(const uint8_t *before, size_t nb, const uint8_t *af
 	return nb != na || i != SIZE_MAX;
 }
 
-static void expect_snapshot_at(const uint8_t *before, size_t nb, const uint8_t *after, size_t na,
-			       const struct tseq *t, uint32_t layer, const char *what,
-			       const char *file, int line)
+/* The CUDA manager's frames of (t, layer) now, against a snapshot of them taken before. */
+static void expect_frames_as_at(struct pair *p, const struct tseq *t, uint32_t layer,
+				const uint8_t *before, size_t nb, const char *what,
+				const char *file, int line)
 {
+	size_t na;
+	uint8_t *after = snapshot_at(p, p->c, t, layer, &na, file, line);
 	char msg[200];
 
 	if (snapshot_differs(before, nb, after, na, t, layer, msg, sizeof(msg)))
 		fail_at(file, line, "%s: %s", what, msg);
+	free(after);
 }
 
 /* Recall views of (t, layer) on both managers: as many blocks as kvtier.h makes resident
@@ -1625,13 +1629,9 @@ static void run_vs_host(enum kvt_dtype dt)
 		sync_both(&p);
 		for (uint32_t j = 0; j < 2; j++)
 			for (uint32_t l = 0; l < N_LAYERS; l++) {
-				size_t nb;
-				uint8_t *after = SNAPSHOT(&p, p.c, pr[j], l, &nb);
-
-				expect_snapshot_at(snap[j][l], snap_b[j][l], after, nb, pr[j], l,
-						   "cuda after preempt + resume", __FILE__,
-						   __LINE__);
-				free(after);
+				expect_frames_as_at(&p, pr[j], l, snap[j][l], snap_b[j][l],
+						    "cuda after preempt + resume", __FILE__,
+						    __LINE__);
 				free(snap[j][l]);
 				CHECK_EQ(info_of(p.c, pr[j]->id).preempted, 0);
 				CHECK_RESIDENT(&p, pr[j], l);
@@ -1859,6 +1859,21 @@ static void test_nonblocking_stream(void **state)
 
 #define BURST 20 /* more resumes than the backend has piece-list slots (16) */
 
+/* Preempts ts[0, n) on both managers, waits, then resumes them all, the CUDA manager's on
+   stream st, with no wait after. */
+static void preempt_resume(struct pair *p, struct tseq *ts, uint32_t n, cudaStream_t st)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		CHECK_RC(kvt_seq_preempt(p->h, ts[i].id), 0);
+		CHECK_RC(kvt_seq_preempt(p->c, ts[i].id), 0);
+	}
+	sync_both(p);
+	for (uint32_t i = 0; i < n; i++) {
+		CHECK_RC(kvt_seq_resume(p->h, ts[i].id, NULL), 0);
+		CHECK_RC(kvt_seq_resume(p->c, ts[i].id, st), 0);
+	}
+}
+
 /* A batch of preempted sequences resumed back to back on a non-blocking stream, with one wait
    after the last, twice: every resume's gather (the fused kernel: calibration off) is still
    queued when the next one fills its piece list, and the last ones find every list slot used
@@ -1908,16 +1923,8 @@ static void test_resume_burst(void **state)
 
 	for (int round = 0; round < 2; round++) {
 		set_ctx("resume burst: round %d: preempt and resume", round);
-		for (uint32_t i = 0; i < BURST; i++) {
-			CHECK_RC(kvt_seq_preempt(p.h, ts[i].id), 0);
-			CHECK_RC(kvt_seq_preempt(p.c, ts[i].id), 0);
-		}
-		sync_both(&p);
 		s0 = stats_of(p.c);
-		for (uint32_t i = 0; i < BURST; i++) {
-			CHECK_RC(kvt_seq_resume(p.h, ts[i].id, NULL), 0);
-			CHECK_RC(kvt_seq_resume(p.c, ts[i].id, nb), 0);
-		}
+		preempt_resume(&p, ts, BURST, nb);
 		s1 = stats_of(p.c);
 		CHECK_EQ(s1.h2d_kernel_launches - s0.h2d_kernel_launches, BURST);
 		CHECK_EQ(s1.h2d_dma_batches, s0.h2d_dma_batches);
@@ -1939,13 +1946,9 @@ static void test_resume_burst(void **state)
 		set_ctx("resume burst: round %d: after the wait", round);
 		for (uint32_t i = 0; i < BURST; i++)
 			for (uint32_t l = 0; l < N_LAYERS; l++) {
-				size_t nb_after;
-				uint8_t *after = SNAPSHOT(&p, p.c, &ts[i], l, &nb_after);
-
-				expect_snapshot_at(snap[i][l], snap_b[i][l], after, nb_after,
-						   &ts[i], l, "cuda after a burst of resumes",
-						   __FILE__, __LINE__);
-				free(after);
+				expect_frames_as_at(&p, &ts[i], l, snap[i][l], snap_b[i][l],
+						    "cuda after a burst of resumes", __FILE__,
+						    __LINE__);
 				CHECK_FRAMES(&p, &ts[i], l);
 				CHECK_TOKENS(&p, &ts[i], l, true);
 			}
@@ -1957,15 +1960,7 @@ static void test_resume_burst(void **state)
 	   host, their frames are written on another stream): destroy must let the queued gathers
 	   land first. The new sequences and the other half: as they should be. */
 	set_ctx("resume burst: destroyed while resuming");
-	for (uint32_t i = 0; i < BURST / 2; i++) {
-		CHECK_RC(kvt_seq_preempt(p.h, ts[i].id), 0);
-		CHECK_RC(kvt_seq_preempt(p.c, ts[i].id), 0);
-	}
-	sync_both(&p);
-	for (uint32_t i = 0; i < BURST / 2; i++) {
-		CHECK_RC(kvt_seq_resume(p.h, ts[i].id, NULL), 0);
-		CHECK_RC(kvt_seq_resume(p.c, ts[i].id, nb), 0);
-	}
+	preempt_resume(&p, ts, BURST / 2, nb);
 	for (uint32_t i = 0; i < BURST / 2; i++) {
 		CHECK_RC(kvt_seq_destroy(p.h, ts[i].id), 0);
 		CHECK_RC(kvt_seq_destroy(p.c, ts[i].id), 0);
@@ -1980,15 +1975,10 @@ static void test_resume_burst(void **state)
 	sync_both(&p);
 	for (uint32_t i = 0; i < BURST; i++)
 		for (uint32_t l = 0; l < N_LAYERS; l++) {
-			if (i >= BURST / 2) {
-				size_t nb_after;
-				uint8_t *after = SNAPSHOT(&p, p.c, &ts[i], l, &nb_after);
-
-				expect_snapshot_at(snap[i][l], snap_b[i][l], after, nb_after,
-						   &ts[i], l, "cuda beside destroyed sequences",
-						   __FILE__, __LINE__);
-				free(after);
-			}
+			if (i >= BURST / 2)
+				expect_frames_as_at(&p, &ts[i], l, snap[i][l], snap_b[i][l],
+						    "cuda beside destroyed sequences", __FILE__,
+						    __LINE__);
 			CHECK_RESIDENT(&p, &ts[i], l);
 			CHECK_FRAMES(&p, &ts[i], l);
 			CHECK_TOKENS(&p, &ts[i], l, true);
@@ -2138,12 +2128,8 @@ static void after_fault_at(struct fenv *e, const struct before *b, const char *o
 	expect_info_at(&b->bi, &bi, e->b.id, op, file, line);
 	snprintf(what, sizeof(what), "after a failed %s, cuda", op);
 	for (uint32_t l = 0; l < N_LAYERS; l++) {
-		size_t n;
-		uint8_t *now = SNAPSHOT(p, p->c, &e->b, l, &n);
-
-		expect_snapshot_at(e->b_snap[l], e->b_snap_bytes[l], now, n, &e->b, l, what, file,
-				   line);
-		free(now);
+		expect_frames_as_at(p, &e->b, l, e->b_snap[l], e->b_snap_bytes[l], what, file,
+				    line);
 		check_tokens_at(p, &e->b, l, false, file, line);
 	}
 	if (b->t_snap) {
