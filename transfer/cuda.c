@@ -48,12 +48,19 @@
 const struct kvt_plugin_host *kvt_cuda_host;
 
 /* A piece list (or row address list) in flight: written into pinned host memory, copied to
-   the device, read by a kernel; `done` fires when the kernel that read it has finished. */
+   the device, read by a kernel; `done` fires when the kernel that read it has finished.
+   The device buffers it outgrew stay allocated until destroy (`outgrown`): cudaFree waits for
+   the whole device, the serving engine's own kernels included, which a call that only needs a
+   longer list must not do. Capacities double from 4 KiB, so they add up to less than `cap`
+   (under 2 MiB a slot for 65536 pieces), and 64 entries cover any size_t unless failed
+   growths restart the doubling; past 64 the old buffer is freed after all. */
 struct list_slot {
 	void *host, *dev;
 	size_t cap;
 	cudaEvent_t done;
 	bool recorded;
+	uint8_t n_outgrown;
+	void *outgrown[64];
 };
 
 struct pinned_region {
@@ -351,9 +358,11 @@ static int slot_get(struct cuda_backend *cb, size_t bytes, struct list_slot **ou
 
 		while (cap < bytes)
 			cap *= 2;
-		pinned_free(cb, s->host, s->cap);
+		pinned_free(cb, s->host, s->cap); /* back to the pinned arena: no CUDA call */
 		s->host = NULL;
-		if (s->dev)
+		if (s->dev && s->n_outgrown < 64)
+			s->outgrown[s->n_outgrown++] = s->dev;
+		else if (s->dev) /* only after failed growths reset cap: free it the slow way */
 			cudaFree(s->dev);
 		s->dev = NULL;
 		s->cap = 0;
@@ -833,6 +842,8 @@ static void cuda_destroy(struct kvt_be *b)
 		pinned_free(cb, cb->slot[i].host, cb->slot[i].cap);
 		if (cb->slot[i].dev)
 			cudaFree(cb->slot[i].dev);
+		for (int j = 0; j < cb->slot[i].n_outgrown; j++)
+			cudaFree(cb->slot[i].outgrown[j]);
 		if (cb->slot[i].done)
 			cudaEventDestroy(cb->slot[i].done);
 	}
