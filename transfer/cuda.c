@@ -51,16 +51,16 @@ const struct kvt_plugin_host *kvt_cuda_host;
    the device, read by a kernel; `done` fires when the kernel that read it has finished.
    The device buffers it outgrew stay allocated until destroy (`outgrown`): cudaFree waits for
    the whole device, the serving engine's own kernels included, which a call that only needs a
-   longer list must not do. Capacities double from 4 KiB, so they add up to less than `cap`
-   (under 2 MiB a slot for 65536 pieces), and 64 entries cover any size_t unless failed
-   growths restart the doubling; past 64 the old buffer is freed after all. */
+   longer list must not do. Capacities start at 4 KiB and only ever double (a failed growth
+   keeps the old buffers), so the outgrown ones add up to less than `cap` (under 2 MiB a slot
+   for 65536 pieces) and number fewer than the bits of a size_t. */
 struct list_slot {
 	void *host, *dev;
 	size_t cap;
 	cudaEvent_t done;
 	bool recorded;
 	uint8_t n_outgrown;
-	void *outgrown[64];
+	void *outgrown[8 * sizeof(size_t)];
 };
 
 struct pinned_region {
@@ -355,28 +355,25 @@ static int slot_get(struct cuda_backend *cb, size_t bytes, struct list_slot **ou
 	}
 	if (bytes > s->cap) {
 		size_t cap = s->cap ? s->cap : 4096;
+		void *host, *dev;
 
 		while (cap < bytes)
 			cap *= 2;
-		pinned_free(cb, s->host, s->cap); /* back to the pinned arena: no CUDA call */
-		s->host = NULL;
-		if (s->dev && s->n_outgrown < 64)
-			s->outgrown[s->n_outgrown++] = s->dev;
-		else if (s->dev) /* only after failed growths reset cap: free it the slow way */
-			cudaFree(s->dev);
-		s->dev = NULL;
-		s->cap = 0;
-		s->host = pinned_alloc(cb, cap);
-		if (!s->host)
+		/* The new buffers first: a failure leaves the slot as it was. */
+		host = pinned_alloc(cb, cap);
+		if (!host)
 			return be_fail(&cb->base, -ENOMEM,
 				       "piece list: no pinned memory for %zu bytes", cap);
-		err = CU(cb, cudaMalloc(&s->dev, cap), "piece list: device buffer");
+		err = CU(cb, cudaMalloc(&dev, cap), "piece list: device buffer");
 		if (err) {
-			s->dev = NULL;
-			pinned_free(cb, s->host, cap);
-			s->host = NULL;
+			pinned_free(cb, host, cap);
 			return err;
 		}
+		pinned_free(cb, s->host, s->cap); /* back to the pinned arena: no CUDA call */
+		if (s->dev)
+			s->outgrown[s->n_outgrown++] = s->dev;
+		s->host = host;
+		s->dev = dev;
 		s->cap = cap;
 	}
 	*out = s;
