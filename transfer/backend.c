@@ -71,8 +71,11 @@ static void *try_open(const char *path)
 	if (!h && used < sizeof(plugin_err) - 1) {
 		const char *e = dlerror();
 
-		snprintf(plugin_err + used, sizeof(plugin_err) - used, "%s%s", used ? "; " : "",
-			 e ? e : path);
+		size_t room = sizeof(plugin_err) - used;
+		int w = snprintf(plugin_err + used, room, "%s%s", used ? "; " : "", e ? e : path);
+
+		if (w > 0 && (size_t)w >= room) /* cut short: say so */
+			memcpy(plugin_err + sizeof(plugin_err) - 4, "...", 4);
 	}
 	return h;
 }
@@ -124,7 +127,7 @@ static void plugin_load_once(void)
 		h = try_open(env); /* named explicitly: no fallback to another copy */
 	} else {
 		h = open_beside_self();
-		if (!h && KVT_PLUGIN_DIR[0])
+		if (!h && KVT_PLUGIN_DIR[0] != '\0')
 			h = try_open(KVT_PLUGIN_DIR "/" KVT_PLUGIN_SONAME);
 		if (!h)
 			h = try_open(KVT_PLUGIN_SONAME);
