@@ -75,11 +75,10 @@ struct kvt_recall_layer {
 /* One frame of the shared recall cache (single block of one (sequence, layer, kv head)). */
 struct kvt_rc_entry {
 	struct kvt_seq *owner; /* NULL: free */
+	uint64_t pin;	       /* recall call that last used it: never evicted by that call */
 	uint32_t layer, head, block;
 	uint32_t n_valid;	 /* tokens of the block when loaded */
 	uint32_t gen;		 /* bumped whenever the frame changes hands */
-	uint64_t pin;		 /* recall call that last used it: never evicted by that call */
-	uint32_t tick;		 /* its latest use (LRU order) */
 	uint32_t next;		 /* free list */
 	uint32_t s_prev, s_next; /* the owner's list of entries */
 };
@@ -90,13 +89,17 @@ struct kvt_recall_cache {
 	struct kvt_rc_entry *e;
 	uint32_t free_head;
 	/* LRU order as a queue of uses, oldest first, with lazy deletion: a record is live
-	   while its entry is owned and still carries the record's tick. At most n records are
-	   live, so compaction at q_cap >= 2n + 64 records (a power of two) keeps pushes
-	   amortised O(1). */
+	   while tick_of its entry is the record's tick. At most n records are live, so
+	   compaction at q_cap >= 2n + 64 records (a power of two) keeps pushes amortised O(1). */
 	struct kvt_rc_rec {
 		uint32_t id, tick;
 	} * q;
 	uint32_t q_cap, q_head, q_len, tick;
+	/* [n] tick of each entry's latest use, 0 while it holds no block (ticks skip 0). Apart
+	   from the entries, so that compaction and eviction, which test a record per step at
+	   random entries, read 4 bytes an entry (a table the size of the last-level cache
+	   for a million frames) instead of the entries themselves. */
+	uint32_t *tick_of;
 	uint64_t call; /* recall calls so far (pin stamps) */
 };
 

@@ -33,8 +33,9 @@ int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames)
 	while (rc->q_cap < 2ull * n_frames + 64)
 		rc->q_cap *= 2;
 	rc->e = kvt_calloc(n_frames, sizeof(*rc->e));
+	rc->tick_of = kvt_calloc(n_frames, sizeof(*rc->tick_of));
 	rc->q = kvt_malloc((size_t)rc->q_cap * sizeof(*rc->q));
-	if (!rc->e || !rc->q)
+	if (!rc->e || !rc->tick_of || !rc->q)
 		return -ENOMEM; /* kvt_recall_fini frees what was allocated */
 	for (uint32_t i = 0; i < n_frames; i++)
 		rc->e[i].next = i + 1 < n_frames ? i + 1 : KVT_NO_ENTRY;
@@ -44,8 +45,10 @@ int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames)
 void kvt_recall_fini(struct kvt_manager *m)
 {
 	free(m->rc.e);
+	free(m->rc.tick_of);
 	free(m->rc.q);
 	m->rc.e = NULL;
+	m->rc.tick_of = NULL;
 	m->rc.q = NULL;
 }
 
@@ -317,7 +320,7 @@ static inline void prefetch(const void *p)
 
 static inline bool rec_live(const struct kvt_recall_cache *rc, struct kvt_rc_rec r)
 {
-	return rc->e[r.id].owner && rc->e[r.id].tick == r.tick;
+	return rc->tick_of[r.id] == r.tick;
 }
 
 /* Prefetches both cache lines entry id may straddle. */
@@ -329,11 +332,17 @@ static inline void prefetch_entry(const struct kvt_recall_cache *rc, uint32_t id
 
 #define LRU_AHEAD 8u
 
-/* Prefetches the entry of the record k places after the oldest one. */
-static inline void prefetch_rec(const struct kvt_recall_cache *rc, uint32_t k)
+/* Prefetches the tick of the record k places after the oldest one, and with entry its entry
+   too (eviction reads it). */
+static inline void prefetch_rec(const struct kvt_recall_cache *rc, uint32_t k, bool entry)
 {
-	if (k < rc->q_len)
-		prefetch_entry(rc, rc->q[(rc->q_head + k) & (rc->q_cap - 1)].id);
+	if (k < rc->q_len) {
+		uint32_t id = rc->q[(rc->q_head + k) & (rc->q_cap - 1)].id;
+
+		prefetch(&rc->tick_of[id]);
+		if (entry)
+			prefetch_entry(rc, id);
+	}
 }
 
 /* Drops the records that no longer name a live use, keeping the order of the others. */
@@ -344,7 +353,7 @@ static void lru_compact(struct kvt_recall_cache *rc)
 	for (uint32_t i = 0; i < rc->q_len; i++) {
 		struct kvt_rc_rec r = rc->q[(rc->q_head + i) & (rc->q_cap - 1)];
 
-		prefetch_rec(rc, i + 4 * LRU_AHEAD); /* a short loop: further ahead */
+		prefetch_rec(rc, i + 4 * LRU_AHEAD, false); /* a short loop: further ahead */
 		if (rec_live(rc, r))
 			rc->q[(rc->q_head + w++) & (rc->q_cap - 1)] = r;
 	}
@@ -356,7 +365,9 @@ static void lru_touch(struct kvt_recall_cache *rc, uint32_t id)
 {
 	if (rc->q_len == rc->q_cap)
 		lru_compact(rc); /* at most n live records remain: room again */
-	rc->e[id].tick = ++rc->tick;
+	if (++rc->tick == 0)	 /* 0 marks an entry holding no block */
+		rc->tick = 1;
+	rc->tick_of[id] = rc->tick;
 	rc->q[(rc->q_head + rc->q_len++) & (rc->q_cap - 1)] = (struct kvt_rc_rec){id, rc->tick};
 }
 
@@ -373,7 +384,8 @@ static void owner_unlink(struct kvt_recall_cache *rc, uint32_t id)
 }
 
 /* Detaches entry id from its block (the owner's table forgets it) and bumps its generation, so
-   views naming it read as stale. It stays in the LRU list. */
+   views naming it read as stale. Its LRU records go stale too (tick_of 0) and stay queued
+   until popped or compacted away. */
 static void entry_release(struct kvt_manager *m, uint32_t id)
 {
 	struct kvt_rc_entry *e = &m->rc.e[id];
@@ -383,6 +395,7 @@ static void entry_release(struct kvt_manager *m, uint32_t id)
 	owner_unlink(&m->rc, id);
 	e->owner = NULL;
 	e->gen++;
+	m->rc.tick_of[id] = 0;
 }
 
 void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
@@ -423,7 +436,7 @@ static uint32_t take_frame(struct kvt_manager *m)
 	while (rc->q_len && !rec_live(rc, rc->q[rc->q_head])) {
 		rc->q_head = (rc->q_head + 1) & (rc->q_cap - 1);
 		rc->q_len--;
-		prefetch_rec(rc, LRU_AHEAD);
+		prefetch_rec(rc, LRU_AHEAD, true);
 	}
 	if (!rc->q_len)
 		return KVT_NO_ENTRY;
@@ -432,7 +445,7 @@ static uint32_t take_frame(struct kvt_manager *m)
 		return KVT_NO_ENTRY;
 	rc->q_head = (rc->q_head + 1) & (rc->q_cap - 1);
 	rc->q_len--;
-	prefetch_rec(rc, LRU_AHEAD);
+	prefetch_rec(rc, LRU_AHEAD, true);
 	entry_release(m, id);
 	m->st.recall_evictions++;
 	return id;
@@ -578,6 +591,7 @@ static void prefetch_lists(const struct kvt_manager *m, uint32_t layer, const ui
 				prefetch(&lrc->tk[at]);
 			} else if ((id = lrc->slot[at].entry) != KVT_NO_ENTRY) {
 				prefetch_entry(&m->rc, id);
+				prefetch(&m->rc.tick_of[id]); /* the LRU touch */
 			}
 		}
 	}
