@@ -564,35 +564,34 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 }
 
 /* Pass 2 of a recall call costs memory latency: a step of 256 sequences x 32 layers reads slot
-   tables, top-K counts and cache entries of over 100 MB, about three cache misses per block
-   asked for. So while it works on list g (the selection of (sequence g / H, head g % H)), this
+   tables, top-K counts and cache entries of over 100 MB, two or three cache misses per block
+   asked for. So while it works on list g (the selection of (sequence g / H, head g % H)), it
    prefetches the slots and counts of list g + 2, and the cache entries that list g + 1's slots
-   name (those slots were fetched one list earlier). Called for g = -2 and -1 first. */
-static void prefetch_lists(const struct kvt_manager *m, uint32_t layer, const uint32_t *sel,
-			   uint32_t n, uint32_t r, int64_t g)
+   name (those slots were fetched one list earlier). This does one list t: its slots and counts,
+   or with entries the cache entries its slots name. Lists past the batch are ignored. */
+static void prefetch_list(const struct kvt_manager *m, uint32_t layer, const uint32_t *sel,
+			  uint32_t n, uint32_t r, uint64_t t, bool entries)
 {
-	uint64_t H = m->cfg.n_kv_heads, n_lists = (uint64_t)n * H;
+	uint64_t H = m->cfg.n_kv_heads;
 
-	for (int64_t t = g + 2, stage = 0; stage < 2; t = g + 1, stage++) {
-		if (t < 0 || (uint64_t)t >= n_lists)
+	if (t >= (uint64_t)n * H)
+		return;
+	const struct kvt_recall_layer *lrc = m->batch[t / H]->layers[layer].rc;
+	const uint32_t *hs = sel + t * r;
+	uint32_t h = (uint32_t)(t % H);
+
+	for (uint32_t j = 0; j < r; j++) {
+		size_t at = (size_t)hs[j] * H + h;
+		uint32_t id;
+
+		if (hs[j] == KVT_NO_ENTRY)
 			continue;
-		const struct kvt_recall_layer *lrc = m->batch[t / H]->layers[layer].rc;
-		const uint32_t *hs = sel + (uint64_t)t * r;
-		uint32_t h = (uint32_t)(t % H);
-
-		for (uint32_t j = 0; j < r; j++) {
-			size_t at = (size_t)hs[j] * H + h;
-			uint32_t id;
-
-			if (hs[j] == KVT_NO_ENTRY)
-				continue;
-			if (stage == 0) {
-				prefetch(&lrc->slot[at]);
-				prefetch(&lrc->tk[at]);
-			} else if ((id = lrc->slot[at].entry) != KVT_NO_ENTRY) {
-				prefetch_entry(&m->rc, id);
-				prefetch(&m->rc.tick_of[id]); /* the LRU touch */
-			}
+		if (!entries) {
+			prefetch(&lrc->slot[at]);
+			prefetch(&lrc->tk[at]);
+		} else if ((id = lrc->slot[at].entry) != KVT_NO_ENTRY) {
+			prefetch_entry(&m->rc, id);
+			prefetch(&m->rc.tick_of[id]); /* the LRU touch */
 		}
 	}
 }
@@ -629,8 +628,9 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 
 	/* Pass 2: hits, misses, LRU order, views. Nothing below fails except the gather. */
 	rc->call++;
-	prefetch_lists(m, layer, sel, n, r, -2);
-	prefetch_lists(m, layer, sel, n, r, -1);
+	prefetch_list(m, layer, sel, n, r, 0, false);
+	prefetch_list(m, layer, sel, n, r, 1, false);
+	prefetch_list(m, layer, sel, n, r, 0, true);
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_seq *s = m->batch[i];
 		struct kvt_seq_layer *ly = &s->layers[layer];
@@ -644,7 +644,8 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 			uint32_t *vgen = lrc->view_gen + (size_t)h * lrc->view_cap;
 			uint32_t nv_out = 0;
 
-			prefetch_lists(m, layer, sel, n, r, (int64_t)i * H + h);
+			prefetch_list(m, layer, sel, n, r, (uint64_t)i * H + h + 2, false);
+			prefetch_list(m, layer, sel, n, r, (uint64_t)i * H + h + 1, true);
 			for (uint32_t j = 0; j < r; j++) {
 				uint32_t b = hs[j], nv, id;
 				size_t at = (size_t)b * H + h;
