@@ -377,10 +377,26 @@ static void each_schedule(void (*cases)(void), uint64_t seed)
 	kemu_set_schedule(KEMU_SCHED_LOCKSTEP);
 }
 
+/* Long prompts, whose shapes the short cases never reach; under one schedule only, as they
+   test the kernels' arithmetic over spans (the schedules above test the barriers, with the same
+   code) and cost seconds each in the emulator. */
+static void snapkv_long_cases(void)
+{
+	/* two key tiles per span (nkt * H = 71 * 16 > SK_STATS_CTAS), the last span one tile
+	   short, so sk_stats loops over a span and stops at L; every case above has spans of one
+	   tile */
+	snap_case((struct kvt_snapkv){16, 16, 32, KVT_DTYPE_BF16, 4500, 4, 8, 64, 200, 5}, false);
+	/* more spans than sk_rowstats has threads (17000 keys of one kv head: 266 spans of one
+	   tile), so each thread merges several before the warp reductions */
+	snap_case((struct kvt_snapkv){1, 2, 32, KVT_DTYPE_F32, 17000, 4, 4, 64, 300, 7}, false);
+}
+
 static void test_snapkv(void **state)
 {
 	(void)state;
 	each_schedule(snapkv_cases, 4);
+	t_rng_seed(5);
+	snapkv_long_cases();
 }
 
 static void test_snapkv_args(void **state)
