@@ -1694,6 +1694,45 @@ static void test_vs_host_bf16(void **state)
 	run_vs_host(KVT_DTYPE_BF16);
 }
 
+/* ---- a long prompt --------------------------------------------------------------------------- */
+
+#define LONG_L 20000
+
+/* A prompt long enough that SnapKV's device scratch outgrows what the short prompts before it
+   left (the backend frees it and allocates a larger one), between two short prompts, which
+   then reuse the larger scratch: selection, tokens, frames and counters as on the host. */
+static void test_long_prompt(void **state)
+{
+	static const uint32_t lens[3] = {600, LONG_L, 600};
+	struct tseq ts[3];
+	bool any_tie = false;
+	struct pair p;
+
+	(void)state;
+	set_ctx("long prompt: setup");
+	pair_init(&p, KVT_DTYPE_BF16, NULL, LONG_L, 1);
+	g_margin.gap = INFINITY;
+	for (uint32_t i = 0; i < 3; i++) {
+		tseq_gen(&ts[i], &p.cfg, 0x10e6000000ull + i, lens[i], 1);
+		CHECK_RC(kvt_seq_create(p.h, ts[i].id, ts[i].L), 0);
+		CHECK_RC(kvt_seq_create(p.c, ts[i].id, ts[i].L), 0);
+		set_ctx("long prompt: prefill of %u tokens", lens[i]);
+		for (uint32_t l = 0; l < N_LAYERS; l++) {
+			PREFILL_BOTH(&p, &ts[i], l);
+			sync_both(&p);
+			CHECK_SELECTION(&p, &ts[i], l);
+			any_tie = any_tie || ts[i].tie[l];
+		}
+	}
+	print_margin(KVT_DTYPE_BF16);
+	set_ctx("long prompt: after the prefills");
+	CHECK_ALL(&p, ts, 3, any_tie);
+	for (uint32_t i = 0; i < 3; i++)
+		tseq_free(&ts[i]);
+	pair_fini(&p);
+	g_ctx[0] = '\0';
+}
+
 /* ---- a non-blocking stream ------------------------------------------------------------------ */
 
 #define STALL_BYTES ((size_t)64 << 20)
@@ -2363,11 +2402,11 @@ static void test_fault_recall(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_backend_choice),	   cmocka_unit_test(test_vs_host_f32),
-		cmocka_unit_test(test_vs_host_f16),	   cmocka_unit_test(test_vs_host_bf16),
-		cmocka_unit_test(test_nonblocking_stream), cmocka_unit_test(test_resume_burst),
-		cmocka_unit_test(test_fault_prefill),	   cmocka_unit_test(test_fault_decode),
-		cmocka_unit_test(test_fault_recall),
+		cmocka_unit_test(test_backend_choice), cmocka_unit_test(test_vs_host_f32),
+		cmocka_unit_test(test_vs_host_f16),    cmocka_unit_test(test_vs_host_bf16),
+		cmocka_unit_test(test_long_prompt),    cmocka_unit_test(test_nonblocking_stream),
+		cmocka_unit_test(test_resume_burst),   cmocka_unit_test(test_fault_prefill),
+		cmocka_unit_test(test_fault_decode),   cmocka_unit_test(test_fault_recall),
 	};
 	const struct kvt_plugin *plugin;
 	const char *seed = getenv("KVT_TEST_SEED");
