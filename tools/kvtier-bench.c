@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "bench.h"
+#include "bench_usage.h"
 #include "cli.h"
 #include "internal.h"
 #include "kvtier.h"
@@ -547,19 +548,28 @@ out:
 }
 
 /* The transfer benchmark lives in the CUDA plugin (transfer/cuda_bench.c), which links the
-   CUDA runtime; this program does not. Exit 77 (skipped) when there is no plugin. */
+   CUDA runtime; this program does not. Without the plugin, --help still prints the help (and
+   says why the benchmark cannot run here), anything else exits 77 (skipped). */
 static int bench_transfer(int argc, char **argv)
 {
-	int err = 0;
+	int err = 0, i;
 	const struct kvt_plugin *p = kvt_plugin_load(&err);
+	const char *why;
+	bool help = false;
 
-	if (!p) {
-		fprintf(stderr,
-			"kvtier-bench transfer: the CUDA backend plugin is not available (%s)\n",
-			kvt_plugin_error()[0] ? kvt_plugin_error() : "not built or not found");
-		return 77;
+	if (p)
+		return p->bench(argc, argv);
+	why = kvt_plugin_error()[0] ? kvt_plugin_error() : "not built or not found";
+	for (i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+		help = help || strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0;
+	if (help) {
+		kvt_bench_transfer_usage(stdout);
+		fprintf(stderr, "(the CUDA backend plugin is not available here: %s)\n", why);
+		return 0;
 	}
-	return p->bench(argc, argv);
+	fprintf(stderr, "kvtier-bench transfer: the CUDA backend plugin is not available (%s)\n",
+		why);
+	return 77;
 }
 
 int main(int argc, char **argv)
