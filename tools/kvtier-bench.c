@@ -560,8 +560,8 @@ static int bench_transfer(int argc, char **argv)
 	if (p)
 		return p->bench(argc, argv);
 	why = kvt_plugin_error()[0] ? kvt_plugin_error() : "not built or not found";
-	for (i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
-		help = help || strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0;
+	for (i = 1; i < argc && !help && strcmp(argv[i], "--") != 0; i++)
+		help = strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0;
 	if (help) {
 		kvt_bench_transfer_usage(stdout);
 		fprintf(stderr, "(the CUDA backend plugin is not available here: %s)\n", why);
