@@ -127,8 +127,10 @@ struct kvt_config {
 	   With it, when the host tier is full the blocks of the sequences used least recently
 	   (never those of the call at hand) are written to a private spill file there (mode
 	   0600, unlinked: nothing is left behind), O_DIRECT where the file system allows,
-	   through io_uring, each block group with a CRC-32C; a sequence's blocks come back in
-	   one batched read before any call needs them (kvt_seq_fetch does it ahead of time).
+	   through io_uring (pread/pwrite, one I/O at a time, where io_uring is refused or with
+	   the environment variable KVTIER_DISK_IO=sync: see kvt_stats.disk_uring), each block
+	   group with a CRC-32C; a sequence's blocks come back in one batched read before any
+	   call needs them (kvt_seq_fetch does it ahead of time).
 	   disk_bytes: most bytes the spill file may hold (0 = as much as the file system
 	   gives). disk_queue_depth: io_uring entries (1..4096), which is also the most I/Os in
 	   flight. model_disk_gbps / model_disk_ns: the disk of the model backend (which moves
@@ -213,7 +215,11 @@ struct kvt_stats {
 	uint64_t model_ns_disk;	       /* modelled disk time (model backend) */
 	uint32_t disk_direct;	       /* 1: the spill file is O_DIRECT; 0: page cache (the file
 					  system refused O_DIRECT) or no disk tier */
-	uint32_t reserved;
+	uint32_t disk_uring;	       /* 1: disk I/O goes through io_uring; 0: pread/pwrite, one
+					  I/O at a time (io_uring was refused, as by Docker's
+					  default seccomp profile, or failed since, or
+					  KVTIER_DISK_IO=sync), or no disk tier, or the model
+					  backend */
 	/* CUDA backend (0 on the others): how loads of host blocks into device frames ran, as one
 	   fused gather kernel (FlashH2D) or one cudaMemcpyBatchAsync, and the calibration that
 	   chooses between them, measured at create by the process's first manager on that device

@@ -375,6 +375,7 @@ KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out
 		st.disk_checksum_errors = ds.checksum_errors;
 		st.model_ns_disk = ds.model_ns;
 		st.disk_direct = ds.direct;
+		st.disk_uring = ds.uring;
 	}
 	if (m->ops->stats) {
 		struct kvt_be_stats bs;

@@ -28,6 +28,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <liburing.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +77,7 @@ struct fix {
 
 struct rrun;
 static struct rrun *g_run; /* the no-loss run under way, freed by the teardown if it failed */
+static char *g_engine;	   /* KVTIER_DISK_IO as the test binary found it (NULL: unset) */
 static void rrun_free(struct rrun *r);
 
 /* Destroys the test's manager (the test goes on, or ends). */
@@ -112,6 +114,10 @@ static int fix_teardown(void **state)
 	kvt_fault_disarm();
 	g_op = -1;
 	fdestroy(f);
+	if (g_engine)
+		setenv("KVTIER_DISK_IO", g_engine, 1);
+	else
+		unsetenv("KVTIER_DISK_IO");
 	if (g_run) {
 		rrun_free(g_run);
 		g_run = NULL;
@@ -1333,6 +1339,151 @@ static void test_spill_checksum(void **state)
 			"calls on a lost sequence that did not fail with -EBADMSG:%s", bad);
 }
 
+/* KVTIER_DISK_IO for the managers created from now on (NULL: unset); the teardown puts back
+   what the binary was started with. */
+static void set_engine(const char *v)
+{
+	assert_int_equal(v ? setenv("KVTIER_DISK_IO", v, 1) : unsetenv("KVTIER_DISK_IO"), 0);
+}
+
+/* Whether this process may set up an io_uring (a container's seccomp profile or
+   kernel.io_uring_disabled may refuse it). */
+static bool uring_allowed(void)
+{
+	struct io_uring r;
+
+	if (io_uring_queue_init(2, &r, 0) < 0)
+		return false;
+	io_uring_queue_exit(&r);
+	return true;
+}
+
+/* The I/O engine. Without KVTIER_DISK_IO, or with uring, the disk tier uses io_uring where the
+   kernel allows it and pread/pwrite where it does not; with sync, pread/pwrite, which spill,
+   fetch and check every CRC the same way; any other value fails create. A ring that fails
+   in the middle of a batch, with I/Os in flight, hands that batch and every later one to
+   pread/pwrite: the call succeeds and nothing is lost, for a write batch (spill) and for a
+   read batch (fetch). */
+static void test_spill_engine(void **state)
+{
+	struct fix *f = *state;
+	struct kvt_config c = spill_config(f->dir, 4096);
+	struct kvt_manager *m;
+	struct kvt_stats st;
+	uint64_t A = 51, B = 52, two[2] = {51, 52}, nA, nB;
+	bool ring = uring_allowed();
+
+	g_what = "engine";
+	print_message("# engine: io_uring %s here\n", ring ? "allowed" : "refused");
+	c.disk_queue_depth = 2; /* batches of many units keep I/Os in flight between submits */
+
+	/* the default, and uring, take io_uring where allowed */
+	set_engine(NULL);
+	m = f->m = mk(&c);
+	CHECK_EQ(stats_of(m).disk_uring, ring);
+	fdestroy(f);
+	set_engine("uring");
+	m = f->m = mk(&c);
+	CHECK_EQ(stats_of(m).disk_uring, ring);
+	fdestroy(f);
+
+	/* anything else fails create and writes nothing */
+	set_engine("io_uring");
+	m = (struct kvt_manager *)&m;
+	CHECK_RC(kvt_manager_create(&c, &m), -EINVAL);
+	assert_ptr_equal(m, (struct kvt_manager *)&m);
+	f->m = NULL;
+
+	/* sync: the whole round trip, checksums included, with no ring */
+	set_engine("sync");
+	m = f->m = mk(&c);
+	st = stats_of(m);
+	CHECK_EQ(st.disk_uring, 0);
+	CHECK_RC(kvt_disk_break_ring(m->disk, 1, -EIO), -ENOTSUP);
+	prefill(m, &c, A, 100);
+	prefill(m, &c, B, 37);
+	decode(m, &c, A, 3);
+	nA = HOSTB(m, A);
+	nB = HOSTB(m, B);
+	CHECK_RC(kvt_seq_spill(m, A), 0);
+	CHECK_RC(kvt_seq_spill(m, B), 0);
+	st = stats_of(m);
+	CHECK_EQ(st.disk_blocks_used, nA + nB);
+	CHECK_EQ(DISK(m, A), nA);
+	CHECK_RC(kvt_seq_fetch(m, two, 2), 0);
+	CHECK_EQ(stats_of(m).disk_blocks_used, 0);
+	CHECK_SEQ(m, &c, A);
+	CHECK_SEQ_HOST(m, &c, A);
+	CHECK_SEQ_HOST(m, &c, B);
+	CHECK_RC(kvt_seq_spill(m, A), 0);
+	CHECK_RC(kvt_disk_corrupt_block(m, A, 1, 2), 0);
+	CHECK_RC(kvt_seq_fetch(m, &A, 1), -EBADMSG);
+	st = stats_of(m);
+	CHECK_EQ(st.disk_checksum_errors, 1);
+	CHECK_EQ(st.seqs_lost, 1);
+	CHECK_EQ(st.disk_io_errors, 0);
+	CHECK_SEQ(m, &c, B);
+	fdestroy(f);
+	CHECK_DIR_EMPTY(f->dir);
+	if (!ring) {
+		print_message("# engine: the ring-failure cases need io_uring: not run\n");
+		return;
+	}
+
+	/* the ring fails in a write batch: A's spill still succeeds */
+	set_engine(NULL);
+	m = f->m = mk(&c);
+	CHECK_RC(kvt_disk_break_ring(m->disk, 1, 0), -EINVAL);
+	CHECK_RC(kvt_disk_break_ring(NULL, 1, -EIO), -EINVAL);
+	prefill(m, &c, A, 100);
+	prefill(m, &c, B, 37);
+	nA = HOSTB(m, A);
+	nB = HOSTB(m, B);
+	assert_true(nA / c.n_kv_heads > 3 * c.disk_queue_depth);
+	CHECK_RC(kvt_seq_spill(m, B), 0); /* through the ring */
+	CHECK_EQ(stats_of(m).disk_uring, 1);
+	CHECK_RC(kvt_disk_break_ring(m->disk, 3, -EBADF), 0);
+	CHECK_RC(kvt_seq_spill(m, A), 0);
+	st = stats_of(m);
+	CHECK_EQ(st.disk_uring, 0);
+	CHECK_EQ(st.disk_io_errors, 0);
+	CHECK_EQ(st.disk_blocks_used, nA + nB); /* the abandoned slots are not counted */
+	CHECK_EQ(st.disk_blocks_spilled, nA + nB);
+	CHECK_EQ(DISK(m, A), nA);
+	CHECK_RC(kvt_disk_break_ring(m->disk, 1, -EIO), -ENOTSUP);
+	/* B went through the ring, A partly; both come back through pread */
+	CHECK_SEQ_HOST(m, &c, A);
+	CHECK_SEQ_HOST(m, &c, B);
+	CHECK_EQ(stats_of(m).disk_blocks_used, 0);
+	CHECK_RC(kvt_seq_spill(m, A), 0);
+	CHECK_SEQ(m, &c, A);
+	fdestroy(f);
+	CHECK_DIR_EMPTY(f->dir);
+
+	/* the ring fails in a read batch: the fetch still succeeds */
+	m = f->m = mk(&c);
+	prefill(m, &c, A, 100);
+	prefill(m, &c, B, 37);
+	CHECK_RC(kvt_seq_spill(m, A), 0);
+	CHECK_RC(kvt_seq_spill(m, B), 0);
+	CHECK_RC(kvt_disk_break_ring(m->disk, 2, -ENOMEM), 0);
+	CHECK_RC(kvt_seq_fetch(m, two, 2), 0);
+	st = stats_of(m);
+	CHECK_EQ(st.disk_uring, 0);
+	CHECK_EQ(st.disk_blocks_used, 0);
+	CHECK_EQ(st.disk_io_errors, 0);
+	CHECK_SEQ_HOST(m, &c, A);
+	CHECK_SEQ_HOST(m, &c, B);
+	/* the slots the reads used are reused */
+	CHECK_RC(kvt_seq_spill(m, A), 0);
+	CHECK_RC(kvt_seq_spill(m, B), 0);
+	CHECK_EQ(stats_of(m).disk_blocks_used, HOSTB(m, A) + HOSTB(m, B));
+	CHECK_SEQ(m, &c, A);
+	CHECK_SEQ(m, &c, B);
+	fdestroy(f);
+	CHECK_DIR_EMPTY(f->dir);
+}
+
 /* An allocation that fails inside kvt_seq_spill, kvt_seq_fetch or a prefill that has to spill
    (every allocation in turn, through the fault hook) fails the call with -ENOMEM; no token is
    lost or changed, and the sequence's blocks are where they were, or all where they belong. */
@@ -2410,14 +2561,19 @@ int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fix_setup, fix_teardown)
 	const struct CMUnitTest tests[] = {
-		T(test_spill_roundtrip), T(test_spill_private),	   T(test_spill_implicit_fetch),
-		T(test_spill_auto_lru),	 T(test_spill_disk_limit), T(test_spill_bad_config),
-		T(test_spill_io_errors), T(test_spill_checksum),   T(test_spill_alloc_faults),
-		T(test_spill_model),	 T(test_spill_noloss),	   T(test_spill_noloss_limited),
+		T(test_spill_roundtrip),      T(test_spill_private),
+		T(test_spill_implicit_fetch), T(test_spill_auto_lru),
+		T(test_spill_disk_limit),     T(test_spill_bad_config),
+		T(test_spill_io_errors),      T(test_spill_checksum),
+		T(test_spill_alloc_faults),   T(test_spill_model),
+		T(test_spill_engine),	      T(test_spill_noloss),
+		T(test_spill_noloss_limited),
 	};
 #undef T
 
 	check_context = run_context;
+	if (getenv("KVTIER_DISK_IO"))
+		g_engine = strdup(getenv("KVTIER_DISK_IO"));
 	g_seed = t_pick_seed();
 	print_message("# spill: seed %llu\n", (unsigned long long)g_seed);
 	return cmocka_run_group_tests(tests, NULL, NULL);

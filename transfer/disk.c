@@ -14,6 +14,7 @@
 
 #include "disk.h"
 #include "fault.h"
+#include "internal.h" /* kvt_log */
 
 /* valgrind cannot see the kernel write a read's buffer through io_uring: tell it. */
 #if defined(__has_include)
@@ -53,7 +54,10 @@ struct kvt_disk {
 	uint32_t n_bufs, n_buf_free;
 	uint32_t *buf_free;
 	struct inflight *fl; /* [buf] */
-	int broken;	     /* the ring failed: every later I/O fails with this */
+	bool sync;	     /* no ring (refused at open, failed since, or not asked for) */
+	uint8_t *sbuf;	   /* the synchronous engine's bounce buffer (stage when sync from open) */
+	uint32_t break_in; /* test hook: submissions until the simulated failure (0: none) */
+	int break_err;
 	struct kvt_disk_stats st;
 };
 
@@ -206,6 +210,7 @@ static int open_file(struct kvt_disk *d, char *err, size_t len)
 
 int kvt_disk_open(const struct kvt_disk_params *p, struct kvt_disk **out, char *err, size_t err_len)
 {
+	const char *engine = getenv("KVTIER_DISK_IO");
 	struct kvt_disk *d;
 	struct stat sb;
 	uint64_t slots;
@@ -216,6 +221,9 @@ int kvt_disk_open(const struct kvt_disk_params *p, struct kvt_disk **out, char *
 		return fail(err, err_len, -EINVAL, "disk tier: bad parameters");
 	if (p->model && !(p->model_gbps > 0 && isfinite(p->model_gbps)))
 		return fail(err, err_len, -EINVAL, "disk tier: model bandwidth must be > 0");
+	if (engine && *engine && strcmp(engine, "uring") && strcmp(engine, "sync"))
+		return fail(err, err_len, -EINVAL, "KVTIER_DISK_IO=%s: expected uring or sync",
+			    engine);
 	if (stat(p->dir, &sb)) {
 		e = -errno;
 		return fail(err, err_len, e, "spill directory %s: %s", p->dir, strerror(-e));
@@ -253,9 +261,24 @@ int kvt_disk_open(const struct kvt_disk_params *p, struct kvt_disk **out, char *
 	if (e)
 		goto fail;
 
-	/* Bounce buffers: up to queue_depth of them within STAGE_MAX_BYTES (at least two). */
+	/* Bounce buffers: up to queue_depth of them within STAGE_MAX_BYTES (at least two); one
+	   without a ring. */
 	d->n_bufs = (uint32_t)(STAGE_MAX_BYTES / d->slot_bytes);
 	d->n_bufs = d->n_bufs < 2 ? 2 : d->n_bufs > p->queue_depth ? p->queue_depth : d->n_bufs;
+	if (!engine || strcmp(engine, "sync")) {
+		e = io_uring_queue_init(d->n_bufs, &d->ring, 0);
+		if (e < 0) {
+			d->st.uring_err = e;
+			kvt_log(KVT_LOG_WARN,
+				"disk tier: io_uring refused (%s): pread/pwrite, one I/O at a time",
+				strerror(-e));
+		} else {
+			d->ring_ok = true;
+		}
+	}
+	d->sync = !d->ring_ok;
+	if (d->sync)
+		d->n_bufs = 1;
 	d->stage = kvt_aligned_alloc(DISK_ALIGN, d->n_bufs * d->slot_bytes);
 	d->buf_free = kvt_calloc(d->n_bufs, sizeof(*d->buf_free));
 	d->fl = kvt_calloc(d->n_bufs, sizeof(*d->fl));
@@ -267,14 +290,10 @@ int kvt_disk_open(const struct kvt_disk_params *p, struct kvt_disk **out, char *
 	for (uint32_t b = 0; b < d->n_bufs; b++)
 		d->buf_free[b] = d->n_bufs - 1 - b;
 	d->n_buf_free = d->n_bufs;
-
-	e = io_uring_queue_init(d->n_bufs, &d->ring, 0);
-	if (e < 0) {
-		fail(err, err_len, e, "io_uring_queue_init: %s", strerror(-e));
-		goto fail;
-	}
-	d->ring_ok = true;
-	{
+	d->st.uring = d->ring_ok;
+	if (d->sync)
+		d->sbuf = d->stage;
+	else {
 		struct iovec *iov = kvt_calloc(d->n_bufs, sizeof(*iov));
 
 		if (iov) {
@@ -302,6 +321,8 @@ void kvt_disk_close(struct kvt_disk *d)
 		io_uring_queue_exit(&d->ring);
 	if (d->fd >= 0)
 		close(d->fd);
+	if (d->sbuf != d->stage)
+		free(d->sbuf);
 	free(d->stage);
 	free(d->buf_free);
 	free(d->fl);
@@ -345,13 +366,11 @@ static uint32_t model_batch(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t
 	return ok;
 }
 
-/* Completion of the I/O on bounce buffer b with result res. */
-static bool complete(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t b, int res, bool write)
+/* The end of unit x's I/O through buf, of result res (bytes, or -errno); crc: of the unit
+   written. Whether it went. */
+static bool finish(struct kvt_disk *d, struct kvt_disk_io *x, uint8_t *buf, int res, uint32_t crc,
+		   bool write)
 {
-	struct kvt_disk_io *x = &io[d->fl[b].io];
-	uint8_t *buf = d->stage + b * d->slot_bytes;
-
-	d->buf_free[d->n_buf_free++] = b;
 	if (kvt_fault(KVT_FAULT_IO))
 		res = -EIO;
 	if (res != (int)d->slot_bytes) {
@@ -363,7 +382,7 @@ static bool complete(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t b, int
 		return false;
 	}
 	if (write) {
-		d->crc[x->slot] = d->fl[b].crc;
+		d->crc[x->slot] = crc;
 		d->st.units_written++;
 		d->st.bytes_written += d->slot_bytes;
 	} else {
@@ -379,6 +398,84 @@ static bool complete(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t b, int
 	}
 	x->res = 0;
 	return true;
+}
+
+/* Completion of the ring's I/O on bounce buffer b with result res. */
+static bool complete(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t b, int res, bool write)
+{
+	d->buf_free[d->n_buf_free++] = b;
+	return finish(d, &io[d->fl[b].io], d->stage + b * d->slot_bytes, res, d->fl[b].crc, write);
+}
+
+/* One slot's pread or pwrite through buf: the bytes moved, or -errno. */
+static int sync_rw(const struct kvt_disk *d, uint8_t *buf, uint32_t slot, bool write)
+{
+	off_t off = (off_t)((uint64_t)slot * d->slot_bytes);
+	ssize_t r;
+
+	do
+		r = write ? pwrite(d->fd, buf, d->slot_bytes, off)
+			  : pread(d->fd, buf, d->slot_bytes, off);
+	while (r < 0 && errno == EINTR);
+	return r < 0 ? -errno : (int)r;
+}
+
+/* The synchronous engine: the batch's pending units (res > 0), one at a time through one
+   bounce buffer, with the ring's outcomes (writes take their slot here). */
+static uint32_t run_sync(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n, bool write)
+{
+	uint32_t ok = 0;
+
+	if (!d->sbuf)
+		d->sbuf = kvt_aligned_alloc(DISK_ALIGN, d->slot_bytes);
+	for (uint32_t i = 0; i < n; i++) {
+		uint8_t *buf = d->sbuf;
+		uint32_t crc = 0;
+		int e;
+
+		if (io[i].res <= 0)
+			continue;
+		if (!buf) {
+			io[i].res = -ENOMEM;
+			continue;
+		}
+		e = write		       ? take_slot(d, &io[i].slot)
+		    : slot_used(d, io[i].slot) ? 0
+					       : -EINVAL; /* never: slots are the manager's */
+		if (e) {
+			io[i].res = e;
+			continue;
+		}
+		if (write) {
+			memcpy(buf, (const void *)(uintptr_t)io[i].addr, d->p.unit_bytes);
+			memset(buf + d->p.unit_bytes, 0, d->slot_bytes - d->p.unit_bytes);
+			crc = crc32_iscsi(buf, (int)d->p.unit_bytes, 0);
+		}
+		ok += finish(d, &io[i], buf, sync_rw(d, buf, io[i].slot, write), crc, write);
+	}
+	return ok;
+}
+
+/* The ring itself failed (not one I/O), with units 0..queued-1 of the batch queued. What is in
+   flight may still complete at any time, into its bounce buffer and its slot: neither is used
+   again. The units not done yet, and every later batch, go through the synchronous engine
+   with its own buffer (the ring's stay allocated until close); the slots stay taken but leave
+   slots_used. */
+static void ring_failed(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t queued, bool write,
+			int err)
+{
+	kvt_log(KVT_LOG_WARN, "disk tier: the io_uring failed (%s): pread/pwrite from now on",
+		strerror(-err));
+	d->sync = true;
+	d->st.uring = false;
+	d->st.uring_err = err;
+	if (!write)
+		return;
+	for (uint32_t i = 0; i < queued; i++)
+		if (io[i].res > 0) {
+			d->n_used--;
+			d->st.slots_abandoned++;
+		}
 }
 
 /* Queues unit i of the batch on a free bounce buffer (write: copied in and checksummed). */
@@ -414,12 +511,15 @@ static uint32_t run_batch(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n
 {
 	uint32_t next = 0, inflight = 0, ok = 0;
 
+	if (d->sync)
+		return run_sync(d, io, n, write);
+
 	while (next < n || inflight) {
 		struct io_uring_cqe *cqe;
 		unsigned head, seen = 0;
 		int r;
 
-		while (next < n && d->n_buf_free && !d->broken) {
+		while (next < n && d->n_buf_free) {
 			/* io[].res stays 1 (in flight) until its completion */
 			int e = write			      ? take_slot(d, &io[next].slot)
 				: slot_used(d, io[next].slot) ? 0
@@ -435,17 +535,15 @@ static uint32_t run_batch(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n
 		}
 		if (!inflight)
 			break;
-		do
-			r = io_uring_submit_and_wait(&d->ring, 1);
-		while (r == -EINTR);
+		if (d->break_in && !--d->break_in)
+			r = d->break_err;
+		else
+			do
+				r = io_uring_submit_and_wait(&d->ring, 1);
+			while (r == -EINTR);
 		if (r < 0) {
-			/* The ring itself failed (not one I/O): nothing more can be trusted to
-			   complete. Fail what is in flight and every later batch. */
-			d->broken = r;
-			for (uint32_t b = 0; b < d->n_bufs; b++)
-				d->buf_free[b] = b;
-			d->n_buf_free = 0;
-			break;
+			ring_failed(d, io, next, write, r);
+			return ok + run_sync(d, io, n, write);
 		}
 		io_uring_for_each_cqe(&d->ring, head, cqe)
 		{
@@ -456,16 +554,6 @@ static uint32_t run_batch(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n
 		}
 		io_uring_cq_advance(&d->ring, seen);
 	}
-	if (d->broken) {
-		/* Units never completed fail with -EIO; writes give their slot back. */
-		for (uint32_t i = 0; i < n; i++) {
-			if (io[i].res <= 0)
-				continue;
-			if (write && i < next)
-				kvt_disk_release(d, io[i].slot);
-			io[i].res = -EIO;
-		}
-	}
 	return ok;
 }
 
@@ -473,7 +561,7 @@ uint32_t kvt_disk_write(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n)
 {
 	if (d->p.model)
 		return model_batch(d, io, n, true);
-	/* res > 0 marks units still in flight should the ring break mid-batch */
+	/* res > 0 marks units not done yet (run_sync takes those should the ring break) */
 	for (uint32_t i = 0; i < n; i++)
 		io[i].res = 1;
 	return run_batch(d, io, n, true);
@@ -519,4 +607,15 @@ int kvt_disk_corrupt(struct kvt_disk *d, uint32_t slot)
 	}
 	free(buf);
 	return e;
+}
+
+int kvt_disk_break_ring(struct kvt_disk *d, uint32_t nth, int err)
+{
+	if (!d || (nth && err >= 0))
+		return -EINVAL;
+	if (d->p.model || d->sync)
+		return -ENOTSUP;
+	d->break_in = nth;
+	d->break_err = err;
+	return 0;
 }

@@ -10,6 +10,15 @@
  * O_TMPFILE), mode 0600, so no path to it ever exists for another process and nothing is left
  * behind by a crash; O_DIRECT where the file system takes it, the page cache otherwise.
  *
+ * Where io_uring is refused (Docker 25+ and containerd 2 block its system calls in their default
+ * seccomp profiles; kernel.io_uring_disabled; gVisor) the engine does the same batches with
+ * pread/pwrite, one unit at a time through one bounce buffer: slower, but the tier works and
+ * nothing else changes. It switches the same way if the ring fails later: the units in flight
+ * are redone synchronously (writes to fresh slots: the abandoned ones are never reused, as the
+ * kernel may still complete the old I/O) and every later batch goes synchronously. The
+ * environment variable KVTIER_DISK_IO=sync asks for the synchronous engine from the start
+ * (uring, the default, asks for io_uring).
+ *
  * In model mode (payload-free backends) there is no file: slots are accounted the same way and
  * each batch is timed as latency + bytes / bandwidth.
  *
@@ -43,7 +52,11 @@ struct kvt_disk_stats {
 	uint64_t bytes_written, bytes_read;
 	uint64_t io_errors, checksum_errors;
 	uint64_t model_ns;
+	uint64_t slots_abandoned; /* in flight when the ring failed: never reused, not in used */
 	bool direct;
+	bool uring;    /* batches go through io_uring (false: pread/pwrite, or model mode) */
+	int uring_err; /* why not: the -errno that refused or broke the ring (0: none, or the
+			  environment asked for sync) */
 };
 
 /* One unit of a batch: its host address (never dereferenced in model mode), its slot, and the
@@ -54,20 +67,24 @@ struct kvt_disk_io {
 	int res;
 };
 
-/* Opens the engine and its spill file. 0; -EINVAL (bad params); -ENOENT, -ENOTDIR, -EACCES,
-   ... (the directory); -ENOMEM; or the error of io_uring setup. The detail goes to err. */
+/* Opens the engine and its spill file. 0; -EINVAL (bad params, or KVTIER_DISK_IO is neither
+   uring nor sync); -ENOENT, -ENOTDIR, -EACCES, ... (the directory); -ENOMEM. A refused
+   io_uring is not an error: the engine runs synchronously (stats: uring, uring_err). The detail
+   goes to err. */
 int kvt_disk_open(const struct kvt_disk_params *p, struct kvt_disk **out, char *err,
 		  size_t err_len);
 /* Closes the file (its space goes back to the file system) and frees everything. NULL: no-op. */
 void kvt_disk_close(struct kvt_disk *d);
 
 /* Writes the n units: takes a slot for each (io[i].slot), writes the unit and records its
-   CRC. Per unit io[i].res is 0, -ENOSPC (file at its limit, or file system full), or -EIO (a
-   failed or short write); a failed unit holds no slot. Returns the number written. */
+   CRC. Per unit io[i].res is 0, -ENOSPC (file at its limit, or file system full), -EIO (a
+   failed or short write) or -ENOMEM (the ring failed and no bounce buffer could be had for
+   the synchronous engine); a failed unit holds no slot. Returns the number written. */
 uint32_t kvt_disk_write(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n);
 
 /* Reads the n units in slots io[i].slot into io[i].addr and checks each CRC. Per unit io[i].res
-   is 0, -EIO (failed or short read; the slot still holds the unit) or -EBADMSG (CRC mismatch).
+   is 0, -EIO (failed or short read; the slot still holds the unit), -ENOMEM (as for writes;
+   the slot still holds the unit) or -EBADMSG (CRC mismatch).
    Slots stay taken: the caller frees them once it has committed. Returns the number read. */
 uint32_t kvt_disk_read(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n);
 
@@ -80,5 +97,10 @@ void kvt_disk_stats(const struct kvt_disk *d, struct kvt_disk_stats *out);
    engine), so the next read of it fails its CRC. 0, -ENOENT (slot not in use), -ENOTSUP
    (model mode) or -errno of the write. */
 int kvt_disk_corrupt(struct kvt_disk *d, uint32_t slot);
+
+/* Test hook: the nth io_uring submission from now (1 = the next) fails with err (< 0) instead
+   of entering the kernel, as a ring that broke would, with the earlier I/Os of its batch still
+   in flight. 0 disarms. -ENOTSUP when there is no ring (model mode, synchronous engine). */
+int kvt_disk_break_ring(struct kvt_disk *d, uint32_t nth, int err);
 
 #endif /* KVT_DISK_H */

@@ -110,7 +110,7 @@ class Stats(_Struct):
         ("disk_bytes_written", c_uint64), ("disk_bytes_read", c_uint64),
         ("disk_io_errors", c_uint64), ("disk_checksum_errors", c_uint64),
         ("seqs_lost", c_uint64), ("model_ns_disk", c_uint64),
-        ("disk_direct", c_uint32), ("reserved", c_uint32),
+        ("disk_direct", c_uint32), ("disk_uring", c_uint32),
         ("h2d_kernel_launches", c_uint64), ("h2d_dma_batches", c_uint64),
         ("xfer_calibrated", c_uint32), ("xfer_gather_min_4k", c_uint32),
         ("xfer_gather_min_16k", c_uint32), ("xfer_gather_min_64k", c_uint32),

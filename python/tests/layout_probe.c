@@ -109,7 +109,7 @@ int main(void)
 	FIELD(struct kvt_stats, seqs_lost);
 	FIELD(struct kvt_stats, model_ns_disk);
 	FIELD(struct kvt_stats, disk_direct);
-	FIELD(struct kvt_stats, reserved);
+	FIELD(struct kvt_stats, disk_uring);
 	printf("]}");
 	struct_begin("kvt_seq_info", sizeof(struct kvt_seq_info), 1);
 	first = 0;
