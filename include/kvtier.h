@@ -127,7 +127,7 @@ struct kvt_config {
 	   With it, when the host tier is full the blocks of the sequences used least recently
 	   (never those of the call at hand) are written to a private spill file there (mode
 	   0600, unlinked: nothing is left behind), O_DIRECT where the file system allows,
-	   through io_uring (pread/pwrite, one I/O at a time, where io_uring is refused or with
+	   through io_uring (preadv/pwritev, one I/O at a time, where io_uring is refused or with
 	   the environment variable KVTIER_DISK_IO=sync: see kvt_stats.disk_uring), each block
 	   group with a CRC-32C; a sequence's blocks come back in one batched read before any
 	   call needs them (kvt_seq_fetch does it ahead of time).

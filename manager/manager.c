@@ -221,7 +221,8 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 	*out = m;
 	return 0;
 fail_be:
-	kvt_log(KVT_LOG_WARN, "backend %s: %s", ops->name, m->be ? m->be->err : "");
+	if (m->be && m->be->err[0]) /* the other failures logged their own detail */
+		kvt_log(KVT_LOG_WARN, "backend %s: %s", ops->name, m->be->err);
 	kvt_spill_close(m);
 	kvt_seqmap_fini(&m->seqs);
 	kvt_recall_fini(m);

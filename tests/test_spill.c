@@ -33,6 +33,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <time.h>
@@ -1346,6 +1348,15 @@ static void set_engine(const char *v)
 	assert_int_equal(v ? setenv("KVTIER_DISK_IO", v, 1) : unsetenv("KVTIER_DISK_IO"), 0);
 }
 
+/* I/O requests of the manager's disk engine so far. */
+static uint64_t disk_ios(struct kvt_manager *m)
+{
+	struct kvt_disk_stats ds;
+
+	kvt_disk_stats(m->disk, &ds);
+	return ds.ios;
+}
+
 /* Whether this process may set up an io_uring (a container's seccomp profile or
    kernel.io_uring_disabled may refuse it). */
 static bool uring_allowed(void)
@@ -1367,10 +1378,10 @@ static bool uring_allowed(void)
 static void test_spill_engine(void **state)
 {
 	struct fix *f = *state;
-	struct kvt_config c = spill_config(f->dir, 4096);
+	struct kvt_config c = spill_config(f->dir, 4096), cs = c;
 	struct kvt_manager *m;
 	struct kvt_stats st;
-	uint64_t A = 51, B = 52, two[2] = {51, 52}, nA, nB;
+	uint64_t A = 51, B = 52, C = 53, two[2] = {51, 52}, nA, nB, ios, errs;
 	bool ring = uring_allowed();
 
 	g_what = "engine";
@@ -1394,35 +1405,92 @@ static void test_spill_engine(void **state)
 	assert_ptr_equal(m, (struct kvt_manager *)&m);
 	f->m = NULL;
 
-	/* sync: the whole round trip, checksums included, with no ring */
+	/* sync: the whole round trip, checksums included, with no ring; the units of a batch
+	   whose slots are consecutive go as one I/O, rising (fresh slots) or falling (reused ones
+	   come off the free stack) */
 	set_engine("sync");
-	m = f->m = mk(&c);
+	m = f->m = mk(&cs);
 	st = stats_of(m);
 	CHECK_EQ(st.disk_uring, 0);
 	CHECK_RC(kvt_disk_break_ring(m->disk, 1, -EIO), -ENOTSUP);
-	prefill(m, &c, A, 100);
-	prefill(m, &c, B, 37);
-	decode(m, &c, A, 3);
+	prefill(m, &cs, A, 100);
+	prefill(m, &cs, B, 37);
+	decode(m, &cs, A, 3);
 	nA = HOSTB(m, A);
 	nB = HOSTB(m, B);
+	ios = disk_ios(m);
 	CHECK_RC(kvt_seq_spill(m, A), 0);
+	CHECK_EQ(disk_ios(m) - ios, 1);
+	ios = disk_ios(m);
 	CHECK_RC(kvt_seq_spill(m, B), 0);
+	CHECK_EQ(disk_ios(m) - ios, 1);
 	st = stats_of(m);
 	CHECK_EQ(st.disk_blocks_used, nA + nB);
 	CHECK_EQ(DISK(m, A), nA);
+	ios = disk_ios(m);
 	CHECK_RC(kvt_seq_fetch(m, two, 2), 0);
+	CHECK_EQ(disk_ios(m) - ios, 1);
 	CHECK_EQ(stats_of(m).disk_blocks_used, 0);
-	CHECK_SEQ(m, &c, A);
-	CHECK_SEQ_HOST(m, &c, A);
-	CHECK_SEQ_HOST(m, &c, B);
+	CHECK_SEQ(m, &cs, A);
+	CHECK_SEQ_HOST(m, &cs, A);
+	CHECK_SEQ_HOST(m, &cs, B);
+	ios = disk_ios(m);
+	CHECK_RC(kvt_seq_spill(m, A), 0);
+	CHECK_EQ(disk_ios(m) - ios, 1);
+	ios = disk_ios(m);
+	CHECK_RC(kvt_seq_fetch(m, &A, 1), 0);
+	CHECK_EQ(disk_ios(m) - ios, 1);
+	CHECK_SEQ_HOST(m, &cs, A);
+
+	/* a merged write that comes short (at the file size limit here, as on a full file
+	   system) is redone a unit at a time: the units below the limit are written, the others
+	   fail with -EIO and stay in DRAM; nothing is lost */
+	{
+		struct kvt_disk_stats ds;
+		struct rlimit old, lim;
+		void (*old_xfsz)(int) = signal(SIGXFSZ, SIG_IGN);
+
+		errs = stats_of(m).disk_io_errors;
+		uint64_t nC, gC;
+		int rc;
+
+		CHECK_RC(kvt_seq_spill(m, A), 0); /* A and B take every slot the file has */
+		CHECK_RC(kvt_seq_spill(m, B), 0);
+		prefill(m, &cs, C, 60);
+		nC = HOSTB(m, C);
+		gC = nC / cs.n_kv_heads;
+		assert_true(gC > 4);
+		kvt_disk_stats(m->disk, &ds);
+		CHECK_EQ(ds.slots_used, ds.slots_high);
+		assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+		lim = old;
+		lim.rlim_cur = (ds.slots_high + 3) * ds.slot_bytes;
+		assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+		ios = disk_ios(m);
+		rc = kvt_seq_spill(m, C);
+		setrlimit(RLIMIT_FSIZE, &old);
+		signal(SIGXFSZ, old_xfsz);
+		CHECK_RC(rc, -EIO);
+		CHECK_EQ(disk_ios(m) - ios, 1 + gC); /* the merged write, then one per unit */
+		CHECK_EQ(DISK(m, C), 3ull * cs.n_kv_heads);
+		CHECK_EQ(stats_of(m).disk_io_errors, errs + gC - 3);
+		errs += gC - 3;
+		CHECK_SEQ_HOST(m, &cs, C);
+		CHECK_EQ(DISK(m, C), 0);
+		CHECK_RC(kvt_seq_spill(m, C), 0);
+		CHECK_EQ(DISK(m, C), nC);
+		CHECK_SEQ_HOST(m, &cs, C);
+		CHECK_SEQ_HOST(m, &cs, B);
+		CHECK_SEQ_HOST(m, &cs, A);
+	}
 	CHECK_RC(kvt_seq_spill(m, A), 0);
 	CHECK_RC(kvt_disk_corrupt_block(m, A, 1, 2), 0);
 	CHECK_RC(kvt_seq_fetch(m, &A, 1), -EBADMSG);
 	st = stats_of(m);
 	CHECK_EQ(st.disk_checksum_errors, 1);
 	CHECK_EQ(st.seqs_lost, 1);
-	CHECK_EQ(st.disk_io_errors, 0);
-	CHECK_SEQ(m, &c, B);
+	CHECK_EQ(st.disk_io_errors, errs);
+	CHECK_SEQ(m, &cs, B);
 	fdestroy(f);
 	CHECK_DIR_EMPTY(f->dir);
 	if (!ring) {

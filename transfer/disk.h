@@ -12,12 +12,12 @@
  *
  * Where io_uring is refused (Docker 25+ and containerd 2 block its system calls in their default
  * seccomp profiles; kernel.io_uring_disabled; gVisor) the engine does the same batches with
- * pread/pwrite, one unit at a time through one bounce buffer: slower, but the tier works and
- * nothing else changes. It switches the same way if the ring fails later: the units in flight
- * are redone synchronously (writes to fresh slots: the abandoned ones are never reused, as the
- * kernel may still complete the old I/O) and every later batch goes synchronously. The
- * environment variable KVTIER_DISK_IO=sync asks for the synchronous engine from the start
- * (uring, the default, asks for io_uring).
+ * preadv/pwritev, one I/O at a time, each run of consecutive slots (rising or falling) as one
+ * I/O: the tier works and nothing else changes. It switches the same way if the ring fails
+ * later: the units in flight are redone synchronously (writes to fresh slots: the abandoned
+ * ones are never reused, as the kernel may still complete the old I/O) and every later batch
+ * goes synchronously. The environment variable KVTIER_DISK_IO=sync asks for the synchronous
+ * engine from the start (uring, the default, asks for io_uring).
  *
  * In model mode (payload-free backends) there is no file: slots are accounted the same way and
  * each batch is timed as latency + bytes / bandwidth.
@@ -53,6 +53,7 @@ struct kvt_disk_stats {
 	uint64_t io_errors, checksum_errors;
 	uint64_t model_ns;
 	uint64_t slots_abandoned; /* in flight when the ring failed: never reused, not in used */
+	uint64_t ios;		  /* I/O requests: ring entries, or preadv/pwritev calls */
 	bool direct;
 	bool uring;    /* batches go through io_uring (false: pread/pwrite, or model mode) */
 	int uring_err; /* why not: the -errno that refused or broke the ring (0: none, or the
