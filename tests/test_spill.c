@@ -1517,6 +1517,14 @@ static void test_spill_engine(void **state)
 	CHECK_EQ(st.disk_io_errors, 0);
 	CHECK_EQ(st.disk_blocks_used, nA + nB); /* the abandoned slots are not counted */
 	CHECK_EQ(st.disk_blocks_spilled, nA + nB);
+	{
+		struct kvt_disk_stats ds;
+
+		/* the break found writes in flight, whose slots were set aside */
+		kvt_disk_stats(m->disk, &ds);
+		assert_true(ds.slots_abandoned >= 1 && ds.slots_abandoned <= c.disk_queue_depth);
+		CHECK_EQ(ds.slots_high, ds.slots_used + ds.slots_abandoned);
+	}
 	CHECK_EQ(DISK(m, A), nA);
 	CHECK_RC(kvt_disk_break_ring(m->disk, 1, -EIO), -ENOTSUP);
 	/* B went through the ring, A partly; both come back through pread */

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "bench.h"
@@ -19,7 +18,6 @@
 #include "disk.h"
 
 #define SEQ_CHUNK ((size_t)4 << 20)
-#define HUGE_PAGE ((size_t)2 << 20)
 
 static void usage(FILE *f)
 {
@@ -122,12 +120,9 @@ int kvt_bench_disk(int argc, char **argv)
 	}
 	bytes = n * ((size_t)gkib << 10);
 	tw = calloc(4 * (size_t)reps, sizeof(double));
-	/* on huge pages where THP allows, as the engine's bounce buffers are (direct I/O from huge
-	   pages is several times faster on some virtual disks): the sequential figures are then
-	   the best this disk gives one thread */
-	buf = aligned_alloc(HUGE_PAGE, (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE);
-	if (buf)
-		(void)madvise(buf, (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE);
+	/* allocated as the engine's bounce buffers are (huge pages where THP allows): the
+	   sequential figures are then the best this disk gives one thread */
+	buf = kvt_disk_buf_alloc(bytes);
 	io = calloc(n, sizeof(*io));
 	if (!tw || !buf || !io) {
 		fprintf(stderr, "kvtier-bench disk: out of memory\n");

@@ -159,11 +159,22 @@ void kvt_disk_release(struct kvt_disk *d, uint32_t slot)
 	d->free_slots[d->n_free++] = slot;
 }
 
-/* Bounce buffers of n bytes, DISK_ALIGN-aligned; from 2 MiB up, on huge page boundaries and
-   advised to be huge pages (THP). Direct I/O from huge pages hands the device a few large
-   segments instead of one per 4 KiB page: on the development VM's virtio disk that is 3-6 times
-   the throughput (kvtier-bench disk, README). Without THP they work as before. */
-static void *bounce_alloc(uint64_t n)
+/* The slot of a batch's unit: a write takes one, a read's must be in use (the manager's slots:
+   never otherwise). 0, or the error of take_slot, or -EINVAL. */
+static int unit_slot(struct kvt_disk *d, struct kvt_disk_io *x, bool write)
+{
+	return write ? take_slot(d, &x->slot) : slot_used(d, x->slot) ? 0 : -EINVAL;
+}
+
+/* Copies a write's unit into its bounce buffer, zeroes the padding; the unit's CRC-32C. */
+static uint32_t fill_unit(const struct kvt_disk *d, const struct kvt_disk_io *x, uint8_t *buf)
+{
+	memcpy(buf, (const void *)(uintptr_t)x->addr, d->p.unit_bytes);
+	memset(buf + d->p.unit_bytes, 0, d->slot_bytes - d->p.unit_bytes);
+	return crc32_iscsi(buf, (int)d->p.unit_bytes, 0);
+}
+
+void *kvt_disk_buf_alloc(uint64_t n)
 {
 	void *p;
 
@@ -296,7 +307,7 @@ int kvt_disk_open(const struct kvt_disk_params *p, struct kvt_disk **out, char *
 		}
 	}
 	d->sync = !d->ring_ok;
-	d->stage = bounce_alloc(d->n_bufs * d->slot_bytes);
+	d->stage = kvt_disk_buf_alloc(d->n_bufs * d->slot_bytes);
 	d->buf_free = kvt_calloc(d->n_bufs, sizeof(*d->buf_free));
 	d->fl = kvt_calloc(d->n_bufs, sizeof(*d->fl));
 	if (!d->stage || !d->buf_free || !d->fl) {
@@ -307,7 +318,6 @@ int kvt_disk_open(const struct kvt_disk_params *p, struct kvt_disk **out, char *
 	for (uint32_t b = 0; b < d->n_bufs; b++)
 		d->buf_free[b] = d->n_bufs - 1 - b;
 	d->n_buf_free = d->n_bufs;
-	d->st.uring = d->ring_ok;
 	if (d->sync) {
 		d->sbuf = d->stage;
 		d->sbuf_n = d->n_bufs;
@@ -357,9 +367,7 @@ static uint32_t model_batch(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t
 	uint32_t ok = 0;
 
 	for (uint32_t i = 0; i < n; i++) {
-		io[i].res = write		       ? take_slot(d, &io[i].slot)
-			    : slot_used(d, io[i].slot) ? 0
-						       : -EINVAL;
+		io[i].res = unit_slot(d, &io[i], write);
 		if (!io[i].res && kvt_fault(KVT_FAULT_IO)) {
 			io[i].res = -EIO;
 			d->st.io_errors++;
@@ -444,10 +452,10 @@ static int sync_rw(struct kvt_disk *d, const struct iovec *iov, uint32_t k, uint
    kernel's): as many slots as the ring had, else one. */
 static void sync_buffers(struct kvt_disk *d)
 {
-	d->sbuf = bounce_alloc(d->n_bufs * d->slot_bytes);
+	d->sbuf = kvt_disk_buf_alloc(d->n_bufs * d->slot_bytes);
 	d->sbuf_n = d->n_bufs;
 	if (!d->sbuf) {
-		d->sbuf = bounce_alloc(d->slot_bytes);
+		d->sbuf = kvt_disk_buf_alloc(d->slot_bytes);
 		d->sbuf_n = 1;
 	}
 	if (!d->sbuf)
@@ -486,9 +494,7 @@ static uint32_t run_sync(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n,
 			int e = 0;
 
 			if (x->res == 1)
-				e = write		    ? take_slot(d, &x->slot)
-				    : slot_used(d, x->slot) ? 0
-							    : -EINVAL; /* never: the manager's */
+				e = unit_slot(d, x, write);
 			if (e || x->res <= 0) {
 				if (e)
 					x->res = e;
@@ -504,11 +510,8 @@ static uint32_t run_sync(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n,
 				break; /* starts the next run, its slot taken */
 			if (!k)
 				first = x->slot;
-			if (write) {
-				memcpy(buf, (const void *)(uintptr_t)x->addr, d->p.unit_bytes);
-				memset(buf + d->p.unit_bytes, 0, d->slot_bytes - d->p.unit_bytes);
-				d->fl[k].crc = crc32_iscsi(buf, (int)d->p.unit_bytes, 0);
-			}
+			if (write)
+				d->fl[k].crc = fill_unit(d, x, buf);
 			k++;
 		}
 		if (!k)
@@ -549,7 +552,6 @@ static void ring_failed(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t que
 	kvt_log(KVT_LOG_WARN, "disk tier: the io_uring failed (%s): pread/pwrite from now on",
 		strerror(-err));
 	d->sync = true;
-	d->st.uring = false;
 	d->st.uring_err = err;
 	if (!write)
 		return;
@@ -571,9 +573,7 @@ static void queue_io(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t i, boo
 	d->fl[b].io = i;
 	d->st.ios++;
 	if (write) {
-		memcpy(buf, (const void *)(uintptr_t)io[i].addr, d->p.unit_bytes);
-		memset(buf + d->p.unit_bytes, 0, d->slot_bytes - d->p.unit_bytes);
-		d->fl[b].crc = crc32_iscsi(buf, (int)d->p.unit_bytes, 0);
+		d->fl[b].crc = fill_unit(d, &io[i], buf);
 		if (d->fixed)
 			io_uring_prep_write_fixed(sqe, d->fd, buf, (unsigned)d->slot_bytes, off,
 						  (int)b);
@@ -604,10 +604,7 @@ static uint32_t run_batch(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n
 
 		while (next < n && d->n_buf_free) {
 			/* io[].res stays 1 (in flight) until its completion */
-			int e = write			      ? take_slot(d, &io[next].slot)
-				: slot_used(d, io[next].slot) ? 0
-							      : -EINVAL; /* never: slots are
-									    the manager's */
+			int e = unit_slot(d, &io[next], write);
 
 			if (e) {
 				io[next++].res = e;
@@ -664,6 +661,7 @@ void kvt_disk_stats(const struct kvt_disk *d, struct kvt_disk_stats *out)
 	*out = d->st;
 	out->slots_used = d->n_used;
 	out->slots_high = d->high;
+	out->uring = !d->p.model && !d->sync;
 }
 
 int kvt_disk_corrupt(struct kvt_disk *d, uint32_t slot)
