@@ -1498,66 +1498,73 @@ static void test_spill_engine(void **state)
 		return;
 	}
 
-	/* the ring fails in a write batch: A's spill still succeeds */
-	set_engine(NULL);
-	m = f->m = mk(&c);
-	CHECK_RC(kvt_disk_break_ring(m->disk, 1, 0), -EINVAL);
 	CHECK_RC(kvt_disk_break_ring(NULL, 1, -EIO), -EINVAL);
-	prefill(m, &c, A, 100);
-	prefill(m, &c, B, 37);
-	nA = HOSTB(m, A);
-	nB = HOSTB(m, B);
-	assert_true(nA / c.n_kv_heads > 3 * c.disk_queue_depth);
-	CHECK_RC(kvt_seq_spill(m, B), 0); /* through the ring */
-	CHECK_EQ(stats_of(m).disk_uring, 1);
-	CHECK_RC(kvt_disk_break_ring(m->disk, 3, -EBADF), 0);
-	CHECK_RC(kvt_seq_spill(m, A), 0);
-	st = stats_of(m);
-	CHECK_EQ(st.disk_uring, 0);
-	CHECK_EQ(st.disk_io_errors, 0);
-	CHECK_EQ(st.disk_blocks_used, nA + nB); /* the abandoned slots are not counted */
-	CHECK_EQ(st.disk_blocks_spilled, nA + nB);
-	{
-		struct kvt_disk_stats ds;
+	/* the ring fails in a write batch, in the submission of writes as they are filled (2nd) or
+	   in the wait for a completion (3rd): A's spill still succeeds */
+	for (uint32_t nth = 2; nth <= 3; nth++) {
+		set_engine(NULL);
+		m = f->m = mk(&c);
+		CHECK_RC(kvt_disk_break_ring(m->disk, 1, 0), -EINVAL);
+		prefill(m, &c, A, 100);
+		prefill(m, &c, B, 37);
+		nA = HOSTB(m, A);
+		nB = HOSTB(m, B);
+		assert_true(nA / c.n_kv_heads > 3 * c.disk_queue_depth);
+		CHECK_RC(kvt_seq_spill(m, B), 0); /* through the ring */
+		CHECK_EQ(stats_of(m).disk_uring, 1);
+		CHECK_RC(kvt_disk_break_ring(m->disk, nth, -EBADF), 0);
+		CHECK_RC(kvt_seq_spill(m, A), 0);
+		st = stats_of(m);
+		CHECK_EQ(st.disk_uring, 0);
+		CHECK_EQ(st.disk_io_errors, 0);
+		CHECK_EQ(st.disk_blocks_used, nA + nB); /* the abandoned slots are not counted */
+		CHECK_EQ(st.disk_blocks_spilled, nA + nB);
+		{
+			struct kvt_disk_stats ds;
 
-		/* the break found writes in flight, whose slots were set aside */
-		kvt_disk_stats(m->disk, &ds);
-		assert_true(ds.slots_abandoned >= 1 && ds.slots_abandoned <= c.disk_queue_depth);
-		CHECK_EQ(ds.slots_high, ds.slots_used + ds.slots_abandoned);
+			/* the break found writes in flight, whose slots were set aside */
+			kvt_disk_stats(m->disk, &ds);
+			assert_true(ds.slots_abandoned >= 1 &&
+				    ds.slots_abandoned <= c.disk_queue_depth);
+			CHECK_EQ(ds.slots_high, ds.slots_used + ds.slots_abandoned);
+		}
+		CHECK_EQ(DISK(m, A), nA);
+		CHECK_RC(kvt_disk_break_ring(m->disk, 1, -EIO), -ENOTSUP);
+		/* B went through the ring, A partly; both come back through pread */
+		CHECK_SEQ_HOST(m, &c, A);
+		CHECK_SEQ_HOST(m, &c, B);
+		CHECK_EQ(stats_of(m).disk_blocks_used, 0);
+		CHECK_RC(kvt_seq_spill(m, A), 0);
+		CHECK_SEQ(m, &c, A);
+		fdestroy(f);
+		CHECK_DIR_EMPTY(f->dir);
 	}
-	CHECK_EQ(DISK(m, A), nA);
-	CHECK_RC(kvt_disk_break_ring(m->disk, 1, -EIO), -ENOTSUP);
-	/* B went through the ring, A partly; both come back through pread */
-	CHECK_SEQ_HOST(m, &c, A);
-	CHECK_SEQ_HOST(m, &c, B);
-	CHECK_EQ(stats_of(m).disk_blocks_used, 0);
-	CHECK_RC(kvt_seq_spill(m, A), 0);
-	CHECK_SEQ(m, &c, A);
-	fdestroy(f);
-	CHECK_DIR_EMPTY(f->dir);
 
-	/* the ring fails in a read batch: the fetch still succeeds */
-	m = f->m = mk(&c);
-	prefill(m, &c, A, 100);
-	prefill(m, &c, B, 37);
-	CHECK_RC(kvt_seq_spill(m, A), 0);
-	CHECK_RC(kvt_seq_spill(m, B), 0);
-	CHECK_RC(kvt_disk_break_ring(m->disk, 2, -ENOMEM), 0);
-	CHECK_RC(kvt_seq_fetch(m, two, 2), 0);
-	st = stats_of(m);
-	CHECK_EQ(st.disk_uring, 0);
-	CHECK_EQ(st.disk_blocks_used, 0);
-	CHECK_EQ(st.disk_io_errors, 0);
-	CHECK_SEQ_HOST(m, &c, A);
-	CHECK_SEQ_HOST(m, &c, B);
-	/* the slots the reads used are reused */
-	CHECK_RC(kvt_seq_spill(m, A), 0);
-	CHECK_RC(kvt_seq_spill(m, B), 0);
-	CHECK_EQ(stats_of(m).disk_blocks_used, HOSTB(m, A) + HOSTB(m, B));
-	CHECK_SEQ(m, &c, A);
-	CHECK_SEQ(m, &c, B);
-	fdestroy(f);
-	CHECK_DIR_EMPTY(f->dir);
+	/* the ring fails in a read batch, in the wait for a completion (1st) or in the submission
+	   of a buffer read into again (2nd, 3rd): the fetch still succeeds */
+	for (uint32_t nth = 1; nth <= 3; nth++) {
+		m = f->m = mk(&c);
+		prefill(m, &c, A, 100);
+		prefill(m, &c, B, 37);
+		CHECK_RC(kvt_seq_spill(m, A), 0);
+		CHECK_RC(kvt_seq_spill(m, B), 0);
+		CHECK_RC(kvt_disk_break_ring(m->disk, nth, -ENOMEM), 0);
+		CHECK_RC(kvt_seq_fetch(m, two, 2), 0);
+		st = stats_of(m);
+		CHECK_EQ(st.disk_uring, 0);
+		CHECK_EQ(st.disk_blocks_used, 0);
+		CHECK_EQ(st.disk_io_errors, 0);
+		CHECK_SEQ_HOST(m, &c, A);
+		CHECK_SEQ_HOST(m, &c, B);
+		/* the slots the reads used are reused */
+		CHECK_RC(kvt_seq_spill(m, A), 0);
+		CHECK_RC(kvt_seq_spill(m, B), 0);
+		CHECK_EQ(stats_of(m).disk_blocks_used, HOSTB(m, A) + HOSTB(m, B));
+		CHECK_SEQ(m, &c, A);
+		CHECK_SEQ(m, &c, B);
+		fdestroy(f);
+		CHECK_DIR_EMPTY(f->dir);
+	}
 }
 
 /* An allocation that fails inside kvt_seq_spill, kvt_seq_fetch or a prefill that has to spill
