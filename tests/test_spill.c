@@ -1407,8 +1407,10 @@ static void test_spill_engine(void **state)
 
 	/* sync: the whole round trip, checksums included, with no ring; the units of a batch
 	   whose slots are consecutive go as one I/O, rising (fresh slots) or falling (reused ones
-	   come off the free stack) */
+	   come off the free stack); the buffers of two runs of 64 units, one run's I/O on the I/O
+	   thread while the next is copied in or the last copied out */
 	set_engine("sync");
+	cs.disk_queue_depth = 2 * 64;
 	m = f->m = mk(&cs);
 	st = stats_of(m);
 	CHECK_EQ(st.disk_uring, 0);
@@ -1491,6 +1493,37 @@ static void test_spill_engine(void **state)
 	CHECK_EQ(st.seqs_lost, 1);
 	CHECK_EQ(st.disk_io_errors, errs);
 	CHECK_SEQ(m, &cs, B);
+	{
+		struct kvt_disk_stats ds;
+
+		kvt_disk_stats(m->disk, &ds);
+		assert_true(ds.io_thread);
+	}
+	fdestroy(f);
+	CHECK_DIR_EMPTY(f->dir);
+
+	/* sync with one bounce buffer: no I/O thread, one unit per I/O, the same round trip */
+	cs.disk_queue_depth = 1;
+	m = f->m = mk(&cs);
+	prefill(m, &cs, A, 100);
+	prefill(m, &cs, B, 37);
+	nA = HOSTB(m, A);
+	nB = HOSTB(m, B);
+	ios = disk_ios(m);
+	CHECK_RC(kvt_seq_spill(m, A), 0);
+	CHECK_RC(kvt_seq_spill(m, B), 0);
+	CHECK_EQ(disk_ios(m) - ios, (nA + nB) / cs.n_kv_heads);
+	CHECK_RC(kvt_seq_fetch(m, two, 2), 0);
+	CHECK_EQ(disk_ios(m) - ios, 2 * (nA + nB) / cs.n_kv_heads);
+	CHECK_SEQ_HOST(m, &cs, A);
+	CHECK_SEQ_HOST(m, &cs, B);
+	{
+		struct kvt_disk_stats ds;
+
+		kvt_disk_stats(m->disk, &ds);
+		assert_false(ds.io_thread);
+		CHECK_EQ(ds.units_read, (nA + nB) / cs.n_kv_heads);
+	}
 	fdestroy(f);
 	CHECK_DIR_EMPTY(f->dir);
 	if (!ring) {

@@ -27,12 +27,14 @@ static void usage(FILE *f)
 		"engine (batched io_uring, CRC-32C per group) in a private file in --dir, and the\n"
 		"same bytes with plain sequential 4 MiB writes/reads (O_DIRECT when the file system\n"
 		"takes it): GB/s of each, the ratio, and the CRC-32C rate. Median of --reps runs.\n"
-		"The engine uses preadv/pwritev, one I/O at a time, where io_uring is refused, and\n"
-		"with the environment variable KVTIER_DISK_IO=sync; the first line says which.\n"
+		"The engine uses preadv/pwritev (runs of consecutive slots, one I/O on a thread\n"
+		"while the next run is copied) where io_uring is refused, and with the environment\n"
+		"variable KVTIER_DISK_IO=sync; the first line says which.\n"
 		"  --dir DIR          directory of the spill file (default /tmp)\n"
 		"  --mib N            bytes moved per run (default 1024)\n"
 		"  --group-kib N      block group size (default 128: Llama-3-8B, 32-token blocks)\n"
-		"  --queue-depth N    I/Os in flight (default 64)\n"
+		"  --queue-depth N    I/Os in flight, or groups in the preadv/pwritev buffers\n"
+		"                     (default 64)\n"
 		"  --reps N           runs (default 5)\n"
 		"  -h, --help         this text\n"
 		"Exit status: 0 on success, 1 on an I/O error, 2 on bad usage.\n");
@@ -200,11 +202,12 @@ int kvt_bench_disk(int argc, char **argv)
 		kvt_disk_stats(d, &st);
 		printf("disk tier I/O engine (%s%s%s), %s, %zu groups of %u KiB (%.0f MiB) per "
 		       "run, queue depth %u, %s, median of %u\n",
-		       st.uring ? "io_uring" : "pread/pwrite",
+		       st.uring	      ? "io_uring"
+		       : st.io_thread ? "pread/pwrite, I/O thread"
+				      : "pread/pwrite",
 		       st.uring_err ? ": io_uring refused, " : "",
 		       st.uring_err ? strerror(-st.uring_err) : "", dir, n, gkib, bytes / 1048576.0,
-		       st.uring ? qd : 1, st.direct ? "O_DIRECT" : "page cache (O_DIRECT refused)",
-		       reps);
+		       qd, st.direct ? "O_DIRECT" : "page cache (O_DIRECT refused)", reps);
 		printf("%-34s %8.2f GB/s\n", "spill (copy + CRC-32C + write)", bytes / w / 1e9);
 		printf("%-34s %8.2f GB/s\n", "fetch (read + CRC check + copy)", bytes / rd / 1e9);
 		printf("%-34s %8.2f GB/s\n", "sequential 4 MiB writes", bytes / sw / 1e9);

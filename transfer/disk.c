@@ -4,6 +4,8 @@
 #include <isa-l/crc.h>
 #include <liburing.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +45,19 @@ struct inflight {
 	uint32_t crc; /* of the unit being written */
 };
 
+/* Units merged into one I/O at most. */
+#define SYNC_RUN_MAX 64u
+
+/* A run of the synchronous engine: units io[i, i + k) of the batch in the bounce buffers from
+   buf on (unit u in buffer buf + u), stored in slots lo .. lo + k - 1, one preadv or pwritev. */
+struct sync_run {
+	struct iovec iov[SYNC_RUN_MAX]; /* in file order: falling runs are reversed */
+	uint32_t i, k, lo, buf;
+	int dir; /* slots rising (1, or 0 for one unit) or falling (-1) along the batch */
+	bool write;
+	int res; /* of the I/O: bytes or -errno */
+};
+
 struct kvt_disk {
 	struct kvt_disk_params p;
 	int fd;
@@ -66,6 +81,14 @@ struct kvt_disk {
 	uint32_t sbuf_n;   /* slots they hold */
 	uint32_t break_in; /* test hook: submissions until the simulated failure (0: none) */
 	int break_err;
+	/* The synchronous engine's I/O thread: runs one posted run's I/O at a time while the
+	   calling thread copies the next (or the last) one. */
+	pthread_t io_th;
+	pthread_mutex_t io_mu;
+	pthread_cond_t io_cv;
+	struct sync_run *io_job; /* posted and not done yet (under io_mu) */
+	bool io_quit;		 /* under io_mu */
+	bool io_live, io_refused;
 	struct kvt_disk_stats st;
 };
 
@@ -350,6 +373,15 @@ void kvt_disk_close(struct kvt_disk *d)
 {
 	if (!d)
 		return;
+	if (d->io_live) { /* idle: every batch waits for its last run */
+		pthread_mutex_lock(&d->io_mu);
+		d->io_quit = true;
+		pthread_cond_broadcast(&d->io_cv);
+		pthread_mutex_unlock(&d->io_mu);
+		pthread_join(d->io_th, NULL);
+		pthread_cond_destroy(&d->io_cv);
+		pthread_mutex_destroy(&d->io_mu);
+	}
 	if (d->ring_ok)
 		io_uring_queue_exit(&d->ring);
 	if (d->fd >= 0)
@@ -438,19 +470,26 @@ static bool complete(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t b, int
 	return finish(d, &io[d->fl[b].io], d->stage + b * d->slot_bytes, res, d->fl[b].crc, write);
 }
 
-/* The synchronous engine's I/O: k slots from `lo` on, the iov[i] slot_bytes each in file
-   order; the bytes moved, or -errno. k * slot_bytes is at most STAGE_MAX_BYTES, or one slot
-   (<= UNIT_MAX_BYTES): it fits an int. */
-static int sync_rw(struct kvt_disk *d, const struct iovec *iov, uint32_t k, uint32_t lo, bool write)
+/* One preadv or pwritev of k slots from `lo` on, the iov[i] slot_bytes each in file order;
+   the bytes moved, or -errno. k * slot_bytes is at most STAGE_MAX_BYTES, or one slot
+   (<= UNIT_MAX_BYTES): it fits an int. Touches nothing of d but its file (the I/O thread). */
+static int pio(const struct kvt_disk *d, const struct iovec *iov, uint32_t k, uint32_t lo,
+	       bool write)
 {
 	off_t off = (off_t)((uint64_t)lo * d->slot_bytes);
 	ssize_t r;
 
-	d->st.ios++;
 	do
 		r = write ? pwritev(d->fd, iov, (int)k, off) : preadv(d->fd, iov, (int)k, off);
 	while (r < 0 && errno == EINTR);
 	return r < 0 ? -errno : (int)r;
+}
+
+/* The synchronous engine's I/O on the calling thread. */
+static int sync_rw(struct kvt_disk *d, const struct iovec *iov, uint32_t k, uint32_t lo, bool write)
+{
+	d->st.ios++;
+	return pio(d, iov, k, lo, write);
 }
 
 /* Bounce buffers for the synchronous engine once the ring has failed (its own may still be the
@@ -467,74 +506,191 @@ static void sync_buffers(struct kvt_disk *d)
 		d->sbuf_n = 0;
 }
 
+/* The I/O thread: does the I/O of each run posted to it, until close. */
+static void *io_thread(void *arg)
+{
+	struct kvt_disk *d = arg;
+
+	pthread_mutex_lock(&d->io_mu);
+	for (;;) {
+		struct sync_run *run;
+
+		while (!d->io_job && !d->io_quit)
+			pthread_cond_wait(&d->io_cv, &d->io_mu);
+		if (!d->io_job)
+			break;
+		run = d->io_job;
+		pthread_mutex_unlock(&d->io_mu);
+		run->res = pio(d, run->iov, run->k, run->lo, run->write);
+		pthread_mutex_lock(&d->io_mu);
+		d->io_job = NULL;
+		pthread_cond_broadcast(&d->io_cv);
+	}
+	pthread_mutex_unlock(&d->io_mu);
+	return NULL;
+}
+
+/* Starts the I/O thread once; false (and the engine copies and does its I/O in turn) if the
+   system refuses it. The thread blocks every signal: they are the application's. */
+static bool io_thread_start(struct kvt_disk *d)
+{
+	sigset_t all, old;
+	int e;
+
+	if (d->io_live || d->io_refused)
+		return d->io_live;
+	pthread_mutex_init(&d->io_mu, NULL);
+	pthread_cond_init(&d->io_cv, NULL);
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	e = pthread_create(&d->io_th, NULL, io_thread, d);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (e) {
+		kvt_log(KVT_LOG_WARN, "disk tier: no I/O thread (%s): copies and I/O in turn",
+			strerror(e));
+		pthread_cond_destroy(&d->io_cv);
+		pthread_mutex_destroy(&d->io_mu);
+		d->io_refused = true;
+		return false;
+	}
+	d->io_live = true;
+	return true;
+}
+
+/* Starts run's I/O: on the I/O thread (async), else here and now. */
+static void run_post(struct kvt_disk *d, struct sync_run *run, bool async)
+{
+	d->st.ios++;
+	if (!async) {
+		run->res = pio(d, run->iov, run->k, run->lo, run->write);
+		return;
+	}
+	pthread_mutex_lock(&d->io_mu);
+	d->io_job = run;
+	pthread_cond_broadcast(&d->io_cv);
+	pthread_mutex_unlock(&d->io_mu);
+}
+
+/* Waits until the posted run's I/O is done. */
+static void run_wait(struct kvt_disk *d)
+{
+	if (!d->io_live)
+		return;
+	pthread_mutex_lock(&d->io_mu);
+	while (d->io_job)
+		pthread_cond_wait(&d->io_cv, &d->io_mu);
+	pthread_mutex_unlock(&d->io_mu);
+}
+
 /* Units of a batch: res 1 is pending (a write without its slot yet), SLOT_TAKEN pending with
    its slot taken (write) or checked (read). */
 #define SLOT_TAKEN 2
-/* Units merged into one I/O at most. */
-#define SYNC_RUN_MAX 64u
 
-/* The synchronous engine: the batch's pending units (res > 0) in runs of consecutive slots,
-   rising or falling (fresh slots rise; reused ones come off the free stack falling), each run
-   one preadv or pwritev of at most SYNC_RUN_MAX units and STAGE_MAX_BYTES through the bounce
-   buffers. A run whose I/O fails or comes short is redone a unit at a time, so every unit gets
-   its own outcome, as through the ring. Writes take their slots here. */
+/* The next run of the batch from *i on: pending units (res > 0) in consecutive slots, rising
+   or falling (fresh slots rise; reused ones come off the free stack falling), at most max,
+   in the bounce buffers from buf on (writes: copied in and checksummed). Writes take their
+   slots here. Whether there is one (false: every unit left is done or failed). */
+static bool run_build(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n, uint32_t *i,
+		      uint32_t max, uint32_t buf, bool write, struct sync_run *run)
+{
+	uint32_t k = 0, first = 0;
+	int dir = 0;
+
+	while (*i + k < n && k < max) {
+		struct kvt_disk_io *x = &io[*i + k];
+		int e = 0;
+
+		if (x->res == 1)
+			e = unit_slot(d, x, write);
+		if (e || x->res <= 0) {
+			if (e)
+				x->res = e;
+			if (k)
+				break;
+			(*i)++;
+			continue;
+		}
+		x->res = SLOT_TAKEN;
+		if (k == 1 && (x->slot == first + 1 || x->slot + 1 == first))
+			dir = x->slot > first ? 1 : -1;
+		if (k && (!dir || x->slot != first + (uint32_t)(dir * (int)k)))
+			break; /* starts the next run, its slot taken */
+		if (!k)
+			first = x->slot;
+		if (write)
+			d->fl[buf + k].crc = fill_unit(d, x, d->sbuf + (buf + k) * d->slot_bytes);
+		k++;
+	}
+	if (!k)
+		return false;
+	*run = (struct sync_run){.i = *i,
+				 .k = k,
+				 .lo = dir < 0 ? first - (k - 1) : first,
+				 .buf = buf,
+				 .dir = dir,
+				 .write = write};
+	for (uint32_t u = 0; u < k; u++)
+		run->iov[dir < 0 ? k - 1 - u : u] =
+			(struct iovec){d->sbuf + (buf + u) * d->slot_bytes, d->slot_bytes};
+	*i += k;
+	return true;
+}
+
+/* The outcome of each unit of a run whose I/O is done; a run whose I/O failed or came short
+   is redone a unit at a time (here), so that every unit gets its own, as through the ring.
+   Reads: checked and copied out. The units that went. */
+static uint32_t run_finish(struct kvt_disk *d, struct kvt_disk_io *io, const struct sync_run *run)
+{
+	uint32_t ok = 0, k = run->k;
+
+	for (uint32_t u = 0; u < k; u++) {
+		const struct iovec *v = &run->iov[run->dir < 0 ? k - 1 - u : u];
+		struct kvt_disk_io *x = &io[run->i + u];
+		int res = run->res == (int)(k * d->slot_bytes) ? (int)d->slot_bytes
+			  : k == 1			       ? run->res
+				   : sync_rw(d, v, 1, x->slot, run->write);
+
+		ok += finish(d, x, v->iov_base, res, d->fl[run->buf + u].crc, run->write);
+	}
+	return ok;
+}
+
+/* The synchronous engine: the batch's pending units (res > 0) in runs of consecutive slots
+   (run_build), each one preadv or pwritev of at most SYNC_RUN_MAX units and STAGE_MAX_BYTES
+   through the bounce buffers. With the I/O thread and two halves of buffers, a run's I/O
+   overlaps the copies of the next one in (writes) or of the last one out (reads). */
 static uint32_t run_sync(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n, bool write)
 {
-	struct iovec iov[SYNC_RUN_MAX];
-	uint32_t ok = 0, max, i = 0;
+	struct sync_run runs[2], *prev = NULL;
+	uint32_t ok = 0, max, i = 0, halves, h = 0;
 
 	if (!d->sbuf)
 		sync_buffers(d);
+	halves = d->sbuf_n >= 2 && io_thread_start(d) ? 2 : 1;
 	max = (uint32_t)(STAGE_MAX_BYTES / d->slot_bytes);
 	max = max < 1 ? 1 : max > SYNC_RUN_MAX ? SYNC_RUN_MAX : max;
-	max = max > d->sbuf_n ? d->sbuf_n : max;
-	while (i < n && max) {
-		uint32_t k = 0, first = 0, lo;
-		int dir = 0, r;
+	max = max > d->sbuf_n / halves ? d->sbuf_n / halves : max;
+	for (;;) {
+		struct sync_run *run = &runs[h];
+		/* writes: copied in while prev's I/O runs */
+		bool have = max && run_build(d, io, n, &i, max, h * max, write, run);
 
-		/* the run: io[i, i + k), slots first + dir * u */
-		while (i + k < n && k < max) {
-			struct kvt_disk_io *x = &io[i + k];
-			uint8_t *buf = d->sbuf + k * d->slot_bytes;
-			int e = 0;
-
-			if (x->res == 1)
-				e = unit_slot(d, x, write);
-			if (e || x->res <= 0) {
-				if (e)
-					x->res = e;
-				if (k)
-					break;
-				i++;
-				continue;
-			}
-			x->res = SLOT_TAKEN;
-			if (k == 1 && (x->slot == first + 1 || x->slot + 1 == first))
-				dir = x->slot > first ? 1 : -1;
-			if (k && (!dir || x->slot != first + (uint32_t)(dir * (int)k)))
-				break; /* starts the next run, its slot taken */
-			if (!k)
-				first = x->slot;
-			if (write)
-				d->fl[k].crc = fill_unit(d, x, buf);
-			k++;
-		}
-		if (!k)
-			break; /* every unit left was done or failed */
-		lo = dir < 0 ? first - (k - 1) : first;
-		for (uint32_t u = 0; u < k; u++)
-			iov[dir < 0 ? k - 1 - u : u] =
-				(struct iovec){d->sbuf + u * d->slot_bytes, d->slot_bytes};
-		r = sync_rw(d, iov, k, lo, write);
-		for (uint32_t u = 0; u < k; u++) {
-			struct iovec *v = &iov[dir < 0 ? k - 1 - u : u];
-			int res = r == (int)(k * d->slot_bytes) ? (int)d->slot_bytes
-				  : k == 1			? r
-					   : sync_rw(d, v, 1, io[i + u].slot, write);
-
-			ok += finish(d, &io[i + u], v->iov_base, res, d->fl[u].crc, write);
-		}
-		i += k;
+		if (prev)
+			run_wait(d);
+		/* on the thread if there is something to do meanwhile: the copies of the next run
+		   in or of the last one out (a batch of one run waits for no handoff) */
+		if (have)
+			run_post(d, run, halves == 2 && (i < n || (prev && !write)));
+		if (prev)
+			ok += run_finish(d, io, prev); /* reads: copied out while run's I/O runs */
+		prev = NULL;
+		if (!have)
+			break;
+		if (halves == 1)
+			ok += run_finish(d, io, run);
+		else
+			prev = run;
+		h = (h + 1) % halves;
 	}
 	/* without bounce buffers nothing ran */
 	for (; i < n; i++)
@@ -708,6 +864,7 @@ void kvt_disk_stats(const struct kvt_disk *d, struct kvt_disk_stats *out)
 	out->slots_used = d->n_used;
 	out->slots_high = d->high;
 	out->uring = !d->p.model && !d->sync;
+	out->io_thread = d->io_live;
 }
 
 int kvt_disk_corrupt(struct kvt_disk *d, uint32_t slot)

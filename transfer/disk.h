@@ -12,18 +12,19 @@
  *
  * Where io_uring is refused (Docker 25+ and containerd 2 block its system calls in their default
  * seccomp profiles; kernel.io_uring_disabled; gVisor) the engine does the same batches with
- * preadv/pwritev, one I/O at a time, each run of consecutive slots (rising or falling) as one
- * I/O: the tier works and nothing else changes. It switches the same way if the ring fails
- * later: the units in flight are redone synchronously (writes to fresh slots: the abandoned
- * ones are never reused, as the kernel may still complete the old I/O) and every later batch
- * goes synchronously. The environment variable KVTIER_DISK_IO=sync asks for the synchronous
- * engine from the start (uring, the default, asks for io_uring).
+ * preadv/pwritev, each run of consecutive slots (rising or falling) as one I/O, done on an I/O
+ * thread of the engine's own while the calling thread copies the next run in (writes) or the
+ * last one out (reads): the tier works and nothing else changes. It switches the same way if
+ * the ring fails later: the units in flight are redone synchronously (writes to fresh slots:
+ * the abandoned ones are never reused, as the kernel may still complete the old I/O) and every
+ * later batch goes synchronously. The environment variable KVTIER_DISK_IO=sync asks for the
+ * synchronous engine from the start (uring, the default, asks for io_uring).
  *
  * In model mode (payload-free backends) there is no file: slots are accounted the same way and
  * each batch is timed as latency + bytes / bandwidth.
  *
- * All calls come from the manager's thread; the engine has no threads of its own: a batch is
- * submitted and its completions reaped before the call returns.
+ * All calls come from the manager's thread. Every I/O of a batch, through the ring or the I/O
+ * thread, is done before the call returns.
  */
 #ifndef KVT_DISK_H
 #define KVT_DISK_H
@@ -55,9 +56,10 @@ struct kvt_disk_stats {
 	uint64_t slots_abandoned; /* in flight when the ring failed: never reused, not in used */
 	uint64_t ios;		  /* I/O requests: ring entries, or preadv/pwritev calls */
 	bool direct;
-	bool uring;    /* batches go through io_uring (false: pread/pwrite, or model mode) */
-	int uring_err; /* why not: the -errno that refused or broke the ring (0: none, or the
-			  environment asked for sync) */
+	bool uring;	/* batches go through io_uring (false: pread/pwrite, or model mode) */
+	bool io_thread; /* the pread/pwrite engine's I/O thread runs (started by its first batch) */
+	int uring_err;	/* why not: the -errno that refused or broke the ring (0: none, or the
+			   environment asked for sync) */
 };
 
 /* One unit of a batch: its host address (never dereferenced in model mode), its slot, and the
