@@ -1013,7 +1013,8 @@ static void test_random_vs_naive(void **state)
 		}
 	}
 	if (max_swap_gap > 0)
-		print_message("# near-tie swaps accepted, largest relative gap %.3g\n", max_swap_gap);
+		print_message("# near-tie swaps accepted, largest relative gap %.3g\n",
+			      max_swap_gap);
 }
 
 /* kvt_snapkv_scores against the naive pooled vote, within 1e-5 relative, every head. */

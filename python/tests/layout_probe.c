@@ -9,7 +9,8 @@
 
 #include "kvtier.h"
 
-#define FIELD(s, f) printf("%s[\"%s\", %zu, %zu]", first++ ? ", " : "", #f, offsetof(s, f), sizeof(((s *)0)->f))
+#define FIELD(s, f) \
+	printf("%s[\"%s\", %zu, %zu]", first++ ? ", " : "", #f, offsetof(s, f), sizeof(((s *)0)->f))
 
 static void struct_begin(const char *name, size_t size, int comma)
 {
