@@ -7,6 +7,9 @@
 #ifndef KVT_TEST_COMMON_H
 #define KVT_TEST_COMMON_H
 
+#include <dirent.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,6 +75,47 @@ static inline long t_pick_ops(long dflt)
 }
 
 /* Zeroed allocation that never returns NULL to a test (n == 0 allocates 1 byte). */
+/* Whether every thread of the library's (named "kvt-...") blocks SIGINT, SIGTERM and SIGUSR1:
+   they leave the application's signals alone. From Name and SigBlk in
+   /proc/self/task/TID/status; *n: how many such threads there are. */
+static inline bool t_kvt_threads_block_signals(uint32_t *n)
+{
+	const unsigned long long want =
+		(1ull << (SIGINT - 1)) | (1ull << (SIGTERM - 1)) | (1ull << (SIGUSR1 - 1));
+	DIR *dir = opendir("/proc/self/task");
+	struct dirent *e;
+	bool all = dir != NULL;
+
+	*n = 0;
+	while (dir && (e = readdir(dir))) {
+		char path[300], line[128];
+		unsigned long long blk = 0;
+		bool ours = false, seen = false;
+		FILE *f;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%s/status", e->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue; /* the thread has just exited */
+		while (fgets(line, sizeof(line), f)) {
+			if (!strncmp(line, "Name:\tkvt-", 10))
+				ours = true;
+			if (sscanf(line, "SigBlk: %llx", &blk) == 1)
+				seen = true;
+		}
+		fclose(f);
+		if (!ours)
+			continue;
+		(*n)++;
+		all = all && seen && (blk & want) == want;
+	}
+	if (dir)
+		closedir(dir);
+	return all;
+}
+
 static inline void *t_xmalloc(size_t n)
 {
 	void *p = calloc(1, n ? n : 1);

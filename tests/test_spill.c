@@ -1496,8 +1496,13 @@ static void test_spill_engine(void **state)
 	{
 		struct kvt_disk_stats ds;
 
+		uint32_t n;
+
 		kvt_disk_stats(m->disk, &ds);
 		assert_true(ds.io_thread);
+		/* it blocks every signal, as the save threads do */
+		assert_true(t_kvt_threads_block_signals(&n));
+		assert_true(n >= 1);
 	}
 	fdestroy(f);
 	CHECK_DIR_EMPTY(f->dir);

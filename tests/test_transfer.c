@@ -712,9 +712,15 @@ static void test_savepool_create_validation(void **state)
 	assert_int_equal(kvt_savepool_create(1, 4096, &plain, test_copy, NULL, NULL, NULL),
 			 -EINVAL);
 	assert_ptr_equal(sp, (struct kvt_savepool *)(uintptr_t)0x99);
-	/* The limits are accepted; last_ticket starts at 0. */
+	/* The limits are accepted; last_ticket starts at 0; the threads block every signal. */
 	assert_int_equal(kvt_savepool_create(64, 4096, &plain, test_copy, NULL, NULL, &sp), 0);
 	assert_int_equal(kvt_savepool_last_ticket(sp), 0);
+	{
+		uint32_t n;
+
+		assert_true(t_kvt_threads_block_signals(&n));
+		assert_int_equal(n, 64);
+	}
 	kvt_savepool_destroy(sp);
 	assert_int_equal(kvt_savepool_create(0, 4096, &plain, test_copy, NULL, NULL, &sp), 0);
 	kvt_savepool_destroy(sp);

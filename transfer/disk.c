@@ -4,8 +4,6 @@
 #include <isa-l/crc.h>
 #include <liburing.h>
 #include <math.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +16,7 @@
 #include "disk.h"
 #include "fault.h"
 #include "internal.h" /* kvt_log */
+#include "thread.h"
 
 /* valgrind cannot see the kernel write a read's buffer through io_uring: tell it. */
 #if defined(__has_include)
@@ -531,20 +530,16 @@ static void *io_thread(void *arg)
 }
 
 /* Starts the I/O thread once; false (and the engine copies and does its I/O in turn) if the
-   system refuses it. The thread blocks every signal: they are the application's. */
+   system refuses it. */
 static bool io_thread_start(struct kvt_disk *d)
 {
-	sigset_t all, old;
 	int e;
 
 	if (d->io_live || d->io_refused)
 		return d->io_live;
 	pthread_mutex_init(&d->io_mu, NULL);
 	pthread_cond_init(&d->io_cv, NULL);
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	e = pthread_create(&d->io_th, NULL, io_thread, d);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	e = kvt_thread_create(&d->io_th, "kvt-disk-io", io_thread, d);
 	if (e) {
 		kvt_log(KVT_LOG_WARN, "disk tier: no I/O thread (%s): copies and I/O in turn",
 			strerror(e));

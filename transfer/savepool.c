@@ -7,6 +7,7 @@
 
 #include "fault.h"
 #include "savepool.h"
+#include "thread.h"
 
 /* Slices of a chunk are at least this many bytes: waking a thread costs more than copying
    less. A chunk smaller than one slice is scattered by the submitting thread itself, unless
@@ -112,7 +113,7 @@ int kvt_savepool_create(uint32_t threads, uint64_t staging_bytes,
 	}
 	sp->n_threads = threads;
 	for (uint32_t i = 0; i < threads; i++) {
-		if (pthread_create(&sp->th[i], NULL, worker, sp) != 0) {
+		if (kvt_thread_create(&sp->th[i], "kvt-save", worker, sp) != 0) {
 			err = -EAGAIN;
 			goto fail;
 		}
