@@ -74,7 +74,6 @@ static inline long t_pick_ops(long dflt)
 	return e && *e ? strtol(e, NULL, 0) : dflt;
 }
 
-/* Zeroed allocation that never returns NULL to a test (n == 0 allocates 1 byte). */
 /* Whether every thread of the library's (named "kvt-...") blocks SIGINT, SIGTERM and SIGUSR1:
    they leave the application's signals alone. From Name and SigBlk in
    /proc/self/task/TID/status; *n: how many such threads there are. */
@@ -116,6 +115,7 @@ static inline bool t_kvt_threads_block_signals(uint32_t *n)
 	return all;
 }
 
+/* Zeroed allocation that never returns NULL to a test (n == 0 allocates 1 byte). */
 static inline void *t_xmalloc(size_t n)
 {
 	void *p = calloc(1, n ? n : 1);

@@ -73,6 +73,7 @@ struct kvt_disk {
 	uint32_t table_cap;
 	uint8_t *stage; /* n_bufs bounce buffers of slot_bytes, DISK_ALIGN-aligned */
 	uint32_t n_bufs, n_buf_free;
+	uint32_t submit_every; /* ring writes handed to the kernel together (SUBMIT_BYTES) */
 	uint32_t *buf_free;
 	struct inflight *fl; /* [buf] */
 	bool sync;	     /* no ring (refused at open, failed since, or not asked for) */
@@ -322,6 +323,9 @@ int kvt_disk_open(const struct kvt_disk_params *p, struct kvt_disk **out, char *
 	/* Bounce buffers: up to queue_depth of them within STAGE_MAX_BYTES (at least two). */
 	d->n_bufs = (uint32_t)(STAGE_MAX_BYTES / d->slot_bytes);
 	d->n_bufs = d->n_bufs < 2 ? 2 : d->n_bufs > p->queue_depth ? p->queue_depth : d->n_bufs;
+	d->submit_every = (uint32_t)(SUBMIT_BYTES / d->slot_bytes);
+	d->submit_every = d->submit_every > d->n_bufs / 4 ? d->n_bufs / 4 : d->submit_every;
+	d->submit_every = d->submit_every < 1 ? 1 : d->submit_every;
 	if (!engine || strcmp(engine, "sync")) {
 		e = io_uring_queue_init(d->n_bufs, &d->ring, 0);
 		if (e < 0) {
@@ -766,10 +770,8 @@ static int ring_submit(struct kvt_disk *d, bool wait)
 static int feed(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n, uint32_t *next,
 		uint32_t *inflight, uint32_t most, bool write)
 {
-	uint32_t every = (uint32_t)(SUBMIT_BYTES / d->slot_bytes), unsent = 0;
+	uint32_t unsent = 0;
 
-	every = every > d->n_bufs / 4 ? d->n_bufs / 4 : every;
-	every = every < 1 ? 1 : every;
 	while (*next < n && d->n_buf_free && most) {
 		/* io[].res stays 1 (in flight) until its completion */
 		int e = unit_slot(d, &io[*next], write);
@@ -781,7 +783,7 @@ static int feed(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n, uint32_t
 		queue_io(d, io, (*next)++, write);
 		(*inflight)++;
 		most--;
-		if (write && ++unsent == every) {
+		if (write && ++unsent == d->submit_every) {
 			unsent = 0;
 			if ((e = ring_submit(d, false)))
 				return e;
