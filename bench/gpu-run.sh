@@ -1,41 +1,87 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, for the lent device machine (see README, "On a GPU"): builds with
 # the CUDA plugin, runs the GPU suite (test_cuda, the core suites on the CUDA backend, the
-# transfer benchmark's smoke run), then the full transfer benchmark, the other suites for
-# regressions (the Python GPU tests among them, when PyTorch is there), and the GPU suite's own
-# test under compute-sanitizer. Every log and the CSV go under $OUT (default ./gpu-out), written
-# as they go, so a run cut short still brings back its logs.
+# transfer benchmark's smoke run), then the full transfer benchmark, then the GPU suite's own
+# test and the smoke run under compute-sanitizer, then the other suites for regressions (the
+# Python GPU tests among them, when PyTorch is there). Every log and the CSV go under $OUT
+# (default ./gpu-out), written as they go, so a run cut short still brings back its logs.
 #
 # Prepared on the development machine with
 #   ../shared/hooks/gpu-prepare.sh libjansson4 libjansson-dev libisal2 libisal-dev
 # and run there as
 #   . .device/setup.sh && bash bench/gpu-run.sh [PHASE...]
-# Phases, in this order when none is named: build, gpu, bench, rest, sanitize. A device machine
-# runs one command for at most 10 minutes, so run them in separate calls where that is too short
-# (e.g. "build gpu bench", then "rest sanitize"): the build directory (build-gpu/ in the
-# checkout, ignored by git) stays between calls on a machine still held.
+# Phases, in this order when none is named: build, gpu, bench, sanitize, rest (most needed
+# first: what has never run on a GPU, then the figures, then the checks CI already makes).
+#
+# Time: a session's device time is short (15 minutes, the machine's start included) and one
+# device command runs at most 10 minutes, so the script keeps to a budget, KVT_GPU_BUDGET
+# seconds in all (default 540). Each phase runs under `timeout` with what is left of it, less
+# KVT_GPU_RESERVE seconds (default 15) for writing the logs back; a phase that would get less
+# than 30 s is skipped, and a phase cut short is reported as such. Phase sanitize shares its
+# time between its tools. meson test handles SIGTERM: it stops the test running, counts it
+# as interrupted and still writes its summary and log. The phases can also be named to split
+# the work over several commands ("build gpu bench", then "sanitize rest"): the build
+# directory (build-gpu/ in the checkout, ignored by git) stays between calls on a machine still
+# held.
 # At most 8 files come back from a device command's $OUT, so the script writes at most 8 in
 # all: phases.txt, machine.txt, build.log, test-gpu.log, transfer.txt, transfer.csv,
-# test-rest.log and sanitize.log.
-# Environment: KVT_GPU_BUILD (build directory), KVT_BENCH_ARGS (extra kvtier-bench transfer
-# options), KVT_SANITIZE_TOOLS (compute-sanitizer tools, default "memcheck racecheck synccheck").
+# sanitize.log and test-rest.log.
+# Environment: KVT_GPU_BUDGET, KVT_GPU_RESERVE (above), KVT_GPU_BUILD (build directory),
+# KVT_BENCH_ARGS (extra kvtier-bench transfer options), KVT_SANITIZE_TOOLS (compute-sanitizer
+# tools, default "memcheck racecheck synccheck").
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 build=${KVT_GPU_BUILD:-$PWD/build-gpu}
+budget=${KVT_GPU_BUDGET:-540}
+reserve=${KVT_GPU_RESERVE:-15}
 phases=("$@")
-[ ${#phases[@]} -eq 0 ] && phases=(build gpu bench rest sanitize)
+[ ${#phases[@]} -eq 0 ] && phases=(build gpu bench sanitize rest)
+for v in "$budget" "$reserve"; do
+	case $v in
+	'' | *[!0-9]*)
+		echo "gpu-run: KVT_GPU_BUDGET and KVT_GPU_RESERVE are whole seconds, not '$v'" >&2
+		exit 2
+		;;
+	esac
+done
+for phase in "${phases[@]}"; do
+	case $phase in
+	build | gpu | bench | sanitize | rest) ;;
+	*)
+		echo "gpu-run: unknown phase '$phase' (build, gpu, bench, sanitize, rest)" >&2
+		exit 2
+		;;
+	esac
+done
+deadline=$(($(date +%s) + budget))
 mkdir -p "$out"
 status=0
 
 note() { echo "gpu-run: $*" | tee -a "$out/phases.txt"; }
 
-# A phase's meson test run: the summary on stdout, then the whole test log (passing tests'
-# output too, for their figures) after it in the phase's one file.
+# Seconds a phase may still take: what is left of the budget, less the reserve.
+left() { echo $((deadline - $(date +%s) - reserve)); }
+
+# Runs a command under the time left ($1 seconds); a run stopped by it sets `cut`.
+cut=0
+timed() {
+	local secs=$1 rc
+	shift
+	timeout -k 10 "$secs" "$@"
+	rc=$?
+	[ $rc -eq 124 ] || [ $rc -eq 137 ] && cut=1
+	return $rc
+}
+
+# A phase's meson test run, its output streamed into the phase's one file as it goes (so a run
+# cut short keeps what it printed), then meson's own log of it; the summary on stdout.
 run_tests() {
 	local log=$1
 	shift
-	meson test -C "$build" --no-rebuild --print-errorlogs "$@" > "$log" 2>&1 || status=1
-	tail -25 "$log"
+	timed "$(left)" meson test -C "$build" --no-rebuild --verbose "$@" > "$log" 2>&1 || status=1
+	sed '/^Summary of Failures/,$d' "$log" |
+		grep -E '^ *[0-9]+/[0-9]+ .* (OK|FAIL|SKIP|TIMEOUT|INTERRUPT|ERROR|EXPECTEDFAIL|UNEXPECTEDPASS) '
+	sed -n '/^Ok:/,/^Timeout:/p' "$log"
 	{
 		echo
 		echo "==== $build/meson-logs/testlog.txt"
@@ -45,6 +91,12 @@ run_tests() {
 
 for phase in "${phases[@]}"; do
 	t0=$(date +%s)
+	cut=0
+	if [ "$(left)" -lt 30 ]; then
+		note "$phase: skipped, $(left) s left of the budget ($budget s)"
+		status=1
+		continue
+	fi
 	case $phase in
 	build)
 		{
@@ -53,15 +105,16 @@ for phase in "${phases[@]}"; do
 			nvcc --version | tail -2
 			cc --version | head -1
 			meson --version
+			nproc
 		} > "$out/machine.txt" 2>&1
 		cat "$out/machine.txt"
 		rm -rf "$build"
 		# No -Dwerror here: this machine's host compiler is not CI's, and a warning only it
 		# gives must not cost a lent GPU its run. Its warnings are counted instead.
-		if ! meson setup "$build" -Dcuda=enabled > "$out/build.log" 2>&1 ||
-			! ninja -C "$build" >> "$out/build.log" 2>&1; then
+		if ! timed "$(left)" meson setup "$build" -Dcuda=enabled > "$out/build.log" 2>&1 ||
+			! timed "$(left)" ninja -C "$build" >> "$out/build.log" 2>&1; then
 			tail -40 "$out/build.log"
-			note "build failed (log in $out/build.log)"
+			note "build failed$([ $cut -eq 1 ] && echo ', out of time') (log in $out/build.log)"
 			exit 1
 		fi
 		note "build: $(grep -c 'warning:' "$out/build.log") compiler warnings (see build.log)"
@@ -69,52 +122,69 @@ for phase in "${phases[@]}"; do
 	gpu)
 		# What has never run on a GPU: test_cuda first, then the core suites on CUDA.
 		run_tests "$out/test-gpu.log" --suite gpu --num-processes 1
+		# On the GPU machine a skip (exit 77) means the device was not usable: not a pass.
+		skipped=$(sed -n 's/^Skipped: *\([0-9]*\).*/\1/p' "$out/test-gpu.log" | head -1)
+		if [ "${skipped:-0}" -gt 0 ]; then
+			note "gpu: $skipped tests skipped (no usable device?)"
+			status=1
+		fi
 		;;
 	bench)
-		KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" "$build/tools/kvtier-bench" transfer \
-			--csv "$out/transfer.csv" ${KVT_BENCH_ARGS:-} > "$out/transfer.txt" 2>&1 ||
-			status=1
+		# Lines of the table and of the CSV are flushed as each cell is measured.
+		read -ra bench_args <<< "${KVT_BENCH_ARGS:-}"
+		KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" timed "$(left)" \
+			"$build/tools/kvtier-bench" transfer --csv "$out/transfer.csv" \
+			"${bench_args[@]}" > "$out/transfer.txt" 2>&1 || status=1
 		cat "$out/transfer.txt"
-		;;
-	rest)
-		run_tests "$out/test-rest.log" --no-suite gpu
 		;;
 	sanitize)
 		# The GPU suite's own test and the transfer smoke run under compute-sanitizer: out of
 		# bounds and misaligned accesses (memcheck), shared-memory races below barrier
 		# granularity, which the CPU emulator cannot see (racecheck), and barriers reached by
 		# part of a CTA (synccheck). API errors are left out: the tests provoke some on purpose.
-		cs=$(command -v compute-sanitizer ||
-			ls /usr/local/cuda*/bin/compute-sanitizer \
-				/usr/local/cuda*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
+		cs=$(command -v compute-sanitizer)
+		for c in /usr/local/cuda*/bin/compute-sanitizer \
+			/usr/local/cuda*/compute-sanitizer/compute-sanitizer; do
+			[ -z "$cs" ] && [ -x "$c" ] && cs=$c
+		done
 		: > "$out/sanitize.log"
 		if [ -z "$cs" ]; then
 			note "sanitize: no compute-sanitizer on this machine"
 			status=1
 			continue
 		fi
-		for tool in ${KVT_SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
+		read -ra tools <<< "${KVT_SANITIZE_TOOLS:-memcheck racecheck synccheck}"
+		for i in "${!tools[@]}"; do
+			tool=${tools[$i]}
+			# the time left, shared evenly by the tools still to run
+			secs=$(($(left) / (${#tools[@]} - i)))
+			if [ $secs -lt 20 ]; then
+				note "sanitize: $tool skipped, out of time"
+				status=1
+				continue
+			fi
 			# meson names the log of a wrapped run after the wrapper
 			log=$build/meson-logs/testlog-compute-sanitizer.txt
 			rm -f "$log"
-			meson test -C "$build" --no-rebuild --num-processes 1 --timeout-multiplier 20 \
+			timed $secs meson test -C "$build" --no-rebuild --num-processes 1 \
+				--timeout-multiplier 20 \
 				--wrapper "$cs --tool $tool --error-exitcode 66 --report-api-errors no" \
 				cuda bench-transfer > "$out/sanitize.tmp" 2>&1 || status=1
 			echo "$tool:"
 			grep -E '^ *[0-9]+/[0-9]+ ' "$out/sanitize.tmp"
 			{
-				echo "==== compute-sanitizer --tool $tool"
+				echo "==== compute-sanitizer --tool $tool ($secs s at most)"
 				cat "$out/sanitize.tmp" "$log"
 			} >> "$out/sanitize.log" 2>/dev/null
 			rm -f "$out/sanitize.tmp"
 		done
 		;;
-	*)
-		echo "gpu-run: unknown phase '$phase' (build, gpu, bench, rest, sanitize)" >&2
-		exit 2
+	rest)
+		run_tests "$out/test-rest.log" --no-suite gpu
 		;;
 	esac
-	note "$phase: status $status, $(($(date +%s) - t0)) s"
+	[ $cut -eq 1 ] && status=1
+	note "$phase: status $status, $(($(date +%s) - t0)) s$([ $cut -eq 1 ] && echo ', cut short by the budget')"
 done
 note "status $status (results in $out)"
 exit $status

@@ -675,9 +675,11 @@ int kvt_cuda_bench(int argc, char **argv)
 			printf("%6u %7u | %9.2f %9.2f %9.2f %9.2f | %9.2f %9.2f %9.2f\n", r->kib,
 			       r->count, g[0], g[1], g[2], g[3], g[4], g[5], g[6]);
 			fflush(stdout);
-			if (csv)
+			if (csv) { /* flushed too, so a run cut short keeps its cells */
 				fprintf(csv, "%u,%u,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", r->kib,
 					r->count, g[0], g[1], g[2], g[3], g[4], g[5], g[6]);
+				fflush(csv);
+			}
 		}
 	}
 	if (skipped)
