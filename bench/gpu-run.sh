@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, for the lent device machine (see README, "On a GPU"): builds with
 # the CUDA plugin, runs the GPU suite (test_cuda, the core suites on the CUDA backend, the
-# transfer benchmark's smoke run), then the full transfer benchmark, then the GPU suite's own
-# test and the smoke run under compute-sanitizer, then the other suites for regressions (the
-# Python GPU tests among them, when PyTorch is there). Every log and the CSV go under $OUT
-# (default ./gpu-out), written as they go, so a run cut short still brings back its logs.
+# transfer benchmark's smoke run) and the Python suite (its GPU tests need PyTorch, which that
+# machine has), then the full transfer benchmark, then the GPU suite's own test and the smoke
+# run under compute-sanitizer, then the other suites for regressions. Every log and the CSV go
+# under $OUT (default ./gpu-out), written as they go, so a run cut short still brings back its
+# logs.
 #
 # Prepared on the development machine with
 #   ../shared/hooks/gpu-prepare.sh libjansson4 libjansson-dev libisal2 libisal-dev
@@ -120,12 +121,18 @@ for phase in "${phases[@]}"; do
 		note "build: $(grep -c 'warning:' "$out/build.log") compiler warnings (see build.log)"
 		;;
 	gpu)
-		# What has never run on a GPU: test_cuda first, then the core suites on CUDA.
-		run_tests "$out/test-gpu.log" --suite gpu --num-processes 1
+		# What has never run on a GPU: test_cuda first, then the core suites on CUDA, then
+		# the Python binding's CUDA tensor paths (python/tests/test_gpu.py, with PyTorch).
+		run_tests "$out/test-gpu.log" --suite gpu --suite python --num-processes 1
 		# On the GPU machine a skip (exit 77) means the device was not usable: not a pass.
 		skipped=$(sed -n 's/^Skipped: *\([0-9]*\).*/\1/p' "$out/test-gpu.log" | head -1)
 		if [ "${skipped:-0}" -gt 0 ]; then
 			note "gpu: $skipped tests skipped (no usable device?)"
+			status=1
+		fi
+		if grep -q '^SKIPPED .*test_gpu\.py' "$out/test-gpu.log"; then
+			note "gpu: the Python GPU tests skipped: $(grep -m1 '^SKIPPED .*test_gpu\.py' \
+				"$out/test-gpu.log")"
 			status=1
 		fi
 		;;
