@@ -17,10 +17,12 @@
  *   - kvt_attend within 1e-4 of the largest output of each query head, against each other and
  *     against attention computed here over the rows the resident set and views name;
  *   - the manager's counters, and the CUDA transfer counters and calibration as kvtier.h states.
- * Also: AUTO picks the CUDA backend; calls on a cudaStreamNonBlocking stream see inputs the
- * test queued on that stream just before; and every CUDA call of a prefill, a decode append and
- * a recall, failed one at a time (KVT_FAULT_CUDA), fails its call with a negative errno and
- * changes nothing visible, after which the same call succeeds with the reference's results.
+ * Also: AUTO picks the CUDA backend; a 528,000-token prompt, the scale kvtier is for (on a GPU
+ * only: the emulators' build, KVT_TEST_EMULATED, skips it); calls on a
+ * cudaStreamNonBlocking stream see inputs the test queued on that stream just before; and every
+ * CUDA call of a prefill, a decode append and a recall, failed one at a time (KVT_FAULT_CUDA),
+ * fails its call with a negative errno and changes nothing visible, after which the same call
+ * succeeds with the reference's results.
  *
  * Data: splitmix64 from a fixed seed (KVT_TEST_SEED overrides it). N_HEAVY "heavy" keys per
  * head point along a direction the observation queries share; their pooling windows (POOL
@@ -201,14 +203,17 @@ static const char *side(const struct pair *p, const struct kvt_manager *m)
 	return m == p->c ? "cuda" : "host";
 }
 
-/* stream: the CUDA manager's calls run on it; NULL: a stream created here (cudaStreamCreate). */
-static void pair_init(struct pair *p, enum kvt_dtype dt, cudaStream_t stream, uint32_t max_L,
-		      uint32_t max_batch)
+/* stream: the CUDA manager's calls run on it; NULL: a stream created here (cudaStreamCreate).
+   host_bytes: both managers' host budget; 0: the suite's (suite_config). */
+static void pair_init_host(struct pair *p, enum kvt_dtype dt, cudaStream_t stream, uint32_t max_L,
+			   uint32_t max_batch, uint64_t host_bytes)
 {
 	struct kvt_config cc, got;
 
 	memset(p, 0, sizeof(*p));
 	p->cfg = suite_config(dt, KVT_BACKEND_HOST);
+	if (host_bytes)
+		p->cfg.host_bytes = host_bytes;
 	cc = p->cfg;
 	cc.backend = KVT_BACKEND_CUDA;
 	p->h = mk(&p->cfg);
@@ -231,6 +236,12 @@ static void pair_init(struct pair *p, enum kvt_dtype dt, cudaStream_t stream, ui
 	p->ek = dev_alloc((size_t)max_batch * N_KV * p->rowb);
 	p->ev = dev_alloc((size_t)max_batch * N_KV * p->rowb);
 	p->eq = dev_alloc((size_t)max_batch * N_Q * p->rowb);
+}
+
+static void pair_init(struct pair *p, enum kvt_dtype dt, cudaStream_t stream, uint32_t max_L,
+		      uint32_t max_batch)
+{
+	pair_init_host(p, dt, stream, max_L, max_batch, 0);
 }
 
 static void pair_fini(struct pair *p)
@@ -1733,6 +1744,56 @@ static void test_long_prompt(void **state)
 	g_ctx[0] = '\0';
 }
 
+/* ---- a prompt at the scale kvtier is for ------------------------------------------------- */
+
+/* 528,000 tokens of 2 kv heads: as many (kv head, token) pairs as a 132K-token prompt of
+   Llama-3-8B's 8 kv heads, where the suite's other prompts stop at 20,000 tokens. There the GPU
+   SnapKV runs past its span clamp (policy/snapkv.cu: spans of at most SK_SPAN_MAX = 16 key
+   tiles; past 16,384 (kv head, 64-key tile) pairs the grid grows past 1,024 CTAs instead: 516
+   spans a head here), and a layer's save (270 MB) goes through about a thousand staging
+   chunks. Selection, tokens, frames and counters as on the host. The selection check is
+   coarse: the heavy keys dominate the vote, so a softmax denominator that missed the last 6% of
+   the keys would still select the same positions (tried: nspan from the unclamped span passes
+   on kernel-emu); kernel-emu compares the scores themselves, at spans of several tiles. On a
+   GPU only: on the CPU emulators (tests/cuda_emu builds this file with KVT_TEST_EMULATED, for
+   cuda-emu and cuda-kemu alike) it takes 40 s with the stand-in kernels and 5 minutes with the
+   real ones. */
+#define HUGE_L 528000
+_Static_assert((HUGE_L + 63) / 64 * N_KV > 16 * 1024 + 64, "17 tiles a span unclamped");
+
+static void test_huge_prompt(void **state)
+{
+	struct tseq ts;
+	struct pair p;
+	bool tie = false;
+	uint64_t history = (uint64_t)HUGE_L * N_LAYERS * N_KV * 2 * HEAD_DIM * 2;
+
+	(void)state;
+#ifdef KVT_TEST_EMULATED
+	skip();
+#endif
+	set_ctx("huge prompt: setup");
+	/* the host history of every token (bf16 K and V), and room for the blocks' rounding */
+	pair_init_host(&p, KVT_DTYPE_BF16, NULL, HUGE_L, 1, history + history / 8);
+	g_margin.gap = INFINITY;
+	tseq_gen(&ts, &p.cfg, 0xc1a3000000ull, HUGE_L, 1);
+	CHECK_RC(kvt_seq_create(p.h, ts.id, ts.L), 0);
+	CHECK_RC(kvt_seq_create(p.c, ts.id, ts.L), 0);
+	for (uint32_t l = 0; l < N_LAYERS; l++) {
+		set_ctx("huge prompt: prefill of %u tokens, layer %u", HUGE_L, l);
+		PREFILL_BOTH(&p, &ts, l);
+		sync_both(&p);
+		CHECK_SELECTION(&p, &ts, l);
+		tie = tie || ts.tie[l];
+	}
+	print_margin(KVT_DTYPE_BF16);
+	set_ctx("huge prompt: after the prefills");
+	CHECK_ALL(&p, &ts, 1, tie);
+	tseq_free(&ts);
+	pair_fini(&p);
+	g_ctx[0] = '\0';
+}
+
 /* ---- a non-blocking stream ------------------------------------------------------------------ */
 
 #define STALL_BYTES ((size_t)64 << 20)
@@ -2402,11 +2463,12 @@ static void test_fault_recall(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_backend_choice), cmocka_unit_test(test_vs_host_f32),
-		cmocka_unit_test(test_vs_host_f16),    cmocka_unit_test(test_vs_host_bf16),
-		cmocka_unit_test(test_long_prompt),    cmocka_unit_test(test_nonblocking_stream),
-		cmocka_unit_test(test_resume_burst),   cmocka_unit_test(test_fault_prefill),
-		cmocka_unit_test(test_fault_decode),   cmocka_unit_test(test_fault_recall),
+		cmocka_unit_test(test_backend_choice),	   cmocka_unit_test(test_vs_host_f32),
+		cmocka_unit_test(test_vs_host_f16),	   cmocka_unit_test(test_vs_host_bf16),
+		cmocka_unit_test(test_long_prompt),	   cmocka_unit_test(test_huge_prompt),
+		cmocka_unit_test(test_nonblocking_stream), cmocka_unit_test(test_resume_burst),
+		cmocka_unit_test(test_fault_prefill),	   cmocka_unit_test(test_fault_decode),
+		cmocka_unit_test(test_fault_recall),
 	};
 	const struct kvt_plugin *plugin;
 	const char *seed = getenv("KVT_TEST_SEED");
