@@ -31,12 +31,16 @@
 #include "dtype.cuh"
 #include "gpu.h"
 
-#define SK_R 32		   /* obs rows per product tile */
-#define SK_TK 64	   /* keys per product tile */
-#define SK_DC 32	   /* head_dim chunk staged in shared memory */
-#define SK_THREADS 256	   /* every kernel here; the tile mapping below assumes it */
-#define SK_SPAN_MAX 16	   /* key tiles per sk_stats CTA, at most */
-#define SK_STATS_CTAS 1024 /* sk_stats grid size aimed at when choosing the span */
+#define SK_R 32	       /* obs rows per product tile */
+#define SK_TK 64       /* keys per product tile */
+#define SK_DC 32       /* head_dim chunk staged in shared memory */
+#define SK_THREADS 256 /* every kernel here; the tile mapping below assumes it */
+#define SK_SPAN_MAX 16 /* key tiles per sk_stats CTA, at most */
+/* sk_stats grid size aimed at when choosing the span (kernel-emu sets it lower, so that its
+   long cases reach SK_SPAN_MAX) */
+#ifndef SK_STATS_CTAS
+#define SK_STATS_CTAS 1024
+#endif
 #define SK_ALIGN 256	   /* every scratch piece; also what CUB's temp storage wants */
 #define SK_GRID_MAX 65536u /* 1D grid-stride kernels: enough CTAs to fill any current GPU */
 #define SK_FULL 0xffffffffu

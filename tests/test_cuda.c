@@ -1754,10 +1754,10 @@ static void test_long_prompt(void **state)
    chunks. Selection, tokens, frames and counters as on the host. The selection check is
    coarse: the heavy keys dominate the vote, so a softmax denominator that missed the last 6% of
    the keys would still select the same positions (tried: nspan from the unclamped span passes
-   on kernel-emu); kernel-emu compares the scores themselves, at spans of several tiles. On a
-   GPU only: on the CPU emulators (tests/cuda_emu builds this file with KVT_TEST_EMULATED, for
-   cuda-emu and cuda-kemu alike) it takes 40 s with the stand-in kernels and 5 minutes with the
-   real ones. */
+   here on cuda-kemu); kernel-emu compares the scores themselves, at the span cap too, and
+   fails on that mistake. On a GPU only: on the CPU emulators (tests/cuda_emu builds this file
+   with KVT_TEST_EMULATED, for cuda-emu and cuda-kemu alike) it takes 40 s with the stand-in
+   kernels and 5 minutes with the real ones. */
 #define HUGE_L 528000
 _Static_assert((HUGE_L + 63) / 64 * N_KV > 16 * 1024 + 64, "17 tiles a span unclamped");
 

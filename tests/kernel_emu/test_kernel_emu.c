@@ -382,13 +382,18 @@ static void each_schedule(void (*cases)(void), uint64_t seed)
    code) and cost seconds each in the emulator. */
 static void snapkv_long_cases(void)
 {
-	/* two key tiles per span (nkt * H = 71 * 16 > SK_STATS_CTAS), the last span one tile
-	   short, so sk_stats loops over a span and stops at L; every case above has spans of one
-	   tile */
+	/* Spans as this build sizes them (meson.build: SK_STATS_CTAS = 272 here, 1024 on a GPU;
+	   span = ceil(tiles * heads / SK_STATS_CTAS), at most SK_SPAN_MAX = 16 tiles). */
+	/* four key tiles per span (71 tiles x 16 heads = 1,136 pairs), the last span three tiles,
+	   so sk_stats loops over a span and stops at L; every case above has spans of one tile */
 	snap_case((struct kvt_snapkv){16, 16, 32, KVT_DTYPE_BF16, 4500, 4, 8, 64, 200, 5}, false);
 	/* more spans than sk_rowstats has threads (17000 keys of one kv head: 266 spans of one
 	   tile), so each thread merges several before the warp reductions */
 	snap_case((struct kvt_snapkv){1, 2, 32, KVT_DTYPE_F32, 17000, 4, 4, 64, 300, 7}, false);
+	/* the span capped: 546 tiles x 8 heads = 4,368 pairs would make spans of 17 tiles; they
+	   stay at 16 and the grid grows to 35 spans a head, the last of two tiles. Scores that
+	   missed keys past the grid's end would be off by percents, far outside 2e-5. */
+	snap_case((struct kvt_snapkv){8, 8, 32, KVT_DTYPE_F16, 34900, 4, 4, 64, 300, 5}, false);
 }
 
 static void test_snapkv(void **state)
