@@ -68,6 +68,7 @@ cut=0
 timed() {
 	local secs=$1 rc
 	shift
+	[ "$secs" -ge 1 ] || secs=1 # a phase's later step may find the budget spent
 	timeout -k 10 "$secs" "$@"
 	rc=$?
 	[ $rc -eq 124 ] || [ $rc -eq 137 ] && cut=1
