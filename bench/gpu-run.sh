@@ -191,7 +191,7 @@ for phase in "${phases[@]}"; do
 		done
 		;;
 	rest)
-		run_tests "$out/test-rest.log" --no-suite gpu
+		run_tests "$out/test-rest.log" --no-suite gpu --no-suite python
 		;;
 	esac
 	[ $cut -eq 1 ] && status=1
