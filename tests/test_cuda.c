@@ -1709,25 +1709,28 @@ static void test_vs_host_bf16(void **state)
 
 #define LONG_L 20000
 
-/* A prompt long enough that SnapKV's device scratch outgrows what the short prompts before it
-   left (the backend frees it and allocates a larger one), between two short prompts, which
-   then reuse the larger scratch: selection, tokens, frames and counters as on the host. */
-static void test_long_prompt(void **state)
+/* Prompts of the given lengths (at most 3), one sequence each, prefilled layer by layer on a
+   pair of bf16 managers with host budget host_bytes (0: the suite's), each layer's selection
+   checked right after its prefill; then tokens, frames and counters as on the host. */
+static void prompts_vs_host(const char *what, const uint32_t *lens, uint32_t n, uint64_t id0,
+			    uint64_t host_bytes)
 {
-	static const uint32_t lens[3] = {600, LONG_L, 600};
 	struct tseq ts[3];
 	bool any_tie = false;
+	uint32_t max_L = 0;
 	struct pair p;
 
-	(void)state;
-	set_ctx("long prompt: setup");
-	pair_init(&p, KVT_DTYPE_BF16, NULL, LONG_L, 1);
+	assert_true(n <= 3);
+	for (uint32_t i = 0; i < n; i++)
+		max_L = lens[i] > max_L ? lens[i] : max_L;
+	set_ctx("%s: setup", what);
+	pair_init_host(&p, KVT_DTYPE_BF16, NULL, max_L, 1, host_bytes);
 	g_margin.gap = INFINITY;
-	for (uint32_t i = 0; i < 3; i++) {
-		tseq_gen(&ts[i], &p.cfg, 0x10e6000000ull + i, lens[i], 1);
+	for (uint32_t i = 0; i < n; i++) {
+		tseq_gen(&ts[i], &p.cfg, id0 + i, lens[i], 1);
 		CHECK_RC(kvt_seq_create(p.h, ts[i].id, ts[i].L), 0);
 		CHECK_RC(kvt_seq_create(p.c, ts[i].id, ts[i].L), 0);
-		set_ctx("long prompt: prefill of %u tokens", lens[i]);
+		set_ctx("%s: prefill of %u tokens", what, lens[i]);
 		for (uint32_t l = 0; l < N_LAYERS; l++) {
 			PREFILL_BOTH(&p, &ts[i], l);
 			sync_both(&p);
@@ -1736,12 +1739,23 @@ static void test_long_prompt(void **state)
 		}
 	}
 	print_margin(KVT_DTYPE_BF16);
-	set_ctx("long prompt: after the prefills");
-	CHECK_ALL(&p, ts, 3, any_tie);
-	for (uint32_t i = 0; i < 3; i++)
+	set_ctx("%s: after the prefills", what);
+	CHECK_ALL(&p, ts, n, any_tie);
+	for (uint32_t i = 0; i < n; i++)
 		tseq_free(&ts[i]);
 	pair_fini(&p);
 	g_ctx[0] = '\0';
+}
+
+/* A prompt long enough that SnapKV's device scratch outgrows what the short prompts before it
+   left (the backend frees it and allocates a larger one), between two short prompts, which
+   then reuse the larger scratch: selection, tokens, frames and counters as on the host. */
+static void test_long_prompt(void **state)
+{
+	static const uint32_t lens[3] = {600, LONG_L, 600};
+
+	(void)state;
+	prompts_vs_host("long prompt", lens, 3, 0x10e6000000ull, 0);
 }
 
 /* ---- a prompt at the scale kvtier is for ------------------------------------------------- */
@@ -1763,9 +1777,8 @@ _Static_assert((HUGE_L + 63) / 64 * N_KV > 16 * 1024 + 64, "17 tiles a span uncl
 
 static void test_huge_prompt(void **state)
 {
-	struct tseq ts;
-	struct pair p;
-	bool tie = false;
+	static const uint32_t len = HUGE_L;
+	/* the host history of every token (bf16 K and V), and room for the blocks' rounding */
 	uint64_t history = (uint64_t)HUGE_L * N_LAYERS * N_KV * 2 * HEAD_DIM * 2;
 
 	(void)state;
@@ -1776,26 +1789,7 @@ static void test_huge_prompt(void **state)
 	   time, and its kernels are the ones the shorter prompts run */
 	if (getenv("KVT_TEST_NO_HUGE") && *getenv("KVT_TEST_NO_HUGE") == '1')
 		skip();
-	set_ctx("huge prompt: setup");
-	/* the host history of every token (bf16 K and V), and room for the blocks' rounding */
-	pair_init_host(&p, KVT_DTYPE_BF16, NULL, HUGE_L, 1, history + history / 8);
-	g_margin.gap = INFINITY;
-	tseq_gen(&ts, &p.cfg, 0xc1a3000000ull, HUGE_L, 1);
-	CHECK_RC(kvt_seq_create(p.h, ts.id, ts.L), 0);
-	CHECK_RC(kvt_seq_create(p.c, ts.id, ts.L), 0);
-	for (uint32_t l = 0; l < N_LAYERS; l++) {
-		set_ctx("huge prompt: prefill of %u tokens, layer %u", HUGE_L, l);
-		PREFILL_BOTH(&p, &ts, l);
-		sync_both(&p);
-		CHECK_SELECTION(&p, &ts, l);
-		tie = tie || ts.tie[l];
-	}
-	print_margin(KVT_DTYPE_BF16);
-	set_ctx("huge prompt: after the prefills");
-	CHECK_ALL(&p, &ts, 1, tie);
-	tseq_free(&ts);
-	pair_fini(&p);
-	g_ctx[0] = '\0';
+	prompts_vs_host("huge prompt", &len, 1, 0xc1a3000000ull, history + history / 8);
 }
 
 /* ---- a non-blocking stream ------------------------------------------------------------------ */
