@@ -131,9 +131,9 @@ for phase in "${phases[@]}"; do
 			note "gpu: $skipped tests skipped (no usable device?)"
 			status=1
 		fi
-		if grep -q '^SKIPPED .*test_gpu\.py' "$out/test-gpu.log"; then
-			note "gpu: the Python GPU tests skipped: $(grep -m1 '^SKIPPED .*test_gpu\.py' \
-				"$out/test-gpu.log")"
+		pyskip=$(grep -m1 '^SKIPPED .*test_gpu\.py' "$out/test-gpu.log")
+		if [ -n "$pyskip" ]; then
+			note "gpu: the Python GPU tests skipped: $pyskip"
 			status=1
 		fi
 		;;
