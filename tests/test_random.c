@@ -722,6 +722,8 @@ static void op_reject(struct model *md)
 		if (!s->n[l])
 			return;
 		want = -EEXIST;
+		/* the CUDA build's shim copies the whole prompt to the device before the call */
+		reserve_bufs(md, (size_t)md->c.n_kv_heads * s->L * md->rb);
 		rc = kvt_prefill_layer(md->m, s->id, l, md->buf_k, md->buf_v, md->buf_q, NULL);
 		break;
 	case 4: /* decode, prefill or recall of a preempted sequence */
@@ -729,6 +731,7 @@ static void op_reject(struct model *md)
 			return;
 		want = -EINVAL;
 		if (!s->n[l]) {
+			reserve_bufs(md, (size_t)md->c.n_kv_heads * s->L * md->rb);
 			rc = kvt_prefill_layer(md->m, s->id, l, md->buf_k, md->buf_v, md->buf_q,
 					       NULL);
 		} else if (t_rng_below(2)) {
