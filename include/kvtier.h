@@ -36,7 +36,11 @@
  *   staging buffers and the host blocks named by the save, never the bookkeeping. Every call
  *   that reads host blocks (read token, recall, resume, spill) or hands them to another owner
  *   (destroy, spilling) first waits for the saves that wrote them; kvt_manager_sync and
- *   kvt_manager_destroy wait for all of them.
+ *   kvt_manager_destroy wait for all of them. On the CUDA backend a save can be lost after
+ *   its call returned (its staging copy failed on the device, as the save thread learns):
+ *   then every wait that covers it fails with -EIO, detail in the last error (the reads,
+ *   recalls, resumes and spills of sequences saved since, kvt_manager_sync), while what was
+ *   saved before it stays readable. A device that failed once fails those calls anyway.
  * - The disk tier runs no thread: its io_uring batches are submitted and their completions
  *   reaped by the owner's thread inside the call that needs them, which returns only when the
  *   batch is done (spills free host blocks only after their write completed).

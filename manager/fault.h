@@ -7,8 +7,12 @@
  *   KVT_FAULT_XFER   every backend transfer call (copy_d2d, gather_h2d, save, append, read_d2h)
  *   KVT_FAULT_IO     every io_uring completion of the disk tier (and each modelled disk I/O)
  *   KVT_FAULT_CUDA   every CUDA runtime call of the CUDA backend (when it is built)
- * Hits are counted on the thread that armed the hook only, so the library's own threads (save
- * threads) never fire it; unarmed, a site costs one relaxed atomic load.
+ *   KVT_FAULT_STAGE  every wait of the CUDA backend for a staging copy of the save path, made
+ *                    after the copy landed, failing as an asynchronous CUDA error would
+ * Hits of the first four are counted on the thread that armed the hook only, so the library's
+ * own threads never fire them and a count does not depend on their timing. KVT_FAULT_STAGE is
+ * the exception (KVT_FAULT_SHARED): its waits run on the save threads, so its hits are counted
+ * on every thread, in one process-wide count. Unarmed, a site costs one relaxed atomic load.
  */
 #ifndef KVT_FAULT_H
 #define KVT_FAULT_H
@@ -24,21 +28,31 @@ enum kvt_fault_site {
 	KVT_FAULT_XFER = 1,
 	KVT_FAULT_IO = 2,
 	KVT_FAULT_CUDA = 3,
-	KVT_FAULT_SITES = 4,
+	KVT_FAULT_STAGE = 4,
+	KVT_FAULT_SITES = 5,
 };
 
-#define KVT_FAULT_ALL ((1u << KVT_FAULT_SITES) - 1)
+/* The sites counted on the arming thread only, and those counted on every thread. */
+#define KVT_FAULT_ALL                                                              \
+	((1u << KVT_FAULT_ALLOC) | (1u << KVT_FAULT_XFER) | (1u << KVT_FAULT_IO) | \
+	 (1u << KVT_FAULT_CUDA))
+#define KVT_FAULT_SHARED (1u << KVT_FAULT_STAGE)
 
 /* Non-zero while some thread has the hook armed. */
 extern atomic_uint kvt_fault_armed;
 
 /* Arms the hook on the calling thread: from now on, hits of the sites in `mask` (bits
    1 << site) are counted, and the hit numbered nth (1-based) fails; nth == 0 only counts.
-   Replaces any earlier arming of this thread. */
-void kvt_fault_arm(uint32_t mask, uint64_t nth);
-/* Disarms the calling thread's hook; returns the hits counted since it was armed. */
+   Replaces any earlier arming of this thread. A mask with a KVT_FAULT_SHARED site arms it for
+   every thread and must name nothing else; one thread at a time may hold it. -EINVAL (a mask
+   naming an unknown site, or a shared site with others) or -EBUSY (another thread holds the
+   shared site), and nothing changes; else 0. */
+int kvt_fault_arm(uint32_t mask, uint64_t nth);
+/* Disarms the calling thread's hook (and the shared site, if it holds it); returns the hits
+   counted since it was armed. */
 uint64_t kvt_fault_disarm(void);
-/* Hits counted so far on the calling thread, and whether the armed hit has fired. */
+/* Hits counted so far for the calling thread's arming (a shared site's: on every thread), and
+   whether the armed hit has fired. */
 uint64_t kvt_fault_hits(void);
 bool kvt_fault_fired(void);
 /* Site of the hit that fired (KVT_FAULT_SITES when none). */

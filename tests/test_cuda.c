@@ -2456,6 +2456,50 @@ static void test_fault_recall(void **state)
 	fenv_fini(&e);
 }
 
+/* A save thread's wait for a staging copy fails (KVT_FAULT_STAGE: after the copy landed, as an
+   asynchronous CUDA error reported there would). The calls that need the lost save fail with
+   -EIO and the detail: a read of t's host history, a sync. Those that need only earlier saves
+   do not: b, saved before, still reads back bit-exact, resident and host-only tokens. Nothing
+   hangs, and t and the manager are destroyed as usual. */
+static void test_fault_stage(void **state)
+{
+	struct fenv e;
+	struct pair *p = &e.p;
+	struct tseq *t = &e.t;
+	uint8_t gk[ROW_MAX], gv[ROW_MAX];
+	uint64_t hits;
+	bool fired;
+	int rc_prefill, rc_read;
+
+	(void)state;
+	fenv_init(&e);
+	set_ctx("fault: a staging copy of t's prefill save is lost");
+	CHECK_RC(kvt_seq_create(p->c, t->id, t->L), 0);
+	CHECK_RC(kvt_fault_arm(KVT_FAULT_SHARED, 1), 0);
+	rc_prefill = prefill_on(p, p->c, t, 0);
+	/* the host history waits for the save, wherever the position is resident */
+	rc_read = kvt_seq_read_token_host(p->c, t->id, 0, 0, 0, gk, gv);
+	fired = kvt_fault_fired();
+	hits = kvt_fault_disarm();
+	CHECK_RC(rc_prefill, 0); /* its save is asynchronous: the prefill itself succeeded */
+	if (!fired)
+		fail_at(__FILE__, __LINE__,
+			"KVT_FAULT_STAGE never fired (%llu hits): the save of a %u-token prefill "
+			"did not wait for its staging copy through stage_wait",
+			ULL(hits), t->L);
+	CHECK_RC(rc_read, -EIO);
+	if (!strstr(kvt_manager_last_error(p->c), "staging copy"))
+		fail_at(__FILE__, __LINE__, "last error after the lost save: \"%s\"",
+			kvt_manager_last_error(p->c));
+	for (uint32_t l = 0; l < N_LAYERS; l++)
+		CHECK_TOKENS(p, &e.b, l, true);
+	CHECK_RC(kvt_manager_sync(p->c, p->stream), -EIO);
+	CHECK_RC(kvt_seq_read_token_host(p->c, e.b.id, 0, 0, 0, gk, gv), 0);
+	CHECK_RC(kvt_seq_destroy(p->c, t->id), 0);
+	CHECK_RC(kvt_seq_read_token_host(p->c, e.b.id, 1, 1, e.b.L - 1, gk, gv), 0);
+	fenv_fini(&e);
+}
+
 /* ---- main ---------------------------------------------------------------------------------- */
 
 int main(void)
@@ -2466,7 +2510,7 @@ int main(void)
 		cmocka_unit_test(test_long_prompt),	   cmocka_unit_test(test_huge_prompt),
 		cmocka_unit_test(test_nonblocking_stream), cmocka_unit_test(test_resume_burst),
 		cmocka_unit_test(test_fault_prefill),	   cmocka_unit_test(test_fault_decode),
-		cmocka_unit_test(test_fault_recall),
+		cmocka_unit_test(test_fault_recall),	   cmocka_unit_test(test_fault_stage),
 	};
 	const struct kvt_plugin *plugin;
 	const char *seed = getenv("KVT_TEST_SEED");

@@ -46,6 +46,7 @@
 #include "check.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,7 +89,8 @@ static const uint64_t seq_id[N_IDS] = {11, 12, 13, 14, 21, 22, 23};
 static const uint32_t seq_prompt[N_IDS] = {48, 40, 20, 64, 32, 44, 16};
 static const uint32_t seq_max_new[N_IDS] = {0, 0, 0, 0, 6, 5, 4}; /* scheduler requests */
 
-static const char *const site_name[KVT_FAULT_SITES + 1] = {"alloc", "xfer", "io", "cuda", "none"};
+static const char *const site_name[KVT_FAULT_SITES + 1] = {"alloc", "xfer",  "io",
+							   "cuda",  "stage", "none"};
 
 /* ---- what the fault-free runs recorded ---------------------------------------------------- */
 
@@ -1445,8 +1447,9 @@ static void test_fault_walk(void **state)
 
 	/* 1. counting runs */
 	run_once(MODE_COUNT, KVT_FAULT_ALL, 0);
-	for (int s = 0; s < KVT_FAULT_SITES; s++)
-		run_once(MODE_COUNT, 1u << s, 0);
+	for (int s = 0; s < KVT_FAULT_SITES; s++) /* the thread-local sites: the walk's */
+		if (KVT_FAULT_ALL & 1u << s)
+			run_once(MODE_COUNT, 1u << s, 0);
 	/* 2. the fault-free state before every step */
 	run_once(MODE_SNAP, 0, 0);
 	print_message("# fault: disk tier %s; %u steps, K = %llu hits (alloc %llu, xfer %llu, io "
@@ -1507,9 +1510,95 @@ static void test_fault_walk(void **state)
 			(unsigned long long)g_prob_total, g_n_prob);
 }
 
+/* ---- the hook itself: the shared site ------------------------------------------------------ */
+
+/* What another thread sees: n hits of `site`, which of them failed (bit i: hit i + 1), and what
+   arming the shared site there answered. */
+struct other {
+	enum kvt_fault_site site;
+	uint32_t n, failed;
+	int arm_shared;
+	uint64_t local_hits; /* of a local arming there, taken and dropped after the hits */
+};
+
+static void *other_thread(void *arg)
+{
+	struct other *o = arg;
+
+	for (uint32_t i = 0; i < o->n; i++)
+		if (kvt_fault(o->site))
+			o->failed |= 1u << i;
+	o->arm_shared = kvt_fault_arm(KVT_FAULT_SHARED, 1);
+	if (!o->arm_shared)
+		kvt_fault_disarm();
+	/* a local arming there does not see the shared count, nor the shared one its hits */
+	if (!kvt_fault_arm(1u << KVT_FAULT_ALLOC, 0)) {
+		(void)kvt_fault(KVT_FAULT_ALLOC);
+		(void)kvt_fault(KVT_FAULT_ALLOC);
+		o->local_hits = kvt_fault_disarm();
+	}
+	return NULL;
+}
+
+static struct other run_other(enum kvt_fault_site site, uint32_t n)
+{
+	struct other o = {.site = site, .n = n};
+	pthread_t th;
+
+	assert_int_equal(pthread_create(&th, NULL, other_thread, &o), 0);
+	assert_int_equal(pthread_join(th, NULL), 0);
+	return o;
+}
+
+/* KVT_FAULT_STAGE, armed on one thread, is counted and fired on every thread; the thread-local
+   sites stay the arming thread's; one thread at a time holds the shared site. */
+static void test_fault_shared_site(void **state)
+{
+	struct other o;
+
+	(void)state;
+	assert_int_equal(kvt_fault_arm(KVT_FAULT_SHARED | 1u << KVT_FAULT_ALLOC, 1), -EINVAL);
+	assert_int_equal(kvt_fault_arm(1u << KVT_FAULT_SITES, 1), -EINVAL);
+	assert_false(kvt_fault(KVT_FAULT_STAGE)); /* nothing armed by the refusals */
+
+	assert_int_equal(kvt_fault_arm(KVT_FAULT_SHARED, 3), 0);
+	assert_false(kvt_fault(KVT_FAULT_STAGE)); /* hit 1, here */
+	assert_false(kvt_fault(KVT_FAULT_ALLOC)); /* not armed: not counted */
+	o = run_other(KVT_FAULT_STAGE, 4);	  /* hits 2..5 there: the 2nd of them fails */
+	assert_int_equal(o.failed, 1u << 1);
+	assert_int_equal(o.arm_shared, -EBUSY);
+	assert_int_equal(o.local_hits, 2);
+	assert_int_equal(kvt_fault_hits(), 5);
+	assert_true(kvt_fault_fired());
+	assert_int_equal(kvt_fault_fired_site(), KVT_FAULT_STAGE);
+	o = run_other(KVT_FAULT_ALLOC, 3); /* another thread's allocations: not this arming's */
+	assert_int_equal(o.failed, 0);
+	assert_int_equal(kvt_fault_disarm(), 5);
+	assert_true(kvt_fault_fired()); /* as for the local sites, kept after disarming */
+	assert_int_equal(kvt_fault_fired_site(), KVT_FAULT_STAGE);
+
+	/* released: the other thread may take it, and hits no longer count or fail */
+	o = run_other(KVT_FAULT_STAGE, 3);
+	assert_int_equal(o.failed, 0);
+	assert_int_equal(o.arm_shared, 0);
+
+	/* re-arming locally releases the shared site; a local arming never counts its hits */
+	assert_int_equal(kvt_fault_arm(KVT_FAULT_SHARED, 1), 0);
+	assert_int_equal(kvt_fault_arm(1u << KVT_FAULT_XFER, 2), 0);
+	o = run_other(KVT_FAULT_STAGE, 2);
+	assert_int_equal(o.failed, 0);
+	assert_int_equal(o.arm_shared, 0);
+	assert_false(kvt_fault(KVT_FAULT_STAGE));
+	assert_false(kvt_fault(KVT_FAULT_XFER));
+	assert_true(kvt_fault(KVT_FAULT_XFER));
+	assert_int_equal(kvt_fault_fired_site(), KVT_FAULT_XFER);
+	assert_int_equal(kvt_fault_disarm(), 2);
+}
+
 int main(void)
 {
-	const struct CMUnitTest tests[] = {cmocka_unit_test(test_fault_walk)};
+	const struct CMUnitTest tests[] = {cmocka_unit_test(test_fault_shared_site),
+					   cmocka_unit_test(test_fault_walk)};
 
 	check_context = run_context;
 	return cmocka_run_group_tests(tests, NULL, NULL);

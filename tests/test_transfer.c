@@ -780,6 +780,92 @@ static void test_savepool_copy_fails(void **state)
 	}
 }
 
+/* A stage copy that notes which job's sources each buffer holds, and a wait that fails for
+   the chunks of one job (`doomed`), as an asynchronous copy that did not land would. */
+struct tag_ctx {
+	uint64_t held[2]; /* src[0].addr of the chunk in each buffer */
+	uint64_t doomed;
+	int fail_err;
+	uint32_t waits, failed; /* atomic */
+};
+
+static int tag_copy(void *cctx, int buf, void *stage, const struct kvt_save_src *src,
+		    uint32_t n_src, uint64_t off, uint64_t len)
+{
+	struct tag_ctx *c = cctx;
+
+	c->held[buf] = src[0].addr;
+	return test_copy(NULL, buf, stage, src, n_src, off, len);
+}
+
+static int tag_wait(void *cctx, int buf)
+{
+	struct tag_ctx *c = cctx;
+
+	__atomic_add_fetch(&c->waits, 1, __ATOMIC_RELAXED);
+	if (c->held[buf] != c->doomed)
+		return 0;
+	__atomic_add_fetch(&c->failed, 1, __ATOMIC_RELAXED);
+	return c->fail_err;
+}
+
+enum { TAG_JOBS = 4, TAG_JOB = 6000 /* two chunks of a 4 KiB staging buffer */ };
+
+/* A chunk whose wait fails is not scattered, and the waits that cover its job fail with the
+   wait's error, those before it do not; the jobs after it are scattered as usual. */
+static void test_savepool_wait_fails(void **state)
+{
+	(void)state;
+	rng_state = 0x5eed5a1e0f0f0f0full;
+	for (size_t t = 0; t < N_THREAD_COUNTS; t++) {
+		struct tag_ctx tc = {.fail_err = -ENODEV};
+		struct kvt_savepool *sp;
+		uint8_t *s = malloc((size_t)TAG_JOBS * TAG_JOB), *d = calloc(TAG_JOBS, TAG_JOB);
+		struct kvt_save_src src[TAG_JOBS];
+		struct kvt_xfer x[TAG_JOBS];
+		uint64_t tk[TAG_JOBS];
+
+		assert_non_null(s);
+		assert_non_null(d);
+		fill_random(s, (size_t)TAG_JOBS * TAG_JOB);
+		tc.doomed = a64(s + TAG_JOB); /* job 1 */
+		assert_int_equal(kvt_savepool_create(thread_counts[t], 4096, &plain, tag_copy,
+						     tag_wait, &tc, &sp),
+				 0);
+		for (int j = 0; j < TAG_JOBS - 1; j++) {
+			src[j] = (struct kvt_save_src){a64(s + (size_t)j * TAG_JOB), TAG_JOB};
+			x[j] = (struct kvt_xfer){.src = 0,
+						 .dst = a64(d + (size_t)j * TAG_JOB),
+						 .bytes = TAG_JOB,
+						 .reps = 1};
+			assert_int_equal(kvt_savepool_submit_xfer(sp, &src[j], 1, &x[j], 1, &tk[j]),
+					 0);
+		}
+		assert_int_equal(kvt_savepool_wait(sp, tk[0]), 0);
+		CHECK_BYTES(d, s, TAG_JOB, "job 0, before the lost one");
+		assert_int_equal(kvt_savepool_wait(sp, tk[1]), -ENODEV);
+		for (size_t i = 0; i < TAG_JOB; i++)
+			if (d[TAG_JOB + i])
+				fail_msg("threads %u: the lost job's byte %zu was scattered",
+					 thread_counts[t], i);
+		assert_int_equal(kvt_savepool_wait(sp, tk[2]), -ENODEV);
+		CHECK_BYTES(d + 2 * TAG_JOB, s + 2 * TAG_JOB, TAG_JOB, "job 2, after the lost one");
+		assert_int_equal(kvt_savepool_wait(sp, tk[0]), 0);		    /* still */
+		assert_int_equal(__atomic_load_n(&tc.failed, __ATOMIC_RELAXED), 2); /* 2 chunks */
+		assert_int_equal(__atomic_load_n(&tc.waits, __ATOMIC_RELAXED), 6);
+		/* a later job lands; waits that cover the lost one keep failing */
+		src[3] = (struct kvt_save_src){a64(s + 3 * TAG_JOB), TAG_JOB};
+		x[3] = (struct kvt_xfer){
+			.src = 0, .dst = a64(d + 3 * TAG_JOB), .bytes = TAG_JOB, .reps = 1};
+		assert_int_equal(kvt_savepool_submit_xfer(sp, &src[3], 1, &x[3], 1, &tk[3]), 0);
+		assert_int_equal(kvt_savepool_wait(sp, UINT64_MAX), -ENODEV);
+		CHECK_BYTES(d + 3 * TAG_JOB, s + 3 * TAG_JOB, TAG_JOB, "job 3");
+		kvt_savepool_destroy(sp);
+		free(s);
+		free(d);
+	}
+}
+
 /* A scatter that sleeps before it copies, then counts itself done. The job's ctx is a struct
    slow_ctx. Jobs are 128 KiB, as two 64 KiB items, and the staging buffers as large, so the
    pool hands them to its threads (small chunks may be scattered by the caller itself). */
@@ -1083,6 +1169,7 @@ int main(void)
 		cmocka_unit_test(test_savepool_copy_fails),
 		cmocka_unit_test(test_savepool_destroy_waits),
 		cmocka_unit_test(test_savepool_wait_ticket),
+		cmocka_unit_test(test_savepool_wait_fails),
 		cmocka_unit_test(test_savepool_zero_and_invalid_jobs),
 		cmocka_unit_test(test_null_backend),
 		cmocka_unit_test(test_backend_find),

@@ -134,7 +134,9 @@ struct kvt_backend_ops {
 		      const struct kvt_append *a, const struct kvt_append_geom *g, void *stream,
 		      uint64_t *ticket);
 
-	/* Blocks until every save with a ticket <= ticket has landed in host memory. */
+	/* Blocks until every save with a ticket <= ticket has landed in host memory. -errno when
+	   one of them was lost (an asynchronous staging copy failed): every later wait that
+	   covers it fails too, waits for earlier tickets do not. */
 	int (*save_wait)(struct kvt_be *b, uint64_t ticket);
 
 	/* Synchronous device -> host read of bytes at src into dst (host memory). */

@@ -17,7 +17,8 @@
  *   (policy/snapkv.cu, recall.cu, attend.cu), so a prefill layer's K never leaves the GPU.
  *
  * Every CUDA error becomes a negative errno with the CUDA text in the backend's err; injected
- * faults (KVT_FAULT_CUDA) replace a call by cudaErrorUnknown before it runs. Nothing aborts.
+ * faults (KVT_FAULT_CUDA) replace a call by cudaErrorUnknown before it runs, and those of a save
+ * thread's staging wait (KVT_FAULT_STAGE) its result by cudaErrorLaunchFailure. Nothing aborts.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -82,9 +83,11 @@ struct cuda_backend {
 	struct kvt_savepool *sp;
 	cudaEvent_t stage_done[2];
 	cudaStream_t save_stream; /* stream of the save being submitted (owner thread only) */
-	/* First failure of a save thread's wait. Sticky on purpose: an event wait fails only on a
-	   broken context (an earlier kernel fault), after which no save can be trusted. */
-	atomic_int save_err;
+	/* The CUDA error of the first failed wait of a save thread, for save_wait's message. An
+	   event wait fails on a broken context (an earlier kernel fault): the saves after it fail
+	   too, while those that landed before it stay readable (the pool fails the waits that
+	   cover a lost chunk only). */
+	atomic_int save_cuerr;
 
 	struct list_slot slot[LIST_SLOTS];
 	uint32_t next_slot;
@@ -704,13 +707,17 @@ static int stage_wait(void *cctx, int buf)
 
 	if (e == cudaSuccess)
 		e = cudaEventSynchronize(cb->stage_done[buf]);
+	/* KVT_FAULT_STAGE: the copy landed, but fail as an asynchronous error reported here
+	   would (its hits are counted on every thread: this runs on a save thread). */
+	if (e == cudaSuccess && kvt_cuda_host->fault(KVT_FAULT_STAGE))
+		e = cudaErrorLaunchFailure;
 	if (e != cudaSuccess) {
 		int expected = 0;
 
-		atomic_compare_exchange_strong(&cb->save_err, &expected, errno_of(e));
+		atomic_compare_exchange_strong(&cb->save_cuerr, &expected, (int)e);
 		kvt_cuda_host->log(KVT_LOG_ERROR, "cuda: save: staging copy failed: %s",
 				   cudaGetErrorString(e));
-		return -EIO;
+		return errno_of(e);
 	}
 	return 0;
 }
@@ -1006,10 +1013,11 @@ static int cuda_save_wait(struct kvt_be *b, uint64_t ticket)
 	struct cuda_backend *cb = (struct cuda_backend *)b;
 	int err;
 
-	kvt_cuda_host->savepool_wait(cb->sp, ticket);
-	err = atomic_load(&cb->save_err);
+	err = kvt_cuda_host->savepool_wait(cb->sp, ticket);
 	if (err)
-		return be_fail(b, err, "save: a staging copy failed (see the log)");
+		return be_fail(b, err,
+			       "save: the staging copy of a save this wait covers failed: %s",
+			       cudaGetErrorString((cudaError_t)atomic_load(&cb->save_cuerr)));
 	return 0;
 }
 

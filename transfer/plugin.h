@@ -24,7 +24,7 @@
 #include "fault.h"
 #include "savepool.h"
 
-#define KVT_PLUGIN_ABI 1
+#define KVT_PLUGIN_ABI 2
 #define KVT_PLUGIN_ENTRY "kvt_cuda_plugin_entry"
 #define KVT_PLUGIN_SONAME "libkvtier-cuda.so"
 
@@ -52,7 +52,7 @@ struct kvt_plugin_host {
 	int (*savepool_submit_append)(struct kvt_savepool *sp, uint64_t k, uint64_t v, uint32_t n,
 				      const struct kvt_append *a, const struct kvt_append_geom *g,
 				      uint64_t *ticket);
-	void (*savepool_wait)(struct kvt_savepool *sp, uint64_t t);
+	int (*savepool_wait)(struct kvt_savepool *sp, uint64_t t);
 };
 
 /* What the plugin gives back. */

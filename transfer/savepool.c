@@ -49,16 +49,28 @@ struct kvt_savepool {
 	kvt_stage_copy_fn copy;
 	kvt_stage_wait_fn wait;
 	void *cctx;
+	/* The lowest ticket that lost a chunk to a failed wait (UINT64_MAX: none), and that
+	   wait's error. Guarded by mu. */
+	uint64_t failed_ticket;
+	int failed_err;
 };
 
 static void run_slice(struct kvt_savepool *sp, const struct work *w)
 {
 	struct stage_buf *b = &sp->buf[w->buf];
+	int err = sp->wait ? sp->wait(sp->cctx, (int)w->buf) : 0;
 
-	/* A failed wait leaves the stage unreadable; the backend records the detail and fails
-	   the next call that depends on the save (save_wait). Scattering garbage would be worse. */
-	if (sp->wait && sp->wait(sp->cctx, (int)w->buf) != 0)
+	/* A failed wait leaves the stage unreadable: scattering it would store garbage as
+	   history. The waits that cover this save fail instead (kvt_savepool_wait). */
+	if (err) {
+		pthread_mutex_lock(&sp->mu);
+		if (b->ticket < sp->failed_ticket) {
+			sp->failed_ticket = b->ticket;
+			sp->failed_err = err < 0 ? err : -EIO;
+		}
+		pthread_mutex_unlock(&sp->mu);
 		return;
+	}
 	b->scatter(b->items, w->i0, w->i1, b->mem, b->c0, b->c1, b->ctx);
 }
 
@@ -103,6 +115,7 @@ int kvt_savepool_create(uint32_t threads, uint64_t staging_bytes,
 	sp->copy = copy;
 	sp->wait = wait;
 	sp->cctx = cctx;
+	sp->failed_ticket = UINT64_MAX;
 	pthread_mutex_init(&sp->mu, NULL);
 	pthread_cond_init(&sp->work_cv, NULL);
 	pthread_cond_init(&sp->done_cv, NULL);
@@ -130,7 +143,7 @@ void kvt_savepool_destroy(struct kvt_savepool *sp)
 {
 	if (!sp)
 		return;
-	kvt_savepool_wait(sp, sp->ticket);
+	(void)kvt_savepool_wait(sp, sp->ticket); /* a lost chunk is the waiters' to report */
 	pthread_mutex_lock(&sp->mu);
 	sp->stop = true;
 	pthread_cond_broadcast(&sp->work_cv);
@@ -265,15 +278,17 @@ int kvt_savepool_submit(struct kvt_savepool *sp, const struct kvt_save_job *job,
 	return 0;
 }
 
-void kvt_savepool_wait(struct kvt_savepool *sp, uint64_t t)
+int kvt_savepool_wait(struct kvt_savepool *sp, uint64_t t)
 {
-	if (sp->n_threads == 0)
-		return;
+	int err;
+
 	pthread_mutex_lock(&sp->mu);
 	for (uint32_t i = 0; i < 2; i++)
 		while (sp->buf[i].pending && sp->buf[i].ticket <= t)
 			pthread_cond_wait(&sp->done_cv, &sp->mu);
+	err = sp->failed_ticket <= t ? sp->failed_err : 0;
 	pthread_mutex_unlock(&sp->mu);
+	return err;
 }
 
 uint64_t kvt_savepool_last_ticket(const struct kvt_savepool *sp)

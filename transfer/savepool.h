@@ -8,6 +8,10 @@
  * Completion: every submit gets a ticket (1, 2, ...); kvt_savepool_wait(t) returns once every
  * job with ticket <= t has been scattered. At most two chunks are in flight (one per staging
  * buffer), so a submit waits only for the chunk that last used its buffer.
+ *
+ * Failure: a chunk whose asynchronous copy failed (the wait function says so) is left
+ * unscattered, and the pool remembers the lowest ticket that lost a chunk: a wait that covers
+ * it fails from then on, one for earlier tickets does not (their saves landed).
  */
 #ifndef KVT_SAVEPOOL_H
 #define KVT_SAVEPOOL_H
@@ -28,7 +32,8 @@ typedef int (*kvt_stage_copy_fn)(void *cctx, int buf, void *stage, const struct 
 				 uint32_t n_src, uint64_t off, uint64_t len);
 
 /* (optional) Called by the scattering thread before it reads buffer buf: waits for an
-   asynchronous stage copy to land. */
+   asynchronous stage copy to land. 0, or -errno when the copy failed (the backend logs the
+   detail): then the chunk is not scattered and every wait that covers its save fails. */
 typedef int (*kvt_stage_wait_fn)(void *cctx, int buf);
 
 /* Allocates host memory for staging and tables (the backend's allocator: pinned for CUDA). */
@@ -69,8 +74,9 @@ void kvt_savepool_destroy(struct kvt_savepool *sp);
    chunk's copy failed. A job with zero source bytes completes at once. */
 int kvt_savepool_submit(struct kvt_savepool *sp, const struct kvt_save_job *job, uint64_t *ticket);
 
-/* Blocks until every job with ticket <= t is scattered. */
-void kvt_savepool_wait(struct kvt_savepool *sp, uint64_t t);
+/* Blocks until every job with ticket <= t is scattered or failed. 0, or the error of the
+   failed wait of the lowest ticket that lost a chunk when that ticket is <= t. */
+int kvt_savepool_wait(struct kvt_savepool *sp, uint64_t t);
 
 /* Ticket of the latest submit (0 before the first). */
 uint64_t kvt_savepool_last_ticket(const struct kvt_savepool *sp);

@@ -1383,7 +1383,8 @@ cudaError_t cudaRuntimeGetVersion(int *v)
 	return cudaSuccess;
 }
 
-/* The codes the fake returns, and cudaErrorUnknown, which the backend's fault injection uses. */
+/* The codes the fake returns, and those the backend's fault injection uses (cudaErrorUnknown,
+   cudaErrorLaunchFailure). */
 const char *cudaGetErrorName(cudaError_t e)
 {
 	switch (e) {
@@ -1399,6 +1400,8 @@ const char *cudaGetErrorName(cudaError_t e)
 		return "cudaErrorInvalidResourceHandle";
 	case cudaErrorUnknown:
 		return "cudaErrorUnknown";
+	case cudaErrorLaunchFailure:
+		return "cudaErrorLaunchFailure";
 	case cudaErrorNotReady:
 		return "cudaErrorNotReady";
 	default:
@@ -1421,6 +1424,8 @@ const char *cudaGetErrorString(cudaError_t e)
 		return "invalid resource handle";
 	case cudaErrorUnknown:
 		return "unknown error";
+	case cudaErrorLaunchFailure:
+		return "unspecified launch failure";
 	case cudaErrorNotReady:
 		return "device not ready";
 	default:
