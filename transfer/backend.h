@@ -134,7 +134,7 @@ struct kvt_backend_ops {
 		      const struct kvt_append *a, const struct kvt_append_geom *g, void *stream,
 		      uint64_t *ticket);
 
-	/* Blocks until every save with a ticket <= ticket has landed in host memory. -errno when
+	/* Blocks until every save with a ticket <= ticket has landed in host memory. -EIO when
 	   one of them was lost (an asynchronous staging copy failed): every later wait that
 	   covers it fails too, waits for earlier tickets do not. */
 	int (*save_wait)(struct kvt_be *b, uint64_t ticket);

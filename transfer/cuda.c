@@ -717,7 +717,9 @@ static int stage_wait(void *cctx, int buf)
 		atomic_compare_exchange_strong(&cb->save_cuerr, &expected, (int)e);
 		kvt_cuda_host->log(KVT_LOG_ERROR, "cuda: save: staging copy failed: %s",
 				   cudaGetErrorString(e));
-		return errno_of(e);
+		/* -EIO whatever the CUDA error: the save's rows are lost, and its readers are
+		   told so as for a failed disk write, not as for a bad argument of theirs. */
+		return -EIO;
 	}
 	return 0;
 }
