@@ -15,7 +15,8 @@
  * row-major, of config.dtype, in the backend's memory space: host pointers for the host and
  * model backends (the model backend never reads them), device pointers for the CUDA backend.
  * `stream` is a cudaStream_t or NULL: the device work of a call (copies into frames, loads of
- * host blocks, ring writes) is queued there, so calls that pass different streams must be
+ * host blocks, ring writes, the reads of the tensors passed in, which must be written on that
+ * stream or ordered before it) is queued there, so calls that pass different streams must be
  * ordered by the caller (use one stream, or synchronize when switching); the manager itself
  * waits for the device before frames or host blocks change hands (preempt, destroy,
  * spilling). The CUDA backend makes its device current (cudaSetDevice) on the calling thread

@@ -263,9 +263,9 @@ int kvt_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz);
 				   : (m)->ops->op((m)->be, __VA_ARGS__))
 
 /* Copies bytes of a caller's device tensor at src into m->hcopy (synchronously, after the
-   device work queued before). 0, -ENOMEM (detail in the backend's err) or the backend's
-   error. */
-int kvt_host_copy(struct kvt_manager *m, const void *src, uint64_t bytes);
+   device work queued on stream before, the tensor's writer's; NULL: all the device's work).
+   0, -ENOMEM (detail in the backend's err) or the backend's error. */
+int kvt_host_copy(struct kvt_manager *m, const void *src, uint64_t bytes, void *stream);
 
 /* Before a call queues device work that reads host blocks or writes frames. */
 static inline void kvt_dev_queue(struct kvt_manager *m)

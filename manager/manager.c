@@ -393,13 +393,13 @@ KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out
 	return 0;
 }
 
-int kvt_host_copy(struct kvt_manager *m, const void *src, uint64_t bytes)
+int kvt_host_copy(struct kvt_manager *m, const void *src, uint64_t bytes, void *stream)
 {
 	if (bytes > UINT32_MAX ||
 	    kvt_reserve((void **)&m->hcopy, &m->hcopy_cap, (uint32_t)bytes, 1))
 		return kvt_be_fail(m->be, -ENOMEM, "no memory for a host copy of %llu bytes",
 				   (unsigned long long)bytes);
-	return KVT_XFER(m, read_d2h, m->hcopy, (uint64_t)(uintptr_t)src, bytes);
+	return KVT_XFER(m, read_d2h, m->hcopy, (uint64_t)(uintptr_t)src, bytes, stream);
 }
 
 int kvt_dev_quiesce(struct kvt_manager *m)

@@ -824,7 +824,7 @@ KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint6
 				n);
 	qstride = (uint64_t)m->cfg.n_q_heads * m->row_bytes;
 	if (!m->cpu_device) { /* the scoring runs on the CPU: the queries come over first */
-		err = kvt_host_copy(m, q, n * qstride);
+		err = kvt_host_copy(m, q, n * qstride, stream);
 		if (err)
 			return kvt_fail(m, err, "recall: queries: %s", m->be->err);
 		q = m->hcopy;

@@ -688,9 +688,9 @@ static int read_token(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint3
 	if (slot >= 0) {
 		uint64_t a = kvt_dev_row(m, ly, h, (uint32_t)slot);
 
-		err = KVT_XFER(m, read_d2h, k_out, a, m->row_bytes);
+		err = KVT_XFER(m, read_d2h, k_out, a, m->row_bytes, NULL);
 		if (!err)
-			err = KVT_XFER(m, read_d2h, v_out, a + m->v_offset, m->row_bytes);
+			err = KVT_XFER(m, read_d2h, v_out, a + m->v_offset, m->row_bytes, NULL);
 		if (err)
 			return kvt_fail(m, err, "read token: device read: %s", m->be->err);
 		m->st.bytes_read += 2ull * m->row_bytes;

@@ -54,6 +54,9 @@
 #include "internal.h" /* kvt_seq_read_token_host */
 #include "plugin.h"
 #include "policy.h"
+#ifdef KVT_TEST_EMULATED
+#include "cuda_emu/fake_cudart.h"
+#endif
 
 /* Geometry of every manager here: small, so the suite runs in seconds. */
 #define N_LAYERS 2
@@ -440,12 +443,33 @@ static void prompt_tensor(const struct tseq *t, uint32_t layer, int is_v, uint8_
 
 /* ---- the calls, on one manager ------------------------------------------------------------ */
 
+/* The calls of the serving loop (prefill, decode append, recall) queue their device work on
+   the caller's stream and wait for that stream at most: a wait for the whole device would also
+   wait for a serving engine's kernels on its other streams. The emulated runtime counts such
+   waits (cudaDeviceSynchronize, cudaFree, cudaFreeHost); a GPU cannot, so there this checks
+   nothing. A failed call may wait for the device, to let what it queued finish. */
+#ifdef KVT_TEST_EMULATED
+#define DEVICE_WAITS() fake_cuda_device_waits()
+#else
+#define DEVICE_WAITS() 0ull
+#endif
+
+static void no_device_wait(uint64_t before, int rc, const char *call, uint64_t seq, uint32_t layer)
+{
+	uint64_t n = DEVICE_WAITS() - before;
+
+	if (rc == 0 && n)
+		fail_msg("%s of seq %llu layer %u waited %llu times for the whole device", call,
+			 ULL(seq), layer, ULL(n));
+}
+
 /* Prefills `layer` of t on m (the CUDA manager gets device copies on the pair's stream). */
 static int prefill_on(struct pair *p, struct kvt_manager *m, const struct tseq *t, uint32_t layer)
 {
 	size_t kvb = (size_t)N_KV * t->L * t->rowb, qb = (size_t)N_Q * OBS * t->rowb;
 	const void *q = t->count ? t->q_obs[layer] : NULL; /* NULL: no selection (Case 1) */
 	uint8_t *k = t_xmalloc(kvb), *v = t_xmalloc(kvb);
+	uint64_t w0;
 	int rc;
 
 	prompt_tensor(t, layer, 0, k);
@@ -458,7 +482,9 @@ static int prefill_on(struct pair *p, struct kvt_manager *m, const struct tseq *
 		dev_put(p->dv, v, kvb);
 		if (q)
 			dev_put(p->dq, q, qb);
+		w0 = DEVICE_WAITS();
 		rc = kvt_prefill_layer(m, t->id, layer, p->dk, p->dv, q ? p->dq : NULL, p->stream);
+		no_device_wait(w0, rc, "prefill", t->id, layer);
 		garble(p, p->dk, kvb);
 		garble(p, p->dv, kvb);
 		if (q)
@@ -476,6 +502,7 @@ static int decode_on(struct pair *p, struct kvt_manager *m, struct tseq *const *
 	size_t bytes = (size_t)n * N_KV * p->rowb;
 	uint64_t ids[8];
 	uint8_t *k = t_xmalloc(bytes), *v = t_xmalloc(bytes);
+	uint64_t w0;
 	int rc;
 
 	assert_true(n <= 8 && n <= p->max_batch);
@@ -494,7 +521,9 @@ static int decode_on(struct pair *p, struct kvt_manager *m, struct tseq *const *
 	} else {
 		dev_put(p->ek, k, bytes);
 		dev_put(p->ev, v, bytes);
+		w0 = DEVICE_WAITS();
 		rc = kvt_decode_append(m, layer, ids, n, p->ek, p->ev, p->stream);
+		no_device_wait(w0, rc, "decode append", ids[0], layer);
 		garble(p, p->ek, bytes);
 		garble(p, p->ev, bytes);
 	}
@@ -510,6 +539,7 @@ static int recall_on(struct pair *p, struct kvt_manager *m, struct tseq *const *
 	size_t qrow = (size_t)N_Q * p->rowb;
 	uint64_t ids[8];
 	uint8_t *q = t_xmalloc(n * qrow);
+	uint64_t w0;
 	int rc;
 
 	assert_true(n <= 8 && n <= p->max_batch);
@@ -521,7 +551,9 @@ static int recall_on(struct pair *p, struct kvt_manager *m, struct tseq *const *
 		rc = kvt_decode_recall(m, layer, ids, n, q, NULL);
 	} else {
 		dev_put(p->eq, q, n * qrow);
+		w0 = DEVICE_WAITS();
 		rc = kvt_decode_recall(m, layer, ids, n, p->eq, p->stream);
+		no_device_wait(w0, rc, "recall", ids[0], layer);
 		garble(p, p->eq, n * qrow);
 	}
 	free(q);
@@ -1748,8 +1780,9 @@ static void prompts_vs_host(const char *what, const uint32_t *lens, uint32_t n, 
 }
 
 /* A prompt long enough that SnapKV's device scratch outgrows what the short prompts before it
-   left (the backend frees it and allocates a larger one), between two short prompts, which
-   then reuse the larger scratch: selection, tokens, frames and counters as on the host. */
+   left (the backend allocates a larger one, without a wait for the whole device: prefill_on
+   checks that on the emulated runtime), between two short prompts, which then reuse the larger
+   scratch: selection, tokens, frames and counters as on the host. */
 static void test_long_prompt(void **state)
 {
 	static const uint32_t lens[3] = {600, LONG_L, 600};

@@ -518,7 +518,7 @@ static void test_backend_checks(void **state)
 	uint8_t dst[8] = {1, 2, 3, 4, 5, 6, 7, 8};
 
 	b->err[0] = '\0';
-	CHECK_RC(o->read_d2h(b, dst, dev, sizeof(dst)), -ENOTSUP);
+	CHECK_RC(o->read_d2h(b, dst, dev, sizeof(dst), NULL), -ENOTSUP);
 	assert_true(strlen(b->err) > 0);
 	assert_int_equal(dst[0], 1);
 	CHECK_COST(b, KVT_DIR_D2H, 2256, 1024, 2);

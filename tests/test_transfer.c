@@ -549,13 +549,13 @@ static void test_host_read_d2h(void **state)
 	(void)state;
 	fill_random(src, sizeof(src));
 	memset(dst, 0, sizeof(dst));
-	assert_int_equal(kvt_backend_host_ops.read_d2h(b, dst + 10, a64(src + 7), 900), 0);
+	assert_int_equal(kvt_backend_host_ops.read_d2h(b, dst + 10, a64(src + 7), 900, NULL), 0);
 	CHECK_BYTES(dst + 10, src + 7, 900, "read_d2h");
 	for (int i = 0; i < 10; i++)
 		assert_int_equal(dst[i], 0);
 	for (int i = 910; i < 1000; i++)
 		assert_int_equal(dst[i], 0);
-	assert_int_equal(kvt_backend_host_ops.read_d2h(b, dst, a64(src), 0), 0);
+	assert_int_equal(kvt_backend_host_ops.read_d2h(b, dst, a64(src), 0, NULL), 0);
 	kvt_backend_host_ops.destroy(b);
 }
 
@@ -1105,7 +1105,7 @@ static void test_null_backend(void **state)
 	uint8_t dst[8] = {1, 2, 3, 4, 5, 6, 7, 8};
 
 	b->err[0] = '\0';
-	assert_int_equal(o->read_d2h(b, dst, 4096, sizeof(dst)), -ENOTSUP);
+	assert_int_equal(o->read_d2h(b, dst, 4096, sizeof(dst), NULL), -ENOTSUP);
 	assert_true(strlen(b->err) > 0);
 	assert_int_equal(dst[0], 1);
 	o->destroy(b);

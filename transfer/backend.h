@@ -13,7 +13,7 @@
 
 #include "kvtier.h"
 
-#define KVT_BACKEND_OPS_VERSION 2
+#define KVT_BACKEND_OPS_VERSION 3
 
 enum kvt_tier {
 	KVT_TIER_DEVICE = 0,
@@ -139,8 +139,10 @@ struct kvt_backend_ops {
 	   covers it fails too, waits for earlier tickets do not. */
 	int (*save_wait)(struct kvt_be *b, uint64_t ticket);
 
-	/* Synchronous device -> host read of bytes at src into dst (host memory). */
-	int (*read_d2h)(struct kvt_be *b, void *dst, uint64_t src, uint64_t bytes);
+	/* Synchronous device -> host read of bytes at src into dst (host memory), after the work
+	   queued on stream (the bytes' writer's); NULL: after all the device's work (the bytes
+	   may have been written on any stream). */
+	int (*read_d2h)(struct kvt_be *b, void *dst, uint64_t src, uint64_t bytes, void *stream);
 
 	/* Waits for the work queued on stream (NULL: the backend's default stream). */
 	int (*sync)(struct kvt_be *b, void *stream);

@@ -96,8 +96,14 @@ struct cuda_backend {
 	uint64_t host_lo, host_hi; /* host arena range, for address translation */
 	int64_t host_delta;	   /* device address - host address of the host arena */
 
-	void *io_dev; /* device scratch of the policy ops */
+	/* Device scratch of the policy ops. Like a list slot's buffers (struct list_slot), it
+	   only ever doubles and the buffers it outgrew stay allocated until destroy, so that the
+	   first prefill of a longer prompt than any before does not wait for the whole device
+	   (cudaFree would); they add up to less than io_bytes. */
+	void *io_dev;
 	size_t io_bytes;
+	uint8_t n_io_outgrown;
+	void *io_outgrown[8 * sizeof(size_t)];
 	void **b_dst, **b_src; /* cudaMemcpyBatchAsync arrays */
 	size_t *b_size;
 	size_t b_cap;
@@ -858,6 +864,8 @@ static void cuda_destroy(struct kvt_be *b)
 			cudaEventDestroy(cb->stage_done[i]);
 	if (cb->io_dev)
 		cudaFree(cb->io_dev);
+	for (int j = 0; j < cb->n_io_outgrown; j++)
+		cudaFree(cb->io_outgrown[j]);
 	pinned_arena_destroy(cb);
 	free(cb->b_dst);
 	free(cb->b_src);
@@ -1023,19 +1031,28 @@ static int cuda_save_wait(struct kvt_be *b, uint64_t ticket)
 	return 0;
 }
 
-static int cuda_read_d2h(struct kvt_be *b, void *dst, uint64_t src, uint64_t bytes)
+static int cuda_read_d2h(struct kvt_be *b, void *dst, uint64_t src, uint64_t bytes, void *stream)
 {
 	struct cuda_backend *cb = (struct cuda_backend *)b;
+	const void *s = (const void *)(uintptr_t)dev_addr(cb, src);
+	cudaStream_t st = (cudaStream_t)stream;
 	int err = bind(cb);
 
-	/* The bytes may have been written on any stream of the caller's. */
-	if (!err)
+	if (err)
+		return err;
+	if (!st) { /* the bytes may have been written on any stream of the caller's */
 		err = CU(cb, cudaDeviceSynchronize(), "read: wait for the device");
+		if (!err)
+			err = CU(cb, cudaMemcpy(dst, s, bytes, cudaMemcpyDefault),
+				 "read: copy to host");
+		return err;
+	}
+	/* behind the writer's work on its stream only, as a serving engine's other streams run */
+	err = CU(cb, cudaMemcpyAsync(dst, s, bytes, cudaMemcpyDefault, st), "read: copy to host");
 	if (!err)
-		err = CU(cb,
-			 cudaMemcpy(dst, (const void *)(uintptr_t)dev_addr(cb, src), bytes,
-				    cudaMemcpyDefault),
-			 "read: copy to host");
+		err = CU(cb, cudaStreamSynchronize(st), "read: wait for the copy");
+	else /* what was queued may still write dst */
+		cudaStreamSynchronize(st);
 	return err;
 }
 
@@ -1053,25 +1070,30 @@ static int cuda_sync(struct kvt_be *b, void *stream)
 
 /* ---- The policy on the device ------------------------------------------------------------- */
 
-/* Device scratch of at least bytes (256-byte aligned, as cudaMalloc gives). */
+/* Device scratch of at least bytes (256-byte aligned, as cudaMalloc gives): 1 MiB, doubled
+   as often as needed; a failure keeps the old scratch. Nothing uses the old one any more (each
+   caller waits for its stream before it returns), but cudaFree would wait for every stream of
+   the device, so it is kept until destroy. */
 static int io_reserve(struct cuda_backend *cb, size_t bytes)
 {
+	size_t cap = cb->io_bytes ? cb->io_bytes : (size_t)1 << 20;
 	void *p;
 	int err;
 
 	if (bytes <= cb->io_bytes)
 		return 0;
-	if (cb->io_dev) {
-		cudaFree(cb->io_dev); /* synchronises the device: nothing still uses it */
-		cb->io_dev = NULL;
-		cb->io_bytes = 0;
+	while (cap < bytes) {
+		if (cap > SIZE_MAX / 2)
+			return be_fail(&cb->base, -ENOMEM, "policy scratch of %zu bytes", bytes);
+		cap *= 2;
 	}
-	bytes = ALIGN_UP(bytes, (size_t)1 << 20);
-	err = CU(cb, cudaMalloc(&p, bytes), "policy scratch (cudaMalloc)");
+	err = CU(cb, cudaMalloc(&p, cap), "policy scratch (cudaMalloc)");
 	if (err)
 		return err;
+	if (cb->io_dev)
+		cb->io_outgrown[cb->n_io_outgrown++] = cb->io_dev;
 	cb->io_dev = p;
-	cb->io_bytes = bytes;
+	cb->io_bytes = cap;
 	return 0;
 }
 

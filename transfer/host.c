@@ -182,9 +182,10 @@ static int host_save_wait(struct kvt_be *b, uint64_t ticket)
 	return kvt_savepool_wait(((struct host_backend *)b)->sp, ticket); /* no wait: never fails */
 }
 
-static int host_read(struct kvt_be *b, void *dst, uint64_t src, uint64_t bytes)
+static int host_read(struct kvt_be *b, void *dst, uint64_t src, uint64_t bytes, void *stream)
 {
 	(void)b;
+	(void)stream;
 	memcpy(dst, ptr(src), bytes);
 	return 0;
 }

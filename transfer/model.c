@@ -364,9 +364,10 @@ static int model_save_wait(struct kvt_be *b, uint64_t ticket)
 	return 0; /* saves complete at once: nothing is scattered */
 }
 
-static int model_read(struct kvt_be *b, void *dst, uint64_t src, uint64_t bytes)
+static int model_read(struct kvt_be *b, void *dst, uint64_t src, uint64_t bytes, void *stream)
 {
 	(void)dst;
+	(void)stream;
 	(void)src;
 	(void)bytes;
 	return kvt_be_fail(b, -ENOTSUP, "the model backend holds no payload");

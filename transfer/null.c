@@ -92,9 +92,10 @@ static int null_save_wait(struct kvt_be *b, uint64_t ticket)
 	return 0;
 }
 
-static int null_read(struct kvt_be *b, void *dst, uint64_t src, uint64_t bytes)
+static int null_read(struct kvt_be *b, void *dst, uint64_t src, uint64_t bytes, void *stream)
 {
 	(void)dst;
+	(void)stream;
 	(void)src;
 	(void)bytes;
 	return kvt_be_fail(b, -ENOTSUP, "the null backend holds no payload");

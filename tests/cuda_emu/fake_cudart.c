@@ -714,9 +714,19 @@ static void submit_blocking(struct op *o)
 	pthread_mutex_unlock(&dev_lock);
 }
 
+/* Waits for the whole device so far (fake_cuda_device_waits). */
+static atomic_ulong n_device_waits;
+
+uint64_t fake_cuda_device_waits(void)
+{
+	return atomic_load(&n_device_waits);
+}
+
 /* A wait for stream s (NULL: the legacy stream) or, with all, for the whole device. */
 static void wait_for(cudaStream_t s, bool all)
 {
+	if (all)
+		atomic_fetch_add(&n_device_waits, 1);
 	if (!async_on)
 		waited();
 	else if (all)

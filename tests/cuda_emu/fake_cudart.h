@@ -59,6 +59,11 @@ void fake_cuda_launch_end(void *stream);
 void fake_cuda_check_footprint(const struct fake_range *w, size_t n_w, const struct fake_range *r,
 			       size_t n_r, const char *what);
 
+/* How many calls so far waited for the whole device (cudaDeviceSynchronize, cudaFree,
+   cudaFreeHost), which a GPU makes wait for every stream's work, a serving engine's kernels
+   included: the tests count those a call makes. */
+uint64_t fake_cuda_device_waits(void);
+
 /* Reports a bug of the code under test and aborts. */
 void fake_cuda_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
