@@ -443,24 +443,25 @@ static void prompt_tensor(const struct tseq *t, uint32_t layer, int is_v, uint8_
 
 /* ---- the calls, on one manager ------------------------------------------------------------ */
 
-/* The calls of the serving loop (prefill, decode append, recall) queue their device work on
-   the caller's stream and wait for that stream at most: a wait for the whole device would also
-   wait for a serving engine's kernels on its other streams. The emulated runtime counts such
-   waits (cudaDeviceSynchronize, cudaFree, cudaFreeHost); a GPU cannot, so there this checks
-   nothing. A failed call may wait for the device, to let what it queued finish. */
+/* The calls of the serving loop (prefill, decode append, recall, resume) queue their device
+   work on the caller's stream and wait for that stream at most: a wait for the whole device
+   would also wait for a serving engine's kernels on its other streams. The emulated runtime
+   counts such waits (cudaDeviceSynchronize, cudaFree, cudaFreeHost); a GPU cannot, so there
+   this checks nothing. A failed call may wait for the device, to let what it queued finish. */
 #ifdef KVT_TEST_EMULATED
 #define DEVICE_WAITS() fake_cuda_device_waits()
 #else
 #define DEVICE_WAITS() 0ull
 #endif
 
+/* layer: UINT32_MAX for a call on every layer (resume) */
 static void no_device_wait(uint64_t before, int rc, const char *call, uint64_t seq, uint32_t layer)
 {
 	uint64_t n = DEVICE_WAITS() - before;
 
 	if (rc == 0 && n)
-		fail_msg("%s of seq %llu layer %u waited %llu times for the whole device", call,
-			 ULL(seq), layer, ULL(n));
+		fail_msg("%s of seq %llu layer %d waited %llu times for the whole device", call,
+			 ULL(seq), layer == UINT32_MAX ? -1 : (int)layer, ULL(n));
 }
 
 /* Prefills `layer` of t on m (the CUDA manager gets device copies on the pair's stream). */
@@ -1655,10 +1656,12 @@ static void run_vs_host(enum kvt_dtype dt)
 			CHECK_FRAMES(&p, &ts[1], l);
 		for (uint32_t j = 0; j < 2; j++) {
 			struct kvt_stats s0 = stats_of(p.c), s1;
-			uint64_t gathers;
+			uint64_t gathers, w0;
 
 			CHECK_RC(kvt_seq_resume(p.h, pr[j]->id, NULL), 0);
+			w0 = DEVICE_WAITS();
 			CHECK_RC(kvt_seq_resume(p.c, pr[j]->id, p.stream), 0);
+			no_device_wait(w0, 0, "resume", pr[j]->id, UINT32_MAX);
 			s1 = stats_of(p.c);
 			gathers = s1.h2d_kernel_launches + s1.h2d_dma_batches -
 				  (s0.h2d_kernel_launches + s0.h2d_dma_batches);
@@ -2000,8 +2003,12 @@ static void preempt_resume(struct pair *p, struct tseq *ts, uint32_t n, cudaStre
 	}
 	sync_both(p);
 	for (uint32_t i = 0; i < n; i++) {
+		uint64_t w0;
+
 		CHECK_RC(kvt_seq_resume(p->h, ts[i].id, NULL), 0);
+		w0 = DEVICE_WAITS();
 		CHECK_RC(kvt_seq_resume(p->c, ts[i].id, st), 0);
+		no_device_wait(w0, 0, "resume", ts[i].id, UINT32_MAX);
 	}
 }
 
