@@ -48,20 +48,27 @@
 
 const struct kvt_plugin_host *kvt_cuda_host;
 
-/* A piece list (or row address list) in flight: written into pinned host memory, copied to
-   the device, read by a kernel; `done` fires when the kernel that read it has finished.
-   The device buffers it outgrew stay allocated until destroy (`outgrown`): cudaFree waits for
-   the whole device, the serving engine's own kernels included, which a call that only needs a
-   longer list must not do. Capacities start at 4 KiB and only ever double (a failed growth
-   keeps the old buffers), so the outgrown ones add up to less than `cap` (under 2 MiB a slot
-   for 65536 pieces) and number fewer than the bits of a size_t. */
-struct list_slot {
-	void *host, *dev;
+/* A device buffer that only grows. The buffers it outgrew stay allocated until it is freed
+   (`old`): cudaFree waits for the whole device, the serving engine's own kernels included,
+   which a call that only needs a larger buffer must not do. Capacities only ever double (a
+   failed growth keeps the old buffer), so the outgrown ones add up to less than `cap` and
+   number fewer than the bits of a size_t. */
+struct dev_buf {
+	void *p;
 	size_t cap;
+	uint8_t n_old;
+	void *old[8 * sizeof(size_t)];
+};
+
+/* A piece list (or row address list) in flight: written into pinned host memory (`host`, of
+   dev.cap bytes), copied to the device, read by a kernel; `done` fires when the kernel that
+   read it has finished. Capacities start at 4 KiB (under 2 MiB of outgrown device buffers a
+   slot for 65536 pieces). */
+struct list_slot {
+	void *host;
+	struct dev_buf dev;
 	cudaEvent_t done;
 	bool recorded;
-	uint8_t n_outgrown;
-	void *outgrown[8 * sizeof(size_t)];
 };
 
 struct pinned_region {
@@ -96,14 +103,9 @@ struct cuda_backend {
 	uint64_t host_lo, host_hi; /* host arena range, for address translation */
 	int64_t host_delta;	   /* device address - host address of the host arena */
 
-	/* Device scratch of the policy ops. Like a list slot's buffers (struct list_slot), it
-	   only ever doubles and the buffers it outgrew stay allocated until destroy, so that the
-	   first prefill of a longer prompt than any before does not wait for the whole device
-	   (cudaFree would); they add up to less than io_bytes. */
-	void *io_dev;
-	size_t io_bytes;
-	uint8_t n_io_outgrown;
-	void *io_outgrown[8 * sizeof(size_t)];
+	/* Device scratch of the policy ops, from 1 MiB: the first prefill of a longer prompt than
+	   any before grows it without waiting for the whole device. */
+	struct dev_buf io;
 	void **b_dst, **b_src; /* cudaMemcpyBatchAsync arrays */
 	size_t *b_size;
 	size_t b_cap;
@@ -347,6 +349,49 @@ static void prefer_node(int node)
 	syscall(SYS_set_mempolicy, MPOL_PREFERRED, mask, 8 * sizeof(mask));
 }
 
+/* ---- Growing device buffers --------------------------------------------------------------- */
+
+/* The capacity b doubles to, from `first` when it has none yet, to hold bytes; 0 on overflow. */
+static size_t dev_buf_cap(const struct dev_buf *b, size_t first, size_t bytes)
+{
+	size_t cap = b->cap ? b->cap : first;
+
+	while (cap < bytes) {
+		if (cap > SIZE_MAX / 2)
+			return 0;
+		cap *= 2;
+	}
+	return cap;
+}
+
+/* Makes a new cudaMalloc of cap bytes b's buffer, keeping the one it replaces; a failure
+   changes nothing. */
+static int dev_buf_grow(struct cuda_backend *cb, struct dev_buf *b, size_t cap, const char *what)
+{
+	void *p;
+	int err = CU(cb, cudaMalloc(&p, cap), what);
+
+	if (err)
+		return err;
+	if (b->p)
+		b->old[b->n_old++] = b->p;
+	b->p = p;
+	b->cap = cap;
+	return 0;
+}
+
+/* Frees b's buffer and those it outgrew (cudaFree: after the whole device's work). */
+static void dev_buf_free(struct dev_buf *b)
+{
+	if (b->p)
+		cudaFree(b->p);
+	for (int j = 0; j < b->n_old; j++)
+		cudaFree(b->old[j]);
+	b->p = NULL;
+	b->cap = 0;
+	b->n_old = 0;
+}
+
 /* ---- Piece lists ------------------------------------------------------------------------- */
 
 /* The next list slot with room for bytes, once the kernel that last read it has finished. */
@@ -362,28 +407,22 @@ static int slot_get(struct cuda_backend *cb, size_t bytes, struct list_slot **ou
 			return err;
 		s->recorded = false;
 	}
-	if (bytes > s->cap) {
-		size_t cap = s->cap ? s->cap : 4096;
-		void *host, *dev;
+	if (bytes > s->dev.cap) {
+		size_t cap = dev_buf_cap(&s->dev, 4096, bytes), old_cap = s->dev.cap;
+		void *host;
 
-		while (cap < bytes)
-			cap *= 2;
 		/* The new buffers first: a failure leaves the slot as it was. */
-		host = pinned_alloc(cb, cap);
+		host = cap ? pinned_alloc(cb, cap) : NULL;
 		if (!host)
 			return be_fail(&cb->base, -ENOMEM,
 				       "piece list: no pinned memory for %zu bytes", cap);
-		err = CU(cb, cudaMalloc(&dev, cap), "piece list: device buffer");
+		err = dev_buf_grow(cb, &s->dev, cap, "piece list: device buffer");
 		if (err) {
 			pinned_free(cb, host, cap);
 			return err;
 		}
-		pinned_free(cb, s->host, s->cap); /* back to the pinned arena: no CUDA call */
-		if (s->dev)
-			s->outgrown[s->n_outgrown++] = s->dev;
+		pinned_free(cb, s->host, old_cap); /* back to the pinned arena: no CUDA call */
 		s->host = host;
-		s->dev = dev;
-		s->cap = cap;
 	}
 	*out = s;
 	return 0;
@@ -393,7 +432,7 @@ static int slot_get(struct cuda_backend *cb, size_t bytes, struct list_slot **ou
 static int slot_upload(struct cuda_backend *cb, struct list_slot *s, size_t bytes,
 		       cudaStream_t stream)
 {
-	return CU(cb, cudaMemcpyAsync(s->dev, s->host, bytes, cudaMemcpyHostToDevice, stream),
+	return CU(cb, cudaMemcpyAsync(s->dev.p, s->host, bytes, cudaMemcpyHostToDevice, stream),
 		  "piece list: copy to the device");
 }
 
@@ -458,7 +497,7 @@ static int run_kernel(struct cuda_backend *cb, const struct kvt_xfer *x, uint32_
 	fill_pieces(cb, x, n, s->host);
 	err = slot_upload(cb, s, bytes, stream);
 	if (!err)
-		err = CU(cb, (cudaError_t)kvt_gather_launch(s->dev, pieces, ctas, (void *)stream),
+		err = CU(cb, (cudaError_t)kvt_gather_launch(s->dev.p, pieces, ctas, (void *)stream),
 			 "fused gather: launch");
 	if (!err && h2d)
 		cb->kernel_launches++;
@@ -851,21 +890,15 @@ static void cuda_destroy(struct kvt_be *b)
 		kvt_cuda_host->savepool_destroy(cb->sp);
 	cudaDeviceSynchronize();
 	for (int i = 0; i < LIST_SLOTS; i++) {
-		pinned_free(cb, cb->slot[i].host, cb->slot[i].cap);
-		if (cb->slot[i].dev)
-			cudaFree(cb->slot[i].dev);
-		for (int j = 0; j < cb->slot[i].n_outgrown; j++)
-			cudaFree(cb->slot[i].outgrown[j]);
+		pinned_free(cb, cb->slot[i].host, cb->slot[i].dev.cap);
+		dev_buf_free(&cb->slot[i].dev);
 		if (cb->slot[i].done)
 			cudaEventDestroy(cb->slot[i].done);
 	}
 	for (int i = 0; i < 2; i++)
 		if (cb->stage_done[i])
 			cudaEventDestroy(cb->stage_done[i]);
-	if (cb->io_dev)
-		cudaFree(cb->io_dev);
-	for (int j = 0; j < cb->n_io_outgrown; j++)
-		cudaFree(cb->io_outgrown[j]);
+	dev_buf_free(&cb->io);
 	pinned_arena_destroy(cb);
 	free(cb->b_dst);
 	free(cb->b_src);
@@ -1007,7 +1040,7 @@ static int cuda_append(struct kvt_be *b, uint64_t k, uint64_t v, uint32_t n,
 	err = slot_upload(cb, s, (size_t)n * sizeof(uint64_t), (cudaStream_t)stream);
 	if (!err)
 		err = CU(cb,
-			 (cudaError_t)kvt_append_launch(k, v, n, s->dev, g->n_heads, g->row_bytes,
+			 (cudaError_t)kvt_append_launch(k, v, n, s->dev.p, g->n_heads, g->row_bytes,
 							g->head_stride, g->v_offset, cb->copy_ctas,
 							stream),
 			 "append: ring write launch");
@@ -1031,6 +1064,18 @@ static int cuda_save_wait(struct kvt_be *b, uint64_t ticket)
 	return 0;
 }
 
+/* Ends a call whose work went on st and returns its error err: waits for st even after a
+   failure (what was queued may still use the scratch, which the next call reuses, or write
+   the destination); with none, the wait's own error. */
+static int stream_finish(struct cuda_backend *cb, int err, cudaStream_t st, const char *what)
+{
+	if (err) {
+		cudaStreamSynchronize(st);
+		return err;
+	}
+	return CU(cb, cudaStreamSynchronize(st), what);
+}
+
 static int cuda_read_d2h(struct kvt_be *b, void *dst, uint64_t src, uint64_t bytes, void *stream)
 {
 	struct cuda_backend *cb = (struct cuda_backend *)b;
@@ -1049,11 +1094,7 @@ static int cuda_read_d2h(struct kvt_be *b, void *dst, uint64_t src, uint64_t byt
 	}
 	/* behind the writer's work on its stream only, as a serving engine's other streams run */
 	err = CU(cb, cudaMemcpyAsync(dst, s, bytes, cudaMemcpyDefault, st), "read: copy to host");
-	if (!err)
-		err = CU(cb, cudaStreamSynchronize(st), "read: wait for the copy");
-	else /* what was queued may still write dst */
-		cudaStreamSynchronize(st);
-	return err;
+	return stream_finish(cb, err, st, "read: wait for the copy");
 }
 
 static int cuda_sync(struct kvt_be *b, void *stream)
@@ -1070,31 +1111,17 @@ static int cuda_sync(struct kvt_be *b, void *stream)
 
 /* ---- The policy on the device ------------------------------------------------------------- */
 
-/* Device scratch of at least bytes (256-byte aligned, as cudaMalloc gives): 1 MiB, doubled
-   as often as needed; a failure keeps the old scratch. Nothing uses the old one any more (each
-   caller waits for its stream before it returns), but cudaFree would wait for every stream of
-   the device, so it is kept until destroy. */
+/* Device scratch of at least bytes (256-byte aligned, as cudaMalloc gives). */
 static int io_reserve(struct cuda_backend *cb, size_t bytes)
 {
-	size_t cap = cb->io_bytes ? cb->io_bytes : (size_t)1 << 20;
-	void *p;
-	int err;
+	size_t cap;
 
-	if (bytes <= cb->io_bytes)
+	if (bytes <= cb->io.cap)
 		return 0;
-	while (cap < bytes) {
-		if (cap > SIZE_MAX / 2)
-			return be_fail(&cb->base, -ENOMEM, "policy scratch of %zu bytes", bytes);
-		cap *= 2;
-	}
-	err = CU(cb, cudaMalloc(&p, cap), "policy scratch (cudaMalloc)");
-	if (err)
-		return err;
-	if (cb->io_dev)
-		cb->io_outgrown[cb->n_io_outgrown++] = cb->io_dev;
-	cb->io_dev = p;
-	cb->io_bytes = cap;
-	return 0;
+	cap = dev_buf_cap(&cb->io, (size_t)1 << 20, bytes);
+	if (!cap)
+		return be_fail(&cb->base, -ENOMEM, "policy scratch of %zu bytes", bytes);
+	return dev_buf_grow(cb, &cb->io, cap, "policy scratch (cudaMalloc)");
 }
 
 static int cuda_select(struct kvt_be *b, const struct kvt_snapkv *p, const void *k,
@@ -1112,20 +1139,16 @@ static int cuda_select(struct kvt_be *b, const struct kvt_snapkv *p, const void 
 	err = io_reserve(cb, scratch + out_bytes);
 	if (!err)
 		err = CU(cb,
-			 (cudaError_t)kvt_gpu_snapkv_select(
-				 p, k, q_obs, (int32_t *)((char *)cb->io_dev + scratch), cb->io_dev,
-				 scratch, stream),
+			 (cudaError_t)kvt_gpu_snapkv_select(p, k, q_obs,
+							    (int32_t *)((char *)cb->io.p + scratch),
+							    cb->io.p, scratch, stream),
 			 "SnapKV selection: launch");
 	if (!err)
 		err = CU(cb,
-			 cudaMemcpyAsync(out, (char *)cb->io_dev + scratch, out_bytes,
+			 cudaMemcpyAsync(out, (char *)cb->io.p + scratch, out_bytes,
 					 cudaMemcpyDeviceToHost, st),
 			 "SnapKV selection: copy the positions back");
-	if (!err)
-		err = CU(cb, cudaStreamSynchronize(st), "SnapKV selection: wait");
-	else /* what was queued may still use the scratch, which the next call reuses */
-		cudaStreamSynchronize(st);
-	return err;
+	return stream_finish(cb, err, st, "SnapKV selection: wait");
 }
 
 static int cuda_block_meta(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads,
@@ -1144,16 +1167,12 @@ static int cuda_block_meta(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_di
 	if (!err)
 		err = CU(cb,
 			 (cudaError_t)kvt_gpu_block_meta(dt, head_dim, n_heads, L, block_tokens, k,
-							 cb->io_dev, stream),
+							 cb->io.p, stream),
 			 "block metadata: launch");
 	if (!err)
-		err = CU(cb, cudaMemcpyAsync(meta, cb->io_dev, bytes, cudaMemcpyDeviceToHost, st),
+		err = CU(cb, cudaMemcpyAsync(meta, cb->io.p, bytes, cudaMemcpyDeviceToHost, st),
 			 "block metadata: copy back");
-	if (!err)
-		err = CU(cb, cudaStreamSynchronize(st), "block metadata: wait");
-	else /* as in cuda_select */
-		cudaStreamSynchronize(st);
-	return err;
+	return stream_finish(cb, err, st, "block metadata: wait");
 }
 
 static int cuda_attend(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads,
@@ -1174,7 +1193,7 @@ static int cuda_attend(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, u
 		err = io_reserve(cb, seg_b + off_b + 2 * ALIGN_UP(q_b, 256));
 	if (err)
 		return err;
-	io = cb->io_dev;
+	io = cb->io.p;
 	if (n_seg)
 		err = CU(cb, cudaMemcpy(io, seg, n_seg * sizeof(*seg), cudaMemcpyHostToDevice),
 			 "attention: segments");
