@@ -11,19 +11,23 @@
 #   ../shared/hooks/gpu-prepare.sh libjansson4 libjansson-dev libisal2 libisal-dev
 # and run there as
 #   . .device/setup.sh && bash bench/gpu-run.sh [PHASE...]
-# Phases, in this order when none is named: build, gpu, bench, sanitize, rest (most needed
-# first: what has never run on a GPU, then the figures, then the checks CI already makes).
+# Phases: build, gpu, bench, sanitize, rest (most needed first: what has never run on a GPU,
+# then the figures, then the checks CI already makes). Named ones run in that order; with none
+# named, build gpu bench: the run the issue needs. "all" names all five.
 #
-# Time: a session's device time is short (15 minutes, the machine's start included) and one
-# device command runs at most 10 minutes, so the script keeps to a budget, KVT_GPU_BUDGET
-# seconds in all (default 540). Each phase runs under `timeout` with what is left of it, less
+# Time: a session's device time is short (15 minutes, each machine's start included, and no
+# machine starts with under 4 minutes left) and one device command runs at most 10 minutes, so
+# the script keeps to a budget, KVT_GPU_BUDGET seconds in all (default 420: one start, this run
+# and a second start and run of about 4 minutes still fit, for a rerun after a fix or for
+# "sanitize rest"). Each phase runs under `timeout` with what is left of it, less
 # KVT_GPU_RESERVE seconds (default 15) for writing the logs back; a phase that would get less
 # than 30 s is skipped, and a phase cut short is reported as such. Phase sanitize shares its
 # time between its tools. meson test handles SIGTERM: it stops the test running, counts it
-# as interrupted and still writes its summary and log. The phases can also be named to split
-# the work over several commands ("build gpu bench", then "sanitize rest"): the build
-# directory (build-gpu/ in the checkout, ignored by git) stays between calls on a machine still
-# held.
+# as interrupted and still writes its summary and log.
+# The build directory (build-gpu/ in the checkout, ignored by git) stays between calls on a
+# machine still held: phase build then rebuilds only what changed, and the other phases build
+# first when it is missing (a fresh machine), so "sanitize rest" works as a second call on a
+# warm machine or a fresh one alike.
 # At most 8 files come back from a device command's $OUT, so the script writes at most 8 in
 # all: phases.txt, machine.txt, build.log, test-gpu.log, transfer.txt, transfer.csv,
 # sanitize.log and test-rest.log.
@@ -33,10 +37,11 @@
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 build=${KVT_GPU_BUILD:-$PWD/build-gpu}
-budget=${KVT_GPU_BUDGET:-540}
+budget=${KVT_GPU_BUDGET:-420}
 reserve=${KVT_GPU_RESERVE:-15}
 phases=("$@")
-[ ${#phases[@]} -eq 0 ] && phases=(build gpu bench sanitize rest)
+[ ${#phases[@]} -eq 0 ] && phases=(build gpu bench)
+[ "${phases[*]}" = all ] && phases=(build gpu bench sanitize rest)
 for v in "$budget" "$reserve"; do
 	case $v in
 	'' | *[!0-9]*)
@@ -49,10 +54,17 @@ for phase in "${phases[@]}"; do
 	case $phase in
 	build | gpu | bench | sanitize | rest) ;;
 	*)
-		echo "gpu-run: unknown phase '$phase' (build, gpu, bench, sanitize, rest)" >&2
+		echo "gpu-run: unknown phase '$phase' (build, gpu, bench, sanitize, rest, or all alone)" >&2
 		exit 2
 		;;
 	esac
+done
+# in the fixed order, each once; build first when there is no build to run (a fresh machine)
+want=" ${phases[*]} "
+[ -f "$build/build.ninja" ] || want="$want build "
+phases=()
+for phase in build gpu bench sanitize rest; do
+	case $want in *" $phase "*) phases+=("$phase") ;; esac
 done
 deadline=$(($(date +%s) + budget))
 mkdir -p "$out"
@@ -110,11 +122,19 @@ for phase in "${phases[@]}"; do
 			nproc
 		} > "$out/machine.txt" 2>&1
 		cat "$out/machine.txt"
-		rm -rf "$build"
+		# An existing build of this checkout is rebuilt incrementally (a rerun after a fix on
+		# a machine still held); anything else is set up afresh.
+		if ! grep -qF "\"source\": \"$PWD\"" "$build/meson-info/meson-info.json" 2>/dev/null; then
+			rm -rf "$build"
+		fi
+		: > "$out/build.log"
 		# No -Dwerror here: this machine's host compiler is not CI's, and a warning only it
 		# gives must not cost a lent GPU its run. Its warnings are counted instead.
-		if ! timed "$(left)" meson setup "$build" -Dcuda=enabled > "$out/build.log" 2>&1 ||
-			! timed "$(left)" ninja -C "$build" >> "$out/build.log" 2>&1; then
+		if { [ -f "$build/build.ninja" ] ||
+			timed "$(left)" meson setup "$build" -Dcuda=enabled >> "$out/build.log" 2>&1; } &&
+			timed "$(left)" ninja -C "$build" >> "$out/build.log" 2>&1; then
+			:
+		else
 			tail -40 "$out/build.log"
 			note "build failed$([ $cut -eq 1 ] && echo ', out of time') (log in $out/build.log)"
 			exit 1
@@ -197,5 +217,9 @@ for phase in "${phases[@]}"; do
 	[ $cut -eq 1 ] && status=1
 	note "$phase: status $status, $(($(date +%s) - t0)) s$([ $cut -eq 1 ] && echo ', cut short by the budget')"
 done
-note "status $status (results in $out)"
+left_out=""
+for phase in build gpu bench sanitize rest; do
+	case " ${phases[*]} " in *" $phase "*) ;; *) left_out="$left_out $phase" ;; esac
+done
+note "status $status (results in $out)${left_out:+; not run this time:$left_out}"
 exit $status
