@@ -115,6 +115,7 @@ for phase in "${phases[@]}"; do
 	build)
 		{
 			date -u +%FT%TZ
+			echo "kernel $(uname -r) (4.4.0: gVisor, where compute-sanitizer was refused)"
 			nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id --format=csv
 			nvcc --version | tail -2
 			cc --version | head -1
