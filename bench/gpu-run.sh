@@ -21,8 +21,10 @@
 # and a second start and run of about 4 minutes still fit, for a rerun after a fix or for
 # "sanitize rest"). Each phase runs under `timeout` with what is left of it, less
 # KVT_GPU_RESERVE seconds (default 15) for writing the logs back; a phase that would get less
-# than 30 s is skipped, and a phase cut short is reported as such. Phase sanitize shares its
-# time between its tools. meson test handles SIGTERM: it stops the test running, counts it
+# than 30 s is skipped, and a phase cut short is reported as such. Phase gpu leaves
+# KVT_GPU_BENCH_MIN seconds (default 90) to a phase bench after it, so that a test that hangs
+# on its first GPU run cannot cost the figures too. Phase sanitize shares its time between its
+# tools. meson test handles SIGTERM: it stops the test running, counts it
 # as interrupted and still writes its summary and log.
 # The build directory (build-gpu/ in the checkout, ignored by git) stays between calls on a
 # machine still held: phase build then rebuilds only what changed, and the other phases build
@@ -31,21 +33,23 @@
 # At most 8 files come back from a device command's $OUT, so the script writes at most 8 in
 # all: phases.txt, machine.txt, build.log, test-gpu.log, transfer.txt, transfer.csv,
 # sanitize.log and test-rest.log.
-# Environment: KVT_GPU_BUDGET, KVT_GPU_RESERVE (above), KVT_GPU_BUILD (build directory),
-# KVT_BENCH_ARGS (extra kvtier-bench transfer options), KVT_SANITIZE_TOOLS (compute-sanitizer
-# tools, default "memcheck racecheck synccheck").
+# Environment: KVT_GPU_BUDGET, KVT_GPU_RESERVE, KVT_GPU_BENCH_MIN (above), KVT_GPU_BUILD
+# (build directory), KVT_BENCH_ARGS (extra kvtier-bench transfer options), KVT_SANITIZE_TOOLS
+# (compute-sanitizer tools, default "memcheck racecheck synccheck").
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 build=${KVT_GPU_BUILD:-$PWD/build-gpu}
 budget=${KVT_GPU_BUDGET:-420}
 reserve=${KVT_GPU_RESERVE:-15}
+bench_min=${KVT_GPU_BENCH_MIN:-90}
 phases=("$@")
 [ ${#phases[@]} -eq 0 ] && phases=(build gpu bench)
 [ "${phases[*]}" = all ] && phases=(build gpu bench sanitize rest)
-for v in "$budget" "$reserve"; do
+for v in "$budget" "$reserve" "$bench_min"; do
 	case $v in
 	'' | *[!0-9]*)
-		echo "gpu-run: KVT_GPU_BUDGET and KVT_GPU_RESERVE are whole seconds, not '$v'" >&2
+		echo "gpu-run: KVT_GPU_BUDGET, KVT_GPU_RESERVE and KVT_GPU_BENCH_MIN are" \
+			"whole seconds, not '$v'" >&2
 		exit 2
 		;;
 	esac
@@ -90,9 +94,10 @@ timed() {
 # A phase's meson test run, its output streamed into the phase's one file as it goes (so a run
 # cut short keeps what it printed), then meson's own log of it; the summary on stdout.
 run_tests() {
-	local log=$1
-	shift
-	timed "$(left)" meson test -C "$build" --no-rebuild --verbose "$@" > "$log" 2>&1 || status=1
+	local log=$1 secs=$2
+	shift 2
+	rm -f "$build/meson-logs/testlog.txt" # an earlier run's, which a killed run would leave
+	timed "$secs" meson test -C "$build" --no-rebuild --verbose "$@" > "$log" 2>&1 || status=1
 	sed '/^Summary of Failures/,$d' "$log" |
 		grep -E '^ *[0-9]+/[0-9]+ .* (OK|FAIL|SKIP|TIMEOUT|INTERRUPT|ERROR|EXPECTEDFAIL|UNEXPECTEDPASS) '
 	sed -n '/^Ok:/,/^Timeout:/p' "$log"
@@ -145,7 +150,10 @@ for phase in "${phases[@]}"; do
 	gpu)
 		# What has never run on a GPU: test_cuda first, then the core suites on CUDA, then
 		# the Python binding's CUDA tensor paths (python/tests/test_gpu.py, with PyTorch).
-		run_tests "$out/test-gpu.log" --suite gpu --suite python --num-processes 1
+		secs=$(left)
+		case " ${phases[*]} " in *" bench "*) secs=$((secs - bench_min)) ;; esac
+		[ "$secs" -ge 30 ] || secs=$(left) # too little for both: the suite first
+		run_tests "$out/test-gpu.log" "$secs" --suite gpu --suite python --num-processes 1
 		# On the GPU machine a skip (exit 77) means the device was not usable: not a pass.
 		skipped=$(sed -n 's/^Skipped: *\([0-9]*\).*/\1/p' "$out/test-gpu.log" | head -1)
 		if [ "${skipped:-0}" -gt 0 ]; then
@@ -212,7 +220,7 @@ for phase in "${phases[@]}"; do
 		done
 		;;
 	rest)
-		run_tests "$out/test-rest.log" --no-suite gpu --no-suite python
+		run_tests "$out/test-rest.log" "$(left)" --no-suite gpu --no-suite python
 		;;
 	esac
 	[ $cut -eq 1 ] && status=1
