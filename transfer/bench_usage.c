@@ -26,7 +26,10 @@ void kvt_bench_transfer_usage(FILE *f)
 		"  --csv FILE     also write one line per cell there\n"
 		"  --quick        sizes 16, counts 64,1024, reps 3 (the smoke test)\n"
 		"  -h, --help     this text\n"
+		"SIGTERM or SIGINT stops it after the method running; it still prints the\n"
+		"targets and calibration of the cells measured.\n"
 		"Exit status: 0 on success, 1 on a CUDA failure or wrong bytes, 2 on bad usage,\n"
-		"77 when no CUDA device is usable or the plugin is not available.\n",
+		"77 when no CUDA device is usable or the plugin is not available, 128 + the\n"
+		"signal when stopped by one.\n",
 		KVT_GATHER_CTAS_DEFAULT, KVT_GATHER_CTAS_MAX, KVT_SAVE_MAX_THREADS);
 }

@@ -9,10 +9,13 @@
  *   (c) one cudaMemcpyBatchAsync                     (g) one contiguous D2H copy (the ceiling)
  *   (d) one contiguous H2D copy (the ceiling)
  * Figures and ratios only: it never passes or fails on time, only on wrong bytes or CUDA errors.
+ * SIGTERM or SIGINT (timeout(1) at the end of a budget, ^C) stops it after the method running,
+ * still printing the targets and calibration of the cells measured.
  */
 #include <cuda_runtime_api.h>
 #include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -90,6 +93,14 @@ struct result {
 	bool measured;
 	double gbps[M_COUNT];
 };
+
+/* The signal that asked the run to stop, or 0. */
+static volatile sig_atomic_t bench_stop;
+
+static void on_stop(int sig)
+{
+	bench_stop = sig;
+}
 
 /* A decimal integer in [lo, hi] up to end: 0, or -1. */
 static int parse_u32(const char *s, const char **end, uint32_t lo, uint32_t hi, uint32_t *out)
@@ -338,7 +349,7 @@ static bool read_back(const struct bench *bn, const struct cell *c, const char *
 }
 
 /* Method m timed by events around each run on the stream; (a) and (c) write into a cleared
-   device buffer at the warm-up and are checked. 0, or 1 (reported). */
+   device buffer at the warm-up and are checked. 0; 1 (reported); 2: stopped by a signal. */
 static int time_events(struct bench *bn, struct cell *c, enum meth m, double *gbps)
 {
 	const char *step = meth_info[m].name, *call = meth_info[m].call;
@@ -354,6 +365,8 @@ static int time_events(struct bench *bn, struct cell *c, enum meth m, double *gb
 	if (verify && (read_back(bn, c, step) || blocks_differ(c, c->host, c->check, step)))
 		return 1;
 	for (uint32_t r = 0; r < bn->o->reps; r++) {
+		if (bench_stop)
+			return 2;
 		if (cuda_failed(cudaEventRecord(bn->ev[0], bn->st), c, step, "cudaEventRecord") ||
 		    cuda_failed(enqueue(bn, c, m), c, step, call) ||
 		    cuda_failed(cudaEventRecord(bn->ev[1], bn->st), c, step, "cudaEventRecord") ||
@@ -368,7 +381,8 @@ static int time_events(struct bench *bn, struct cell *c, enum meth m, double *gb
 }
 
 /* FlashD2H: wall time of save + save_wait of the whole device buffer into the N host slots of
-   the backend's own arena; the warm-up's blocks are checked against a copy of the buffer. */
+   the backend's own arena; the warm-up's blocks are checked against a copy of the buffer.
+   0; 1 (reported); 2: stopped by a signal. */
 static int time_flashd2h(struct bench *bn, struct cell *c, double *gbps)
 {
 	const struct kvt_backend_ops *ops = &kvt_backend_cuda_ops;
@@ -383,8 +397,11 @@ static int time_flashd2h(struct bench *bn, struct cell *c, double *gbps)
 		double t0 = now_s();
 		const char *call = "save";
 		uint64_t ticket = 0;
-		int err = ops->save(bn->be, &src, 1, c->x, (uint32_t)c->N, bn->st, &ticket);
+		int err;
 
+		if (bench_stop)
+			return 2;
+		err = ops->save(bn->be, &src, 1, c->x, (uint32_t)c->N, bn->st, &ticket);
 		if (!err) {
 			c->ticket = ticket; /* cell_free waits for it should anything fail */
 			call = "save_wait";
@@ -497,7 +514,8 @@ static void cell_free(struct bench *bn, struct cell *c)
 	free(c->x);
 }
 
-/* Measures every method of one cell into res. 0, or 1 (reported). */
+/* Measures every method of one cell into res. 0; 1 (reported); 2: stopped by a signal before
+   the cell was done (res not measured). */
 static int run_cell(struct bench *bn, uint32_t kib, uint32_t count, struct result *res)
 {
 	struct cell c = {.kib = kib, .B = (uint64_t)kib << 10, .N = count};
@@ -507,10 +525,16 @@ static int run_cell(struct bench *bn, uint32_t kib, uint32_t count, struct resul
 	*res = (struct result){.kib = kib, .count = count};
 	if (cell_setup(bn, &c))
 		goto out;
-	for (int m = 0; m < M_COUNT; m++)
-		if (m == M_FLASHD2H ? time_flashd2h(bn, &c, &res->gbps[m])
-				    : time_events(bn, &c, (enum meth)m, &res->gbps[m]))
+	for (int m = 0; m < M_COUNT; m++) {
+		if (bench_stop)
+			rc = 2;
+		else if (m == M_FLASHD2H)
+			rc = time_flashd2h(bn, &c, &res->gbps[m]);
+		else
+			rc = time_events(bn, &c, (enum meth)m, &res->gbps[m]);
+		if (rc)
 			goto out;
+	}
 	res->measured = true;
 	rc = 0;
 out:
@@ -583,6 +607,8 @@ static void print_calibration(const struct kvt_be *be)
 int kvt_cuda_bench(int argc, char **argv)
 {
 	struct kvt_backend_params bp = {.staging_bytes = STAGING_BYTES};
+	struct sigaction stop = {.sa_handler = on_stop, .sa_flags = SA_RESTART}, old_term, old_int;
+	bool handlers = false;
 	struct opts o;
 	struct bench bn = {.o = &o};
 	struct result *res = NULL;
@@ -601,15 +627,24 @@ int kvt_cuda_bench(int argc, char **argv)
 	case OPTS_BAD:
 		return 2;
 	}
+	bench_stop = 0;
+	sigemptyset(&stop.sa_mask);
+	if (sigaction(SIGTERM, &stop, &old_term) == 0) {
+		if (sigaction(SIGINT, &stop, &old_int) == 0)
+			handlers = true;
+		else
+			(void)sigaction(SIGTERM, &old_term, NULL);
+	}
 	e = cudaGetDeviceCount(&n_dev);
 	if (e != cudaSuccess || n_dev == 0) {
 		fprintf(stderr, TOOL ": no CUDA device (%s)\n",
 			e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports none");
-		return SKIP;
+		rc = SKIP;
+		goto out;
 	}
 	if (!kvt_cuda_host) {
 		fprintf(stderr, TOOL ": the CUDA plugin was not initialised by libkvtier\n");
-		return 1;
+		goto out;
 	}
 	res = calloc((size_t)o.n_sizes * o.n_counts, sizeof(*res));
 	bn.t = calloc(o.reps, sizeof(*bn.t));
@@ -660,17 +695,21 @@ int kvt_cuda_bench(int argc, char **argv)
 	if (csv)
 		fprintf(csv, "size_kib,count,fused_gbps,per_block_gbps,batch_gbps,contig_h2d_gbps,"
 			     "flashd2h_gbps,per_block_d2h_gbps,contig_d2h_gbps\n");
-	for (uint32_t si = 0; si < o.n_sizes; si++) {
-		for (uint32_t ci = 0; ci < o.n_counts; ci++) {
+	for (uint32_t si = 0; si < o.n_sizes && !bench_stop; si++) {
+		for (uint32_t ci = 0; ci < o.n_counts && !bench_stop; ci++) {
 			struct result *r = &res[n_res];
 			const double *g = r->gbps;
+			int cell_rc;
 
 			if ((uint64_t)o.sizes[si] * o.counts[ci] > (uint64_t)o.max_gib << 20) {
 				skipped++;
 				continue;
 			}
-			if (run_cell(&bn, o.sizes[si], o.counts[ci], r))
+			cell_rc = run_cell(&bn, o.sizes[si], o.counts[ci], r);
+			if (cell_rc == 1)
 				goto out;
+			if (cell_rc == 2)
+				break;
 			n_res++;
 			printf("%6u %7u | %9.2f %9.2f %9.2f %9.2f | %9.2f %9.2f %9.2f\n", r->kib,
 			       r->count, g[0], g[1], g[2], g[3], g[4], g[5], g[6]);
@@ -684,6 +723,9 @@ int kvt_cuda_bench(int argc, char **argv)
 	}
 	if (skipped)
 		printf("(%u cells over --max-gib %u skipped)\n", skipped, o.max_gib);
+	if (bench_stop)
+		printf("(stopped by %s after %zu cells: the figures below are of those)\n",
+		       bench_stop == SIGINT ? "SIGINT" : "SIGTERM", n_res);
 
 	printf("\ntargets (largest count measured at each size):\n");
 	print_target(res, n_res, "fused / contiguous H2D", 16, M_FUSED, M_CONTIG_H2D, 0.65, 0.80,
@@ -697,7 +739,7 @@ int kvt_cuda_bench(int argc, char **argv)
 		     false, o.threads <= 4 ? NULL : "(the target is for --threads <= 4)");
 	printf("\n");
 	print_calibration(bn.be);
-	rc = 0;
+	rc = bench_stop ? 128 + bench_stop : 0;
 out:
 	if (bn.be)
 		kvt_backend_cuda_ops.destroy(bn.be);
@@ -716,5 +758,9 @@ out:
 	}
 	free(bn.t);
 	free(res);
+	if (handlers) {
+		(void)sigaction(SIGTERM, &old_term, NULL);
+		(void)sigaction(SIGINT, &old_int, NULL);
+	}
 	return rc;
 }
