@@ -167,7 +167,8 @@ for phase in "${phases[@]}"; do
 		fi
 		;;
 	bench)
-		# Lines of the table and of the CSV are flushed as each cell is measured.
+		# Lines of the table and of the CSV are flushed as each cell is measured; stopped by
+		# the budget (SIGTERM), the tool still prints the targets of the cells it measured.
 		read -ra bench_args <<< "${KVT_BENCH_ARGS:-}"
 		KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" timed "$(left)" \
 			"$build/tools/kvtier-bench" transfer --csv "$out/transfer.csv" \
