@@ -656,6 +656,9 @@ int kvt_cuda_bench(int argc, char **argv)
 		fprintf(stderr, TOOL ": %s: %s\n", o.csv, strerror(errno));
 		goto out;
 	}
+	if (csv) /* the header at once: a run stopped before its first cell still has it */
+		fprintf(csv, "size_kib,count,fused_gbps,per_block_gbps,batch_gbps,contig_h2d_gbps,"
+			     "flashd2h_gbps,per_block_d2h_gbps,contig_d2h_gbps\n");
 	if (cuda_failed(cudaStreamCreateWithFlags(&bn.st, cudaStreamNonBlocking), NULL, "start-up",
 			"cudaStreamCreateWithFlags"))
 		goto out;
@@ -692,9 +695,6 @@ int kvt_cuda_bench(int argc, char **argv)
 	printf("\n%6s %7s | %9s %9s %9s %9s | %9s %9s %9s   (GB/s)\n", "KiB", "count",
 	       meth_info[0].col, meth_info[1].col, meth_info[2].col, meth_info[3].col,
 	       meth_info[4].col, meth_info[5].col, meth_info[6].col);
-	if (csv)
-		fprintf(csv, "size_kib,count,fused_gbps,per_block_gbps,batch_gbps,contig_h2d_gbps,"
-			     "flashd2h_gbps,per_block_d2h_gbps,contig_d2h_gbps\n");
 	for (uint32_t si = 0; si < o.n_sizes && !bench_stop; si++) {
 		for (uint32_t ci = 0; ci < o.n_counts && !bench_stop; ci++) {
 			struct result *r = &res[n_res];
