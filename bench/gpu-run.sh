@@ -42,9 +42,10 @@ build=${KVT_GPU_BUILD:-$PWD/build-gpu}
 budget=${KVT_GPU_BUDGET:-420}
 reserve=${KVT_GPU_RESERVE:-15}
 bench_min=${KVT_GPU_BENCH_MIN:-90}
+all_phases=(build gpu bench sanitize rest) # in the order they run
 phases=("$@")
 [ ${#phases[@]} -eq 0 ] && phases=(build gpu bench)
-[ "${phases[*]}" = all ] && phases=(build gpu bench sanitize rest)
+[ "${phases[*]}" = all ] && phases=("${all_phases[@]}")
 for v in "$budget" "$reserve" "$bench_min"; do
 	case $v in
 	'' | *[!0-9]*)
@@ -67,8 +68,12 @@ done
 want=" ${phases[*]} "
 [ -f "$build/build.ninja" ] || want="$want build "
 phases=()
-for phase in build gpu bench sanitize rest; do
-	case $want in *" $phase "*) phases+=("$phase") ;; esac
+left_out=""
+for phase in "${all_phases[@]}"; do
+	case $want in
+	*" $phase "*) phases+=("$phase") ;;
+	*) left_out="$left_out $phase" ;;
+	esac
 done
 deadline=$(($(date +%s) + budget))
 mkdir -p "$out"
@@ -226,10 +231,6 @@ for phase in "${phases[@]}"; do
 	esac
 	[ $cut -eq 1 ] && status=1
 	note "$phase: status $status, $(($(date +%s) - t0)) s$([ $cut -eq 1 ] && echo ', cut short by the budget')"
-done
-left_out=""
-for phase in build gpu bench sanitize rest; do
-	case " ${phases[*]} " in *" $phase "*) ;; *) left_out="$left_out $phase" ;; esac
 done
 note "status $status (results in $out)${left_out:+; not run this time:$left_out}"
 exit $status

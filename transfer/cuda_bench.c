@@ -608,7 +608,6 @@ int kvt_cuda_bench(int argc, char **argv)
 {
 	struct kvt_backend_params bp = {.staging_bytes = STAGING_BYTES};
 	struct sigaction stop = {.sa_handler = on_stop, .sa_flags = SA_RESTART}, old_term, old_int;
-	bool handlers = false;
 	struct opts o;
 	struct bench bn = {.o = &o};
 	struct result *res = NULL;
@@ -629,12 +628,9 @@ int kvt_cuda_bench(int argc, char **argv)
 	}
 	bench_stop = 0;
 	sigemptyset(&stop.sa_mask);
-	if (sigaction(SIGTERM, &stop, &old_term) == 0) {
-		if (sigaction(SIGINT, &stop, &old_int) == 0)
-			handlers = true;
-		else
-			(void)sigaction(SIGTERM, &old_term, NULL);
-	}
+	/* cannot fail: valid signals, valid actions */
+	(void)sigaction(SIGTERM, &stop, &old_term);
+	(void)sigaction(SIGINT, &stop, &old_int);
 	e = cudaGetDeviceCount(&n_dev);
 	if (e != cudaSuccess || n_dev == 0) {
 		fprintf(stderr, TOOL ": no CUDA device (%s)\n",
@@ -758,9 +754,7 @@ out:
 	}
 	free(bn.t);
 	free(res);
-	if (handlers) {
-		(void)sigaction(SIGTERM, &old_term, NULL);
-		(void)sigaction(SIGINT, &old_int, NULL);
-	}
+	(void)sigaction(SIGTERM, &old_term, NULL);
+	(void)sigaction(SIGINT, &old_int, NULL);
 	return rc;
 }
