@@ -24,6 +24,7 @@
 #include "kvtier.h"
 #include "policy.h"
 #include "pool.h"
+#include "util.h"
 
 /* One cache line per layer (the sequence is allocated 64-byte aligned): a decode call touches
    exactly one line of each sequence's layer state. */
@@ -396,10 +397,6 @@ void kvt_spill_release_layer(struct kvt_manager *m, struct kvt_seq *s, struct kv
 /* Test hook: corrupts the spilled group of (seq, layer, block index) in the file, so its next
    read fails the CRC check. 0, -ENOENT (not spilled), -ENOTSUP (model backend). */
 int kvt_disk_corrupt_block(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t block);
-
-/* Logging (manager/log.c). */
-bool kvt_log_enabled(enum kvt_log_level level);
-void kvt_log(enum kvt_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Creates a manager on an explicit backend, bypassing the public backend choice (benchmarks
    use the null backend this way). */

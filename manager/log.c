@@ -67,6 +67,25 @@ void kvt_log(enum kvt_log_level level, const char *fmt, ...)
 	pthread_mutex_unlock(&log_mu);
 }
 
+static uint64_t invariant_failures;
+
+void kvt_invariant_failed(const char *file, int line, const char *expr, bool aborts)
+{
+	__atomic_add_fetch(&invariant_failures, 1, __ATOMIC_RELAXED);
+	if (aborts) {
+		/* Straight to stderr: a callback could itself be what is broken. */
+		fprintf(stderr, "kvtier: %s:%d: invariant violated: %s\n", file, line, expr);
+		abort();
+	}
+	kvt_log(KVT_LOG_ERROR, "%s:%d: invariant violated: %s (a bug in kvtier; please report it)",
+		file, line, expr);
+}
+
+uint64_t kvt_invariant_failures(void)
+{
+	return __atomic_load_n(&invariant_failures, __ATOMIC_RELAXED);
+}
+
 int kvt_fail(struct kvt_manager *m, int err, const char *fmt, ...)
 {
 	va_list ap;

@@ -16,8 +16,6 @@
 #include "internal.h"
 #include "policy.h"
 
-#define DIV_UP(a, b) (((a) + (b)-1) / (b))
-
 int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames)
 {
 	struct kvt_recall_cache *rc = &m->rc;

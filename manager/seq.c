@@ -13,8 +13,6 @@
 #include "internal.h"
 #include "policy.h"
 
-#define DIV_UP(a, b) (((a) + (b)-1) / (b))
-
 static inline uint64_t ptr_u64(const void *p)
 {
 	return (uint64_t)(uintptr_t)p;

@@ -30,8 +30,7 @@
 
 #include "fault.h"
 #include "kvtier.h"
-
-#define DIV_UP(a, b) (((a) + (b)-1) / (b))
+#include "util.h"
 
 enum phase {
 	PH_WAITING = 0, /* submitted, no layer prefilled */

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "backend.h"
-#include "internal.h" /* kvt_log */
+#include "util.h"
 #include "plugin.h"
 
 #ifndef KVT_PLUGIN_DIR

@@ -15,7 +15,7 @@
 
 #include "disk.h"
 #include "fault.h"
-#include "internal.h" /* kvt_log */
+#include "util.h"
 #include "thread.h"
 
 /* valgrind cannot see the kernel write a read's buffer through io_uring: tell it. */
