@@ -127,7 +127,7 @@ struct kvt_config {
 	double model_fused_eff;
 	uint32_t model_call_ns, model_launch_ns;
 	uint32_t model_fused;
-	/* Disk tier (DESIGN.md "Disk tier"). spill_dir: directory of the spill file (copied at
+	/* Disk tier (docs/design.md "Disk tier"). spill_dir: directory of the spill file (copied at
 	   create); NULL = no disk tier, and a full host tier then fails the call with -ENOMEM.
 	   With it, when the host tier is full the blocks of the sequences used least recently
 	   (never those of the call at hand) are written to a private spill file there (mode
@@ -304,7 +304,7 @@ KVT_API int kvt_seq_destroy(struct kvt_manager *m, uint64_t seq);
    [n_q_heads][obs_window][head_dim] (the post-RoPE queries of the last obs_window prompt
    positions; may be NULL when no selection happens: prompt_tokens <= sink + recent or
    topk_tokens == 0, or prompt_tokens <= obs_window). Selects the top-K tokens per kv head
-   (SnapKV, DESIGN.md), copies sink, top-K and ring tokens into newly allocated device frames
+   (SnapKV, docs/design.md), copies sink, top-K and ring tokens into newly allocated device frames
    and saves the whole layer into the host history. The caller may reuse k, v and q_obs when
    the call returns (after the work queued on `stream`, for the CUDA backend).
    Errors: -ENOENT unknown seq; -EINVAL layer out of range or NULL tensors; -EEXIST layer
@@ -453,7 +453,7 @@ KVT_API int kvt_seq_recall_view(struct kvt_manager *m, uint64_t seq, uint32_t la
 				uint32_t kv_head, struct kvt_recall_ref *out, uint32_t cap,
 				uint32_t *n_out);
 
-/* Device addresses of the frames of (seq, layer, kv_head)'s resident set: slot s (DESIGN.md:
+/* Device addresses of the frames of (seq, layer, kv_head)'s resident set: slot s (docs/design.md:
    sink, ring, then top-K) is row s % block_tokens of frames[s / block_tokens]; *n_slots
    receives how many slots hold tokens (from slot 0). Count and -ENOSPC as above; -EINVAL also
    when preempted. */

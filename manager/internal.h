@@ -7,7 +7,7 @@
  *
  * Resident slot space of one (sequence, layer, kv head), in slot units of one token row:
  *   [0, sink)                       sink tokens (position = slot)
- *   [sink, sink + recent)           the ring (DESIGN.md ring rule)
+ *   [sink, sink + recent)           the ring (docs/design.md ring rule)
  *   [sink + recent, + valid_topk)   top-K tokens, ascending positions, fixed after prefill
  * Slot s lives in frame group frames[s / block_tokens] at row s % block_tokens.
  */

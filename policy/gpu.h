@@ -28,7 +28,7 @@ extern "C" {
    --use_fast_math or -ftz: the f32 expf, division and subnormals assume the defaults. */
 size_t kvt_gpu_snapkv_scratch_bytes(const struct kvt_snapkv *p);
 
-/* SnapKV selection (DESIGN.md "SnapKV selection", as kvt_snapkv_select): k [n_kv_heads][L]
+/* SnapKV selection (docs/design.md "SnapKV selection", as kvt_snapkv_select): k [n_kv_heads][L]
    [head_dim] and q_obs [n_q_heads][L_obs][head_dim] of p->dtype; writes kvt_snapkv_count(p)
    positions per kv head, ascending, to out[h * count ...] (device int32). Ties of the pooled
    score go to the lower position; NaN ranks below every number. scratch: device memory of at

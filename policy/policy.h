@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * policy: what to keep. CPU reference versions of SnapKV selection (DESIGN.md, "SnapKV
+ * policy: what to keep. CPU reference versions of SnapKV selection (docs/design.md, "SnapKV
  * selection"), the StreamingLLM ring rule, dtype conversion and decode attention. A backend that
  * computes any of these on its own device must match these functions on the same inputs.
  */
@@ -36,7 +36,7 @@ void kvt_to_f32(enum kvt_dtype dt, const void *src, float *dst, size_t n);
 /* Converts n f32 values to dtype with round-to-nearest-even (NaN stays NaN, overflow gives inf). */
 void kvt_from_f32(enum kvt_dtype dt, const float *src, void *dst, size_t n);
 
-/* Ring rule (DESIGN.md): the slot of position p in the sink+ring slot space. recent >= 1. */
+/* Ring rule (docs/design.md): the slot of position p in the sink+ring slot space. recent >= 1. */
 static inline uint32_t kvt_ring_slot(uint32_t p, uint32_t sink, uint32_t recent)
 {
 	return p < sink ? p : sink + (p - sink) % recent;
@@ -55,7 +55,7 @@ struct kvt_snapkv {
    even pool_kernel, a prompt past INT32_MAX or a scratch size that overflows. */
 int kvt_snapkv_check(const struct kvt_snapkv *p);
 
-/* valid_topk of DESIGN.md step 5/6: min(topk, #candidates) where candidates are
+/* valid_topk of docs/design.md step 5/6: min(topk, #candidates) where candidates are
    [sink, min(L - recent, L - L_obs)); 0 when L <= sink + recent (Case 1), when topk == 0, or
    when that interval is empty. Depends only on the parameters, never on the data. */
 uint32_t kvt_snapkv_count(const struct kvt_snapkv *p);
@@ -64,7 +64,7 @@ uint32_t kvt_snapkv_count(const struct kvt_snapkv *p);
    never allocates). */
 size_t kvt_snapkv_scratch_bytes(const struct kvt_snapkv *p);
 
-/* SnapKV selection exactly as DESIGN.md defines it. k is [n_kv_heads][L][head_dim], q_obs is
+/* SnapKV selection exactly as docs/design.md defines it. k is [n_kv_heads][L][head_dim], q_obs is
    [n_q_heads][L_obs][head_dim], both of p->dtype; computation in f32. Writes, for each kv head
    h, kvt_snapkv_count(p) positions in ascending order to out[h * count ...]. Ties of the
    pooled score go to the lower position; NaN scores rank below every number. When the count
@@ -73,7 +73,7 @@ size_t kvt_snapkv_scratch_bytes(const struct kvt_snapkv *p);
 int kvt_snapkv_select(const struct kvt_snapkv *p, const void *k, const void *q_obs, int32_t *out,
 		      void *scratch);
 
-/* Pooled vote of DESIGN.md steps 1-3 for kv head h, written to pooled[0 .. L - L_obs)
+/* Pooled vote of docs/design.md steps 1-3 for kv head h, written to pooled[0 .. L - L_obs)
    (nothing when L <= L_obs). Exposed so tests and other backends can compare scores, not just
    the final choice. scratch as for kvt_snapkv_select. */
 int kvt_snapkv_scores(const struct kvt_snapkv *p, uint32_t h, const void *k, const void *q_obs,

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * SnapKV selection, the CPU reference (DESIGN.md, "SnapKV selection"). Every other backend is
+ * SnapKV selection, the CPU reference (docs/design.md, "SnapKV selection"). Every other backend is
  * checked against these functions, so the arithmetic is plain f32 in a fixed order: dot products
  * over d ascending, softmax sums over j ascending, votes accumulated query head by query head
  * and obs query by obs query, pooling sums over the window ascending. Nothing here allocates:
@@ -116,7 +116,7 @@ size_t kvt_snapkv_scratch_bytes(const struct kvt_snapkv *p)
 	return lay.total * 4;
 }
 
-/* DESIGN.md steps 1-3 for kv head h: writes the pooled vote to pooled[0 .. L - L_obs).
+/* docs/design.md steps 1-3 for kv head h: writes the pooled vote to pooled[0 .. L - L_obs).
    Requires L > L_obs and checked parameters; reads K of head h and Q_obs of its group. */
 static void snapkv_pooled(const struct kvt_snapkv *p, uint32_t h, const void *k, const void *q_obs,
 			  float *pooled, float *scratch, const struct snapkv_layout *lay)

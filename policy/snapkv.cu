@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * SnapKV selection on the GPU (DESIGN.md, "SnapKV selection"): kvt_gpu_snapkv_select and
+ * SnapKV selection on the GPU (docs/design.md, "SnapKV selection"): kvt_gpu_snapkv_select and
  * kvt_gpu_snapkv_scores match kvt_snapkv_select and kvt_snapkv_scores (policy/snapkv.c) on the
  * same inputs. The arithmetic is the reference's, f32 throughout, in another order: the pooled
  * scores agree within f32 rounding, so the selection is identical up to ties at the cutoff.

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The working-set-aware scheduler (SparseServe Algorithm 1, DESIGN.md "Scheduling").
+ * The working-set-aware scheduler (SparseServe Algorithm 1, docs/design.md "Scheduling").
  *
  * Every unfinished request sits on one of two lists kept in arrival order: `pre` (waiting or
  * part-way through its layer-segmented prefill) and `dec` (decoding). A step walks both as one

@@ -145,7 +145,7 @@ static inline struct kvt_snapkv t_snapkv_of(const struct kvt_config *c, uint32_t
 	return p;
 }
 
-/* valid_topk straight from DESIGN.md steps 4-6, independent of the library, to cross-check
+/* valid_topk straight from docs/design.md steps 4-6, independent of the library, to cross-check
    kvt_snapkv_count and the frames a prefill takes. */
 static inline uint32_t t_naive_count(const struct kvt_config *c, uint32_t L)
 {
@@ -161,7 +161,7 @@ static inline uint32_t t_naive_count(const struct kvt_config *c, uint32_t L)
 	return hi - lo < c->topk_tokens ? (uint32_t)(hi - lo) : c->topk_tokens;
 }
 
-/* Resident positions by DESIGN.md's rule, independent of the library: [0, min(N, sink)), the
+/* Resident positions by docs/design.md's rule, independent of the library: [0, min(N, sink)), the
    count top-K positions, then [max(sink, N - recent), N), ascending. Returns how many. */
 static inline uint32_t t_expect_resident(const struct kvt_config *c, uint32_t N,
 					 const int32_t *topk, uint32_t count, int32_t *out)

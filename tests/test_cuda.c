@@ -674,7 +674,7 @@ static void resident_map(const int32_t *pos, uint32_t n, bool *map, uint32_t N)
 			map[pos[i]] = true;
 }
 
-/* Which position each valid slot holds (DESIGN.md: sink slots, the ring by the ring rule, then
+/* Which position each valid slot holds (docs/design.md: sink slots, the ring by the ring rule, then
    the top-K after the ring), from the resident positions of a layer of N tokens. */
 static void slot_map_at(const int32_t *pos, uint32_t n_pos, uint32_t N, uint32_t n_slots,
 			int32_t *slot_pos, const char *what, const char *file, int line)
@@ -745,7 +745,7 @@ static void margin_note(const struct tseq *t, uint32_t layer, uint32_t h, const 
 	free(s);
 }
 
-/* After prefill: the host backend's resident positions are DESIGN.md's rule over
+/* After prefill: the host backend's resident positions are docs/design.md's rule over
    kvt_snapkv_select on the very tensors the test handed over (so the tie analysis below reads
    the right scores), its top-K is the heavy keys' windows, and the CUDA backend's list is sink, an
    ascending top-K within the candidates, then the ring; its top-K equals the host's, or differs
@@ -780,7 +780,7 @@ static void check_selection_at(struct pair *p, struct tseq *t, uint32_t layer, c
 			if (nh != nw || ph[i] != want[i])
 				fail_at(file, line,
 					"host: seq %llu layer %u head %u (L=%u): resident[%u] = %d (of "
-					"%u), DESIGN.md's rule over kvt_snapkv_select gives %d (of %u)",
+					"%u), the design rule over kvt_snapkv_select gives %d (of %u)",
 					ULL(t->id), layer, h, N, i, i < nh ? ph[i] : -1, nh,
 					want[i], nw);
 		if (nc != nw)
@@ -875,7 +875,7 @@ static void check_selection_at(struct pair *p, struct tseq *t, uint32_t layer, c
 }
 #define CHECK_SELECTION(p, t, l) check_selection_at((p), (t), (l), __FILE__, __LINE__)
 
-/* Resident positions on both managers: DESIGN.md's rule over each one's top-K from prefill. */
+/* Resident positions on both managers: docs/design.md's rule over each one's top-K from prefill. */
 static void check_resident_at(struct pair *p, const struct tseq *t, uint32_t layer,
 			      const char *file, int line)
 {

@@ -39,7 +39,7 @@ static void test_presets(void **state)
 	assert_int_equal(kvt_preset_model("llama3-8b", &m), 0);
 	assert_int_equal(m.n_layers, 32);
 	assert_int_equal(m.n_kv_heads, 8);
-	/* 128 KiB of KV per token (DESIGN.md) */
+	/* 128 KiB of KV per token (docs/design.md) */
 	near(kvt_model_kv_token_bytes(&m), 131072.0, "llama3-8b KV per token");
 	assert_int_equal(kvt_preset_model("lwm-7b", &m), 0);
 	assert_int_equal(m.n_kv_heads, 32); /* Llama-2-7B: no GQA */

@@ -2,7 +2,7 @@
 /*
  * manager: the public data path on the host backend. Every check is against an expectation
  * computed here, not by the library: token data comes from the generator in common.h (any row
- * can be regenerated), resident positions from DESIGN.md's rule (sink, top-K, last `recent`),
+ * can be regenerated), resident positions from docs/design.md's rule (sink, top-K, last `recent`),
  * the top-K set from kvt_snapkv_select run on the very tensors handed to prefill (and, once,
  * from hand-made tensors whose answer is known), attention from a double-precision loop over
  * the resident positions, and frame/block counts from the geometry.
@@ -170,8 +170,8 @@ static void tseq_prefill(struct kvt_manager *m, const struct kvt_config *c, stru
 	assert_true(layer < MAX_LAYERS);
 	t->count = kvt_snapkv_count(&sp);
 	if (t->count != t_naive_count(c, t->L))
-		fail_at(__FILE__, __LINE__, "kvt_snapkv_count(L=%u) = %u, DESIGN.md gives %u", t->L,
-			t->count, t_naive_count(c, t->L));
+		fail_at(__FILE__, __LINE__, "kvt_snapkv_count(L=%u) = %u, the design rule gives %u",
+			t->L, t->count, t_naive_count(c, t->L));
 	t->topk[layer] = t_xmalloc((size_t)c->n_kv_heads * t->count * sizeof(int32_t));
 	CHECK_RC(prefill_raw(m, c, t->id, layer, t->L, t->topk[layer], t->count == 0), 0);
 	for (uint32_t h = 0; h < c->n_kv_heads; h++)

@@ -3,7 +3,7 @@
  * policy: dtype conversion, the ring rule, SnapKV selection and reference attention.
  *
  * SnapKV is checked three ways: small cases worked out by hand (the arithmetic is in the
- * comments), a naive double-precision implementation written straight from DESIGN.md (full
+ * comments), a naive double-precision implementation written straight from docs/design.md (full
  * sort, no heap, no scratch) on random inputs, and structural properties (ties, padding, NaN).
  * Random inputs are multiples of 1/128 in [-2, 2], exactly representable in f16 and bf16, so
  * the naive code reads the very same values as the library without going through its
@@ -139,7 +139,7 @@ static void *scratch_for(const struct kvt_snapkv *p)
 	return s;
 }
 
-/* ---- naive SnapKV, straight from DESIGN.md, in double ---------------------------------- */
+/* ---- naive SnapKV, straight from docs/design.md, in double ---------------------------------- */
 
 static int64_t naive_count(const struct kvt_snapkv *p)
 {

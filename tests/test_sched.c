@@ -2,7 +2,7 @@
 /*
  * scheduler: SparseServe Algorithm 1 over a real manager on the host backend. The unit tests
  * check admission decisions on hand-made queues against figures worked out here from the
- * geometry (frames per layer from DESIGN.md's resident layout, the full-KV reservation, the
+ * geometry (frames per layer from docs/design.md's resident layout, the full-KV reservation, the
  * token and injection budgets); the randomized run executes every batch for real (prefill
  * layers and decode steps with the generator's data from common.h, recalls of random blocks)
  * and checks at every iteration that no device frame has two owners, that admitted requests

@@ -1040,7 +1040,7 @@ static void test_null_backend(void **state)
 	struct kvt_backend_params bp = {2, 4096};
 	struct kvt_be *b = NULL;
 	uint64_t dev, host, t1, t2, t3;
-	/* (device, host) arena sizes; the last pair is a replay-scale host tier (DESIGN.md:
+	/* (device, host) arena sizes; the last pair is a replay-scale host tier (docs/design.md:
 	   ~10^9 host blocks) beside a GPU-sized device tier. */
 	const uint64_t sizes[][2] = {
 		{4096, 4096},

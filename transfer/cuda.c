@@ -597,7 +597,7 @@ static int time_gather(struct cuda_backend *cb, struct kvt_xfer *x, uint32_t cou
 }
 
 /* For each piece-size class, where the fused kernel starts to beat one cudaMemcpyBatchAsync
-   on this machine (DESIGN.md "FlashH2D": no public system picks per (size, count) yet). */
+   on this machine (docs/design.md "FlashH2D": no public system picks per (size, count) yet). */
 static int calibrate(struct cuda_backend *cb)
 {
 	static const uint32_t sizes[KVT_CALIB_CLASSES] = {4096, 16384, 65536};

@@ -15,7 +15,7 @@ extern const struct kvt_plugin_host *kvt_cuda_host;
 
 extern const struct kvt_backend_ops kvt_backend_cuda_ops;
 
-/* The transfer calibration a backend instance measured at create (DESIGN.md "FlashH2D": the
+/* The transfer calibration a backend instance measured at create (docs/design.md "FlashH2D": the
    backend picks DMA or the SM gather per (piece size, count)). For each piece-size class
    (4, 16, 64 KiB and larger: index 0, 1, 2), a gather of at least gather_min[c] pieces uses
    the fused kernel, a smaller one one cudaMemcpyBatchAsync; UINT32_MAX: DMA always wins. */

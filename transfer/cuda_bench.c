@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * kvtier-bench transfer: the CUDA backend's transfers against the CUDA runtime's own ways of
- * moving the same scattered blocks (DESIGN.md "FlashH2D", "FlashD2H"). Per (block size B,
+ * moving the same scattered blocks (docs/design.md "FlashH2D", "FlashD2H"). Per (block size B,
  * count N), N blocks sit in N of 2N slots of a pinned, mapped host arena (a fixed-seed shuffle),
  * and move to or from a device buffer of N * B bytes:
  *   (a) the fused gather, one kvt_gather_launch      (e) FlashD2H: the backend's save + save_wait

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * FlashH2D: the fused gather kernel (DESIGN.md "FlashH2D"), and the ring-write kernel of a decode
- * append. One launch moves every piece of a list, so a recall of thousands of scattered 16 KiB
- * host blocks costs one host call instead of one DMA call per block.
+ * FlashH2D: the fused gather kernel (docs/design.md "FlashH2D"), and the ring-write kernel of a
+ * decode append. One launch moves every piece of a list, so a recall of thousands of scattered
+ * 16 KiB host blocks costs one host call instead of one DMA call per block.
  *
  * Each CTA walks the piece list with a stride of gridDim.x and copies a piece with all its
  * threads; the loads of a piece that lives in mapped pinned host memory travel over PCIe as

@@ -22,7 +22,7 @@ struct kvt_gpu_piece {
 	uint64_t src, dst, bytes;
 };
 
-/* Default and largest CTA count of the fused gather (DESIGN.md: PCIe saturated with <= 16). */
+/* Default and largest CTA count of the fused gather (docs/design.md: PCIe saturated with <= 16). */
 #define KVT_GATHER_CTAS_DEFAULT 16
 #define KVT_GATHER_CTAS_MAX 1024
 #define KVT_GATHER_THREADS 512

@@ -101,7 +101,7 @@ def test_resident_set_is_sink_topk_ring(mgr, rng):
 
 def test_frames_hold_the_resident_rows(mgr, rng):
     """On the host backend the frames are host addresses: what an engine's attention kernel
-    reads through kvt_seq_frames must be the tokens' rows (slot rule of DESIGN.md)."""
+    reads through kvt_seq_frames must be the tokens' rows (slot rule of docs/design.md)."""
     T = 300
     kv = prefill(mgr, 1, T, rng)
     c = mgr.config
