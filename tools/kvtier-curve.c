@@ -210,15 +210,15 @@ static int parse_values(struct curve *c)
 
 		if (c->n_x == MAX_X)
 			goto bad;
-		if (c->rate ? cli_parse_double(item, 0, DBL_MAX, &c->xs[c->n_x]) ||
+		if (c->rate ? sim_parse_double(item, 0, DBL_MAX, &c->xs[c->n_x]) ||
 				      c->xs[c->n_x] == 0
-			    : cli_parse_u32(item, 1, 1u << 20, &n))
+			    : sim_parse_u32(item, 1, 1u << 20, &n))
 			goto bad;
 		if (!c->rate)
 			c->xs[c->n_x] = n;
 		c->n_x++;
 	}
-	qsort(c->xs, c->n_x, sizeof(c->xs[0]), cli_cmp_double);
+	qsort(c->xs, c->n_x, sizeof(c->xs[0]), sim_cmp_double);
 	rc = 0;
 	goto out;
 bad:
@@ -297,7 +297,7 @@ static int parse_tool_opt(int opt, char *arg, struct curve *c)
 		c->preset_json = arg;
 		return 0;
 	case O_SEED:
-		return cli_parse_u32(arg, 0, UINT32_MAX, &c->seed);
+		return sim_parse_u32(arg, 0, UINT32_MAX, &c->seed);
 	case O_TRACE:
 		c->trace_path = arg;
 		return 0;
@@ -305,16 +305,16 @@ static int parse_tool_opt(int opt, char *arg, struct curve *c)
 		return kvt_trace_format_parse(arg, &c->fmt) ? -1 : 0;
 	case O_PROMPT:
 		c->lengths_set = true;
-		return cli_parse_u32(arg, 1, 1u << 24, &c->prompt);
+		return sim_parse_u32(arg, 1, 1u << 24, &c->prompt);
 	case O_OUTPUT:
 		c->lengths_set = true;
-		return cli_parse_u32(arg, 1, 1u << 24, &c->output_tokens);
+		return sim_parse_u32(arg, 1, 1u << 24, &c->output_tokens);
 	case O_WARMUP:
-		return cli_parse_u32(arg, 0, 1u << 24, &c->warmup);
+		return sim_parse_u32(arg, 0, 1u << 24, &c->warmup);
 	case O_ITERATIONS:
-		return cli_parse_u32(arg, 1, 1u << 24, &c->iterations);
+		return sim_parse_u32(arg, 1, 1u << 24, &c->iterations);
 	case O_REQUESTS:
-		return cli_parse_u32(arg, 1, 1u << 24, &c->requests);
+		return sim_parse_u32(arg, 1, 1u << 24, &c->requests);
 	case O_CSV:
 		c->csv = arg;
 		return *arg ? 0 : -1;
@@ -547,9 +547,9 @@ static int tbt_figures(const struct kvt_replay_result *r, struct point *p)
 	memcpy(v, r->win_tbt_s, n * sizeof(*v));
 	for (size_t i = 0; i < n; i++)
 		sum += v[i];
-	qsort(v, n, sizeof(*v), cli_cmp_double);
+	qsort(v, n, sizeof(*v), sim_cmp_double);
 	p->tbt_ms = 1e3 * sum / (double)n;
-	p->tbt_p99_ms = 1e3 * cli_percentile(v, n, 0.99);
+	p->tbt_p99_ms = 1e3 * sim_percentile(v, n, 0.99);
 	free(v);
 	return 0;
 }
@@ -636,7 +636,7 @@ static int run_point(const struct curve *c, const struct kvt_trace *src, size_t 
 	struct kvt_replay_result res = {0};
 	struct kvt_trace t;
 	char err[512] = "";
-	double t0 = cli_now_s();
+	double t0 = sim_now_s();
 	int rc;
 
 	point_opts(c, s, x, &o);
@@ -653,7 +653,7 @@ static int run_point(const struct curve *c, const struct kvt_trace *src, size_t 
 	}
 	*p = (struct point){.series = s, .x = x};
 	rc = point_figures(&res, c->rate, p);
-	p->wall_s = cli_now_s() - t0;
+	p->wall_s = sim_now_s() - t0;
 	if (rc)
 		fprintf(stderr, "%s: out of memory\n", TOOL);
 	else if (!c->rate && res.iterations < o.max_iterations)
@@ -981,7 +981,7 @@ int main(int argc, char **argv)
 	struct point *pts = NULL;
 	struct curve c;
 	FILE *csv = NULL;
-	double t0 = cli_now_s();
+	double t0 = sim_now_s();
 	size_t n;
 	int rc = 2;
 
@@ -1013,7 +1013,7 @@ int main(int argc, char **argv)
 		goto out;
 	print_table(&c, pts, n);
 	print_shape(&c, pts, n);
-	printf("%zu points in %.1f s; CSV: %s\n", n, cli_now_s() - t0, c.csv);
+	printf("%zu points in %.1f s; CSV: %s\n", n, sim_now_s() - t0, c.csv);
 	rc = ferror(csv);
 	rc |= fclose(csv);
 	csv = NULL;

@@ -123,16 +123,16 @@ static int parse_opt(int c, const char *a, const char *name, struct opts *o)
 		bad = kvt_trace_format_parse(a, &o->format);
 		break;
 	case O_NUM:
-		bad = cli_parse_u32(a, 1, UINT32_MAX, &o->num_prompts);
+		bad = sim_parse_u32(a, 1, UINT32_MAX, &o->num_prompts);
 		break;
 	case O_RATE:
-		bad = cli_parse_double(a, 0, INFINITY, &o->rate) || o->rate == 0;
+		bad = sim_parse_double(a, 0, INFINITY, &o->rate) || o->rate == 0;
 		break;
 	case O_BURST:
-		bad = cli_parse_double(a, 1e-3, 1e3, &o->burstiness);
+		bad = sim_parse_double(a, 1e-3, 1e3, &o->burstiness);
 		break;
 	case O_SEED:
-		bad = cli_parse_u32(a, 0, UINT32_MAX, &u);
+		bad = sim_parse_u32(a, 0, UINT32_MAX, &u);
 		o->seed = r->sel.seed = u;
 		break;
 	case O_POLICY:

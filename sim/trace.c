@@ -16,7 +16,7 @@
 #include <strings.h>
 #include <sys/types.h>
 
-#include "cli.h"
+#include "simutil.h"
 #include "trace.h"
 
 #define MAX_COLS 64
@@ -790,7 +790,7 @@ int kvt_trace_retime(struct kvt_trace *t, double rate, double burstiness, uint64
 	if (!isfinite(scale))
 		return -EINVAL;
 	for (int i = 0; i < 4; i++)
-		g.s[i] = cli_splitmix64(&x);
+		g.s[i] = sim_splitmix64(&x);
 	t->reqs[0].arrival_s = 0.0;
 	for (size_t i = 1; i < t->count; i++) {
 		at += rng_gamma(&g, burstiness) * scale;

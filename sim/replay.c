@@ -12,7 +12,7 @@
 
 #include <jansson.h>
 
-#include "cli.h"
+#include "simutil.h"
 #include "kvtier.h"
 #include "replay.h"
 
@@ -122,7 +122,7 @@ valued:
 
 		if (strcmp(name, u->name))
 			continue;
-		if (!arg || cli_parse_u32(arg, u->lo, u->hi, &v))
+		if (!arg || sim_parse_u32(arg, u->lo, u->hi, &v))
 			return -1;
 		if (u->off == OFF(block_tokens) && (v & (v - 1)))
 			return -1; /* a power of two */
@@ -134,7 +134,7 @@ valued:
 
 		if (strcmp(name, d->name))
 			continue;
-		return arg ? cli_parse_double(arg, d->lo, d->hi, (double *)((char *)o + d->off))
+		return arg ? sim_parse_double(arg, d->lo, d->hi, (double *)((char *)o + d->off))
 			   : -1;
 	}
 	return 1;
@@ -256,7 +256,7 @@ static void progress(struct run *run, bool force)
 
 	if (!run->o->progress)
 		return;
-	w = cli_now_s();
+	w = sim_now_s();
 	if (!force && w - run->last_progress < 0.2)
 		return;
 	run->last_progress = w;
@@ -571,21 +571,21 @@ static int recall_layer(struct mrun *mr, uint32_t l, uint32_t nd)
 			kvt_sel_next(&mr->sel, &q->sel[l / mr->stride * H + h], lo, hi,
 				     &mr->blocks[((size_t)d * H + h) * r]);
 	}
-	t0 = cli_now_s();
+	t0 = sim_now_s();
 	err = kvt_recall_blocks(mr->m, l, mr->dseq, nd, mr->blocks, r, NULL);
 	for (uint32_t d = 0; err == -ENOSPC && d < nd; d++) {
 		int e = kvt_recall_blocks(mr->m, l, &mr->dseq[d], 1, &mr->blocks[(size_t)d * H * r],
 					  r, NULL);
 
 		if (e && e != -ENOSPC) {
-			mr->cpu_s += cli_now_s() - t0;
+			mr->cpu_s += sim_now_s() - t0;
 			ERRF("kvt_recall_blocks: %s (%s)", kvt_strerror(e),
 			     kvt_manager_last_error(mr->m));
 			return e;
 		}
 		/* -ENOSPC for one sequence alone: it attends without its recall this step */
 	}
-	mr->cpu_s += cli_now_s() - t0;
+	mr->cpu_s += sim_now_s() - t0;
 	if (err && err != -ENOSPC) {
 		ERRF("kvt_recall_blocks: %s (%s)", kvt_strerror(err),
 		     kvt_manager_last_error(mr->m));
@@ -618,9 +618,9 @@ static int mrun_iteration(struct mrun *mr)
 	int err;
 
 	mr->cpu_s = 0;
-	t0 = cli_now_s();
+	t0 = sim_now_s();
 	err = kvt_sched_step(mr->s, &b);
-	mr->cpu_s += cli_now_s() - t0;
+	mr->cpu_s += sim_now_s() - t0;
 	if (err) {
 		ERRF("kvt_sched_step: %s", kvt_strerror(err));
 		return err;
@@ -640,11 +640,11 @@ static int mrun_iteration(struct mrun *mr)
 			mr->dreq[nd++] = (uint32_t)i;
 			continue;
 		}
-		t0 = cli_now_s();
+		t0 = sim_now_s();
 		for (uint32_t l = it->layer_begin; l < it->layer_end && !err; l++)
 			err = kvt_prefill_layer(mr->m, it->seq, l, mr->dummy, mr->dummy, mr->dummy,
 						NULL);
-		mr->cpu_s += cli_now_s() - t0;
+		mr->cpu_s += sim_now_s() - t0;
 		if (err) {
 			fail_running(mr, i);
 			err = 0;
@@ -656,10 +656,10 @@ static int mrun_iteration(struct mrun *mr)
 		w.prefill_attn_flops += kvt_prefill_attn_flops(mp, r->input_tokens,
 							       it->layer_end - it->layer_begin);
 	}
-	t0 = cli_now_s();
+	t0 = sim_now_s();
 	for (uint32_t l = 0; nd && l < n_layers && !err; l++)
 		err = kvt_decode_append(mr->m, l, mr->dseq, nd, mr->dummy, mr->dummy, NULL);
-	mr->cpu_s += cli_now_s() - t0;
+	mr->cpu_s += sim_now_s() - t0;
 	if (err) {
 		ERRF("kvt_decode_append: %s (%s)", kvt_strerror(err),
 		     kvt_manager_last_error(mr->m));
@@ -693,9 +693,9 @@ static int mrun_iteration(struct mrun *mr)
 					   2.0 * mr->cfg.block_tokens * mp->head_dim *
 					   mp->elem_bytes;
 	}
-	t0 = cli_now_s();
+	t0 = sim_now_s();
 	err = kvt_sched_commit(mr->s);
-	mr->cpu_s += cli_now_s() - t0;
+	mr->cpu_s += sim_now_s() - t0;
 	if (err) {
 		ERRF("kvt_sched_commit: %s", kvt_strerror(err));
 		return err;
@@ -1239,7 +1239,7 @@ int kvt_replay_run(const struct kvt_replay_opts *o, const struct kvt_trace *t,
 		   struct kvt_replay_result *res, char *err, size_t err_len)
 {
 	struct run run = {.o = o, .t = t, .res = res, .err = err, .err_len = err_len};
-	double weights = o->model.params * o->model.elem_bytes, hbm, w0 = cli_now_s();
+	double weights = o->model.params * o->model.elem_bytes, hbm, w0 = sim_now_s();
 	int rc;
 
 	memset(res, 0, sizeof(*res));
@@ -1272,7 +1272,7 @@ int kvt_replay_run(const struct kvt_replay_opts *o, const struct kvt_trace *t,
 	snprintf(res->policy, sizeof(res->policy), "%s", kvt_policy_name(o->policy));
 	snprintf(res->model, sizeof(res->model), "%s", o->model.name);
 	snprintf(res->gpu, sizeof(res->gpu), "%s", o->gpu.name);
-	run.last_progress = cli_now_s();
+	run.last_progress = sim_now_s();
 	rc = o->policy == KVT_POLICY_FULL ? frun_loop(&run, hbm) : mrun_loop(&run, hbm);
 	free(run.rq);
 	if (rc) {
@@ -1288,7 +1288,7 @@ int kvt_replay_run(const struct kvt_replay_opts *o, const struct kvt_trace *t,
 	for (size_t i = 0; i < t->count; i++)
 		if (res->reqs[i].finish_s > res->duration_s)
 			res->duration_s = res->reqs[i].finish_s;
-	res->wall_s = cli_now_s() - w0;
+	res->wall_s = sim_now_s() - w0;
 	return 0;
 }
 
@@ -1312,12 +1312,12 @@ static void stats3(double *v, size_t n, double *mean, double *med, double *p99)
 	*mean = *med = *p99 = 0;
 	if (!n)
 		return;
-	qsort(v, n, sizeof(*v), cli_cmp_double);
+	qsort(v, n, sizeof(*v), sim_cmp_double);
 	for (size_t i = 0; i < n; i++)
 		s += v[i];
 	*mean = s / (double)n;
-	*med = cli_percentile(v, n, 0.5);
-	*p99 = cli_percentile(v, n, 0.99);
+	*med = sim_percentile(v, n, 0.5);
+	*p99 = sim_percentile(v, n, 0.99);
 }
 
 int kvt_replay_summarize(const struct kvt_replay_result *res, struct kvt_replay_summary *s)

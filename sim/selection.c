@@ -6,17 +6,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "simutil.h"
 #include "selection.h"
 
 static double uniform(uint64_t *s)
 {
-	return (double)(cli_splitmix64(s) >> 11) * 0x1.0p-53;
+	return (double)(sim_splitmix64(s) >> 11) * 0x1.0p-53;
 }
 
 static uint32_t below(uint64_t *s, uint32_t n)
 {
-	return (uint32_t)(((cli_splitmix64(s) >> 32) * n) >> 32);
+	return (uint32_t)(((sim_splitmix64(s) >> 32) * n) >> 32);
 }
 
 int kvt_sel_check(const struct kvt_sel_params *p)
@@ -38,7 +38,7 @@ int kvt_sel_stream_init(const struct kvt_sel_params *p, uint64_t id, struct kvt_
 		return -ENOMEM;
 	}
 	st->rng = p->seed ^ (id * 0xd1b54a32d192ed03ull);
-	cli_splitmix64(&st->rng);
+	sim_splitmix64(&st->rng);
 	return 0;
 }
 
