@@ -18,29 +18,29 @@
 
 static const char *const policy_names[] = {"kvtier", "snapstream", "sparse-offload", "full"};
 
-const char *kvt_policy_name(enum kvt_policy p)
+const char *sim_policy_name(enum sim_policy p)
 {
 	return (unsigned)p < 4 ? policy_names[p] : "?";
 }
 
-int kvt_policy_parse(const char *name, enum kvt_policy *p)
+int sim_policy_parse(const char *name, enum sim_policy *p)
 {
 	for (unsigned i = 0; name && i < 4; i++)
 		if (!strcmp(name, policy_names[i])) {
-			*p = (enum kvt_policy)i;
+			*p = (enum sim_policy)i;
 			return 0;
 		}
 	return -EINVAL;
 }
 
-void kvt_replay_opts_init(struct kvt_replay_opts *o)
+void sim_replay_opts_init(struct sim_replay_opts *o)
 {
-	struct kvt_sel_params sel = KVT_SEL_PARAMS_INIT;
+	struct sim_sel_params sel = SIM_SEL_PARAMS_INIT;
 
 	memset(o, 0, sizeof(*o));
-	o->policy = KVT_POLICY_KVTIER;
-	kvt_preset_model("llama3-8b", &o->model);
-	kvt_preset_gpu("h100", &o->gpu);
+	o->policy = SIM_POLICY_KVTIER;
+	sim_preset_model("llama3-8b", &o->model);
+	sim_preset_gpu("h100", &o->gpu);
 	o->hbm_gib = 0;
 	o->dram_gib = 256;
 	o->block_tokens = 32;
@@ -74,7 +74,7 @@ struct dbl_opt {
 	size_t off;
 };
 
-#define OFF(f) offsetof(struct kvt_replay_opts, f)
+#define OFF(f) offsetof(struct sim_replay_opts, f)
 
 static const struct u32_opt u32_opts[] = {
 	{"max-batch", 1, 1u << 20, OFF(max_requests)},
@@ -100,7 +100,7 @@ static const struct dbl_opt dbl_opts[] = {
 	{"sel-revisit", 0, 1, OFF(sel.p_revisit)},
 };
 
-int kvt_replay_opt(const char *name, const char *arg, struct kvt_replay_opts *o)
+int sim_replay_opt(const char *name, const char *arg, struct sim_replay_opts *o)
 {
 	if (!strcmp(name, "no-ws-control"))
 		o->ws_control = false;
@@ -148,7 +148,7 @@ valued:
 
 struct rreq {
 	double last_tok_s;	    /* time of its latest token */
-	struct kvt_sel_stream *sel; /* [n_layers * n_kv_heads] once decoding (recall policies) */
+	struct sim_sel_stream *sel; /* [n_layers * n_kv_heads] once decoding (recall policies) */
 	uint32_t prompt;	    /* tokens to prefill (full: input + generated on recompute) */
 	bool submitted;		    /* its history reserved in DRAM */
 	uint32_t blocks_held;	    /* full: KV pages held */
@@ -156,9 +156,9 @@ struct rreq {
 };
 
 struct run {
-	const struct kvt_replay_opts *o;
-	const struct kvt_trace *t;
-	struct kvt_replay_result *res;
+	const struct sim_replay_opts *o;
+	const struct sim_trace *t;
+	struct sim_replay_result *res;
 	struct rreq *rq;
 	char *err;
 	size_t err_len;
@@ -192,9 +192,9 @@ static int push_double(double **a, size_t *n, size_t *cap, double v)
 
 static void fail_req(struct run *run, size_t i, const char *reason)
 {
-	struct kvt_req_result *r = &run->res->reqs[i];
+	struct sim_req_result *r = &run->res->reqs[i];
 
-	r->status = KVT_REQ_FAILED;
+	r->status = SIM_REQ_FAILED;
 	r->reason = reason;
 	r->finish_s = run->now;
 	run->res->failed++;
@@ -204,7 +204,7 @@ static void fail_req(struct run *run, size_t i, const char *reason)
 /* Whether request i can never run: static reasons, checked when it arrives. */
 static const char *static_reject(const struct run *run, size_t i)
 {
-	const struct kvt_trace_req *q = &run->t->reqs[i];
+	const struct sim_trace_req *q = &run->t->reqs[i];
 
 	if (q->input_tokens == 0)
 		return "empty prompt";
@@ -221,7 +221,7 @@ static const char *static_reject(const struct run *run, size_t i)
 /* Records a token of request i produced at run->now; completes it at its last token. */
 static int token(struct run *run, size_t i, bool window)
 {
-	struct kvt_req_result *r = &run->res->reqs[i];
+	struct sim_req_result *r = &run->res->reqs[i];
 	struct rreq *q = &run->rq[i];
 	int err = 0;
 
@@ -240,7 +240,7 @@ static int token(struct run *run, size_t i, bool window)
 	if (window)
 		run->res->win_decode_tokens++;
 	if (r->generated == r->output_tokens) {
-		r->status = KVT_REQ_DONE;
+		r->status = SIM_REQ_DONE;
 		r->finish_s = run->now;
 		run->res->completed++;
 		run->finished++;
@@ -268,12 +268,12 @@ struct iter_rec {
 	uint32_t batch, n_pre, n_dec;
 	uint64_t token_layers, loaded, lookups, hits;
 	uint32_t preempted, resumed, queued;
-	struct kvt_iter_time tm;
+	struct sim_iter_time tm;
 };
 
 static int end_iteration(struct run *run, const struct iter_rec *ir, double start)
 {
-	struct kvt_replay_result *res = run->res;
+	struct sim_replay_result *res = run->res;
 	bool win = run->iter >= run->o->warmup_iterations;
 
 	res->iterations++;
@@ -354,7 +354,7 @@ struct mrun {
 	uint32_t stride;    /* recall runs on layers l % stride == 0 */
 	uint32_t n_sampled; /* how many */
 	double scale;	    /* n_layers / n_sampled */
-	struct kvt_sel_params sel;
+	struct sim_sel_params sel;
 	uint64_t *dseq;
 	uint32_t *dreq; /* request index of each decode item */
 	uint32_t *blocks;
@@ -366,7 +366,7 @@ struct mrun {
 	size_t wq_head, wq_n;
 };
 
-static uint64_t groups_of(const struct mrun *mr, const struct kvt_trace_req *q)
+static uint64_t groups_of(const struct mrun *mr, const struct sim_trace_req *q)
 {
 	uint64_t bt = mr->cfg.block_tokens;
 
@@ -383,7 +383,7 @@ static void release(struct mrun *mr, size_t i)
 	}
 	if (q->sel) {
 		for (uint32_t k = 0; k < mr->n_sampled * mr->cfg.n_kv_heads; k++)
-			kvt_sel_stream_fini(&q->sel[k]);
+			sim_sel_stream_fini(&q->sel[k]);
 		free(q->sel);
 		q->sel = NULL;
 	}
@@ -418,7 +418,7 @@ static int submit_waiting(struct mrun *mr)
 			mr->waitq[(mr->wq_head + mr->wq_n++) % run->t->count] = i;
 		}
 		i = mr->waitq[mr->wq_head];
-		const struct kvt_trace_req *q = &run->t->reqs[i];
+		const struct sim_trace_req *q = &run->t->reqs[i];
 		uint64_t need = groups_of(mr, q);
 		int err;
 
@@ -453,7 +453,7 @@ static int sel_streams(struct mrun *mr, size_t i)
 	if (!q->sel)
 		return -ENOMEM;
 	for (uint32_t k = 0; k < n; k++) {
-		int err = kvt_sel_stream_init(&mr->sel, (uint64_t)i * n + k, &q->sel[k]);
+		int err = sim_sel_stream_init(&mr->sel, (uint64_t)i * n + k, &q->sel[k]);
 
 		if (err)
 			return err;
@@ -490,11 +490,11 @@ static int grow_decode(struct mrun *mr, size_t n)
 /* The recorded selection of request i's decode step `step` for layer l into out[H][r]. */
 static void recorded(const struct mrun *mr, size_t i, uint32_t step, uint32_t l, uint32_t *out)
 {
-	const struct kvt_selfile *f = mr->run->o->selections;
+	const struct sim_selfile *f = mr->run->o->selections;
 	uint32_t H = mr->cfg.n_kv_heads, r = mr->r;
 
 	for (uint32_t h = 0; h < H; h++) {
-		const struct kvt_selrec *rec = kvt_selfile_find(f, (uint32_t)i, step, l, h);
+		const struct sim_selrec *rec = sim_selfile_find(f, (uint32_t)i, step, l, h);
 		uint32_t n = rec ? rec->n : 0;
 
 		for (uint32_t j = 0; j < r; j++)
@@ -506,13 +506,13 @@ static void recorded(const struct mrun *mr, size_t i, uint32_t step, uint32_t l,
    inside the history at their step): 0 or -EINVAL with "FILE:LINE: ..." in the run's err. */
 static int check_selections(struct mrun *mr)
 {
-	const struct kvt_selfile *f = mr->run->o->selections;
-	const struct kvt_trace *t = mr->run->t;
+	const struct sim_selfile *f = mr->run->o->selections;
+	const struct sim_trace *t = mr->run->t;
 	struct run *run = mr->run;
 
 	for (size_t k = 0; f && k < f->n_rec; k++) {
-		const struct kvt_selrec *rec = &f->rec[k];
-		const struct kvt_trace_req *q = rec->req < t->count ? &t->reqs[rec->req] : NULL;
+		const struct sim_selrec *rec = &f->rec[k];
+		const struct sim_trace_req *q = rec->req < t->count ? &t->reqs[rec->req] : NULL;
 		const char *bad = NULL;
 		uint64_t nb = 0;
 
@@ -554,7 +554,7 @@ static int recall_layer(struct mrun *mr, uint32_t l, uint32_t nd)
 	int err;
 
 	for (uint32_t d = 0; d < nd; d++) {
-		const struct kvt_req_result *rr = &run->res->reqs[mr->dreq[d]];
+		const struct sim_req_result *rr = &run->res->reqs[mr->dreq[d]];
 		struct rreq *q = &run->rq[mr->dreq[d]];
 		uint64_t tokens = (uint64_t)rr->input_tokens + rr->generated;
 		uint32_t lo = mr->cfg.sink_tokens / bt;
@@ -562,13 +562,13 @@ static int recall_layer(struct mrun *mr, uint32_t l, uint32_t nd)
 				      ? (uint32_t)((tokens - mr->cfg.recent_tokens) / bt)
 				      : 0;
 
-		if (run->o->selections && kvt_selfile_has_req(run->o->selections, mr->dreq[d])) {
+		if (run->o->selections && sim_selfile_has_req(run->o->selections, mr->dreq[d])) {
 			recorded(mr, mr->dreq[d], rr->generated - 1, l,
 				 &mr->blocks[(size_t)d * H * r]);
 			continue;
 		}
 		for (uint32_t h = 0; h < H; h++)
-			kvt_sel_next(&mr->sel, &q->sel[l / mr->stride * H + h], lo, hi,
+			sim_sel_next(&mr->sel, &q->sel[l / mr->stride * H + h], lo, hi,
 				     &mr->blocks[((size_t)d * H + h) * r]);
 	}
 	t0 = sim_now_s();
@@ -607,11 +607,11 @@ static int mrun_iteration(struct mrun *mr)
 {
 	struct run *run = mr->run;
 	struct kvt_sched_batch b;
-	struct kvt_iter_work w = {0};
+	struct sim_iter_work w = {0};
 	struct iter_rec ir = {0};
 	struct kvt_stats st = KVT_STATS_INIT;
 	struct kvt_sched_iter last;
-	const struct kvt_model_preset *mp = &run->o->model;
+	const struct sim_model_preset *mp = &run->o->model;
 	double t0, start = run->now, recall_h2d_ns = 0;
 	uint32_t nd = 0, n_layers = mr->cfg.n_layers;
 	bool win = run->iter >= run->o->warmup_iterations;
@@ -631,7 +631,7 @@ static int mrun_iteration(struct mrun *mr)
 	for (uint32_t k = 0; k < b.n_items; k++) {
 		const struct kvt_sched_item *it = &b.items[k];
 		size_t i = it->seq - 1;
-		struct kvt_req_result *r = &run->res->reqs[i];
+		struct sim_req_result *r = &run->res->reqs[i];
 
 		if (r->sched_s < 0)
 			r->sched_s = run->now;
@@ -653,7 +653,7 @@ static int mrun_iteration(struct mrun *mr)
 		ir.n_pre++;
 		w.prefill_token_layers +=
 			(uint64_t)r->input_tokens * (it->layer_end - it->layer_begin);
-		w.prefill_attn_flops += kvt_prefill_attn_flops(mp, r->input_tokens,
+		w.prefill_attn_flops += sim_prefill_attn_flops(mp, r->input_tokens,
 							       it->layer_end - it->layer_begin);
 	}
 	t0 = sim_now_s();
@@ -714,7 +714,7 @@ static int mrun_iteration(struct mrun *mr)
 	run->res->disk_blocks_fetched += st.disk_blocks_fetched - mr->st0.disk_blocks_fetched;
 	mr->st0 = st;
 	w.cpu_s = run->o->cpu_time ? mr->cpu_s : 0;
-	kvt_iter_time(mp, &run->o->gpu, &w, &ir.tm);
+	sim_iter_time(mp, &run->o->gpu, &w, &ir.tm);
 	run->now += ir.tm.total_s;
 
 	ir.batch = b.n_items;
@@ -732,14 +732,14 @@ static int mrun_iteration(struct mrun *mr)
 		const struct kvt_sched_item *it = &b.items[k];
 		size_t i = it->seq - 1;
 
-		if (run->res->reqs[i].status != KVT_REQ_PENDING)
+		if (run->res->reqs[i].status != SIM_REQ_PENDING)
 			continue;
 		if (it->decode || it->layer_end == n_layers) {
 			if (token(run, i, win))
 				goto nomem;
 		}
 		/* the scheduler let go of it at commit: its history and DRAM are free now */
-		if (run->res->reqs[i].status == KVT_REQ_DONE) {
+		if (run->res->reqs[i].status == SIM_REQ_DONE) {
 			kvt_seq_destroy(mr->m, it->seq);
 			release(mr, i);
 		}
@@ -753,7 +753,7 @@ nomem:
 /* The manager's configuration of the policy (budgets are set by the caller). */
 static void mrun_config(struct mrun *mr)
 {
-	const struct kvt_replay_opts *o = mr->run->o;
+	const struct sim_replay_opts *o = mr->run->o;
 	struct kvt_config c = KVT_CONFIG_INIT;
 
 	c.n_layers = o->model.n_layers;
@@ -778,12 +778,12 @@ static void mrun_config(struct mrun *mr)
 	mr->time_d2h = true;
 	mr->recall = o->recall_blocks > 0;
 	switch (o->policy) {
-	case KVT_POLICY_SNAPSTREAM:
+	case SIM_POLICY_SNAPSTREAM:
 		mr->r = 0;
 		mr->recall = false;
 		mr->time_d2h = false;
 		break;
-	case KVT_POLICY_SPARSE_OFFLOAD:
+	case SIM_POLICY_SPARSE_OFFLOAD:
 		c.sink_tokens = 0;
 		c.topk_tokens = 0;
 		c.recent_tokens = o->so_recent_tokens;
@@ -803,7 +803,7 @@ static void mrun_config(struct mrun *mr)
 
 static int mrun_loop(struct run *run, double hbm_bytes)
 {
-	const struct kvt_replay_opts *o = run->o;
+	const struct sim_replay_opts *o = run->o;
 	struct mrun *mr = calloc(1, sizeof(*mr));
 	struct kvt_sched_config sc = KVT_SCHED_CONFIG_INIT;
 	double rc_frac;
@@ -813,7 +813,7 @@ static int mrun_loop(struct run *run, double hbm_bytes)
 		return -ENOMEM;
 	mr->run = run;
 	mrun_config(mr);
-	rc_frac = o->policy == KVT_POLICY_SPARSE_OFFLOAD ? 0.9 : o->recall_cache_frac;
+	rc_frac = o->policy == SIM_POLICY_SPARSE_OFFLOAD ? 0.9 : o->recall_cache_frac;
 	if (!mr->recall)
 		rc_frac = 0;
 	mr->stride = 1;
@@ -827,16 +827,16 @@ static int mrun_loop(struct run *run, double hbm_bytes)
 	mr->cfg.device_bytes = (uint64_t)(hbm_bytes * (1 - rc_frac)) + mr->cfg.recall_cache_bytes;
 	/* snapstream keeps nothing off the GPU: the library's write-through history gets room
 	   enough never to bind (4 TiB of address range; the model backend allocates none) */
-	mr->cfg.host_bytes = o->policy == KVT_POLICY_SNAPSTREAM
+	mr->cfg.host_bytes = o->policy == SIM_POLICY_SNAPSTREAM
 				     ? (uint64_t)4 << 40
 				     : (uint64_t)(o->dram_gib * 1073741824.0);
-	if (o->spill_dir && o->policy != KVT_POLICY_SNAPSTREAM) {
+	if (o->spill_dir && o->policy != SIM_POLICY_SNAPSTREAM) {
 		mr->cfg.spill_dir = o->spill_dir;
 		mr->cfg.disk_bytes = (uint64_t)(o->disk_gib * 1073741824.0);
 	}
 	mr->sel = o->sel;
 	mr->sel.r = mr->r ? mr->r : 1;
-	if (mr->recall && kvt_sel_check(&mr->sel)) {
+	if (mr->recall && sim_sel_check(&mr->sel)) {
 		ERRF("bad selection-model parameters (r %u, window %u, p_keep %g, p_revisit %g)",
 		     mr->sel.r, mr->sel.window, mr->sel.p_keep, mr->sel.p_revisit);
 		err = -EINVAL;
@@ -856,7 +856,7 @@ static int mrun_loop(struct run *run, double hbm_bytes)
 	}
 	sc.max_requests = o->max_requests;
 	sc.max_tokens = o->max_tokens;
-	sc.ws_control = o->ws_control && o->policy == KVT_POLICY_KVTIER;
+	sc.ws_control = o->ws_control && o->policy == SIM_POLICY_KVTIER;
 	if (o->chunk_tokens) {
 		sc.max_inject_tokens = (uint64_t)o->chunk_tokens * mr->cfg.n_layers;
 		if (sc.max_tokens < o->chunk_tokens)
@@ -962,7 +962,7 @@ static void fadmit_arrivals(struct frun *f)
 
 	while ((i = arriving(run)) != SIZE_MAX) {
 		const char *why = static_reject(run, i);
-		const struct kvt_trace_req *q = &run->t->reqs[i];
+		const struct sim_trace_req *q = &run->t->reqs[i];
 
 		run->next++;
 		/* admission keeps one page free: a request must fit with it, even when
@@ -1001,11 +1001,11 @@ static void fpreempt_last(struct frun *f)
 static int frun_iteration(struct frun *f)
 {
 	struct run *run = f->run;
-	const struct kvt_replay_opts *o = run->o;
-	const struct kvt_model_preset *mp = &o->model;
-	struct kvt_iter_work w = {0};
+	const struct sim_replay_opts *o = run->o;
+	const struct sim_model_preset *mp = &o->model;
+	struct sim_iter_work w = {0};
 	struct iter_rec ir = {0};
-	double start = run->now, kvb = kvt_model_kv_token_bytes(mp);
+	double start = run->now, kvb = sim_model_kv_token_bytes(mp);
 	bool win = run->iter >= o->warmup_iterations;
 	uint32_t chunk = o->chunk_tokens;
 	uint64_t budget = chunk ? (o->max_tokens > chunk ? o->max_tokens : chunk) : o->max_tokens;
@@ -1091,15 +1091,15 @@ static int frun_iteration(struct frun *f)
 			run->res->reqs[pre[k]].sched_s = run->now;
 		w.prefill_token_layers += (uint64_t)pre_tok[k] * mp->n_layers;
 		/* chunk [begin, end) attends to every earlier token */
-		w.prefill_attn_flops += kvt_prefill_attn_flops(mp, end, mp->n_layers) -
-					kvt_prefill_attn_flops(mp, begin, mp->n_layers);
+		w.prefill_attn_flops += sim_prefill_attn_flops(mp, end, mp->n_layers) -
+					sim_prefill_attn_flops(mp, begin, mp->n_layers);
 	}
 	if (n_pre + n_dec == 0) { /* a bug: the arrival check should have failed it */
 		ERRF("full: request %zu waits for pages with nothing running", f->wait[f->w_head]);
 		return -EDEADLK;
 	}
 	w.decode_tokens = n_dec;
-	kvt_iter_time(mp, &o->gpu, &w, &ir.tm);
+	sim_iter_time(mp, &o->gpu, &w, &ir.tm);
 	run->now += ir.tm.total_s;
 	ir.batch = (uint32_t)(n_pre + n_dec);
 	ir.n_pre = (uint32_t)n_pre;
@@ -1114,7 +1114,7 @@ static int frun_iteration(struct frun *f)
 			err = -ENOMEM;
 			goto out;
 		}
-		if (run->res->reqs[i].status == KVT_REQ_DONE) {
+		if (run->res->reqs[i].status == SIM_REQ_DONE) {
 			ffree(f, i);
 			memmove(&f->running[k], &f->running[k + 1],
 				(f->n_run - k - 1) * sizeof(*f->running));
@@ -1136,7 +1136,7 @@ static int frun_iteration(struct frun *f)
 			err = -ENOMEM;
 			goto out;
 		}
-		if (run->res->reqs[i].status == KVT_REQ_DONE) {
+		if (run->res->reqs[i].status == SIM_REQ_DONE) {
 			ffree(f, i);
 			continue;
 		}
@@ -1154,7 +1154,7 @@ static int frun_loop(struct run *run, double hbm_bytes)
 	struct frun f = {.run = run};
 	int err = 0;
 
-	f.total = (uint64_t)(hbm_bytes / (FULL_BLOCK * kvt_model_kv_token_bytes(&run->o->model)));
+	f.total = (uint64_t)(hbm_bytes / (FULL_BLOCK * sim_model_kv_token_bytes(&run->o->model)));
 	f.free_blocks = f.total;
 	f.cap = run->t->count + 1;
 	f.wait = malloc(f.cap * sizeof(*f.wait));
@@ -1190,14 +1190,14 @@ out:
 
 /* ---- Entry point -------------------------------------------------------------------------- */
 
-static int check_opts(const struct kvt_replay_opts *o, const struct kvt_trace *t, char *err,
+static int check_opts(const struct sim_replay_opts *o, const struct sim_trace *t, char *err,
 		      size_t len)
 {
 	if (!t || !t->count || !t->reqs) {
 		snprintf(err, len, "empty trace");
 		return -EINVAL;
 	}
-	if ((unsigned)o->policy > KVT_POLICY_FULL) {
+	if ((unsigned)o->policy > SIM_POLICY_FULL) {
 		snprintf(err, len, "unknown policy");
 		return -EINVAL;
 	}
@@ -1235,8 +1235,8 @@ static int check_opts(const struct kvt_replay_opts *o, const struct kvt_trace *t
 	return 0;
 }
 
-int kvt_replay_run(const struct kvt_replay_opts *o, const struct kvt_trace *t,
-		   struct kvt_replay_result *res, char *err, size_t err_len)
+int sim_replay_run(const struct sim_replay_opts *o, const struct sim_trace *t,
+		   struct sim_replay_result *res, char *err, size_t err_len)
 {
 	struct run run = {.o = o, .t = t, .res = res, .err = err, .err_len = err_len};
 	double weights = o->model.params * o->model.elem_bytes, hbm, w0 = sim_now_s();
@@ -1257,26 +1257,26 @@ int kvt_replay_run(const struct kvt_replay_opts *o, const struct kvt_trace *t,
 	run.rq = calloc(t->count, sizeof(*run.rq));
 	if (!res->reqs || !run.rq) {
 		free(run.rq);
-		kvt_replay_result_free(res);
+		sim_replay_result_free(res);
 		snprintf(err, err_len, "out of memory");
 		return -ENOMEM;
 	}
 	for (size_t i = 0; i < t->count; i++) {
-		struct kvt_req_result *r = &res->reqs[i];
+		struct sim_req_result *r = &res->reqs[i];
 
 		r->arrival_s = o->concurrency ? -1 : t->reqs[i].arrival_s;
 		r->sched_s = r->first_token_s = r->finish_s = -1;
 		r->input_tokens = t->reqs[i].input_tokens;
 		r->output_tokens = t->reqs[i].output_tokens;
 	}
-	snprintf(res->policy, sizeof(res->policy), "%s", kvt_policy_name(o->policy));
+	snprintf(res->policy, sizeof(res->policy), "%s", sim_policy_name(o->policy));
 	snprintf(res->model, sizeof(res->model), "%s", o->model.name);
 	snprintf(res->gpu, sizeof(res->gpu), "%s", o->gpu.name);
 	run.last_progress = sim_now_s();
-	rc = o->policy == KVT_POLICY_FULL ? frun_loop(&run, hbm) : mrun_loop(&run, hbm);
+	rc = o->policy == SIM_POLICY_FULL ? frun_loop(&run, hbm) : mrun_loop(&run, hbm);
 	free(run.rq);
 	if (rc) {
-		kvt_replay_result_free(res);
+		sim_replay_result_free(res);
 		return rc;
 	}
 	progress(&run, true);
@@ -1292,7 +1292,7 @@ int kvt_replay_run(const struct kvt_replay_opts *o, const struct kvt_trace *t,
 	return 0;
 }
 
-void kvt_replay_result_free(struct kvt_replay_result *res)
+void sim_replay_result_free(struct sim_replay_result *res)
 {
 	if (!res)
 		return;
@@ -1320,7 +1320,7 @@ static void stats3(double *v, size_t n, double *mean, double *med, double *p99)
 	*p99 = sim_percentile(v, n, 0.99);
 }
 
-int kvt_replay_summarize(const struct kvt_replay_result *res, struct kvt_replay_summary *s)
+int sim_replay_summarize(const struct sim_replay_result *res, struct sim_replay_summary *s)
 {
 	size_t n = res->n_reqs, k = 0, kt = 0;
 	double *ttft = malloc((n + 1) * sizeof(double)), *tpot = malloc((n + 1) * sizeof(double));
@@ -1337,9 +1337,9 @@ int kvt_replay_summarize(const struct kvt_replay_result *res, struct kvt_replay_
 		memcpy(itl, res->itl_s, res->n_itl * sizeof(double));
 	}
 	for (size_t i = 0; i < n; i++) {
-		const struct kvt_req_result *r = &res->reqs[i];
+		const struct sim_req_result *r = &res->reqs[i];
 
-		if (r->status != KVT_REQ_DONE)
+		if (r->status != SIM_REQ_DONE)
 			continue;
 		ttft[k] = 1e3 * (r->first_token_s - r->arrival_s);
 		e2e[k++] = 1e3 * (r->finish_s - r->arrival_s);
@@ -1376,7 +1376,7 @@ nomem:
 	return -ENOMEM;
 }
 
-int kvt_replay_write_json(const struct kvt_replay_result *res, const struct kvt_replay_summary *s,
+int sim_replay_write_json(const struct sim_replay_result *res, const struct sim_replay_summary *s,
 			  json_t *extra, const char *path, char *err, size_t err_len)
 {
 	json_t *o = json_object();
@@ -1450,18 +1450,18 @@ nomem:
 	return -ENOMEM;
 }
 
-int kvt_replay_write_requests_csv(const struct kvt_replay_result *res, FILE *f)
+int sim_replay_write_requests_csv(const struct sim_replay_result *res, FILE *f)
 {
 	fprintf(f, "request,arrival_s,scheduled_s,first_token_s,finish_s,input_tokens,"
 		   "output_tokens,generated,status,reason\n");
 	for (size_t i = 0; i < res->n_reqs; i++) {
-		const struct kvt_req_result *r = &res->reqs[i];
+		const struct sim_req_result *r = &res->reqs[i];
 
 		fprintf(f, "%zu,%.6f,%.6f,%.6f,%.6f,%u,%u,%u,%s,%s\n", i, r->arrival_s, r->sched_s,
 			r->first_token_s, r->finish_s, r->input_tokens, r->output_tokens,
 			r->generated,
-			r->status == KVT_REQ_DONE     ? "completed"
-			: r->status == KVT_REQ_FAILED ? "failed"
+			r->status == SIM_REQ_DONE     ? "completed"
+			: r->status == SIM_REQ_FAILED ? "failed"
 						      : "pending",
 			r->reason ? r->reason : "");
 	}
