@@ -1,20 +1,20 @@
 /* SPDX-License-Identifier: MIT */
-/* The replay engine (replay.h): a serving loop over a trace on simulated time. */
+/*
+ * The replay engine (replay.h): a serving loop over a trace on simulated time. The policies
+ * kvtier, snapstream and sparse-offload run the library's manager and scheduler on the model
+ * backend here; the vLLM baseline (full) is vllm.c, the reports report.c.
+ */
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
-#include <jansson.h>
-
-#include "simutil.h"
 #include "kvtier.h"
-#include "replay.h"
+#include "replay_impl.h"
+#include "simutil.h"
 
 static const char *const policy_names[] = {"kvtier", "snapstream", "sparse-offload", "full"};
 
@@ -142,38 +142,7 @@ valued:
 
 #undef OFF
 
-/* ---- Shared state of one run ------------------------------------------------------------ */
-
-#define ERRF(...) snprintf(run->err, run->err_len, __VA_ARGS__)
-
-struct rreq {
-	double last_tok_s;	    /* time of its latest token */
-	struct sim_sel_stream *sel; /* [n_layers * n_kv_heads] once decoding (recall policies) */
-	uint32_t prompt;	    /* tokens to prefill (full: input + generated on recompute) */
-	bool submitted;		    /* its history reserved in DRAM */
-	uint32_t blocks_held;	    /* full: KV pages held */
-	uint32_t done_tok;	    /* full: prompt tokens prefilled so far (chunked) */
-};
-
-struct run {
-	const struct sim_replay_opts *o;
-	const struct sim_trace *t;
-	struct sim_replay_result *res;
-	struct rreq *rq;
-	char *err;
-	size_t err_len;
-	double now;
-	size_t next;	 /* next trace request to enter: next - finished are in the system */
-	size_t finished; /* completed + failed */
-	size_t itl_cap;
-	size_t tbt_cap;
-	uint64_t batch_sum, loaded_sum, lookups, hits;
-	uint64_t iter;
-	double last_progress;
-	/* DRAM reservation (host groups) */
-	uint64_t dram_groups, dram_used;
-	uint64_t host_groups; /* DRAM alone, with a disk tier: a running history must fit it */
-};
+/* ---- The run's bookkeeping (replay_impl.h) ---------------------------------------------- */
 
 static int push_double(double **a, size_t *n, size_t *cap, double v)
 {
@@ -190,7 +159,7 @@ static int push_double(double **a, size_t *n, size_t *cap, double v)
 	return 0;
 }
 
-static void fail_req(struct run *run, size_t i, const char *reason)
+void run_fail_req(struct run *run, size_t i, const char *reason)
 {
 	struct sim_req_result *r = &run->res->reqs[i];
 
@@ -201,8 +170,7 @@ static void fail_req(struct run *run, size_t i, const char *reason)
 	run->finished++;
 }
 
-/* Whether request i can never run: static reasons, checked when it arrives. */
-static const char *static_reject(const struct run *run, size_t i)
+const char *run_static_reject(const struct run *run, size_t i)
 {
 	const struct sim_trace_req *q = &run->t->reqs[i];
 
@@ -218,8 +186,7 @@ static const char *static_reject(const struct run *run, size_t i)
 	return NULL;
 }
 
-/* Records a token of request i produced at run->now; completes it at its last token. */
-static int token(struct run *run, size_t i, bool window)
+int run_token(struct run *run, size_t i, bool window)
 {
 	struct sim_req_result *r = &run->res->reqs[i];
 	struct rreq *q = &run->rq[i];
@@ -263,15 +230,7 @@ static void progress(struct run *run, bool force)
 	run->o->progress(run->o->progress_user, run->finished, run->t->count, run->now);
 }
 
-/* Iteration bookkeeping common to both loops. */
-struct iter_rec {
-	uint32_t batch, n_pre, n_dec;
-	uint64_t token_layers, loaded, lookups, hits;
-	uint32_t preempted, resumed, queued;
-	struct sim_iter_time tm;
-};
-
-static int end_iteration(struct run *run, const struct iter_rec *ir, double start)
+int run_end_iteration(struct run *run, const struct iter_rec *ir, double start)
 {
 	struct sim_replay_result *res = run->res;
 	bool win = run->iter >= run->o->warmup_iterations;
@@ -311,17 +270,14 @@ static int end_iteration(struct run *run, const struct iter_rec *ir, double star
 	return 0;
 }
 
-/* Whether the loop should stop: everything finished, or the iteration cap. */
-static bool run_over(const struct run *run)
+bool run_over(const struct run *run)
 {
 	if (run->o->max_iterations && run->iter >= run->o->max_iterations)
 		return true;
 	return run->finished == run->t->count;
 }
 
-/* The request that enters next, if its time has come (closed loop: while fewer than
-   concurrency are in the system). SIZE_MAX when none. */
-static size_t arriving(struct run *run)
+size_t run_arriving(struct run *run)
 {
 	if (run->next >= run->t->count)
 		return SIZE_MAX;
@@ -334,8 +290,7 @@ static size_t arriving(struct run *run)
 	return run->t->reqs[run->next].arrival_s <= run->now ? run->next : SIZE_MAX;
 }
 
-/* Time of the next arrival when nothing runs (open loop), or -1. */
-static double next_arrival(const struct run *run)
+double run_next_arrival(const struct run *run)
 {
 	if (run->next >= run->t->count || run->o->concurrency)
 		return -1;
@@ -400,11 +355,11 @@ static int submit_waiting(struct mrun *mr)
 		if (mr->wq_n == 0) {
 			const char *why;
 
-			i = arriving(run);
+			i = run_arriving(run);
 			if (i == SIZE_MAX)
 				return 0;
 			run->next++;
-			why = static_reject(run, i);
+			why = run_static_reject(run, i);
 			if (!why && run->dram_groups &&
 			    groups_of(mr, &run->t->reqs[i]) > run->dram_groups)
 				why = "its history exceeds the DRAM budget";
@@ -412,7 +367,7 @@ static int submit_waiting(struct mrun *mr)
 			    groups_of(mr, &run->t->reqs[i]) > run->host_groups)
 				why = "its history exceeds DRAM (it must fit while it runs)";
 			if (why) {
-				fail_req(run, i, why);
+				run_fail_req(run, i, why);
 				continue;
 			}
 			mr->waitq[(mr->wq_head + mr->wq_n++) % run->t->count] = i;
@@ -431,9 +386,9 @@ static int submit_waiting(struct mrun *mr)
 			err = kvt_sched_submit(mr->s, i + 1, q->output_tokens);
 		if (err) {
 			kvt_seq_destroy(mr->m, i + 1);
-			fail_req(run, i,
-				 err == -E2BIG ? "its resident set exceeds the HBM budget"
-					       : "rejected by the manager");
+			run_fail_req(run, i,
+				     err == -E2BIG ? "its resident set exceeds the HBM budget"
+						   : "rejected by the manager");
 			continue;
 		}
 		run->rq[i].submitted = true;
@@ -600,7 +555,7 @@ static void fail_running(struct mrun *mr, size_t i)
 	kvt_sched_finish(mr->s, i + 1);
 	kvt_seq_destroy(mr->m, i + 1);
 	release(mr, i);
-	fail_req(mr->run, i, "the manager refused its prefill");
+	run_fail_req(mr->run, i, "the manager refused its prefill");
 }
 
 static int mrun_iteration(struct mrun *mr)
@@ -735,7 +690,7 @@ static int mrun_iteration(struct mrun *mr)
 		if (run->res->reqs[i].status != SIM_REQ_PENDING)
 			continue;
 		if (it->decode || it->layer_end == n_layers) {
-			if (token(run, i, win))
+			if (run_token(run, i, win))
 				goto nomem;
 		}
 		/* the scheduler let go of it at commit: its history and DRAM are free now */
@@ -744,7 +699,7 @@ static int mrun_iteration(struct mrun *mr)
 			release(mr, i);
 		}
 	}
-	return end_iteration(run, &ir, start);
+	return run_end_iteration(run, &ir, start);
 nomem:
 	ERRF("out of memory");
 	return -ENOMEM;
@@ -892,7 +847,7 @@ static int mrun_loop(struct run *run, double hbm_bytes)
 		if (err)
 			goto out;
 		if (kvt_sched_pending(mr->s) == 0) {
-			double na = next_arrival(run);
+			double na = run_next_arrival(run);
 
 			if (mr->wq_n) {
 				ERRF("request %zu waits for DRAM with nothing running",
@@ -920,271 +875,6 @@ out:
 	free(mr->dreq);
 	free(mr->blocks);
 	free(mr);
-	return err;
-}
-
-/* ---- full: plain vLLM (paged KV in HBM, dense attention) -------------------------------- */
-
-#define FULL_BLOCK 16
-
-struct frun {
-	struct run *run;
-	uint64_t total, free_blocks;
-	size_t *wait; /* deque of request indices (preempted ones go to the front) */
-	size_t w_head, w_n, cap;
-	size_t *running;
-	size_t n_run;
-	size_t *pre;	   /* this iteration's prefills ... */
-	uint32_t *pre_tok; /* ... and their tokens */
-};
-
-static uint32_t fblocks(uint64_t tokens)
-{
-	return (uint32_t)((tokens + FULL_BLOCK - 1) / FULL_BLOCK);
-}
-
-static void fwait_push_back(struct frun *f, size_t i)
-{
-	f->wait[(f->w_head + f->w_n++) % f->cap] = i;
-}
-
-static void fwait_push_front(struct frun *f, size_t i)
-{
-	f->w_head = (f->w_head + f->cap - 1) % f->cap;
-	f->wait[f->w_head] = i;
-	f->w_n++;
-}
-
-static void fadmit_arrivals(struct frun *f)
-{
-	struct run *run = f->run;
-	size_t i;
-
-	while ((i = arriving(run)) != SIZE_MAX) {
-		const char *why = static_reject(run, i);
-		const struct sim_trace_req *q = &run->t->reqs[i];
-
-		run->next++;
-		/* admission keeps one page free: a request must fit with it, even when
-		   recomputed near its end */
-		if (!why && fblocks((uint64_t)q->input_tokens + q->output_tokens) + 1 > f->total)
-			why = "its KV exceeds the HBM budget";
-		if (why) {
-			fail_req(run, i, why);
-			continue;
-		}
-		run->rq[i].prompt = q->input_tokens;
-		fwait_push_back(f, i);
-	}
-}
-
-/* Frees request i's blocks. */
-static void ffree(struct frun *f, size_t i)
-{
-	f->free_blocks += f->run->rq[i].blocks_held;
-	f->run->rq[i].blocks_held = 0;
-}
-
-/* Preempts the latest running request (recompute: back to the front of the queue). */
-static void fpreempt_last(struct frun *f)
-{
-	size_t i = f->running[--f->n_run];
-	struct rreq *q = &f->run->rq[i];
-
-	ffree(f, i);
-	q->done_tok = 0;
-	q->prompt = f->run->res->reqs[i].input_tokens + f->run->res->reqs[i].generated;
-	fwait_push_front(f, i);
-	f->run->res->preemptions++;
-}
-
-static int frun_iteration(struct frun *f)
-{
-	struct run *run = f->run;
-	const struct sim_replay_opts *o = run->o;
-	const struct sim_model_preset *mp = &o->model;
-	struct sim_iter_work w = {0};
-	struct iter_rec ir = {0};
-	double start = run->now, kvb = sim_model_kv_token_bytes(mp);
-	bool win = run->iter >= o->warmup_iterations;
-	uint32_t chunk = o->chunk_tokens;
-	uint64_t budget = chunk ? (o->max_tokens > chunk ? o->max_tokens : chunk) : o->max_tokens;
-	size_t *pre = f->pre, n_pre = 0;
-	uint32_t *pre_tok = f->pre_tok;
-	int err = 0;
-
-	/* admission of prefills: vLLM v0 gives prefills their own iteration; chunked
-	   prefill (v1) mixes one budget of decode tokens and prompt chunks */
-	uint64_t used = chunk ? f->n_run : 0, pre_used = 0;
-	bool prefill_iter = false;
-
-	while (f->w_n && f->n_run + n_pre < o->max_requests) {
-		size_t i = f->wait[f->w_head];
-		struct rreq *q = &run->rq[i];
-		uint32_t left = q->prompt - q->done_tok, take;
-		uint32_t pages = q->done_tok ? 0 : fblocks(q->prompt); /* at its first chunk */
-
-		if (pages && pages + 1 > f->free_blocks) /* one page of watermark */
-			break;
-		take = left;
-		if (chunk) { /* at most B prompt tokens, and the iteration's budget */
-			uint64_t room = budget > used ? budget - used : 0;
-
-			if (chunk - pre_used < room)
-				room = chunk - pre_used;
-			if (take > room)
-				take = (uint32_t)room;
-		} else if (used + take > budget && n_pre) {
-			break; /* v0: whole prompts, the first one even past the budget */
-		}
-		if (!take)
-			break;
-		f->free_blocks -= pages;
-		q->blocks_held += pages;
-		used += take;
-		pre_used += take;
-		pre[n_pre] = i;
-		pre_tok[n_pre++] = take;
-		f->w_head = (f->w_head + 1) % f->cap;
-		f->w_n--;
-		prefill_iter = true;
-		q->done_tok += take;
-		if (take < left) {
-			/* stays at the front for its next chunk */
-			fwait_push_front(f, i);
-			break;
-		}
-	}
-	/* decodes run unless this is a v0 prefill iteration */
-	size_t n_dec = 0;
-
-	if (chunk || !prefill_iter) {
-		/* each decode needs room for its next token: the latest running request is
-		   preempted (and recomputed later) while a block is missing */
-		for (size_t k = 0; k < f->n_run; k++) {
-			size_t i = f->running[k];
-			uint64_t toks = (uint64_t)run->res->reqs[i].input_tokens +
-					run->res->reqs[i].generated + 1;
-
-			while (k < f->n_run && fblocks(toks) > run->rq[i].blocks_held) {
-				if (f->free_blocks) {
-					f->free_blocks--;
-					run->rq[i].blocks_held++;
-				} else {
-					fpreempt_last(f);
-				}
-			}
-		}
-		n_dec = f->n_run;
-		for (size_t k = 0; k < n_dec; k++) {
-			size_t i = f->running[k];
-
-			w.kv_bytes_read += kvb * ((double)run->res->reqs[i].input_tokens +
-						  run->res->reqs[i].generated);
-		}
-	}
-	for (size_t k = 0; k < n_pre; k++) {
-		struct rreq *q = &run->rq[pre[k]];
-		uint32_t end = q->done_tok, begin = end - pre_tok[k];
-
-		if (run->res->reqs[pre[k]].sched_s < 0)
-			run->res->reqs[pre[k]].sched_s = run->now;
-		w.prefill_token_layers += (uint64_t)pre_tok[k] * mp->n_layers;
-		/* chunk [begin, end) attends to every earlier token */
-		w.prefill_attn_flops += sim_prefill_attn_flops(mp, end, mp->n_layers) -
-					sim_prefill_attn_flops(mp, begin, mp->n_layers);
-	}
-	if (n_pre + n_dec == 0) { /* a bug: the arrival check should have failed it */
-		ERRF("full: request %zu waits for pages with nothing running", f->wait[f->w_head]);
-		return -EDEADLK;
-	}
-	w.decode_tokens = n_dec;
-	sim_iter_time(mp, &o->gpu, &w, &ir.tm);
-	run->now += ir.tm.total_s;
-	ir.batch = (uint32_t)(n_pre + n_dec);
-	ir.n_pre = (uint32_t)n_pre;
-	ir.n_dec = (uint32_t)n_dec;
-	ir.token_layers = w.prefill_token_layers;
-	ir.queued = (uint32_t)f->w_n;
-	/* tokens of the decodes, then prompts that finished (they join the running list) */
-	for (size_t k = 0; k < n_dec;) {
-		size_t i = f->running[k];
-
-		if (token(run, i, win)) {
-			err = -ENOMEM;
-			goto out;
-		}
-		if (run->res->reqs[i].status == SIM_REQ_DONE) {
-			ffree(f, i);
-			memmove(&f->running[k], &f->running[k + 1],
-				(f->n_run - k - 1) * sizeof(*f->running));
-			f->n_run--;
-			n_dec--;
-			continue;
-		}
-		k++;
-	}
-	for (size_t k = 0; k < n_pre; k++) {
-		size_t i = pre[k];
-		struct rreq *q = &run->rq[i];
-
-		if (q->done_tok < q->prompt)
-			continue; /* more chunks to go */
-		q->done_tok = 0;
-		/* its first token (a recomputed request has it already) */
-		if (run->res->reqs[i].generated == 0 && token(run, i, win)) {
-			err = -ENOMEM;
-			goto out;
-		}
-		if (run->res->reqs[i].status == SIM_REQ_DONE) {
-			ffree(f, i);
-			continue;
-		}
-		f->running[f->n_run++] = i;
-	}
-	err = end_iteration(run, &ir, start);
-out:
-	if (err == -ENOMEM)
-		ERRF("out of memory");
-	return err;
-}
-
-static int frun_loop(struct run *run, double hbm_bytes)
-{
-	struct frun f = {.run = run};
-	int err = 0;
-
-	f.total = (uint64_t)(hbm_bytes / (FULL_BLOCK * sim_model_kv_token_bytes(&run->o->model)));
-	f.free_blocks = f.total;
-	f.cap = run->t->count + 1;
-	f.wait = malloc(f.cap * sizeof(*f.wait));
-	f.running = malloc(f.cap * sizeof(*f.running));
-	f.pre = malloc(f.cap * sizeof(*f.pre));
-	f.pre_tok = malloc(f.cap * sizeof(*f.pre_tok));
-	if (!f.wait || !f.running || !f.pre || !f.pre_tok) {
-		err = -ENOMEM;
-		goto out;
-	}
-	while (!run_over(run)) {
-		fadmit_arrivals(&f);
-		if (!f.w_n && !f.n_run) {
-			double na = next_arrival(run);
-
-			if (na < 0)
-				break;
-			if (na > run->now)
-				run->now = na;
-			continue;
-		}
-		err = frun_iteration(&f);
-		if (err)
-			goto out;
-	}
-out:
-	free(f.wait);
-	free(f.running);
-	free(f.pre);
-	free(f.pre_tok);
 	return err;
 }
 
@@ -1300,170 +990,4 @@ void sim_replay_result_free(struct sim_replay_result *res)
 	free(res->itl_s);
 	free(res->win_tbt_s);
 	memset(res, 0, sizeof(*res));
-}
-
-/* ---- Summary, JSON, CSV ------------------------------------------------------------------- */
-
-/* Mean, median and p99 of v[0..n) (sorted in place). */
-static void stats3(double *v, size_t n, double *mean, double *med, double *p99)
-{
-	double s = 0;
-
-	*mean = *med = *p99 = 0;
-	if (!n)
-		return;
-	qsort(v, n, sizeof(*v), sim_cmp_double);
-	for (size_t i = 0; i < n; i++)
-		s += v[i];
-	*mean = s / (double)n;
-	*med = sim_percentile(v, n, 0.5);
-	*p99 = sim_percentile(v, n, 0.99);
-}
-
-int sim_replay_summarize(const struct sim_replay_result *res, struct sim_replay_summary *s)
-{
-	size_t n = res->n_reqs, k = 0, kt = 0;
-	double *ttft = malloc((n + 1) * sizeof(double)), *tpot = malloc((n + 1) * sizeof(double));
-	double *e2e = malloc((n + 1) * sizeof(double)), *itl = NULL, delay = 0;
-	size_t nd = 0;
-
-	memset(s, 0, sizeof(*s));
-	if (!ttft || !tpot || !e2e)
-		goto nomem;
-	if (res->n_itl) {
-		itl = malloc(res->n_itl * sizeof(double));
-		if (!itl)
-			goto nomem;
-		memcpy(itl, res->itl_s, res->n_itl * sizeof(double));
-	}
-	for (size_t i = 0; i < n; i++) {
-		const struct sim_req_result *r = &res->reqs[i];
-
-		if (r->status != SIM_REQ_DONE)
-			continue;
-		ttft[k] = 1e3 * (r->first_token_s - r->arrival_s);
-		e2e[k++] = 1e3 * (r->finish_s - r->arrival_s);
-		if (r->output_tokens > 1)
-			tpot[kt++] =
-				1e3 * (r->finish_s - r->first_token_s) / (r->output_tokens - 1);
-		delay += r->sched_s - r->arrival_s;
-		nd++;
-	}
-	for (size_t i = 0; i < res->n_itl; i++)
-		itl[i] *= 1e3;
-	stats3(ttft, k, &s->mean_ttft_ms, &s->median_ttft_ms, &s->p99_ttft_ms);
-	stats3(tpot, kt, &s->mean_tpot_ms, &s->median_tpot_ms, &s->p99_tpot_ms);
-	stats3(e2e, k, &s->mean_e2el_ms, &s->median_e2el_ms, &s->p99_e2el_ms);
-	stats3(itl, res->n_itl, &s->mean_itl_ms, &s->median_itl_ms, &s->p99_itl_ms);
-	s->mean_scheduling_delay_ms = nd ? 1e3 * delay / (double)nd : 0;
-	if (res->duration_s > 0) {
-		s->request_throughput = (double)res->completed / res->duration_s;
-		s->output_throughput = (double)res->total_output_tokens / res->duration_s;
-		s->total_token_throughput =
-			(double)(res->total_input_tokens + res->total_output_tokens) /
-			res->duration_s;
-	}
-	free(ttft);
-	free(tpot);
-	free(e2e);
-	free(itl);
-	return 0;
-nomem:
-	free(ttft);
-	free(tpot);
-	free(e2e);
-	free(itl);
-	return -ENOMEM;
-}
-
-int sim_replay_write_json(const struct sim_replay_result *res, const struct sim_replay_summary *s,
-			  json_t *extra, const char *path, char *err, size_t err_len)
-{
-	json_t *o = json_object();
-	int rc = 0;
-	const struct {
-		const char *k;
-		double v;
-	} num[] = {
-		{"duration", res->duration_s},
-		{"request_throughput", s->request_throughput},
-		{"output_throughput", s->output_throughput},
-		{"total_token_throughput", s->total_token_throughput},
-		{"mean_ttft_ms", s->mean_ttft_ms},
-		{"median_ttft_ms", s->median_ttft_ms},
-		{"p99_ttft_ms", s->p99_ttft_ms},
-		{"mean_tpot_ms", s->mean_tpot_ms},
-		{"median_tpot_ms", s->median_tpot_ms},
-		{"p99_tpot_ms", s->p99_tpot_ms},
-		{"mean_itl_ms", s->mean_itl_ms},
-		{"median_itl_ms", s->median_itl_ms},
-		{"p99_itl_ms", s->p99_itl_ms},
-		{"mean_e2el_ms", s->mean_e2el_ms},
-		{"median_e2el_ms", s->median_e2el_ms},
-		{"p99_e2el_ms", s->p99_e2el_ms},
-		{"mean_scheduling_delay_ms", s->mean_scheduling_delay_ms},
-		{"mean_batch_size", res->mean_batch_size},
-		{"blocks_loaded_per_iteration", res->blocks_loaded_per_iteration},
-		{"recall_hit_rate", res->recall_hit_rate},
-		{"time_gemm_s", res->t_gemm},
-		{"time_attention_decode_s", res->t_attn_decode},
-		{"time_attention_prefill_s", res->t_attn_prefill},
-		{"time_transfer_s", res->t_transfer},
-		{"time_disk_s", res->t_disk},
-		{"time_cpu_s", res->t_cpu},
-		{"wall_s", res->wall_s},
-	};
-
-	if (!o)
-		goto nomem;
-	for (size_t i = 0; i < sizeof(num) / sizeof(num[0]); i++)
-		if (json_object_set_new(o, num[i].k, json_real(num[i].v)))
-			goto nomem;
-	if (json_object_set_new(o, "completed", json_integer((json_int_t)res->completed)) ||
-	    json_object_set_new(o, "failed", json_integer((json_int_t)res->failed)) ||
-	    json_object_set_new(o, "total_input_tokens",
-				json_integer((json_int_t)res->total_input_tokens)) ||
-	    json_object_set_new(o, "total_output_tokens",
-				json_integer((json_int_t)res->total_output_tokens)) ||
-	    json_object_set_new(o, "max_batch_size", json_integer(res->max_batch_size)) ||
-	    json_object_set_new(o, "iterations", json_integer((json_int_t)res->iterations)) ||
-	    json_object_set_new(o, "preemptions", json_integer((json_int_t)res->preemptions)) ||
-	    json_object_set_new(o, "disk_blocks_spilled",
-				json_integer((json_int_t)res->disk_blocks_spilled)) ||
-	    json_object_set_new(o, "disk_blocks_fetched",
-				json_integer((json_int_t)res->disk_blocks_fetched)) ||
-	    json_object_set_new(o, "policy", json_string(res->policy)) ||
-	    json_object_set_new(o, "model", json_string(res->model)) ||
-	    json_object_set_new(o, "gpu", json_string(res->gpu)))
-		goto nomem;
-	if (extra && json_object_update(o, extra))
-		goto nomem;
-	if (json_dump_file(o, path, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(10))) {
-		snprintf(err, err_len, "%s: cannot write: %s", path, strerror(errno));
-		rc = errno ? -errno : -EIO;
-	}
-	json_decref(o);
-	return rc;
-nomem:
-	json_decref(o);
-	snprintf(err, err_len, "out of memory");
-	return -ENOMEM;
-}
-
-int sim_replay_write_requests_csv(const struct sim_replay_result *res, FILE *f)
-{
-	fprintf(f, "request,arrival_s,scheduled_s,first_token_s,finish_s,input_tokens,"
-		   "output_tokens,generated,status,reason\n");
-	for (size_t i = 0; i < res->n_reqs; i++) {
-		const struct sim_req_result *r = &res->reqs[i];
-
-		fprintf(f, "%zu,%.6f,%.6f,%.6f,%.6f,%u,%u,%u,%s,%s\n", i, r->arrival_s, r->sched_s,
-			r->first_token_s, r->finish_s, r->input_tokens, r->output_tokens,
-			r->generated,
-			r->status == SIM_REQ_DONE     ? "completed"
-			: r->status == SIM_REQ_FAILED ? "failed"
-						      : "pending",
-			r->reason ? r->reason : "");
-	}
-	return ferror(f) ? -EIO : 0;
 }

@@ -179,28 +179,6 @@ int sim_replay_run(const struct sim_replay_opts *o, const struct sim_trace *t,
 		   struct sim_replay_result *res, char *err, size_t err_len);
 void sim_replay_result_free(struct sim_replay_result *res);
 
-/* Summary figures in vLLM's terms (ms). Percentiles interpolate linearly between ranks. */
-struct sim_replay_summary {
-	double request_throughput, output_throughput, total_token_throughput;
-	double mean_ttft_ms, median_ttft_ms, p99_ttft_ms;
-	double mean_tpot_ms, median_tpot_ms, p99_tpot_ms;
-	double mean_itl_ms, median_itl_ms, p99_itl_ms;
-	double mean_e2el_ms, median_e2el_ms, p99_e2el_ms;
-	double mean_scheduling_delay_ms;
-};
-
-/* 0 or -ENOMEM. */
-int sim_replay_summarize(const struct sim_replay_result *res, struct sim_replay_summary *s);
-
-/* The JSON document of a run (keys: a superset of `vllm bench serve`'s) to path: 0 or
-   -errno with a message. `extra` (may be NULL) is merged in (trace figures, options). */
-struct json_t;
-int sim_replay_write_json(const struct sim_replay_result *res, const struct sim_replay_summary *s,
-			  struct json_t *extra, const char *path, char *err, size_t err_len);
-
-/* Per-request CSV: 0 or -errno. */
-int sim_replay_write_requests_csv(const struct sim_replay_result *res, FILE *f);
-
 /* Header of the per-iteration CSV the engine writes to opts.iter_csv. */
 #define SIM_REPLAY_ITER_CSV_HEADER                                                         \
 	"iteration,start_s,time_s,batch_size,n_prefill,n_decode,prefill_token_layers,"     \

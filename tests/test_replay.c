@@ -25,6 +25,7 @@
 
 #include "kvtier.h"
 #include "replay.h"
+#include "report.h"
 
 static void near(double got, double want, double rel, const char *what)
 {

@@ -17,6 +17,7 @@
 
 #include "cli.h"
 #include "replay.h"
+#include "report.h"
 
 #define TOOL "kvtier-replay"
 
