@@ -17,13 +17,11 @@
 /* The run's error message, in a function with `run` in scope. */
 #define ERRF(...) snprintf(run->err, run->err_len, __VA_ARGS__)
 
+/* A request's state in the engine (the baseline keeps its own in vllm.c). */
 struct rreq {
 	double last_tok_s;	    /* time of its latest token */
 	struct sim_sel_stream *sel; /* [n_layers * n_kv_heads] once decoding (recall policies) */
-	uint32_t prompt;	    /* tokens to prefill (full: input + generated on recompute) */
 	bool submitted;		    /* its history reserved in DRAM */
-	uint32_t blocks_held;	    /* full: KV pages held */
-	uint32_t done_tok;	    /* full: prompt tokens prefilled so far (chunked) */
 };
 
 struct run {

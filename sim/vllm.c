@@ -11,8 +11,16 @@
 
 #define FULL_BLOCK 16
 
+/* A request's state in the baseline. */
+struct freq {
+	uint32_t prompt;      /* tokens to prefill: input, or input + generated on recompute */
+	uint32_t blocks_held; /* KV pages held */
+	uint32_t done_tok;    /* prompt tokens prefilled so far (chunked) */
+};
+
 struct frun {
 	struct run *run;
+	struct freq *fq; /* [requests] */
 	uint64_t total, free_blocks;
 	size_t *wait; /* deque of request indices (preempted ones go to the front) */
 	size_t w_head, w_n, cap;
@@ -57,7 +65,7 @@ static void fadmit_arrivals(struct frun *f)
 			run_fail_req(run, i, why);
 			continue;
 		}
-		run->rq[i].prompt = q->input_tokens;
+		f->fq[i].prompt = q->input_tokens;
 		fwait_push_back(f, i);
 	}
 }
@@ -65,15 +73,15 @@ static void fadmit_arrivals(struct frun *f)
 /* Frees request i's blocks. */
 static void ffree(struct frun *f, size_t i)
 {
-	f->free_blocks += f->run->rq[i].blocks_held;
-	f->run->rq[i].blocks_held = 0;
+	f->free_blocks += f->fq[i].blocks_held;
+	f->fq[i].blocks_held = 0;
 }
 
 /* Preempts the latest running request (recompute: back to the front of the queue). */
 static void fpreempt_last(struct frun *f)
 {
 	size_t i = f->running[--f->n_run];
-	struct rreq *q = &f->run->rq[i];
+	struct freq *q = &f->fq[i];
 
 	ffree(f, i);
 	q->done_tok = 0;
@@ -82,29 +90,21 @@ static void fpreempt_last(struct frun *f)
 	f->run->res->preemptions++;
 }
 
-static int frun_iteration(struct frun *f)
+/* Takes this iteration's prefills from the front of the queue into pre[] and pre_tok[], with
+   their pages (at a prompt's first chunk): vLLM v0 gives prefills their own iteration, whole
+   prompts within T_max (the first one even past it); chunked prefill (v1) mixes one budget of
+   decode tokens and prompt chunks of at most B tokens. Returns how many. */
+static size_t fadmit_prefills(struct frun *f)
 {
-	struct run *run = f->run;
-	const struct sim_replay_opts *o = run->o;
-	const struct sim_model_preset *mp = &o->model;
-	struct sim_iter_work w = {0};
-	struct iter_rec ir = {0};
-	double start = run->now, kvb = sim_model_kv_token_bytes(mp);
-	bool win = run->iter >= o->warmup_iterations;
+	const struct sim_replay_opts *o = f->run->o;
 	uint32_t chunk = o->chunk_tokens;
 	uint64_t budget = chunk ? (o->max_tokens > chunk ? o->max_tokens : chunk) : o->max_tokens;
-	size_t *pre = f->pre, n_pre = 0;
-	uint32_t *pre_tok = f->pre_tok;
-	int err = 0;
-
-	/* admission of prefills: vLLM v0 gives prefills their own iteration; chunked
-	   prefill (v1) mixes one budget of decode tokens and prompt chunks */
 	uint64_t used = chunk ? f->n_run : 0, pre_used = 0;
-	bool prefill_iter = false;
+	size_t n_pre = 0;
 
 	while (f->w_n && f->n_run + n_pre < o->max_requests) {
 		size_t i = f->wait[f->w_head];
-		struct rreq *q = &run->rq[i];
+		struct freq *q = &f->fq[i];
 		uint32_t left = q->prompt - q->done_tok, take;
 		uint32_t pages = q->done_tok ? 0 : fblocks(q->prompt); /* at its first chunk */
 
@@ -127,11 +127,10 @@ static int frun_iteration(struct frun *f)
 		q->blocks_held += pages;
 		used += take;
 		pre_used += take;
-		pre[n_pre] = i;
-		pre_tok[n_pre++] = take;
+		f->pre[n_pre] = i;
+		f->pre_tok[n_pre++] = take;
 		f->w_head = (f->w_head + 1) % f->cap;
 		f->w_n--;
-		prefill_iter = true;
 		q->done_tok += take;
 		if (take < left) {
 			/* stays at the front for its next chunk */
@@ -139,27 +138,87 @@ static int frun_iteration(struct frun *f)
 			break;
 		}
 	}
-	/* decodes run unless this is a v0 prefill iteration */
-	size_t n_dec = 0;
+	return n_pre;
+}
 
-	if (chunk || !prefill_iter) {
-		/* each decode needs room for its next token: the latest running request is
-		   preempted (and recomputed later) while a block is missing */
-		for (size_t k = 0; k < f->n_run; k++) {
-			size_t i = f->running[k];
-			uint64_t toks = (uint64_t)run->res->reqs[i].input_tokens +
-					run->res->reqs[i].generated + 1;
+/* Gives each running request a page for its next token where it needs one, preempting the
+   latest running request (recomputed later) while a page is missing. Returns how many decode
+   this iteration: those still running. */
+static size_t fdecode_pages(struct frun *f)
+{
+	const struct sim_replay_result *res = f->run->res;
 
-			while (k < f->n_run && fblocks(toks) > run->rq[i].blocks_held) {
-				if (f->free_blocks) {
-					f->free_blocks--;
-					run->rq[i].blocks_held++;
-				} else {
-					fpreempt_last(f);
-				}
+	for (size_t k = 0; k < f->n_run; k++) {
+		size_t i = f->running[k];
+		uint64_t toks = (uint64_t)res->reqs[i].input_tokens + res->reqs[i].generated + 1;
+
+		while (k < f->n_run && fblocks(toks) > f->fq[i].blocks_held) {
+			if (f->free_blocks) {
+				f->free_blocks--;
+				f->fq[i].blocks_held++;
+			} else {
+				fpreempt_last(f);
 			}
 		}
-		n_dec = f->n_run;
+	}
+	return f->n_run;
+}
+
+/* Stamps the iteration's tokens at run->now: one for each of the first n_dec running requests,
+   then the first of each prefill whose prompt is complete (a recomputed request has it
+   already), which joins the running list. Completed requests free their pages. 0 or -ENOMEM. */
+static int fstamp_tokens(struct frun *f, size_t n_dec, size_t n_pre, bool win)
+{
+	struct run *run = f->run;
+
+	for (size_t k = 0; k < n_dec;) {
+		size_t i = f->running[k];
+
+		if (run_token(run, i, win))
+			return -ENOMEM;
+		if (run->res->reqs[i].status == SIM_REQ_DONE) {
+			ffree(f, i);
+			memmove(&f->running[k], &f->running[k + 1],
+				(f->n_run - k - 1) * sizeof(*f->running));
+			f->n_run--;
+			n_dec--;
+			continue;
+		}
+		k++;
+	}
+	for (size_t k = 0; k < n_pre; k++) {
+		size_t i = f->pre[k];
+		struct freq *q = &f->fq[i];
+
+		if (q->done_tok < q->prompt)
+			continue; /* more chunks to go */
+		q->done_tok = 0;
+		if (run->res->reqs[i].generated == 0 && run_token(run, i, win))
+			return -ENOMEM;
+		if (run->res->reqs[i].status == SIM_REQ_DONE) {
+			ffree(f, i);
+			continue;
+		}
+		f->running[f->n_run++] = i;
+	}
+	return 0;
+}
+
+static int frun_iteration(struct frun *f)
+{
+	struct run *run = f->run;
+	const struct sim_replay_opts *o = run->o;
+	const struct sim_model_preset *mp = &o->model;
+	struct sim_iter_work w = {0};
+	struct iter_rec ir = {0};
+	double start = run->now, kvb = sim_model_kv_token_bytes(mp);
+	bool win = run->iter >= o->warmup_iterations;
+	size_t n_pre = fadmit_prefills(f), n_dec = 0;
+	int err;
+
+	/* decodes run unless this is a v0 prefill iteration */
+	if (o->chunk_tokens || !n_pre) {
+		n_dec = fdecode_pages(f);
 		for (size_t k = 0; k < n_dec; k++) {
 			size_t i = f->running[k];
 
@@ -168,12 +227,11 @@ static int frun_iteration(struct frun *f)
 		}
 	}
 	for (size_t k = 0; k < n_pre; k++) {
-		struct rreq *q = &run->rq[pre[k]];
-		uint32_t end = q->done_tok, begin = end - pre_tok[k];
+		uint32_t end = f->fq[f->pre[k]].done_tok, begin = end - f->pre_tok[k];
 
-		if (run->res->reqs[pre[k]].sched_s < 0)
-			run->res->reqs[pre[k]].sched_s = run->now;
-		w.prefill_token_layers += (uint64_t)pre_tok[k] * mp->n_layers;
+		if (run->res->reqs[f->pre[k]].sched_s < 0)
+			run->res->reqs[f->pre[k]].sched_s = run->now;
+		w.prefill_token_layers += (uint64_t)f->pre_tok[k] * mp->n_layers;
 		/* chunk [begin, end) attends to every earlier token */
 		w.prefill_attn_flops += sim_prefill_attn_flops(mp, end, mp->n_layers) -
 					sim_prefill_attn_flops(mp, begin, mp->n_layers);
@@ -190,44 +248,9 @@ static int frun_iteration(struct frun *f)
 	ir.n_dec = (uint32_t)n_dec;
 	ir.token_layers = w.prefill_token_layers;
 	ir.queued = (uint32_t)f->w_n;
-	/* tokens of the decodes, then prompts that finished (they join the running list) */
-	for (size_t k = 0; k < n_dec;) {
-		size_t i = f->running[k];
-
-		if (run_token(run, i, win)) {
-			err = -ENOMEM;
-			goto out;
-		}
-		if (run->res->reqs[i].status == SIM_REQ_DONE) {
-			ffree(f, i);
-			memmove(&f->running[k], &f->running[k + 1],
-				(f->n_run - k - 1) * sizeof(*f->running));
-			f->n_run--;
-			n_dec--;
-			continue;
-		}
-		k++;
-	}
-	for (size_t k = 0; k < n_pre; k++) {
-		size_t i = pre[k];
-		struct rreq *q = &run->rq[i];
-
-		if (q->done_tok < q->prompt)
-			continue; /* more chunks to go */
-		q->done_tok = 0;
-		/* its first token (a recomputed request has it already) */
-		if (run->res->reqs[i].generated == 0 && run_token(run, i, win)) {
-			err = -ENOMEM;
-			goto out;
-		}
-		if (run->res->reqs[i].status == SIM_REQ_DONE) {
-			ffree(f, i);
-			continue;
-		}
-		f->running[f->n_run++] = i;
-	}
-	err = run_end_iteration(run, &ir, start);
-out:
+	err = fstamp_tokens(f, n_dec, n_pre, win);
+	if (!err)
+		err = run_end_iteration(run, &ir, start);
 	if (err == -ENOMEM)
 		ERRF("out of memory");
 	return err;
@@ -245,7 +268,8 @@ int frun_loop(struct run *run, double hbm_bytes)
 	f.running = malloc(f.cap * sizeof(*f.running));
 	f.pre = malloc(f.cap * sizeof(*f.pre));
 	f.pre_tok = malloc(f.cap * sizeof(*f.pre_tok));
-	if (!f.wait || !f.running || !f.pre || !f.pre_tok) {
+	f.fq = calloc(run->t->count, sizeof(*f.fq));
+	if (!f.wait || !f.running || !f.pre || !f.pre_tok || !f.fq) {
 		err = -ENOMEM;
 		goto out;
 	}
@@ -269,5 +293,6 @@ out:
 	free(f.running);
 	free(f.pre);
 	free(f.pre_tok);
+	free(f.fq);
 	return err;
 }
