@@ -558,33 +558,20 @@ static void fail_running(struct mrun *mr, size_t i)
 	run_fail_req(mr->run, i, "the manager refused its prefill");
 }
 
-static int mrun_iteration(struct mrun *mr)
+/* Prefills the prefill items of batch b (a request the manager refuses fails alone) and lists
+   its decode items in dseq[] and dreq[]; adds the prefills to w and ir. Returns the number of
+   decode items. */
+static uint32_t mrun_prefill(struct mrun *mr, const struct kvt_sched_batch *b,
+			     struct sim_iter_work *w, struct iter_rec *ir)
 {
 	struct run *run = mr->run;
-	struct kvt_sched_batch b;
-	struct sim_iter_work w = {0};
-	struct iter_rec ir = {0};
-	struct kvt_stats st = KVT_STATS_INIT;
-	struct kvt_sched_iter last;
 	const struct sim_model_preset *mp = &run->o->model;
-	double t0, start = run->now, recall_h2d_ns = 0;
-	uint32_t nd = 0, n_layers = mr->cfg.n_layers;
-	bool win = run->iter >= run->o->warmup_iterations;
-	int err;
+	uint32_t nd = 0;
+	double t0;
+	int err = 0;
 
-	mr->cpu_s = 0;
-	t0 = sim_now_s();
-	err = kvt_sched_step(mr->s, &b);
-	mr->cpu_s += sim_now_s() - t0;
-	if (err) {
-		ERRF("kvt_sched_step: %s", kvt_strerror(err));
-		return err;
-	}
-	err = grow_decode(mr, b.n_items);
-	if (err)
-		goto nomem;
-	for (uint32_t k = 0; k < b.n_items; k++) {
-		const struct kvt_sched_item *it = &b.items[k];
+	for (uint32_t k = 0; k < b->n_items; k++) {
+		const struct kvt_sched_item *it = &b->items[k];
 		size_t i = it->seq - 1;
 		struct sim_req_result *r = &run->res->reqs[i];
 
@@ -605,14 +592,132 @@ static int mrun_iteration(struct mrun *mr)
 			err = 0;
 			continue;
 		}
-		ir.n_pre++;
-		w.prefill_token_layers +=
+		ir->n_pre++;
+		w->prefill_token_layers +=
 			(uint64_t)r->input_tokens * (it->layer_end - it->layer_begin);
-		w.prefill_attn_flops += sim_prefill_attn_flops(mp, r->input_tokens,
-							       it->layer_end - it->layer_begin);
+		w->prefill_attn_flops += sim_prefill_attn_flops(mp, r->input_tokens,
+								it->layer_end - it->layer_begin);
 	}
+	return nd;
+}
+
+/* Recalls the selections of the nd decode items on the sampled layers, which stand for all:
+   their CPU time is scaled here, their modelled H2D time goes to *h2d_ns for the caller to
+   scale. 0, or -errno with the run's message. */
+static int mrun_recall(struct mrun *mr, uint32_t nd, double *h2d_ns)
+{
+	struct run *run = mr->run;
+	struct kvt_stats s0 = KVT_STATS_INIT, s1 = KVT_STATS_INIT;
+	double cpu0 = mr->cpu_s;
+	int err;
+
+	for (uint32_t d = 0; d < nd; d++)
+		if (sel_streams(mr, mr->dreq[d])) {
+			ERRF("out of memory");
+			return -ENOMEM;
+		}
+	kvt_manager_stats(mr->m, &s0);
+	for (uint32_t l = 0; l < mr->cfg.n_layers; l += mr->stride) {
+		err = recall_layer(mr, l, nd);
+		if (err)
+			return err;
+	}
+	kvt_manager_stats(mr->m, &s1);
+	*h2d_ns = (double)(s1.model_ns_h2d - s0.model_ns_h2d);
+	mr->cpu_s = cpu0 + (mr->cpu_s - cpu0) * mr->scale;
+	return 0;
+}
+
+/* KV bytes the nd decode items' attention reads: each one's resident set and this step's
+   recalled blocks (sampled layers scaled to all). */
+static double decode_kv_bytes(const struct mrun *mr, uint32_t nd)
+{
+	const struct sim_model_preset *mp = &mr->run->o->model;
+	double bytes = 0;
+
+	for (uint32_t d = 0; d < nd; d++) {
+		struct kvt_seq_info info = {.size = sizeof(info)};
+
+		if (!kvt_seq_info(mr->m, mr->dseq[d], &info))
+			bytes += ((double)info.frames_per_layer * mr->cfg.n_layers +
+				  (double)info.recall_step_frames * mr->scale) *
+				 2.0 * mr->cfg.block_tokens * mp->head_dim * mp->elem_bytes;
+	}
+	return bytes;
+}
+
+/* The iteration's modelled transfer time in seconds, from the manager's counters since the
+   last iteration (the sampled layers' recall H2D, recall_h2d_ns, scaled to all; D2H only
+   where the policy times it); the disk tier's time and blocks go to the run's result. */
+static double mrun_transfer_s(struct mrun *mr, double recall_h2d_ns)
+{
+	struct sim_replay_result *res = mr->run->res;
+	struct kvt_stats st = KVT_STATS_INIT;
+	double t;
+
+	kvt_manager_stats(mr->m, &st);
+	t = 1e-9 *
+	    ((double)(st.model_ns_h2d - mr->st0.model_ns_h2d) + recall_h2d_ns * (mr->scale - 1) +
+	     (double)(st.model_ns_d2d - mr->st0.model_ns_d2d) +
+	     (mr->time_d2h ? (double)(st.model_ns_d2h - mr->st0.model_ns_d2h) : 0) +
+	     (double)(st.model_ns_disk - mr->st0.model_ns_disk));
+	res->t_disk += 1e-9 * (double)(st.model_ns_disk - mr->st0.model_ns_disk);
+	res->disk_blocks_spilled += st.disk_blocks_spilled - mr->st0.disk_blocks_spilled;
+	res->disk_blocks_fetched += st.disk_blocks_fetched - mr->st0.disk_blocks_fetched;
+	mr->st0 = st;
+	return t;
+}
+
+/* Stamps the tokens of batch b at run->now: each finished prefill gives the first, each decode
+   one more. A request that completes leaves the manager and frees its DRAM. 0 or -ENOMEM. */
+static int mrun_stamp_tokens(struct mrun *mr, const struct kvt_sched_batch *b, bool win)
+{
+	struct run *run = mr->run;
+
+	for (uint32_t k = 0; k < b->n_items; k++) {
+		const struct kvt_sched_item *it = &b->items[k];
+		size_t i = it->seq - 1;
+
+		if (run->res->reqs[i].status != SIM_REQ_PENDING)
+			continue;
+		if (it->decode || it->layer_end == mr->cfg.n_layers) {
+			if (run_token(run, i, win))
+				return -ENOMEM;
+		}
+		/* the scheduler let go of it at commit: its history and DRAM are free now */
+		if (run->res->reqs[i].status == SIM_REQ_DONE) {
+			kvt_seq_destroy(mr->m, it->seq);
+			release(mr, i);
+		}
+	}
+	return 0;
+}
+
+static int mrun_iteration(struct mrun *mr)
+{
+	struct run *run = mr->run;
+	struct kvt_sched_batch b;
+	struct sim_iter_work w = {0};
+	struct iter_rec ir = {0};
+	struct kvt_sched_iter last;
+	double t0, start = run->now, recall_h2d_ns = 0;
+	uint32_t nd;
+	bool win = run->iter >= run->o->warmup_iterations;
+	int err;
+
+	mr->cpu_s = 0;
 	t0 = sim_now_s();
-	for (uint32_t l = 0; nd && l < n_layers && !err; l++)
+	err = kvt_sched_step(mr->s, &b);
+	mr->cpu_s += sim_now_s() - t0;
+	if (err) {
+		ERRF("kvt_sched_step: %s", kvt_strerror(err));
+		return err;
+	}
+	if (grow_decode(mr, b.n_items))
+		goto nomem;
+	nd = mrun_prefill(mr, &b, &w, &ir);
+	t0 = sim_now_s();
+	for (uint32_t l = 0; nd && l < mr->cfg.n_layers && !err; l++)
 		err = kvt_decode_append(mr->m, l, mr->dseq, nd, mr->dummy, mr->dummy, NULL);
 	mr->cpu_s += sim_now_s() - t0;
 	if (err) {
@@ -621,33 +726,11 @@ static int mrun_iteration(struct mrun *mr)
 		return err;
 	}
 	if (mr->recall && nd) {
-		double cpu0 = mr->cpu_s;
-		struct kvt_stats s0 = KVT_STATS_INIT, s1 = KVT_STATS_INIT;
-
-		for (uint32_t d = 0; d < nd; d++)
-			if (sel_streams(mr, mr->dreq[d]))
-				goto nomem;
-		kvt_manager_stats(mr->m, &s0);
-		for (uint32_t l = 0; l < n_layers; l += mr->stride) {
-			err = recall_layer(mr, l, nd);
-			if (err)
-				return err;
-		}
-		kvt_manager_stats(mr->m, &s1);
-		/* the sampled layers stand for all: scale their loads, time and CPU */
-		recall_h2d_ns = (double)(s1.model_ns_h2d - s0.model_ns_h2d);
-		mr->cpu_s = cpu0 + (mr->cpu_s - cpu0) * mr->scale;
+		err = mrun_recall(mr, nd, &recall_h2d_ns);
+		if (err)
+			return err;
 	}
-	/* decode attention reads the resident set and this step's recalled blocks */
-	for (uint32_t d = 0; d < nd; d++) {
-		struct kvt_seq_info info = {.size = sizeof(info)};
-
-		if (!kvt_seq_info(mr->m, mr->dseq[d], &info))
-			w.kv_bytes_read += ((double)info.frames_per_layer * n_layers +
-					    (double)info.recall_step_frames * mr->scale) *
-					   2.0 * mr->cfg.block_tokens * mp->head_dim *
-					   mp->elem_bytes;
-	}
+	w.kv_bytes_read = decode_kv_bytes(mr, nd);
 	t0 = sim_now_s();
 	err = kvt_sched_commit(mr->s);
 	mr->cpu_s += sim_now_s() - t0;
@@ -655,21 +738,11 @@ static int mrun_iteration(struct mrun *mr)
 		ERRF("kvt_sched_commit: %s", kvt_strerror(err));
 		return err;
 	}
-	kvt_manager_stats(mr->m, &st);
+	w.transfer_s = mrun_transfer_s(mr, recall_h2d_ns);
 	kvt_sched_last(mr->s, &last);
 	w.decode_tokens = nd;
-	w.transfer_s =
-		1e-9 * ((double)(st.model_ns_h2d - mr->st0.model_ns_h2d) +
-			recall_h2d_ns * (mr->scale - 1) +
-			(double)(st.model_ns_d2d - mr->st0.model_ns_d2d) +
-			(mr->time_d2h ? (double)(st.model_ns_d2h - mr->st0.model_ns_d2h) : 0) +
-			(double)(st.model_ns_disk - mr->st0.model_ns_disk));
-	run->res->t_disk += 1e-9 * (double)(st.model_ns_disk - mr->st0.model_ns_disk);
-	run->res->disk_blocks_spilled += st.disk_blocks_spilled - mr->st0.disk_blocks_spilled;
-	run->res->disk_blocks_fetched += st.disk_blocks_fetched - mr->st0.disk_blocks_fetched;
-	mr->st0 = st;
 	w.cpu_s = run->o->cpu_time ? mr->cpu_s : 0;
-	sim_iter_time(mp, &run->o->gpu, &w, &ir.tm);
+	sim_iter_time(&run->o->model, &run->o->gpu, &w, &ir.tm);
 	run->now += ir.tm.total_s;
 
 	ir.batch = b.n_items;
@@ -682,23 +755,8 @@ static int mrun_iteration(struct mrun *mr)
 	ir.resumed = b.it.resumed;
 	ir.queued = b.it.queued;
 	run->res->preemptions += b.it.preempted;
-	/* tokens: each finished prefill gives the first, each decode one more */
-	for (uint32_t k = 0; k < b.n_items; k++) {
-		const struct kvt_sched_item *it = &b.items[k];
-		size_t i = it->seq - 1;
-
-		if (run->res->reqs[i].status != SIM_REQ_PENDING)
-			continue;
-		if (it->decode || it->layer_end == n_layers) {
-			if (run_token(run, i, win))
-				goto nomem;
-		}
-		/* the scheduler let go of it at commit: its history and DRAM are free now */
-		if (run->res->reqs[i].status == SIM_REQ_DONE) {
-			kvt_seq_destroy(mr->m, it->seq);
-			release(mr, i);
-		}
-	}
+	if (mrun_stamp_tokens(mr, &b, win))
+		goto nomem;
 	return run_end_iteration(run, &ir, start);
 nomem:
 	ERRF("out of memory");
