@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * trace: the request-trace readers of the tools (tools/trace.c) on the small samples in
+ * trace: the simulator's request-trace readers (sim/trace.c) on the small samples in
  * data/traces (good files with their edge cases, broken files), on one-error files written
- * here for every kind of malformed line, and on the public traces of ../shared/traces when
- * they are present (KVT_SHARED_TRACES; those checks are skipped otherwise); then the arrival
- * re-timing (gap statistics of the gamma process over 200,000 draws) and the summary figures.
+ * here for every kind of malformed line, and on the public traces bundled in traces/
+ * (KVT_TRACES_DIR; a missing one fails the test); then the arrival re-timing (gap statistics
+ * of the gamma process over 200,000 draws) and the summary figures.
  * Expected values are written out by hand from the sample files.
  */
 #include <stdarg.h>
@@ -32,28 +32,30 @@
 
 static char path_buf[4096];
 
-/* The sample `name` of data/traces (KVT_TRACE_DATA, set by tests/meson.build). */
-static const char *sample(const char *name)
+/* File `name` of the directory that environment variable `env` names (tests/meson.build sets
+   it); fails the test when it is not set. */
+static const char *in_dir(const char *env, const char *name)
 {
-	const char *dir = getenv("KVT_TRACE_DATA");
+	const char *dir = getenv(env);
 
 	if (!dir) {
-		print_error("KVT_TRACE_DATA is not set (tests/meson.build sets it)\n");
+		print_error("%s is not set (tests/meson.build sets it)\n", env);
 		fail();
 	}
 	snprintf(path_buf, sizeof(path_buf), "%s/%s", dir, name);
 	return path_buf;
 }
 
-/* The public trace `name`, or NULL when ../shared/traces is not there. */
-static const char *shared(const char *name)
+/* The sample `name` of data/traces (KVT_TRACE_DATA). */
+static const char *sample(const char *name)
 {
-	const char *dir = getenv("KVT_SHARED_TRACES");
+	return in_dir("KVT_TRACE_DATA", name);
+}
 
-	if (!dir)
-		return NULL;
-	snprintf(path_buf, sizeof(path_buf), "%s/%s", dir, name);
-	return access(path_buf, R_OK) == 0 ? path_buf : NULL;
+/* The public trace `name` bundled in the repository's traces/ (KVT_TRACES_DIR). */
+static const char *bundled(const char *name)
+{
+	return in_dir("KVT_TRACES_DIR", name);
 }
 
 #define READ_OK(path, fmt, o, t) read_ok(__FILE__, __LINE__, path, fmt, o, t)
@@ -570,17 +572,13 @@ static void test_real_mooncake(void **state)
 {
 	static const struct want head[] = {
 		{0.0, 40160, 6, 1}, {0.0, 36640, 4, 2}, {0.040, 23769, 3, 3}};
-	const char *path = shared("mooncake_synthetic.jsonl");
+	const char *path = bundled("mooncake_synthetic.jsonl");
 	struct sim_trace_stats st;
 	struct sim_trace t, h;
 	size_t big = 0;
 	double t0, dt;
 	(void)state;
 
-	if (!path) {
-		print_message("# ../shared/traces/mooncake_synthetic.jsonl absent: skipped\n");
-		skip();
-	}
 	t0 = now_s();
 	READ_OK(path, SIM_TRACE_AUTO, NULL, &t);
 	dt = now_s() - t0;
@@ -601,7 +599,7 @@ static void test_real_mooncake(void **state)
 		      "output p50 %.1f p99 %.2f, %.1f%% >= 8k\n",
 		      st.duration_s, st.rate_rps, st.input_mean, st.input_p50, st.input_p99,
 		      st.input_max, st.output_p50, st.output_p99, 100.0 * big / t.count);
-	/* ../shared/traces/README.md: spans 1,022 s, 3.91 req/s, input mean 15,325 / p50 11,587 /
+	/* traces/README.md: spans 1,022 s, 3.91 req/s, input mean 15,325 / p50 11,587 /
 	   p99 66,456 / max 191,378 (53% >= 8k), output p50 69 / p99 768 */
 	NEAR(st.duration_s, 1022.025, 1e-9);
 	NEAR(st.rate_rps, 3.91, 0.005);
@@ -619,15 +617,11 @@ static void test_real_azure(void **state)
 {
 	static const struct want head[] = {
 		{0.0, 4808, 10, 2}, {0.052, 3180, 8, 3}, {0.098189, 110, 27, 4}};
-	const char *path = shared("azure_code_2023.csv");
+	const char *path = bundled("azure_code_2023.csv");
 	struct sim_trace_stats st;
 	struct sim_trace t, h;
 	(void)state;
 
-	if (!path) {
-		print_message("# ../shared/traces/azure_code_2023.csv absent: skipped\n");
-		skip();
-	}
 	READ_OK(path, SIM_TRACE_AUTO, NULL, &t);
 	assert_int_equal(t.format, SIM_TRACE_AZURE);
 	assert_int_equal(t.count, 8819);
