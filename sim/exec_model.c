@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The execution-time model of the replay tools: presets and iteration time (exec_model.h). */
+/* The simulator's execution-time model: presets and iteration time (exec_model.h). */
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>

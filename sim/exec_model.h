@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The execution-time model of the replay tools (not part of the library): model and GPU
+ * The execution-time model of the replay simulator (not part of the library): model and GPU
  * presets, and the time of one serving iteration from the work it does.
  *
  * Per iteration:

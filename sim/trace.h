@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Request-trace readers of the tools (kvtier-replay, kvtier-curve): public LLM-serving traces
+ * Request-trace readers of the simulator (kvtier-replay, kvtier-curve): public LLM-serving traces
  * read into one array of (arrival, input tokens, output tokens), and the arrivals re-timed the
  * way `vllm bench serve` does (--request-rate, --burstiness).
  *

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * exec: the replay tools' execution-time model (tools/exec_model.c) against hand computations,
- * its JSON overrides, and the decode selection model (tools/selection.c): distinct in-range
+ * exec: the simulator's execution-time model (sim/exec_model.c) against hand computations,
+ * its JSON overrides, and the decode selection model (sim/selection.c): distinct in-range
  * choices, determinism, and the overlap-versus-window curve it is meant to have.
  */
 #include <stdarg.h>

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * replay: the replay engine of kvtier-replay and kvtier-curve (tools/replay.c). A smoke replay
- * of the bundled trace where every request ends completed or failed; the plain-vLLM baseline
- * against a hand computation of its iteration times; failures that stay alone, each with its
- * reason; DRAM admission; closed loops; working-set control cutting recall loads; layer
- * sampling agreeing with the full recall; summary percentiles; the JSON keys.
+ * replay: the replay engine of kvtier-replay and kvtier-curve (sim/replay.c, the vLLM
+ * baseline sim/vllm.c, the reports sim/report.c). A smoke replay of the bundled trace where
+ * every request ends completed or failed; the plain-vLLM baseline against a hand computation
+ * of its iteration times; failures that stay alone, each with its reason; DRAM admission;
+ * closed loops; working-set control cutting recall loads; layer sampling agreeing with the
+ * full recall; summary percentiles; the JSON keys.
  */
 #include <stdarg.h>
 #include <stddef.h>

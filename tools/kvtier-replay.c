@@ -64,7 +64,7 @@ static void usage(FILE *f)
 		"                        all (loads and times scaled; default 8, 0: every layer)\n"
 		"  --sel-keep P --sel-revisit P --sel-window W   selection model (0.80, 0.45, 12)\n"
 		"  --selections FILE     recorded selections for the requests they name, instead\n"
-		"                        of the selection model (format: tools/selfile.h)\n"
+		"                        of the selection model (format: sim/selfile.h)\n"
 		"ablations:\n"
 		"  --no-ws-control       admit by R_max/T_max and resident sets only\n"
 		"  --no-fused-transfer   recall by per-block copies instead of one fused gather\n"

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * libFuzzer target: the input is a recorded-selection file (tools/selfile.c, the replay's
+ * libFuzzer target: the input is a recorded-selection file (sim/selfile.c, the replay's
  * --selections). A successful read is checked against selfile.h: records sorted by key and
  * unique, one per record line (counted here independently), block ranges inside the block
  * array; then it is used the way kvt-replay uses it, over a small synthetic trace (4 requests,

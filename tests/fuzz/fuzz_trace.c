@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * libFuzzer target: the input is a trace file, read by sim_trace_read (tools/trace.c) in every
+ * libFuzzer target: the input is a trace file, read by sim_trace_read (sim/trace.c) in every
  * format (auto-detection, mooncake, azure, burstgpt, vidur), strict and with skip_bad_lines,
  * with and without a context limit. Every successful read is checked against the contract of
  * trace.h (arrivals finite, first at 0, non-decreasing; counters in range), then re-timed and
