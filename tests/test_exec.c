@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * exec: the replay tools' execution-time model (tools/exec_model.c) against hand computations,
- * its JSON overrides, and the decode selection model (tools/selection.c): distinct in-range
+ * exec: the simulator's execution-time model (sim/exec_model.c) against hand computations,
+ * its JSON overrides, and the decode selection model (sim/selection.c): distinct in-range
  * choices, determinism, and the overlap-versus-window curve it is meant to have.
  */
 #include <stdarg.h>
@@ -32,43 +32,43 @@ static void near(double got, double want, const char *what)
 
 static void test_presets(void **state)
 {
-	struct kvt_model_preset m;
-	struct kvt_gpu_preset g;
+	struct sim_model_preset m;
+	struct sim_gpu_preset g;
 	(void)state;
 
-	assert_int_equal(kvt_preset_model("llama3-8b", &m), 0);
+	assert_int_equal(sim_preset_model("llama3-8b", &m), 0);
 	assert_int_equal(m.n_layers, 32);
 	assert_int_equal(m.n_kv_heads, 8);
 	/* 128 KiB of KV per token (docs/design.md) */
-	near(kvt_model_kv_token_bytes(&m), 131072.0, "llama3-8b KV per token");
-	assert_int_equal(kvt_preset_model("lwm-7b", &m), 0);
+	near(sim_model_kv_token_bytes(&m), 131072.0, "llama3-8b KV per token");
+	assert_int_equal(sim_preset_model("lwm-7b", &m), 0);
 	assert_int_equal(m.n_kv_heads, 32); /* Llama-2-7B: no GQA */
-	near(kvt_model_kv_token_bytes(&m), 524288.0, "lwm-7b KV per token");
-	assert_int_equal(kvt_preset_model("llama3-70b", &m), 0);
+	near(sim_model_kv_token_bytes(&m), 524288.0, "lwm-7b KV per token");
+	assert_int_equal(sim_preset_model("llama3-70b", &m), 0);
 	assert_int_equal(m.n_layers, 80);
-	assert_int_equal(kvt_preset_gpu("a100-40g", &g), 0);
+	assert_int_equal(sim_preset_gpu("a100-40g", &g), 0);
 	assert_true(g.h2d_gbps < 32.0); /* PCIe Gen4 */
-	assert_int_equal(kvt_preset_gpu("h100", &g), 0);
+	assert_int_equal(sim_preset_gpu("h100", &g), 0);
 	near(g.hbm_gbps, 3350.0, "h100 HBM");
-	assert_int_equal(kvt_preset_gpu("h200", &g), 0);
-	assert_int_equal(kvt_preset_gpu("tpu", &g), -ENOENT);
-	assert_int_equal(kvt_preset_model(NULL, &m), -ENOENT);
+	assert_int_equal(sim_preset_gpu("h200", &g), 0);
+	assert_int_equal(sim_preset_gpu("tpu", &g), -ENOENT);
+	assert_int_equal(sim_preset_model(NULL, &m), -ENOENT);
 }
 
 static void test_iter_time(void **state)
 {
-	struct kvt_model_preset m;
-	struct kvt_gpu_preset g;
-	struct kvt_iter_time t;
+	struct sim_model_preset m;
+	struct sim_gpu_preset g;
+	struct sim_iter_time t;
 	(void)state;
 
-	kvt_preset_model("llama3-8b", &m);
-	kvt_preset_gpu("h100", &g);
+	sim_preset_model("llama3-8b", &m);
+	sim_preset_gpu("h100", &g);
 	/* decode batch of 256: memory-bound GEMM, 1 GB of KV read, 0.5 ms of transfers */
-	struct kvt_iter_work w = {
+	struct sim_iter_work w = {
 		.decode_tokens = 256, .kv_bytes_read = 1e9, .transfer_s = 5e-4, .cpu_s = 1e-5};
 
-	kvt_iter_time(&m, &g, &w, &t);
+	sim_iter_time(&m, &g, &w, &t);
 	near(t.gemm_s, 8.03e9 * 2 / 3350e9, "decode GEMM (weights / HBM)");
 	assert_true(2 * 8.03e9 * 256 / 989e12 < t.gemm_s); /* compute is below it */
 	near(t.attn_decode_s, 1e9 / 3350e9, "decode attention");
@@ -76,24 +76,24 @@ static void test_iter_time(void **state)
 	near(t.total_s, 8.03e9 * 2 / 3350e9 + 1e9 / 3350e9 + 5e-4 + 1e-5, "total");
 
 	/* prefill of 8192 tokens, all 32 layers at once: compute-bound GEMM */
-	w = (struct kvt_iter_work){.prefill_token_layers = 8192ull * 32};
-	w.prefill_attn_flops = kvt_prefill_attn_flops(&m, 8192, 32);
+	w = (struct sim_iter_work){.prefill_token_layers = 8192ull * 32};
+	w.prefill_attn_flops = sim_prefill_attn_flops(&m, 8192, 32);
 	near(w.prefill_attn_flops, 4.0 * 8192.0 * 8192.0 / 2 * 32 * 128 * 32, "attn FLOPs");
-	kvt_iter_time(&m, &g, &w, &t);
+	sim_iter_time(&m, &g, &w, &t);
 	near(t.gemm_s, 2 * 8.03e9 * 8192 / 989e12, "prefill GEMM (FLOPs / peak)");
 	near(t.attn_prefill_s, 4.0 * 8192.0 * 8192.0 / 2 * 32 * 128 * 32 / 989e12,
 	     "prefill attention");
 	/* 4 of 32 layers of 1024 tokens: 128 token-equivalents, below the ridge point
 	   (peak / bandwidth = 295 tokens): memory-bound again */
-	w = (struct kvt_iter_work){.prefill_token_layers = 1024ull * 4};
-	kvt_iter_time(&m, &g, &w, &t);
+	w = (struct sim_iter_work){.prefill_token_layers = 1024ull * 4};
+	sim_iter_time(&m, &g, &w, &t);
 	near(t.gemm_s, 8.03e9 * 2 / 3350e9, "128 token-equivalents: memory-bound");
 	w.prefill_token_layers = 1024ull * 32; /* 1024: compute-bound */
-	kvt_iter_time(&m, &g, &w, &t);
+	sim_iter_time(&m, &g, &w, &t);
 	near(t.gemm_s, 2 * 8.03e9 * 1024 / 989e12, "1024 token-equivalents: compute-bound");
 	/* an empty iteration costs nothing */
-	w = (struct kvt_iter_work){0};
-	kvt_iter_time(&m, &g, &w, &t);
+	w = (struct sim_iter_work){0};
+	sim_iter_time(&m, &g, &w, &t);
 	near(t.total_s, 0, "empty iteration");
 }
 
@@ -108,17 +108,17 @@ static void write_file(const char *path, const char *text)
 
 static void test_json(void **state)
 {
-	struct kvt_model_preset m, m0;
-	struct kvt_gpu_preset g, g0;
+	struct sim_model_preset m, m0;
+	struct sim_gpu_preset g, g0;
 	char path[64], err[256];
 	(void)state;
 
 	snprintf(path, sizeof(path), "/tmp/kvt_exec_%d.json", (int)getpid());
-	kvt_preset_model("llama3-8b", &m);
-	kvt_preset_gpu("h100", &g);
+	sim_preset_model("llama3-8b", &m);
+	sim_preset_gpu("h100", &g);
 	write_file(path, "{\"model\": {\"name\": \"mine\", \"n_layers\": 40, \"params\": 9e9},\n"
 			 " \"gpu\": {\"hbm_gbps\": 2000, \"h2d_gbps\": 60.5}}\n");
-	assert_int_equal(kvt_preset_load_json(path, &m, &g, err, sizeof(err)), 0);
+	assert_int_equal(sim_preset_load_json(path, &m, &g, err, sizeof(err)), 0);
 	assert_string_equal(m.name, "mine");
 	assert_int_equal(m.n_layers, 40);
 	near(m.params, 9e9, "params");
@@ -142,7 +142,7 @@ static void test_json(void **state)
 		g0 = g;
 		write_file(path, bad[i].text);
 		err[0] = 0;
-		assert_int_equal(kvt_preset_load_json(path, &m, &g, err, sizeof(err)), -EINVAL);
+		assert_int_equal(sim_preset_load_json(path, &m, &g, err, sizeof(err)), -EINVAL);
 		print_message("# %s\n", err);
 		assert_non_null(strstr(err, path));
 		assert_non_null(strstr(err, bad[i].want));
@@ -150,28 +150,28 @@ static void test_json(void **state)
 		assert_memory_equal(&g, &g0, sizeof(g));
 	}
 	unlink(path);
-	assert_int_equal(kvt_preset_load_json("/nonexistent/x.json", &m, &g, err, sizeof(err)),
+	assert_int_equal(sim_preset_load_json("/nonexistent/x.json", &m, &g, err, sizeof(err)),
 			 -EINVAL);
 }
 
 static void test_selection_basics(void **state)
 {
-	struct kvt_sel_params p = KVT_SEL_PARAMS_INIT;
-	struct kvt_sel_stream a, b, c;
+	struct sim_sel_params p = SIM_SEL_PARAMS_INIT;
+	struct sim_sel_stream a, b, c;
 	uint32_t oa[16], ob[16], oc[16];
 	int same_c = 0;
 	(void)state;
 
-	assert_int_equal(kvt_sel_check(&p), 0);
-	assert_int_equal(kvt_sel_stream_init(&p, 7, &a), 0);
-	assert_int_equal(kvt_sel_stream_init(&p, 7, &b), 0);
-	assert_int_equal(kvt_sel_stream_init(&p, 8, &c), 0);
+	assert_int_equal(sim_sel_check(&p), 0);
+	assert_int_equal(sim_sel_stream_init(&p, 7, &a), 0);
+	assert_int_equal(sim_sel_stream_init(&p, 7, &b), 0);
+	assert_int_equal(sim_sel_stream_init(&p, 8, &c), 0);
 	for (uint32_t t = 0; t < 500; t++) {
 		uint32_t lo = 4, hi = 40 + t / 10; /* the history grows */
 
-		kvt_sel_next(&p, &a, lo, hi, oa);
-		kvt_sel_next(&p, &b, lo, hi, ob);
-		kvt_sel_next(&p, &c, lo, hi, oc);
+		sim_sel_next(&p, &a, lo, hi, oa);
+		sim_sel_next(&p, &b, lo, hi, ob);
+		sim_sel_next(&p, &c, lo, hi, oc);
 		assert_memory_equal(oa, ob, sizeof(oa)); /* deterministic */
 		same_c += !memcmp(oa, oc, sizeof(oa));
 		for (int i = 0; i < 16; i++) {
@@ -182,23 +182,23 @@ static void test_selection_basics(void **state)
 	}
 	assert_true(same_c < 5); /* streams differ */
 	/* fewer candidates than r: all of them, then UINT32_MAX */
-	kvt_sel_next(&p, &a, 10, 15, oa);
+	sim_sel_next(&p, &a, 10, 15, oa);
 	for (int i = 0; i < 16; i++)
 		assert_true(i < 5 ? oa[i] >= 10 && oa[i] < 15 : oa[i] == UINT32_MAX);
-	kvt_sel_next(&p, &a, 10, 10, oa);
+	sim_sel_next(&p, &a, 10, 10, oa);
 	assert_int_equal(oa[0], UINT32_MAX);
-	kvt_sel_stream_fini(&a);
-	kvt_sel_stream_fini(&b);
-	kvt_sel_stream_fini(&c);
+	sim_sel_stream_fini(&a);
+	sim_sel_stream_fini(&b);
+	sim_sel_stream_fini(&c);
 
 	p.r = 0;
-	assert_int_equal(kvt_sel_check(&p), -EINVAL);
-	p = (struct kvt_sel_params)KVT_SEL_PARAMS_INIT;
+	assert_int_equal(sim_sel_check(&p), -EINVAL);
+	p = (struct sim_sel_params)SIM_SEL_PARAMS_INIT;
 	p.p_keep = 1.5;
-	assert_int_equal(kvt_sel_check(&p), -EINVAL);
-	p = (struct kvt_sel_params)KVT_SEL_PARAMS_INIT;
+	assert_int_equal(sim_sel_check(&p), -EINVAL);
+	p = (struct sim_sel_params)SIM_SEL_PARAMS_INIT;
 	p.window = 65;
-	assert_int_equal(kvt_sel_check(&p), -EINVAL);
+	assert_int_equal(sim_sel_check(&p), -EINVAL);
 }
 
 /* Overlap of a step with the union of the previous k steps: p_keep at k = 1, rising by about
@@ -206,18 +206,18 @@ static void test_selection_basics(void **state)
 static void test_selection_overlap(void **state)
 {
 	enum { S = 2000, K = 24, R = 16, STREAMS = 8 };
-	struct kvt_sel_params p = KVT_SEL_PARAMS_INIT;
+	struct sim_sel_params p = SIM_SEL_PARAMS_INIT;
 	static uint32_t h[S][R];
 	double ov[K + 1] = {0};
 	long cnt = 0;
 	(void)state;
 
 	for (int s = 0; s < STREAMS; s++) {
-		struct kvt_sel_stream st;
+		struct sim_sel_stream st;
 
-		assert_int_equal(kvt_sel_stream_init(&p, (uint64_t)s, &st), 0);
+		assert_int_equal(sim_sel_stream_init(&p, (uint64_t)s, &st), 0);
 		for (int t = 0; t < S; t++) {
-			kvt_sel_next(&p, &st, 4, 260, h[t]);
+			sim_sel_next(&p, &st, 4, 260, h[t]);
 			if (t <= K)
 				continue;
 			for (int k = 1; k <= K; k++) {
@@ -235,7 +235,7 @@ static void test_selection_overlap(void **state)
 			}
 			cnt++;
 		}
-		kvt_sel_stream_fini(&st);
+		sim_sel_stream_fini(&st);
 	}
 	for (int k = 1; k <= K; k++)
 		ov[k] /= (double)cnt;

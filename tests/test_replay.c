@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * replay: the replay engine of kvtier-replay and kvtier-curve (tools/replay.c). A smoke replay
- * of the bundled trace where every request ends completed or failed; the plain-vLLM baseline
- * against a hand computation of its iteration times; failures that stay alone, each with its
- * reason; DRAM admission; closed loops; working-set control cutting recall loads; layer
- * sampling agreeing with the full recall; summary percentiles; the JSON keys.
+ * replay: the replay engine of kvtier-replay and kvtier-curve (sim/replay.c, the vLLM
+ * baseline sim/vllm.c, the reports sim/report.c). A smoke replay of the bundled trace where
+ * every request ends completed or failed; the plain-vLLM baseline against a hand computation
+ * of its iteration times; failures that stay alone, each with its reason; DRAM admission;
+ * closed loops; working-set control cutting recall loads; layer sampling agreeing with the
+ * full recall; summary percentiles; the JSON keys.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -25,6 +26,7 @@
 
 #include "kvtier.h"
 #include "replay.h"
+#include "report.h"
 
 static void near(double got, double want, double rel, const char *what)
 {
@@ -35,55 +37,55 @@ static void near(double got, double want, double rel, const char *what)
 }
 
 /* Options with the measured CPU time left out, so runs are deterministic. */
-static void opts(struct kvt_replay_opts *o, enum kvt_policy p)
+static void opts(struct sim_replay_opts *o, enum sim_policy p)
 {
-	kvt_replay_opts_init(o);
+	sim_replay_opts_init(o);
 	o->policy = p;
 	o->cpu_time = false;
 }
 
 /* A synthetic trace of n requests (arrival gap seconds apart). */
-static struct kvt_trace mk_trace(size_t n, uint32_t in, uint32_t out, double gap)
+static struct sim_trace mk_trace(size_t n, uint32_t in, uint32_t out, double gap)
 {
-	struct kvt_trace t = {0};
+	struct sim_trace t = {0};
 
 	t.reqs = calloc(n, sizeof(*t.reqs));
 	assert_non_null(t.reqs);
 	t.count = n;
 	for (size_t i = 0; i < n; i++)
-		t.reqs[i] = (struct kvt_trace_req){gap * (double)i, in, out, (uint32_t)i + 1};
+		t.reqs[i] = (struct sim_trace_req){gap * (double)i, in, out, (uint32_t)i + 1};
 	t.duration_s = gap * (double)(n - 1);
 	return t;
 }
 
-static void run_ok(const struct kvt_replay_opts *o, const struct kvt_trace *t,
-		   struct kvt_replay_result *res)
+static void run_ok(const struct sim_replay_opts *o, const struct sim_trace *t,
+		   struct sim_replay_result *res)
 {
 	char err[256] = "";
-	int rc = kvt_replay_run(o, t, res, err, sizeof(err));
+	int rc = sim_replay_run(o, t, res, err, sizeof(err));
 
 	if (rc) {
-		print_error("kvt_replay_run: %d: %s\n", rc, err);
+		print_error("sim_replay_run: %d: %s\n", rc, err);
 		fail();
 	}
 }
 
 /* Every request read ended completed or failed, consistently with its record. */
-static void check_accounting(const struct kvt_replay_result *res)
+static void check_accounting(const struct sim_replay_result *res)
 {
 	size_t done = 0, failed = 0;
 
 	for (size_t i = 0; i < res->n_reqs; i++) {
-		const struct kvt_req_result *r = &res->reqs[i];
+		const struct sim_req_result *r = &res->reqs[i];
 
-		if (r->status == KVT_REQ_DONE) {
+		if (r->status == SIM_REQ_DONE) {
 			done++;
 			assert_int_equal(r->generated, r->output_tokens);
 			assert_true(r->sched_s >= r->arrival_s);
 			assert_true(r->first_token_s > r->sched_s);
 			assert_true(r->finish_s >= r->first_token_s);
 		} else {
-			assert_int_equal(r->status, KVT_REQ_FAILED);
+			assert_int_equal(r->status, SIM_REQ_FAILED);
 			assert_non_null(r->reason);
 			failed++;
 		}
@@ -102,20 +104,20 @@ static const char *bundled(void)
 
 static void test_smoke_bundled(void **state)
 {
-	static const enum kvt_policy pol[] = {KVT_POLICY_KVTIER, KVT_POLICY_SNAPSTREAM,
-					      KVT_POLICY_SPARSE_OFFLOAD, KVT_POLICY_FULL};
-	struct kvt_trace_opts to = KVT_TRACE_OPTS_INIT;
-	struct kvt_trace t;
+	static const enum sim_policy pol[] = {SIM_POLICY_KVTIER, SIM_POLICY_SNAPSTREAM,
+					      SIM_POLICY_SPARSE_OFFLOAD, SIM_POLICY_FULL};
+	struct sim_trace_opts to = SIM_TRACE_OPTS_INIT;
+	struct sim_trace t;
 	char err[256];
 	(void)state;
 
 	to.max_context = 131072;
-	CHECK_RC(kvt_trace_read(bundled(), KVT_TRACE_AUTO, &to, &t, err, sizeof(err)), 0);
+	CHECK_RC(sim_trace_read(bundled(), SIM_TRACE_AUTO, &to, &t, err, sizeof(err)), 0);
 	assert_int_equal(t.count, 3993);
 	t.count = 120; /* the first 120 requests keep the test short */
 	for (size_t p = 0; p < 4; p++) {
-		struct kvt_replay_opts o;
-		struct kvt_replay_result res;
+		struct sim_replay_opts o;
+		struct sim_replay_result res;
 
 		opts(&o, pol[p]);
 		run_ok(&o, &t, &res);
@@ -123,29 +125,29 @@ static void test_smoke_bundled(void **state)
 		assert_true(res.completed >= 119); /* one of the first 120 exceeds the context */
 		assert_true(res.total_output_tokens > 0);
 		assert_true(res.iterations > 0 && res.mean_batch_size >= 1);
-		if (pol[p] == KVT_POLICY_KVTIER || pol[p] == KVT_POLICY_SPARSE_OFFLOAD)
+		if (pol[p] == SIM_POLICY_KVTIER || pol[p] == SIM_POLICY_SPARSE_OFFLOAD)
 			assert_true(res.blocks_loaded_per_iteration > 0);
 		else
 			assert_true(res.blocks_loaded_per_iteration == 0);
-		kvt_replay_result_free(&res);
+		sim_replay_result_free(&res);
 	}
-	kvt_trace_free(&t);
+	sim_trace_free(&t);
 }
 
 /* One request under `full`: a prefill iteration, then one decode iteration per further
    token, each timed by the roofline by hand. */
 static void test_full_by_hand(void **state)
 {
-	struct kvt_trace t = mk_trace(1, 4096, 5, 0);
-	struct kvt_replay_opts o;
-	struct kvt_replay_result res;
-	struct kvt_replay_summary s;
+	struct sim_trace t = mk_trace(1, 4096, 5, 0);
+	struct sim_replay_opts o;
+	struct sim_replay_result res;
+	struct sim_replay_summary s;
 	(void)state;
 
-	opts(&o, KVT_POLICY_FULL);
+	opts(&o, SIM_POLICY_FULL);
 	run_ok(&o, &t, &res);
 	check_accounting(&res);
-	const struct kvt_model_preset *m = &o.model;
+	const struct sim_model_preset *m = &o.model;
 	double bw = o.gpu.hbm_gbps * 1e9, peak = o.gpu.tflops * 1e12;
 	double wbytes = m->params * m->elem_bytes, L = 4096;
 	double t1 = fmax(wbytes / bw, 2 * m->params * L / peak) +
@@ -153,16 +155,16 @@ static void test_full_by_hand(void **state)
 	double e2e = t1;
 
 	for (int g = 1; g <= 4; g++)
-		e2e += wbytes / bw + (L + g) * kvt_model_kv_token_bytes(m) / bw;
+		e2e += wbytes / bw + (L + g) * sim_model_kv_token_bytes(m) / bw;
 	near(res.reqs[0].first_token_s, t1, 1e-9, "TTFT");
 	near(res.reqs[0].finish_s, e2e, 1e-9, "E2E");
 	assert_int_equal(res.iterations, 5);
 	assert_int_equal(res.n_itl, 4);
-	CHECK_RC(kvt_replay_summarize(&res, &s), 0);
+	CHECK_RC(sim_replay_summarize(&res, &s), 0);
 	near(s.mean_ttft_ms, 1e3 * t1, 1e-9, "mean TTFT");
 	near(s.mean_tpot_ms, 1e3 * (e2e - t1) / 4, 1e-9, "TPOT");
 	near(s.output_throughput, 5 / e2e, 1e-9, "output throughput");
-	kvt_replay_result_free(&res);
+	sim_replay_result_free(&res);
 	free(t.reqs);
 }
 
@@ -170,46 +172,46 @@ static void test_full_by_hand(void **state)
    its attention FLOPs add up to the whole prompt's, and a trace of long prompts completes. */
 static void test_full_chunked(void **state)
 {
-	struct kvt_trace t = mk_trace(1, 3000, 3, 0);
-	struct kvt_trace_opts to = KVT_TRACE_OPTS_INIT;
-	struct kvt_replay_opts o;
-	struct kvt_replay_result res;
+	struct sim_trace t = mk_trace(1, 3000, 3, 0);
+	struct sim_trace_opts to = SIM_TRACE_OPTS_INIT;
+	struct sim_replay_opts o;
+	struct sim_replay_result res;
 	char err[256];
 	(void)state;
 
-	opts(&o, KVT_POLICY_FULL);
+	opts(&o, SIM_POLICY_FULL);
 	o.chunk_tokens = 1024;
 	run_ok(&o, &t, &res);
 	check_accounting(&res);
 	assert_int_equal(res.iterations, 3 + 2);
 	near(res.t_attn_prefill,
-	     kvt_prefill_attn_flops(&o.model, 3000, o.model.n_layers) / (o.gpu.tflops * 1e12), 1e-9,
+	     sim_prefill_attn_flops(&o.model, 3000, o.model.n_layers) / (o.gpu.tflops * 1e12), 1e-9,
 	     "prefill attention");
-	kvt_replay_result_free(&res);
+	sim_replay_result_free(&res);
 	free(t.reqs);
 
 	to.max_context = 131072;
-	CHECK_RC(kvt_trace_read(bundled(), KVT_TRACE_AUTO, &to, &t, err, sizeof(err)), 0);
+	CHECK_RC(sim_trace_read(bundled(), SIM_TRACE_AUTO, &to, &t, err, sizeof(err)), 0);
 	t.count = 60;
-	opts(&o, KVT_POLICY_FULL);
+	opts(&o, SIM_POLICY_FULL);
 	o.chunk_tokens = 2048;
 	run_ok(&o, &t, &res);
 	check_accounting(&res);
 	assert_int_equal(res.completed, 60);
-	kvt_replay_result_free(&res);
-	kvt_trace_free(&t);
+	sim_replay_result_free(&res);
+	sim_trace_free(&t);
 }
 
 /* Requests that can never run fail alone, each with its reason; the others complete. */
 static void test_failures_alone(void **state)
 {
-	static const enum kvt_policy pol[] = {KVT_POLICY_KVTIER, KVT_POLICY_FULL};
+	static const enum sim_policy pol[] = {SIM_POLICY_KVTIER, SIM_POLICY_FULL};
 	(void)state;
 
 	for (size_t p = 0; p < 2; p++) {
-		struct kvt_trace t = mk_trace(6, 8192, 8, 0.01);
-		struct kvt_replay_opts o;
-		struct kvt_replay_result res;
+		struct sim_trace t = mk_trace(6, 8192, 8, 0.01);
+		struct sim_replay_opts o;
+		struct sim_replay_result res;
 
 		t.reqs[1].input_tokens = 0;	 /* empty prompt */
 		t.reqs[2].output_tokens = 0;	 /* nothing to generate */
@@ -222,14 +224,14 @@ static void test_failures_alone(void **state)
 		check_accounting(&res);
 		assert_int_equal(res.completed, 2);
 		assert_int_equal(res.failed, 4);
-		assert_int_equal(res.reqs[0].status, KVT_REQ_DONE);
-		assert_int_equal(res.reqs[5].status, KVT_REQ_DONE);
+		assert_int_equal(res.reqs[0].status, SIM_REQ_DONE);
+		assert_int_equal(res.reqs[5].status, SIM_REQ_DONE);
 		assert_string_equal(res.reqs[1].reason, "empty prompt");
 		assert_string_equal(res.reqs[2].reason, "no output tokens");
 		assert_string_equal(res.reqs[3].reason,
 				    "input + output exceed the model's context");
 		assert_non_null(strstr(res.reqs[4].reason, "exceeds the"));
-		kvt_replay_result_free(&res);
+		sim_replay_result_free(&res);
 		free(t.reqs);
 	}
 }
@@ -238,12 +240,12 @@ static void test_failures_alone(void **state)
    batch never exceeds one) and all complete. */
 static void test_dram_admission(void **state)
 {
-	struct kvt_trace t = mk_trace(4, 16384, 4, 0);
-	struct kvt_replay_opts o;
-	struct kvt_replay_result res;
+	struct sim_trace t = mk_trace(4, 16384, 4, 0);
+	struct sim_replay_opts o;
+	struct sim_replay_result res;
 	(void)state;
 
-	opts(&o, KVT_POLICY_KVTIER);
+	opts(&o, SIM_POLICY_KVTIER);
 	o.dram_gib = 2.5; /* one 16K-token history is 2 GiB */
 	run_ok(&o, &t, &res);
 	check_accounting(&res);
@@ -251,7 +253,7 @@ static void test_dram_admission(void **state)
 	assert_int_equal(res.max_batch_size, 1);
 	for (size_t i = 1; i < 4; i++)
 		assert_true(res.reqs[i].sched_s >= res.reqs[i - 1].finish_s);
-	kvt_replay_result_free(&res);
+	sim_replay_result_free(&res);
 	free(t.reqs);
 }
 
@@ -260,14 +262,14 @@ static void test_dram_admission(void **state)
    every request completes; a history larger than DRAM alone still fails, with its reason. */
 static void test_spill_dir(void **state)
 {
-	struct kvt_trace t = mk_trace(24, 4096, 1024, 0.5);
-	struct kvt_replay_opts o;
-	struct kvt_replay_result plain, res;
+	struct sim_trace t = mk_trace(24, 4096, 1024, 0.5);
+	struct sim_replay_opts o;
+	struct sim_replay_result plain, res;
 	char dir[] = "/tmp/kvt-replay-spill-XXXXXX";
 	(void)state;
 
 	assert_non_null(mkdtemp(dir));
-	opts(&o, KVT_POLICY_KVTIER);
+	opts(&o, SIM_POLICY_KVTIER);
 	o.dram_gib = 5; /* eight of the 640 MiB histories */
 	run_ok(&o, &t, &plain);
 	check_accounting(&plain);
@@ -283,14 +285,14 @@ static void test_spill_dir(void **state)
 	assert_true(res.t_disk > 0 && res.t_disk <= res.t_transfer);
 	/* requests waiting on disk let more into the batch than DRAM alone did */
 	assert_true(res.max_batch_size > plain.max_batch_size);
-	kvt_replay_result_free(&res);
+	sim_replay_result_free(&res);
 
 	/* a bounded disk: DRAM + disk admission again */
 	o.disk_gib = 4;
 	run_ok(&o, &t, &res);
 	check_accounting(&res);
 	assert_int_equal(res.completed, 24);
-	kvt_replay_result_free(&res);
+	sim_replay_result_free(&res);
 
 	/* a history beyond DRAM alone cannot run even with a disk */
 	o.disk_gib = 0;
@@ -299,8 +301,8 @@ static void test_spill_dir(void **state)
 	check_accounting(&res);
 	assert_int_equal(res.completed, 0);
 	assert_non_null(strstr(res.reqs[0].reason, "exceeds DRAM"));
-	kvt_replay_result_free(&res);
-	kvt_replay_result_free(&plain);
+	sim_replay_result_free(&res);
+	sim_replay_result_free(&plain);
 	free(t.reqs);
 	assert_int_equal(rmdir(dir), 0); /* no spill file left behind */
 }
@@ -309,12 +311,12 @@ static void test_spill_dir(void **state)
    entering when an earlier one completes. */
 static void test_closed_loop(void **state)
 {
-	struct kvt_trace t = mk_trace(24, 4096, 16, 1000.0);
-	struct kvt_replay_opts o;
-	struct kvt_replay_result res;
+	struct sim_trace t = mk_trace(24, 4096, 16, 1000.0);
+	struct sim_replay_opts o;
+	struct sim_replay_result res;
 	(void)state;
 
-	opts(&o, KVT_POLICY_KVTIER);
+	opts(&o, SIM_POLICY_KVTIER);
 	o.concurrency = 4;
 	run_ok(&o, &t, &res);
 	check_accounting(&res);
@@ -328,19 +330,19 @@ static void test_closed_loop(void **state)
 			before += res.reqs[k].finish_s <= res.reqs[i].arrival_s;
 		assert_true(before >= i - 3); /* it entered when a place was free */
 	}
-	kvt_replay_result_free(&res);
+	sim_replay_result_free(&res);
 	free(t.reqs);
 }
 
 /* Fixed-batch decode with a recall cache too small for every working set: without
    working-set control the LRU cache thrashes (loads explode); with it, admission keeps the
    running working sets inside the cache. */
-static void run_ws(bool ws, uint32_t layers, struct kvt_replay_result *res)
+static void run_ws(bool ws, uint32_t layers, struct sim_replay_result *res)
 {
-	struct kvt_trace t = mk_trace(96, 32768, 200, 0);
-	struct kvt_replay_opts o;
+	struct sim_trace t = mk_trace(96, 32768, 200, 0);
+	struct sim_replay_opts o;
 
-	opts(&o, KVT_POLICY_KVTIER);
+	opts(&o, SIM_POLICY_KVTIER);
 	o.concurrency = 48;
 	o.ws_control = ws;
 	o.recall_cache_frac = 0.02;
@@ -355,7 +357,7 @@ static void run_ws(bool ws, uint32_t layers, struct kvt_replay_result *res)
 
 static void test_ws_control(void **state)
 {
-	struct kvt_replay_result on, off;
+	struct sim_replay_result on, off;
 	(void)state;
 
 	run_ws(true, 8, &on);
@@ -369,29 +371,29 @@ static void test_ws_control(void **state)
 		      l_on, b_off, l_off);
 	assert_true(b_off > b_on);		      /* control admits fewer ... */
 	assert_true(l_off / b_off > 2 * l_on / b_on); /* ... and loads far less per request */
-	kvt_replay_result_free(&on);
-	kvt_replay_result_free(&off);
+	sim_replay_result_free(&on);
+	sim_replay_result_free(&off);
 }
 
 /* Layer sampling stands for the full recall: blocks loaded and hit rate agree. */
 static void test_layer_sampling(void **state)
 {
-	struct kvt_replay_result all, some;
+	struct sim_replay_result all, some;
 	(void)state;
 
 	run_ws(false, 0, &all);
 	run_ws(false, 8, &some);
 	near((double)some.win_blocks_loaded, (double)all.win_blocks_loaded, 0.05, "loads");
 	near(some.recall_hit_rate, all.recall_hit_rate, 0.05, "hit rate");
-	kvt_replay_result_free(&all);
-	kvt_replay_result_free(&some);
+	sim_replay_result_free(&all);
+	sim_replay_result_free(&some);
 }
 
 /* Percentiles interpolate between ranks (numpy's default); TPOT leaves out one-token
    requests. */
 static void test_summary(void **state)
 {
-	struct kvt_req_result r[4] = {
+	struct sim_req_result r[4] = {
 		{.arrival_s = 0,
 		 .sched_s = 0,
 		 .first_token_s = 1,
@@ -407,10 +409,10 @@ static void test_summary(void **state)
 		 .first_token_s = 4,
 		 .finish_s = 8,
 		 .output_tokens = 5},
-		{.status = KVT_REQ_FAILED, .reason = "x", .arrival_s = 0},
+		{.status = SIM_REQ_FAILED, .reason = "x", .arrival_s = 0},
 	};
 	double itl[3] = {0.5, 0.1, 0.3};
-	struct kvt_replay_result res = {.n_reqs = 4,
+	struct sim_replay_result res = {.n_reqs = 4,
 					.reqs = r,
 					.itl_s = itl,
 					.n_itl = 3,
@@ -418,12 +420,12 @@ static void test_summary(void **state)
 					.failed = 1,
 					.duration_s = 8,
 					.total_output_tokens = 9};
-	struct kvt_replay_summary s;
+	struct sim_replay_summary s;
 	(void)state;
 
 	for (int i = 0; i < 3; i++)
-		r[i].status = KVT_REQ_DONE;
-	CHECK_RC(kvt_replay_summarize(&res, &s), 0);
+		r[i].status = SIM_REQ_DONE;
+	CHECK_RC(sim_replay_summarize(&res, &s), 0);
 	/* TTFT 1, 2, 3 s */
 	near(s.mean_ttft_ms, 2000, 1e-12, "mean TTFT");
 	near(s.median_ttft_ms, 2000, 1e-12, "median TTFT");
@@ -460,10 +462,10 @@ static void test_json_keys(void **state)
 		"model",
 		"gpu",
 	};
-	struct kvt_trace t = mk_trace(8, 8192, 8, 0.05);
-	struct kvt_replay_opts o;
-	struct kvt_replay_result res;
-	struct kvt_replay_summary s;
+	struct sim_trace t = mk_trace(8, 8192, 8, 0.05);
+	struct sim_replay_opts o;
+	struct sim_replay_result res;
+	struct sim_replay_summary s;
 	char path[] = "/tmp/kvt-replay-json-XXXXXX", err[256], key[64];
 	json_t *root, *extra = json_pack("{s:s}", "trace", "synthetic");
 	json_error_t je;
@@ -472,10 +474,10 @@ static void test_json_keys(void **state)
 
 	assert_true(fd >= 0);
 	close(fd);
-	opts(&o, KVT_POLICY_KVTIER);
+	opts(&o, SIM_POLICY_KVTIER);
 	run_ok(&o, &t, &res);
-	CHECK_RC(kvt_replay_summarize(&res, &s), 0);
-	CHECK_RC(kvt_replay_write_json(&res, &s, extra, path, err, sizeof(err)), 0);
+	CHECK_RC(sim_replay_summarize(&res, &s), 0);
+	CHECK_RC(sim_replay_write_json(&res, &s, extra, path, err, sizeof(err)), 0);
 	root = json_load_file(path, 0, &je);
 	assert_non_null(root);
 	for (size_t i = 0; i < sizeof(vllm) / sizeof(vllm[0]); i++)
@@ -498,10 +500,10 @@ static void test_json_keys(void **state)
 	json_decref(extra);
 	unlink(path);
 	/* an unwritable path is an error with a message, not a crash */
-	assert_true(kvt_replay_write_json(&res, &s, NULL, "/nonexistent/dir/x.json", err,
+	assert_true(sim_replay_write_json(&res, &s, NULL, "/nonexistent/dir/x.json", err,
 					  sizeof(err)) < 0);
 	assert_non_null(strstr(err, "/nonexistent/dir/x.json"));
-	kvt_replay_result_free(&res);
+	sim_replay_result_free(&res);
 	free(t.reqs);
 }
 
@@ -527,10 +529,10 @@ static const char *tmp_file(const char *text)
    errors naming the file and line. */
 static void test_recorded_selections(void **state)
 {
-	struct kvt_trace t = mk_trace(1, 8192, 20, 0);
-	struct kvt_replay_opts o;
-	struct kvt_replay_result res;
-	struct kvt_selfile sf;
+	struct sim_trace t = mk_trace(1, 8192, 20, 0);
+	struct sim_replay_opts o;
+	struct sim_replay_result res;
+	struct sim_selfile sf;
 	char err[512], *text = malloc(1 << 20);
 	size_t at = 0;
 	(void)state;
@@ -544,71 +546,71 @@ static void test_recorded_selections(void **state)
 						      h);
 	const char *path = tmp_file(text);
 
-	CHECK_RC(kvt_selfile_read(path, &sf, err, sizeof(err)), 0);
+	CHECK_RC(sim_selfile_read(path, &sf, err, sizeof(err)), 0);
 	assert_int_equal(sf.n_rec, 19 * 32 * 8);
 	unlink(path);
-	opts(&o, KVT_POLICY_KVTIER);
+	opts(&o, SIM_POLICY_KVTIER);
 	o.selections = &sf;
 	run_ok(&o, &t, &res);
 	check_accounting(&res);
 	near(res.blocks_loaded_per_iteration * (double)res.iterations, 3 * 32 * 8, 1e-12,
 	     "blocks loaded");
 	near(res.recall_hit_rate, 18.0 / 19.0, 1e-12, "hit rate");
-	kvt_replay_result_free(&res);
+	sim_replay_result_free(&res);
 
 	/* a block past the history at its step: the run refuses, naming the line */
 	sf.blocks[sf.rec[5].first] = 8192 / 32 + 1;
-	assert_int_equal(kvt_replay_run(&o, &t, &res, err, sizeof(err)), -EINVAL);
+	assert_int_equal(sim_replay_run(&o, &t, &res, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, "field 'BLOCK'"));
 	assert_non_null(strstr(err, ":"));
-	kvt_selfile_free(&sf);
+	sim_selfile_free(&sf);
 
 	path = tmp_file("0 0 0 0 1 2\n0 x 0 0 1\n");
-	assert_int_equal(kvt_selfile_read(path, &sf, err, sizeof(err)), -EINVAL);
+	assert_int_equal(sim_selfile_read(path, &sf, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, ":2: field 'STEP': not a number"));
 	unlink(path);
 	path = tmp_file("0 0 0\n");
-	assert_int_equal(kvt_selfile_read(path, &sf, err, sizeof(err)), -EINVAL);
+	assert_int_equal(sim_selfile_read(path, &sf, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, ":1: field 'HEAD': missing"));
 	unlink(path);
 	path = tmp_file("0 0 0 0 1\n0 0 0 0 2 b\n");
-	assert_int_equal(kvt_selfile_read(path, &sf, err, sizeof(err)), -EINVAL);
+	assert_int_equal(sim_selfile_read(path, &sf, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, ":2: field 'BLOCK 2': not a number"));
 	unlink(path);
 	path = tmp_file("1 2 3 4 5\n\n1 2 3 4 6\n");
-	assert_int_equal(kvt_selfile_read(path, &sf, err, sizeof(err)), -EINVAL);
+	assert_int_equal(sim_selfile_read(path, &sf, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, ":3: record repeats line 1"));
 	unlink(path);
-	assert_true(kvt_selfile_read("/nonexistent/sel.txt", &sf, err, sizeof(err)) == -ENOENT);
+	assert_true(sim_selfile_read("/nonexistent/sel.txt", &sf, err, sizeof(err)) == -ENOENT);
 	free(text);
 	free(t.reqs);
 }
 
 static void test_bad_options(void **state)
 {
-	struct kvt_trace t = mk_trace(2, 1024, 4, 0), empty = {0};
-	struct kvt_replay_opts o;
-	struct kvt_replay_result res;
+	struct sim_trace t = mk_trace(2, 1024, 4, 0), empty = {0};
+	struct sim_replay_opts o;
+	struct sim_replay_result res;
 	char err[256];
-	enum kvt_policy p;
+	enum sim_policy p;
 	(void)state;
 
-	opts(&o, KVT_POLICY_KVTIER);
-	assert_int_equal(kvt_replay_run(&o, &empty, &res, err, sizeof(err)), -EINVAL);
+	opts(&o, SIM_POLICY_KVTIER);
+	assert_int_equal(sim_replay_run(&o, &empty, &res, err, sizeof(err)), -EINVAL);
 	o.dram_gib = 0;
-	assert_int_equal(kvt_replay_run(&o, &t, &res, err, sizeof(err)), -EINVAL);
-	opts(&o, KVT_POLICY_KVTIER);
+	assert_int_equal(sim_replay_run(&o, &t, &res, err, sizeof(err)), -EINVAL);
+	opts(&o, SIM_POLICY_KVTIER);
 	o.recall_cache_frac = 1.5;
-	assert_int_equal(kvt_replay_run(&o, &t, &res, err, sizeof(err)), -EINVAL);
-	opts(&o, KVT_POLICY_KVTIER);
-	kvt_preset_gpu("a100-40g", &o.gpu);
-	kvt_preset_model("llama3-70b", &o.model); /* 141 GB of weights on a 40 GB GPU */
-	assert_int_equal(kvt_replay_run(&o, &t, &res, err, sizeof(err)), -EINVAL);
+	assert_int_equal(sim_replay_run(&o, &t, &res, err, sizeof(err)), -EINVAL);
+	opts(&o, SIM_POLICY_KVTIER);
+	sim_preset_gpu("a100-40g", &o.gpu);
+	sim_preset_model("llama3-70b", &o.model); /* 141 GB of weights on a 40 GB GPU */
+	assert_int_equal(sim_replay_run(&o, &t, &res, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, "no HBM left"));
-	assert_int_equal(kvt_policy_parse("sparse-offload", &p), 0);
-	assert_int_equal(p, KVT_POLICY_SPARSE_OFFLOAD);
-	assert_int_equal(kvt_policy_parse("vllm", &p), -EINVAL);
-	assert_string_equal(kvt_policy_name(KVT_POLICY_FULL), "full");
+	assert_int_equal(sim_policy_parse("sparse-offload", &p), 0);
+	assert_int_equal(p, SIM_POLICY_SPARSE_OFFLOAD);
+	assert_int_equal(sim_policy_parse("vllm", &p), -EINVAL);
+	assert_string_equal(sim_policy_name(SIM_POLICY_FULL), "full");
 	free(t.reqs);
 }
 

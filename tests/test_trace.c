@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * trace: the request-trace readers of the tools (tools/trace.c) on the small samples in
+ * trace: the simulator's request-trace readers (sim/trace.c) on the small samples in
  * data/traces (good files with their edge cases, broken files), on one-error files written
- * here for every kind of malformed line, and on the public traces of ../shared/traces when
- * they are present (KVT_SHARED_TRACES; those checks are skipped otherwise); then the arrival
- * re-timing (gap statistics of the gamma process over 200,000 draws) and the summary figures.
+ * here for every kind of malformed line, and on the public traces bundled in traces/
+ * (KVT_TRACES_DIR; a missing one fails the test); then the arrival re-timing (gap statistics
+ * of the gamma process over 200,000 draws) and the summary figures.
  * Expected values are written out by hand from the sample files.
  */
 #include <stdarg.h>
@@ -32,63 +32,65 @@
 
 static char path_buf[4096];
 
-/* The sample `name` of data/traces (KVT_TRACE_DATA, set by tests/meson.build). */
-static const char *sample(const char *name)
+/* File `name` of the directory that environment variable `env` names (tests/meson.build sets
+   it); fails the test when it is not set. */
+static const char *in_dir(const char *env, const char *name)
 {
-	const char *dir = getenv("KVT_TRACE_DATA");
+	const char *dir = getenv(env);
 
 	if (!dir) {
-		print_error("KVT_TRACE_DATA is not set (tests/meson.build sets it)\n");
+		print_error("%s is not set (tests/meson.build sets it)\n", env);
 		fail();
 	}
 	snprintf(path_buf, sizeof(path_buf), "%s/%s", dir, name);
 	return path_buf;
 }
 
-/* The public trace `name`, or NULL when ../shared/traces is not there. */
-static const char *shared(const char *name)
+/* The sample `name` of data/traces (KVT_TRACE_DATA). */
+static const char *sample(const char *name)
 {
-	const char *dir = getenv("KVT_SHARED_TRACES");
+	return in_dir("KVT_TRACE_DATA", name);
+}
 
-	if (!dir)
-		return NULL;
-	snprintf(path_buf, sizeof(path_buf), "%s/%s", dir, name);
-	return access(path_buf, R_OK) == 0 ? path_buf : NULL;
+/* The public trace `name` bundled in the repository's traces/ (KVT_TRACES_DIR). */
+static const char *bundled(const char *name)
+{
+	return in_dir("KVT_TRACES_DIR", name);
 }
 
 #define READ_OK(path, fmt, o, t) read_ok(__FILE__, __LINE__, path, fmt, o, t)
-static void read_ok(const char *file, int line, const char *path, enum kvt_trace_format fmt,
-		    const struct kvt_trace_opts *o, struct kvt_trace *t)
+static void read_ok(const char *file, int line, const char *path, enum sim_trace_format fmt,
+		    const struct sim_trace_opts *o, struct sim_trace *t)
 {
 	char err[512] = "";
-	int rc = kvt_trace_read(path, fmt, o, t, err, sizeof(err));
+	int rc = sim_trace_read(path, fmt, o, t, err, sizeof(err));
 
 	if (rc != 0) {
-		print_error("%s:%d: kvt_trace_read(%s, %s) = %d: %s\n", file, line, path,
-			    kvt_trace_format_name(fmt), rc, err);
+		print_error("%s:%d: sim_trace_read(%s, %s) = %d: %s\n", file, line, path,
+			    sim_trace_format_name(fmt), rc, err);
 		_fail(file, line);
 	}
 }
 
 /* The read must fail with want_rc, leave *t as it was, and say `want` (and the path). */
 #define READ_FAILS(path, fmt, o, rc, want) read_fails(__FILE__, __LINE__, path, fmt, o, rc, want)
-static void read_fails(const char *file, int line, const char *path, enum kvt_trace_format fmt,
-		       const struct kvt_trace_opts *o, int want_rc, const char *want)
+static void read_fails(const char *file, int line, const char *path, enum sim_trace_format fmt,
+		       const struct sim_trace_opts *o, int want_rc, const char *want)
 {
-	struct kvt_trace t, before;
+	struct sim_trace t, before;
 	char err[1024] = "";
 	int rc;
 
 	memset(&t, 0xa5, sizeof(t));
 	before = t;
-	rc = kvt_trace_read(path, fmt, o, &t, err, sizeof(err));
+	rc = sim_trace_read(path, fmt, o, &t, err, sizeof(err));
 	if (rc != want_rc || !strstr(err, want) || (path && !strstr(err, path)) ||
 	    memcmp(&t, &before, sizeof(t)) != 0) {
-		print_error("%s:%d: kvt_trace_read(%s, %s) = %d (%s), expected %d and \"%s\"%s\n",
-			    file, line, path, kvt_trace_format_name(fmt), rc, err, want_rc, want,
+		print_error("%s:%d: sim_trace_read(%s, %s) = %d (%s), expected %d and \"%s\"%s\n",
+			    file, line, path, sim_trace_format_name(fmt), rc, err, want_rc, want,
 			    memcmp(&t, &before, sizeof(t)) ? "; *out was changed" : "");
 		if (rc == 0)
-			kvt_trace_free(&t);
+			sim_trace_free(&t);
 		_fail(file, line);
 	}
 	print_message("# %s\n", err);
@@ -100,7 +102,7 @@ struct want {
 };
 
 #define CHECK_REQS(t, w) check_reqs(__FILE__, __LINE__, t, w, N_OF(w))
-static void check_reqs(const char *file, int line, const struct kvt_trace *t, const struct want *w,
+static void check_reqs(const char *file, int line, const struct sim_trace *t, const struct want *w,
 		       size_t n)
 {
 	if (t->count != n) {
@@ -108,7 +110,7 @@ static void check_reqs(const char *file, int line, const struct kvt_trace *t, co
 		_fail(file, line);
 	}
 	for (size_t i = 0; i < n; i++) {
-		const struct kvt_trace_req *q = &t->reqs[i];
+		const struct sim_trace_req *q = &t->reqs[i];
 
 		if (fabs(q->arrival_s - w[i].at) > 1e-9 * fmax(1.0, fabs(w[i].at)) ||
 		    q->input_tokens != w[i].in || q->output_tokens != w[i].out ||
@@ -148,25 +150,25 @@ static void test_mooncake_good(void **state)
 		{0.0, 40160, 6, 1},   {0.020, 4294967295u, 1, 5}, {0.040, 512, 4, 3},
 		{0.040, 100, 200, 6}, {1.5005, 7, 0, 4},
 	};
-	enum kvt_trace_format fmts[] = {KVT_TRACE_AUTO, KVT_TRACE_MOONCAKE};
+	enum sim_trace_format fmts[] = {SIM_TRACE_AUTO, SIM_TRACE_MOONCAKE};
 	(void)state;
 
 	for (size_t i = 0; i < N_OF(fmts); i++) {
-		struct kvt_trace t;
+		struct sim_trace t;
 
 		READ_OK(sample("mooncake_good.jsonl"), fmts[i], NULL, &t);
 		CHECK_REQS(&t, w);
-		assert_int_equal(t.format, KVT_TRACE_MOONCAKE);
+		assert_int_equal(t.format, SIM_TRACE_MOONCAKE);
 		assert_int_equal(t.out_of_order, 1);
 		assert_int_equal(t.skipped, 0);
 		assert_int_equal(t.over_context, 0);
 		assert_int_equal(t.failed_in_trace, 0);
 		assert_int_equal(t.n_bad, 0);
-		kvt_trace_free(&t);
+		sim_trace_free(&t);
 		assert_null(t.reqs);
 		assert_int_equal(t.count, 0);
 	}
-	kvt_trace_free(NULL);
+	sim_trace_free(NULL);
 }
 
 /* CRLF, no final newline, absolute times across a year's end and a leap day, 0 to 9
@@ -181,29 +183,29 @@ static void test_azure_good(void **state)
 		{5140801.123456889, 374, 14, 7},
 		{5184001.0000001, 34, 12, 6},
 	};
-	enum kvt_trace_format fmts[] = {KVT_TRACE_AUTO, KVT_TRACE_AZURE};
-	struct kvt_trace t;
+	enum sim_trace_format fmts[] = {SIM_TRACE_AUTO, SIM_TRACE_AZURE};
+	struct sim_trace t;
 	(void)state;
 
 	for (size_t i = 0; i < N_OF(fmts); i++) {
 		READ_OK(sample("azure_good.csv"), fmts[i], NULL, &t);
 		CHECK_REQS(&t, w);
-		assert_int_equal(t.format, KVT_TRACE_AZURE);
+		assert_int_equal(t.format, SIM_TRACE_AZURE);
 		assert_int_equal(t.out_of_order, 2);
 		/* exact to the nanosecond: 1.0000002 - 1.0 is 200 ns, not 199.99... */
 		NEAR((t.reqs[2].arrival_s - t.reqs[1].arrival_s) * 1e9, 200.0, 1e-6);
-		kvt_trace_free(&t);
+		sim_trace_free(&t);
 	}
 
 	/* exact: each arrival is the double nearest to the decimal difference, across midnight
 	   and with 9 decimals */
-	READ_OK(sample("azure_ns.csv"), KVT_TRACE_AUTO, NULL, &t);
+	READ_OK(sample("azure_ns.csv"), SIM_TRACE_AUTO, NULL, &t);
 	assert_int_equal(t.count, 4);
 	assert_true(t.reqs[0].arrival_s == 0.0);
 	assert_true(t.reqs[1].arrival_s == 0.0000002);
 	assert_true(t.reqs[2].arrival_s == 65824.0319601);
 	assert_true(t.reqs[3].arrival_s == 65824.031960101);
-	kvt_trace_free(&t);
+	sim_trace_free(&t);
 }
 
 /* Failed requests (0 response tokens) left out and counted; a quoted field with a comma and
@@ -216,25 +218,25 @@ static void test_burstgpt_good(void **state)
 		{5270409.0, 300, 20, 6},
 	};
 	static const struct want w3[] = {{0.0, 100, 50, 2}, {2.0, 200, 60, 3}};
-	enum kvt_trace_format fmts[] = {KVT_TRACE_AUTO, KVT_TRACE_BURSTGPT};
+	enum sim_trace_format fmts[] = {SIM_TRACE_AUTO, SIM_TRACE_BURSTGPT};
 	(void)state;
 
 	for (size_t i = 0; i < N_OF(fmts); i++) {
-		struct kvt_trace t;
+		struct sim_trace t;
 
 		READ_OK(sample("burstgpt_good.csv"), fmts[i], NULL, &t);
 		CHECK_REQS(&t, w);
-		assert_int_equal(t.format, KVT_TRACE_BURSTGPT);
+		assert_int_equal(t.format, SIM_TRACE_BURSTGPT);
 		assert_int_equal(t.failed_in_trace, 2);
 		assert_int_equal(t.out_of_order, 0);
 		assert_int_equal(t.skipped, 0);
-		kvt_trace_free(&t);
+		sim_trace_free(&t);
 
 		/* BurstGPT_3's layout: Session ID and Elapsed time before Model */
 		READ_OK(sample("burstgpt3_good.csv"), fmts[i], NULL, &t);
 		CHECK_REQS(&t, w3);
-		assert_int_equal(t.format, KVT_TRACE_BURSTGPT);
-		kvt_trace_free(&t);
+		assert_int_equal(t.format, SIM_TRACE_BURSTGPT);
+		sim_trace_free(&t);
 	}
 }
 
@@ -249,53 +251,53 @@ static void test_vidur_good(void **state)
 		{189.46150599999999, 161, 11, 4},
 	};
 	static const struct want wc[] = {{0.0, 2000, 9, 3}, {0.25, 1000, 7, 2}};
-	enum kvt_trace_format fmts[] = {KVT_TRACE_AUTO, KVT_TRACE_VIDUR};
+	enum sim_trace_format fmts[] = {SIM_TRACE_AUTO, SIM_TRACE_VIDUR};
 	(void)state;
 
 	for (size_t i = 0; i < N_OF(fmts); i++) {
-		struct kvt_trace t;
+		struct sim_trace t;
 
 		READ_OK(sample("vidur_good.csv"), fmts[i], NULL, &t);
 		CHECK_REQS(&t, w);
-		assert_int_equal(t.format, KVT_TRACE_VIDUR);
-		kvt_trace_free(&t);
+		assert_int_equal(t.format, SIM_TRACE_VIDUR);
+		sim_trace_free(&t);
 
 		READ_OK(sample("vidur_columns.csv"), fmts[i], NULL, &t);
 		CHECK_REQS(&t, wc);
-		assert_int_equal(t.format, KVT_TRACE_VIDUR);
+		assert_int_equal(t.format, SIM_TRACE_VIDUR);
 		assert_int_equal(t.out_of_order, 1);
-		kvt_trace_free(&t);
+		sim_trace_free(&t);
 	}
 }
 
 static void test_format_names(void **state)
 {
-	enum kvt_trace_format f;
+	enum sim_trace_format f;
 	(void)state;
 
-	for (int i = KVT_TRACE_AUTO; i <= KVT_TRACE_VIDUR; i++) {
-		f = (enum kvt_trace_format)99;
-		assert_int_equal(kvt_trace_format_parse(kvt_trace_format_name(i), &f), 0);
+	for (int i = SIM_TRACE_AUTO; i <= SIM_TRACE_VIDUR; i++) {
+		f = (enum sim_trace_format)99;
+		assert_int_equal(sim_trace_format_parse(sim_trace_format_name(i), &f), 0);
 		assert_int_equal(f, i);
 	}
-	assert_int_equal(kvt_trace_format_parse("Mooncake", &f), 0);
-	assert_int_equal(f, KVT_TRACE_MOONCAKE);
-	assert_int_equal(kvt_trace_format_parse("sharegpt", &f), -EINVAL);
-	assert_int_equal(kvt_trace_format_parse(NULL, &f), -EINVAL);
-	assert_string_equal(kvt_trace_format_name((enum kvt_trace_format)42), "?");
+	assert_int_equal(sim_trace_format_parse("Mooncake", &f), 0);
+	assert_int_equal(f, SIM_TRACE_MOONCAKE);
+	assert_int_equal(sim_trace_format_parse("sharegpt", &f), -EINVAL);
+	assert_int_equal(sim_trace_format_parse(NULL, &f), -EINVAL);
+	assert_string_equal(sim_trace_format_name((enum sim_trace_format)42), "?");
 }
 
 /* ---- broken samples ------------------------------------------------------------------- */
 
 /* Each broken sample: the first error stops the read; with skip_bad_lines every bad line is
-   counted, the first KVT_TRACE_BAD_KEPT messages kept, the good lines read. */
+   counted, the first SIM_TRACE_BAD_KEPT messages kept, the good lines read. */
 static void test_bad_samples(void **state)
 {
 	static const struct {
 		const char *name;
 		const char *first; /* the error without skip_bad_lines */
 		size_t good, skipped, failed;
-		const char *kept[KVT_TRACE_BAD_KEPT];
+		const char *kept[SIM_TRACE_BAD_KEPT];
 	} cases[] = {
 		{"mooncake_bad.jsonl",
 		 ":2: column",
@@ -333,22 +335,22 @@ static void test_bad_samples(void **state)
 		  ":5: field 'num_prefill_tokens': not an integer: '1.5'",
 		  ":6: 4 columns, the header has 3"}},
 	};
-	struct kvt_trace_opts skip = KVT_TRACE_OPTS_INIT;
+	struct sim_trace_opts skip = SIM_TRACE_OPTS_INIT;
 	(void)state;
 
 	skip.skip_bad_lines = true;
 	for (size_t c = 0; c < N_OF(cases); c++) {
 		char path[4096];
-		struct kvt_trace t;
+		struct sim_trace t;
 		size_t kept = 0;
 
 		snprintf(path, sizeof(path), "%s", sample(cases[c].name));
-		READ_FAILS(path, KVT_TRACE_AUTO, NULL, -EINVAL, cases[c].first);
-		READ_OK(path, KVT_TRACE_AUTO, &skip, &t);
+		READ_FAILS(path, SIM_TRACE_AUTO, NULL, -EINVAL, cases[c].first);
+		READ_OK(path, SIM_TRACE_AUTO, &skip, &t);
 		assert_int_equal(t.count, cases[c].good);
 		assert_int_equal(t.skipped, cases[c].skipped);
 		assert_int_equal(t.failed_in_trace, cases[c].failed);
-		while (kept < KVT_TRACE_BAD_KEPT && cases[c].kept[kept])
+		while (kept < SIM_TRACE_BAD_KEPT && cases[c].kept[kept])
 			kept++;
 		assert_int_equal(t.n_bad, kept);
 		for (size_t i = 0; i < kept; i++) {
@@ -359,7 +361,7 @@ static void test_bad_samples(void **state)
 				fail();
 			}
 		}
-		kvt_trace_free(&t);
+		sim_trace_free(&t);
 	}
 }
 
@@ -377,7 +379,7 @@ static void test_bad_samples(void **state)
 #define VD_OK "0.5,100,10\n"
 
 static const struct bad_case {
-	enum kvt_trace_format fmt;
+	enum sim_trace_format fmt;
 	const char *text;
 	size_t len;	 /* 0: strlen(text) */
 	bool line_error; /* skipped by skip_bad_lines (the file has one good request too) */
@@ -385,87 +387,87 @@ static const struct bad_case {
 	const char *want_skip; /* with skip_bad_lines, when not a line error (NULL: want) */
 } bad_cases[] = {
 	/* mooncake */
-	{KVT_TRACE_AUTO, MC_OK "{\"input_length\": 1, \"output_length\": 1}\n", 0, true,
+	{SIM_TRACE_AUTO, MC_OK "{\"input_length\": 1, \"output_length\": 1}\n", 0, true,
 	 ":2: field 'timestamp': missing"},
-	{KVT_TRACE_AUTO, MC_OK MC("-1", "1", "1"), 0, true, ":2: field 'timestamp': negative"},
-	{KVT_TRACE_AUTO, MC_OK MC("\"0\"", "1", "1"), 0, true,
+	{SIM_TRACE_AUTO, MC_OK MC("-1", "1", "1"), 0, true, ":2: field 'timestamp': negative"},
+	{SIM_TRACE_AUTO, MC_OK MC("\"0\"", "1", "1"), 0, true,
 	 ":2: field 'timestamp': not a number"},
-	{KVT_TRACE_MOONCAKE, MC_OK MC("1", "\"12\"", "1"), 0, true,
+	{SIM_TRACE_MOONCAKE, MC_OK MC("1", "\"12\"", "1"), 0, true,
 	 ":2: field 'input_length': not a number"},
-	{KVT_TRACE_AUTO, MC_OK MC("1", "4294967296", "1"), 0, true,
+	{SIM_TRACE_AUTO, MC_OK MC("1", "4294967296", "1"), 0, true,
 	 ":2: field 'input_length': overflow: 4294967296 exceeds 4294967295"},
-	{KVT_TRACE_AUTO, MC_OK MC("1", "1", "1.5"), 0, true,
+	{SIM_TRACE_AUTO, MC_OK MC("1", "1", "1.5"), 0, true,
 	 ":2: field 'output_length': not an integer"},
-	{KVT_TRACE_AUTO, MC_OK MC("1", "1", "-1"), 0, true, ":2: field 'output_length': negative"},
-	{KVT_TRACE_AUTO, MC_OK MC("1", "1", "1e10"), 0, true,
+	{SIM_TRACE_AUTO, MC_OK MC("1", "1", "-1"), 0, true, ":2: field 'output_length': negative"},
+	{SIM_TRACE_AUTO, MC_OK MC("1", "1", "1e10"), 0, true,
 	 ":2: field 'output_length': overflow"},
-	{KVT_TRACE_AUTO, MC_OK "{\"timestamp\": 1, \"input_length\": 1, \"output_length\": 1} x\n",
+	{SIM_TRACE_AUTO, MC_OK "{\"timestamp\": 1, \"input_length\": 1, \"output_length\": 1} x\n",
 	 0, true, ":2: column"},
-	{KVT_TRACE_AUTO,
+	{SIM_TRACE_AUTO,
 	 MC_OK "{\"timestamp\": 1, \"timestamp\": 2, \"input_length\": 1, \"output_length\": 1}\n",
 	 0, true, "duplicate"},
-	{KVT_TRACE_AUTO, MC_OK MC("1", "99999999999999999999999", "1"), 0, true, ":2: column"},
-	{KVT_TRACE_AUTO, MC_OK "[1, 2, 3]\n", 0, true, ":2: not a JSON object"},
-	{KVT_TRACE_MOONCAKE, VD_H VD_OK, 0, false, ":1: column",
+	{SIM_TRACE_AUTO, MC_OK MC("1", "99999999999999999999999", "1"), 0, true, ":2: column"},
+	{SIM_TRACE_AUTO, MC_OK "[1, 2, 3]\n", 0, true, ":2: not a JSON object"},
+	{SIM_TRACE_MOONCAKE, VD_H VD_OK, 0, false, ":1: column",
 	 "no requests (2 bad lines skipped"},
 	/* azure */
-	{KVT_TRACE_AUTO, AZ_H AZ_OK "2023-11-16 24:00:00,1,1\n", 0, true,
+	{SIM_TRACE_AUTO, AZ_H AZ_OK "2023-11-16 24:00:00,1,1\n", 0, true,
 	 ":3: field 'TIMESTAMP': bad timestamp '2023-11-16 24:00:00': no such date or time"},
-	{KVT_TRACE_AUTO, AZ_H AZ_OK "2023-02-29 00:00:00.5,1,1\n", 0, true,
+	{SIM_TRACE_AUTO, AZ_H AZ_OK "2023-02-29 00:00:00.5,1,1\n", 0, true,
 	 ":3: field 'TIMESTAMP': bad timestamp"},
-	{KVT_TRACE_AUTO, AZ_H AZ_OK "2023-11-16 18:17:03.1234567890,1,1\n", 0, true,
+	{SIM_TRACE_AUTO, AZ_H AZ_OK "2023-11-16 18:17:03.1234567890,1,1\n", 0, true,
 	 ":3: field 'TIMESTAMP': bad timestamp"},
-	{KVT_TRACE_AUTO, AZ_H AZ_OK "2023-11-16 18:17:03.,1,1\n", 0, true,
+	{SIM_TRACE_AUTO, AZ_H AZ_OK "2023-11-16 18:17:03.,1,1\n", 0, true,
 	 ":3: field 'TIMESTAMP': bad timestamp"},
-	{KVT_TRACE_AUTO, AZ_H AZ_OK "2023-11-16 18:17:03Z,1,1\n", 0, true,
+	{SIM_TRACE_AUTO, AZ_H AZ_OK "2023-11-16 18:17:03Z,1,1\n", 0, true,
 	 ":3: field 'TIMESTAMP': bad timestamp"},
-	{KVT_TRACE_AUTO, AZ_H AZ_OK "1700158623.97,1,1\n", 0, true,
+	{SIM_TRACE_AUTO, AZ_H AZ_OK "1700158623.97,1,1\n", 0, true,
 	 ":3: field 'TIMESTAMP': bad timestamp"},
-	{KVT_TRACE_AUTO, AZ_H AZ_OK "2023-11-16 18:17:04,12x,1\n", 0, true,
+	{SIM_TRACE_AUTO, AZ_H AZ_OK "2023-11-16 18:17:04,12x,1\n", 0, true,
 	 ":3: field 'ContextTokens': not a number: '12x'"},
-	{KVT_TRACE_AUTO, AZ_H "2023-11-16 18:17:04,12,1,9\n" AZ_OK, 0, true,
+	{SIM_TRACE_AUTO, AZ_H "2023-11-16 18:17:04,12,1,9\n" AZ_OK, 0, true,
 	 ":2: 4 columns, the header has 3"},
-	{KVT_TRACE_AZURE, AZ_H AZ_OK "2023-11-16 18:17:04,12\n", 0, true,
+	{SIM_TRACE_AZURE, AZ_H AZ_OK "2023-11-16 18:17:04,12\n", 0, true,
 	 ":3: field 'GeneratedTokens': missing (2 columns, the header has 3)"},
-	{KVT_TRACE_AUTO, AZ_H AZ_OK "2023-11-16 18:17:04,1,\"7\n", 0, true,
+	{SIM_TRACE_AUTO, AZ_H AZ_OK "2023-11-16 18:17:04,1,\"7\n", 0, true,
 	 ":3: malformed double quotes"},
 	/* burstgpt */
-	{KVT_TRACE_AUTO, BG_H BG_OK "6,ChatGPT,472,4294967296,0,Conversation log\n", 0, true,
+	{SIM_TRACE_AUTO, BG_H BG_OK "6,ChatGPT,472,4294967296,0,Conversation log\n", 0, true,
 	 ":3: field 'Response tokens': overflow"},
-	{KVT_TRACE_AUTO, BG_H BG_OK "1e999,ChatGPT,472,18,490,Conversation log\n", 0, true,
+	{SIM_TRACE_AUTO, BG_H BG_OK "1e999,ChatGPT,472,18,490,Conversation log\n", 0, true,
 	 ":3: field 'Timestamp': out of range"},
-	{KVT_TRACE_BURSTGPT, BG_H BG_OK "0x10,ChatGPT,472,18,490,Conversation log\n", 0, true,
+	{SIM_TRACE_BURSTGPT, BG_H BG_OK "0x10,ChatGPT,472,18,490,Conversation log\n", 0, true,
 	 ":3: field 'Timestamp': not a number: '0x10'"},
-	{KVT_TRACE_AUTO, BG_H BG_OK "7,ChatGPT,-0.5,18,490,Conversation log\n", 0, true,
+	{SIM_TRACE_AUTO, BG_H BG_OK "7,ChatGPT,-0.5,18,490,Conversation log\n", 0, true,
 	 ":3: field 'Request tokens': negative"},
-	{KVT_TRACE_AUTO, BG_H "6,ChatGPT,472,0,472,x\n7,GPT-4,9,0,9,x\n", 0, false,
+	{SIM_TRACE_AUTO, BG_H "6,ChatGPT,472,0,472,x\n7,GPT-4,9,0,9,x\n", 0, false,
 	 "no requests (0 bad lines skipped, 2 failed in the trace)"},
 	/* vidur */
-	{KVT_TRACE_AUTO, VD_H VD_OK ",100,10\n", 0, true, ":3: field 'arrived_at': missing"},
-	{KVT_TRACE_AUTO, VD_H VD_OK "1,100,+5\n", 0, true,
+	{SIM_TRACE_AUTO, VD_H VD_OK ",100,10\n", 0, true, ":3: field 'arrived_at': missing"},
+	{SIM_TRACE_AUTO, VD_H VD_OK "1,100,+5\n", 0, true,
 	 ":3: field 'num_decode_tokens': not a number: '+5'"},
-	{KVT_TRACE_AUTO, VD_H VD_OK "1,10\0 0,5\n", sizeof(VD_H VD_OK "1,10\0 0,5\n") - 1, true,
+	{SIM_TRACE_AUTO, VD_H VD_OK "1,10\0 0,5\n", sizeof(VD_H VD_OK "1,10\0 0,5\n") - 1, true,
 	 ":3: contains a NUL byte"},
 	/* headers and whole files */
-	{KVT_TRACE_AZURE, VD_H VD_OK, 0, false,
+	{SIM_TRACE_AZURE, VD_H VD_OK, 0, false,
 	 ":1: field 'TIMESTAMP': not in the header 'arrived_at,num_prefill_tokens,num_decode_tokens'"},
-	{KVT_TRACE_AUTO, "time,ContextTokens,GeneratedTokens\n1,2,3\n", 0, false,
+	{SIM_TRACE_AUTO, "time,ContextTokens,GeneratedTokens\n1,2,3\n", 0, false,
 	 ":1: field 'TIMESTAMP': not in the header"},
-	{KVT_TRACE_VIDUR, MC_OK, 0, false, ":1: header '{\"timestamp\": 0, \"input_length\""},
-	{KVT_TRACE_VIDUR, "{timestamp: 0}\n", 0, false,
+	{SIM_TRACE_VIDUR, MC_OK, 0, false, ":1: header '{\"timestamp\": 0, \"input_length\""},
+	{SIM_TRACE_VIDUR, "{timestamp: 0}\n", 0, false,
 	 ":1: field 'arrived_at': not in the header"},
-	{KVT_TRACE_AUTO, "time,prompt,completion\n1,2,3\n", 0, false,
+	{SIM_TRACE_AUTO, "time,prompt,completion\n1,2,3\n", 0, false,
 	 ":1: unknown header 'time,prompt,completion'"},
-	{KVT_TRACE_AUTO, "\"time,prompt\n1,2\n", 0, false, ":1: header"},
-	{KVT_TRACE_AUTO, "", 0, false, "empty file"},
-	{KVT_TRACE_AUTO, "\n  \r\n\n", 0, false, "empty file"},
-	{KVT_TRACE_AUTO, VD_H "\n", 0, false, "no requests (0 bad lines skipped"},
+	{SIM_TRACE_AUTO, "\"time,prompt\n1,2\n", 0, false, ":1: header"},
+	{SIM_TRACE_AUTO, "", 0, false, "empty file"},
+	{SIM_TRACE_AUTO, "\n  \r\n\n", 0, false, "empty file"},
+	{SIM_TRACE_AUTO, VD_H "\n", 0, false, "no requests (0 bad lines skipped"},
 };
 
 static void test_bad_lines(void **state)
 {
 	char dir[] = "/tmp/kvt_trace_XXXXXX";
-	struct kvt_trace_opts skip = KVT_TRACE_OPTS_INIT;
+	struct sim_trace_opts skip = SIM_TRACE_OPTS_INIT;
 	(void)state;
 
 	skip.skip_bad_lines = true;
@@ -484,7 +486,7 @@ static void test_bad_lines(void **state)
 
 		READ_FAILS(path, b->fmt, NULL, -EINVAL, b->want);
 		if (b->line_error) {
-			struct kvt_trace t;
+			struct sim_trace t;
 
 			READ_OK(path, b->fmt, &skip, &t);
 			assert_int_equal(t.count, 1);
@@ -495,7 +497,7 @@ static void test_bad_lines(void **state)
 					    b->want);
 				fail();
 			}
-			kvt_trace_free(&t);
+			sim_trace_free(&t);
 		} else {
 			READ_FAILS(path, b->fmt, &skip, -EINVAL,
 				   b->want_skip ? b->want_skip : b->want);
@@ -507,53 +509,53 @@ static void test_bad_lines(void **state)
 
 static void test_open_errors(void **state)
 {
-	struct kvt_trace t;
+	struct sim_trace t;
 	char err[8];
 	(void)state;
 
-	READ_FAILS("/nonexistent/trace.jsonl", KVT_TRACE_AUTO, NULL, -ENOENT,
+	READ_FAILS("/nonexistent/trace.jsonl", SIM_TRACE_AUTO, NULL, -ENOENT,
 		   "cannot open: No such file or directory");
-	READ_FAILS(getenv("KVT_TRACE_DATA"), KVT_TRACE_AUTO, NULL, -EISDIR, "read error");
-	READ_FAILS(NULL, KVT_TRACE_AUTO, NULL, -EINVAL, "bad arguments");
-	READ_FAILS(sample("vidur_good.csv"), (enum kvt_trace_format)7, NULL, -EINVAL,
+	READ_FAILS(getenv("KVT_TRACE_DATA"), SIM_TRACE_AUTO, NULL, -EISDIR, "read error");
+	READ_FAILS(NULL, SIM_TRACE_AUTO, NULL, -EINVAL, "bad arguments");
+	READ_FAILS(sample("vidur_good.csv"), (enum sim_trace_format)7, NULL, -EINVAL,
 		   "bad arguments");
 	assert_int_equal(
-		kvt_trace_read(sample("vidur_good.csv"), KVT_TRACE_AUTO, NULL, NULL, NULL, 0),
+		sim_trace_read(sample("vidur_good.csv"), SIM_TRACE_AUTO, NULL, NULL, NULL, 0),
 		-EINVAL);
 	/* a short message buffer is truncated and terminated; none at all is fine */
 	assert_int_equal(
-		kvt_trace_read(sample("empty.csv"), KVT_TRACE_AUTO, NULL, &t, err, sizeof(err)),
+		sim_trace_read(sample("empty.csv"), SIM_TRACE_AUTO, NULL, &t, err, sizeof(err)),
 		-EINVAL);
 	assert_int_equal(strlen(err), sizeof(err) - 1);
-	assert_int_equal(kvt_trace_read(sample("empty.csv"), KVT_TRACE_AUTO, NULL, &t, NULL, 0),
+	assert_int_equal(sim_trace_read(sample("empty.csv"), SIM_TRACE_AUTO, NULL, &t, NULL, 0),
 			 -EINVAL);
 	/* unknown headers and empty files among the samples */
-	READ_FAILS(sample("unknown_header.csv"), KVT_TRACE_AUTO, NULL, -EINVAL, "unknown header");
-	READ_FAILS(sample("empty.csv"), KVT_TRACE_AUTO, NULL, -EINVAL, "empty file");
-	READ_FAILS(sample("blank_lines.csv"), KVT_TRACE_AUTO, NULL, -EINVAL, "empty file");
-	READ_FAILS(sample("header_only.csv"), KVT_TRACE_AUTO, NULL, -EINVAL, "no requests");
+	READ_FAILS(sample("unknown_header.csv"), SIM_TRACE_AUTO, NULL, -EINVAL, "unknown header");
+	READ_FAILS(sample("empty.csv"), SIM_TRACE_AUTO, NULL, -EINVAL, "empty file");
+	READ_FAILS(sample("blank_lines.csv"), SIM_TRACE_AUTO, NULL, -EINVAL, "empty file");
+	READ_FAILS(sample("header_only.csv"), SIM_TRACE_AUTO, NULL, -EINVAL, "no requests");
 }
 
 /* Requests beyond the context are counted, never truncated. */
 static void test_over_context(void **state)
 {
-	struct kvt_trace_opts o = KVT_TRACE_OPTS_INIT;
-	struct kvt_trace t;
+	struct sim_trace_opts o = SIM_TRACE_OPTS_INIT;
+	struct sim_trace t;
 	(void)state;
 
 	o.max_context = 516; /* 512 + 4 (line 3) fits exactly */
-	READ_OK(sample("mooncake_good.jsonl"), KVT_TRACE_AUTO, &o, &t);
+	READ_OK(sample("mooncake_good.jsonl"), SIM_TRACE_AUTO, &o, &t);
 	assert_int_equal(t.count, 5);
 	assert_int_equal(t.over_context, 2); /* 40160 + 6 and 4294967295 + 1 */
 	assert_int_equal(t.reqs[0].input_tokens, 40160);
 	assert_int_equal(t.reqs[1].input_tokens, 4294967295u);
 	assert_int_equal(t.reqs[1].output_tokens, 1);
-	kvt_trace_free(&t);
+	sim_trace_free(&t);
 
 	o.max_context = 515;
-	READ_OK(sample("mooncake_good.jsonl"), KVT_TRACE_AUTO, &o, &t);
+	READ_OK(sample("mooncake_good.jsonl"), SIM_TRACE_AUTO, &o, &t);
 	assert_int_equal(t.over_context, 3);
-	kvt_trace_free(&t);
+	sim_trace_free(&t);
 }
 
 /* ---- the public traces ---------------------------------------------------------------- */
@@ -570,23 +572,19 @@ static void test_real_mooncake(void **state)
 {
 	static const struct want head[] = {
 		{0.0, 40160, 6, 1}, {0.0, 36640, 4, 2}, {0.040, 23769, 3, 3}};
-	const char *path = shared("mooncake_synthetic.jsonl");
-	struct kvt_trace_stats st;
-	struct kvt_trace t, h;
+	const char *path = bundled("mooncake_synthetic.jsonl");
+	struct sim_trace_stats st;
+	struct sim_trace t, h;
 	size_t big = 0;
 	double t0, dt;
 	(void)state;
 
-	if (!path) {
-		print_message("# ../shared/traces/mooncake_synthetic.jsonl absent: skipped\n");
-		skip();
-	}
 	t0 = now_s();
-	READ_OK(path, KVT_TRACE_AUTO, NULL, &t);
+	READ_OK(path, SIM_TRACE_AUTO, NULL, &t);
 	dt = now_s() - t0;
 	print_message("# read %zu mooncake requests (%s) in %.1f ms\n", t.count, path, dt * 1e3);
 	assert_true(dt < 1.0);
-	assert_int_equal(t.format, KVT_TRACE_MOONCAKE);
+	assert_int_equal(t.format, SIM_TRACE_MOONCAKE);
 	assert_int_equal(t.count, 3993);
 	assert_int_equal(t.skipped + t.out_of_order + t.failed_in_trace, 0);
 	h = t;
@@ -596,12 +594,12 @@ static void test_real_mooncake(void **state)
 	assert_int_equal(t.reqs[3992].line, 3993);
 	for (size_t i = 0; i < t.count; i++)
 		big += t.reqs[i].input_tokens >= 8192;
-	assert_int_equal(kvt_trace_stats(&t, &st), 0);
+	assert_int_equal(sim_trace_stats(&t, &st), 0);
 	print_message("# mooncake: %.3f s, %.3f req/s, input mean %.1f p50 %.1f p99 %.2f max %u, "
 		      "output p50 %.1f p99 %.2f, %.1f%% >= 8k\n",
 		      st.duration_s, st.rate_rps, st.input_mean, st.input_p50, st.input_p99,
 		      st.input_max, st.output_p50, st.output_p99, 100.0 * big / t.count);
-	/* ../shared/traces/README.md: spans 1,022 s, 3.91 req/s, input mean 15,325 / p50 11,587 /
+	/* traces/README.md: spans 1,022 s, 3.91 req/s, input mean 15,325 / p50 11,587 /
 	   p99 66,456 / max 191,378 (53% >= 8k), output p50 69 / p99 768 */
 	NEAR(st.duration_s, 1022.025, 1e-9);
 	NEAR(st.rate_rps, 3.91, 0.005);
@@ -612,24 +610,20 @@ static void test_real_mooncake(void **state)
 	NEAR(100.0 * big / t.count, 53, 0.5);
 	NEAR(st.output_p50, 69, 0.5);
 	NEAR(st.output_p99, 768, 0.5);
-	kvt_trace_free(&t);
+	sim_trace_free(&t);
 }
 
 static void test_real_azure(void **state)
 {
 	static const struct want head[] = {
 		{0.0, 4808, 10, 2}, {0.052, 3180, 8, 3}, {0.098189, 110, 27, 4}};
-	const char *path = shared("azure_code_2023.csv");
-	struct kvt_trace_stats st;
-	struct kvt_trace t, h;
+	const char *path = bundled("azure_code_2023.csv");
+	struct sim_trace_stats st;
+	struct sim_trace t, h;
 	(void)state;
 
-	if (!path) {
-		print_message("# ../shared/traces/azure_code_2023.csv absent: skipped\n");
-		skip();
-	}
-	READ_OK(path, KVT_TRACE_AUTO, NULL, &t);
-	assert_int_equal(t.format, KVT_TRACE_AZURE);
+	READ_OK(path, SIM_TRACE_AUTO, NULL, &t);
+	assert_int_equal(t.format, SIM_TRACE_AZURE);
 	assert_int_equal(t.count, 8819);
 	assert_int_equal(t.skipped + t.out_of_order + t.failed_in_trace, 0);
 	h = t;
@@ -642,7 +636,7 @@ static void test_real_azure(void **state)
 	assert_int_equal(t.reqs[8818].output_tokens, 173);
 	assert_true(t.reqs[1].arrival_s == 0.052); /* exact: the double nearest 52 ms */
 	assert_true(t.duration_s == 3435.948056);
-	assert_int_equal(kvt_trace_stats(&t, &st), 0);
+	assert_int_equal(sim_trace_stats(&t, &st), 0);
 	print_message("# azure: %.6f s, %.3f req/s, input p50 %.1f p99 %.2f, output p50 %.1f p99 "
 		      "%.2f\n",
 		      st.duration_s, st.rate_rps, st.input_p50, st.input_p99, st.output_p50,
@@ -654,20 +648,20 @@ static void test_real_azure(void **state)
 	NEAR(st.input_p99, 7436, 0.5);
 	NEAR(st.output_p50, 13, 0.5);
 	NEAR(st.output_p99, 251, 0.5);
-	kvt_trace_free(&t);
+	sim_trace_free(&t);
 }
 
 /* ---- summary figures ------------------------------------------------------------------ */
 
 static void test_stats(void **state)
 {
-	struct kvt_trace_stats st, before;
-	struct kvt_trace t;
+	struct sim_trace_stats st, before;
+	struct sim_trace t;
 	(void)state;
 
 	/* burstgpt_good: inputs 472, 417, 300; outputs 18, 276, 20; arrivals 0, 40.5, 5270409 */
-	READ_OK(sample("burstgpt_good.csv"), KVT_TRACE_AUTO, NULL, &t);
-	assert_int_equal(kvt_trace_stats(&t, &st), 0);
+	READ_OK(sample("burstgpt_good.csv"), SIM_TRACE_AUTO, NULL, &t);
+	assert_int_equal(sim_trace_stats(&t, &st), 0);
 	assert_int_equal(st.count, 3);
 	NEAR(st.duration_s, 5270409.0, 0);
 	NEAR(st.rate_rps, 2.0 / 5270409.0, 1e-18);
@@ -685,7 +679,7 @@ static void test_stats(void **state)
 	/* one request: no rate; all at 0: no rate either */
 	t.count = 1;
 	t.duration_s = 0;
-	assert_int_equal(kvt_trace_stats(&t, &st), 0);
+	assert_int_equal(sim_trace_stats(&t, &st), 0);
 	NEAR(st.rate_rps, 0, 0);
 	NEAR(st.input_p99, 472, 0);
 	t.count = 3;
@@ -693,11 +687,11 @@ static void test_stats(void **state)
 	memset(&before, 0x5a, sizeof(before));
 	st = before;
 	t.count = 0;
-	assert_int_equal(kvt_trace_stats(&t, &st), -EINVAL);
-	assert_int_equal(kvt_trace_stats(NULL, &st), -EINVAL);
+	assert_int_equal(sim_trace_stats(&t, &st), -EINVAL);
+	assert_int_equal(sim_trace_stats(NULL, &st), -EINVAL);
 	assert_memory_equal(&st, &before, sizeof(st));
 	t.count = 3;
-	kvt_trace_free(&t);
+	sim_trace_free(&t);
 }
 
 /* ---- re-timing -------------------------------------------------------------------------- */
@@ -705,9 +699,9 @@ static void test_stats(void **state)
 enum { N_DRAWS = 200000 };
 
 /* n requests one second apart, input i + 1, output i % 1000, line i + 2. */
-static struct kvt_trace synth(size_t n)
+static struct sim_trace synth(size_t n)
 {
-	struct kvt_trace t = {0};
+	struct sim_trace t = {0};
 
 	t.reqs = t_xmalloc(n * sizeof(*t.reqs));
 	t.count = n;
@@ -723,7 +717,7 @@ static struct kvt_trace synth(size_t n)
 
 /* Order and lengths kept, first at 0, non-decreasing; mean, coefficient of variation and the
    fraction below the mean of the gaps. */
-static void gaps(const struct kvt_trace *t, double *mean, double *cv, double *below)
+static void gaps(const struct sim_trace *t, double *mean, double *cv, double *below)
 {
 	size_t n = t->count - 1, nb = 0;
 	double s = 0, s2 = 0, m;
@@ -768,11 +762,11 @@ static void test_retime_gamma(void **state)
 	(void)state;
 
 	for (size_t c = 0; c < N_OF(cases); c++) {
-		struct kvt_trace t = synth(N_DRAWS);
-		struct kvt_trace_stats st;
+		struct sim_trace t = synth(N_DRAWS);
+		struct sim_trace_stats st;
 		double mean, cv, below, want_cv = 1.0 / sqrt(cases[c].b);
 
-		assert_int_equal(kvt_trace_retime(&t, cases[c].rate, cases[c].b, 42 + c), 0);
+		assert_int_equal(sim_trace_retime(&t, cases[c].rate, cases[c].b, 42 + c), 0);
 		gaps(&t, &mean, &cv, &below);
 		print_message("# R=%g B=%g: mean gap %.6f (1/R %.6f), cv %.4f (%.4f), below mean "
 			      "%.4f (%.4f)\n",
@@ -781,46 +775,46 @@ static void test_retime_gamma(void **state)
 		NEAR(mean * cases[c].rate, 1.0, 0.01);
 		NEAR(cv / want_cv, 1.0, 0.03);
 		NEAR(below, cases[c].below, 0.006);
-		assert_int_equal(kvt_trace_stats(&t, &st), 0);
+		assert_int_equal(sim_trace_stats(&t, &st), 0);
 		NEAR(st.rate_rps / cases[c].rate, 1.0, 0.01);
-		kvt_trace_free(&t);
+		sim_trace_free(&t);
 	}
 }
 
 static void test_retime_semantics(void **state)
 {
-	struct kvt_trace a = synth(1000), b = synth(1000), orig = synth(1000);
+	struct sim_trace a = synth(1000), b = synth(1000), orig = synth(1000);
 	double mean, cv, below;
 	(void)state;
 
 	/* rate 0 keeps the trace's own times */
-	assert_int_equal(kvt_trace_retime(&a, 0.0, 1.0, 1), 0);
+	assert_int_equal(sim_trace_retime(&a, 0.0, 1.0, 1), 0);
 	assert_memory_equal(a.reqs, orig.reqs, 1000 * sizeof(*a.reqs));
 	assert_true(a.duration_s == orig.duration_s);
 
 	/* invalid arguments change nothing */
-	assert_int_equal(kvt_trace_retime(NULL, 1.0, 1.0, 1), -EINVAL);
-	assert_int_equal(kvt_trace_retime(&a, -1.0, 1.0, 1), -EINVAL);
-	assert_int_equal(kvt_trace_retime(&a, NAN, 1.0, 1), -EINVAL);
-	assert_int_equal(kvt_trace_retime(&a, -INFINITY, 1.0, 1), -EINVAL);
-	assert_int_equal(kvt_trace_retime(&a, 4.0, 0.0, 1), -EINVAL);
-	assert_int_equal(kvt_trace_retime(&a, 4.0, -1.0, 1), -EINVAL);
-	assert_int_equal(kvt_trace_retime(&a, 4.0, NAN, 1), -EINVAL);
-	assert_int_equal(kvt_trace_retime(&a, 4.0, INFINITY, 1), -EINVAL);
-	assert_int_equal(kvt_trace_retime(&a, 0.0, 0.0, 1), -EINVAL);
+	assert_int_equal(sim_trace_retime(NULL, 1.0, 1.0, 1), -EINVAL);
+	assert_int_equal(sim_trace_retime(&a, -1.0, 1.0, 1), -EINVAL);
+	assert_int_equal(sim_trace_retime(&a, NAN, 1.0, 1), -EINVAL);
+	assert_int_equal(sim_trace_retime(&a, -INFINITY, 1.0, 1), -EINVAL);
+	assert_int_equal(sim_trace_retime(&a, 4.0, 0.0, 1), -EINVAL);
+	assert_int_equal(sim_trace_retime(&a, 4.0, -1.0, 1), -EINVAL);
+	assert_int_equal(sim_trace_retime(&a, 4.0, NAN, 1), -EINVAL);
+	assert_int_equal(sim_trace_retime(&a, 4.0, INFINITY, 1), -EINVAL);
+	assert_int_equal(sim_trace_retime(&a, 0.0, 0.0, 1), -EINVAL);
 	assert_memory_equal(a.reqs, orig.reqs, 1000 * sizeof(*a.reqs));
 	assert_true(a.duration_s == orig.duration_s);
 
 	/* the same seed gives the same times, another seed others */
-	assert_int_equal(kvt_trace_retime(&a, 2.0, 0.7, 7), 0);
-	assert_int_equal(kvt_trace_retime(&b, 2.0, 0.7, 7), 0);
+	assert_int_equal(sim_trace_retime(&a, 2.0, 0.7, 7), 0);
+	assert_int_equal(sim_trace_retime(&b, 2.0, 0.7, 7), 0);
 	assert_memory_equal(a.reqs, b.reqs, 1000 * sizeof(*a.reqs));
-	assert_int_equal(kvt_trace_retime(&b, 2.0, 0.7, 8), 0);
+	assert_int_equal(sim_trace_retime(&b, 2.0, 0.7, 8), 0);
 	assert_memory_not_equal(a.reqs, b.reqs, 1000 * sizeof(*a.reqs));
 	gaps(&a, &mean, &cv, &below);
 
 	/* infinite rate: everything at 0, order kept */
-	assert_int_equal(kvt_trace_retime(&a, INFINITY, 1.0, 7), 0);
+	assert_int_equal(sim_trace_retime(&a, INFINITY, 1.0, 7), 0);
 	for (size_t i = 0; i < a.count; i++) {
 		assert_true(a.reqs[i].arrival_s == 0.0);
 		assert_int_equal(a.reqs[i].line, i + 2);
@@ -828,33 +822,33 @@ static void test_retime_semantics(void **state)
 	assert_true(a.duration_s == 0.0);
 
 	/* very bursty and very regular processes stay finite and ordered */
-	assert_int_equal(kvt_trace_retime(&a, 10.0, 0.05, 3), 0);
+	assert_int_equal(sim_trace_retime(&a, 10.0, 0.05, 3), 0);
 	gaps(&a, &mean, &cv, &below);
-	assert_int_equal(kvt_trace_retime(&a, 10.0, 1e6, 3), 0);
+	assert_int_equal(sim_trace_retime(&a, 10.0, 1e6, 3), 0);
 	gaps(&a, &mean, &cv, &below);
 	NEAR(mean, 0.1, 1e-4);
 	NEAR(cv, 1e-3, 2e-4);
 
 	/* one request: at 0 */
-	kvt_trace_free(&b);
+	sim_trace_free(&b);
 	b = synth(1);
 	b.reqs[0].arrival_s = 3.0;
-	assert_int_equal(kvt_trace_retime(&b, 1.0, 1.0, 1), 0);
+	assert_int_equal(sim_trace_retime(&b, 1.0, 1.0, 1), 0);
 	assert_true(b.reqs[0].arrival_s == 0.0 && b.duration_s == 0.0);
-	kvt_trace_free(&a);
-	kvt_trace_free(&b);
-	kvt_trace_free(&orig);
+	sim_trace_free(&a);
+	sim_trace_free(&b);
+	sim_trace_free(&orig);
 }
 
 /* Re-timing a trace read from a file keeps its requests in their (sorted) order. */
 static void test_retime_read_trace(void **state)
 {
 	static const uint32_t lines[] = {1, 5, 3, 6, 4};
-	struct kvt_trace t;
+	struct sim_trace t;
 	(void)state;
 
-	READ_OK(sample("mooncake_good.jsonl"), KVT_TRACE_AUTO, NULL, &t);
-	assert_int_equal(kvt_trace_retime(&t, 1.0, 2.0, 5), 0);
+	READ_OK(sample("mooncake_good.jsonl"), SIM_TRACE_AUTO, NULL, &t);
+	assert_int_equal(sim_trace_retime(&t, 1.0, 2.0, 5), 0);
 	assert_true(t.reqs[0].arrival_s == 0.0);
 	for (size_t i = 0; i < t.count; i++) {
 		assert_int_equal(t.reqs[i].line, lines[i]);
@@ -862,7 +856,7 @@ static void test_retime_read_trace(void **state)
 			assert_true(t.reqs[i].arrival_s >= t.reqs[i - 1].arrival_s);
 	}
 	assert_true(t.duration_s == t.reqs[t.count - 1].arrival_s);
-	kvt_trace_free(&t);
+	sim_trace_free(&t);
 }
 
 int main(void)

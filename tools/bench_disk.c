@@ -42,14 +42,14 @@ static void usage(FILE *f)
 
 static double median(double *v, size_t n)
 {
-	qsort(v, n, sizeof(*v), cli_cmp_double);
-	return cli_percentile(v, n, 0.5);
+	qsort(v, n, sizeof(*v), sim_cmp_double);
+	return sim_percentile(v, n, 0.5);
 }
 
 /* Plain sequential I/O of `bytes` from buf through fd: seconds, or -1. */
 static double seq_io(int fd, uint8_t *buf, size_t bytes, bool write)
 {
-	double t0 = cli_now_s();
+	double t0 = sim_now_s();
 
 	for (size_t off = 0; off < bytes; off += SEQ_CHUNK) {
 		size_t n = bytes - off < SEQ_CHUNK ? bytes - off : SEQ_CHUNK;
@@ -59,7 +59,7 @@ static double seq_io(int fd, uint8_t *buf, size_t bytes, bool write)
 		if (r != (ssize_t)n)
 			return -1;
 	}
-	return cli_now_s() - t0;
+	return sim_now_s() - t0;
 }
 
 int kvt_bench_disk(int argc, char **argv)
@@ -90,19 +90,19 @@ int kvt_bench_disk(int argc, char **argv)
 			dir = optarg;
 			break;
 		case 'm':
-			if (cli_parse_u32(optarg, 1, 1u << 20, &mib))
+			if (sim_parse_u32(optarg, 1, 1u << 20, &mib))
 				return cli_bad_value("kvtier-bench disk", "mib", optarg), 2;
 			break;
 		case 'g':
-			if (cli_parse_u32(optarg, 4, 1u << 20, &gkib))
+			if (sim_parse_u32(optarg, 4, 1u << 20, &gkib))
 				return cli_bad_value("kvtier-bench disk", "group-kib", optarg), 2;
 			break;
 		case 'r':
-			if (cli_parse_u32(optarg, 1, 1000, &reps))
+			if (sim_parse_u32(optarg, 1, 1000, &reps))
 				return cli_bad_value("kvtier-bench disk", "reps", optarg), 2;
 			break;
 		case 'q':
-			if (cli_parse_u32(optarg, 1, 4096, &qd))
+			if (sim_parse_u32(optarg, 1, 4096, &qd))
 				return cli_bad_value("kvtier-bench disk", "queue-depth", optarg), 2;
 			break;
 		case 'h':
@@ -137,7 +137,7 @@ int kvt_bench_disk(int argc, char **argv)
 		uint64_t seed = 1;
 
 		for (size_t i = 0; i < bytes; i += 8)
-			*(uint64_t *)(buf + i) = cli_splitmix64(&seed);
+			*(uint64_t *)(buf + i) = sim_splitmix64(&seed);
 	}
 
 	struct kvt_disk_params p = {
@@ -162,7 +162,7 @@ int kvt_bench_disk(int argc, char **argv)
 
 	rc = 1;
 	for (uint32_t r = 0; r < reps; r++) {
-		double t0 = cli_now_s();
+		double t0 = sim_now_s();
 
 		for (size_t i = 0; i < n; i++)
 			io[i] = (struct kvt_disk_io){
@@ -172,13 +172,13 @@ int kvt_bench_disk(int argc, char **argv)
 				strerror(-io[0].res));
 			goto out;
 		}
-		tw[r] = cli_now_s() - t0;
-		t0 = cli_now_s();
+		tw[r] = sim_now_s() - t0;
+		t0 = sim_now_s();
 		if (kvt_disk_read(d, io, (uint32_t)n) != n) {
 			fprintf(stderr, "kvtier-bench disk: a read failed\n");
 			goto out;
 		}
-		tr[r] = cli_now_s() - t0;
+		tr[r] = sim_now_s() - t0;
 		for (size_t i = 0; i < n; i++)
 			kvt_disk_release(d, io[i].slot);
 		ts_w[r] = seq_io(fd, buf, bytes, true);
@@ -193,12 +193,12 @@ int kvt_bench_disk(int argc, char **argv)
 		struct kvt_disk_stats st;
 		double w = median(tw, reps), rd = median(tr, reps);
 		double sw = median(ts_w, reps), sr = median(ts_r, reps);
-		double t0 = cli_now_s(), tc;
+		double t0 = sim_now_s(), tc;
 		uint32_t crc = 0;
 
 		for (int k = 0; k < 4; k++)
 			crc = crc32_iscsi(buf, (int)(bytes < INT32_MAX ? bytes : INT32_MAX), crc);
-		tc = (cli_now_s() - t0) / 4;
+		tc = (sim_now_s() - t0) / 4;
 		kvt_disk_stats(d, &st);
 		printf("disk tier I/O engine (%s%s%s), %s, %zu groups of %u KiB (%.0f MiB) per "
 		       "run, queue depth %u, %s, median of %u\n",

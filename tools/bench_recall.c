@@ -61,25 +61,25 @@ static int parse(int argc, char **argv, struct ropts *o)
 		bad = 0;
 		switch (c) {
 		case 's':
-			bad = cli_parse_u32(optarg, 1, 1u << 16, &o->seqs);
+			bad = sim_parse_u32(optarg, 1, 1u << 16, &o->seqs);
 			break;
 		case 'l':
-			bad = cli_parse_u32(optarg, 1, 4096, &o->layers);
+			bad = sim_parse_u32(optarg, 1, 4096, &o->layers);
 			break;
 		case 'p':
-			bad = cli_parse_u32(optarg, 1024, 1u << 22, &o->prompt);
+			bad = sim_parse_u32(optarg, 1024, 1u << 22, &o->prompt);
 			break;
 		case 'r':
-			bad = cli_parse_u32(optarg, 1, 1024, &o->r);
+			bad = sim_parse_u32(optarg, 1, 1024, &o->r);
 			break;
 		case 'n':
-			bad = cli_parse_u32(optarg, 2, 1u << 20, &o->steps);
+			bad = sim_parse_u32(optarg, 2, 1u << 20, &o->steps);
 			break;
 		case 'u':
-			bad = cli_parse_u32(optarg, 0, 100, &o->churn_pct);
+			bad = sim_parse_u32(optarg, 0, 100, &o->churn_pct);
 			break;
 		case 'k':
-			bad = cli_parse_u32(optarg, 100, 10000, &o->cache_pct);
+			bad = sim_parse_u32(optarg, 100, 10000, &o->cache_pct);
 			break;
 		case 'c':
 			o->csv = optarg;
@@ -178,14 +178,14 @@ int kvt_bench_recall(int argc, char **argv)
 			err = kvt_decode_append(m, l, ids, o.seqs, kd, kd, NULL);
 		/* churn: replace some selected blocks (repeats are allowed and ignored) */
 		for (size_t x = 0; x < sel_n && o.churn_pct; x++)
-			if (cli_splitmix64(&rng) % 100 < o.churn_pct)
-				sel[x] = lo_b + (uint32_t)(cli_splitmix64(&rng) % (hi_b - lo_b));
+			if (sim_splitmix64(&rng) % 100 < o.churn_pct)
+				sel[x] = lo_b + (uint32_t)(sim_splitmix64(&rng) % (hi_b - lo_b));
 		kvt_manager_stats(m, &a);
-		t0 = 1e9 * cli_now_s();
+		t0 = 1e9 * sim_now_s();
 		for (uint32_t l = 0; l < o.layers && !err; l++)
 			err = kvt_recall_blocks(m, l, ids, o.seqs,
 						sel + (size_t)l * o.seqs * H * o.r, o.r, NULL);
-		t[s] = 1e9 * cli_now_s() - t0;
+		t[s] = 1e9 * sim_now_s() - t0;
 		kvt_manager_stats(m, &b);
 		loads[s] = (double)(b.recall_loads - a.recall_loads);
 		hits[s] = (double)(b.recall_hits - a.recall_hits);
@@ -212,7 +212,7 @@ int kvt_bench_recall(int argc, char **argv)
 		tot_l += loads[s];
 		tot_h += hits[s];
 	}
-	qsort(t + 1, o.steps - 1, sizeof(*t), cli_cmp_double);
+	qsort(t + 1, o.steps - 1, sizeof(*t), sim_cmp_double);
 
 	uint32_t n = o.steps - 1;
 	double med = t[1 + n / 2], p90 = t[1 + n * 9 / 10];

@@ -1,55 +1,13 @@
 /* SPDX-License-Identifier: MIT */
-/* Small helpers shared by the command-line tools. */
+/* Small helpers shared by the command-line tools; the number parsers, clock, generator and
+   percentiles are the simulator's (sim/simutil.h). */
 #ifndef KVT_CLI_H
 #define KVT_CLI_H
 
-#include <errno.h>
-#include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
 
-/* Parses a decimal integer in [lo, hi] into *out: 0, or -1 for anything else (sign, junk,
-   overflow, empty). */
-static inline int cli_parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
-{
-	char *end;
-	unsigned long long v;
-
-	if (*s == '-' || *s == '+')
-		return -1;
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || *end || end == s || v < lo || v > hi)
-		return -1;
-	*out = (uint32_t)v;
-	return 0;
-}
-
-/* Parses a real number in [lo, hi] (NaN refused; inf only where hi is) into *out: 0, or -1
-   for anything else (junk, overflow, empty, out of range). */
-static inline int cli_parse_double(const char *s, double lo, double hi, double *out)
-{
-	char *end;
-	double v;
-
-	errno = 0;
-	v = strtod(s, &end);
-	if (errno || end == s || *end || !(v >= lo && v <= hi))
-		return -1;
-	*out = v;
-	return 0;
-}
-
-/* Monotonic clock in seconds. */
-static inline double cli_now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "simutil.h"
 
 /* Reports a bad value of option --opt; returns -1 (the parsers' failure value). */
 static inline int cli_bad_value(const char *tool, const char *opt, const char *arg)
@@ -65,39 +23,6 @@ static inline int cli_no_extra(const char *tool, int argc, char **argv)
 		return 0;
 	fprintf(stderr, "%s: unexpected argument '%s'\n", tool, argv[optind]);
 	return -1;
-}
-
-/* splitmix64: the tools' seeded generator, and the seeder of bigger ones. */
-static inline uint64_t cli_splitmix64(uint64_t *s)
-{
-	uint64_t x = (*s += 0x9e3779b97f4a7c15ull);
-
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
-}
-
-/* qsort comparator: doubles, ascending. */
-static inline int cli_cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
-/* Percentile q (0..1) of sorted v[0..n), linear between ranks (numpy's default, as vLLM's
-   summaries); 0 when n is 0. */
-static inline double cli_percentile(const double *v, size_t n, double q)
-{
-	double x;
-	size_t lo, hi;
-
-	if (!n)
-		return 0;
-	x = q * (double)(n - 1);
-	lo = (size_t)x;
-	hi = lo + 1 < n ? lo + 1 : lo;
-	return v[lo] + (x - (double)lo) * (v[hi] - v[lo]);
 }
 
 #endif /* KVT_CLI_H */

@@ -93,20 +93,20 @@ static int parse_manager(int argc, char **argv, struct mopts *o)
 		bad = 0;
 		switch (c) {
 		case 's':
-			bad = cli_parse_u32(optarg, 1, 1u << 20, &o->seqs);
+			bad = sim_parse_u32(optarg, 1, 1u << 20, &o->seqs);
 			break;
 		case 'l':
-			bad = cli_parse_u32(optarg, 1, 4096, &o->layers);
+			bad = sim_parse_u32(optarg, 1, 4096, &o->layers);
 			break;
 		case 'p':
-			bad = cli_parse_u32(optarg, 1, 1u << 24, &o->prompt);
+			bad = sim_parse_u32(optarg, 1, 1u << 24, &o->prompt);
 			prompt_set = true;
 			break;
 		case 'n':
-			bad = cli_parse_u32(optarg, 1, 1u << 24, &o->steps);
+			bad = sim_parse_u32(optarg, 1, 1u << 24, &o->steps);
 			break;
 		case 't':
-			bad = cli_parse_u32(optarg, 0, 64, &o->threads);
+			bad = sim_parse_u32(optarg, 0, 64, &o->threads);
 			break;
 		case 'b':
 			if (strcmp(optarg, "null") == 0)
@@ -200,11 +200,11 @@ static int bench_manager(int argc, char **argv)
 	}
 
 	for (uint32_t s = 0; s < o.steps; s++) {
-		double t0 = 1e9 * cli_now_s();
+		double t0 = 1e9 * sim_now_s();
 
 		for (uint32_t l = 0; l < o.layers && !err; l++)
 			err = kvt_decode_append(m, l, ids, o.seqs, kd, vd, NULL);
-		t[s] = 1e9 * cli_now_s() - t0;
+		t[s] = 1e9 * sim_now_s() - t0;
 		if (err) {
 			fprintf(stderr, "kvtier-bench: step %u: %s\n", s,
 				kvt_manager_last_error(m));
@@ -224,7 +224,7 @@ static int bench_manager(int argc, char **argv)
 		for (uint32_t s = 0; s < o.steps; s++)
 			fprintf(csv, "%u,%.0f\n", s, t[s]);
 	}
-	qsort(t, o.steps, sizeof(*t), cli_cmp_double);
+	qsort(t, o.steps, sizeof(*t), sim_cmp_double);
 
 	double med = t[o.steps / 2], p10 = t[o.steps / 10], p90 = t[o.steps * 9 / 10];
 	uint64_t appends = (uint64_t)o.seqs * o.layers;
@@ -288,28 +288,28 @@ static int parse_sched(int argc, char **argv, struct sopts *o)
 		bad = 0;
 		switch (c) {
 		case 'r':
-			bad = cli_parse_u32(optarg, 1, 1u << 20, &o->requests);
+			bad = sim_parse_u32(optarg, 1, 1u << 20, &o->requests);
 			break;
 		case 'n':
-			bad = cli_parse_u32(optarg, 1, 1u << 24, &o->steps);
+			bad = sim_parse_u32(optarg, 1, 1u << 24, &o->steps);
 			break;
 		case 'w':
-			bad = cli_parse_u32(optarg, 0, 1u << 24, &o->warmup);
+			bad = sim_parse_u32(optarg, 0, 1u << 24, &o->warmup);
 			break;
 		case 'W':
-			bad = cli_parse_u32(optarg, 0, 1, &o->ws);
+			bad = sim_parse_u32(optarg, 0, 1, &o->ws);
 			break;
 		case 'p':
-			bad = cli_parse_u32(optarg, 1, 1u << 20, &o->prompt);
+			bad = sim_parse_u32(optarg, 1, 1u << 20, &o->prompt);
 			break;
 		case 'm':
-			bad = cli_parse_u32(optarg, 1, 1u << 20, &o->max_new);
+			bad = sim_parse_u32(optarg, 1, 1u << 20, &o->max_new);
 			break;
 		case 'd':
-			bad = cli_parse_u32(optarg, 1, 4096, &o->device_gib);
+			bad = sim_parse_u32(optarg, 1, 4096, &o->device_gib);
 			break;
 		case 'R':
-			bad = cli_parse_u32(optarg, 0, 64, &o->recall);
+			bad = sim_parse_u32(optarg, 0, 64, &o->recall);
 			break;
 		case 'c':
 			o->csv = optarg;
@@ -452,9 +452,9 @@ static int bench_sched(int argc, char **argv)
 				kvt_manager_last_error(m));
 			goto out;
 		}
-		t0 = 1e9 * cli_now_s();
+		t0 = 1e9 * sim_now_s();
 		err = kvt_sched_step(s, &b);
-		t0 = 1e9 * cli_now_s() - t0;
+		t0 = 1e9 * sim_now_s() - t0;
 		if (err) {
 			fprintf(stderr, "kvtier-bench: step: %s\n", kvt_strerror(err));
 			goto out;

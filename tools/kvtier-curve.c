@@ -36,7 +36,7 @@
 
 /* One line of the plot: a policy, and for kvtier whether working-set control is on. */
 struct series {
-	enum kvt_policy pol;
+	enum sim_policy pol;
 	int ws; /* 1 or 0 for kvtier, -1 for the others (their own defaults) */
 };
 
@@ -49,7 +49,7 @@ struct point {
 };
 
 struct curve {
-	struct kvt_replay_opts base; /* options common to every run */
+	struct sim_replay_opts base; /* options common to every run */
 	bool rate;		     /* --x rate */
 	double xs[MAX_X];
 	size_t n_x;
@@ -57,7 +57,7 @@ struct curve {
 	size_t n_ser;
 	const char *values, *policies, *ws; /* parsed once --x is known */
 	const char *model, *gpu, *preset_json, *trace_path;
-	enum kvt_trace_format fmt;
+	enum sim_trace_format fmt;
 	uint32_t prompt, output_tokens, warmup, iterations, requests, seed;
 	bool lengths_set, no_plot, quiet;
 	const char *csv, *plot;
@@ -72,7 +72,7 @@ enum {
 	O_MODEL,
 	O_GPU,
 	O_PRESET_JSON,
-	O_ENGINE, /* the engine's options: kvt_replay_opt by name */
+	O_ENGINE, /* the engine's options: sim_replay_opt by name */
 	O_SEED,
 	O_TRACE,
 	O_FORMAT,
@@ -210,15 +210,15 @@ static int parse_values(struct curve *c)
 
 		if (c->n_x == MAX_X)
 			goto bad;
-		if (c->rate ? cli_parse_double(item, 0, DBL_MAX, &c->xs[c->n_x]) ||
+		if (c->rate ? sim_parse_double(item, 0, DBL_MAX, &c->xs[c->n_x]) ||
 				      c->xs[c->n_x] == 0
-			    : cli_parse_u32(item, 1, 1u << 20, &n))
+			    : sim_parse_u32(item, 1, 1u << 20, &n))
 			goto bad;
 		if (!c->rate)
 			c->xs[c->n_x] = n;
 		c->n_x++;
 	}
-	qsort(c->xs, c->n_x, sizeof(c->xs[0]), cli_cmp_double);
+	qsort(c->xs, c->n_x, sizeof(c->xs[0]), sim_cmp_double);
 	rc = 0;
 	goto out;
 bad:
@@ -251,18 +251,18 @@ static int parse_series(struct curve *c)
 	}
 	c->n_ser = 0;
 	while ((item = next_item(&rest))) {
-		enum kvt_policy p;
+		enum sim_policy p;
 
-		if (kvt_policy_parse(item, &p) || (unsigned)p >= 4 || seen[p]) {
+		if (sim_policy_parse(item, &p) || (unsigned)p >= 4 || seen[p]) {
 			cli_bad_value(TOOL, "policies", list);
 			goto out;
 		}
 		seen[p] = true;
-		if (p != KVT_POLICY_KVTIER)
+		if (p != SIM_POLICY_KVTIER)
 			c->ser[c->n_ser++] = (struct series){p, -1};
-		if (p == KVT_POLICY_KVTIER && on)
+		if (p == SIM_POLICY_KVTIER && on)
 			c->ser[c->n_ser++] = (struct series){p, 1};
-		if (p == KVT_POLICY_KVTIER && off)
+		if (p == SIM_POLICY_KVTIER && off)
 			c->ser[c->n_ser++] = (struct series){p, 0};
 	}
 	rc = 0;
@@ -297,24 +297,24 @@ static int parse_tool_opt(int opt, char *arg, struct curve *c)
 		c->preset_json = arg;
 		return 0;
 	case O_SEED:
-		return cli_parse_u32(arg, 0, UINT32_MAX, &c->seed);
+		return sim_parse_u32(arg, 0, UINT32_MAX, &c->seed);
 	case O_TRACE:
 		c->trace_path = arg;
 		return 0;
 	case O_FORMAT:
-		return kvt_trace_format_parse(arg, &c->fmt) ? -1 : 0;
+		return sim_trace_format_parse(arg, &c->fmt) ? -1 : 0;
 	case O_PROMPT:
 		c->lengths_set = true;
-		return cli_parse_u32(arg, 1, 1u << 24, &c->prompt);
+		return sim_parse_u32(arg, 1, 1u << 24, &c->prompt);
 	case O_OUTPUT:
 		c->lengths_set = true;
-		return cli_parse_u32(arg, 1, 1u << 24, &c->output_tokens);
+		return sim_parse_u32(arg, 1, 1u << 24, &c->output_tokens);
 	case O_WARMUP:
-		return cli_parse_u32(arg, 0, 1u << 24, &c->warmup);
+		return sim_parse_u32(arg, 0, 1u << 24, &c->warmup);
 	case O_ITERATIONS:
-		return cli_parse_u32(arg, 1, 1u << 24, &c->iterations);
+		return sim_parse_u32(arg, 1, 1u << 24, &c->iterations);
 	case O_REQUESTS:
-		return cli_parse_u32(arg, 1, 1u << 24, &c->requests);
+		return sim_parse_u32(arg, 1, 1u << 24, &c->requests);
 	case O_CSV:
 		c->csv = arg;
 		return *arg ? 0 : -1;
@@ -416,7 +416,7 @@ static int parse_opts(int argc, char **argv, struct curve *c)
 	int opt, bad, li = 0;
 
 	memset(c, 0, sizeof(*c));
-	kvt_replay_opts_init(&c->base);
+	sim_replay_opts_init(&c->base);
 	c->base.recall_layers = 0; /* the curves simulate recall on every layer */
 	c->model = "llama3-8b";
 	c->gpu = "h100";
@@ -437,7 +437,7 @@ static int parse_opts(int argc, char **argv, struct curve *c)
 			usage(stderr);
 			return -1;
 		}
-		bad = opt == O_ENGINE ? kvt_replay_opt(lo[li].name, optarg, &c->base)
+		bad = opt == O_ENGINE ? sim_replay_opt(lo[li].name, optarg, &c->base)
 				      : parse_tool_opt(opt, optarg, c);
 		if (bad)
 			return cli_bad_value(TOOL, lo[li].name, optarg);
@@ -453,16 +453,16 @@ static int load_presets(struct curve *c)
 {
 	char err[512];
 
-	if (kvt_preset_model(c->model, &c->base.model)) {
+	if (sim_preset_model(c->model, &c->base.model)) {
 		cli_bad_value(TOOL, "model", c->model);
 		return 2;
 	}
-	if (kvt_preset_gpu(c->gpu, &c->base.gpu)) {
+	if (sim_preset_gpu(c->gpu, &c->base.gpu)) {
 		cli_bad_value(TOOL, "gpu", c->gpu);
 		return 2;
 	}
 	if (c->preset_json &&
-	    kvt_preset_load_json(c->preset_json, &c->base.model, &c->base.gpu, err, sizeof(err))) {
+	    sim_preset_load_json(c->preset_json, &c->base.model, &c->base.gpu, err, sizeof(err))) {
 		fprintf(stderr, "%s: %s\n", TOOL, err);
 		return 2;
 	}
@@ -471,10 +471,10 @@ static int load_presets(struct curve *c)
 }
 
 /* The trace of --trace into *src (count > 0): 0 or -1 (reported). */
-static int load_trace(const struct curve *c, struct kvt_trace *src)
+static int load_trace(const struct curve *c, struct sim_trace *src)
 {
-	char err[KVT_TRACE_MSG_MAX + 64];
-	int rc = kvt_trace_read(c->trace_path, c->fmt, NULL, src, err, sizeof(err));
+	char err[SIM_TRACE_MSG_MAX + 64];
+	int rc = sim_trace_read(c->trace_path, c->fmt, NULL, src, err, sizeof(err));
 
 	if (rc) {
 		fprintf(stderr, "%s: %s\n", TOOL, err);
@@ -484,7 +484,7 @@ static int load_trace(const struct curve *c, struct kvt_trace *src)
 }
 
 /* Mean output tokens of a request of the workload (at least 1). */
-static double mean_output(const struct curve *c, const struct kvt_trace *src)
+static double mean_output(const struct curve *c, const struct sim_trace *src)
 {
 	double sum = 0;
 
@@ -497,7 +497,7 @@ static double mean_output(const struct curve *c, const struct kvt_trace *src)
 
 /* Requests of one point: for a batch sweep enough that x slots never run dry over warmup
    plus window; for a rate sweep --requests. */
-static size_t point_requests(const struct curve *c, const struct kvt_trace *src, double x)
+static size_t point_requests(const struct curve *c, const struct sim_trace *src, double x)
 {
 	double per_slot;
 
@@ -510,17 +510,17 @@ static size_t point_requests(const struct curve *c, const struct kvt_trace *src,
 /* The n requests of one point into *t (released with free(t->reqs)): the lengths of src in
    order and cycled (or the synthetic ones), arriving at 0, or as a Poisson process of rate
    x for a rate sweep. 0 or -ENOMEM. */
-static int make_trace(const struct curve *c, const struct kvt_trace *src, size_t n, double x,
-		      struct kvt_trace *t)
+static int make_trace(const struct curve *c, const struct sim_trace *src, size_t n, double x,
+		      struct sim_trace *t)
 {
 	memset(t, 0, sizeof(*t));
 	t->reqs = calloc(n, sizeof(*t->reqs));
 	if (!t->reqs)
 		return -ENOMEM;
 	t->count = n;
-	t->format = src->count ? src->format : KVT_TRACE_AUTO;
+	t->format = src->count ? src->format : SIM_TRACE_AUTO;
 	for (size_t i = 0; i < n; i++) {
-		struct kvt_trace_req *r = &t->reqs[i];
+		struct sim_trace_req *r = &t->reqs[i];
 
 		r->input_tokens = src->count ? src->reqs[i % src->count].input_tokens : c->prompt;
 		r->output_tokens =
@@ -528,12 +528,12 @@ static int make_trace(const struct curve *c, const struct kvt_trace *src, size_t
 		r->line = (uint32_t)(i + 1);
 	}
 	if (c->rate)
-		return kvt_trace_retime(t, x, 1.0, c->seed);
+		return sim_trace_retime(t, x, 1.0, c->seed);
 	return 0;
 }
 
 /* The point's TBT figures (ms) from the window's decode iterations: 0 or -ENOMEM. */
-static int tbt_figures(const struct kvt_replay_result *r, struct point *p)
+static int tbt_figures(const struct sim_replay_result *r, struct point *p)
 {
 	double *v, sum = 0;
 	size_t n = r->n_win_tbt;
@@ -547,9 +547,9 @@ static int tbt_figures(const struct kvt_replay_result *r, struct point *p)
 	memcpy(v, r->win_tbt_s, n * sizeof(*v));
 	for (size_t i = 0; i < n; i++)
 		sum += v[i];
-	qsort(v, n, sizeof(*v), cli_cmp_double);
+	qsort(v, n, sizeof(*v), sim_cmp_double);
 	p->tbt_ms = 1e3 * sum / (double)n;
-	p->tbt_p99_ms = 1e3 * cli_percentile(v, n, 0.99);
+	p->tbt_p99_ms = 1e3 * sim_percentile(v, n, 0.99);
 	free(v);
 	return 0;
 }
@@ -564,7 +564,7 @@ static double ratio(double a, double b)
    time in a closed loop (never idle); in an open loop over the whole run, first arrival to
    last completion (vLLM's figure), since the engine's iteration time leaves out the idle
    gaps between arrivals and would report more than the offered load at low rates. */
-static int point_figures(const struct kvt_replay_result *r, bool open_loop, struct point *p)
+static int point_figures(const struct sim_replay_result *r, bool open_loop, struct point *p)
 {
 	double it = (double)r->win_iterations;
 
@@ -588,7 +588,7 @@ static const char *ws_text(const struct series *s)
 static const char *series_title(const struct series *s)
 {
 	if (s->ws < 0)
-		return kvt_policy_name(s->pol);
+		return sim_policy_name(s->pol);
 	return s->ws ? "kvtier, ws-control" : "kvtier, no ws-control";
 }
 
@@ -598,14 +598,14 @@ static void csv_row(FILE *f, const struct curve *c, const struct point *p)
 	const struct series *s = &c->ser[p->series];
 
 	fprintf(f, "%.6g,%s,%s,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%zu,%zu,%.3f\n", p->x,
-		kvt_policy_name(s->pol), ws_text(s), p->thr, p->batch, p->blocks, p->tbt_ms,
+		sim_policy_name(s->pol), ws_text(s), p->thr, p->batch, p->blocks, p->tbt_ms,
 		p->tbt_p99_ms, p->ttft_ms, p->hit, p->completed, p->failed, p->wall_s);
 	fflush(f);
 }
 
 /* The engine's options of series s at x: a closed loop at concurrency x with a window after
    the warmup, or an open loop run to the end. */
-static void point_opts(const struct curve *c, size_t s, double x, struct kvt_replay_opts *o)
+static void point_opts(const struct curve *c, size_t s, double x, struct sim_replay_opts *o)
 {
 	*o = c->base;
 	o->policy = c->ser[s].pol;
@@ -629,14 +629,14 @@ static void point_opts(const struct curve *c, size_t s, double x, struct kvt_rep
 }
 
 /* One run of the engine for series s at x into *p: 0, or 1 on an error (reported). */
-static int run_point(const struct curve *c, const struct kvt_trace *src, size_t s, double x,
+static int run_point(const struct curve *c, const struct sim_trace *src, size_t s, double x,
 		     struct point *p)
 {
-	struct kvt_replay_opts o;
-	struct kvt_replay_result res = {0};
-	struct kvt_trace t;
+	struct sim_replay_opts o;
+	struct sim_replay_result res = {0};
+	struct sim_trace t;
 	char err[512] = "";
-	double t0 = cli_now_s();
+	double t0 = sim_now_s();
 	int rc;
 
 	point_opts(c, s, x, &o);
@@ -645,7 +645,7 @@ static int run_point(const struct curve *c, const struct kvt_trace *src, size_t 
 		fprintf(stderr, "%s: the requests of x=%g: %s\n", TOOL, x, strerror(-rc));
 		goto out;
 	}
-	rc = kvt_replay_run(&o, &t, &res, err, sizeof(err));
+	rc = sim_replay_run(&o, &t, &res, err, sizeof(err));
 	if (rc) {
 		fprintf(stderr, "%s: %s x=%g: %s\n", TOOL, series_title(&c->ser[s]), x,
 			err[0] ? err : strerror(-rc));
@@ -653,7 +653,7 @@ static int run_point(const struct curve *c, const struct kvt_trace *src, size_t 
 	}
 	*p = (struct point){.series = s, .x = x};
 	rc = point_figures(&res, c->rate, p);
-	p->wall_s = cli_now_s() - t0;
+	p->wall_s = sim_now_s() - t0;
 	if (rc)
 		fprintf(stderr, "%s: out of memory\n", TOOL);
 	else if (!c->rate && res.iterations < o.max_iterations)
@@ -663,14 +663,14 @@ static int run_point(const struct curve *c, const struct kvt_trace *src, size_t 
 			TOOL, series_title(&c->ser[s]), x, (unsigned long long)res.iterations,
 			(unsigned long long)o.max_iterations);
 out:
-	kvt_replay_result_free(&res);
+	sim_replay_result_free(&res);
 	free(t.reqs);
 	return rc ? 1 : 0;
 }
 
 /* The KV budget in HBM of the runs, GiB: --hbm-gib, or the engine's default as replay.c
    computes it (the GPU's memory less the weights). */
-static double hbm_budget_gib(const struct kvt_replay_opts *o)
+static double hbm_budget_gib(const struct sim_replay_opts *o)
 {
 	if (o->hbm_gib > 0)
 		return o->hbm_gib;
@@ -678,16 +678,16 @@ static double hbm_budget_gib(const struct kvt_replay_opts *o)
 }
 
 /* The header line of the report: model, GPU, budgets, workload, sweep. */
-static void print_header(const struct curve *c, const struct kvt_trace *src)
+static void print_header(const struct curve *c, const struct sim_trace *src)
 {
-	const struct kvt_replay_opts *o = &c->base;
+	const struct sim_replay_opts *o = &c->base;
 
 	printf("%s: model %s on %s, HBM budget %.1f GiB%s, DRAM %.0f GiB; ", TOOL, o->model.name,
 	       o->gpu.name, hbm_budget_gib(o), o->hbm_gib > 0 ? "" : " (GPU less weights)",
 	       o->dram_gib);
 	if (src->count)
 		printf("lengths of %s (%zu requests, %s, cycled)", c->trace_path, src->count,
-		       kvt_trace_format_name(src->format));
+		       sim_trace_format_name(src->format));
 	else
 		printf("prompt %u + %u output tokens", c->prompt, c->output_tokens);
 	if (c->rate)
@@ -716,7 +716,7 @@ static void print_table(const struct curve *c, const struct point *pts, size_t n
 
 		printf("%8g %-14s %3s %11.1f %7.2f %10.2f %9.3f %9.3f %10.1f %8.4f %9zu %6zu "
 		       "%7.2f\n",
-		       p->x, kvt_policy_name(s->pol), ws_text(s), p->thr, p->batch, p->blocks,
+		       p->x, sim_policy_name(s->pol), ws_text(s), p->thr, p->batch, p->blocks,
 		       p->tbt_ms, p->tbt_p99_ms, p->ttft_ms, p->hit, p->completed, p->failed,
 		       p->wall_s);
 	}
@@ -790,7 +790,7 @@ static void gp_panel(FILE *f, const struct curve *c, const struct point *pts, si
 		fputs(sep, f);
 		gp_quote(f, c->csv);
 		fprintf(f, " every ::1 using 1:((strcol(2) eq '%s' && strcol(3) eq '%s') ? ",
-			kvt_policy_name(ser->pol), ws_text(ser));
+			sim_policy_name(ser->pol), ws_text(ser));
 		if (log)
 			fprintf(f, "($%d > 0.1 ? $%d : 0.1)", col, col);
 		else
@@ -809,7 +809,7 @@ static void gp_panel(FILE *f, const struct curve *c, const struct point *pts, si
    the x axis both panels share. */
 static void gp_preamble(FILE *f, const struct curve *c)
 {
-	const struct kvt_replay_opts *o = &c->base;
+	const struct sim_replay_opts *o = &c->base;
 	char title[256];
 
 	snprintf(title, sizeof(title), "%s on %s, HBM budget %.1f GiB: %s sweep", o->model.name,
@@ -952,7 +952,7 @@ static int make_plot(const struct curve *c, const struct point *pts, size_t n)
 
 /* Every (series, x) point, in series order then ascending x, each written to csv as it
    finishes: 0 or 1 (reported). */
-static int sweep(const struct curve *c, const struct kvt_trace *src, FILE *csv, struct point *pts)
+static int sweep(const struct curve *c, const struct sim_trace *src, FILE *csv, struct point *pts)
 {
 	size_t total = c->n_ser * c->n_x, k = 0;
 
@@ -967,7 +967,7 @@ static int sweep(const struct curve *c, const struct kvt_trace *src, FILE *csv, 
 				fprintf(stderr,
 					"point %zu/%zu: %s ws=%s x=%g: %.1f tok/s, batch %.2f, "
 					"%.2f blocks/iter, %.1f s\n",
-					k + 1, total, kvt_policy_name(c->ser[s].pol),
+					k + 1, total, sim_policy_name(c->ser[s].pol),
 					ws_text(&c->ser[s]), p->x, p->thr, p->batch, p->blocks,
 					p->wall_s);
 		}
@@ -977,11 +977,11 @@ static int sweep(const struct curve *c, const struct kvt_trace *src, FILE *csv, 
 /* Options, workload, the sweep into the CSV, the report on stdout, then the plot. */
 int main(int argc, char **argv)
 {
-	struct kvt_trace src = {0};
+	struct sim_trace src = {0};
 	struct point *pts = NULL;
 	struct curve c;
 	FILE *csv = NULL;
-	double t0 = cli_now_s();
+	double t0 = sim_now_s();
 	size_t n;
 	int rc = 2;
 
@@ -1013,7 +1013,7 @@ int main(int argc, char **argv)
 		goto out;
 	print_table(&c, pts, n);
 	print_shape(&c, pts, n);
-	printf("%zu points in %.1f s; CSV: %s\n", n, cli_now_s() - t0, c.csv);
+	printf("%zu points in %.1f s; CSV: %s\n", n, sim_now_s() - t0, c.csv);
 	rc = ferror(csv);
 	rc |= fclose(csv);
 	csv = NULL;
@@ -1026,7 +1026,7 @@ int main(int argc, char **argv)
 out:
 	if (csv)
 		fclose(csv);
-	kvt_trace_free(&src);
+	sim_trace_free(&src);
 	free(pts);
 	return rc;
 }

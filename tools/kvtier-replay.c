@@ -17,6 +17,7 @@
 
 #include "cli.h"
 #include "replay.h"
+#include "report.h"
 
 #define TOOL "kvtier-replay"
 
@@ -63,7 +64,7 @@ static void usage(FILE *f)
 		"                        all (loads and times scaled; default 8, 0: every layer)\n"
 		"  --sel-keep P --sel-revisit P --sel-window W   selection model (0.80, 0.45, 12)\n"
 		"  --selections FILE     recorded selections for the requests they name, instead\n"
-		"                        of the selection model (format: tools/selfile.h)\n"
+		"                        of the selection model (format: sim/selfile.h)\n"
 		"ablations:\n"
 		"  --no-ws-control       admit by R_max/T_max and resident sets only\n"
 		"  --no-fused-transfer   recall by per-block copies instead of one fused gather\n"
@@ -83,9 +84,9 @@ static void usage(FILE *f)
 }
 
 struct opts {
-	struct kvt_replay_opts r;
+	struct sim_replay_opts r;
 	const char *trace, *json, *req_csv, *iter_csv, *preset_json, *selfile;
-	enum kvt_trace_format format;
+	enum sim_trace_format format;
 	bool skip_bad, quiet;
 	uint32_t num_prompts;
 	double rate, burstiness;
@@ -104,7 +105,7 @@ enum {
 	O_GPU,
 	O_PRESET,
 	O_SELFILE,
-	O_ENGINE, /* the engine's options: kvt_replay_opt by name */
+	O_ENGINE, /* the engine's options: sim_replay_opt by name */
 	O_JSON,
 	O_REQCSV,
 	O_ITERCSV,
@@ -114,38 +115,38 @@ enum {
 
 static int parse_opt(int c, const char *a, const char *name, struct opts *o)
 {
-	struct kvt_replay_opts *r = &o->r;
+	struct sim_replay_opts *r = &o->r;
 	uint32_t u = 0;
 	int bad = 0;
 
 	switch (c) {
 	case O_FORMAT:
-		bad = kvt_trace_format_parse(a, &o->format);
+		bad = sim_trace_format_parse(a, &o->format);
 		break;
 	case O_NUM:
-		bad = cli_parse_u32(a, 1, UINT32_MAX, &o->num_prompts);
+		bad = sim_parse_u32(a, 1, UINT32_MAX, &o->num_prompts);
 		break;
 	case O_RATE:
-		bad = cli_parse_double(a, 0, INFINITY, &o->rate) || o->rate == 0;
+		bad = sim_parse_double(a, 0, INFINITY, &o->rate) || o->rate == 0;
 		break;
 	case O_BURST:
-		bad = cli_parse_double(a, 1e-3, 1e3, &o->burstiness);
+		bad = sim_parse_double(a, 1e-3, 1e3, &o->burstiness);
 		break;
 	case O_SEED:
-		bad = cli_parse_u32(a, 0, UINT32_MAX, &u);
+		bad = sim_parse_u32(a, 0, UINT32_MAX, &u);
 		o->seed = r->sel.seed = u;
 		break;
 	case O_POLICY:
-		bad = kvt_policy_parse(a, &r->policy);
+		bad = sim_policy_parse(a, &r->policy);
 		break;
 	case O_MODEL:
-		bad = kvt_preset_model(a, &r->model);
+		bad = sim_preset_model(a, &r->model);
 		break;
 	case O_GPU:
-		bad = kvt_preset_gpu(a, &r->gpu);
+		bad = sim_preset_gpu(a, &r->gpu);
 		break;
 	case O_ENGINE:
-		bad = kvt_replay_opt(name, a, r);
+		bad = sim_replay_opt(name, a, r);
 		break;
 	default:
 		break;
@@ -198,7 +199,7 @@ static int parse(int argc, char **argv, struct opts *o)
 	};
 	int c, idx;
 
-	kvt_replay_opts_init(&o->r);
+	sim_replay_opts_init(&o->r);
 	o->burstiness = 1.0;
 	o->seed = 1;
 	while ((c = getopt_long(argc, argv, "", lo, &idx)) != -1) {
@@ -262,14 +263,14 @@ struct reasons {
 	size_t n[16], k;
 };
 
-static void count_reasons(const struct kvt_replay_result *res, struct reasons *rs)
+static void count_reasons(const struct sim_replay_result *res, struct reasons *rs)
 {
 	memset(rs, 0, sizeof(*rs));
 	for (size_t i = 0; i < res->n_reqs; i++) {
 		const char *w = res->reqs[i].reason;
 		size_t j = 0;
 
-		if (res->reqs[i].status != KVT_REQ_FAILED)
+		if (res->reqs[i].status != SIM_REQ_FAILED)
 			continue;
 		while (j < rs->k && rs->why[j] != w)
 			j++;
@@ -293,9 +294,9 @@ static void section(const char *title)
 	       "--------------------------------------------------");
 }
 
-static void print_summary(const struct opts *o, const struct kvt_trace *t,
-			  const struct kvt_trace_stats *ts, const struct kvt_replay_result *res,
-			  const struct kvt_replay_summary *s, const struct reasons *rs)
+static void print_summary(const struct opts *o, const struct sim_trace *t,
+			  const struct sim_trace_stats *ts, const struct sim_replay_result *res,
+			  const struct sim_replay_summary *s, const struct reasons *rs)
 {
 	printf("============ Serving Benchmark Result ============\n");
 	printf("%-40s %-10zu\n", "Successful requests:", res->completed);
@@ -327,7 +328,7 @@ static void print_summary(const struct opts *o, const struct kvt_trace *t,
 	section("kvtier");
 	printf("%-40s %s / %s / %s\n", "Policy / model / GPU:", res->policy, res->model, res->gpu);
 	printf("%-40s %s (%s), %zu requests over %.1f s\n", "Trace:", o->trace,
-	       kvt_trace_format_name(t->format), ts->count, ts->duration_s);
+	       sim_trace_format_name(t->format), ts->count, ts->duration_s);
 	printf("%-40s mean %.0f, p50 %.0f, p99 %.0f, max %u\n", "Input tokens:", ts->input_mean,
 	       ts->input_p50, ts->input_p99, ts->input_max);
 	printf("%-40s mean %.0f, p50 %.0f, p99 %.0f, max %u\n", "Output tokens:", ts->output_mean,
@@ -357,7 +358,7 @@ static void print_summary(const struct opts *o, const struct kvt_trace *t,
 }
 
 /* Trace figures and options merged into the JSON. */
-static json_t *extra_json(const struct opts *o, const struct kvt_trace *t, const struct reasons *rs)
+static json_t *extra_json(const struct opts *o, const struct sim_trace *t, const struct reasons *rs)
 {
 	json_t *x = json_object(), *fr = json_object();
 
@@ -372,7 +373,7 @@ static json_t *extra_json(const struct opts *o, const struct kvt_trace *t, const
 	}
 	fr = NULL;
 	if (json_object_set_new(x, "trace", json_string(o->trace)) ||
-	    json_object_set_new(x, "trace_format", json_string(kvt_trace_format_name(t->format))) ||
+	    json_object_set_new(x, "trace_format", json_string(sim_trace_format_name(t->format))) ||
 	    json_object_set_new(x, "num_prompts", json_integer((json_int_t)t->count)) ||
 	    json_object_set_new(x, "skipped_lines", json_integer((json_int_t)t->skipped)) ||
 	    json_object_set_new(x, "over_context", json_integer((json_int_t)t->over_context)) ||
@@ -397,8 +398,8 @@ fail:
 	return NULL;
 }
 
-static int write_outputs(const struct opts *o, const struct kvt_trace *t,
-			 const struct kvt_replay_result *res, const struct kvt_replay_summary *s,
+static int write_outputs(const struct opts *o, const struct sim_trace *t,
+			 const struct sim_replay_result *res, const struct sim_replay_summary *s,
 			 const struct reasons *rs)
 {
 	char err[512];
@@ -407,7 +408,7 @@ static int write_outputs(const struct opts *o, const struct kvt_trace *t,
 	if (o->json) {
 		json_t *x = extra_json(o, t, rs);
 
-		if (!x || kvt_replay_write_json(res, s, x, o->json, err, sizeof(err))) {
+		if (!x || sim_replay_write_json(res, s, x, o->json, err, sizeof(err))) {
 			fprintf(stderr, TOOL ": %s\n", x ? err : "out of memory");
 			rc = -1;
 		}
@@ -416,7 +417,7 @@ static int write_outputs(const struct opts *o, const struct kvt_trace *t,
 	if (o->req_csv) {
 		FILE *f = fopen(o->req_csv, "w");
 
-		if (!f || kvt_replay_write_requests_csv(res, f) || fclose(f)) {
+		if (!f || sim_replay_write_requests_csv(res, f) || fclose(f)) {
 			fprintf(stderr, TOOL ": %s: cannot write: %s\n", o->req_csv,
 				strerror(errno));
 			rc = -1;
@@ -428,12 +429,12 @@ static int write_outputs(const struct opts *o, const struct kvt_trace *t,
 int main(int argc, char **argv)
 {
 	struct opts o = {0};
-	struct kvt_trace t = {0};
-	struct kvt_trace_opts to = KVT_TRACE_OPTS_INIT;
-	struct kvt_trace_stats ts;
-	struct kvt_replay_result res = {0};
-	struct kvt_replay_summary s;
-	struct kvt_selfile sf = {0};
+	struct sim_trace t = {0};
+	struct sim_trace_opts to = SIM_TRACE_OPTS_INIT;
+	struct sim_trace_stats ts;
+	struct sim_replay_result res = {0};
+	struct sim_replay_summary s;
+	struct sim_selfile sf = {0};
 	struct reasons rs;
 	FILE *iter = NULL;
 	char err[512];
@@ -442,12 +443,12 @@ int main(int argc, char **argv)
 	if (parse(argc, argv, &o))
 		return 2;
 	if (o.preset_json &&
-	    kvt_preset_load_json(o.preset_json, &o.r.model, &o.r.gpu, err, sizeof(err))) {
+	    sim_preset_load_json(o.preset_json, &o.r.model, &o.r.gpu, err, sizeof(err))) {
 		fprintf(stderr, TOOL ": %s\n", err);
 		return 2;
 	}
 	if (o.selfile) {
-		if (kvt_selfile_read(o.selfile, &sf, err, sizeof(err))) {
+		if (sim_selfile_read(o.selfile, &sf, err, sizeof(err))) {
 			fprintf(stderr, TOOL ": %s\n", err);
 			return 2;
 		}
@@ -455,9 +456,9 @@ int main(int argc, char **argv)
 	}
 	to.skip_bad_lines = o.skip_bad;
 	to.max_context = o.r.model.max_context;
-	if (kvt_trace_read(o.trace, o.format, &to, &t, err, sizeof(err))) {
+	if (sim_trace_read(o.trace, o.format, &to, &t, err, sizeof(err))) {
 		fprintf(stderr, TOOL ": %s\n", err);
-		kvt_selfile_free(&sf);
+		sim_selfile_free(&sf);
 		return 2;
 	}
 	for (size_t j = 0; j < t.n_bad; j++)
@@ -472,11 +473,11 @@ int main(int argc, char **argv)
 				(uint64_t)t.reqs[i].input_tokens + t.reqs[i].output_tokens >
 					to.max_context;
 	}
-	if (o.rate > 0 && kvt_trace_retime(&t, o.rate, o.burstiness, o.seed)) {
+	if (o.rate > 0 && sim_trace_retime(&t, o.rate, o.burstiness, o.seed)) {
 		fprintf(stderr, TOOL ": bad --rate/--burstiness\n");
 		goto out;
 	}
-	if (kvt_trace_stats(&t, &ts)) {
+	if (sim_trace_stats(&t, &ts)) {
 		fprintf(stderr, TOOL ": out of memory\n");
 		rc = 1;
 		goto out;
@@ -487,12 +488,12 @@ int main(int argc, char **argv)
 			fprintf(stderr, TOOL ": %s: %s\n", o.iter_csv, strerror(errno));
 			goto out;
 		}
-		fputs(KVT_REPLAY_ITER_CSV_HEADER, iter);
+		fputs(SIM_REPLAY_ITER_CSV_HEADER, iter);
 		o.r.iter_csv = iter;
 	}
 	if (!o.quiet && isatty(STDERR_FILENO))
 		o.r.progress = draw_progress;
-	rc = kvt_replay_run(&o.r, &t, &res, err, sizeof(err));
+	rc = sim_replay_run(&o.r, &t, &res, err, sizeof(err));
 	if (rc) {
 		if (o.r.progress)
 			fputc('\n', stderr);
@@ -503,7 +504,7 @@ int main(int argc, char **argv)
 	rc = 1;
 	if (o.r.progress)
 		fputc('\n', stderr);
-	if (kvt_replay_summarize(&res, &s)) {
+	if (sim_replay_summarize(&res, &s)) {
 		fprintf(stderr, TOOL ": out of memory\n");
 		goto out;
 	}
@@ -520,8 +521,8 @@ out:
 		fprintf(stderr, TOOL ": %s: %s\n", o.iter_csv, strerror(errno));
 		rc = 1;
 	}
-	kvt_replay_result_free(&res);
-	kvt_trace_free(&t);
-	kvt_selfile_free(&sf);
+	sim_replay_result_free(&res);
+	sim_trace_free(&t);
+	sim_selfile_free(&sf);
 	return rc;
 }

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * libFuzzer target: the input is a recorded-selection file (tools/selfile.c, the replay's
+ * libFuzzer target: the input is a recorded-selection file (sim/selfile.c, the replay's
  * --selections). A successful read is checked against selfile.h: records sorted by key and
  * unique, one per record line (counted here independently), block ranges inside the block
  * array; then it is used the way kvt-replay uses it, over a small synthetic trace (4 requests,
  * 2 layers, 2 kv heads, r = 3): every record is validated against the trace as the replay
- * does, kvt_selfile_find and kvt_selfile_has_req answer for every key of the grid and agree
+ * does, sim_selfile_find and sim_selfile_has_req answer for every key of the grid and agree
  * with a linear scan, and the blocks of each found record are read into a selection row.
  */
 #include <errno.h>
@@ -98,7 +98,7 @@ static size_t count_records(const uint8_t *data, size_t size)
 	return n;
 }
 
-static int cmp_key(const struct kvt_selrec *a, uint32_t req, uint32_t step, uint32_t layer,
+static int cmp_key(const struct sim_selrec *a, uint32_t req, uint32_t step, uint32_t layer,
 		   uint32_t head)
 {
 	uint32_t x[4] = {a->req, a->step, a->layer, a->head}, y[4] = {req, step, layer, head};
@@ -109,7 +109,7 @@ static int cmp_key(const struct kvt_selrec *a, uint32_t req, uint32_t step, uint
 	return 0;
 }
 
-static const struct kvt_selrec *scan(const struct kvt_selfile *f, uint32_t req, uint32_t step,
+static const struct sim_selrec *scan(const struct sim_selfile *f, uint32_t req, uint32_t step,
 				     uint32_t layer, uint32_t head)
 {
 	for (size_t i = 0; i < f->n_rec; i++)
@@ -119,7 +119,7 @@ static const struct kvt_selrec *scan(const struct kvt_selfile *f, uint32_t req, 
 }
 
 /* As the replay's check_selections: whether rec fits the synthetic trace. */
-static bool fits(const struct kvt_selfile *f, const struct kvt_selrec *rec)
+static bool fits(const struct sim_selfile *f, const struct sim_selrec *rec)
 {
 	uint64_t nb;
 
@@ -133,13 +133,13 @@ static bool fits(const struct kvt_selfile *f, const struct kvt_selrec *rec)
 	return true;
 }
 
-static void use(const struct kvt_selfile *f, const uint8_t *data, size_t size)
+static void use(const struct sim_selfile *f, const uint8_t *data, size_t size)
 {
 	uint32_t row[N_HEADS * R];
 	size_t blocks = 0;
 
 	for (size_t i = 0; i < f->n_rec; i++) {
-		const struct kvt_selrec *rec = &f->rec[i];
+		const struct sim_selrec *rec = &f->rec[i];
 
 		CHECK(rec->line >= 1);
 		CHECK(rec->first <= f->n_blocks && rec->n <= f->n_blocks - rec->first);
@@ -147,8 +147,8 @@ static void use(const struct kvt_selfile *f, const uint8_t *data, size_t size)
 		if (i)
 			CHECK(cmp_key(&f->rec[i - 1], rec->req, rec->step, rec->layer, rec->head) <
 			      0);
-		CHECK(kvt_selfile_find(f, rec->req, rec->step, rec->layer, rec->head) == rec);
-		CHECK(kvt_selfile_has_req(f, rec->req));
+		CHECK(sim_selfile_find(f, rec->req, rec->step, rec->layer, rec->head) == rec);
+		CHECK(sim_selfile_has_req(f, rec->req));
 		(void)fits(f, rec);
 	}
 	CHECK(blocks == f->n_blocks);
@@ -158,12 +158,12 @@ static void use(const struct kvt_selfile *f, const uint8_t *data, size_t size)
 
 		for (size_t i = 0; i < f->n_rec; i++)
 			any |= f->rec[i].req == q;
-		CHECK(!!kvt_selfile_has_req(f, q) == any);
+		CHECK(!!sim_selfile_has_req(f, q) == any);
 		for (uint32_t s = 0; s < 10; s++)
 			for (uint32_t l = 0; l <= N_LAYERS; l++) {
 				for (uint32_t h = 0; h < N_HEADS; h++) {
-					const struct kvt_selrec *rec =
-						kvt_selfile_find(f, q, s, l, h);
+					const struct sim_selrec *rec =
+						sim_selfile_find(f, q, s, l, h);
 					uint32_t n = rec ? rec->n : 0;
 
 					CHECK(rec == scan(f, q, s, l, h));
@@ -179,21 +179,21 @@ static void use(const struct kvt_selfile *f, const uint8_t *data, size_t size)
 		uint32_t k[4];
 
 		memcpy(k, data + i, sizeof(k));
-		CHECK(kvt_selfile_find(f, k[0], k[1], k[2], k[3]) ==
+		CHECK(sim_selfile_find(f, k[0], k[1], k[2], k[3]) ==
 		      scan(f, k[0], k[1], k[2], k[3]));
 	}
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	struct kvt_selfile f, keep;
+	struct sim_selfile f, keep;
 	char err[200];
 	int rc;
 
 	put_input(data, size);
 	memset(&f, 0x5a, sizeof(f));
 	keep = f;
-	rc = kvt_selfile_read(path, &f, err, size % 3 == 0 ? 0 : sizeof(err));
+	rc = sim_selfile_read(path, &f, err, size % 3 == 0 ? 0 : sizeof(err));
 	if (rc) {
 		CHECK(rc < 0 && rc > -4096);
 		CHECK(memcmp(&f, &keep, sizeof(f)) == 0); /* *out untouched */
@@ -202,8 +202,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	CHECK(f.n_rec == count_records(data, size));
 	CHECK((f.n_rec == 0 || f.rec) && (f.n_blocks == 0 || f.blocks));
 	use(&f, data, size);
-	kvt_selfile_free(&f);
+	sim_selfile_free(&f);
 	CHECK(f.rec == NULL && f.blocks == NULL && f.n_rec == 0);
-	kvt_selfile_free(NULL);
+	sim_selfile_free(NULL);
 	return 0;
 }

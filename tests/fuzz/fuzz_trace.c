@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * libFuzzer target: the input is a trace file, read by kvt_trace_read (tools/trace.c) in every
+ * libFuzzer target: the input is a trace file, read by sim_trace_read (sim/trace.c) in every
  * format (auto-detection, mooncake, azure, burstgpt, vidur), strict and with skip_bad_lines,
  * with and without a context limit. Every successful read is checked against the contract of
  * trace.h (arrivals finite, first at 0, non-decreasing; counters in range), then re-timed and
@@ -59,25 +59,25 @@ static void put_input(const uint8_t *data, size_t size)
 	}
 }
 
-static void check_trace(const struct kvt_trace *t, enum kvt_trace_format asked,
-			const struct kvt_trace_opts *o)
+static void check_trace(const struct sim_trace *t, enum sim_trace_format asked,
+			const struct sim_trace_opts *o)
 {
 	CHECK(t->count > 0 && t->reqs);
-	CHECK(t->format != KVT_TRACE_AUTO && (unsigned)t->format <= KVT_TRACE_VIDUR);
-	CHECK(asked == KVT_TRACE_AUTO || t->format == asked);
-	CHECK(t->n_bad <= KVT_TRACE_BAD_KEPT && t->n_bad <= t->skipped);
+	CHECK(t->format != SIM_TRACE_AUTO && (unsigned)t->format <= SIM_TRACE_VIDUR);
+	CHECK(asked == SIM_TRACE_AUTO || t->format == asked);
+	CHECK(t->n_bad <= SIM_TRACE_BAD_KEPT && t->n_bad <= t->skipped);
 	CHECK(o->skip_bad_lines || t->skipped == 0);
 	CHECK(t->over_context <= t->count);
 	CHECK(o->max_context || t->over_context == 0);
 	CHECK(t->out_of_order < t->count);
-	CHECK(t->format == KVT_TRACE_BURSTGPT || t->failed_in_trace == 0);
+	CHECK(t->format == SIM_TRACE_BURSTGPT || t->failed_in_trace == 0);
 	CHECK(t->reqs[0].arrival_s == 0.0);
 	for (size_t i = 0; i < t->count; i++) {
-		const struct kvt_trace_req *q = &t->reqs[i];
+		const struct sim_trace_req *q = &t->reqs[i];
 
 		CHECK(isfinite(q->arrival_s) && q->arrival_s >= 0.0);
 		CHECK(q->line >= 1);
-		CHECK(t->format != KVT_TRACE_BURSTGPT || q->output_tokens > 0);
+		CHECK(t->format != SIM_TRACE_BURSTGPT || q->output_tokens > 0);
 		/* By arrival. Equal times keep file order only where the file's times are equal:
 		   times that differ in the file may round to one double once made relative to
 		   the first (azure's absolute times centuries apart), and then they keep the
@@ -87,14 +87,14 @@ static void check_trace(const struct kvt_trace *t, enum kvt_trace_format asked,
 	}
 	CHECK(t->duration_s == t->reqs[t->count - 1].arrival_s);
 	for (size_t i = 0; i < t->n_bad; i++)
-		CHECK(memchr(t->bad[i], '\0', KVT_TRACE_MSG_MAX) != NULL);
+		CHECK(memchr(t->bad[i], '\0', SIM_TRACE_MSG_MAX) != NULL);
 }
 
-static void check_stats(const struct kvt_trace *t)
+static void check_stats(const struct sim_trace *t)
 {
-	struct kvt_trace_stats st;
+	struct sim_trace_stats st;
 
-	CHECK(kvt_trace_stats(t, &st) == 0);
+	CHECK(sim_trace_stats(t, &st) == 0);
 	CHECK(st.count == t->count && st.duration_s == t->duration_s);
 	CHECK(st.input_p50 <= st.input_p99 && st.input_p99 <= st.input_max);
 	CHECK(st.output_p50 <= st.output_p99 && st.output_p99 <= st.output_max);
@@ -102,9 +102,9 @@ static void check_stats(const struct kvt_trace *t)
 	CHECK(st.rate_rps >= 0.0);
 }
 
-static void retime(struct kvt_trace *t, double rate, double burstiness, uint64_t seed)
+static void retime(struct sim_trace *t, double rate, double burstiness, uint64_t seed)
 {
-	CHECK(kvt_trace_retime(t, rate, burstiness, seed) == 0);
+	CHECK(sim_trace_retime(t, rate, burstiness, seed) == 0);
 	CHECK(t->reqs[0].arrival_s == 0.0);
 	for (size_t i = 1; i < t->count; i++)
 		CHECK(t->reqs[i].arrival_s >= t->reqs[i - 1].arrival_s);
@@ -114,9 +114,9 @@ static void retime(struct kvt_trace *t, double rate, double burstiness, uint64_t
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	static const enum kvt_trace_format fmts[] = {KVT_TRACE_AUTO, KVT_TRACE_MOONCAKE,
-						     KVT_TRACE_AZURE, KVT_TRACE_BURSTGPT,
-						     KVT_TRACE_VIDUR};
+	static const enum sim_trace_format fmts[] = {SIM_TRACE_AUTO, SIM_TRACE_MOONCAKE,
+						     SIM_TRACE_AZURE, SIM_TRACE_BURSTGPT,
+						     SIM_TRACE_VIDUR};
 	uint64_t seed = size;
 
 	put_input(data, size);
@@ -124,8 +124,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		seed = seed * 131 + data[i];
 	for (size_t f = 0; f < sizeof(fmts) / sizeof(fmts[0]); f++) {
 		for (int v = 0; v < 3; v++) {
-			struct kvt_trace_opts o = KVT_TRACE_OPTS_INIT;
-			struct kvt_trace t, keep;
+			struct sim_trace_opts o = SIM_TRACE_OPTS_INIT;
+			struct sim_trace t, keep;
 			char err[160];
 			int rc;
 
@@ -134,7 +134,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			memset(&t, 0xa5, sizeof(t));
 			keep = t;
 			/* odd sizes of the message buffer, 0 included: it must stay in bounds */
-			rc = kvt_trace_read(path, fmts[f], &o, &t, err, v == 1 ? 0 : sizeof(err));
+			rc = sim_trace_read(path, fmts[f], &o, &t, err, v == 1 ? 0 : sizeof(err));
 			if (rc) {
 				CHECK(rc < 0 && rc > -4096);
 				CHECK(memcmp(&t, &keep, sizeof(t)) == 0); /* *out untouched */
@@ -148,7 +148,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			retime(&t, 3.5, 0.25 + (double)(seed % 8), seed);
 			retime(&t, INFINITY, 1.0, seed);
 			CHECK(t.duration_s == 0.0);
-			kvt_trace_free(&t);
+			sim_trace_free(&t);
 			CHECK(t.reqs == NULL && t.count == 0);
 		}
 	}

@@ -9,7 +9,7 @@
 
 static const char *const field_names[] = {"REQUEST", "STEP", "LAYER", "HEAD"};
 
-static int cmp_key(const struct kvt_selrec *a, const struct kvt_selrec *b)
+static int cmp_key(const struct sim_selrec *a, const struct sim_selrec *b)
 {
 	if (a->req != b->req)
 		return a->req < b->req ? -1 : 1;
@@ -64,9 +64,9 @@ static int grow(void **a, size_t *cap, size_t need, size_t size)
 	return 0;
 }
 
-int kvt_selfile_read(const char *path, struct kvt_selfile *out, char *err, size_t err_len)
+int sim_selfile_read(const char *path, struct sim_selfile *out, char *err, size_t err_len)
 {
-	struct kvt_selfile f = {0};
+	struct sim_selfile f = {0};
 	size_t cap_rec = 0, cap_blk = 0, len = 0;
 	char *line = NULL;
 	uint32_t ln = 0;
@@ -80,7 +80,7 @@ int kvt_selfile_read(const char *path, struct kvt_selfile *out, char *err, size_
 	}
 	snprintf(f.path, sizeof(f.path), "%s", path);
 	while (getline(&line, &len, fp) != -1) {
-		struct kvt_selrec r = {.line = ++ln};
+		struct sim_selrec r = {.line = ++ln};
 		uint32_t *key[4] = {&r.req, &r.step, &r.layer, &r.head}, b;
 		char *p = line + strspn(line, " \t");
 		int k;
@@ -139,11 +139,11 @@ nomem:
 out:
 	free(line);
 	fclose(fp);
-	kvt_selfile_free(&f);
+	sim_selfile_free(&f);
 	return rc;
 }
 
-void kvt_selfile_free(struct kvt_selfile *f)
+void sim_selfile_free(struct sim_selfile *f)
 {
 	if (!f)
 		return;
@@ -152,15 +152,15 @@ void kvt_selfile_free(struct kvt_selfile *f)
 	memset(f, 0, sizeof(*f));
 }
 
-const struct kvt_selrec *kvt_selfile_find(const struct kvt_selfile *f, uint32_t req, uint32_t step,
+const struct sim_selrec *sim_selfile_find(const struct sim_selfile *f, uint32_t req, uint32_t step,
 					  uint32_t layer, uint32_t head)
 {
-	struct kvt_selrec key = {.req = req, .step = step, .layer = layer, .head = head};
+	struct sim_selrec key = {.req = req, .step = step, .layer = layer, .head = head};
 
 	return f->n_rec ? bsearch(&key, f->rec, f->n_rec, sizeof(*f->rec), cmp_rec) : NULL;
 }
 
-int kvt_selfile_has_req(const struct kvt_selfile *f, uint32_t req)
+int sim_selfile_has_req(const struct sim_selfile *f, uint32_t req)
 {
 	size_t lo = 0, hi = f->n_rec;
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The execution-time model of the replay tools: presets and iteration time (exec_model.h). */
+/* The simulator's execution-time model: presets and iteration time (exec_model.h). */
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
@@ -13,19 +13,19 @@
 /* Public figures: parameters and geometry from the model cards; HBM bandwidth and dense
    16-bit peak from the datasheets (A100-40GB SXM, H100 SXM, H200 SXM); PCIe figures are what
    one large pinned copy reaches (Gen4 x16 about 25 GB/s, Gen5 x16 about 53 GB/s). */
-static const struct kvt_model_preset models[] = {
+static const struct sim_model_preset models[] = {
 	{"llama3-8b", 32, 32, 8, 128, 8.03e9, 2, 131072},
 	{"lwm-7b", 32, 32, 32, 128, 6.74e9, 2, 1048576},
 	{"llama3-70b", 80, 64, 8, 128, 70.6e9, 2, 131072},
 };
 
-static const struct kvt_gpu_preset gpus[] = {
+static const struct sim_gpu_preset gpus[] = {
 	{"a100-40g", 40.0, 1555.0, 312.0, 25.0, 25.0, 2000.0, 5000.0},
 	{"h100", 80.0, 3350.0, 989.0, 53.0, 53.0, 2000.0, 5000.0},
 	{"h200", 131.3, 4800.0, 989.0, 53.0, 53.0, 2000.0, 5000.0},
 };
 
-int kvt_preset_model(const char *name, struct kvt_model_preset *out)
+int sim_preset_model(const char *name, struct sim_model_preset *out)
 {
 	for (size_t i = 0; name && i < sizeof(models) / sizeof(models[0]); i++)
 		if (strcmp(name, models[i].name) == 0) {
@@ -35,7 +35,7 @@ int kvt_preset_model(const char *name, struct kvt_model_preset *out)
 	return -ENOENT;
 }
 
-int kvt_preset_gpu(const char *name, struct kvt_gpu_preset *out)
+int sim_preset_gpu(const char *name, struct sim_gpu_preset *out)
 {
 	for (size_t i = 0; name && i < sizeof(gpus) / sizeof(gpus[0]); i++)
 		if (strcmp(name, gpus[i].name) == 0) {
@@ -73,7 +73,7 @@ static int set_dbl(double *dst, const json_t *v)
 	return 0;
 }
 
-static int load_model(json_t *o, struct kvt_model_preset *m, const char **bad)
+static int load_model(json_t *o, struct sim_model_preset *m, const char **bad)
 {
 	const char *k;
 	json_t *v;
@@ -113,19 +113,19 @@ static int load_model(json_t *o, struct kvt_model_preset *m, const char **bad)
 	return 0;
 }
 
-static int load_gpu(json_t *o, struct kvt_gpu_preset *g, const char **bad)
+static int load_gpu(json_t *o, struct sim_gpu_preset *g, const char **bad)
 {
 	static const struct {
 		const char *key;
 		size_t off;
 	} f[] = {
-		{"hbm_gib", offsetof(struct kvt_gpu_preset, hbm_gib)},
-		{"hbm_gbps", offsetof(struct kvt_gpu_preset, hbm_gbps)},
-		{"tflops", offsetof(struct kvt_gpu_preset, tflops)},
-		{"h2d_gbps", offsetof(struct kvt_gpu_preset, h2d_gbps)},
-		{"d2h_gbps", offsetof(struct kvt_gpu_preset, d2h_gbps)},
-		{"call_ns", offsetof(struct kvt_gpu_preset, call_ns)},
-		{"launch_ns", offsetof(struct kvt_gpu_preset, launch_ns)},
+		{"hbm_gib", offsetof(struct sim_gpu_preset, hbm_gib)},
+		{"hbm_gbps", offsetof(struct sim_gpu_preset, hbm_gbps)},
+		{"tflops", offsetof(struct sim_gpu_preset, tflops)},
+		{"h2d_gbps", offsetof(struct sim_gpu_preset, h2d_gbps)},
+		{"d2h_gbps", offsetof(struct sim_gpu_preset, d2h_gbps)},
+		{"call_ns", offsetof(struct sim_gpu_preset, call_ns)},
+		{"launch_ns", offsetof(struct sim_gpu_preset, launch_ns)},
 	};
 	const char *k;
 	json_t *v;
@@ -150,11 +150,11 @@ static int load_gpu(json_t *o, struct kvt_gpu_preset *g, const char **bad)
 	return 0;
 }
 
-int kvt_preset_load_json(const char *path, struct kvt_model_preset *m, struct kvt_gpu_preset *g,
+int sim_preset_load_json(const char *path, struct sim_model_preset *m, struct sim_gpu_preset *g,
 			 char *err, size_t err_len)
 {
-	struct kvt_model_preset m2 = *m;
-	struct kvt_gpu_preset g2 = *g;
+	struct sim_model_preset m2 = *m;
+	struct sim_gpu_preset g2 = *g;
 	json_error_t je;
 	const char *k, *bad = NULL;
 	json_t *root, *v;
@@ -198,19 +198,19 @@ int kvt_preset_load_json(const char *path, struct kvt_model_preset *m, struct kv
 	return 0;
 }
 
-double kvt_model_kv_token_bytes(const struct kvt_model_preset *m)
+double sim_model_kv_token_bytes(const struct sim_model_preset *m)
 {
 	return 2.0 * m->n_layers * m->n_kv_heads * m->head_dim * m->elem_bytes;
 }
 
-double kvt_prefill_attn_flops(const struct kvt_model_preset *m, uint32_t L, uint32_t layers)
+double sim_prefill_attn_flops(const struct sim_model_preset *m, uint32_t L, uint32_t layers)
 {
 	/* QK^T and PV, 2 FLOPs a multiply-add each, causal: L^2 / 2 pairs */
 	return 4.0 * ((double)L * L / 2.0) * m->n_q_heads * m->head_dim * layers;
 }
 
-void kvt_iter_time(const struct kvt_model_preset *m, const struct kvt_gpu_preset *g,
-		   const struct kvt_iter_work *w, struct kvt_iter_time *out)
+void sim_iter_time(const struct sim_model_preset *m, const struct sim_gpu_preset *g,
+		   const struct sim_iter_work *w, struct sim_iter_time *out)
 {
 	double bw = g->hbm_gbps * 1e9, peak = g->tflops * 1e12;
 	double tokens = (double)w->decode_tokens + (double)w->prefill_token_layers / m->n_layers;

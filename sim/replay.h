@@ -9,7 +9,7 @@
  * One iteration: the requests that arrived by now are submitted; the scheduler forms a batch;
  * each prefill item's layers are prefilled, each decode item appends one token to every layer
  * and (policies with recall) recalls its selection per layer; the iteration takes
- * kvt_iter_time() of that work; tokens produced by it are stamped at its end.
+ * sim_iter_time() of that work; tokens produced by it are stamped at its end.
  *
  * Policies:
  *   kvtier          SnapStream compressed cache (sink, top-K, ring) in HBM, every token in
@@ -28,8 +28,8 @@
  * with a reason: input + output beyond the model's context, an empty prompt or no output
  * tokens, a request whose resident set or history could never fit the budgets alone.
  */
-#ifndef KVT_REPLAY_H
-#define KVT_REPLAY_H
+#ifndef SIM_REPLAY_H
+#define SIM_REPLAY_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -41,22 +41,22 @@
 #include "selfile.h"
 #include "trace.h"
 
-enum kvt_policy {
-	KVT_POLICY_KVTIER = 0,
-	KVT_POLICY_SNAPSTREAM,
-	KVT_POLICY_SPARSE_OFFLOAD,
-	KVT_POLICY_FULL,
+enum sim_policy {
+	SIM_POLICY_KVTIER = 0,
+	SIM_POLICY_SNAPSTREAM,
+	SIM_POLICY_SPARSE_OFFLOAD,
+	SIM_POLICY_FULL,
 };
 
 /* "kvtier", "snapstream", "sparse-offload", "full"; "?" otherwise. */
-const char *kvt_policy_name(enum kvt_policy p);
+const char *sim_policy_name(enum sim_policy p);
 /* 0 or -EINVAL. */
-int kvt_policy_parse(const char *name, enum kvt_policy *p);
+int sim_policy_parse(const char *name, enum sim_policy *p);
 
-struct kvt_replay_opts {
-	enum kvt_policy policy;
-	struct kvt_model_preset model;
-	struct kvt_gpu_preset gpu;
+struct sim_replay_opts {
+	enum sim_policy policy;
+	struct sim_model_preset model;
+	struct sim_gpu_preset gpu;
 	double hbm_gib;	 /* KV budget in HBM; <= 0: the GPU's memory less the weights */
 	double dram_gib; /* host tier, default 256 */
 	/* Cache geometry: block tokens (8..64, power of two), sink, top-K, ring (recent) tokens */
@@ -74,10 +74,10 @@ struct kvt_replay_opts {
 	/* sparse-offload: the ring it keeps in HBM, and its recall (defaults: 64 tokens;
 	   (sink + top-K + r * block) / block blocks, the same attention budget as kvtier) */
 	uint32_t so_recent_tokens, so_recall_blocks;
-	struct kvt_sel_params sel; /* .r is set from the policy */
+	struct sim_sel_params sel; /* .r is set from the policy */
 	/* Recorded selections (selfile.h) replayed for the requests they name, or NULL; with
 	   them every layer is simulated (recall_layers is ignored). */
-	const struct kvt_selfile *selections;
+	const struct sim_selfile *selections;
 	bool ws_control;		   /* --no-ws-control clears it */
 	bool fused;			   /* --no-fused-transfer clears it */
 	uint32_t chunk_tokens;		   /* --chunked-prefill B: B tokens of prefill per iteration
@@ -111,7 +111,7 @@ struct kvt_replay_opts {
    ring 512, r = 8 on 8 sampled layers, recall cache 10% of HBM, w = 12, ws control and fused
    transfers on, layer-segmented prefill, R_max 256, T_max 8192, CPU time counted, DRAM 256 GiB,
    no disk tier. */
-void kvt_replay_opts_init(struct kvt_replay_opts *o);
+void sim_replay_opts_init(struct sim_replay_opts *o);
 
 /*
  * The engine options kvtier-replay and kvtier-curve share, by long-option name (without
@@ -121,25 +121,25 @@ void kvt_replay_opts_init(struct kvt_replay_opts *o);
  * no-fused-transfer, no-cpu-time. Parses arg into *o: 0, -1 for a bad value (*o unchanged),
  * 1 when name is not one of them. A tool accepts those its getopt table lists.
  */
-int kvt_replay_opt(const char *name, const char *arg, struct kvt_replay_opts *o);
+int sim_replay_opt(const char *name, const char *arg, struct sim_replay_opts *o);
 
-enum kvt_req_status {
-	KVT_REQ_PENDING = 0,
-	KVT_REQ_DONE,
-	KVT_REQ_FAILED,
+enum sim_req_status {
+	SIM_REQ_PENDING = 0,
+	SIM_REQ_DONE,
+	SIM_REQ_FAILED,
 };
 
-struct kvt_req_result {
+struct sim_req_result {
 	double arrival_s, sched_s, first_token_s, finish_s; /* simulated; -1 when not reached */
 	uint32_t input_tokens, output_tokens, generated;
 	uint32_t preemptions;
-	enum kvt_req_status status;
+	enum sim_req_status status;
 	const char *reason; /* static text when failed */
 };
 
-struct kvt_replay_result {
+struct sim_replay_result {
 	size_t n_reqs;		      /* requests read */
-	struct kvt_req_result *reqs;  /* [n_reqs], trace order */
+	struct sim_req_result *reqs;  /* [n_reqs], trace order */
 	size_t completed, failed;     /* completed + failed == n_reqs when run to the end */
 	double duration_s;	      /* simulated: first arrival to last completion */
 	uint64_t total_input_tokens;  /* of completed requests */
@@ -171,40 +171,18 @@ struct kvt_replay_result {
 };
 
 /*
- * Replays trace t (not modified) under o into *res (released with kvt_replay_result_free).
+ * Replays trace t (not modified) under o into *res (released with sim_replay_result_free).
  * Returns 0, or -errno with a message in err: -EINVAL for bad options, -ENOMEM, or an
  * unexpected library error (a bug: the message names the call).
  */
-int kvt_replay_run(const struct kvt_replay_opts *o, const struct kvt_trace *t,
-		   struct kvt_replay_result *res, char *err, size_t err_len);
-void kvt_replay_result_free(struct kvt_replay_result *res);
-
-/* Summary figures in vLLM's terms (ms). Percentiles interpolate linearly between ranks. */
-struct kvt_replay_summary {
-	double request_throughput, output_throughput, total_token_throughput;
-	double mean_ttft_ms, median_ttft_ms, p99_ttft_ms;
-	double mean_tpot_ms, median_tpot_ms, p99_tpot_ms;
-	double mean_itl_ms, median_itl_ms, p99_itl_ms;
-	double mean_e2el_ms, median_e2el_ms, p99_e2el_ms;
-	double mean_scheduling_delay_ms;
-};
-
-/* 0 or -ENOMEM. */
-int kvt_replay_summarize(const struct kvt_replay_result *res, struct kvt_replay_summary *s);
-
-/* The JSON document of a run (keys: a superset of `vllm bench serve`'s) to path: 0 or
-   -errno with a message. `extra` (may be NULL) is merged in (trace figures, options). */
-struct json_t;
-int kvt_replay_write_json(const struct kvt_replay_result *res, const struct kvt_replay_summary *s,
-			  struct json_t *extra, const char *path, char *err, size_t err_len);
-
-/* Per-request CSV: 0 or -errno. */
-int kvt_replay_write_requests_csv(const struct kvt_replay_result *res, FILE *f);
+int sim_replay_run(const struct sim_replay_opts *o, const struct sim_trace *t,
+		   struct sim_replay_result *res, char *err, size_t err_len);
+void sim_replay_result_free(struct sim_replay_result *res);
 
 /* Header of the per-iteration CSV the engine writes to opts.iter_csv. */
-#define KVT_REPLAY_ITER_CSV_HEADER                                                         \
+#define SIM_REPLAY_ITER_CSV_HEADER                                                         \
 	"iteration,start_s,time_s,batch_size,n_prefill,n_decode,prefill_token_layers,"     \
 	"blocks_loaded,recall_lookups,recall_hits,preempted,resumed,queued,gemm_s,attn_s," \
 	"transfer_s,cpu_s\n"
 
-#endif /* KVT_REPLAY_H */
+#endif /* SIM_REPLAY_H */

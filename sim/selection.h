@@ -9,25 +9,25 @@
  * linearly by (1 - p_keep) * p_revisit until k = window, then stays flat: SparseServe Fig. 8's
  * shape (defaults 0.80, 0.45, 12: about 0.80 -> 0.89, a 10% gain).
  */
-#ifndef KVT_SELECTION_H
-#define KVT_SELECTION_H
+#ifndef SIM_SELECTION_H
+#define SIM_SELECTION_H
 
 #include <stdint.h>
 
-struct kvt_sel_params {
+struct sim_sel_params {
 	uint32_t r;	 /* blocks per step, 1..1024 */
 	uint32_t window; /* steps a dropped block can come back within, 1..64 */
 	double p_keep, p_revisit;
 	uint64_t seed;
 };
 
-#define KVT_SEL_PARAMS_INIT                                                         \
+#define SIM_SEL_PARAMS_INIT                                                         \
 	{                                                                           \
 		.r = 16, .window = 12, .p_keep = 0.80, .p_revisit = 0.45, .seed = 1 \
 	}
 
 /* One (sequence, layer, kv head) stream. */
-struct kvt_sel_stream {
+struct sim_sel_stream {
 	uint32_t *cur;	 /* [r] current selection */
 	uint32_t *drop;	 /* [window * r] ring of dropped blocks */
 	uint32_t *dstep; /* step each was dropped at */
@@ -36,14 +36,14 @@ struct kvt_sel_stream {
 };
 
 /* 0, or -EINVAL for bad parameters. */
-int kvt_sel_check(const struct kvt_sel_params *p);
+int sim_sel_check(const struct sim_sel_params *p);
 /* Allocates a stream (id makes streams independent under one seed). 0 or -ENOMEM. */
-int kvt_sel_stream_init(const struct kvt_sel_params *p, uint64_t id, struct kvt_sel_stream *st);
-void kvt_sel_stream_fini(struct kvt_sel_stream *st);
+int sim_sel_stream_init(const struct sim_sel_params *p, uint64_t id, struct sim_sel_stream *st);
+void sim_sel_stream_fini(struct sim_sel_stream *st);
 /* The next step's selection among blocks [lo, hi): min(r, hi - lo) distinct blocks into out
    (UINT32_MAX in the remaining entries). Blocks outside [lo, hi) (the range grew or moved)
    are replaced. */
-void kvt_sel_next(const struct kvt_sel_params *p, struct kvt_sel_stream *st, uint32_t lo,
+void sim_sel_next(const struct sim_sel_params *p, struct sim_sel_stream *st, uint32_t lo,
 		  uint32_t hi, uint32_t *out);
 
-#endif /* KVT_SELECTION_H */
+#endif /* SIM_SELECTION_H */

@@ -16,7 +16,7 @@
 #include <strings.h>
 #include <sys/types.h>
 
-#include "cli.h"
+#include "simutil.h"
 #include "trace.h"
 
 #define MAX_COLS 64
@@ -29,26 +29,26 @@ struct fmt_desc {
 };
 
 static const struct fmt_desc fmts[] = {
-	[KVT_TRACE_AUTO] = {"auto", NULL, NULL, NULL},
-	[KVT_TRACE_MOONCAKE] = {"mooncake", "timestamp", "input_length", "output_length"},
-	[KVT_TRACE_AZURE] = {"azure", "TIMESTAMP", "ContextTokens", "GeneratedTokens"},
-	[KVT_TRACE_BURSTGPT] = {"burstgpt", "Timestamp", "Request tokens", "Response tokens"},
-	[KVT_TRACE_VIDUR] = {"vidur", "arrived_at", "num_prefill_tokens", "num_decode_tokens"},
+	[SIM_TRACE_AUTO] = {"auto", NULL, NULL, NULL},
+	[SIM_TRACE_MOONCAKE] = {"mooncake", "timestamp", "input_length", "output_length"},
+	[SIM_TRACE_AZURE] = {"azure", "TIMESTAMP", "ContextTokens", "GeneratedTokens"},
+	[SIM_TRACE_BURSTGPT] = {"burstgpt", "Timestamp", "Request tokens", "Response tokens"},
+	[SIM_TRACE_VIDUR] = {"vidur", "arrived_at", "num_prefill_tokens", "num_decode_tokens"},
 };
 #define N_FMTS (sizeof(fmts) / sizeof(fmts[0]))
 
-const char *kvt_trace_format_name(enum kvt_trace_format fmt)
+const char *sim_trace_format_name(enum sim_trace_format fmt)
 {
 	return (unsigned)fmt < N_FMTS ? fmts[fmt].name : "?";
 }
 
-int kvt_trace_format_parse(const char *name, enum kvt_trace_format *fmt)
+int sim_trace_format_parse(const char *name, enum sim_trace_format *fmt)
 {
 	if (!name || !fmt)
 		return -EINVAL;
 	for (unsigned i = 0; i < N_FMTS; i++)
 		if (strcasecmp(name, fmts[i].name) == 0) {
-			*fmt = (enum kvt_trace_format)i;
+			*fmt = (enum sim_trace_format)i;
 			return 0;
 		}
 	return -EINVAL;
@@ -72,8 +72,8 @@ static void copy_str(char *dst, size_t cap, const char *src)
 
 struct rd {
 	const char *path;
-	enum kvt_trace_format fmt;
-	struct kvt_trace_opts o;
+	enum sim_trace_format fmt;
+	struct sim_trace_opts o;
 	uint32_t line;
 	/* CSV: columns of the header and where the three fields are */
 	int ncols, c_time, c_in, c_out;
@@ -81,7 +81,7 @@ struct rd {
 	bool have_base;
 	int64_t base_sec;
 	int32_t base_nsec;
-	struct kvt_trace t; /* being built */
+	struct sim_trace t; /* being built */
 	size_t cap;
 	double prev; /* raw time of the previous request kept */
 	char msg[MSG_MAX];
@@ -262,7 +262,7 @@ static double azure_rel(const struct rd *r, int64_t sec, int32_t nsec)
 
 static int add(struct rd *r, double raw, uint32_t in, uint32_t out)
 {
-	struct kvt_trace_req *q;
+	struct sim_trace_req *q;
 
 	if (r->t.count == r->cap) {
 		size_t cap = r->cap ? 2 * r->cap : 1024;
@@ -323,7 +323,7 @@ static int json_tokens(struct rd *r, json_t *o, const char *key, uint32_t *v)
 
 static int line_json(struct rd *r, const char *s, size_t n)
 {
-	const struct fmt_desc *d = &fmts[KVT_TRACE_MOONCAKE];
+	const struct fmt_desc *d = &fmts[SIM_TRACE_MOONCAKE];
 	json_error_t je;
 	json_t *o, *ts;
 	uint32_t in = 0, out = 0;
@@ -422,12 +422,12 @@ static int find_col(char **f, int nf, const char *name)
 	return -1;
 }
 
-/* The header line: detects the format (KVT_TRACE_AUTO) and finds the three columns. Errors
+/* The header line: detects the format (SIM_TRACE_AUTO) and finds the three columns. Errors
    here are never skipped. */
 static int header_csv(struct rd *r, char *s)
 {
-	static const enum kvt_trace_format csv_fmts[] = {KVT_TRACE_AZURE, KVT_TRACE_BURSTGPT,
-							 KVT_TRACE_VIDUR};
+	static const enum sim_trace_format csv_fmts[] = {SIM_TRACE_AZURE, SIM_TRACE_BURSTGPT,
+							 SIM_TRACE_VIDUR};
 	char shown[81], *f[MAX_COLS];
 	size_t len[MAX_COLS];
 	const struct fmt_desc *d;
@@ -439,7 +439,7 @@ static int header_csv(struct rd *r, char *s)
 		return bad(r, NULL, "header '%s': malformed double quotes", shown);
 	if (nf > MAX_COLS)
 		return bad(r, NULL, "header '%s': more than %d columns", shown, MAX_COLS);
-	if (r->fmt == KVT_TRACE_AUTO) {
+	if (r->fmt == SIM_TRACE_AUTO) {
 		for (size_t i = 0; i < sizeof(csv_fmts) / sizeof(csv_fmts[0]); i++) {
 			d = &fmts[csv_fmts[i]];
 			if (find_col(f, nf, d->in) >= 0 && find_col(f, nf, d->out) >= 0) {
@@ -447,7 +447,7 @@ static int header_csv(struct rd *r, char *s)
 				break;
 			}
 		}
-		if (r->fmt == KVT_TRACE_AUTO)
+		if (r->fmt == SIM_TRACE_AUTO)
 			return bad(r, NULL,
 				   "unknown header '%s': expected mooncake JSON lines or a CSV "
 				   "header of azure (TIMESTAMP,ContextTokens,GeneratedTokens), "
@@ -501,7 +501,7 @@ static int line_csv(struct rd *r, char *s)
 	if (nf > r->ncols)
 		return bad(r, NULL, "%d columns, the header has %d", nf, r->ncols);
 
-	if (r->fmt == KVT_TRACE_AZURE) {
+	if (r->fmt == SIM_TRACE_AZURE) {
 		int64_t sec = 0;
 		int32_t nsec = 0;
 
@@ -528,7 +528,7 @@ static int line_csv(struct rd *r, char *s)
 		if (rc)
 			return rc;
 	}
-	if (r->fmt == KVT_TRACE_BURSTGPT && out == 0) {
+	if (r->fmt == SIM_TRACE_BURSTGPT && out == 0) {
 		r->t.failed_in_trace++;
 		return 0;
 	}
@@ -540,7 +540,7 @@ static int line_csv(struct rd *r, char *s)
 /* By arrival, then by line: qsort made stable, since lines are unique and in file order. */
 static int cmp_arrival(const void *a, const void *b)
 {
-	const struct kvt_trace_req *x = a, *y = b;
+	const struct sim_trace_req *x = a, *y = b;
 
 	if (x->arrival_s != y->arrival_s)
 		return x->arrival_s < y->arrival_s ? -1 : 1;
@@ -550,8 +550,8 @@ static int cmp_arrival(const void *a, const void *b)
 /* Sorts when needed, makes the first arrival 0, converts to seconds. */
 static void finish(struct rd *r)
 {
-	struct kvt_trace *t = &r->t;
-	double t0, scale = r->fmt == KVT_TRACE_MOONCAKE ? 1000.0 : 1.0;
+	struct sim_trace *t = &r->t;
+	double t0, scale = r->fmt == SIM_TRACE_MOONCAKE ? 1000.0 : 1.0;
 
 	if (t->out_of_order)
 		qsort(t->reqs, t->count, sizeof(t->reqs[0]), cmp_arrival);
@@ -562,10 +562,10 @@ static void finish(struct rd *r)
 	t->format = r->fmt;
 }
 
-int kvt_trace_read(const char *path, enum kvt_trace_format fmt, const struct kvt_trace_opts *o,
-		   struct kvt_trace *out, char *err, size_t err_len)
+int sim_trace_read(const char *path, enum sim_trace_format fmt, const struct sim_trace_opts *o,
+		   struct sim_trace *out, char *err, size_t err_len)
 {
-	static const struct kvt_trace_opts defaults = KVT_TRACE_OPTS_INIT;
+	static const struct sim_trace_opts defaults = SIM_TRACE_OPTS_INIT;
 	struct rd *r = NULL;
 	char *buf = NULL;
 	size_t bufcap = 0;
@@ -577,7 +577,7 @@ int kvt_trace_read(const char *path, enum kvt_trace_format fmt, const struct kvt
 
 	if (!path || !out || (unsigned)fmt >= N_FMTS) {
 		if (err && err_len)
-			snprintf(err, err_len, "%s: bad arguments", path ? path : "kvt_trace_read");
+			snprintf(err, err_len, "%s: bad arguments", path ? path : "sim_trace_read");
 		return -EINVAL;
 	}
 	r = calloc(1, sizeof(*r));
@@ -629,20 +629,20 @@ int kvt_trace_read(const char *path, enum kvt_trace_format fmt, const struct kvt
 				continue; /* blank line */
 			if (!started) {
 				started = true;
-				if (r->fmt == KVT_TRACE_AUTO && s[b] == '{')
-					r->fmt = KVT_TRACE_MOONCAKE;
-				if (r->fmt != KVT_TRACE_MOONCAKE) {
+				if (r->fmt == SIM_TRACE_AUTO && s[b] == '{')
+					r->fmt = SIM_TRACE_MOONCAKE;
+				if (r->fmt != SIM_TRACE_MOONCAKE) {
 					rc = header_csv(r, s);
 					if (rc)
 						goto out;
 					continue;
 				}
 			}
-			rc = r->fmt == KVT_TRACE_MOONCAKE ? line_json(r, s, n) : line_csv(r, s);
+			rc = r->fmt == SIM_TRACE_MOONCAKE ? line_json(r, s, n) : line_csv(r, s);
 		}
 		if (rc == -EINVAL && r->o.skip_bad_lines && started) {
-			if (r->t.n_bad < KVT_TRACE_BAD_KEPT)
-				copy_str(r->t.bad[r->t.n_bad++], KVT_TRACE_MSG_MAX, r->msg);
+			if (r->t.n_bad < SIM_TRACE_BAD_KEPT)
+				copy_str(r->t.bad[r->t.n_bad++], SIM_TRACE_MSG_MAX, r->msg);
 			r->t.skipped++;
 			rc = 0;
 		}
@@ -682,7 +682,7 @@ out:
 	return rc;
 }
 
-void kvt_trace_free(struct kvt_trace *t)
+void sim_trace_free(struct sim_trace *t)
 {
 	if (!t)
 		return;
@@ -769,7 +769,7 @@ static double rng_gamma(struct rng *g, double a)
 	}
 }
 
-int kvt_trace_retime(struct kvt_trace *t, double rate, double burstiness, uint64_t seed)
+int sim_trace_retime(struct sim_trace *t, double rate, double burstiness, uint64_t seed)
 {
 	struct rng g;
 	double scale, at = 0.0;
@@ -790,7 +790,7 @@ int kvt_trace_retime(struct kvt_trace *t, double rate, double burstiness, uint64
 	if (!isfinite(scale))
 		return -EINVAL;
 	for (int i = 0; i < 4; i++)
-		g.s[i] = cli_splitmix64(&x);
+		g.s[i] = sim_splitmix64(&x);
 	t->reqs[0].arrival_s = 0.0;
 	for (size_t i = 1; i < t->count; i++) {
 		at += rng_gamma(&g, burstiness) * scale;
@@ -820,9 +820,9 @@ static double pct(const uint32_t *v, size_t n, double p)
 	return v[i] + ((double)v[i + 1] - v[i]) * (k - (double)i);
 }
 
-int kvt_trace_stats(const struct kvt_trace *t, struct kvt_trace_stats *st)
+int sim_trace_stats(const struct sim_trace *t, struct sim_trace_stats *st)
 {
-	struct kvt_trace_stats s = {0};
+	struct sim_trace_stats s = {0};
 	uint32_t *in, *out;
 	size_t n;
 

@@ -6,20 +6,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "simutil.h"
 #include "selection.h"
 
 static double uniform(uint64_t *s)
 {
-	return (double)(cli_splitmix64(s) >> 11) * 0x1.0p-53;
+	return (double)(sim_splitmix64(s) >> 11) * 0x1.0p-53;
 }
 
 static uint32_t below(uint64_t *s, uint32_t n)
 {
-	return (uint32_t)(((cli_splitmix64(s) >> 32) * n) >> 32);
+	return (uint32_t)(((sim_splitmix64(s) >> 32) * n) >> 32);
 }
 
-int kvt_sel_check(const struct kvt_sel_params *p)
+int sim_sel_check(const struct sim_sel_params *p)
 {
 	if (!p || p->r == 0 || p->r > 1024 || p->window == 0 || p->window > 64 ||
 	    !(p->p_keep >= 0 && p->p_keep <= 1) || !(p->p_revisit >= 0 && p->p_revisit <= 1))
@@ -27,22 +27,22 @@ int kvt_sel_check(const struct kvt_sel_params *p)
 	return 0;
 }
 
-int kvt_sel_stream_init(const struct kvt_sel_params *p, uint64_t id, struct kvt_sel_stream *st)
+int sim_sel_stream_init(const struct sim_sel_params *p, uint64_t id, struct sim_sel_stream *st)
 {
 	memset(st, 0, sizeof(*st));
 	st->cur = malloc(p->r * sizeof(*st->cur));
 	st->drop = malloc((size_t)p->window * p->r * sizeof(*st->drop));
 	st->dstep = malloc((size_t)p->window * p->r * sizeof(*st->dstep));
 	if (!st->cur || !st->drop || !st->dstep) {
-		kvt_sel_stream_fini(st);
+		sim_sel_stream_fini(st);
 		return -ENOMEM;
 	}
 	st->rng = p->seed ^ (id * 0xd1b54a32d192ed03ull);
-	cli_splitmix64(&st->rng);
+	sim_splitmix64(&st->rng);
 	return 0;
 }
 
-void kvt_sel_stream_fini(struct kvt_sel_stream *st)
+void sim_sel_stream_fini(struct sim_sel_stream *st)
 {
 	free(st->cur);
 	free(st->drop);
@@ -59,7 +59,7 @@ static bool chosen(const uint32_t *out, uint32_t n, uint32_t b)
 }
 
 /* Records a dropped block (the ring keeps the latest window * r). */
-static void push_drop(const struct kvt_sel_params *p, struct kvt_sel_stream *st, uint32_t b)
+static void push_drop(const struct sim_sel_params *p, struct sim_sel_stream *st, uint32_t b)
 {
 	uint32_t cap = p->window * p->r, at = (st->drop_head + st->n_drop) % cap;
 
@@ -73,7 +73,7 @@ static void push_drop(const struct kvt_sel_params *p, struct kvt_sel_stream *st,
 	st->n_drop++;
 }
 
-void kvt_sel_next(const struct kvt_sel_params *p, struct kvt_sel_stream *st, uint32_t lo,
+void sim_sel_next(const struct sim_sel_params *p, struct sim_sel_stream *st, uint32_t lo,
 		  uint32_t hi, uint32_t *out)
 {
 	uint32_t span = hi > lo ? hi - lo : 0, k = span < p->r ? span : p->r, n = 0;

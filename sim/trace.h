@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Request-trace readers of the tools (kvtier-replay, kvtier-curve): public LLM-serving traces
+ * Request-trace readers of the simulator (kvtier-replay, kvtier-curve): public LLM-serving traces
  * read into one array of (arrival, input tokens, output tokens), and the arrivals re-timed the
  * way `vllm bench serve` does (--request-rate, --burstiness).
  *
@@ -27,33 +27,33 @@
  * non-decreasing: a file out of order is sorted stably (equal times keep file order) and the
  * number of requests that arrived earlier than the one before them in the file is counted.
  */
-#ifndef KVT_TRACE_H
-#define KVT_TRACE_H
+#ifndef SIM_TRACE_H
+#define SIM_TRACE_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-enum kvt_trace_format {
-	KVT_TRACE_AUTO = 0, /* reading only: detected from the first non-empty line */
-	KVT_TRACE_MOONCAKE,
-	KVT_TRACE_AZURE,
-	KVT_TRACE_BURSTGPT,
-	KVT_TRACE_VIDUR,
+enum sim_trace_format {
+	SIM_TRACE_AUTO = 0, /* reading only: detected from the first non-empty line */
+	SIM_TRACE_MOONCAKE,
+	SIM_TRACE_AZURE,
+	SIM_TRACE_BURSTGPT,
+	SIM_TRACE_VIDUR,
 };
 
 /* "auto", "mooncake", "azure", "burstgpt", "vidur"; "?" for anything else. */
-const char *kvt_trace_format_name(enum kvt_trace_format fmt);
+const char *sim_trace_format_name(enum sim_trace_format fmt);
 /* The format named `name` (as above, case-insensitive) into *fmt: 0 or -EINVAL. */
-int kvt_trace_format_parse(const char *name, enum kvt_trace_format *fmt);
+int sim_trace_format_parse(const char *name, enum sim_trace_format *fmt);
 
-struct kvt_trace_req {
+struct sim_trace_req {
 	double arrival_s; /* seconds after the first request */
 	uint32_t input_tokens, output_tokens;
 	uint32_t line; /* 1-based line of the source file */
 };
 
-struct kvt_trace_opts {
+struct sim_trace_opts {
 	/* Skip malformed lines (counted in `skipped`, the first few messages kept in `bad`)
 	   instead of failing the whole read. Header errors are never skipped. */
 	bool skip_bad_lines;
@@ -61,18 +61,18 @@ struct kvt_trace_opts {
 	   are kept whole and counted in `over_context`: never truncated. */
 	uint64_t max_context;
 };
-#define KVT_TRACE_OPTS_INIT                               \
+#define SIM_TRACE_OPTS_INIT                               \
 	{                                                 \
 		.skip_bad_lines = false, .max_context = 0 \
 	}
 
-#define KVT_TRACE_BAD_KEPT 5
-#define KVT_TRACE_MSG_MAX 256
+#define SIM_TRACE_BAD_KEPT 5
+#define SIM_TRACE_MSG_MAX 256
 
-struct kvt_trace {
-	struct kvt_trace_req *reqs; /* `count` requests, by arrival; kvt_trace_free releases */
+struct sim_trace {
+	struct sim_trace_req *reqs; /* `count` requests, by arrival; sim_trace_free releases */
 	size_t count;
-	enum kvt_trace_format format; /* as read (detected for KVT_TRACE_AUTO) */
+	enum sim_trace_format format; /* as read (detected for SIM_TRACE_AUTO) */
 	size_t skipped;		      /* malformed lines skipped (opts.skip_bad_lines) */
 	size_t over_context;	      /* requests with input + output > opts.max_context */
 	size_t failed_in_trace;	      /* burstgpt rows that failed in the trace, left out */
@@ -80,13 +80,13 @@ struct kvt_trace {
 	double duration_s;	      /* arrival of the last request */
 	/* Messages "FILE:LINE: field 'NAME': what is wrong" of the first skipped lines. */
 	size_t n_bad;
-	char bad[KVT_TRACE_BAD_KEPT][KVT_TRACE_MSG_MAX];
+	char bad[SIM_TRACE_BAD_KEPT][SIM_TRACE_MSG_MAX];
 };
 
 /*
- * Reads the trace at `path` in format `fmt` (KVT_TRACE_AUTO: a JSON object on the first
+ * Reads the trace at `path` in format `fmt` (SIM_TRACE_AUTO: a JSON object on the first
  * non-empty line means mooncake, otherwise the CSV header's columns decide). `o` may be NULL
- * for the defaults. On success fills *out (the caller releases it with kvt_trace_free) and
+ * for the defaults. On success fills *out (the caller releases it with sim_trace_free) and
  * returns 0. On failure returns -errno, leaves *out untouched and, when err_len > 0, writes a
  * message into err:
  *   -EINVAL  a malformed line without skip_bad_lines ("FILE:LINE: field 'NAME': what is
@@ -96,11 +96,11 @@ struct kvt_trace {
  *   -ENOENT, -EACCES, -EISDIR, -EIO...  opening or reading the file ("FILE: reason");
  *   -EFBIG   more than UINT32_MAX lines;  -ENOMEM.
  */
-int kvt_trace_read(const char *path, enum kvt_trace_format fmt, const struct kvt_trace_opts *o,
-		   struct kvt_trace *out, char *err, size_t err_len);
+int sim_trace_read(const char *path, enum sim_trace_format fmt, const struct sim_trace_opts *o,
+		   struct sim_trace *out, char *err, size_t err_len);
 
 /* Releases t's requests and zeroes *t. t == NULL does nothing. */
-void kvt_trace_free(struct kvt_trace *t);
+void sim_trace_free(struct sim_trace *t);
 
 /*
  * Re-times the arrivals as `vllm bench serve` does, keeping the requests' order and lengths:
@@ -113,11 +113,11 @@ void kvt_trace_free(struct kvt_trace *t);
  * The same seed gives the same arrivals. duration_s is updated. Returns 0, or -EINVAL (t NULL,
  * rate negative or NaN, burstiness not finite and > 0) with *t unchanged.
  */
-int kvt_trace_retime(struct kvt_trace *t, double rate, double burstiness, uint64_t seed);
+int sim_trace_retime(struct sim_trace *t, double rate, double burstiness, uint64_t seed);
 
 /* Figures of a trace for the replay's summary. Percentiles interpolate linearly between
    ranks (numpy's default, as vLLM's summaries). */
-struct kvt_trace_stats {
+struct sim_trace_stats {
 	size_t count;
 	double duration_s;
 	double rate_rps; /* (count - 1) / duration_s: arrivals per second; 0 if duration is 0 */
@@ -128,6 +128,6 @@ struct kvt_trace_stats {
 };
 
 /* Fills *st for t: 0, -EINVAL (NULL or empty trace) or -ENOMEM, with *st unchanged. */
-int kvt_trace_stats(const struct kvt_trace *t, struct kvt_trace_stats *st);
+int sim_trace_stats(const struct sim_trace *t, struct sim_trace_stats *st);
 
-#endif /* KVT_TRACE_H */
+#endif /* SIM_TRACE_H */

@@ -20,35 +20,35 @@
  * (REQUEST, STEP, LAYER, HEAD) appears at most once. For a request named in the file, a
  * (step, layer, head) without a record recalls nothing. Errors name the file, line and field.
  */
-#ifndef KVT_SELFILE_H
-#define KVT_SELFILE_H
+#ifndef SIM_SELFILE_H
+#define SIM_SELFILE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-struct kvt_selrec {
+struct sim_selrec {
 	uint32_t req, step, layer, head;
 	uint32_t first, n; /* its blocks: blocks[first .. first + n) */
 	uint32_t line;
 };
 
-struct kvt_selfile {
-	struct kvt_selrec *rec; /* sorted by (req, step, layer, head) */
+struct sim_selfile {
+	struct sim_selrec *rec; /* sorted by (req, step, layer, head) */
 	size_t n_rec;
 	uint32_t *blocks;
 	size_t n_blocks;
 	char path[256];
 };
 
-/* Reads path into *out (kvt_selfile_free releases it): 0, or -errno with "FILE:LINE: field
+/* Reads path into *out (sim_selfile_free releases it): 0, or -errno with "FILE:LINE: field
    'NAME': what" (or "FILE: reason") in err, *out untouched. */
-int kvt_selfile_read(const char *path, struct kvt_selfile *out, char *err, size_t err_len);
-void kvt_selfile_free(struct kvt_selfile *f);
+int sim_selfile_read(const char *path, struct sim_selfile *out, char *err, size_t err_len);
+void sim_selfile_free(struct sim_selfile *f);
 
 /* The record of (req, step, layer, head), or NULL. */
-const struct kvt_selrec *kvt_selfile_find(const struct kvt_selfile *f, uint32_t req, uint32_t step,
+const struct sim_selrec *sim_selfile_find(const struct sim_selfile *f, uint32_t req, uint32_t step,
 					  uint32_t layer, uint32_t head);
 /* Whether request req has any record. */
-int kvt_selfile_has_req(const struct kvt_selfile *f, uint32_t req);
+int sim_selfile_has_req(const struct sim_selfile *f, uint32_t req);
 
-#endif /* KVT_SELFILE_H */
+#endif /* SIM_SELFILE_H */

@@ -65,22 +65,22 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 
 		switch (c) {
 		case 'p':
-			bad = cli_parse_u32(optarg, 1, 1u << 20, &o->prompt);
+			bad = sim_parse_u32(optarg, 1, 1u << 20, &o->prompt);
 			break;
 		case 'd':
-			bad = cli_parse_u32(optarg, 0, 1u << 24, &o->decode);
+			bad = sim_parse_u32(optarg, 0, 1u << 24, &o->decode);
 			break;
 		case 'l':
-			bad = cli_parse_u32(optarg, 1, 1024, &o->layers);
+			bad = sim_parse_u32(optarg, 1, 1024, &o->layers);
 			break;
 		case 'n':
-			bad = cli_parse_u32(optarg, 0, 4096, &o->needles);
+			bad = sim_parse_u32(optarg, 0, 4096, &o->needles);
 			break;
 		case 't':
-			bad = cli_parse_u32(optarg, 0, 64, &o->threads);
+			bad = sim_parse_u32(optarg, 0, 64, &o->threads);
 			break;
 		case 's':
-			bad = cli_parse_u32(optarg, 0, UINT32_MAX, &v);
+			bad = sim_parse_u32(optarg, 0, UINT32_MAX, &v);
 			o->seed = v;
 			break;
 		case 'h':
@@ -101,7 +101,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 /* Uniform in [-1, 1). */
 static float rng_f(uint64_t *s)
 {
-	return (float)(cli_splitmix64(s) >> 40) / (float)(1u << 23) - 1.0f;
+	return (float)(sim_splitmix64(s) >> 40) / (float)(1u << 23) - 1.0f;
 }
 
 static int cmp_u32(const void *a, const void *b)
@@ -119,7 +119,7 @@ static void token_row(float *row, uint32_t d, uint64_t seed, uint32_t layer, uin
 	uint64_t s =
 		seed ^ ((uint64_t)layer << 48) ^ ((uint64_t)h << 36) ^ ((uint64_t)is_v << 35) ^ pos;
 
-	cli_splitmix64(&s);
+	sim_splitmix64(&s);
 	for (uint32_t i = 0; i < d; i++)
 		row[i] = rng_f(&s);
 }
@@ -212,7 +212,7 @@ int main(int argc, char **argv)
 			bool dup;
 
 			do { /* distinct positions at least 8 apart keep pooled scores separate */
-				p = cand_lo + (uint32_t)(cli_splitmix64(&s) % (cand_hi - cand_lo));
+				p = cand_lo + (uint32_t)(sim_splitmix64(&s) % (cand_hi - cand_lo));
 				dup = false;
 				for (uint32_t j = 0; j < i; j++)
 					dup |= (p > needle[j] ? p - needle[j] : needle[j] - p) < 8;
@@ -249,9 +249,9 @@ int main(int argc, char **argv)
 				kvt_from_f32(c.dtype, row, v + ((size_t)h * L + p) * row_b, D);
 			}
 		}
-		t0 = cli_now_s();
+		t0 = sim_now_s();
 		err = kvt_prefill_layer(m, id, l, k, v, q, NULL);
-		t_prefill += cli_now_s() - t0;
+		t_prefill += sim_now_s() - t0;
 		if (err)
 			goto api_fail;
 	}
@@ -270,9 +270,9 @@ int main(int argc, char **argv)
 				token_row(row, D, o.seed, l, h, L + step, 1);
 				kvt_from_f32(c.dtype, row, vd + h * row_b, D);
 			}
-			t0 = cli_now_s();
+			t0 = sim_now_s();
 			err = kvt_decode_append(m, l, &id, 1, kd, vd, NULL);
-			t_decode += cli_now_s() - t0;
+			t_decode += sim_now_s() - t0;
 			if (err)
 				goto api_fail;
 		}

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The execution-time model of the replay tools (not part of the library): model and GPU
+ * The execution-time model of the replay simulator (not part of the library): model and GPU
  * presets, and the time of one serving iteration from the work it does.
  *
  * Per iteration:
@@ -13,13 +13,13 @@
  *   transfers  the backend's modelled transfer time (not overlapped: conservative)
  *   CPU        the manager's and scheduler's own time, measured by the caller
  */
-#ifndef KVT_EXEC_MODEL_H
-#define KVT_EXEC_MODEL_H
+#ifndef SIM_EXEC_MODEL_H
+#define SIM_EXEC_MODEL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-struct kvt_model_preset {
+struct sim_model_preset {
 	char name[32];
 	uint32_t n_layers, n_q_heads, n_kv_heads, head_dim;
 	double params;	     /* parameters */
@@ -27,7 +27,7 @@ struct kvt_model_preset {
 	uint32_t max_context;
 };
 
-struct kvt_gpu_preset {
+struct sim_gpu_preset {
 	char name[32];
 	double hbm_gib;	 /* device memory */
 	double hbm_gbps; /* HBM bandwidth, GB/s */
@@ -38,37 +38,37 @@ struct kvt_gpu_preset {
 
 /* Presets by name: models llama3-8b, lwm-7b (Llama-2-7B geometry), llama3-70b; GPUs a100-40g
    (PCIe Gen4), h100 (PCIe Gen5), h200. 0 or -ENOENT. */
-int kvt_preset_model(const char *name, struct kvt_model_preset *out);
-int kvt_preset_gpu(const char *name, struct kvt_gpu_preset *out);
+int sim_preset_model(const char *name, struct sim_model_preset *out);
+int sim_preset_gpu(const char *name, struct sim_gpu_preset *out);
 
 /* Overrides fields of *m and *g from a JSON file {"model": {...}, "gpu": {...}} whose keys
    are the struct field names; unknown keys are errors. 0, or -errno with "FILE: what" in
    err. */
-int kvt_preset_load_json(const char *path, struct kvt_model_preset *m, struct kvt_gpu_preset *g,
+int sim_preset_load_json(const char *path, struct sim_model_preset *m, struct sim_gpu_preset *g,
 			 char *err, size_t err_len);
 
 /* KV bytes of one token over all layers (K and V). */
-double kvt_model_kv_token_bytes(const struct kvt_model_preset *m);
+double sim_model_kv_token_bytes(const struct sim_model_preset *m);
 
 /* Work of one iteration. */
-struct kvt_iter_work {
+struct sim_iter_work {
 	uint64_t decode_tokens;	       /* sequences decoding one token */
 	uint64_t prefill_token_layers; /* sum over prefill items of L * layers this iteration */
-	double prefill_attn_flops;     /* from kvt_prefill_attn_flops per item */
+	double prefill_attn_flops;     /* from sim_prefill_attn_flops per item */
 	double kv_bytes_read;	       /* decode attention reads */
 	double transfer_s;	       /* modelled transfers */
 	double cpu_s;		       /* measured manager + scheduler time */
 };
 
-struct kvt_iter_time {
+struct sim_iter_time {
 	double gemm_s, attn_decode_s, attn_prefill_s, transfer_s, cpu_s, total_s;
 };
 
 /* Causal prefill attention FLOPs of `layers` layers of a prompt of L tokens. */
-double kvt_prefill_attn_flops(const struct kvt_model_preset *m, uint32_t L, uint32_t layers);
+double sim_prefill_attn_flops(const struct sim_model_preset *m, uint32_t L, uint32_t layers);
 
 /* The iteration's time. */
-void kvt_iter_time(const struct kvt_model_preset *m, const struct kvt_gpu_preset *g,
-		   const struct kvt_iter_work *w, struct kvt_iter_time *out);
+void sim_iter_time(const struct sim_model_preset *m, const struct sim_gpu_preset *g,
+		   const struct sim_iter_work *w, struct sim_iter_time *out);
 
-#endif /* KVT_EXEC_MODEL_H */
+#endif /* SIM_EXEC_MODEL_H */
