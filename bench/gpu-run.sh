@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, for the lent device machine (see README, "On a GPU"): builds with
-# the CUDA plugin, runs the GPU suite (test_cuda, the core suites on the CUDA backend, the
-# transfer benchmark's smoke run) and the Python suite (its GPU tests need PyTorch, which that
-# machine has), then the full transfer benchmark, then the GPU suite's own test and the smoke
-# run under compute-sanitizer, then the other suites for regressions. Every log and the CSV go
-# under $OUT (default ./gpu-out), written as they go, so a run cut short still brings back its
-# logs.
+# Everything that needs a GPU, for a machine with one (docs/cuda.md, "Running the GPU suite on
+# a machine with a GPU"): builds with the CUDA plugin, runs the GPU suite (test_cuda, the core
+# suites on the CUDA backend, the transfer benchmark's smoke run) and the Python suite (its GPU
+# tests need PyTorch), then the full transfer benchmark, then the GPU suite's own test and the
+# smoke run under compute-sanitizer, then the other suites for regressions. Every log and the
+# CSV go under $OUT (default ./gpu-out), written as they go, so a run cut short still brings
+# back its logs.
 #
-# Prepared on the development machine with
-#   ../shared/hooks/gpu-prepare.sh libjansson4 libjansson-dev libisal2 libisal-dev
-# and run there as
-#   . .device/setup.sh && bash bench/gpu-run.sh [PHASE...]
+# The machine needs what a build needs (meson, nvcc, jemalloc, liburing, cmocka, jansson,
+# ISA-L); run from the checkout as
+#   bash bench/gpu-run.sh [PHASE...]
 # Phases: build, gpu, bench, sanitize, rest (most needed first: what has never run on a GPU,
 # then the figures, then the checks CI already makes). Named ones run in that order; with none
 # named, build gpu bench: the run the issue needs. "all" names all five.
