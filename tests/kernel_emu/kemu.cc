@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The CPU kernel emulator's scheduler (see kemu.h): the threads of a CTA are ucontext fibers on
- * the launching thread. The scheduler runs every ready fiber until it finishes or waits; then,
- * when the whole of a warp waits at a shuffle, it exchanges the values and readies the warp;
- * when every thread of the CTA waits at __syncthreads(), it readies them all; when neither can
- * happen with threads still waiting, the CTA can never finish on a GPU either, and the launch
- * fails with the reason (kemu_last_fault). Round-robin in thread order, so every run is the
- * same.
+ * The CPU kernel emulator's scheduler (see kemu.h): the threads of a CTA are fibers on the
+ * launching thread, switched by Boost.Context's fcontext layer (what boost::context::fiber is
+ * built on: a switch is a few instructions, where ucontext's also makes a sigprocmask system
+ * call, which took nine tenths of the emulator's time). The scheduler runs every ready fiber
+ * until it finishes or waits; then, when the whole of a warp waits at a shuffle, it exchanges
+ * the values and readies the warp; when every thread of the CTA waits at __syncthreads(), it
+ * readies them all; when neither can happen with threads still waiting, the CTA can never
+ * finish on a GPU either, and the launch fails with the reason (kemu_last_fault). Round-robin
+ * in thread order, so every run is the same.
  *
  * Under ASan the stack switches are announced (__sanitizer_start/finish_switch_fiber), so ASan
  * keeps checking the fibers' stacks and the kernels' accesses.
@@ -16,9 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
 
+#include <boost/context/detail/fcontext.hpp>
 #include <mutex>
 
 #include "kemu.h"
@@ -34,8 +36,8 @@
 #include <sanitizer/common_interface_defs.h>
 #endif
 
-/* A fiber's stack. ASan clears the shadow of the whole stack at every swapcontext, so larger
-   stacks cost time there; the kernels need a few KiB. */
+/* A fiber's stack. ASan clears the shadow of the whole stack at every switch, so larger stacks
+   cost time there; the kernels need a few KiB. */
 #define KEMU_STACK (128u << 10)
 
 #define KEMU_MAX_THREADS 1024
@@ -48,11 +50,13 @@ coords cur;
 namespace
 {
 
+namespace bctx = boost::context::detail;
+
 enum fstate { READY, AT_SYNC, AT_SHFL, DONE };
 
 struct fiber {
-	ucontext_t uc;
-	char *stack; /* KEMU_STACK usable bytes above a guard page */
+	bctx::fcontext_t ctx; /* where the fiber resumes */
+	char *stack;	      /* KEMU_STACK usable bytes above a guard page */
 	uint3 tid;
 	enum fstate state;
 	/* the pending shuffle */
@@ -63,7 +67,7 @@ struct fiber {
 };
 
 struct sched {
-	ucontext_t main;
+	bctx::fcontext_t main; /* where the scheduler resumes, set by each switch to a fiber */
 	fiber *f;
 	uint32_t n; /* threads per CTA */
 	void (*fn)(void *);
@@ -108,20 +112,22 @@ void fail(const char *fmt, ...)
 /* Back to the scheduler; returns when the scheduler runs this fiber again. */
 __attribute__((noinline)) void yield()
 {
-	fiber *me = S->running;
 #ifdef KEMU_ASAN
 	void *fake = nullptr;
 
 	__sanitizer_start_switch_fiber(&fake, S->main_bottom, S->main_size);
 #endif
-	swapcontext(&me->uc, &S->main);
+	S->main = bctx::jump_fcontext(S->main, nullptr).fctx;
 #ifdef KEMU_ASAN
 	__sanitizer_finish_switch_fiber(fake, &S->main_bottom, &S->main_size);
 #endif
 }
 
-void entry()
+/* A fiber's first frame; t.fctx is the scheduler that switched to it. Never returns: the last
+   jump leaves the fiber for good (its stack is reused by the next launch). */
+void entry(bctx::transfer_t t)
 {
+	S->main = t.fctx;
 #ifdef KEMU_ASAN
 	__sanitizer_finish_switch_fiber(nullptr, &S->main_bottom, &S->main_size);
 #endif
@@ -130,7 +136,8 @@ void entry()
 #ifdef KEMU_ASAN
 	__sanitizer_start_switch_fiber(nullptr, S->main_bottom, S->main_size);
 #endif
-	setcontext(&S->main);
+	bctx::jump_fcontext(S->main, nullptr);
+	__builtin_unreachable();
 }
 
 /* Fibers for n threads, their stacks kept for later launches. */
@@ -165,7 +172,7 @@ __attribute__((noinline)) void switch_to(fiber *f)
 
 	__sanitizer_start_switch_fiber(&fake, f->stack, KEMU_STACK);
 #endif
-	swapcontext(&S->main, &f->uc);
+	f->ctx = bctx::jump_fcontext(f->ctx, nullptr).fctx;
 #ifdef KEMU_ASAN
 	__sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
@@ -213,16 +220,12 @@ bool shuffle_warp(fiber *f, uint32_t w0, uint32_t cnt)
 	return true;
 }
 
-/* Readies f to run thread t from the start (apart, for getcontext returns twice). */
-__attribute__((noinline)) void fiber_init(fiber *f, uint32_t t)
+/* Readies f to run thread t from the start (make_fcontext takes the stack's top). */
+void fiber_init(fiber *f, uint32_t t)
 {
 	f->tid = uint3{t % cur.bdim.x, t / cur.bdim.x % cur.bdim.y, t / (cur.bdim.x * cur.bdim.y)};
 	f->state = READY;
-	getcontext(&f->uc);
-	f->uc.uc_stack.ss_sp = f->stack;
-	f->uc.uc_stack.ss_size = KEMU_STACK;
-	f->uc.uc_link = nullptr;
-	makecontext(&f->uc, entry, 0);
+	f->ctx = bctx::make_fcontext(f->stack + KEMU_STACK, KEMU_STACK, entry);
 }
 
 /* Runs one CTA to its end; false after a fault. */
