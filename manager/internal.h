@@ -21,6 +21,7 @@
 #include "backend.h"
 #include "disk.h"
 #include "fault.h"
+#include "idmap.h"
 #include "kvtier.h"
 #include "policy.h"
 #include "pool.h"
@@ -124,26 +125,11 @@ struct kvt_seq {
 	struct kvt_seq_layer layers[];
 };
 
-/* Open-addressing map from sequence id to sequence, linear probing with backward-shift
-   deletion (no tombstones), at most half full; key and value share a slot so a lookup touches
-   one cache line. */
-struct kvt_seqmap_slot {
-	uint64_t key;
-	struct kvt_seq *val; /* NULL = empty slot */
-};
-
-struct kvt_seqmap {
-	struct kvt_seqmap_slot *slots;
-	uint32_t cap, n; /* cap is a power of two */
-	uint32_t shift;	 /* 64 - log2(cap) */
-};
-
-int kvt_seqmap_init(struct kvt_seqmap *sm);
-void kvt_seqmap_fini(struct kvt_seqmap *sm);
-struct kvt_seq *kvt_seqmap_get(const struct kvt_seqmap *sm, uint64_t id);
-/* Grows as needed: 0 or -ENOMEM (then nothing changed). id must not be present. */
-int kvt_seqmap_put(struct kvt_seqmap *sm, struct kvt_seq *s);
-void kvt_seqmap_del(struct kvt_seqmap *sm, uint64_t id);
+/* The live sequence id, or NULL: the sequence map's lookup, typed. */
+static inline struct kvt_seq *kvt_seqmap_get(const struct kvt_idmap *seqs, uint64_t id)
+{
+	return kvt_idmap_get(seqs, id);
+}
 
 struct kvt_manager {
 	struct kvt_config cfg;
@@ -161,7 +147,7 @@ struct kvt_manager {
 	   their copies): kvt_dev_quiesce waits for it before either changes hands. */
 	bool dev_queued;
 	struct kvt_pool dev, host;
-	struct kvt_seqmap seqs;
+	struct kvt_idmap seqs; /* id -> struct kvt_seq (kvt_seqmap_get) */
 	uint64_t stamp;
 
 	/* scratch reused across calls (never shrinks) */

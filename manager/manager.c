@@ -207,7 +207,7 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 					    : NULL,
 				    m->group_bytes);
 	if (!err)
-		err = kvt_seqmap_init(&m->seqs);
+		err = kvt_idmap_init(&m->seqs);
 	if (!err)
 		err = kvt_recall_init(m, m->dev_base + (uint64_t)n_dev * m->group_bytes,
 				      (uint32_t)n_rc);
@@ -224,7 +224,7 @@ fail_be:
 	if (m->be && m->be->err[0]) /* the other failures logged their own detail */
 		kvt_log(KVT_LOG_WARN, "backend %s: %s", ops->name, m->be->err);
 	kvt_spill_close(m);
-	kvt_seqmap_fini(&m->seqs);
+	kvt_idmap_fini(&m->seqs);
 	kvt_recall_fini(m);
 	kvt_pool_fini(&m->dev);
 	kvt_pool_fini(&m->host);
@@ -285,23 +285,21 @@ static void free_layer_tables(struct kvt_seq_layer *ly)
 
 KVT_API void kvt_manager_destroy(struct kvt_manager *m)
 {
+	struct kvt_seq *s;
+
 	if (!m)
 		return;
 	/* Every pending save must land before the host arena goes away; device work still queued
 	   on the arenas is waited for by arena_free, which cannot fail (a sync here could, with
 	   nobody to tell). */
 	m->ops->save_wait(m->be, UINT64_MAX);
-	for (uint32_t i = 0; i < m->seqs.cap; i++) {
-		struct kvt_seq *s = m->seqs.slots[i].val;
-
-		if (!s)
-			continue;
+	for (uint32_t pos = 0; (s = kvt_idmap_next(&m->seqs, &pos));) {
 		for (uint32_t l = 0; l < m->cfg.n_layers; l++)
 			free_layer_tables(&s->layers[l]);
 		kvt_recall_free_seq(s, m->cfg.n_layers);
 		free(s);
 	}
-	kvt_seqmap_fini(&m->seqs);
+	kvt_idmap_fini(&m->seqs);
 	kvt_spill_close(m); /* the spill file goes with it */
 	kvt_recall_fini(m);
 	kvt_pool_fini(&m->dev);

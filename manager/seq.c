@@ -116,7 +116,7 @@ KVT_API int kvt_seq_create(struct kvt_manager *m, uint64_t seq, uint32_t prompt_
 	s->prompt_tokens = prompt_tokens;
 	s->valid_topk = count;
 	s->n_frames = DIV_UP(m->slots_sr + count, m->cfg.block_tokens);
-	err = kvt_seqmap_put(&m->seqs, s);
+	err = kvt_idmap_put(&m->seqs, seq, s);
 	if (err) {
 		free(s);
 		return kvt_fail(m, err, "sequence %llu: cannot grow the sequence table",
@@ -162,7 +162,7 @@ KVT_API int kvt_seq_destroy(struct kvt_manager *m, uint64_t seq)
 	kvt_recall_free_seq(s, m->cfg.n_layers);
 	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
 		release_layer(m, s, &s->layers[l]);
-	kvt_seqmap_del(&m->seqs, seq);
+	kvt_idmap_del(&m->seqs, seq);
 	free(s);
 	return 0;
 }

@@ -184,6 +184,7 @@ static void spill_seq(struct kvt_manager *m, struct kvt_seq *s, uint32_t want, i
 int kvt_spill_room(struct kvt_manager *m, uint32_t need)
 {
 	struct victim *v;
+	struct kvt_seq *s;
 	uint32_t nv = 0, target;
 	int err = 0;
 
@@ -202,12 +203,9 @@ int kvt_spill_room(struct kvt_manager *m, uint32_t need)
 	v = kvt_malloc((size_t)m->seqs.n * sizeof(*v) + 1);
 	if (!v)
 		return -ENOMEM;
-	for (uint32_t i = 0; i < m->seqs.cap; i++) {
-		struct kvt_seq *s = m->seqs.slots[i].val;
-
-		if (s && s->stamp != m->stamp && !s->lost && host_groups(m, s))
+	for (uint32_t pos = 0; (s = kvt_idmap_next(&m->seqs, &pos));)
+		if (s->stamp != m->stamp && !s->lost && host_groups(m, s))
 			v[nv++] = (struct victim){s->stamp, s};
-	}
 	qsort(v, nv, sizeof(*v), cmp_victim);
 	for (uint32_t i = 0; i < nv && m->host.n_free < target && err != -ENOSPC; i++)
 		spill_seq(m, v[i].s, target - m->host.n_free, &err);
