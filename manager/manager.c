@@ -5,9 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fault.h"
-#include "internal.h"
+#include "base.h"
+#include "manager.h"
 #include "policy.h"
+#include "recall.h"
+#include "spill.h"
 
 /* Bounds that keep every derived size well inside 64 bits and every slot/position index
    inside 31 bits. */
@@ -93,23 +95,6 @@ static int load_config(const struct kvt_config *cfg, struct kvt_config *c)
 		if (c->spill_dir && !gbps_ok(c->model_disk_gbps))
 			return cfg_error("model_disk_gbps must be finite and > 0");
 	}
-	return 0;
-}
-
-int kvt_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz)
-{
-	uint32_t c = *cap ? *cap : 64;
-	void *p;
-
-	if (n <= *cap)
-		return 0;
-	while (c < n)
-		c = c > UINT32_MAX / 2 ? n : c * 2;
-	p = kvt_realloc(*arr, (size_t)c * sz);
-	if (!p)
-		return -ENOMEM;
-	*arr = p;
-	*cap = c;
 	return 0;
 }
 
@@ -389,38 +374,6 @@ KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out
 	}
 	memcpy(out, &st, size);
 	return 0;
-}
-
-int kvt_host_copy(struct kvt_manager *m, const void *src, uint64_t bytes, void *stream)
-{
-	if (bytes > UINT32_MAX ||
-	    kvt_reserve((void **)&m->hcopy, &m->hcopy_cap, (uint32_t)bytes, 1))
-		return kvt_be_fail(m->be, -ENOMEM, "no memory for a host copy of %llu bytes",
-				   (unsigned long long)bytes);
-	return KVT_XFER(m, read_d2h, m->hcopy, (uint64_t)(uintptr_t)src, bytes, stream);
-}
-
-int kvt_dev_quiesce(struct kvt_manager *m)
-{
-	int err;
-
-	if (!m->dev_queued)
-		return 0;
-	err = m->ops->sync(m->be, NULL);
-	if (!err)
-		m->dev_queued = false;
-	return err;
-}
-
-int kvt_dev_gather(struct kvt_manager *m, uint32_t nx, void *stream)
-{
-	int err;
-
-	kvt_dev_queue(m);
-	err = KVT_XFER(m, gather_h2d, m->xf, nx, stream);
-	if (err)
-		kvt_dev_quiesce(m); /* part of the load may be queued */
-	return err;
 }
 
 KVT_API int kvt_manager_sync(struct kvt_manager *m, void *stream)

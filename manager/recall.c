@@ -12,9 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fault.h"
-#include "internal.h"
+#include "base.h"
 #include "policy.h"
+#include "recall.h"
+#include "spill.h"
 
 int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames)
 {

@@ -9,9 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fault.h"
-#include "internal.h"
+#include "base.h"
 #include "policy.h"
+#include "recall.h"
+#include "seq.h"
+#include "spill.h"
 
 static inline uint64_t ptr_u64(const void *p)
 {
@@ -33,19 +35,6 @@ static struct kvt_seq *find_seq(struct kvt_manager *m, uint64_t seq, int *err)
 	if (!s)
 		*err = kvt_fail(m, -ENOENT, "sequence %llu is not live", (unsigned long long)seq);
 	return s;
-}
-
-struct kvt_seq *kvt_seq_usable(struct kvt_manager *m, uint64_t seq, const char *what, int *err)
-{
-	struct kvt_seq *s = kvt_seqmap_get(&m->seqs, seq);
-
-	if (!s)
-		*err = kvt_fail(m, -ENOENT, "%s%ssequence %llu is not live", what ? what : "",
-				what ? ": " : "", (unsigned long long)seq);
-	else if (s->lost)
-		*err = kvt_fail(m, s->lost, "%s%ssequence %llu: its history was lost",
-				what ? what : "", what ? ": " : "", (unsigned long long)seq);
-	return s && !s->lost ? s : NULL;
 }
 
 /* The sequence's layer, prefilled; or NULL with the error recorded. */

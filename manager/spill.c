@@ -18,8 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base.h"
 #include "disk.h"
-#include "internal.h"
+#include "spill.h"
 
 /* Groups written per I/O batch (bounds the scratch lists, not the I/O depth). */
 #define SPILL_BATCH 4096u
