@@ -595,12 +595,157 @@ static void prefetch_list(const struct kvt_manager *m, uint32_t layer, const uin
 	}
 }
 
+/* The exact capacity check of a recall call, taken only when recall_validate's quick upper
+   bound `need` exceeds the cache, then room in m->xf for the loads: 0, or -ENOSPC or -ENOMEM
+   recorded. */
+static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *sel, uint32_t n,
+		       uint32_t r, uint64_t need)
+{
+	uint32_t H = m->cfg.n_kv_heads;
+
+	if (need > m->rc.n) {
+		need = 0;
+		for (uint32_t i = 0; i < n; i++)
+			for (uint32_t h = 0; h < H; h++)
+				need += exact_need(m, &m->batch[i]->layers[layer], h,
+						   sel + ((size_t)i * H + h) * r, r);
+		if (need > m->rc.n)
+			return kvt_fail(m, -ENOSPC,
+					"recall: %llu blocks needed at once, the cache holds %u",
+					(unsigned long long)need, m->rc.n);
+	}
+	if (kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)need, sizeof(*m->xf)))
+		return kvt_fail(m, -ENOMEM, "recall: no memory for the load list");
+	return 0;
+}
+
+/* What pass 2 of a recall call counts. */
+struct recall_tally {
+	uint32_t nx; /* loads queued in m->xf */
+	uint64_t lookups, hits;
+};
+
+/* Takes a frame for block b of (s, layer, head h) holding nv tokens, and links it into s's
+   list of entries and the block's slot. KVT_NO_ENTRY when every frame is pinned by this
+   call. */
+static uint32_t entry_claim(struct kvt_manager *m, struct kvt_seq *s, uint32_t layer, uint32_t h,
+			    uint32_t b, uint32_t nv, struct kvt_rc_slot *slot)
+{
+	struct kvt_recall_cache *rc = &m->rc;
+	uint32_t id = take_frame(m);
+	struct kvt_rc_entry *e;
+
+	if (id == KVT_NO_ENTRY)
+		return id;
+	e = &rc->e[id];
+	*e = (struct kvt_rc_entry){
+		.owner = s,
+		.layer = layer,
+		.head = h,
+		.block = b,
+		.n_valid = nv,
+		.gen = e->gen,
+		.s_prev = KVT_NO_ENTRY,
+		.s_next = s->rc_head,
+	};
+	if (s->rc_head != KVT_NO_ENTRY)
+		rc->e[s->rc_head].s_prev = id;
+	s->rc_head = id;
+	slot->entry = id;
+	return id;
+}
+
+/* Pass 2 for one list, the selection hs[0..r) of (s, layer, head h): hits, misses (their
+   loads queued in m->xf), LRU order, the working set, and the head's view. Nothing fails.
+   Returns whether it queued a load. */
+static bool recall_list(struct kvt_manager *m, struct kvt_seq *s, uint32_t layer, uint32_t h,
+			const uint32_t *hs, uint32_t r, struct recall_tally *t)
+{
+	struct kvt_recall_cache *rc = &m->rc;
+	struct kvt_seq_layer *ly = &s->layers[layer];
+	struct kvt_recall_layer *lrc = ly->rc;
+	uint32_t H = m->cfg.n_kv_heads, bt = m->cfg.block_tokens, N = ly->n_tokens;
+	uint32_t *vent = lrc->view_ent + (size_t)h * lrc->view_cap;
+	uint32_t *vgen = lrc->view_gen + (size_t)h * lrc->view_cap;
+	uint32_t nv_out = 0;
+	bool loaded = false;
+
+	for (uint32_t j = 0; j < r; j++) {
+		uint32_t b = hs[j], nv, id;
+		struct kvt_rc_slot *slot;
+		bool load;
+
+		if (b == KVT_NO_ENTRY)
+			continue;
+		nv = N - (b << m->lbt) < bt ? N - (b << m->lbt) : bt;
+		/* Blocks whose every token is resident need no frame. */
+		if (fully_resident(m, ly, h, b, nv))
+			continue;
+		slot = &lrc->slot[(size_t)b * H + h];
+		id = slot->entry;
+		if (id != KVT_NO_ENTRY && rc->e[id].pin == rc->call)
+			continue; /* repeated in this list */
+		t->lookups++;
+		if (id == KVT_NO_ENTRY) {
+			id = entry_claim(m, s, layer, h, b, nv, slot);
+			/* recall_room counted every block this call pins: one is free or unpinned
+			 */
+			if (NEVER(id == KVT_NO_ENTRY))
+				continue;
+			load = true;
+		} else {
+			load = rc->e[id].n_valid != nv; /* the block grew since: reload it */
+			rc->e[id].n_valid = nv;
+			t->hits += !load;
+		}
+		if (load) {
+			m->xf[t->nx++] = (struct kvt_xfer){
+				.src = kvt_host_row(m, ly, h, b << m->lbt),
+				.dst = rc->base + (uint64_t)id * m->block_bytes,
+				.bytes = (uint32_t)m->block_bytes,
+				.reps = 1,
+			};
+			loaded = true;
+		}
+		rc->e[id].pin = rc->call;
+		lru_touch(rc, id);
+		vent[nv_out] = id;
+		vgen[nv_out++] = rc->e[id].gen;
+		ws_touch(m, s, &slot->touched, N);
+	}
+	lrc->view_n[h] = nv_out;
+	lrc->view_failed = false;
+	return loaded;
+}
+
+/* After the gather of a recall call failed: the frames meant for its misses hold nothing
+   valid, so they are freed, and the views of the call read as stale (the previous ones were
+   overwritten), so no attention silently runs without its recalled blocks. The cache keeps
+   its hits; frames taken from other sequences stay taken, as any recall may take them; the
+   working sets keep the call's blocks (an estimate, erring high). */
+static void recall_undo(struct kvt_manager *m, uint32_t layer, uint32_t n, uint32_t nx)
+{
+	struct kvt_recall_cache *rc = &m->rc;
+
+	for (uint32_t x = 0; x < nx; x++) {
+		uint32_t id = (uint32_t)((m->xf[x].dst - rc->base) / m->block_bytes);
+
+		entry_release(m, id);
+		rc->e[id].next = rc->free_head;
+		rc->free_head = id;
+		rc->n_used--;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		m->batch[i]->layers[layer].rc->view_failed = true;
+}
+
 static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
 		       const uint32_t *sel, uint32_t r, void *stream)
 {
 	struct kvt_recall_cache *rc = &m->rc;
-	uint32_t H = m->cfg.n_kv_heads, bt = m->cfg.block_tokens, nx = 0;
-	uint64_t need = 0, lookups = 0, hits = 0, wait = 0;
+	struct recall_tally t = {0};
+	uint32_t H = m->cfg.n_kv_heads;
+	uint64_t need = 0, wait = 0;
 	int err;
 
 	if (layer >= m->cfg.n_layers)
@@ -609,21 +754,10 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	if (rc->n == 0)
 		return kvt_fail(m, -EINVAL, "recall: no recall cache (config.recall_cache_bytes)");
 	err = recall_validate(m, layer, seqs, n, sel, r, &need);
+	if (!err)
+		err = recall_room(m, layer, sel, n, r, need);
 	if (err)
 		return err;
-	if (need > rc->n) {
-		need = 0;
-		for (uint32_t i = 0; i < n; i++)
-			for (uint32_t h = 0; h < H; h++)
-				need += exact_need(m, &m->batch[i]->layers[layer], h,
-						   sel + ((size_t)i * H + h) * r, r);
-		if (need > rc->n)
-			return kvt_fail(m, -ENOSPC,
-					"recall: %llu blocks needed at once, the cache holds %u",
-					(unsigned long long)need, rc->n);
-	}
-	if (kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)need, sizeof(*m->xf)))
-		return kvt_fail(m, -ENOMEM, "recall: no memory for the load list");
 
 	/* Pass 2: hits, misses, LRU order, views. Nothing below fails except the gather. */
 	rc->call++;
@@ -632,78 +766,12 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	prefetch_list(m, layer, sel, n, r, 0, true);
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_seq *s = m->batch[i];
-		struct kvt_seq_layer *ly = &s->layers[layer];
-		struct kvt_recall_layer *lrc = ly->rc;
-		uint32_t N = ly->n_tokens;
 		bool loaded = false;
 
 		for (uint32_t h = 0; h < H; h++) {
-			const uint32_t *hs = sel + ((size_t)i * H + h) * r;
-			uint32_t *vent = lrc->view_ent + (size_t)h * lrc->view_cap;
-			uint32_t *vgen = lrc->view_gen + (size_t)h * lrc->view_cap;
-			uint32_t nv_out = 0;
-
 			prefetch_list(m, layer, sel, n, r, (uint64_t)i * H + h + 2, false);
 			prefetch_list(m, layer, sel, n, r, (uint64_t)i * H + h + 1, true);
-			for (uint32_t j = 0; j < r; j++) {
-				uint32_t b = hs[j], nv, id;
-				size_t at = (size_t)b * H + h;
-				struct kvt_rc_entry *e;
-
-				if (b == KVT_NO_ENTRY)
-					continue;
-				nv = N - (b << m->lbt) < bt ? N - (b << m->lbt) : bt;
-				/* Blocks whose every token is resident need no frame. */
-				if (fully_resident(m, ly, h, b, nv))
-					continue;
-				id = lrc->slot[at].entry;
-				if (id != KVT_NO_ENTRY && rc->e[id].pin == rc->call)
-					continue; /* repeated in this list */
-				lookups++;
-				if (id != KVT_NO_ENTRY) {
-					e = &rc->e[id];
-					if (e->n_valid == nv) {
-						hits++;
-					} else { /* the block grew since: reload it */
-						e->n_valid = nv;
-						goto load;
-					}
-				} else {
-					id = take_frame(m);
-					if (id == KVT_NO_ENTRY) /* excluded by the check above */
-						continue;
-					e = &rc->e[id];
-					*e = (struct kvt_rc_entry){
-						.owner = s,
-						.layer = layer,
-						.head = h,
-						.block = b,
-						.n_valid = nv,
-						.gen = e->gen,
-						.s_prev = KVT_NO_ENTRY,
-						.s_next = s->rc_head,
-					};
-					if (s->rc_head != KVT_NO_ENTRY)
-						rc->e[s->rc_head].s_prev = id;
-					s->rc_head = id;
-					lrc->slot[at].entry = id;
-				load:
-					m->xf[nx++] = (struct kvt_xfer){
-						.src = kvt_host_row(m, ly, h, b << m->lbt),
-						.dst = rc->base + (uint64_t)id * m->block_bytes,
-						.bytes = (uint32_t)m->block_bytes,
-						.reps = 1,
-					};
-					loaded = true;
-				}
-				e->pin = rc->call;
-				lru_touch(rc, id);
-				vent[nv_out] = id;
-				vgen[nv_out++] = e->gen;
-				ws_touch(m, s, &lrc->slot[at].touched, N);
-			}
-			lrc->view_n[h] = nv_out;
-			lrc->view_failed = false;
+			loaded |= recall_list(m, s, layer, h, sel + ((size_t)i * H + h) * r, r, &t);
 		}
 		if (loaded && s->save_ticket > wait)
 			wait = s->save_ticket;
@@ -711,33 +779,19 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 
 	/* The blocks must have landed in the host history before the device reads them. */
 	err = wait ? m->ops->save_wait(m->be, wait) : 0;
-	if (!err && nx)
-		err = kvt_dev_gather(m, nx, stream);
+	if (!err && t.nx)
+		err = kvt_dev_gather(m, t.nx, stream);
 	if (err) {
-		/* The frames meant for the misses hold nothing valid: free them, and make the
-		   views of this call read as stale (the previous ones were overwritten), so no
-		   attention silently runs without its recalled blocks. The cache keeps its hits;
-		   frames taken from other sequences stay taken, as any recall may take them; the
-		   working sets keep this call's blocks (an estimate, erring high). */
-		for (uint32_t x = 0; x < nx; x++) {
-			uint32_t id = (uint32_t)((m->xf[x].dst - rc->base) / m->block_bytes);
-
-			entry_release(m, id);
-			rc->e[id].next = rc->free_head;
-			rc->free_head = id;
-			rc->n_used--;
-		}
-		for (uint32_t i = 0; i < n; i++)
-			m->batch[i]->layers[layer].rc->view_failed = true;
-		return kvt_fail(m, err, "recall: layer %u: loading %u blocks: %s", layer, nx,
+		recall_undo(m, layer, n, t.nx);
+		return kvt_fail(m, err, "recall: layer %u: loading %u blocks: %s", layer, t.nx,
 				m->be->err);
 	}
 
 	m->st.recall_calls++;
-	m->st.recall_lookups += lookups;
-	m->st.recall_hits += hits;
-	m->st.recall_loads += nx;
-	m->st.bytes_h2d += (uint64_t)nx * m->block_bytes;
+	m->st.recall_lookups += t.lookups;
+	m->st.recall_hits += t.hits;
+	m->st.recall_loads += t.nx;
+	m->st.bytes_h2d += (uint64_t)t.nx * m->block_bytes;
 	return 0;
 }
 
