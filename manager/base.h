@@ -54,6 +54,7 @@ struct kvt_seq_layer {
 	struct kvt_recall_layer *rc; /* block metadata and recall state (recall.h); NULL until
 					needed */
 };
+_Static_assert(sizeof(struct kvt_seq_layer) == 64, "a sequence layer is one cache line");
 
 #define KVT_NO_ENTRY UINT32_MAX
 /* A group table entry with this bit holds a disk slot (manager/spill.c), not a host group. */

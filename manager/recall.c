@@ -253,7 +253,8 @@ static void ws_advance(const struct kvt_manager *m, struct kvt_seq *s, uint32_t 
 	at = s->ws_cur;
 	for (uint32_t i = 1; i <= d; i++) {
 		at = at + 1 == w ? 0 : at + 1;
-		s->ws_total -= s->ws_bucket[at];
+		if (ALWAYS(s->ws_total >= s->ws_bucket[at])) /* ws_total is the buckets' sum */
+			s->ws_total -= s->ws_bucket[at];
 		s->ws_bucket[at] = 0;
 	}
 	s->ws_cur = (uint32_t)((s->ws_cur + (uint64_t)(t - s->ws_step)) % w);
@@ -284,8 +285,13 @@ static void ws_touch(const struct kvt_manager *m, struct kvt_seq *s, uint32_t *t
 		if (p >= t)
 			return; /* already counted at this step or a later one */
 		if (in_window(m, s, p)) {
-			s->ws_bucket[bucket_of(m, s, p)]--;
-			s->ws_total--;
+			uint32_t *bucket = &s->ws_bucket[bucket_of(m, s, p)];
+
+			/* the block was counted in the bucket of step p */
+			if (ALWAYS(*bucket > 0 && s->ws_total > 0)) {
+				(*bucket)--;
+				s->ws_total--;
+			}
 		}
 	}
 	*touched = t + 1;
@@ -362,9 +368,13 @@ static void lru_compact(struct kvt_recall_cache *rc)
 /* Marks entry id most recently used. */
 static void lru_touch(struct kvt_recall_cache *rc, uint32_t id)
 {
-	if (rc->q_len == rc->q_cap)
-		lru_compact(rc); /* at most n live records remain: room again */
-	if (++rc->tick == 0)	 /* 0 marks an entry holding no block */
+	if (rc->q_len == rc->q_cap) {
+		lru_compact(rc);
+		/* at most n live records remain, and q_cap >= 2n + 64: room again */
+		if (NEVER(rc->q_len == rc->q_cap))
+			return;
+	}
+	if (++rc->tick == 0) /* 0 marks an entry holding no block */
 		rc->tick = 1;
 	rc->tick_of[id] = rc->tick;
 	rc->q[(rc->q_head + rc->q_len++) & (rc->q_cap - 1)] = (struct kvt_rc_rec){id, rc->tick};
@@ -397,18 +407,22 @@ static void entry_release(struct kvt_manager *m, uint32_t id)
 	m->rc.tick_of[id] = 0;
 }
 
-void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
+/* Releases entry id (its LRU records go stale) and puts its frame on the free list. */
+static void entry_free(struct kvt_manager *m, uint32_t id)
 {
 	struct kvt_recall_cache *rc = &m->rc;
 
-	while (s->rc_head != KVT_NO_ENTRY) {
-		uint32_t id = s->rc_head;
-
-		entry_release(m, id); /* its LRU records go stale */
-		rc->e[id].next = rc->free_head;
-		rc->free_head = id;
+	entry_release(m, id);
+	rc->e[id].next = rc->free_head;
+	rc->free_head = id;
+	if (ALWAYS(rc->n_used > 0)) /* it held a block: it was counted */
 		rc->n_used--;
-	}
+}
+
+void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
+{
+	while (s->rc_head != KVT_NO_ENTRY)
+		entry_free(m, s->rc_head);
 	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
 		if (s->layers[l].rc && s->layers[l].rc->view_n) {
 			memset(s->layers[l].rc->view_n, 0,
@@ -426,6 +440,7 @@ static uint32_t take_frame(struct kvt_manager *m)
 
 	if (id != KVT_NO_ENTRY) {
 		rc->free_head = rc->e[id].next;
+		ALWAYS(rc->n_used < rc->n); /* a free frame is an unused one */
 		rc->n_used++;
 		return id;
 	}
@@ -670,6 +685,8 @@ static bool recall_list(struct kvt_manager *m, struct kvt_seq *s, uint32_t layer
 	uint32_t nv_out = 0;
 	bool loaded = false;
 
+	if (NEVER(r > lrc->view_cap)) /* recall_validate made room for the view */
+		return false;
 	for (uint32_t j = 0; j < r; j++) {
 		uint32_t b = hs[j], nv, id;
 		struct kvt_rc_slot *slot;
@@ -725,16 +742,8 @@ static bool recall_list(struct kvt_manager *m, struct kvt_seq *s, uint32_t layer
    working sets keep the call's blocks (an estimate, erring high). */
 static void recall_undo(struct kvt_manager *m, uint32_t layer, uint32_t n, uint32_t nx)
 {
-	struct kvt_recall_cache *rc = &m->rc;
-
-	for (uint32_t x = 0; x < nx; x++) {
-		uint32_t id = (uint32_t)((m->xf[x].dst - rc->base) / m->block_bytes);
-
-		entry_release(m, id);
-		rc->e[id].next = rc->free_head;
-		rc->free_head = id;
-		rc->n_used--;
-	}
+	for (uint32_t x = 0; x < nx; x++)
+		entry_free(m, (uint32_t)((m->xf[x].dst - m->rc.base) / m->block_bytes));
 	for (uint32_t i = 0; i < n; i++)
 		m->batch[i]->layers[layer].rc->view_failed = true;
 }

@@ -118,11 +118,11 @@ KVT_API int kvt_seq_create(struct kvt_manager *m, uint64_t seq, uint32_t prompt_
 static void release_layer(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_layer *ly)
 {
 	if (ly->frames && !s->preempted)
-		kvt_pool_free(&m->dev, ly->frames, s->n_frames);
+		ALWAYS(kvt_pool_free(&m->dev, ly->frames, s->n_frames) == 0);
 	if (ly->groups && s->n_spilled)
 		kvt_spill_release_layer(m, s, ly);
 	else if (ly->groups)
-		kvt_pool_free(&m->host, ly->groups, ly->n_groups);
+		ALWAYS(kvt_pool_free(&m->host, ly->groups, ly->n_groups) == 0);
 	free(ly->frames);
 	free(ly->groups);
 	free(ly->topk);
@@ -151,6 +151,7 @@ KVT_API int kvt_seq_destroy(struct kvt_manager *m, uint64_t seq)
 	kvt_recall_free_seq(s, m->cfg.n_layers);
 	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
 		release_layer(m, s, &s->layers[l]);
+	ALWAYS(s->n_spilled == 0); /* every spilled group was in a table */
 	kvt_idmap_del(&m->seqs, seq);
 	free(s);
 	return 0;
@@ -186,6 +187,9 @@ static void emit_run(struct kvt_manager *m, const struct kvt_seq_layer *ly, uint
 		    (slot & mask) && (!src->host || (pos & mask))) {
 			prev->bytes += take * m->row_bytes;
 		} else {
+			/* gather_entries_per_head bounds the list its callers reserved */
+			if (NEVER(*nx == m->xf_cap))
+				return;
 			m->xf[(*nx)++] = (struct kvt_xfer){
 				.src = from,
 				.dst = dst,
@@ -354,6 +358,47 @@ static int prefill_tables(struct kvt_manager *m, struct prefill *p)
 	return 0;
 }
 
+/* Takes the layer's device frame groups and host block groups, which prefill_room found free
+   with nothing run since. 0, or -ENOMEM recorded (a violated invariant) with nothing taken. */
+static int prefill_take(struct kvt_manager *m, struct prefill *p)
+{
+	int err = kvt_pool_alloc(&m->dev, p->s->n_frames, p->ly.frames);
+
+	if (!err) {
+		err = kvt_pool_alloc(&m->host, p->nb, p->ly.groups);
+		if (err)
+			ALWAYS(kvt_pool_free(&m->dev, p->ly.frames, p->s->n_frames) == 0);
+	}
+	if (NEVER(err))
+		return kvt_fail(m, err, "sequence %llu layer %u: groups counted free are not",
+				(unsigned long long)p->seq, p->layer);
+	p->ly.n_groups = p->nb;
+	return 0;
+}
+
+/* Whether the layer's top-K positions are as the policy promises them (policy.h): per head
+   ascending, among the candidates [sink, min(L - recent, L - obs_window)), so between the
+   sink and the ring window, where resident_slot, fully_resident and kvt_block_resident look
+   for them. */
+static bool topk_in_order(const struct kvt_manager *m, const struct prefill *p)
+{
+	const struct kvt_config *c = &m->cfg;
+	uint32_t L = p->L, count = p->count;
+	uint32_t hi =
+		L - c->recent_tokens < L - c->obs_window ? L - c->recent_tokens : L - c->obs_window;
+
+	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
+		const int32_t *t = p->ly.topk + (size_t)h * count;
+
+		if (t[0] < 0 || (uint32_t)t[0] < c->sink_tokens || (uint32_t)t[count - 1] >= hi)
+			return false;
+		for (uint32_t i = 1; i < count; i++)
+			if (t[i] <= t[i - 1])
+				return false;
+	}
+	return true;
+}
+
 /* Select (SnapKV), on the CPU where it can read the tensors, else on the backend's device
    (the layer's K never leaves it). Without payload there is no data to score: keep the
    candidates nearest the recent window, which is what a recency prior would keep. Then the
@@ -384,6 +429,9 @@ static int prefill_select(struct kvt_manager *m, struct prefill *p)
 			for (uint32_t i = 0; i < count; i++)
 				ly->topk[(size_t)h * count + i] = (int32_t)(hi - count + i);
 	}
+	if (count && NEVER(!topk_in_order(m, p)))
+		return kvt_fail(m, -EIO, "sequence %llu layer %u: selected positions out of order",
+				(unsigned long long)p->seq, p->layer);
 	if (m->keep_meta && !m->cpu_device) {
 		err = KVT_XFER(m, block_meta, c->dtype, c->head_dim, c->n_kv_heads, L,
 			       c->block_tokens, p->k, ly->rc->meta, p->stream);
@@ -428,6 +476,9 @@ static int prefill_save(struct kvt_manager *m, struct prefill *p, uint64_t *tick
 	uint32_t nx = 0;
 	int err;
 
+	if (NEVER(2ull * p->nb > m->xf_cap)) /* prefill_tables reserved the list */
+		return kvt_fail(m, -EIO, "sequence %llu layer %u: save list too short",
+				(unsigned long long)p->seq, p->layer);
 	for (uint32_t b = 0; b < p->nb; b++) {
 		uint32_t p0 = b * c->block_tokens;
 		uint32_t n = p->L - p0 < c->block_tokens ? p->L - p0 : c->block_tokens;
@@ -505,13 +556,10 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 	if (err)
 		return err;
 	err = prefill_tables(m, &p);
-	if (err)
-		goto fail;
-	/* Both fit: capacity was checked above and nothing has run since. */
-	kvt_pool_alloc(&m->dev, p.s->n_frames, p.ly.frames);
-	kvt_pool_alloc(&m->host, p.nb, p.ly.groups);
-	p.ly.n_groups = p.nb;
-	err = prefill_select(m, &p);
+	if (!err)
+		err = prefill_take(m, &p);
+	if (!err)
+		err = prefill_select(m, &p);
 	if (!err)
 		err = prefill_gather(m, &p);
 	if (!err)
@@ -524,14 +572,25 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 fail:
 	if (p.ly.n_groups) {
 		kvt_dev_quiesce(m); /* a copy into the frames may be queued; see kvt_dev_quiesce */
-		kvt_pool_free(&m->host, p.ly.groups, p.ly.n_groups);
-		kvt_pool_free(&m->dev, p.ly.frames, p.s->n_frames);
+		ALWAYS(kvt_pool_free(&m->host, p.ly.groups, p.ly.n_groups) == 0);
+		ALWAYS(kvt_pool_free(&m->dev, p.ly.frames, p.s->n_frames) == 0);
 	}
 	free(p.ly.frames);
 	free(p.ly.groups);
 	free(p.ly.topk);
 	kvt_recall_layer_free(p.ly.rc);
 	return err;
+}
+
+/* Gives back the host groups that decode pass 2 took for the first n fresh members of the
+   batch, latest first, so their tables and the pool are as before the call. */
+static void decode_unfresh(struct kvt_manager *m, uint32_t layer, uint32_t n)
+{
+	while (n-- > 0) {
+		struct kvt_seq_layer *ly = &m->batch[m->fresh[n]]->layers[layer];
+
+		ALWAYS(kvt_pool_free(&m->host, &ly->groups[--ly->n_groups], 1) == 0);
+	}
 }
 
 KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
@@ -568,6 +627,13 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 		ly = &s->layers[layer];
 		if (ly->n_tokens >= INT32_MAX)
 			return kvt_fail(m, -EOVERFLOW, "decode: sequence %llu: layer %u is full",
+					(unsigned long long)seqs[i], layer);
+		/* its ring slot and block table agree with its tokens */
+		if (NEVER(ly->ring_slot >= m->slots_sr) ||
+		    NEVER(ly->n_groups != (ly->n_tokens + bt_mask) >> m->lbt) ||
+		    NEVER(ly->n_groups > ly->cap_groups))
+			return kvt_fail(m, -EIO,
+					"decode: sequence %llu layer %u: inconsistent state",
 					(unsigned long long)seqs[i], layer);
 		m->batch[i] = s;
 		m->ap[i].dev = ly->dev_next;
@@ -614,12 +680,17 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 				"decode: host tier full (%u new block groups needed, %u free%s)",
 				n_fresh, m->host.n_free, m->disk ? " after spilling" : "");
 
-	/* Pass 2 (boundary tokens only): take their new host groups. */
+	/* Pass 2 (boundary tokens only): take their new host groups, counted free above. */
 	for (uint32_t f = 0; f < n_fresh; f++) {
 		uint32_t i = m->fresh[f];
 		struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
 
-		kvt_pool_alloc(&m->host, 1, &ly->groups[ly->n_groups++]); /* counted above */
+		if (NEVER(kvt_pool_alloc(&m->host, 1, &ly->groups[ly->n_groups]) != 0)) {
+			decode_unfresh(m, layer, f);
+			return kvt_fail(m, -ENOMEM, "decode: layer %u: groups counted free are not",
+					layer);
+		}
+		ly->n_groups++;
 		m->ap[i].host = kvt_host_row(m, ly, 0, ly->n_tokens);
 	}
 	g = (struct kvt_append_geom){m->cfg.n_kv_heads, m->row_bytes, m->block_bytes, m->v_offset};
@@ -629,11 +700,7 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 		/* Give the new groups back so tables and pool are as before, once the chunks of
 		   a multi-chunk save that were handed over before the failure have landed. */
 		m->ops->save_wait(m->be, UINT64_MAX);
-		while (n_fresh-- > 0) {
-			struct kvt_seq_layer *ly = &m->batch[m->fresh[n_fresh]]->layers[layer];
-
-			kvt_pool_free(&m->host, &ly->groups[--ly->n_groups], 1);
-		}
+		decode_unfresh(m, layer, n_fresh);
 		return kvt_fail(m, err, "decode: layer %u: %s", layer, m->be->err);
 	}
 
@@ -951,6 +1018,15 @@ KVT_API int kvt_seq_frames(struct kvt_manager *m, uint64_t seq, uint32_t layer, 
 	return 0;
 }
 
+/* Returns the device frame groups of the prefilled layers among the first `layers` of s
+   (preempt, a failed resume). */
+static void free_frames(struct kvt_manager *m, struct kvt_seq *s, uint32_t layers)
+{
+	for (uint32_t l = 0; l < layers; l++)
+		if (s->layers[l].n_tokens)
+			ALWAYS(kvt_pool_free(&m->dev, s->layers[l].frames, s->n_frames) == 0);
+}
+
 KVT_API int kvt_seq_preempt(struct kvt_manager *m, uint64_t seq)
 {
 	struct kvt_seq *s;
@@ -971,9 +1047,7 @@ KVT_API int kvt_seq_preempt(struct kvt_manager *m, uint64_t seq)
 		return kvt_fail(m, err, "preempt: %s", m->be->err);
 	m->dev_queued = false;
 	kvt_recall_drop_seq(m, s);
-	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
-		if (s->layers[l].n_tokens)
-			kvt_pool_free(&m->dev, s->layers[l].frames, s->n_frames);
+	free_frames(m, s, m->cfg.n_layers);
 	s->preempted = 1;
 	m->st.preemptions++;
 	return 0;
@@ -999,6 +1073,7 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 				(unsigned long long)seq);
 	for (uint32_t l = 0; l < c->n_layers; l++)
 		layers += s->layers[l].n_tokens != 0;
+	ALWAYS(layers == s->layers_prefilled);
 	need = (uint64_t)layers * s->n_frames;
 	if (need > m->dev.n_free)
 		return kvt_fail(m, -ENOMEM,
@@ -1020,7 +1095,13 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 
 		if (!ly->n_tokens)
 			continue;
-		kvt_pool_alloc(&m->dev, s->n_frames, ly->frames); /* counted above */
+		/* counted free above */
+		if (NEVER(kvt_pool_alloc(&m->dev, s->n_frames, ly->frames) != 0)) {
+			free_frames(m, s, l);
+			return kvt_fail(m, -ENOMEM,
+					"resume: sequence %llu: groups counted free are not",
+					(unsigned long long)seq);
+		}
 		for (uint32_t h = 0; h < c->n_kv_heads; h++)
 			rows += emit_resident(m, ly, &nx, &host, h, ly->n_tokens,
 					      s->valid_topk ? ly->topk + (size_t)h * s->valid_topk
@@ -1029,9 +1110,7 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 	}
 	err = kvt_dev_gather(m, nx, stream);
 	if (err) {
-		for (uint32_t l = 0; l < c->n_layers; l++)
-			if (s->layers[l].n_tokens)
-				kvt_pool_free(&m->dev, s->layers[l].frames, s->n_frames);
+		free_frames(m, s, c->n_layers);
 		return kvt_fail(m, err, "resume: sequence %llu: gather: %s",
 				(unsigned long long)seq, m->be->err);
 	}
