@@ -376,16 +376,22 @@ static int prefill_take(struct kvt_manager *m, struct prefill *p)
 	return 0;
 }
 
+/* End of the top-K candidates of a prompt of L tokens, min(L - recent, L - obs_window) (policy.h;
+   only when it has candidates, so no difference wraps). */
+static uint32_t candidates_end(const struct kvt_manager *m, uint32_t L)
+{
+	const struct kvt_config *c = &m->cfg;
+
+	return L - c->recent_tokens < L - c->obs_window ? L - c->recent_tokens : L - c->obs_window;
+}
+
 /* Whether the layer's top-K positions are as the policy promises them (policy.h): per head
-   ascending, among the candidates [sink, min(L - recent, L - obs_window)), so between the
-   sink and the ring window, where resident_slot, fully_resident and kvt_block_resident look
-   for them. */
+   ascending, among the candidates [sink, candidates_end), so between the sink and the ring
+   window, where resident_slot, fully_resident and kvt_block_resident look for them. */
 static bool topk_in_order(const struct kvt_manager *m, const struct prefill *p)
 {
 	const struct kvt_config *c = &m->cfg;
-	uint32_t L = p->L, count = p->count;
-	uint32_t hi =
-		L - c->recent_tokens < L - c->obs_window ? L - c->recent_tokens : L - c->obs_window;
+	uint32_t count = p->count, hi = candidates_end(m, p->L);
 
 	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
 		const int32_t *t = p->ly.topk + (size_t)h * count;
@@ -422,8 +428,7 @@ static int prefill_select(struct kvt_manager *m, struct prefill *p)
 					(unsigned long long)p->seq, p->layer,
 					m->cpu_device ? "" : ": ", m->cpu_device ? "" : m->be->err);
 	} else if (count) {
-		uint32_t hi = L - c->recent_tokens < L - c->obs_window ? L - c->recent_tokens
-								       : L - c->obs_window;
+		uint32_t hi = candidates_end(m, L);
 
 		for (uint32_t h = 0; h < c->n_kv_heads; h++)
 			for (uint32_t i = 0; i < count; i++)
