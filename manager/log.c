@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "util.h"
 
 static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
@@ -84,20 +84,6 @@ void kvt_invariant_failed(const char *file, int line, const char *expr, bool abo
 uint64_t kvt_invariant_failures(void)
 {
 	return __atomic_load_n(&invariant_failures, __ATOMIC_RELAXED);
-}
-
-int kvt_fail(struct kvt_manager *m, int err, const char *fmt, ...)
-{
-	va_list ap;
-	int n;
-
-	va_start(ap, fmt);
-	n = vsnprintf(m->err, sizeof(m->err), fmt, ap);
-	va_end(ap);
-	if (n >= 0 && (size_t)n < sizeof(m->err) - 3)
-		snprintf(m->err + n, sizeof(m->err) - (size_t)n, " (%s)", kvt_strerror(err));
-	kvt_log(KVT_LOG_DEBUG, "%s", m->err);
-	return err;
 }
 
 KVT_API const char *kvt_strerror(int err)

@@ -5,9 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fault.h"
-#include "internal.h"
+#include "base.h"
+#include "manager.h"
 #include "policy.h"
+#include "recall.h"
+#include "spill.h"
 
 /* Bounds that keep every derived size well inside 64 bits and every slot/position index
    inside 31 bits. */
@@ -93,23 +95,6 @@ static int load_config(const struct kvt_config *cfg, struct kvt_config *c)
 		if (c->spill_dir && !gbps_ok(c->model_disk_gbps))
 			return cfg_error("model_disk_gbps must be finite and > 0");
 	}
-	return 0;
-}
-
-int kvt_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz)
-{
-	uint32_t c = *cap ? *cap : 64;
-	void *p;
-
-	if (n <= *cap)
-		return 0;
-	while (c < n)
-		c = c > UINT32_MAX / 2 ? n : c * 2;
-	p = kvt_realloc(*arr, (size_t)c * sz);
-	if (!p)
-		return -ENOMEM;
-	*arr = p;
-	*cap = c;
 	return 0;
 }
 
@@ -207,7 +192,7 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 					    : NULL,
 				    m->group_bytes);
 	if (!err)
-		err = kvt_seqmap_init(&m->seqs);
+		err = kvt_idmap_init(&m->seqs);
 	if (!err)
 		err = kvt_recall_init(m, m->dev_base + (uint64_t)n_dev * m->group_bytes,
 				      (uint32_t)n_rc);
@@ -224,7 +209,7 @@ fail_be:
 	if (m->be && m->be->err[0]) /* the other failures logged their own detail */
 		kvt_log(KVT_LOG_WARN, "backend %s: %s", ops->name, m->be->err);
 	kvt_spill_close(m);
-	kvt_seqmap_fini(&m->seqs);
+	kvt_idmap_fini(&m->seqs);
 	kvt_recall_fini(m);
 	kvt_pool_fini(&m->dev);
 	kvt_pool_fini(&m->host);
@@ -285,23 +270,21 @@ static void free_layer_tables(struct kvt_seq_layer *ly)
 
 KVT_API void kvt_manager_destroy(struct kvt_manager *m)
 {
+	struct kvt_seq *s;
+
 	if (!m)
 		return;
 	/* Every pending save must land before the host arena goes away; device work still queued
 	   on the arenas is waited for by arena_free, which cannot fail (a sync here could, with
 	   nobody to tell). */
 	m->ops->save_wait(m->be, UINT64_MAX);
-	for (uint32_t i = 0; i < m->seqs.cap; i++) {
-		struct kvt_seq *s = m->seqs.slots[i].val;
-
-		if (!s)
-			continue;
+	for (uint32_t pos = 0; (s = kvt_idmap_next(&m->seqs, &pos));) {
 		for (uint32_t l = 0; l < m->cfg.n_layers; l++)
 			free_layer_tables(&s->layers[l]);
 		kvt_recall_free_seq(s, m->cfg.n_layers);
 		free(s);
 	}
-	kvt_seqmap_fini(&m->seqs);
+	kvt_idmap_fini(&m->seqs);
 	kvt_spill_close(m); /* the spill file goes with it */
 	kvt_recall_fini(m);
 	kvt_pool_fini(&m->dev);
@@ -391,38 +374,6 @@ KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out
 	}
 	memcpy(out, &st, size);
 	return 0;
-}
-
-int kvt_host_copy(struct kvt_manager *m, const void *src, uint64_t bytes, void *stream)
-{
-	if (bytes > UINT32_MAX ||
-	    kvt_reserve((void **)&m->hcopy, &m->hcopy_cap, (uint32_t)bytes, 1))
-		return kvt_be_fail(m->be, -ENOMEM, "no memory for a host copy of %llu bytes",
-				   (unsigned long long)bytes);
-	return KVT_XFER(m, read_d2h, m->hcopy, (uint64_t)(uintptr_t)src, bytes, stream);
-}
-
-int kvt_dev_quiesce(struct kvt_manager *m)
-{
-	int err;
-
-	if (!m->dev_queued)
-		return 0;
-	err = m->ops->sync(m->be, NULL);
-	if (!err)
-		m->dev_queued = false;
-	return err;
-}
-
-int kvt_dev_gather(struct kvt_manager *m, uint32_t nx, void *stream)
-{
-	int err;
-
-	kvt_dev_queue(m);
-	err = KVT_XFER(m, gather_h2d, m->xf, nx, stream);
-	if (err)
-		kvt_dev_quiesce(m); /* part of the load may be queued */
-	return err;
 }
 
 KVT_API int kvt_manager_sync(struct kvt_manager *m, void *stream)

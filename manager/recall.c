@@ -12,9 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fault.h"
-#include "internal.h"
+#include "base.h"
 #include "policy.h"
+#include "recall.h"
+#include "spill.h"
 
 int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames)
 {
@@ -252,7 +253,8 @@ static void ws_advance(const struct kvt_manager *m, struct kvt_seq *s, uint32_t 
 	at = s->ws_cur;
 	for (uint32_t i = 1; i <= d; i++) {
 		at = at + 1 == w ? 0 : at + 1;
-		s->ws_total -= s->ws_bucket[at];
+		if (ALWAYS(s->ws_total >= s->ws_bucket[at])) /* ws_total is the buckets' sum */
+			s->ws_total -= s->ws_bucket[at];
 		s->ws_bucket[at] = 0;
 	}
 	s->ws_cur = (uint32_t)((s->ws_cur + (uint64_t)(t - s->ws_step)) % w);
@@ -283,8 +285,13 @@ static void ws_touch(const struct kvt_manager *m, struct kvt_seq *s, uint32_t *t
 		if (p >= t)
 			return; /* already counted at this step or a later one */
 		if (in_window(m, s, p)) {
-			s->ws_bucket[bucket_of(m, s, p)]--;
-			s->ws_total--;
+			uint32_t *bucket = &s->ws_bucket[bucket_of(m, s, p)];
+
+			/* the block was counted in the bucket of step p */
+			if (ALWAYS(*bucket > 0 && s->ws_total > 0)) {
+				(*bucket)--;
+				s->ws_total--;
+			}
 		}
 	}
 	*touched = t + 1;
@@ -361,9 +368,13 @@ static void lru_compact(struct kvt_recall_cache *rc)
 /* Marks entry id most recently used. */
 static void lru_touch(struct kvt_recall_cache *rc, uint32_t id)
 {
-	if (rc->q_len == rc->q_cap)
-		lru_compact(rc); /* at most n live records remain: room again */
-	if (++rc->tick == 0)	 /* 0 marks an entry holding no block */
+	if (rc->q_len == rc->q_cap) {
+		lru_compact(rc);
+		/* at most n live records remain, and q_cap >= 2n + 64: room again */
+		if (NEVER(rc->q_len == rc->q_cap))
+			return;
+	}
+	if (++rc->tick == 0) /* 0 marks an entry holding no block */
 		rc->tick = 1;
 	rc->tick_of[id] = rc->tick;
 	rc->q[(rc->q_head + rc->q_len++) & (rc->q_cap - 1)] = (struct kvt_rc_rec){id, rc->tick};
@@ -396,18 +407,22 @@ static void entry_release(struct kvt_manager *m, uint32_t id)
 	m->rc.tick_of[id] = 0;
 }
 
-void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
+/* Releases entry id (its LRU records go stale) and puts its frame on the free list. */
+static void entry_free(struct kvt_manager *m, uint32_t id)
 {
 	struct kvt_recall_cache *rc = &m->rc;
 
-	while (s->rc_head != KVT_NO_ENTRY) {
-		uint32_t id = s->rc_head;
-
-		entry_release(m, id); /* its LRU records go stale */
-		rc->e[id].next = rc->free_head;
-		rc->free_head = id;
+	entry_release(m, id);
+	rc->e[id].next = rc->free_head;
+	rc->free_head = id;
+	if (ALWAYS(rc->n_used > 0)) /* it held a block: it was counted */
 		rc->n_used--;
-	}
+}
+
+void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
+{
+	while (s->rc_head != KVT_NO_ENTRY)
+		entry_free(m, s->rc_head);
 	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
 		if (s->layers[l].rc && s->layers[l].rc->view_n) {
 			memset(s->layers[l].rc->view_n, 0,
@@ -425,6 +440,7 @@ static uint32_t take_frame(struct kvt_manager *m)
 
 	if (id != KVT_NO_ENTRY) {
 		rc->free_head = rc->e[id].next;
+		ALWAYS(rc->n_used < rc->n); /* a free frame is an unused one */
 		rc->n_used++;
 		return id;
 	}
@@ -594,12 +610,151 @@ static void prefetch_list(const struct kvt_manager *m, uint32_t layer, const uin
 	}
 }
 
+/* The exact capacity check of a recall call, taken only when recall_validate's quick upper
+   bound `need` exceeds the cache, then room in m->xf for the loads: 0, or -ENOSPC or -ENOMEM
+   recorded. */
+static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *sel, uint32_t n,
+		       uint32_t r, uint64_t need)
+{
+	uint32_t H = m->cfg.n_kv_heads;
+
+	if (need > m->rc.n) {
+		need = 0;
+		for (uint32_t i = 0; i < n; i++)
+			for (uint32_t h = 0; h < H; h++)
+				need += exact_need(m, &m->batch[i]->layers[layer], h,
+						   sel + ((size_t)i * H + h) * r, r);
+		if (need > m->rc.n)
+			return kvt_fail(m, -ENOSPC,
+					"recall: %llu blocks needed at once, the cache holds %u",
+					(unsigned long long)need, m->rc.n);
+	}
+	if (kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)need, sizeof(*m->xf)))
+		return kvt_fail(m, -ENOMEM, "recall: no memory for the load list");
+	return 0;
+}
+
+/* What pass 2 of a recall call counts. */
+struct recall_tally {
+	uint32_t nx; /* loads queued in m->xf */
+	uint64_t lookups, hits;
+};
+
+/* Takes a frame for block b of (s, layer, head h) holding nv tokens, and links it into s's
+   list of entries and the block's slot. KVT_NO_ENTRY when every frame is pinned by this
+   call. */
+static uint32_t entry_claim(struct kvt_manager *m, struct kvt_seq *s, uint32_t layer, uint32_t h,
+			    uint32_t b, uint32_t nv, struct kvt_rc_slot *slot)
+{
+	struct kvt_recall_cache *rc = &m->rc;
+	uint32_t id = take_frame(m);
+	struct kvt_rc_entry *e;
+
+	if (id == KVT_NO_ENTRY)
+		return id;
+	e = &rc->e[id];
+	*e = (struct kvt_rc_entry){
+		.owner = s,
+		.layer = layer,
+		.head = h,
+		.block = b,
+		.n_valid = nv,
+		.gen = e->gen,
+		.s_prev = KVT_NO_ENTRY,
+		.s_next = s->rc_head,
+	};
+	if (s->rc_head != KVT_NO_ENTRY)
+		rc->e[s->rc_head].s_prev = id;
+	s->rc_head = id;
+	slot->entry = id;
+	return id;
+}
+
+/* Pass 2 for one list, the selection hs[0..r) of (s, layer, head h): hits, misses (their
+   loads queued in m->xf), LRU order, the working set, and the head's view. Nothing fails.
+   Returns whether it queued a load. */
+static bool recall_list(struct kvt_manager *m, struct kvt_seq *s, uint32_t layer, uint32_t h,
+			const uint32_t *hs, uint32_t r, struct recall_tally *t)
+{
+	struct kvt_recall_cache *rc = &m->rc;
+	struct kvt_seq_layer *ly = &s->layers[layer];
+	struct kvt_recall_layer *lrc = ly->rc;
+	uint32_t H = m->cfg.n_kv_heads, bt = m->cfg.block_tokens, N = ly->n_tokens;
+	uint32_t *vent = lrc->view_ent + (size_t)h * lrc->view_cap;
+	uint32_t *vgen = lrc->view_gen + (size_t)h * lrc->view_cap;
+	uint32_t nv_out = 0;
+	bool loaded = false;
+
+	if (NEVER(r > lrc->view_cap)) /* recall_validate made room for the view */
+		return false;
+	for (uint32_t j = 0; j < r; j++) {
+		uint32_t b = hs[j], nv, id;
+		struct kvt_rc_slot *slot;
+		bool load;
+
+		if (b == KVT_NO_ENTRY)
+			continue;
+		nv = N - (b << m->lbt) < bt ? N - (b << m->lbt) : bt;
+		/* Blocks whose every token is resident need no frame. */
+		if (fully_resident(m, ly, h, b, nv))
+			continue;
+		slot = &lrc->slot[(size_t)b * H + h];
+		id = slot->entry;
+		if (id != KVT_NO_ENTRY && rc->e[id].pin == rc->call)
+			continue; /* repeated in this list */
+		t->lookups++;
+		if (id == KVT_NO_ENTRY) {
+			id = entry_claim(m, s, layer, h, b, nv, slot);
+			/* recall_room counted every block this call pins: one is free or unpinned
+			 */
+			if (NEVER(id == KVT_NO_ENTRY))
+				continue;
+			load = true;
+		} else {
+			load = rc->e[id].n_valid != nv; /* the block grew since: reload it */
+			rc->e[id].n_valid = nv;
+			t->hits += !load;
+		}
+		if (load) {
+			m->xf[t->nx++] = (struct kvt_xfer){
+				.src = kvt_host_row(m, ly, h, b << m->lbt),
+				.dst = rc->base + (uint64_t)id * m->block_bytes,
+				.bytes = (uint32_t)m->block_bytes,
+				.reps = 1,
+			};
+			loaded = true;
+		}
+		rc->e[id].pin = rc->call;
+		lru_touch(rc, id);
+		vent[nv_out] = id;
+		vgen[nv_out++] = rc->e[id].gen;
+		ws_touch(m, s, &slot->touched, N);
+	}
+	lrc->view_n[h] = nv_out;
+	lrc->view_failed = false;
+	return loaded;
+}
+
+/* After the gather of a recall call failed: the frames meant for its misses hold nothing
+   valid, so they are freed, and the views of the call read as stale (the previous ones were
+   overwritten), so no attention silently runs without its recalled blocks. The cache keeps
+   its hits; frames taken from other sequences stay taken, as any recall may take them; the
+   working sets keep the call's blocks (an estimate, erring high). */
+static void recall_undo(struct kvt_manager *m, uint32_t layer, uint32_t n, uint32_t nx)
+{
+	for (uint32_t x = 0; x < nx; x++)
+		entry_free(m, (uint32_t)((m->xf[x].dst - m->rc.base) / m->block_bytes));
+	for (uint32_t i = 0; i < n; i++)
+		m->batch[i]->layers[layer].rc->view_failed = true;
+}
+
 static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
 		       const uint32_t *sel, uint32_t r, void *stream)
 {
 	struct kvt_recall_cache *rc = &m->rc;
-	uint32_t H = m->cfg.n_kv_heads, bt = m->cfg.block_tokens, nx = 0;
-	uint64_t need = 0, lookups = 0, hits = 0, wait = 0;
+	struct recall_tally t = {0};
+	uint32_t H = m->cfg.n_kv_heads;
+	uint64_t need = 0, wait = 0;
 	int err;
 
 	if (layer >= m->cfg.n_layers)
@@ -608,21 +763,10 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	if (rc->n == 0)
 		return kvt_fail(m, -EINVAL, "recall: no recall cache (config.recall_cache_bytes)");
 	err = recall_validate(m, layer, seqs, n, sel, r, &need);
+	if (!err)
+		err = recall_room(m, layer, sel, n, r, need);
 	if (err)
 		return err;
-	if (need > rc->n) {
-		need = 0;
-		for (uint32_t i = 0; i < n; i++)
-			for (uint32_t h = 0; h < H; h++)
-				need += exact_need(m, &m->batch[i]->layers[layer], h,
-						   sel + ((size_t)i * H + h) * r, r);
-		if (need > rc->n)
-			return kvt_fail(m, -ENOSPC,
-					"recall: %llu blocks needed at once, the cache holds %u",
-					(unsigned long long)need, rc->n);
-	}
-	if (kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)need, sizeof(*m->xf)))
-		return kvt_fail(m, -ENOMEM, "recall: no memory for the load list");
 
 	/* Pass 2: hits, misses, LRU order, views. Nothing below fails except the gather. */
 	rc->call++;
@@ -631,78 +775,12 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	prefetch_list(m, layer, sel, n, r, 0, true);
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_seq *s = m->batch[i];
-		struct kvt_seq_layer *ly = &s->layers[layer];
-		struct kvt_recall_layer *lrc = ly->rc;
-		uint32_t N = ly->n_tokens;
 		bool loaded = false;
 
 		for (uint32_t h = 0; h < H; h++) {
-			const uint32_t *hs = sel + ((size_t)i * H + h) * r;
-			uint32_t *vent = lrc->view_ent + (size_t)h * lrc->view_cap;
-			uint32_t *vgen = lrc->view_gen + (size_t)h * lrc->view_cap;
-			uint32_t nv_out = 0;
-
 			prefetch_list(m, layer, sel, n, r, (uint64_t)i * H + h + 2, false);
 			prefetch_list(m, layer, sel, n, r, (uint64_t)i * H + h + 1, true);
-			for (uint32_t j = 0; j < r; j++) {
-				uint32_t b = hs[j], nv, id;
-				size_t at = (size_t)b * H + h;
-				struct kvt_rc_entry *e;
-
-				if (b == KVT_NO_ENTRY)
-					continue;
-				nv = N - (b << m->lbt) < bt ? N - (b << m->lbt) : bt;
-				/* Blocks whose every token is resident need no frame. */
-				if (fully_resident(m, ly, h, b, nv))
-					continue;
-				id = lrc->slot[at].entry;
-				if (id != KVT_NO_ENTRY && rc->e[id].pin == rc->call)
-					continue; /* repeated in this list */
-				lookups++;
-				if (id != KVT_NO_ENTRY) {
-					e = &rc->e[id];
-					if (e->n_valid == nv) {
-						hits++;
-					} else { /* the block grew since: reload it */
-						e->n_valid = nv;
-						goto load;
-					}
-				} else {
-					id = take_frame(m);
-					if (id == KVT_NO_ENTRY) /* excluded by the check above */
-						continue;
-					e = &rc->e[id];
-					*e = (struct kvt_rc_entry){
-						.owner = s,
-						.layer = layer,
-						.head = h,
-						.block = b,
-						.n_valid = nv,
-						.gen = e->gen,
-						.s_prev = KVT_NO_ENTRY,
-						.s_next = s->rc_head,
-					};
-					if (s->rc_head != KVT_NO_ENTRY)
-						rc->e[s->rc_head].s_prev = id;
-					s->rc_head = id;
-					lrc->slot[at].entry = id;
-				load:
-					m->xf[nx++] = (struct kvt_xfer){
-						.src = kvt_host_row(m, ly, h, b << m->lbt),
-						.dst = rc->base + (uint64_t)id * m->block_bytes,
-						.bytes = (uint32_t)m->block_bytes,
-						.reps = 1,
-					};
-					loaded = true;
-				}
-				e->pin = rc->call;
-				lru_touch(rc, id);
-				vent[nv_out] = id;
-				vgen[nv_out++] = e->gen;
-				ws_touch(m, s, &lrc->slot[at].touched, N);
-			}
-			lrc->view_n[h] = nv_out;
-			lrc->view_failed = false;
+			loaded |= recall_list(m, s, layer, h, sel + ((size_t)i * H + h) * r, r, &t);
 		}
 		if (loaded && s->save_ticket > wait)
 			wait = s->save_ticket;
@@ -710,33 +788,19 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 
 	/* The blocks must have landed in the host history before the device reads them. */
 	err = wait ? m->ops->save_wait(m->be, wait) : 0;
-	if (!err && nx)
-		err = kvt_dev_gather(m, nx, stream);
+	if (!err && t.nx)
+		err = kvt_dev_gather(m, t.nx, stream);
 	if (err) {
-		/* The frames meant for the misses hold nothing valid: free them, and make the
-		   views of this call read as stale (the previous ones were overwritten), so no
-		   attention silently runs without its recalled blocks. The cache keeps its hits;
-		   frames taken from other sequences stay taken, as any recall may take them; the
-		   working sets keep this call's blocks (an estimate, erring high). */
-		for (uint32_t x = 0; x < nx; x++) {
-			uint32_t id = (uint32_t)((m->xf[x].dst - rc->base) / m->block_bytes);
-
-			entry_release(m, id);
-			rc->e[id].next = rc->free_head;
-			rc->free_head = id;
-			rc->n_used--;
-		}
-		for (uint32_t i = 0; i < n; i++)
-			m->batch[i]->layers[layer].rc->view_failed = true;
-		return kvt_fail(m, err, "recall: layer %u: loading %u blocks: %s", layer, nx,
+		recall_undo(m, layer, n, t.nx);
+		return kvt_fail(m, err, "recall: layer %u: loading %u blocks: %s", layer, t.nx,
 				m->be->err);
 	}
 
 	m->st.recall_calls++;
-	m->st.recall_lookups += lookups;
-	m->st.recall_hits += hits;
-	m->st.recall_loads += nx;
-	m->st.bytes_h2d += (uint64_t)nx * m->block_bytes;
+	m->st.recall_lookups += t.lookups;
+	m->st.recall_hits += t.hits;
+	m->st.recall_loads += t.nx;
+	m->st.bytes_h2d += (uint64_t)t.nx * m->block_bytes;
 	return 0;
 }
 

@@ -9,9 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fault.h"
-#include "internal.h"
+#include "base.h"
 #include "policy.h"
+#include "recall.h"
+#include "seq.h"
+#include "spill.h"
 
 static inline uint64_t ptr_u64(const void *p)
 {
@@ -33,19 +35,6 @@ static struct kvt_seq *find_seq(struct kvt_manager *m, uint64_t seq, int *err)
 	if (!s)
 		*err = kvt_fail(m, -ENOENT, "sequence %llu is not live", (unsigned long long)seq);
 	return s;
-}
-
-struct kvt_seq *kvt_seq_usable(struct kvt_manager *m, uint64_t seq, const char *what, int *err)
-{
-	struct kvt_seq *s = kvt_seqmap_get(&m->seqs, seq);
-
-	if (!s)
-		*err = kvt_fail(m, -ENOENT, "%s%ssequence %llu is not live", what ? what : "",
-				what ? ": " : "", (unsigned long long)seq);
-	else if (s->lost)
-		*err = kvt_fail(m, s->lost, "%s%ssequence %llu: its history was lost",
-				what ? what : "", what ? ": " : "", (unsigned long long)seq);
-	return s && !s->lost ? s : NULL;
 }
 
 /* The sequence's layer, prefilled; or NULL with the error recorded. */
@@ -116,7 +105,7 @@ KVT_API int kvt_seq_create(struct kvt_manager *m, uint64_t seq, uint32_t prompt_
 	s->prompt_tokens = prompt_tokens;
 	s->valid_topk = count;
 	s->n_frames = DIV_UP(m->slots_sr + count, m->cfg.block_tokens);
-	err = kvt_seqmap_put(&m->seqs, s);
+	err = kvt_idmap_put(&m->seqs, seq, s);
 	if (err) {
 		free(s);
 		return kvt_fail(m, err, "sequence %llu: cannot grow the sequence table",
@@ -129,11 +118,11 @@ KVT_API int kvt_seq_create(struct kvt_manager *m, uint64_t seq, uint32_t prompt_
 static void release_layer(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_layer *ly)
 {
 	if (ly->frames && !s->preempted)
-		kvt_pool_free(&m->dev, ly->frames, s->n_frames);
+		ALWAYS(kvt_pool_free(&m->dev, ly->frames, s->n_frames) == 0);
 	if (ly->groups && s->n_spilled)
 		kvt_spill_release_layer(m, s, ly);
 	else if (ly->groups)
-		kvt_pool_free(&m->host, ly->groups, ly->n_groups);
+		ALWAYS(kvt_pool_free(&m->host, ly->groups, ly->n_groups) == 0);
 	free(ly->frames);
 	free(ly->groups);
 	free(ly->topk);
@@ -162,7 +151,8 @@ KVT_API int kvt_seq_destroy(struct kvt_manager *m, uint64_t seq)
 	kvt_recall_free_seq(s, m->cfg.n_layers);
 	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
 		release_layer(m, s, &s->layers[l]);
-	kvt_seqmap_del(&m->seqs, seq);
+	ALWAYS(s->n_spilled == 0); /* every spilled group was in a table */
+	kvt_idmap_del(&m->seqs, seq);
 	free(s);
 	return 0;
 }
@@ -197,6 +187,9 @@ static void emit_run(struct kvt_manager *m, const struct kvt_seq_layer *ly, uint
 		    (slot & mask) && (!src->host || (pos & mask))) {
 			prev->bytes += take * m->row_bytes;
 		} else {
+			/* gather_entries_per_head bounds the list its callers reserved */
+			if (NEVER(*nx == m->xf_cap))
+				return;
 			m->xf[(*nx)++] = (struct kvt_xfer){
 				.src = from,
 				.dst = dst,
@@ -248,47 +241,56 @@ static uint32_t gather_entries_per_head(const struct kvt_manager *m, const struc
 	       (host ? 2 : 1) * DIV_UP(m->cfg.recent_tokens, bt) + 4;
 }
 
-KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t layer, const void *k,
-			      const void *v, const void *q_obs, void *stream)
-{
-	const struct kvt_config *c;
-	struct kvt_seq_layer ly = {0};
-	struct kvt_snapkv sp;
+/* One kvt_prefill_layer call: its arguments, and the layer it builds apart from the sequence
+   until every step has succeeded. */
+struct prefill {
 	struct kvt_seq *s;
-	uint32_t L, nb, nx = 0, count, sink, recent;
-	uint64_t ticket, layer_bytes;
-	int err = 0;
+	uint64_t seq;
+	uint32_t layer;
+	uint32_t L, nb, count; /* prompt tokens, host blocks, top-K positions per head */
+	const void *k, *v, *q_obs;
+	void *stream;
+	struct kvt_snapkv sp;
+	struct kvt_seq_layer ly; /* n_groups != 0 once its pool ids are taken */
+};
 
-	if (!m)
-		return -EINVAL;
-	c = &m->cfg;
-	err = check_layer(m, layer);
+/* The caller's errors: the layer and sequence usable, not prefilled, not preempted, the
+   tensors present. Fills p->s and the sizes. 0 or the error, recorded. */
+static int prefill_check(struct kvt_manager *m, struct prefill *p)
+{
+	int err = check_layer(m, p->layer);
+
 	if (err)
 		return err;
-	s = kvt_seq_usable(m, seq, NULL, &err);
-	if (!s)
+	p->s = kvt_seq_usable(m, p->seq, NULL, &err);
+	if (!p->s)
 		return err;
-	if (s->layers[layer].n_tokens)
+	if (p->s->layers[p->layer].n_tokens)
 		return kvt_fail(m, -EEXIST, "sequence %llu: layer %u is already prefilled",
-				(unsigned long long)seq, layer);
-	if (s->preempted)
+				(unsigned long long)p->seq, p->layer);
+	if (p->s->preempted)
 		return kvt_fail(m, -EINVAL, "sequence %llu is preempted (resume it first)",
-				(unsigned long long)seq);
-	count = s->valid_topk;
-	if (!k || !v || (count && !q_obs))
+				(unsigned long long)p->seq);
+	p->count = p->s->valid_topk;
+	if (!p->k || !p->v || (p->count && !p->q_obs))
 		return kvt_fail(m, -EINVAL, "sequence %llu layer %u: NULL %s",
-				(unsigned long long)seq, layer,
-				!k   ? "k"
-				: !v ? "v"
-				     : "q_obs");
-	L = s->prompt_tokens;
-	sink = c->sink_tokens;
-	recent = c->recent_tokens;
-	nb = DIV_UP(L, c->block_tokens);
+				(unsigned long long)p->seq, p->layer,
+				!p->k	? "k"
+				: !p->v ? "v"
+					: "q_obs");
+	p->L = p->s->prompt_tokens;
+	p->nb = DIV_UP(p->L, m->cfg.block_tokens);
+	return 0;
+}
 
-	/* Capacity first, so an oversized prompt costs no allocation; then tables and scratch:
-	   nothing visible changes until the pools are touched. The disk tier makes host room
-	   from other sequences (this one is stamped as in use). */
+/* Capacity first, so an oversized prompt costs no allocation. The disk tier makes host room
+   from other sequences (this one is stamped as in use). 0 or the error, recorded. */
+static int prefill_room(struct kvt_manager *m, struct prefill *p)
+{
+	struct kvt_seq *s = p->s;
+	uint32_t nb = p->nb;
+	int err;
+
 	s->stamp = ++m->stamp;
 	if (m->dev.n_free >= s->n_frames && m->host.n_free < nb) {
 		err = kvt_spill_room(m, nb);
@@ -296,38 +298,49 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 			return kvt_fail(m, err,
 					"sequence %llu layer %u: waiting for the device "
 					"before spilling: %s",
-					(unsigned long long)seq, layer, m->be->err);
+					(unsigned long long)p->seq, p->layer, m->be->err);
 	}
 	if (m->dev.n_free < s->n_frames || m->host.n_free < nb)
 		return kvt_fail(m, -ENOMEM,
 				"sequence %llu layer %u: %s tier full (%u of %u groups "
 				"free, %u needed)",
-				(unsigned long long)seq, layer,
+				(unsigned long long)p->seq, p->layer,
 				m->dev.n_free < s->n_frames ? "device" : "host",
 				m->dev.n_free < s->n_frames ? m->dev.n_free : m->host.n_free,
 				m->dev.n_free < s->n_frames ? m->dev.n_units : m->host.n_units,
 				m->dev.n_free < s->n_frames ? s->n_frames : nb);
-	/* Tables and scratch first: nothing visible changes until the pools are touched. */
-	ly.frames = kvt_malloc((size_t)s->n_frames * sizeof(*ly.frames));
-	ly.groups = kvt_malloc((size_t)nb * sizeof(*ly.groups));
-	ly.cap_groups = nb;
-	if (count)
-		ly.topk = kvt_malloc((size_t)c->n_kv_heads * count * sizeof(*ly.topk));
-	snapkv_params(m, L, &sp);
-	if (count && m->cpu_device && kvt_snapkv_scratch_bytes(&sp) > m->sel_scratch_bytes) {
-		size_t want = kvt_snapkv_scratch_bytes(&sp);
-		void *p = kvt_realloc(m->sel_scratch, want);
+	return 0;
+}
 
-		if (p) {
-			m->sel_scratch = p;
+/* The layer's tables and the call's scratch (selection, copy list, block metadata): nothing
+   visible changes. 0 or -ENOMEM, recorded; what was allocated stays in p->ly for the caller
+   to free. */
+static int prefill_tables(struct kvt_manager *m, struct prefill *p)
+{
+	const struct kvt_config *c = &m->cfg;
+	struct kvt_seq_layer *ly = &p->ly;
+	int err = 0;
+
+	ly->frames = kvt_malloc((size_t)p->s->n_frames * sizeof(*ly->frames));
+	ly->groups = kvt_malloc((size_t)p->nb * sizeof(*ly->groups));
+	ly->cap_groups = p->nb;
+	if (p->count)
+		ly->topk = kvt_malloc((size_t)c->n_kv_heads * p->count * sizeof(*ly->topk));
+	snapkv_params(m, p->L, &p->sp);
+	if (p->count && m->cpu_device && kvt_snapkv_scratch_bytes(&p->sp) > m->sel_scratch_bytes) {
+		size_t want = kvt_snapkv_scratch_bytes(&p->sp);
+		void *q = kvt_realloc(m->sel_scratch, want);
+
+		if (q) {
+			m->sel_scratch = q;
 			m->sel_scratch_bytes = want;
 		} else {
 			err = -ENOMEM;
 		}
 	}
 	if (!err) {
-		uint64_t need = (uint64_t)c->n_kv_heads * gather_entries_per_head(m, s, false);
-		uint64_t save_entries = 2ull * nb;
+		uint64_t need = (uint64_t)c->n_kv_heads * gather_entries_per_head(m, p->s, false);
+		uint64_t save_entries = 2ull * p->nb;
 
 		need = need > save_entries ? need : save_entries;
 		if (need > UINT32_MAX)
@@ -337,81 +350,146 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 					  sizeof(*m->xf));
 	}
 	if (!err && m->keep_meta)
-		err = m->cpu_device ? kvt_meta_prefill(m, &ly, k, L)
-				    : kvt_meta_reserve(m, &ly, DIV_UP(L, c->block_tokens));
-	if (err || !ly.frames || !ly.groups || (count && !ly.topk)) {
-		err = kvt_fail(m, -ENOMEM, "sequence %llu layer %u: no memory for its tables",
-			       (unsigned long long)seq, layer);
-		goto fail_tables;
-	}
-	/* Both fit: capacity was checked above and nothing has run since. */
-	kvt_pool_alloc(&m->dev, s->n_frames, ly.frames);
-	kvt_pool_alloc(&m->host, nb, ly.groups);
-	ly.n_groups = nb;
+		err = m->cpu_device ? kvt_meta_prefill(m, ly, p->k, p->L)
+				    : kvt_meta_reserve(m, ly, DIV_UP(p->L, c->block_tokens));
+	if (err || !ly->frames || !ly->groups || (p->count && !ly->topk))
+		return kvt_fail(m, -ENOMEM, "sequence %llu layer %u: no memory for its tables",
+				(unsigned long long)p->seq, p->layer);
+	return 0;
+}
 
-	/* Select (SnapKV), on the CPU where it can read the tensors, else on the backend's device
-	   (the layer's K never leaves it). Without payload there is no data to score: keep the
-	   candidates nearest the recent window, which is what a recency prior would keep. */
+/* Takes the layer's device frame groups and host block groups, which prefill_room found free
+   with nothing run since. 0, or -ENOMEM recorded (a violated invariant) with nothing taken. */
+static int prefill_take(struct kvt_manager *m, struct prefill *p)
+{
+	int err = kvt_pool_alloc(&m->dev, p->s->n_frames, p->ly.frames);
+
+	if (!err) {
+		err = kvt_pool_alloc(&m->host, p->nb, p->ly.groups);
+		if (err)
+			ALWAYS(kvt_pool_free(&m->dev, p->ly.frames, p->s->n_frames) == 0);
+	}
+	if (NEVER(err))
+		return kvt_fail(m, err, "sequence %llu layer %u: groups counted free are not",
+				(unsigned long long)p->seq, p->layer);
+	p->ly.n_groups = p->nb;
+	return 0;
+}
+
+/* End of the top-K candidates of a prompt of L tokens, min(L - recent, L - obs_window) (policy.h;
+   only when it has candidates, so no difference wraps). */
+static uint32_t candidates_end(const struct kvt_manager *m, uint32_t L)
+{
+	const struct kvt_config *c = &m->cfg;
+
+	return L - c->recent_tokens < L - c->obs_window ? L - c->recent_tokens : L - c->obs_window;
+}
+
+/* Whether the layer's top-K positions are as the policy promises them (policy.h): per head
+   ascending, among the candidates [sink, candidates_end), so between the sink and the ring
+   window, where resident_slot, fully_resident and kvt_block_resident look for them. */
+static bool topk_in_order(const struct kvt_manager *m, const struct prefill *p)
+{
+	const struct kvt_config *c = &m->cfg;
+	uint32_t count = p->count, hi = candidates_end(m, p->L);
+
+	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
+		const int32_t *t = p->ly.topk + (size_t)h * count;
+
+		if (t[0] < 0 || (uint32_t)t[0] < c->sink_tokens || (uint32_t)t[count - 1] >= hi)
+			return false;
+		for (uint32_t i = 1; i < count; i++)
+			if (t[i] <= t[i - 1])
+				return false;
+	}
+	return true;
+}
+
+/* Select (SnapKV), on the CPU where it can read the tensors, else on the backend's device
+   (the layer's K never leaves it). Without payload there is no data to score: keep the
+   candidates nearest the recent window, which is what a recency prior would keep. Then the
+   block metadata for recall where the device builds it from the layer's K. 0 or the error,
+   recorded. */
+static int prefill_select(struct kvt_manager *m, struct prefill *p)
+{
+	const struct kvt_config *c = &m->cfg;
+	struct kvt_seq_layer *ly = &p->ly;
+	uint32_t L = p->L, count = p->count;
+	int err;
+
 	if (count && m->payload) {
-		err = m->cpu_device    ? kvt_snapkv_select(&sp, k, q_obs, ly.topk, m->sel_scratch)
-		      : m->ops->select ? KVT_XFER(m, select, &sp, k, q_obs, ly.topk, stream)
-				       : -ENOTSUP;
-		if (err) {
-			err = kvt_fail(m, err, "sequence %llu layer %u: selection failed%s%s",
-				       (unsigned long long)seq, layer, m->cpu_device ? "" : ": ",
-				       m->cpu_device ? "" : m->be->err);
-			goto fail_host;
-		}
+		err = m->cpu_device
+			      ? kvt_snapkv_select(&p->sp, p->k, p->q_obs, ly->topk, m->sel_scratch)
+		      : m->ops->select
+			      ? KVT_XFER(m, select, &p->sp, p->k, p->q_obs, ly->topk, p->stream)
+			      : -ENOTSUP;
+		if (err)
+			return kvt_fail(m, err, "sequence %llu layer %u: selection failed%s%s",
+					(unsigned long long)p->seq, p->layer,
+					m->cpu_device ? "" : ": ", m->cpu_device ? "" : m->be->err);
 	} else if (count) {
-		uint32_t hi = L - recent < L - c->obs_window ? L - recent : L - c->obs_window;
+		uint32_t hi = candidates_end(m, L);
 
 		for (uint32_t h = 0; h < c->n_kv_heads; h++)
 			for (uint32_t i = 0; i < count; i++)
-				ly.topk[(size_t)h * count + i] = (int32_t)(hi - count + i);
+				ly->topk[(size_t)h * count + i] = (int32_t)(hi - count + i);
 	}
-
-	/* Block metadata for recall, built on the device from the layer's K. */
+	if (count && NEVER(!topk_in_order(m, p)))
+		return kvt_fail(m, -EIO, "sequence %llu layer %u: selected positions out of order",
+				(unsigned long long)p->seq, p->layer);
 	if (m->keep_meta && !m->cpu_device) {
 		err = KVT_XFER(m, block_meta, c->dtype, c->head_dim, c->n_kv_heads, L,
-			       c->block_tokens, k, ly.rc->meta, stream);
-		if (err) {
-			err = kvt_fail(m, err, "sequence %llu layer %u: block metadata: %s",
-				       (unsigned long long)seq, layer, m->be->err);
-			goto fail_host;
-		}
-		ly.rc->meta_n = L;
+			       c->block_tokens, p->k, ly->rc->meta, p->stream);
+		if (err)
+			return kvt_fail(m, err, "sequence %llu layer %u: block metadata: %s",
+					(unsigned long long)p->seq, p->layer, m->be->err);
+		ly->rc->meta_n = L;
 	}
+	return 0;
+}
 
-	/* Gather sink, ring and top-K rows of the caller's tensors into the frames. */
-	layer_bytes = (uint64_t)L * m->row_bytes;
-	{
-		struct row_src src = {
-			.k = ptr_u64(k),
-			.v_minus_k = ptr_u64(v) - ptr_u64(k), /* K address + this = V address */
-			.head_bytes = layer_bytes,
-		};
+/* Gathers the sink, ring and top-K rows of the caller's tensors into the layer's frames. 0
+   or the error, recorded. */
+static int prefill_gather(struct kvt_manager *m, struct prefill *p)
+{
+	const struct row_src src = {
+		.k = ptr_u64(p->k),
+		.v_minus_k = ptr_u64(p->v) - ptr_u64(p->k), /* K address + this = V address */
+		.head_bytes = (uint64_t)p->L * m->row_bytes,
+	};
+	uint32_t nx = 0;
+	int err;
 
-		for (uint32_t h = 0; h < c->n_kv_heads; h++)
-			emit_resident(m, &ly, &nx, &src, h, L,
-				      count ? ly.topk + (size_t)h * count : NULL, count);
-	}
+	for (uint32_t h = 0; h < m->cfg.n_kv_heads; h++)
+		emit_resident(m, &p->ly, &nx, &src, h, p->L,
+			      p->count ? p->ly.topk + (size_t)h * p->count : NULL, p->count);
 	kvt_dev_queue(m);
-	err = KVT_XFER(m, copy_d2d, m->xf, nx, stream);
-	if (err) {
-		err = kvt_fail(m, err, "sequence %llu layer %u: gather into frames: %s",
-			       (unsigned long long)seq, layer, m->be->err);
-		goto fail_host;
-	}
+	err = KVT_XFER(m, copy_d2d, m->xf, nx, p->stream);
+	if (err)
+		return kvt_fail(m, err, "sequence %llu layer %u: gather into frames: %s",
+				(unsigned long long)p->seq, p->layer, m->be->err);
+	return 0;
+}
 
-	/* Save the whole layer into the host history: per block index, all heads' K rows in
-	   one strided entry and their V rows in another. */
-	nx = 0;
-	for (uint32_t b = 0; b < nb; b++) {
+/* Saves the whole layer into the host history: per block index, all heads' K rows in one
+   strided entry and their V rows in another. 0 with the save's ticket, or the error,
+   recorded, once no part of the save is still in flight. */
+static int prefill_save(struct kvt_manager *m, struct prefill *p, uint64_t *ticket)
+{
+	const struct kvt_config *c = &m->cfg;
+	uint64_t layer_bytes = (uint64_t)p->L * m->row_bytes;
+	uint32_t nx = 0;
+	int err;
+
+	if (NEVER(2ull * p->nb > m->xf_cap)) /* prefill_tables reserved the list */
+		return kvt_fail(m, -EIO, "sequence %llu layer %u: save list too short",
+				(unsigned long long)p->seq, p->layer);
+	for (uint32_t b = 0; b < p->nb; b++) {
 		uint32_t p0 = b * c->block_tokens;
-		uint32_t n = L - p0 < c->block_tokens ? L - p0 : c->block_tokens;
+		uint32_t n = p->L - p0 < c->block_tokens ? p->L - p0 : c->block_tokens;
 		struct kvt_xfer e = {
 			.src = (uint64_t)p0 * m->row_bytes,
-			.dst = kvt_host_row(m, &ly, 0, p0),
+			.dst = kvt_host_row(m, &p->ly, 0, p0),
 			.bytes = n * m->row_bytes,
 			.reps = c->n_kv_heads,
 			.src_stride = layer_bytes,
@@ -424,49 +502,100 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 		m->xf[nx++] = e;
 	}
 	struct kvt_save_src src[2] = {
-		{ptr_u64(k), c->n_kv_heads * layer_bytes},
-		{ptr_u64(v), c->n_kv_heads * layer_bytes},
+		{ptr_u64(p->k), c->n_kv_heads * layer_bytes},
+		{ptr_u64(p->v), c->n_kv_heads * layer_bytes},
 	};
-	err = KVT_XFER(m, save, src, 2, m->xf, nx, stream, &ticket);
+	err = KVT_XFER(m, save, src, 2, m->xf, nx, p->stream, ticket);
 	if (err) {
 		/* A multi-chunk save may have handed chunks over: let them land before the
 		   blocks return to the pool. */
 		m->ops->save_wait(m->be, UINT64_MAX);
-		err = kvt_fail(m, err, "sequence %llu layer %u: save to host: %s",
-			       (unsigned long long)seq, layer, m->be->err);
-		goto fail_host;
+		return kvt_fail(m, err, "sequence %llu layer %u: save to host: %s",
+				(unsigned long long)p->seq, p->layer, m->be->err);
 	}
+	return 0;
+}
 
-	ly.n_tokens = L;
-	ly.ring_slot = kvt_ring_slot(L, sink, recent);
-	ly.dev_next = kvt_dev_row(m, &ly, 0, ly.ring_slot);
-	ly.host_next = kvt_host_cursor(m, &ly);
-	s->layers[layer] = ly;
-	s->layers_prefilled++;
-	s->save_ticket = ticket;
+/* Installs the built layer in the sequence and counts the call. */
+static void prefill_commit(struct kvt_manager *m, struct prefill *p, uint64_t ticket)
+{
+	struct kvt_seq_layer *ly = &p->ly;
+	uint32_t L = p->L, resident = (L < m->slots_sr ? L : m->slots_sr) + p->count;
+	uint32_t H = m->cfg.n_kv_heads;
+
+	ly->n_tokens = L;
+	ly->ring_slot = kvt_ring_slot(L, m->cfg.sink_tokens, m->cfg.recent_tokens);
+	ly->dev_next = kvt_dev_row(m, ly, 0, ly->ring_slot);
+	ly->host_next = kvt_host_cursor(m, ly);
+	p->s->layers[p->layer] = *ly;
+	p->s->layers_prefilled++;
+	p->s->save_ticket = ticket;
 	m->st.prefill_layers++;
 	m->st.saves_submitted++;
 	m->st.tokens_prompt += L;
 	m->st.tokens_saved += L;
-	{
-		uint32_t resident = (L < m->slots_sr ? L : m->slots_sr) + count;
+	m->st.tokens_resident += resident;
+	m->st.bytes_d2d += 2ull * resident * m->row_bytes * H;
+	m->st.bytes_d2h += 2ull * H * L * m->row_bytes;
+}
 
-		m->st.tokens_resident += resident;
-		m->st.bytes_d2d += 2ull * resident * m->row_bytes * c->n_kv_heads;
-	}
-	m->st.bytes_d2h += 2ull * c->n_kv_heads * layer_bytes;
+KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t layer, const void *k,
+			      const void *v, const void *q_obs, void *stream)
+{
+	struct prefill p = {
+		.seq = seq,
+		.layer = layer,
+		.k = k,
+		.v = v,
+		.q_obs = q_obs,
+		.stream = stream,
+	};
+	uint64_t ticket;
+	int err;
+
+	if (!m)
+		return -EINVAL;
+	err = prefill_check(m, &p);
+	if (!err)
+		err = prefill_room(m, &p);
+	if (err)
+		return err;
+	err = prefill_tables(m, &p);
+	if (!err)
+		err = prefill_take(m, &p);
+	if (!err)
+		err = prefill_select(m, &p);
+	if (!err)
+		err = prefill_gather(m, &p);
+	if (!err)
+		err = prefill_save(m, &p, &ticket);
+	if (err)
+		goto fail;
+	prefill_commit(m, &p, ticket);
 	return 0;
 
-fail_host:
-	kvt_dev_quiesce(m); /* a copy into the frames may be queued; see kvt_dev_quiesce */
-	kvt_pool_free(&m->host, ly.groups, ly.n_groups);
-	kvt_pool_free(&m->dev, ly.frames, s->n_frames);
-fail_tables:
-	free(ly.frames);
-	free(ly.groups);
-	free(ly.topk);
-	kvt_recall_layer_free(ly.rc);
+fail:
+	if (p.ly.n_groups) {
+		kvt_dev_quiesce(m); /* a copy into the frames may be queued; see kvt_dev_quiesce */
+		ALWAYS(kvt_pool_free(&m->host, p.ly.groups, p.ly.n_groups) == 0);
+		ALWAYS(kvt_pool_free(&m->dev, p.ly.frames, p.s->n_frames) == 0);
+	}
+	free(p.ly.frames);
+	free(p.ly.groups);
+	free(p.ly.topk);
+	kvt_recall_layer_free(p.ly.rc);
 	return err;
+}
+
+/* Gives back the host groups that decode pass 2 took for the first n fresh members of the
+   batch, latest first, so their tables and the pool are as before the call. */
+static void decode_unfresh(struct kvt_manager *m, uint32_t layer, uint32_t n)
+{
+	while (n-- > 0) {
+		struct kvt_seq_layer *ly = &m->batch[m->fresh[n]]->layers[layer];
+
+		ALWAYS(kvt_pool_free(&m->host, &ly->groups[--ly->n_groups], 1) == 0);
+	}
 }
 
 KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
@@ -503,6 +632,13 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 		ly = &s->layers[layer];
 		if (ly->n_tokens >= INT32_MAX)
 			return kvt_fail(m, -EOVERFLOW, "decode: sequence %llu: layer %u is full",
+					(unsigned long long)seqs[i], layer);
+		/* its ring slot and block table agree with its tokens */
+		if (NEVER(ly->ring_slot >= m->slots_sr) ||
+		    NEVER(ly->n_groups != (ly->n_tokens + bt_mask) >> m->lbt) ||
+		    NEVER(ly->n_groups > ly->cap_groups))
+			return kvt_fail(m, -EIO,
+					"decode: sequence %llu layer %u: inconsistent state",
 					(unsigned long long)seqs[i], layer);
 		m->batch[i] = s;
 		m->ap[i].dev = ly->dev_next;
@@ -549,12 +685,17 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 				"decode: host tier full (%u new block groups needed, %u free%s)",
 				n_fresh, m->host.n_free, m->disk ? " after spilling" : "");
 
-	/* Pass 2 (boundary tokens only): take their new host groups. */
+	/* Pass 2 (boundary tokens only): take their new host groups, counted free above. */
 	for (uint32_t f = 0; f < n_fresh; f++) {
 		uint32_t i = m->fresh[f];
 		struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
 
-		kvt_pool_alloc(&m->host, 1, &ly->groups[ly->n_groups++]); /* counted above */
+		if (NEVER(kvt_pool_alloc(&m->host, 1, &ly->groups[ly->n_groups]) != 0)) {
+			decode_unfresh(m, layer, f);
+			return kvt_fail(m, -ENOMEM, "decode: layer %u: groups counted free are not",
+					layer);
+		}
+		ly->n_groups++;
 		m->ap[i].host = kvt_host_row(m, ly, 0, ly->n_tokens);
 	}
 	g = (struct kvt_append_geom){m->cfg.n_kv_heads, m->row_bytes, m->block_bytes, m->v_offset};
@@ -564,11 +705,7 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 		/* Give the new groups back so tables and pool are as before, once the chunks of
 		   a multi-chunk save that were handed over before the failure have landed. */
 		m->ops->save_wait(m->be, UINT64_MAX);
-		while (n_fresh-- > 0) {
-			struct kvt_seq_layer *ly = &m->batch[m->fresh[n_fresh]]->layers[layer];
-
-			kvt_pool_free(&m->host, &ly->groups[--ly->n_groups], 1);
-		}
+		decode_unfresh(m, layer, n_fresh);
 		return kvt_fail(m, err, "decode: layer %u: %s", layer, m->be->err);
 	}
 
@@ -886,6 +1023,15 @@ KVT_API int kvt_seq_frames(struct kvt_manager *m, uint64_t seq, uint32_t layer, 
 	return 0;
 }
 
+/* Returns the device frame groups of the prefilled layers among the first `layers` of s
+   (preempt, a failed resume). */
+static void free_frames(struct kvt_manager *m, struct kvt_seq *s, uint32_t layers)
+{
+	for (uint32_t l = 0; l < layers; l++)
+		if (s->layers[l].n_tokens)
+			ALWAYS(kvt_pool_free(&m->dev, s->layers[l].frames, s->n_frames) == 0);
+}
+
 KVT_API int kvt_seq_preempt(struct kvt_manager *m, uint64_t seq)
 {
 	struct kvt_seq *s;
@@ -906,9 +1052,7 @@ KVT_API int kvt_seq_preempt(struct kvt_manager *m, uint64_t seq)
 		return kvt_fail(m, err, "preempt: %s", m->be->err);
 	m->dev_queued = false;
 	kvt_recall_drop_seq(m, s);
-	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
-		if (s->layers[l].n_tokens)
-			kvt_pool_free(&m->dev, s->layers[l].frames, s->n_frames);
+	free_frames(m, s, m->cfg.n_layers);
 	s->preempted = 1;
 	m->st.preemptions++;
 	return 0;
@@ -934,6 +1078,7 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 				(unsigned long long)seq);
 	for (uint32_t l = 0; l < c->n_layers; l++)
 		layers += s->layers[l].n_tokens != 0;
+	ALWAYS(layers == s->layers_prefilled);
 	need = (uint64_t)layers * s->n_frames;
 	if (need > m->dev.n_free)
 		return kvt_fail(m, -ENOMEM,
@@ -955,7 +1100,13 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 
 		if (!ly->n_tokens)
 			continue;
-		kvt_pool_alloc(&m->dev, s->n_frames, ly->frames); /* counted above */
+		/* counted free above */
+		if (NEVER(kvt_pool_alloc(&m->dev, s->n_frames, ly->frames) != 0)) {
+			free_frames(m, s, l);
+			return kvt_fail(m, -ENOMEM,
+					"resume: sequence %llu: groups counted free are not",
+					(unsigned long long)seq);
+		}
 		for (uint32_t h = 0; h < c->n_kv_heads; h++)
 			rows += emit_resident(m, ly, &nx, &host, h, ly->n_tokens,
 					      s->valid_topk ? ly->topk + (size_t)h * s->valid_topk
@@ -964,9 +1115,7 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 	}
 	err = kvt_dev_gather(m, nx, stream);
 	if (err) {
-		for (uint32_t l = 0; l < c->n_layers; l++)
-			if (s->layers[l].n_tokens)
-				kvt_pool_free(&m->dev, s->layers[l].frames, s->n_frames);
+		free_frames(m, s, c->n_layers);
 		return kvt_fail(m, err, "resume: sequence %llu: gather: %s",
 				(unsigned long long)seq, m->be->err);
 	}

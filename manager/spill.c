@@ -18,8 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base.h"
 #include "disk.h"
-#include "internal.h"
+#include "spill.h"
 
 /* Groups written per I/O batch (bounds the scratch lists, not the I/O depth). */
 #define SPILL_BATCH 4096u
@@ -115,7 +116,7 @@ static int cmp_victim(const void *a, const void *b)
    -EIO), 0 when all went. */
 static int flush(struct kvt_manager *m, uint32_t n)
 {
-	uint32_t ok;
+	uint32_t ok, done = 0;
 	int first = 0;
 
 	ok = kvt_disk_write(m->disk, m->dio, n);
@@ -128,13 +129,15 @@ static int flush(struct kvt_manager *m, uint32_t n)
 				first = m->dio[i].res;
 			continue;
 		}
-		kvt_pool_free(&m->host, &ly->groups[r->block], 1);
+		ALWAYS(kvt_pool_free(&m->host, &ly->groups[r->block], 1) == 0);
 		ly->groups[r->block] = KVT_SPILLED | m->dio[i].slot;
 		r->s->n_spilled++;
+		done++;
 		/* the decode cursor may point into the freed group: fetch recomputes it */
 		if (r->block == ly->n_groups - 1)
 			ly->host_next = 0;
 	}
+	ALWAYS(done == ok); /* the units written are those without an error */
 	m->st.disk_blocks_spilled += (uint64_t)ok * m->cfg.n_kv_heads;
 	return first;
 }
@@ -184,6 +187,7 @@ static void spill_seq(struct kvt_manager *m, struct kvt_seq *s, uint32_t want, i
 int kvt_spill_room(struct kvt_manager *m, uint32_t need)
 {
 	struct victim *v;
+	struct kvt_seq *s;
 	uint32_t nv = 0, target;
 	int err = 0;
 
@@ -202,12 +206,9 @@ int kvt_spill_room(struct kvt_manager *m, uint32_t need)
 	v = kvt_malloc((size_t)m->seqs.n * sizeof(*v) + 1);
 	if (!v)
 		return -ENOMEM;
-	for (uint32_t i = 0; i < m->seqs.cap; i++) {
-		struct kvt_seq *s = m->seqs.slots[i].val;
-
-		if (s && s->stamp != m->stamp && !s->lost && host_groups(m, s))
+	for (uint32_t pos = 0; (s = kvt_idmap_next(&m->seqs, &pos));)
+		if (s->stamp != m->stamp && !s->lost && host_groups(m, s))
 			v[nv++] = (struct victim){s->stamp, s};
-	}
 	qsort(v, nv, sizeof(*v), cmp_victim);
 	for (uint32_t i = 0; i < nv && m->host.n_free < target && err != -ENOSPC; i++)
 		spill_seq(m, v[i].s, target - m->host.n_free, &err);
@@ -228,10 +229,100 @@ static void reset_cursors(struct kvt_manager *m, struct kvt_seq *s)
 	}
 }
 
+/* Lists every spilled group of v[0..n) in m->dio and m->sref for one read, each into a fresh
+   host group. The caller made room for `total` groups, the sum of the sequences' n_spilled,
+   and in the lists. 0, or -EIO recorded with nothing taken when the tables hold another
+   number of spilled groups (a violated invariant). */
+static int fetch_list(struct kvt_manager *m, struct kvt_seq *const *v, uint32_t n, uint32_t total,
+		      const char *what)
+{
+	uint32_t nio = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvt_seq *s = v[i];
+
+		for (uint32_t l = 0; l < m->cfg.n_layers && s->n_spilled; l++) {
+			struct kvt_seq_layer *ly = &s->layers[l];
+
+			for (uint32_t b = 0; b < ly->n_groups; b++) {
+				uint32_t g;
+
+				if (!(ly->groups[b] & KVT_SPILLED))
+					continue;
+				if (NEVER(nio == total) ||
+				    NEVER(kvt_pool_alloc(&m->host, 1, &g) != 0))
+					goto fail;
+				m->dio[nio] = (struct kvt_disk_io){
+					.addr = m->host_base + (uint64_t)g * m->group_bytes,
+					.slot = ly->groups[b] & ~KVT_SPILLED,
+				};
+				m->sref[nio++] = (struct kvt_spill_ref){s, l, b, g};
+			}
+		}
+	}
+	if (NEVER(nio != total))
+		goto fail;
+	return 0;
+fail:
+	while (nio-- > 0)
+		ALWAYS(kvt_pool_free(&m->host, &m->sref[nio].group, 1) == 0);
+	return kvt_fail(m, -EIO, "%s: the tables do not hold the %u spilled groups counted", what,
+			total);
+}
+
+/* Commits the read of the `total` listed groups per sequence: all of a sequence's groups
+   read, or none taken back (their host groups freed; a CRC mismatch loses the sequence). The
+   list is in sequence order, so a sequence's entries are contiguous. Returns the groups taken
+   back; *first is the first error (-EBADMSG first), *bad its sequence. */
+static uint32_t fetch_commit(struct kvt_manager *m, uint32_t total, int *first,
+			     struct kvt_seq **bad)
+{
+	uint32_t at = 0, fetched = 0;
+
+	while (at < total) {
+		struct kvt_seq *s = m->sref[at].s;
+		uint32_t end = at;
+		int res = 0;
+
+		while (end < total && m->sref[end].s == s) {
+			if (m->dio[end].res && res != -EBADMSG)
+				res = m->dio[end].res;
+			end++;
+		}
+		for (uint32_t i = at; i < end; i++) {
+			struct kvt_spill_ref *r = &m->sref[i];
+
+			if (res) {
+				ALWAYS(kvt_pool_free(&m->host, &r->group, 1) == 0);
+				continue;
+			}
+			kvt_disk_release(m->disk, m->dio[i].slot);
+			s->layers[r->layer].groups[r->block] = r->group;
+		}
+		if (res) {
+			if (res == -EBADMSG && !s->lost) {
+				s->lost = -EBADMSG;
+				m->st.seqs_lost++;
+			}
+			if (!*first || res == -EBADMSG) {
+				*first = res;
+				*bad = s;
+			}
+		} else {
+			ALWAYS(end - at == s->n_spilled);
+			fetched += end - at;
+			s->n_spilled = 0;
+			reset_cursors(m, s);
+		}
+		at = end;
+	}
+	return fetched;
+}
+
 int kvt_spill_fetch(struct kvt_manager *m, struct kvt_seq *const *v, uint32_t n, const char *what)
 {
 	uint64_t total = 0;
-	uint32_t nio = 0, at = 0, fetched = 0;
+	uint32_t read_ok, fetched;
 	int err, first = 0;
 	struct kvt_seq *bad = NULL;
 
@@ -255,67 +346,13 @@ int kvt_spill_fetch(struct kvt_manager *m, struct kvt_seq *const *v, uint32_t n,
 				"free after spilling)",
 				what, (unsigned long long)total, m->host.n_free);
 
-	/* One read for every named sequence: each spilled group into a fresh host group. */
-	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_seq *s = v[i];
-
-		for (uint32_t l = 0; l < m->cfg.n_layers && s->n_spilled; l++) {
-			struct kvt_seq_layer *ly = &s->layers[l];
-
-			for (uint32_t b = 0; b < ly->n_groups; b++) {
-				uint32_t g;
-
-				if (!(ly->groups[b] & KVT_SPILLED))
-					continue;
-				kvt_pool_alloc(&m->host, 1, &g); /* room made above */
-				m->dio[nio] = (struct kvt_disk_io){
-					.addr = m->host_base + (uint64_t)g * m->group_bytes,
-					.slot = ly->groups[b] & ~KVT_SPILLED,
-				};
-				m->sref[nio++] = (struct kvt_spill_ref){s, l, b, g};
-			}
-		}
-	}
-	kvt_disk_read(m->disk, m->dio, nio);
-
-	/* Commit per sequence: all its groups read, or none taken back. The list is in
-	   sequence order, so a sequence's entries are contiguous. */
-	while (at < nio) {
-		struct kvt_seq *s = m->sref[at].s;
-		uint32_t end = at;
-		int res = 0;
-
-		while (end < nio && m->sref[end].s == s) {
-			if (m->dio[end].res && res != -EBADMSG)
-				res = m->dio[end].res;
-			end++;
-		}
-		for (uint32_t i = at; i < end; i++) {
-			struct kvt_spill_ref *r = &m->sref[i];
-
-			if (res) {
-				kvt_pool_free(&m->host, &r->group, 1);
-				continue;
-			}
-			kvt_disk_release(m->disk, m->dio[i].slot);
-			s->layers[r->layer].groups[r->block] = r->group;
-		}
-		if (res) {
-			if (res == -EBADMSG && !s->lost) {
-				s->lost = -EBADMSG;
-				m->st.seqs_lost++;
-			}
-			if (!first || res == -EBADMSG) {
-				first = res;
-				bad = s;
-			}
-		} else {
-			fetched += end - at;
-			s->n_spilled = 0;
-			reset_cursors(m, s);
-		}
-		at = end;
-	}
+	/* One read for every named sequence. */
+	err = fetch_list(m, v, n, (uint32_t)total, what);
+	if (err)
+		return err;
+	read_ok = kvt_disk_read(m->disk, m->dio, (uint32_t)total);
+	fetched = fetch_commit(m, (uint32_t)total, &first, &bad);
+	ALWAYS(fetched <= read_ok); /* what came back was read without an error */
 	m->st.disk_blocks_fetched += (uint64_t)fetched * m->cfg.n_kv_heads;
 	if (first == -EBADMSG)
 		return kvt_fail(m, first,
@@ -338,9 +375,10 @@ void kvt_spill_release_layer(struct kvt_manager *m, struct kvt_seq *s, struct kv
 
 		if (g & KVT_SPILLED) {
 			kvt_disk_release(m->disk, g & ~KVT_SPILLED);
-			s->n_spilled--;
+			if (ALWAYS(s->n_spilled > 0))
+				s->n_spilled--;
 		} else {
-			kvt_pool_free(&m->host, &g, 1);
+			ALWAYS(kvt_pool_free(&m->host, &g, 1) == 0);
 		}
 	}
 }

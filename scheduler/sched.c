@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "fault.h"
+#include "idmap.h"
 #include "kvtier.h"
 #include "util.h"
 
@@ -65,18 +66,6 @@ struct list {
 
 enum { L_QUEUE = 0, L_HOLD = 1 };
 
-/* Scheduler id -> request map: open addressing, linear probing, backward-shift deletion, at
-   most half full (the manager's seqmap scheme). */
-struct rslot {
-	uint64_t key;
-	struct sreq *r; /* NULL = empty */
-};
-
-struct rmap {
-	struct rslot *slots;
-	uint32_t cap, n, shift;
-};
-
 /* An admitted candidate of the current step. */
 struct plan {
 	struct sreq *r;	   /* NULL once dropped from the batch */
@@ -92,7 +81,7 @@ struct kvt_sched {
 	struct kvt_sched_config cfg;
 	uint32_t n_layers, n_heads, block_tokens;
 	struct list pre, dec, holders;
-	struct rmap map;
+	struct kvt_idmap map; /* seq -> struct sreq */
 	uint64_t next_order, iteration;
 	bool open;	/* a batch awaits commit */
 	bool have_last; /* an iteration was committed */
@@ -160,83 +149,6 @@ static void list_remove(struct list *l, struct sreq *r, int which)
 	l->n--;
 }
 
-/* ---- id map ----------------------------------------------------------------------------- */
-
-static inline uint32_t home_of(const struct rmap *mp, uint64_t id)
-{
-	return (uint32_t)((id * 0x9e3779b97f4a7c15ull) >> mp->shift);
-}
-
-static int rmap_alloc(struct rmap *mp, uint32_t cap)
-{
-	mp->slots = kvt_calloc(cap, sizeof(*mp->slots));
-	if (!mp->slots)
-		return -ENOMEM;
-	mp->cap = cap;
-	mp->shift = 64 - (uint32_t)__builtin_ctz(cap);
-	return 0;
-}
-
-static struct sreq *rmap_get(const struct rmap *mp, uint64_t id)
-{
-	for (uint32_t i = home_of(mp, id);; i = (i + 1) & (mp->cap - 1)) {
-		const struct rslot *e = &mp->slots[i];
-
-		if (!e->r || e->key == id)
-			return e->r;
-	}
-}
-
-static void rmap_insert(struct rmap *mp, struct sreq *r)
-{
-	uint32_t i = home_of(mp, r->seq);
-
-	while (mp->slots[i].r)
-		i = (i + 1) & (mp->cap - 1);
-	mp->slots[i] = (struct rslot){r->seq, r};
-	mp->n++;
-}
-
-/* 0 or -ENOMEM (then nothing changed). r->seq must not be present. */
-static int rmap_put(struct rmap *mp, struct sreq *r)
-{
-	if (2 * (mp->n + 1) > mp->cap) {
-		struct rmap old = *mp;
-
-		if (old.cap > UINT32_MAX / 2 || rmap_alloc(mp, old.cap * 2)) {
-			*mp = old;
-			return -ENOMEM;
-		}
-		mp->n = 0;
-		for (uint32_t i = 0; i < old.cap; i++)
-			if (old.slots[i].r)
-				rmap_insert(mp, old.slots[i].r);
-		free(old.slots);
-	}
-	rmap_insert(mp, r);
-	return 0;
-}
-
-static void rmap_del(struct rmap *mp, uint64_t id)
-{
-	uint32_t mask = mp->cap - 1, i = home_of(mp, id), j;
-
-	while (mp->slots[i].r && mp->slots[i].key != id)
-		i = (i + 1) & mask;
-	if (!mp->slots[i].r)
-		return;
-	for (j = (i + 1) & mask; mp->slots[j].r; j = (j + 1) & mask) {
-		uint32_t home = home_of(mp, mp->slots[j].key);
-
-		if (((j - home) & mask) >= ((j - i) & mask)) {
-			mp->slots[i] = mp->slots[j];
-			i = j;
-		}
-	}
-	mp->slots[i].r = NULL;
-	mp->n--;
-}
-
 /* ---- requests --------------------------------------------------------------------------- */
 
 static inline struct list *queue_of(struct kvt_sched *s, const struct sreq *r)
@@ -274,7 +186,7 @@ static void drop(struct kvt_sched *s, struct sreq *r)
 {
 	unhold(s, r);
 	list_remove(queue_of(s, r), r, L_QUEUE);
-	rmap_del(&s->map, r->seq);
+	kvt_idmap_del(&s->map, r->seq);
 	free(r);
 }
 
@@ -331,7 +243,7 @@ KVT_API int kvt_sched_create(struct kvt_manager *m, const struct kvt_sched_confi
 	s->completed = kvt_calloc(n, sizeof(*s->completed));
 	s->failed = kvt_calloc(n, sizeof(*s->failed));
 	s->release = kvt_calloc(n, sizeof(*s->release));
-	err = rmap_alloc(&s->map, 64);
+	err = kvt_idmap_init(&s->map);
 	if (err || !s->plan || !s->items || !s->item_req || !s->completed || !s->failed ||
 	    !s->release) {
 		kvt_sched_destroy(s);
@@ -352,7 +264,7 @@ KVT_API void kvt_sched_destroy(struct kvt_sched *s)
 		drop(s, s->pre.head);
 	while (s->dec.head)
 		drop(s, s->dec.head);
-	free(s->map.slots);
+	kvt_idmap_fini(&s->map);
 	free(s->plan);
 	free(s->items);
 	free(s->item_req);
@@ -386,7 +298,7 @@ KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new
 
 	if (!s || max_new_tokens == 0)
 		return -EINVAL;
-	if (rmap_get(&s->map, seq))
+	if (kvt_idmap_get(&s->map, seq))
 		return -EEXIST;
 	err = seq_info(s, seq, &info);
 	if (err)
@@ -416,7 +328,7 @@ KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new
 	r->prompt = info.prompt_tokens;
 	r->max_new = max_new_tokens;
 	r->phase = PH_WAITING;
-	err = rmap_put(&s->map, r);
+	err = kvt_idmap_put(&s->map, r->seq, r);
 	if (err) {
 		free(r);
 		return err;
@@ -445,7 +357,7 @@ KVT_API int kvt_sched_finish(struct kvt_sched *s, uint64_t seq)
 
 	if (!s)
 		return -EINVAL;
-	r = rmap_get(&s->map, seq);
+	r = kvt_idmap_get(&s->map, seq);
 	if (!r)
 		return -ENOENT;
 	err = seq_info(s, seq, &info);
@@ -719,7 +631,7 @@ static void fetch_planned(struct kvt_sched *s)
 			uint64_t seq = pl->r->seq;
 
 			unplan(s, i);
-			drop(s, rmap_get(&s->map, seq));
+			drop(s, kvt_idmap_get(&s->map, seq));
 			if (err == -EBADMSG)
 				s->failed[s->n_failed++] = seq;
 		} else if (err) {
@@ -771,7 +683,7 @@ static void release_completed(struct kvt_sched *s)
 		struct kvt_seq_info info;
 		int err = seq_info(s, seq, &info);
 
-		if (err || info.preempted || !info.device_frames || rmap_get(&s->map, seq))
+		if (err || info.preempted || !info.device_frames || kvt_idmap_get(&s->map, seq))
 			continue;
 		err = kvt_seq_preempt(s->m, seq);
 		if (err && err != -EALREADY && err != -ENOENT)

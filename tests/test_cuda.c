@@ -51,7 +51,7 @@
 
 #include "common.h"
 #include "fault.h"
-#include "internal.h" /* kvt_seq_read_token_host */
+#include "seq.h" /* kvt_seq_read_token_host */
 #include "plugin.h"
 #include "policy.h"
 #ifdef KVT_TEST_EMULATED

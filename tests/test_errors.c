@@ -34,7 +34,7 @@
 
 #include "plugin.h" /* before common.h: t_auto_backend */
 #include "common.h"
-#include "internal.h"
+#include "seq.h"
 #include "kvtier.h"
 
 /* ---- log capture: keeps the expected warnings off stderr and checks their prefix -------- */

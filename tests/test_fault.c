@@ -56,7 +56,7 @@
 
 #include "common.h"
 #include "fault.h"
-#include "internal.h"
+#include "seq.h"
 
 /* Geometry of t_small_config, which the workload uses. */
 #define NL 2

@@ -24,7 +24,7 @@
 
 #include "plugin.h" /* before common.h: t_auto_backend */
 #include "common.h"
-#include "internal.h"
+#include "seq.h"
 #include "policy.h"
 
 #define MAX_LAYERS 4

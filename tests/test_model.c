@@ -26,7 +26,8 @@
 
 #include "backend.h"
 #include "common.h"
-#include "internal.h"
+#include "base.h"
+#include "manager.h"
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 

@@ -30,7 +30,7 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "internal.h"
+#include "seq.h"
 #include "policy.h"
 
 #define NL_MAX 4

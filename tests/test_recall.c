@@ -21,7 +21,6 @@
 #include <string.h>
 
 #include "common.h"
-#include "internal.h"
 #include "policy.h"
 
 #define DIV_UP(a, b) (((a) + (b)-1) / (b))

@@ -42,7 +42,8 @@
 
 #include "common.h"
 #include "fault.h"
-#include "internal.h"
+#include "seq.h"
+#include "spill.h"
 #include "policy.h"
 
 #define DIV_UP(a, b) (((a) + (b)-1) / (b))

@@ -16,7 +16,7 @@
 
 #include "bench.h"
 #include "cli.h"
-#include "internal.h"
+#include "manager.h"
 #include "kvtier.h"
 
 struct ropts {

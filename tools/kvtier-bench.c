@@ -23,7 +23,7 @@
 #include "bench.h"
 #include "bench_usage.h"
 #include "cli.h"
-#include "internal.h"
+#include "manager.h"
 #include "kvtier.h"
 #include "plugin.h"
 

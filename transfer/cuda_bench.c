@@ -60,14 +60,18 @@ struct opts {
 	const char *csv;
 };
 
-/* What every cell shares: the stream, the timing events, the backend of (e), scratch. */
+/* What every cell shares: the stream, the timing events, the backend of (e), scratch; and the
+   run's results. */
 struct bench {
 	const struct opts *o;
 	cudaStream_t st;
 	cudaEvent_t ev[2];
 	struct kvt_be *be;
-	int device; /* the current device, where every buffer lives */
-	double *t;  /* o->reps run times, seconds */
+	int device;	    /* the current device, where every buffer lives */
+	double *t;	    /* o->reps run times, seconds */
+	struct result *res; /* one per cell measured, n_res of them */
+	size_t n_res;
+	FILE *csv; /* --csv, or NULL */
 };
 
 /* One (B, N) cell's buffers. Every pointer is NULL until allocated, so cell_free frees any
@@ -604,21 +608,179 @@ static void print_calibration(const struct kvt_be *be)
 	}
 }
 
+/* Prints what the run measures on which device. */
+static void print_header(const struct bench *bn)
+{
+	char gpu[256] = "unknown", date[64] = "";
+	int drv = 0, rt = 0;
+	time_t now = time(NULL);
+	struct tm tm;
+
+	if (kvt_cuda_describe(gpu, sizeof(gpu), &drv, &rt))
+		snprintf(gpu, sizeof(gpu), "device %d (kvt_cuda_describe failed)", bn->device);
+	if (gmtime_r(&now, &tm))
+		strftime(date, sizeof(date), "%Y-%m-%d %H:%M:%S UTC", &tm);
+	printf(TOOL ": %s, driver %d.%d, runtime %d.%d, %s\n", gpu, drv / 1000, drv % 1000 / 10,
+	       rt / 1000, rt % 1000 / 10, date);
+	printf("fused gather: %u CTAs x %d threads; timed as the backend runs it: the piece list "
+	       "copied to the device, then one launch\n",
+	       bn->o->ctas, KVT_GATHER_THREADS);
+	printf("FlashD2H: %u save threads, staging 2 x %llu MiB (larger saves go in chunks), "
+	       "wall time of save + save_wait\n",
+	       bn->o->threads, (unsigned long long)(STAGING_BYTES >> 20));
+	printf("blocks in N of 2N slots of a pinned mapped arena (fixed-seed shuffle); median of "
+	       "%u runs after one warm-up; GB/s = 1e9 payload bytes/s\n",
+	       bn->o->reps);
+	fflush(stdout);
+}
+
+/* What the run needs before its first cell: the result table, the CSV with its header (at
+   once: a run stopped before its first cell still has it), the stream and events, the
+   backend of (e); prints the header. 0, SKIP (no device) or 1 (reported); bench_end frees
+   what was made. */
+static int bench_begin(struct bench *bn)
+{
+	const struct opts *o = bn->o;
+	struct kvt_backend_params bp = {.staging_bytes = STAGING_BYTES, .save_threads = o->threads};
+	int n_dev = 0, err;
+	cudaError_t e;
+
+	e = cudaGetDeviceCount(&n_dev);
+	if (e != cudaSuccess || n_dev == 0) {
+		fprintf(stderr, TOOL ": no CUDA device (%s)\n",
+			e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports none");
+		return SKIP;
+	}
+	if (!kvt_cuda_host) {
+		fprintf(stderr, TOOL ": the CUDA plugin was not initialised by libkvtier\n");
+		return 1;
+	}
+	bn->res = calloc((size_t)o->n_sizes * o->n_counts, sizeof(*bn->res));
+	bn->t = calloc(o->reps, sizeof(*bn->t));
+	if (!bn->res || !bn->t) {
+		fprintf(stderr, TOOL ": out of memory\n");
+		return 1;
+	}
+	if (o->csv && !(bn->csv = fopen(o->csv, "w"))) {
+		fprintf(stderr, TOOL ": %s: %s\n", o->csv, strerror(errno));
+		return 1;
+	}
+	if (bn->csv)
+		fprintf(bn->csv,
+			"size_kib,count,fused_gbps,per_block_gbps,batch_gbps,"
+			"contig_h2d_gbps,flashd2h_gbps,per_block_d2h_gbps,contig_d2h_gbps\n");
+	if (cuda_failed(cudaStreamCreateWithFlags(&bn->st, cudaStreamNonBlocking), NULL, "start-up",
+			"cudaStreamCreateWithFlags"))
+		return 1;
+	for (int i = 0; i < 2; i++)
+		if (cuda_failed(cudaEventCreate(&bn->ev[i]), NULL, "start-up", "cudaEventCreate"))
+			return 1;
+	if (cuda_failed(cudaGetDevice(&bn->device), NULL, "start-up", "cudaGetDevice"))
+		return 1;
+	print_header(bn);
+	err = kvt_backend_cuda_ops.create(&bp, &bn->be);
+	if (err) {
+		fprintf(stderr, TOOL ": cannot create the CUDA backend: %s\n", strerror(-err));
+		bn->be = NULL;
+		return 1;
+	}
+	return 0;
+}
+
+/* Measures every (size, count) cell within --max-gib until a signal stops the run, printing
+   each as a row (and a CSV line, flushed, so a run cut short keeps its cells). 0, or 1 when
+   a cell failed (reported). */
+static int run_cells(struct bench *bn)
+{
+	const struct opts *o = bn->o;
+	uint32_t skipped = 0;
+
+	printf("\n%6s %7s | %9s %9s %9s %9s | %9s %9s %9s   (GB/s)\n", "KiB", "count",
+	       meth_info[0].col, meth_info[1].col, meth_info[2].col, meth_info[3].col,
+	       meth_info[4].col, meth_info[5].col, meth_info[6].col);
+	for (uint32_t si = 0; si < o->n_sizes && !bench_stop; si++) {
+		for (uint32_t ci = 0; ci < o->n_counts && !bench_stop; ci++) {
+			struct result *r = &bn->res[bn->n_res];
+			const double *g = r->gbps;
+			int cell_rc;
+
+			if ((uint64_t)o->sizes[si] * o->counts[ci] > (uint64_t)o->max_gib << 20) {
+				skipped++;
+				continue;
+			}
+			cell_rc = run_cell(bn, o->sizes[si], o->counts[ci], r);
+			if (cell_rc == 1)
+				return 1;
+			if (cell_rc == 2)
+				break;
+			bn->n_res++;
+			printf("%6u %7u | %9.2f %9.2f %9.2f %9.2f | %9.2f %9.2f %9.2f\n", r->kib,
+			       r->count, g[0], g[1], g[2], g[3], g[4], g[5], g[6]);
+			fflush(stdout);
+			if (bn->csv) {
+				fprintf(bn->csv, "%u,%u,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n",
+					r->kib, r->count, g[0], g[1], g[2], g[3], g[4], g[5], g[6]);
+				fflush(bn->csv);
+			}
+		}
+	}
+	if (skipped)
+		printf("(%u cells over --max-gib %u skipped)\n", skipped, o->max_gib);
+	if (bench_stop)
+		printf("(stopped by %s after %zu cells: the figures below are of those)\n",
+		       bench_stop == SIGINT ? "SIGINT" : "SIGTERM", bn->n_res);
+	return 0;
+}
+
+/* The targets, over the cells measured, and the backend's calibration. */
+static void print_report(const struct bench *bn)
+{
+	const struct result *res = bn->res;
+	size_t n = bn->n_res;
+
+	printf("\ntargets (largest count measured at each size):\n");
+	print_target(res, n, "fused / contiguous H2D", 16, M_FUSED, M_CONTIG_H2D, 0.65, 0.80, false,
+		     NULL);
+	print_target(res, n, "fused / contiguous H2D", 64, M_FUSED, M_CONTIG_H2D, 0.70, 0.85, false,
+		     NULL);
+	print_target(res, n, "fused / batch", 16, M_FUSED, M_BATCH, 3, 0, true, NULL);
+	print_target(res, n, "fused / per-block H2D", 4, M_FUSED, M_PER_BLOCK, 8, 0, true, NULL);
+	print_target(res, n, "FlashD2H / contiguous D2H", 16, M_FLASHD2H, M_CONTIG_D2H, 0.75, 0,
+		     false, bn->o->threads <= 4 ? NULL : "(the target is for --threads <= 4)");
+	printf("\n");
+	print_calibration(bn->be);
+}
+
+/* Frees what bench_begin made and closes the CSV: rc, or 1 when the CSV could not be
+   written and the run had succeeded. */
+static int bench_end(struct bench *bn, int rc)
+{
+	if (bn->be)
+		kvt_backend_cuda_ops.destroy(bn->be);
+	for (int i = 0; i < 2; i++)
+		if (bn->ev[i])
+			(void)cudaEventDestroy(bn->ev[i]);
+	if (bn->st)
+		(void)cudaStreamDestroy(bn->st);
+	if (bn->csv) {
+		bool bad = ferror(bn->csv) != 0;
+
+		if ((fclose(bn->csv) || bad) && rc == 0) {
+			fprintf(stderr, TOOL ": %s: cannot write the CSV\n", bn->o->csv);
+			rc = 1;
+		}
+	}
+	free(bn->t);
+	free(bn->res);
+	return rc;
+}
+
 int kvt_cuda_bench(int argc, char **argv)
 {
-	struct kvt_backend_params bp = {.staging_bytes = STAGING_BYTES};
 	struct sigaction stop = {.sa_handler = on_stop, .sa_flags = SA_RESTART}, old_term, old_int;
 	struct opts o;
 	struct bench bn = {.o = &o};
-	struct result *res = NULL;
-	size_t n_res = 0;
-	uint32_t skipped = 0;
-	FILE *csv = NULL;
-	char gpu[256] = "unknown", date[64] = "";
-	int n_dev = 0, drv = 0, rt = 0, err, rc = 1;
-	cudaError_t e;
-	time_t now = time(NULL);
-	struct tm tm;
+	int rc;
 
 	switch (parse_opts(argc, argv, &o)) {
 	case OPTS_HELP:
@@ -631,129 +793,14 @@ int kvt_cuda_bench(int argc, char **argv)
 	/* cannot fail: valid signals, valid actions */
 	(void)sigaction(SIGTERM, &stop, &old_term);
 	(void)sigaction(SIGINT, &stop, &old_int);
-	e = cudaGetDeviceCount(&n_dev);
-	if (e != cudaSuccess || n_dev == 0) {
-		fprintf(stderr, TOOL ": no CUDA device (%s)\n",
-			e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports none");
-		rc = SKIP;
-		goto out;
+	rc = bench_begin(&bn);
+	if (!rc)
+		rc = run_cells(&bn);
+	if (!rc) {
+		print_report(&bn);
+		rc = bench_stop ? 128 + bench_stop : 0;
 	}
-	if (!kvt_cuda_host) {
-		fprintf(stderr, TOOL ": the CUDA plugin was not initialised by libkvtier\n");
-		goto out;
-	}
-	res = calloc((size_t)o.n_sizes * o.n_counts, sizeof(*res));
-	bn.t = calloc(o.reps, sizeof(*bn.t));
-	if (!res || !bn.t) {
-		fprintf(stderr, TOOL ": out of memory\n");
-		goto out;
-	}
-	if (o.csv && !(csv = fopen(o.csv, "w"))) {
-		fprintf(stderr, TOOL ": %s: %s\n", o.csv, strerror(errno));
-		goto out;
-	}
-	if (csv) /* the header at once: a run stopped before its first cell still has it */
-		fprintf(csv, "size_kib,count,fused_gbps,per_block_gbps,batch_gbps,contig_h2d_gbps,"
-			     "flashd2h_gbps,per_block_d2h_gbps,contig_d2h_gbps\n");
-	if (cuda_failed(cudaStreamCreateWithFlags(&bn.st, cudaStreamNonBlocking), NULL, "start-up",
-			"cudaStreamCreateWithFlags"))
-		goto out;
-	for (int i = 0; i < 2; i++)
-		if (cuda_failed(cudaEventCreate(&bn.ev[i]), NULL, "start-up", "cudaEventCreate"))
-			goto out;
-
-	if (cuda_failed(cudaGetDevice(&bn.device), NULL, "start-up", "cudaGetDevice"))
-		goto out;
-	if (kvt_cuda_describe(gpu, sizeof(gpu), &drv, &rt))
-		snprintf(gpu, sizeof(gpu), "device %d (kvt_cuda_describe failed)", bn.device);
-	if (gmtime_r(&now, &tm))
-		strftime(date, sizeof(date), "%Y-%m-%d %H:%M:%S UTC", &tm);
-	printf(TOOL ": %s, driver %d.%d, runtime %d.%d, %s\n", gpu, drv / 1000, drv % 1000 / 10,
-	       rt / 1000, rt % 1000 / 10, date);
-	printf("fused gather: %u CTAs x %d threads; timed as the backend runs it: the piece list "
-	       "copied to the device, then one launch\n",
-	       o.ctas, KVT_GATHER_THREADS);
-	printf("FlashD2H: %u save threads, staging 2 x %llu MiB (larger saves go in chunks), "
-	       "wall time of save + save_wait\n",
-	       o.threads, (unsigned long long)(STAGING_BYTES >> 20));
-	printf("blocks in N of 2N slots of a pinned mapped arena (fixed-seed shuffle); median of "
-	       "%u runs after one warm-up; GB/s = 1e9 payload bytes/s\n",
-	       o.reps);
-	fflush(stdout);
-
-	bp.save_threads = o.threads;
-	err = kvt_backend_cuda_ops.create(&bp, &bn.be);
-	if (err) {
-		fprintf(stderr, TOOL ": cannot create the CUDA backend: %s\n", strerror(-err));
-		bn.be = NULL;
-		goto out;
-	}
-	printf("\n%6s %7s | %9s %9s %9s %9s | %9s %9s %9s   (GB/s)\n", "KiB", "count",
-	       meth_info[0].col, meth_info[1].col, meth_info[2].col, meth_info[3].col,
-	       meth_info[4].col, meth_info[5].col, meth_info[6].col);
-	for (uint32_t si = 0; si < o.n_sizes && !bench_stop; si++) {
-		for (uint32_t ci = 0; ci < o.n_counts && !bench_stop; ci++) {
-			struct result *r = &res[n_res];
-			const double *g = r->gbps;
-			int cell_rc;
-
-			if ((uint64_t)o.sizes[si] * o.counts[ci] > (uint64_t)o.max_gib << 20) {
-				skipped++;
-				continue;
-			}
-			cell_rc = run_cell(&bn, o.sizes[si], o.counts[ci], r);
-			if (cell_rc == 1)
-				goto out;
-			if (cell_rc == 2)
-				break;
-			n_res++;
-			printf("%6u %7u | %9.2f %9.2f %9.2f %9.2f | %9.2f %9.2f %9.2f\n", r->kib,
-			       r->count, g[0], g[1], g[2], g[3], g[4], g[5], g[6]);
-			fflush(stdout);
-			if (csv) { /* flushed too, so a run cut short keeps its cells */
-				fprintf(csv, "%u,%u,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", r->kib,
-					r->count, g[0], g[1], g[2], g[3], g[4], g[5], g[6]);
-				fflush(csv);
-			}
-		}
-	}
-	if (skipped)
-		printf("(%u cells over --max-gib %u skipped)\n", skipped, o.max_gib);
-	if (bench_stop)
-		printf("(stopped by %s after %zu cells: the figures below are of those)\n",
-		       bench_stop == SIGINT ? "SIGINT" : "SIGTERM", n_res);
-
-	printf("\ntargets (largest count measured at each size):\n");
-	print_target(res, n_res, "fused / contiguous H2D", 16, M_FUSED, M_CONTIG_H2D, 0.65, 0.80,
-		     false, NULL);
-	print_target(res, n_res, "fused / contiguous H2D", 64, M_FUSED, M_CONTIG_H2D, 0.70, 0.85,
-		     false, NULL);
-	print_target(res, n_res, "fused / batch", 16, M_FUSED, M_BATCH, 3, 0, true, NULL);
-	print_target(res, n_res, "fused / per-block H2D", 4, M_FUSED, M_PER_BLOCK, 8, 0, true,
-		     NULL);
-	print_target(res, n_res, "FlashD2H / contiguous D2H", 16, M_FLASHD2H, M_CONTIG_D2H, 0.75, 0,
-		     false, o.threads <= 4 ? NULL : "(the target is for --threads <= 4)");
-	printf("\n");
-	print_calibration(bn.be);
-	rc = bench_stop ? 128 + bench_stop : 0;
-out:
-	if (bn.be)
-		kvt_backend_cuda_ops.destroy(bn.be);
-	for (int i = 0; i < 2; i++)
-		if (bn.ev[i])
-			(void)cudaEventDestroy(bn.ev[i]);
-	if (bn.st)
-		(void)cudaStreamDestroy(bn.st);
-	if (csv) {
-		bool bad = ferror(csv) != 0;
-
-		if ((fclose(csv) || bad) && rc == 0) {
-			fprintf(stderr, TOOL ": %s: cannot write the CSV\n", o.csv);
-			rc = 1;
-		}
-	}
-	free(bn.t);
-	free(res);
+	rc = bench_end(&bn, rc);
 	(void)sigaction(SIGTERM, &old_term, NULL);
 	(void)sigaction(SIGINT, &old_int, NULL);
 	return rc;

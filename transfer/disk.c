@@ -162,7 +162,8 @@ static int take_slot(struct kvt_disk *d, uint32_t *slot)
 		if (err)
 			return err;
 		if (d->free_cap < d->high + 1) {
-			/* the free stack can hold every slot below high: release never fails */
+			/* the free stack can hold every slot below high: kvt_disk_release needs no
+			   room of its own */
 			uint32_t cap = d->table_cap;
 			uint32_t *fs = kvt_realloc(d->free_slots, (size_t)cap * sizeof(*fs));
 
@@ -181,6 +182,9 @@ static int take_slot(struct kvt_disk *d, uint32_t *slot)
 void kvt_disk_release(struct kvt_disk *d, uint32_t slot)
 {
 	if (!d || !slot_used(d, slot))
+		return;
+	/* take_slot grew the free stack to hold every slot below high */
+	if (NEVER(d->n_free >= d->free_cap))
 		return;
 	mark(d, slot, false);
 	d->n_used--;

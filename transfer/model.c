@@ -43,6 +43,7 @@
 
 #include "fault.h"
 #include "backend.h"
+#include "util.h"
 
 /* Where the first arena goes, and the alignment of and gap between arenas. */
 #define MODEL_ARENA_START ((uint64_t)1 << 32)
@@ -349,7 +350,8 @@ static int model_append(struct kvt_be *b, uint64_t k, uint64_t v, uint32_t n,
 		}
 		struct kvt_save_src kv[2] = {{k, half}, {v, half}};
 
-		save_calls(mb, kv, 2, &calls, &total); /* 2 * half < 2^64: cannot fail */
+		if (NEVER(save_calls(mb, kv, 2, &calls, &total) != 0)) /* 2 * half < 2^64 */
+			return kvt_be_fail(b, -EINVAL, "append: geometry overflows");
 		charge(b, KVT_DIR_D2D, model_ns(mb->p.launch_ns, total, mb->p.d2d_gbps), total, 1);
 		charge_save(mb, calls, total);
 	}

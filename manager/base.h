@@ -1,9 +1,22 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The manager's internal state. A sequence keeps, per layer, three small tables: the device
- * frame groups of its resident slot space, the host block groups of its history, and its top-K
- * positions per kv head. A group is one block per kv head, contiguous, so heads share every
- * table entry and decode bookkeeping is O(1) per (sequence, layer).
+ * The manager's state and the helpers every part of it shares (manager/base.c).
+ *
+ * The manager's files call each other in one direction only: a file calls functions of files
+ * to its right, never of one to its left or beside it (test 'manager-dag', manager/check_dag.py,
+ * checks it on the objects' symbols):
+ *
+ *   manager.c, seq.c -> recall.c -> spill.c -> base.c -> idmap.c, pool.c -> log.c, fault.c
+ *
+ * manager.c creates, destroys and reports; seq.c runs sequences (create, prefill, decode,
+ * preempt, resume, reads); recall.c holds block metadata, the recall cache and the working
+ * sets (recall.h); spill.c the disk tier (spill.h); base.c the helpers below. Each header
+ * declares the functions of its own file only, so a file's includes say what it may call.
+ *
+ * A sequence keeps, per layer, three small tables: the device frame groups of its resident
+ * slot space, the host block groups of its history, and its top-K positions per kv head. A
+ * group is one block per kv head, contiguous, so heads share every table entry and decode
+ * bookkeeping is O(1) per (sequence, layer).
  *
  * Resident slot space of one (sequence, layer, kv head), in slot units of one token row:
  *   [0, sink)                       sink tokens (position = slot)
@@ -11,18 +24,17 @@
  *   [sink + recent, + valid_topk)   top-K tokens, ascending positions, fixed after prefill
  * Slot s lives in frame group frames[s / block_tokens] at row s % block_tokens.
  */
-#ifndef KVT_INTERNAL_H
-#define KVT_INTERNAL_H
+#ifndef KVT_BASE_H
+#define KVT_BASE_H
 
 #include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "backend.h"
-#include "disk.h"
 #include "fault.h"
+#include "idmap.h"
 #include "kvtier.h"
-#include "policy.h"
 #include "pool.h"
 #include "util.h"
 
@@ -39,70 +51,15 @@ struct kvt_seq_layer {
 	uint32_t *groups;	     /* host group of block index b, b < n_groups */
 	uint32_t *frames;	     /* device frame group of frame index f, f < seq->n_frames */
 	int32_t *topk;		     /* [n_kv_heads][seq->valid_topk] ascending */
-	struct kvt_recall_layer *rc; /* block metadata and recall state; NULL until needed */
+	struct kvt_recall_layer *rc; /* block metadata and recall state (recall.h); NULL until
+					needed */
 };
+_Static_assert(sizeof(struct kvt_seq_layer) == 64, "a sequence layer is one cache line");
 
 #define KVT_NO_ENTRY UINT32_MAX
 /* A group table entry with this bit holds a disk slot (manager/spill.c), not a host group. */
 #define KVT_SPILLED 0x80000000u
 #define KVT_WS_MAX 64u
-
-/* Per (block, kv head) of a sequence layer: what the recall path reads together. */
-struct kvt_rc_slot {
-	uint32_t entry;	  /* recall cache entry holding the block, or KVT_NO_ENTRY */
-	uint32_t touched; /* 1 + the step of its latest recall, 0 = never (working set) */
-};
-
-/* Recall state of one (sequence, layer), allocated when block metadata or recall first needs
-   it. Tables are indexed [block][kv head], block < cap_blocks. */
-struct kvt_recall_layer {
-	uint8_t *meta; /* [block][head] metadata (policy.h), 2 * row_bytes each; NULL unless
-			  the manager keeps metadata */
-	struct kvt_rc_slot *slot; /* [block][head] */
-	uint8_t *tk;		  /* [block][head] top-K positions inside the block */
-	uint32_t cap_blocks;
-	uint32_t meta_n; /* tokens folded into meta: decode tokens are folded in at the next
-			    scoring, from the host history (so a decode append never waits for
-			    the device to hand its keys to the CPU) */
-	bool tk_ready;	 /* tk counted from the layer's top-K (done at its first recall) */
-	/* view of the latest recall call naming this (sequence, layer): per head view_n[h]
-	   entries (cache entry id, generation) at [h * view_cap ...] */
-	uint32_t view_cap;
-	bool view_failed; /* the latest recall naming it failed: its view reads as stale */
-	uint32_t *view_n;
-	uint32_t *view_ent, *view_gen;
-};
-
-/* One frame of the shared recall cache (single block of one (sequence, layer, kv head)). */
-struct kvt_rc_entry {
-	struct kvt_seq *owner; /* NULL: free */
-	uint64_t pin;	       /* recall call that last used it: never evicted by that call */
-	uint32_t layer, head, block;
-	uint32_t n_valid;	 /* tokens of the block when loaded */
-	uint32_t gen;		 /* bumped whenever the frame changes hands */
-	uint32_t next;		 /* free list */
-	uint32_t s_prev, s_next; /* the owner's list of entries */
-};
-
-struct kvt_recall_cache {
-	uint32_t n, n_used;
-	uint64_t base; /* device address of frame 0; frame i at base + i * block_bytes */
-	struct kvt_rc_entry *e;
-	uint32_t free_head;
-	/* LRU order as a queue of uses, oldest first, with lazy deletion: a record is live
-	   while tick_of its entry is the record's tick. At most n records are live, so
-	   compaction at q_cap >= 2n + 64 records (a power of two) keeps pushes amortised O(1). */
-	struct kvt_rc_rec {
-		uint32_t id, tick;
-	} * q;
-	uint32_t q_cap, q_head, q_len, tick;
-	/* [n] tick of each entry's latest use, 0 while it holds no block (ticks skip 0). Apart
-	   from the entries, so that compaction and eviction, which test a record per step at
-	   random entries, read 4 bytes an entry (a table the size of the last-level cache
-	   for a million frames) instead of the entries themselves. */
-	uint32_t *tick_of;
-	uint64_t call; /* recall calls so far (pin stamps) */
-};
 
 struct kvt_seq {
 	uint64_t id;
@@ -124,26 +81,30 @@ struct kvt_seq {
 	struct kvt_seq_layer layers[];
 };
 
-/* Open-addressing map from sequence id to sequence, linear probing with backward-shift
-   deletion (no tombstones), at most half full; key and value share a slot so a lookup touches
-   one cache line. */
-struct kvt_seqmap_slot {
-	uint64_t key;
-	struct kvt_seq *val; /* NULL = empty slot */
+/* The shared recall cache of single-block device frames (manager/recall.c; its entries and
+   LRU records are declared in recall.h). */
+struct kvt_rc_entry;
+struct kvt_rc_rec;
+
+struct kvt_recall_cache {
+	uint32_t n, n_used;
+	uint64_t base; /* device address of frame 0; frame i at base + i * block_bytes */
+	struct kvt_rc_entry *e;
+	uint32_t free_head;
+	/* LRU order as a queue of uses, oldest first, with lazy deletion: a record is live
+	   while tick_of its entry is the record's tick. At most n records are live, so
+	   compaction at q_cap >= 2n + 64 records (a power of two) keeps pushes amortised O(1). */
+	struct kvt_rc_rec *q;
+	uint32_t q_cap, q_head, q_len, tick;
+	/* [n] tick of each entry's latest use, 0 while it holds no block (ticks skip 0). Apart
+	   from the entries, so that compaction and eviction, which test a record per step at
+	   random entries, read 4 bytes an entry (a table the size of the last-level cache
+	   for a million frames) instead of the entries themselves. */
+	uint32_t *tick_of;
+	uint64_t call; /* recall calls so far (pin stamps) */
 };
 
-struct kvt_seqmap {
-	struct kvt_seqmap_slot *slots;
-	uint32_t cap, n; /* cap is a power of two */
-	uint32_t shift;	 /* 64 - log2(cap) */
-};
-
-int kvt_seqmap_init(struct kvt_seqmap *sm);
-void kvt_seqmap_fini(struct kvt_seqmap *sm);
-struct kvt_seq *kvt_seqmap_get(const struct kvt_seqmap *sm, uint64_t id);
-/* Grows as needed: 0 or -ENOMEM (then nothing changed). id must not be present. */
-int kvt_seqmap_put(struct kvt_seqmap *sm, struct kvt_seq *s);
-void kvt_seqmap_del(struct kvt_seqmap *sm, uint64_t id);
+struct kvt_spill_ref;
 
 struct kvt_manager {
 	struct kvt_config cfg;
@@ -161,7 +122,7 @@ struct kvt_manager {
 	   their copies): kvt_dev_quiesce waits for it before either changes hands. */
 	bool dev_queued;
 	struct kvt_pool dev, host;
-	struct kvt_seqmap seqs;
+	struct kvt_idmap seqs; /* id -> struct kvt_seq (kvt_seqmap_get) */
 	uint64_t stamp;
 
 	/* scratch reused across calls (never shrinks) */
@@ -201,18 +162,18 @@ struct kvt_manager {
 	struct kvt_disk *disk;
 	char *spill_dir; /* the manager's copy of cfg.spill_dir */
 	struct kvt_disk_io *dio;
-	struct kvt_spill_ref *sref; /* what each entry of dio belongs to */
+	struct kvt_spill_ref *sref; /* what each entry of dio belongs to (spill.h) */
 	uint32_t dio_cap;
 
 	struct kvt_stats st;
 	char err[256];
 };
 
-struct kvt_spill_ref {
-	struct kvt_seq *s;
-	uint32_t layer, block;
-	uint32_t group; /* fetch: the host group read into */
-};
+/* The live sequence id, or NULL: the sequence map's lookup, typed. */
+static inline struct kvt_seq *kvt_seqmap_get(const struct kvt_idmap *seqs, uint64_t id)
+{
+	return kvt_idmap_get(seqs, id);
+}
 
 /* Geometry helpers shared by the manager's files. */
 static inline uint64_t kvt_dev_row(const struct kvt_manager *m, const struct kvt_seq_layer *ly,
@@ -254,6 +215,19 @@ static inline uint32_t kvt_topk_lower(const int32_t *t, uint32_t n, uint32_t pos
 	return lo;
 }
 
+/* The decode cursor of a layer's host history: head 0's K row of position n_tokens, or 0 when
+   that position starts a block not allocated yet. */
+static inline uint64_t kvt_host_cursor(const struct kvt_manager *m, const struct kvt_seq_layer *ly)
+{
+	return (ly->n_tokens & (m->cfg.block_tokens - 1)) ? kvt_host_row(m, ly, 0, ly->n_tokens)
+							  : 0;
+}
+
+/* Records the detail of a failure for kvt_manager_last_error and logs it at debug level;
+   returns err. */
+int kvt_fail(struct kvt_manager *m, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
 /* Grows a scratch array to hold n elements of size sz (never shrinks). 0 or -ENOMEM. */
 int kvt_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz);
 
@@ -290,61 +264,6 @@ int kvt_dev_gather(struct kvt_manager *m, uint32_t nx, void *stream);
    for every call but destroy and info. `what` prefixes the message (may be NULL). */
 struct kvt_seq *kvt_seq_usable(struct kvt_manager *m, uint64_t id, const char *what, int *err);
 
-/* The decode cursor of a layer's host history: head 0's K row of position n_tokens, or 0 when
-   that position starts a block not allocated yet. */
-static inline uint64_t kvt_host_cursor(const struct kvt_manager *m, const struct kvt_seq_layer *ly)
-{
-	return (ly->n_tokens & (m->cfg.block_tokens - 1)) ? kvt_host_row(m, ly, 0, ly->n_tokens)
-							  : 0;
-}
-
-/* Recall (manager/recall.c). */
-int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames);
-void kvt_recall_fini(struct kvt_manager *m);
-/* Whether a frame of head h's recall view of a layer went to another block since the view was
-   made (the view must not be read). */
-static inline bool kvt_view_stale(const struct kvt_manager *m, const struct kvt_recall_layer *rc,
-				  uint32_t h)
-{
-	if (rc && rc->view_failed)
-		return true;
-	for (uint32_t i = 0; rc && rc->view_n && i < rc->view_n[h]; i++) {
-		size_t at = (size_t)h * rc->view_cap + i;
-
-		if (m->rc.e[rc->view_ent[at]].gen != rc->view_gen[at])
-			return true;
-	}
-	return false;
-}
-
-/* Drops every recall cache entry of s and its views (preempt, destroy). */
-void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s);
-/* Frees one layer's recall state (NULL is a no-op). */
-void kvt_recall_layer_free(struct kvt_recall_layer *rc);
-/* Frees the recall state of every layer of s (destroy). */
-void kvt_recall_free_seq(struct kvt_seq *s, uint32_t n_layers);
-/* Block metadata of a prefilled layer from the caller's K tensor ([H][L][D]): 0 or -ENOMEM. */
-int kvt_meta_prefill(struct kvt_manager *m, struct kvt_seq_layer *ly, const void *k, uint32_t L);
-/* Makes room for the metadata of block index b of ly (decode boundary): 0 or -ENOMEM. */
-int kvt_meta_reserve(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t n_blocks);
-/* Brings the block metadata of (s, layer ly) up to its tokens: folds the keys of positions
-   [meta_n, n_tokens) in from the host history, after fetching it from disk and waiting for its
-   saves. 0 or the error, recorded. */
-int kvt_meta_catch_up(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_layer *ly);
-/* Recall working set of s advanced to step t (frames recalled in the last w steps); the
-   frames of step t alone in *step_frames. */
-uint32_t kvt_ws_frames(struct kvt_manager *m, struct kvt_seq *s, uint32_t t, uint32_t *step_frames);
-/* Resident mask of block b (bit i: position b * bt + i resident on the device), and whether
-   it covers all n_valid tokens. */
-uint64_t kvt_block_resident(const struct kvt_manager *m, const struct kvt_seq *s,
-			    const struct kvt_seq_layer *ly, uint32_t h, uint32_t b,
-			    uint32_t n_valid);
-
-/* Records the detail of a failure for kvt_manager_last_error and logs it at debug level;
-   returns err. */
-int kvt_fail(struct kvt_manager *m, int err, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
 /* Looks up member id of a batch call (decode, recall; `what` prefixes the error): live, not
    named before in this batch (stamp), resident, with `layer` prefilled. NULL with the error
    recorded in *err otherwise. Inline: it runs once per sequence of every decode call. */
@@ -378,34 +297,4 @@ static inline struct kvt_seq *kvt_batch_member(struct kvt_manager *m, uint64_t i
 	return s;
 }
 
-/* Disk tier (manager/spill.c). */
-/* Opens the disk tier when cfg.spill_dir is set (0 otherwise). 0 or -errno, logged. */
-int kvt_spill_open(struct kvt_manager *m);
-void kvt_spill_close(struct kvt_manager *m);
-/* Makes `need` host groups free, spilling the least recently used sequences whose stamp is not
-   m->stamp (the caller stamps the sequences its call names). 0, -ENOMEM, or the error of
-   waiting for queued device work first (kvt_dev_quiesce; nothing spilled). */
-int kvt_spill_room(struct kvt_manager *m, uint32_t need);
-/* Brings back every spilled group of v[0..n) (stamped by the caller, none lost): the number of
-   groups read, or a negative errno recorded with `what` as the prefix (see kvt_seq_fetch). */
-int kvt_spill_fetch(struct kvt_manager *m, struct kvt_seq *const *v, uint32_t n, const char *what);
-/* kvt_spill_fetch of one sequence (stamped here) when it has anything on disk: 0 or the
-   error, recorded. */
-int kvt_spill_fetch_seq(struct kvt_manager *m, struct kvt_seq *s, const char *what);
-/* Returns every host group and disk slot of a layer's table (destroy). */
-void kvt_spill_release_layer(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_layer *ly);
-/* Test hook: corrupts the spilled group of (seq, layer, block index) in the file, so its next
-   read fails the CRC check. 0, -ENOENT (not spilled), -ENOTSUP (model backend). */
-int kvt_disk_corrupt_block(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t block);
-
-/* Creates a manager on an explicit backend, bypassing the public backend choice (benchmarks
-   use the null backend this way). */
-int kvt_manager_create_with(const struct kvt_config *cfg, const struct kvt_backend_ops *ops,
-			    struct kvt_manager **out);
-
-/* Reads one token of (seq, layer, head) from the host history even when it is resident, so
-   tests can check both tiers hold the same bytes. Same errors as kvt_seq_read_token. */
-int kvt_seq_read_token_host(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t head,
-			    uint32_t pos, void *k_out, void *v_out);
-
-#endif /* KVT_INTERNAL_H */
+#endif /* KVT_BASE_H */
