@@ -38,7 +38,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "check.h"
+#include "t_check.h"
 
 #include <errno.h>
 #include <math.h>
@@ -49,7 +49,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "common.h"
+#include "t_data.h"
 #include "fault.h"
 #include "internal.h" /* kvt_seq_read_token_host */
 #include "plugin.h"

@@ -23,7 +23,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "check.h"
+#include "t_check.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -32,8 +32,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "plugin.h" /* before common.h: t_auto_backend */
-#include "common.h"
+#include "t_backend.h"
+#include "t_config.h"
+#include "t_data.h"
 #include "internal.h"
 #include "kvtier.h"
 
@@ -80,8 +81,7 @@ static void fx_prefill(struct fx *f, int s, uint32_t layer, bool with_q)
 
 	assert_true(k && v && q);
 	t_fill_prefill(c, f->id[s], layer, L, k, v, q);
-	assert_int_equal(kvt_prefill_layer(f->m, f->id[s], layer, k, v, with_q ? q : NULL, NULL),
-			 0);
+	assert_int_equal(t_prefill_layer(f->m, f->id[s], layer, k, v, with_q ? q : NULL, NULL), 0);
 	f->ntok[s][layer] = L;
 	free(k);
 	free(v);
@@ -102,7 +102,7 @@ static void fx_decode(struct fx *f, uint32_t layer, const int *which, uint32_t n
 		pos[i] = f->ntok[which[i]][layer];
 	}
 	t_fill_decode(&f->c, ids, pos, n, layer, k, v);
-	assert_int_equal(kvt_decode_append(f->m, layer, ids, n, k, v, NULL), 0);
+	assert_int_equal(t_decode_append(f->m, layer, ids, n, k, v, NULL), 0);
 	for (uint32_t i = 0; i < n; i++)
 		f->ntok[which[i]][layer]++;
 	free(k);
@@ -228,7 +228,7 @@ static int fx_setup(void **state)
 	f->prompt[0] = 40;
 	f->prompt[1] = 20;
 	f->prompt[2] = 30;
-	assert_int_equal(kvt_manager_create(&f->c, &f->m), 0);
+	assert_int_equal(t_manager_create(&f->c, &f->m), 0);
 	assert_string_equal(kvt_manager_last_error(f->m), "");
 	for (int s = 0; s < N_SEQ; s++)
 		assert_int_equal(kvt_seq_create(f->m, f->id[s], f->prompt[s]), 0);
@@ -300,7 +300,7 @@ static void expect_create(const struct kvt_config *c, int code, const char *what
 {
 	struct kvt_manager *m = SENTINEL;
 	struct kvt_config copy = *c;
-	int rc = kvt_manager_create(c, &m);
+	int rc = t_manager_create(c, &m);
 
 	if (rc != code) {
 		print_error("%s: kvt_manager_create returned %d (%s), expected %d (%s)\n", what, rc,
@@ -331,10 +331,10 @@ static void test_create_null_args(void **state)
 	struct kvt_manager *m = SENTINEL;
 
 	(void)state;
-	assert_int_equal(kvt_manager_create(NULL, &m), -EINVAL);
+	assert_int_equal(t_manager_create(NULL, &m), -EINVAL);
 	assert_ptr_equal(m, SENTINEL);
-	assert_int_equal(kvt_manager_create(&c, NULL), -EINVAL);
-	assert_int_equal(kvt_manager_create(NULL, NULL), -EINVAL);
+	assert_int_equal(t_manager_create(&c, NULL), -EINVAL);
+	assert_int_equal(t_manager_create(NULL, NULL), -EINVAL);
 }
 
 static void test_create_size_version(void **state)
@@ -466,7 +466,7 @@ static void test_create_backends(void **state)
 		struct kvt_manager *m = NULL;
 
 		c.backend = KVT_BACKEND_AUTO;
-		assert_int_equal(kvt_manager_create(&c, &m), 0);
+		assert_int_equal(t_manager_create(&c, &m), 0);
 		assert_int_equal(kvt_manager_config(m, &got), 0);
 		assert_int_equal(got.backend, t_auto_backend());
 		kvt_manager_destroy(m);
@@ -486,7 +486,7 @@ static void test_create_older_caller(void **state)
 	c.size = offsetof(struct kvt_config, save_threads);
 	c.save_threads = 1000; /* invalid if read */
 	c.staging_bytes = 1;   /* invalid if read */
-	assert_int_equal(kvt_manager_create(&c, &m), 0);
+	assert_int_equal(t_manager_create(&c, &m), 0);
 	assert_int_equal(kvt_manager_config(m, &got), 0);
 	assert_int_equal(got.size, sizeof(struct kvt_config));
 	assert_int_equal(got.version, KVT_CONFIG_VERSION);
@@ -497,7 +497,7 @@ static void test_create_older_caller(void **state)
 	assert_int_equal(got.head_dim, c.head_dim);
 	assert_int_equal(got.dtype, c.dtype);
 	assert_int_equal(got.device_bytes, c.device_bytes);
-	assert_int_equal(got.backend, T_HOST_BACKEND);
+	assert_int_equal(got.backend, t_be->kind);
 	assert_int_equal(kvt_manager_stats(m, &st), 0);
 	assert_int_equal(st.save_threads, defaults.save_threads);
 	kvt_manager_destroy(m);
@@ -505,7 +505,7 @@ static void test_create_older_caller(void **state)
 	/* One field more: save_threads is the caller's, staging_bytes the default. */
 	c.size = offsetof(struct kvt_config, staging_bytes);
 	c.save_threads = 3;
-	assert_int_equal(kvt_manager_create(&c, &m), 0);
+	assert_int_equal(t_manager_create(&c, &m), 0);
 	assert_int_equal(kvt_manager_config(m, &got), 0);
 	assert_int_equal(got.save_threads, 3);
 	assert_int_equal(got.staging_bytes, defaults.staging_bytes);
@@ -608,7 +608,7 @@ static void test_config_errors(void **state)
 	EXPECT_FAIL_CONST(f, kvt_manager_config(f->m, NULL), -EINVAL);
 	assert_int_equal(kvt_manager_config(f->m, &out), 0);
 	assert_int_equal(out.n_layers, 2);
-	assert_int_equal(out.backend, T_HOST_BACKEND);
+	assert_int_equal(out.backend, t_be->kind);
 }
 
 static void test_stats_errors(void **state)
@@ -753,25 +753,25 @@ static void test_prefill_errors(void **state)
 	struct tensors a1 = make_prefill(f, SEQ_A, 1, 40), a0 = make_prefill(f, SEQ_A, 0, 40);
 	struct tensors c0 = make_prefill(f, SEQ_C, 0, 30);
 
-	assert_int_equal(kvt_prefill_layer(NULL, SEQ_A, 1, a1.k, a1.v, a1.q, NULL), -EINVAL);
-	EXPECT_FAIL(f, kvt_prefill_layer(f->m, SEQ_NONE, 0, c0.k, c0.v, c0.q, NULL), -ENOENT);
-	EXPECT_FAIL(f, kvt_prefill_layer(f->m, SEQ_C, 2, c0.k, c0.v, c0.q, NULL), -EINVAL);
-	EXPECT_FAIL(f, kvt_prefill_layer(f->m, SEQ_C, UINT32_MAX, c0.k, c0.v, c0.q, NULL), -EINVAL);
+	assert_int_equal(t_prefill_layer(NULL, SEQ_A, 1, a1.k, a1.v, a1.q, NULL), -EINVAL);
+	EXPECT_FAIL(f, t_prefill_layer(f->m, SEQ_NONE, 0, c0.k, c0.v, c0.q, NULL), -ENOENT);
+	EXPECT_FAIL(f, t_prefill_layer(f->m, SEQ_C, 2, c0.k, c0.v, c0.q, NULL), -EINVAL);
+	EXPECT_FAIL(f, t_prefill_layer(f->m, SEQ_C, UINT32_MAX, c0.k, c0.v, c0.q, NULL), -EINVAL);
 	/* Second prefill of a layer, with perfectly good tensors. */
-	EXPECT_FAIL(f, kvt_prefill_layer(f->m, SEQ_A, 0, a0.k, a0.v, a0.q, NULL), -EEXIST);
-	EXPECT_FAIL(f, kvt_prefill_layer(f->m, SEQ_B, 1, a0.k, a0.v, NULL, NULL), -EEXIST);
+	EXPECT_FAIL(f, t_prefill_layer(f->m, SEQ_A, 0, a0.k, a0.v, a0.q, NULL), -EEXIST);
+	EXPECT_FAIL(f, t_prefill_layer(f->m, SEQ_B, 1, a0.k, a0.v, NULL, NULL), -EEXIST);
 	/* NULL tensors. */
-	EXPECT_FAIL(f, kvt_prefill_layer(f->m, SEQ_A, 1, NULL, a1.v, a1.q, NULL), -EINVAL);
-	EXPECT_FAIL(f, kvt_prefill_layer(f->m, SEQ_A, 1, a1.k, NULL, a1.q, NULL), -EINVAL);
-	EXPECT_FAIL(f, kvt_prefill_layer(f->m, SEQ_A, 1, NULL, NULL, NULL, NULL), -EINVAL);
+	EXPECT_FAIL(f, t_prefill_layer(f->m, SEQ_A, 1, NULL, a1.v, a1.q, NULL), -EINVAL);
+	EXPECT_FAIL(f, t_prefill_layer(f->m, SEQ_A, 1, a1.k, NULL, a1.q, NULL), -EINVAL);
+	EXPECT_FAIL(f, t_prefill_layer(f->m, SEQ_A, 1, NULL, NULL, NULL, NULL), -EINVAL);
 	/* A's prompt (40 > sink 8 + recent 16) needs the observation queries. */
-	EXPECT_FAIL(f, kvt_prefill_layer(f->m, SEQ_A, 1, a1.k, a1.v, NULL, NULL), -EINVAL);
-	EXPECT_FAIL(f, kvt_prefill_layer(f->m, SEQ_C, 0, c0.k, c0.v, NULL, NULL), -EINVAL);
+	EXPECT_FAIL(f, t_prefill_layer(f->m, SEQ_A, 1, a1.k, a1.v, NULL, NULL), -EINVAL);
+	EXPECT_FAIL(f, t_prefill_layer(f->m, SEQ_C, 0, c0.k, c0.v, NULL, NULL), -EINVAL);
 
 	/* After all that, the same layers prefill normally and read back exactly. */
-	assert_int_equal(kvt_prefill_layer(f->m, SEQ_A, 1, a1.k, a1.v, a1.q, NULL), 0);
+	assert_int_equal(t_prefill_layer(f->m, SEQ_A, 1, a1.k, a1.v, a1.q, NULL), 0);
 	f->ntok[0][1] = 40;
-	assert_int_equal(kvt_prefill_layer(f->m, SEQ_C, 0, c0.k, c0.v, c0.q, NULL), 0);
+	assert_int_equal(t_prefill_layer(f->m, SEQ_C, 0, c0.k, c0.v, c0.q, NULL), 0);
 	f->ntok[2][0] = 30;
 	fx_snapshot_positions(f);
 	assert_int_equal(f->npos[0][1][0], 40);		/* 8 sink + 16 top-K + 16 ring */
@@ -798,7 +798,7 @@ static void test_prefill_q_obs_optional(void **state)
 		uint8_t k[64], v[64], ek[64], ev[64];
 
 		assert_int_equal(kvt_seq_create(f->m, id, L), 0);
-		assert_int_equal(kvt_prefill_layer(f->m, id, 0, t.k, t.v, NULL, NULL), 0);
+		assert_int_equal(t_prefill_layer(f->m, id, 0, t.k, t.v, NULL, NULL), 0);
 		/* Every prompt token is resident. */
 		assert_int_equal(kvt_seq_resident_positions(f->m, id, 0, 1, pos, MAX_POS, &n), 0);
 		assert_int_equal(n, L);
@@ -818,12 +818,12 @@ static void test_prefill_q_obs_optional(void **state)
 		struct tensors t = make_prefill(f, 600, 0, 25);
 
 		assert_int_equal(kvt_seq_create(f->m, 600, 25), 0);
-		EXPECT_FAIL(f, kvt_prefill_layer(f->m, 600, 0, t.k, t.v, NULL, NULL), -EINVAL);
+		EXPECT_FAIL(f, t_prefill_layer(f->m, 600, 0, t.k, t.v, NULL, NULL), -EINVAL);
 		uint32_t n;
 
 		assert_int_equal(kvt_seq_tokens(f->m, 600, 0, &n), 0);
 		assert_int_equal(n, 0);
-		assert_int_equal(kvt_prefill_layer(f->m, 600, 0, t.k, t.v, t.q, NULL), 0);
+		assert_int_equal(t_prefill_layer(f->m, 600, 0, t.k, t.v, t.q, NULL), 0);
 		assert_int_equal(kvt_seq_destroy(f->m, 600), 0);
 		free_tensors(&t);
 	}
@@ -839,9 +839,9 @@ static void test_prefill_q_obs_optional(void **state)
 		g.c = c;
 		struct tensors t = make_prefill(&g, 1, 0, 100);
 
-		assert_int_equal(kvt_manager_create(&c, &m), 0);
+		assert_int_equal(t_manager_create(&c, &m), 0);
 		assert_int_equal(kvt_seq_create(m, 1, 100), 0);
-		assert_int_equal(kvt_prefill_layer(m, 1, 0, t.k, t.v, NULL, NULL), 0);
+		assert_int_equal(t_prefill_layer(m, 1, 0, t.k, t.v, NULL, NULL), 0);
 		assert_int_equal(kvt_seq_resident_positions(m, 1, 0, 0, NULL, 0, &n), -ENOSPC);
 		assert_int_equal(n, 8 + 16);
 		kvt_manager_destroy(m);
@@ -868,13 +868,13 @@ static void test_prefill_tier_full(void **state)
 			g.c.host_bytes = 7 * 1024;
 		struct tensors t1 = make_prefill(&g, 1, 0, 40), t2 = make_prefill(&g, 2, 0, 40);
 
-		assert_int_equal(kvt_manager_create(&g.c, &m), 0);
+		assert_int_equal(t_manager_create(&g.c, &m), 0);
 		assert_int_equal(kvt_seq_create(m, 1, 40), 0);
 		assert_int_equal(kvt_seq_create(m, 2, 40), 0);
-		assert_int_equal(kvt_prefill_layer(m, 1, 0, t1.k, t1.v, t1.q, NULL), 0);
+		assert_int_equal(t_prefill_layer(m, 1, 0, t1.k, t1.v, t1.q, NULL), 0);
 		s0 = get_stats(m);
 		m->err[0] = '\0';
-		assert_int_equal(kvt_prefill_layer(m, 2, 0, t2.k, t2.v, t2.q, NULL), -ENOMEM);
+		assert_int_equal(t_prefill_layer(m, 2, 0, t2.k, t2.v, t2.q, NULL), -ENOMEM);
 		assert_true(strlen(kvt_manager_last_error(m)) > 0);
 		s1 = get_stats(m);
 		assert_memory_equal(&s0, &s1, sizeof(s0));
@@ -885,7 +885,7 @@ static void test_prefill_tier_full(void **state)
 		/* Room made: the very same call now succeeds, and both groups of memory it
 		   took come back on destroy. */
 		assert_int_equal(kvt_seq_destroy(m, 1), 0);
-		assert_int_equal(kvt_prefill_layer(m, 2, 0, t2.k, t2.v, t2.q, NULL), 0);
+		assert_int_equal(t_prefill_layer(m, 2, 0, t2.k, t2.v, t2.q, NULL), 0);
 		s1 = get_stats(m);
 		assert_int_equal(s1.device_frames_used, 5 * 2);
 		assert_int_equal(s1.host_blocks_used, 5 * 2);
@@ -926,32 +926,32 @@ static void test_decode_errors(void **state)
 	void *k, *v;
 
 	junk_decode(f, 3, &k, &v);
-	assert_int_equal(kvt_decode_append(NULL, 0, a, 1, k, v, NULL), -EINVAL);
-	EXPECT_FAIL(f, kvt_decode_append(f->m, 0, NULL, 1, k, v, NULL), -EINVAL);
-	EXPECT_FAIL(f, kvt_decode_append(f->m, 0, a, 1, NULL, v, NULL), -EINVAL);
-	EXPECT_FAIL(f, kvt_decode_append(f->m, 0, a, 1, k, NULL, NULL), -EINVAL);
-	EXPECT_FAIL(f, kvt_decode_append(f->m, 0, a, 0, k, v, NULL), -EINVAL);
-	EXPECT_FAIL(f, kvt_decode_append(f->m, 0, ab, 0, k, v, NULL), -EINVAL);
-	EXPECT_FAIL(f, kvt_decode_append(f->m, 2, a, 1, k, v, NULL), -EINVAL);
-	EXPECT_FAIL(f, kvt_decode_append(f->m, UINT32_MAX, ab, 2, k, v, NULL), -EINVAL);
+	assert_int_equal(t_decode_append(NULL, 0, a, 1, k, v, NULL), -EINVAL);
+	EXPECT_FAIL(f, t_decode_append(f->m, 0, NULL, 1, k, v, NULL), -EINVAL);
+	EXPECT_FAIL(f, t_decode_append(f->m, 0, a, 1, NULL, v, NULL), -EINVAL);
+	EXPECT_FAIL(f, t_decode_append(f->m, 0, a, 1, k, NULL, NULL), -EINVAL);
+	EXPECT_FAIL(f, t_decode_append(f->m, 0, a, 0, k, v, NULL), -EINVAL);
+	EXPECT_FAIL(f, t_decode_append(f->m, 0, ab, 0, k, v, NULL), -EINVAL);
+	EXPECT_FAIL(f, t_decode_append(f->m, 2, a, 1, k, v, NULL), -EINVAL);
+	EXPECT_FAIL(f, t_decode_append(f->m, UINT32_MAX, ab, 2, k, v, NULL), -EINVAL);
 	{
 		const uint64_t none[1] = {SEQ_NONE};
 
-		EXPECT_FAIL(f, kvt_decode_append(f->m, 0, none, 1, k, v, NULL), -ENOENT);
+		EXPECT_FAIL(f, t_decode_append(f->m, 0, none, 1, k, v, NULL), -ENOENT);
 	}
 	/* Decode before prefill: C has no layer at all, A has no layer 1. */
 	{
 		const uint64_t c[1] = {SEQ_C};
 
-		EXPECT_FAIL(f, kvt_decode_append(f->m, 0, c, 1, k, v, NULL), -EINVAL);
-		EXPECT_FAIL(f, kvt_decode_append(f->m, 1, a, 1, k, v, NULL), -EINVAL);
+		EXPECT_FAIL(f, t_decode_append(f->m, 0, c, 1, k, v, NULL), -EINVAL);
+		EXPECT_FAIL(f, t_decode_append(f->m, 1, a, 1, k, v, NULL), -EINVAL);
 	}
 	/* A repeated id. */
 	{
 		const uint64_t aa[2] = {SEQ_A, SEQ_A}, aba[3] = {SEQ_A, SEQ_B, SEQ_A};
 
-		EXPECT_FAIL(f, kvt_decode_append(f->m, 0, aa, 2, k, v, NULL), -EINVAL);
-		EXPECT_FAIL(f, kvt_decode_append(f->m, 0, aba, 3, k, v, NULL), -EINVAL);
+		EXPECT_FAIL(f, t_decode_append(f->m, 0, aa, 2, k, v, NULL), -EINVAL);
+		EXPECT_FAIL(f, t_decode_append(f->m, 0, aba, 3, k, v, NULL), -EINVAL);
 	}
 	free(k);
 	free(v);
@@ -978,13 +978,13 @@ static void test_decode_last_bad(void **state)
 
 	junk_decode(f, 3, &k, &v);
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-		EXPECT_FAIL(f, kvt_decode_append(f->m, 0, cases[i].ids, 3, k, v, NULL),
+		EXPECT_FAIL(f, t_decode_append(f->m, 0, cases[i].ids, 3, k, v, NULL),
 			    cases[i].code);
 	/* Layer 1: B is prefilled there, A is not (last). */
 	{
 		const uint64_t ba[2] = {SEQ_B, SEQ_A};
 
-		EXPECT_FAIL(f, kvt_decode_append(f->m, 1, ba, 2, k, v, NULL), -EINVAL);
+		EXPECT_FAIL(f, t_decode_append(f->m, 1, ba, 2, k, v, NULL), -EINVAL);
 	}
 	free(k);
 	free(v);
@@ -1018,7 +1018,7 @@ static void test_decode_overflow(void **state)
 		uint32_t n;
 
 		f->m->err[0] = '\0';
-		assert_int_equal(kvt_decode_append(f->m, 0, ab, 2, k, v, NULL), -EOVERFLOW);
+		assert_int_equal(t_decode_append(f->m, 0, ab, 2, k, v, NULL), -EOVERFLOW);
 		assert_true(strlen(kvt_manager_last_error(f->m)) > 0);
 		after = get_stats(f->m);
 		assert_memory_equal(&before, &after, sizeof(before));
@@ -1048,22 +1048,22 @@ static void test_decode_host_full(void **state)
 	/* Three sequences of 8 tokens (1 host group each, full), 4 groups in the tier: the
 	   next token of each needs a group, only one is left. */
 	g.c.host_bytes = 4 * 1024;
-	assert_int_equal(kvt_manager_create(&g.c, &m), 0);
+	assert_int_equal(t_manager_create(&g.c, &m), 0);
 	for (uint64_t i = 1; i <= 3; i++) {
 		struct tensors t = make_prefill(&g, i, 0, 8);
 
 		assert_int_equal(kvt_seq_create(m, i, 8), 0);
-		assert_int_equal(kvt_prefill_layer(m, i, 0, t.k, t.v, NULL, NULL), 0);
+		assert_int_equal(t_prefill_layer(m, i, 0, t.k, t.v, NULL, NULL), 0);
 		free_tensors(&t);
 	}
 	junk_decode(&g, 3, &k, &v);
 	s0 = get_stats(m);
 	assert_int_equal(s0.host_blocks_free, 1 * 2);
 	m->err[0] = '\0';
-	assert_int_equal(kvt_decode_append(m, 0, ids, 3, k, v, NULL), -ENOMEM);
+	assert_int_equal(t_decode_append(m, 0, ids, 3, k, v, NULL), -ENOMEM);
 	assert_true(strlen(kvt_manager_last_error(m)) > 0);
 	m->err[0] = '\0';
-	assert_int_equal(kvt_decode_append(m, 0, ids, 2, k, v, NULL), -ENOMEM);
+	assert_int_equal(t_decode_append(m, 0, ids, 2, k, v, NULL), -ENOMEM);
 	assert_true(strlen(kvt_manager_last_error(m)) > 0);
 	s1 = get_stats(m);
 	assert_memory_equal(&s0, &s1, sizeof(s0));
@@ -1084,7 +1084,7 @@ static void test_decode_host_full(void **state)
 		uint32_t p8 = 8;
 
 		t_fill_decode(&g.c, &ids[2], &p8, 1, 0, k, v);
-		assert_int_equal(kvt_decode_append(m, 0, &ids[2], 1, k, v, NULL), 0);
+		assert_int_equal(t_decode_append(m, 0, &ids[2], 1, k, v, NULL), 0);
 		s1 = get_stats(m);
 		assert_int_equal(s1.host_blocks_free, 0);
 	}
@@ -1226,8 +1226,8 @@ static void test_null_manager(void **state)
 	assert_int_equal(kvt_manager_sync(NULL, NULL), -EINVAL);
 	assert_int_equal(kvt_seq_create(NULL, 1, 1), -EINVAL);
 	assert_int_equal(kvt_seq_destroy(NULL, 1), -EINVAL);
-	assert_int_equal(kvt_prefill_layer(NULL, 1, 0, buf, buf, buf, NULL), -EINVAL);
-	assert_int_equal(kvt_decode_append(NULL, 0, &id, 1, buf, buf, NULL), -EINVAL);
+	assert_int_equal(t_prefill_layer(NULL, 1, 0, buf, buf, buf, NULL), -EINVAL);
+	assert_int_equal(t_decode_append(NULL, 0, &id, 1, buf, buf, NULL), -EINVAL);
 	assert_int_equal(kvt_seq_resident_positions(NULL, 1, 0, 0, pos, 4, &n), -EINVAL);
 	assert_int_equal(kvt_seq_read_token(NULL, 1, 0, 0, 0, buf, buf), -EINVAL);
 	assert_int_equal(kvt_seq_tokens(NULL, 1, 0, &n), -EINVAL);
@@ -1235,8 +1235,8 @@ static void test_null_manager(void **state)
 	/* Every pointer NULL at once. */
 	assert_int_equal(kvt_manager_config(NULL, NULL), -EINVAL);
 	assert_int_equal(kvt_manager_stats(NULL, NULL), -EINVAL);
-	assert_int_equal(kvt_prefill_layer(NULL, 1, 0, NULL, NULL, NULL, NULL), -EINVAL);
-	assert_int_equal(kvt_decode_append(NULL, 0, NULL, 0, NULL, NULL, NULL), -EINVAL);
+	assert_int_equal(t_prefill_layer(NULL, 1, 0, NULL, NULL, NULL, NULL), -EINVAL);
+	assert_int_equal(t_decode_append(NULL, 0, NULL, 0, NULL, NULL, NULL), -EINVAL);
 	assert_int_equal(kvt_seq_resident_positions(NULL, 1, 0, 0, NULL, 0, NULL), -EINVAL);
 	assert_int_equal(kvt_seq_read_token(NULL, 1, 0, 0, 0, NULL, NULL), -EINVAL);
 	assert_int_equal(kvt_seq_tokens(NULL, 1, 0, NULL), -EINVAL);

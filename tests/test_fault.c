@@ -43,7 +43,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "check.h"
+#include "t_check.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -54,7 +54,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "t_backend.h"
+#include "t_config.h"
+#include "t_data.h"
 #include "fault.h"
 #include "internal.h"
 
@@ -919,7 +921,7 @@ static void w_prefill(struct run *r, int j, uint32_t l)
 
 	t_fill_prefill(&r->c, s->id, l, s->L, r->k, r->v, r->qo);
 	STEP(r, rc, 0, 0, "kvt_prefill_layer",
-	     kvt_prefill_layer(r->m, s->id, l, r->k, r->v, r->qo, NULL));
+	     t_prefill_layer(r->m, s->id, l, r->k, r->v, r->qo, NULL));
 	if (!rc)
 		s->n[l] = s->L;
 }
@@ -939,7 +941,7 @@ static void w_decode(struct run *r, const int *js, uint32_t n, uint32_t steps)
 			}
 			t_fill_decode(&r->c, ids, pos, n, l, r->k, r->v);
 			STEP(r, rc, 0, 0, "kvt_decode_append",
-			     kvt_decode_append(r->m, l, ids, n, r->k, r->v, NULL));
+			     t_decode_append(r->m, l, ids, n, r->k, r->v, NULL));
 			if (!rc)
 				for (uint32_t i = 0; i < n; i++)
 					r->q[js[i]].n[l]++;
@@ -958,7 +960,7 @@ static void w_recall(struct run *r, uint32_t l, const int *js, uint32_t n)
 			t_fill_row(r->c.dtype, HD, r->qd + ((size_t)i * NQ + g) * r->rb, ids[i], l,
 				   2000 + g, r->q[js[i]].n[l], 0);
 	}
-	STEP(r, rc, 0, 0, "kvt_decode_recall", kvt_decode_recall(r->m, l, ids, n, r->qd, NULL));
+	STEP(r, rc, 0, 0, "kvt_decode_recall", t_decode_recall(r->m, l, ids, n, r->qd, NULL));
 }
 
 /* Given recall of layer l of sequence j: blocks b0, b1 for head 0, b1, b0 + 1 for head 1. */
@@ -1206,8 +1208,7 @@ static void workload(struct run *r)
 	int rc;
 
 	r->m = M_SENTINEL;
-	STEP(r, rc, 0, F_MCREATE | F_ABSORB, "kvt_manager_create",
-	     kvt_manager_create(&r->c, &r->m));
+	STEP(r, rc, 0, F_MCREATE | F_ABSORB, "kvt_manager_create", t_manager_create(&r->c, &r->m));
 	if (rc) {
 		r->m = NULL;
 		return;
@@ -1383,10 +1384,10 @@ static bool probe_disk(void)
 	uint8_t *k = t_xmalloc(NH * 16 * rb), *v = t_xmalloc(NH * 16 * rb);
 	int rc;
 
-	CHECK_RC(kvt_manager_create(&c, &m), 0);
+	CHECK_RC(t_manager_create(&c, &m), 0);
 	CHECK_RC(kvt_seq_create(m, 1, 16), 0);
 	t_fill_prefill(&c, 1, 0, 16, k, v, NULL);
-	CHECK_RC(kvt_prefill_layer(m, 1, 0, k, v, NULL, NULL), 0);
+	CHECK_RC(t_prefill_layer(m, 1, 0, k, v, NULL, NULL), 0);
 	rc = kvt_seq_spill(m, 1);
 	kvt_manager_destroy(m);
 	free(k);

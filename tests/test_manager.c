@@ -13,7 +13,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "check.h"
+#include "t_check.h"
 
 #include <errno.h>
 #include <math.h>
@@ -22,8 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "plugin.h" /* before common.h: t_auto_backend */
-#include "common.h"
+#include "t_backend.h"
+#include "t_config.h"
+#include "t_data.h"
 #include "internal.h"
 #include "policy.h"
 
@@ -53,7 +54,7 @@ static struct kvt_manager *mk(const struct kvt_config *c)
 {
 	struct kvt_manager *m = NULL;
 
-	CHECK_RC(kvt_manager_create(c, &m), 0);
+	CHECK_RC(t_manager_create(c, &m), 0);
 	assert_non_null(m);
 	return m;
 }
@@ -133,7 +134,7 @@ static int prefill_raw(struct kvt_manager *m, const struct kvt_config *c, uint64
 		CHECK_RC(kvt_snapkv_select(&sp, k, q, topk, scratch), 0);
 		free(scratch);
 	}
-	rc = kvt_prefill_layer(m, seq, layer, k, v, null_q ? NULL : q, NULL);
+	rc = t_prefill_layer(m, seq, layer, k, v, null_q ? NULL : q, NULL);
 	memset(k, 0x5a, kv_bytes);
 	memset(v, 0xa5, kv_bytes);
 	memset(q, 0x3c, q_bytes);
@@ -381,7 +382,7 @@ static int decode_step(struct kvt_manager *m, const struct kvt_config *c, uint32
 		pos[i] = ts[i]->n[layer];
 	}
 	t_fill_decode(c, ids, pos, n, layer, k, v);
-	rc = kvt_decode_append(m, layer, ids, n, k, v, NULL);
+	rc = t_decode_append(m, layer, ids, n, k, v, NULL);
 	memset(k, 0x77, bytes);
 	memset(v, 0x88, bytes);
 	if (rc == 0)
@@ -440,7 +441,7 @@ static void test_config_and_geometry(void **state)
 		c.backend = KVT_BACKEND_AUTO;
 	m = mk(&c);
 	CHECK_RC(kvt_manager_config(m, &got), 0);
-	assert_int_equal(got.backend, T_HOST_BACKEND);
+	assert_int_equal(got.backend, t_be->kind);
 	assert_int_equal(got.n_layers, c.n_layers);
 	assert_int_equal(got.n_kv_heads, c.n_kv_heads);
 	assert_int_equal(got.n_q_heads, c.n_q_heads);
@@ -795,7 +796,7 @@ static void test_topk_known(void **state)
 	kvt_from_f32(c.dtype, qf, q, n_q);
 	m = mk(&c);
 	CHECK_RC(kvt_seq_create(m, 3, L), 0);
-	CHECK_RC(kvt_prefill_layer(m, 3, 0, k, v, q, NULL), 0);
+	CHECK_RC(t_prefill_layer(m, 3, 0, k, v, q, NULL), 0);
 	for (uint32_t h = 0; h < 2; h++) {
 		CHECK_RC(kvt_seq_resident_positions(m, 3, 0, h, pos, 64, &n), 0);
 		assert_int_equal(n, 8 + K + 16);
@@ -1150,7 +1151,7 @@ static void save_visibility(uint32_t threads)
 		t_fill_prefill(&c, 920, 1, 2048, k, v, q);
 		for (uint32_t r = 0; r < 6; r++) {
 			CHECK_RC(kvt_seq_create(m, 920, 2048), 0);
-			CHECK_RC(kvt_prefill_layer(m, 920, 1, k, v, q, NULL), 0);
+			CHECK_RC(t_prefill_layer(m, 920, 1, k, v, q, NULL), 0);
 			CHECK_RC(kvt_seq_destroy(m, 920), 0);
 		}
 		free(k);

@@ -14,7 +14,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "check.h"
+#include "t_check.h"
 
 #include <errno.h>
 #include <math.h>
@@ -25,7 +25,8 @@
 #include <time.h>
 
 #include "backend.h"
-#include "common.h"
+#include "t_config.h"
+#include "t_data.h"
 #include "internal.h"
 
 /* ---- helpers ---------------------------------------------------------------------------- */

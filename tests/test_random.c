@@ -18,7 +18,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "check.h"
+#include "t_check.h"
 
 #include <errno.h>
 #include <math.h>
@@ -29,7 +29,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "t_backend.h"
+#include "t_config.h"
+#include "t_data.h"
 #include "internal.h"
 #include "policy.h"
 
@@ -109,7 +111,7 @@ static void model_init(struct model *md, const struct kvt_config *c)
 	memset(md, 0, sizeof(*md));
 	md->c = *c;
 	md->rb = (size_t)c->head_dim * kvt_dtype_size(c->dtype);
-	CHECK_RC(kvt_manager_create(c, &md->m), 0);
+	CHECK_RC(t_manager_create(c, &md->m), 0);
 }
 
 static void mseq_free(struct mseq *s)
@@ -473,8 +475,8 @@ static void op_prefill(struct model *md)
 		s->topk[l] = t_xmalloc((size_t)c->n_kv_heads * s->count * sizeof(int32_t));
 		CHECK_RC(kvt_snapkv_select(&sp, md->buf_k, md->buf_q, s->topk[l], md->scratch), 0);
 	}
-	rc = kvt_prefill_layer(md->m, s->id, l, md->buf_k, md->buf_v,
-			       s->count || t_rng_below(2) ? md->buf_q : NULL, NULL);
+	rc = t_prefill_layer(md->m, s->id, l, md->buf_k, md->buf_v,
+			     s->count || t_rng_below(2) ? md->buf_q : NULL, NULL);
 	/* the library must not read the caller's tensors after the call */
 	memset(md->buf_k, 0x5a, (size_t)c->n_kv_heads * s->L * md->rb);
 	memset(md->buf_v, 0xa5, (size_t)c->n_kv_heads * s->L * md->rb);
@@ -546,7 +548,7 @@ static void op_decode(struct model *md)
 	want = fresh > before.host_blocks_free / c->n_kv_heads ? -ENOMEM : 0;
 	reserve_bufs(md, (size_t)MAX_BATCH * c->n_kv_heads * md->rb);
 	t_fill_decode(c, ids, pos, n, l, md->buf_k, md->buf_v);
-	rc = kvt_decode_append(md->m, l, ids, n, md->buf_k, md->buf_v, NULL);
+	rc = t_decode_append(md->m, l, ids, n, md->buf_k, md->buf_v, NULL);
 	memset(md->buf_k, 0x77, (size_t)n * c->n_kv_heads * md->rb);
 	memset(md->buf_v, 0x88, (size_t)n * c->n_kv_heads * md->rb);
 	if (rc != want)
@@ -690,7 +692,7 @@ static void op_reject(struct model *md)
 			return;
 		ids[0] = ids[1] = s->id;
 		want = -EINVAL;
-		rc = kvt_decode_append(md->m, l, ids, 2, md->buf_k, md->buf_v, NULL);
+		rc = t_decode_append(md->m, l, ids, 2, md->buf_k, md->buf_v, NULL);
 		break;
 	case 1: /* an unknown id after a valid one */
 		if (!s->n[l] || s->n[l] % c->block_tokens == 0 || s->pre)
@@ -700,7 +702,7 @@ static void op_reject(struct model *md)
 		if (id_is_live(md, ids[1]))
 			return;
 		want = -ENOENT;
-		rc = kvt_decode_append(md->m, l, ids, 2, md->buf_k, md->buf_v, NULL);
+		rc = t_decode_append(md->m, l, ids, 2, md->buf_k, md->buf_v, NULL);
 		break;
 	case 2: /* a layer that is not prefilled, after a valid one */
 		if (s->n[l])
@@ -713,7 +715,7 @@ static void op_reject(struct model *md)
 			ids[0] = o->id;
 			ids[1] = s->id;
 			want = -EINVAL;
-			rc = kvt_decode_append(md->m, l, ids, 2, md->buf_k, md->buf_v, NULL);
+			rc = t_decode_append(md->m, l, ids, 2, md->buf_k, md->buf_v, NULL);
 		}
 		if (!want)
 			return;
@@ -724,7 +726,7 @@ static void op_reject(struct model *md)
 		want = -EEXIST;
 		/* the CUDA build's shim copies the whole prompt to the device before the call */
 		reserve_bufs(md, (size_t)md->c.n_kv_heads * s->L * md->rb);
-		rc = kvt_prefill_layer(md->m, s->id, l, md->buf_k, md->buf_v, md->buf_q, NULL);
+		rc = t_prefill_layer(md->m, s->id, l, md->buf_k, md->buf_v, md->buf_q, NULL);
 		break;
 	case 4: /* decode, prefill or recall of a preempted sequence */
 		if (!s->pre)
@@ -732,10 +734,10 @@ static void op_reject(struct model *md)
 		want = -EINVAL;
 		if (!s->n[l]) {
 			reserve_bufs(md, (size_t)md->c.n_kv_heads * s->L * md->rb);
-			rc = kvt_prefill_layer(md->m, s->id, l, md->buf_k, md->buf_v, md->buf_q,
-					       NULL);
+			rc = t_prefill_layer(md->m, s->id, l, md->buf_k, md->buf_v, md->buf_q,
+					     NULL);
 		} else if (t_rng_below(2)) {
-			rc = kvt_decode_append(md->m, l, &s->id, 1, md->buf_k, md->buf_v, NULL);
+			rc = t_decode_append(md->m, l, &s->id, 1, md->buf_k, md->buf_v, NULL);
 		} else {
 			uint32_t b = 0;
 

@@ -11,7 +11,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "check.h"
+#include "t_check.h"
 
 #include <errno.h>
 #include <math.h>
@@ -20,7 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
+#include "t_backend.h"
+#include "t_config.h"
+#include "t_data.h"
 #include "internal.h"
 #include "policy.h"
 
@@ -47,7 +49,7 @@ static struct kvt_manager *mk(const struct kvt_config *c)
 {
 	struct kvt_manager *m = NULL;
 
-	CHECK_RC(kvt_manager_create(c, &m), 0);
+	CHECK_RC(t_manager_create(c, &m), 0);
 	return m;
 }
 
@@ -61,7 +63,7 @@ static void prefill(struct kvt_manager *m, const struct kvt_config *c, uint64_t 
 	CHECK_RC(kvt_seq_create(m, seq, L), 0);
 	for (uint32_t l = 0; l < c->n_layers; l++) {
 		t_fill_prefill(c, seq, l, L, k, v, q);
-		CHECK_RC(kvt_prefill_layer(m, seq, l, k, v, q, NULL), 0);
+		CHECK_RC(t_prefill_layer(m, seq, l, k, v, q, NULL), 0);
 	}
 	free(k);
 	free(v);
@@ -80,7 +82,7 @@ static void decode(struct kvt_manager *m, const struct kvt_config *c, uint64_t s
 
 			CHECK_RC(kvt_seq_tokens(m, seq, l, &pos), 0);
 			t_fill_decode(c, &seq, &pos, 1, l, k, v);
-			CHECK_RC(kvt_decode_append(m, l, &seq, 1, k, v, NULL), 0);
+			CHECK_RC(t_decode_append(m, l, &seq, 1, k, v, NULL), 0);
 		}
 	free(k);
 	free(v);
@@ -289,7 +291,7 @@ static void test_recall_all_equals_full(void **state)
 
 		make_query(&c, seq, l, q, qf);
 		CHECK_RC(kvt_attend(m, seq, l, qf, before), 0); /* resident set only */
-		CHECK_RC(kvt_decode_recall(m, l, &seq, 1, q, NULL), 0);
+		CHECK_RC(t_decode_recall(m, l, &seq, 1, q, NULL), 0);
 		CHECK_RC(kvt_attend(m, seq, l, qf, got), 0);
 		full_attention(&c, seq, l, N, qf, want);
 		float diff = 0, moved = 0;
@@ -409,10 +411,10 @@ static void test_recall_finds_needle(void **state)
 		for (uint32_t d = 0; d < D; d++)
 			q[g * D + d] = d % 2 ? 1.0f : -1.0f;
 	CHECK_RC(kvt_seq_create(m, 1, L), 0);
-	CHECK_RC(kvt_prefill_layer(m, 1, 0, k, v, NULL, NULL), 0);
+	CHECK_RC(t_prefill_layer(m, 1, 0, k, v, NULL, NULL), 0);
 	uint64_t seq = 1;
 
-	CHECK_RC(kvt_decode_recall(m, 0, &seq, 1, q, NULL), 0);
+	CHECK_RC(t_decode_recall(m, 0, &seq, 1, q, NULL), 0);
 	struct kvt_recall_ref ref;
 	uint32_t n;
 
@@ -546,7 +548,7 @@ static void test_recall_errors(void **state)
 	sel[15] = 5;
 	/* 2 seqs x 2 heads x 4 distinct blocks = 16 > 8 frames */
 	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 2, sel, 4, NULL), -ENOSPC);
-	CHECK_RC(kvt_decode_recall(m, 0, seqs, 2, NULL, NULL), -EINVAL);
+	CHECK_RC(t_decode_recall(m, 0, seqs, 2, NULL, NULL), -EINVAL);
 	s1 = stats(m);
 	assert_memory_equal(&s0, &s1, sizeof(s0));
 	/* 1 seq x 2 heads x 4 = 8 fits exactly; repeats do not count against it */
@@ -557,28 +559,28 @@ static void test_recall_errors(void **state)
 	/* a preempted sequence takes no recall */
 	CHECK_RC(kvt_seq_preempt(m, 2), 0);
 	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 2, sel, 2, NULL), -EINVAL);
-	CHECK_RC(kvt_decode_recall(m, 0, seqs, 2, q, NULL), -EINVAL);
+	CHECK_RC(t_decode_recall(m, 0, seqs, 2, q, NULL), -EINVAL);
 	kvt_manager_destroy(m);
 
 	/* recall disabled / no cache */
 	c = t_small_config();
 	m = mk(&c);
 	prefill(m, &c, 1, 120);
-	CHECK_RC(kvt_decode_recall(m, 0, seqs, 1, q, NULL), -EINVAL);
+	CHECK_RC(t_decode_recall(m, 0, seqs, 1, q, NULL), -EINVAL);
 	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 1, sel, 4, NULL), -EINVAL);
 	assert_int_equal(stats(m).recall_frames_total, 0);
 	kvt_manager_destroy(m);
 	/* config: cache needed when r > 0, within device_bytes, ws window 1..64 */
 	c = t_small_config();
 	c.recall_blocks = 4;
-	assert_int_equal(kvt_manager_create(&c, &m), -EINVAL);
+	assert_int_equal(t_manager_create(&c, &m), -EINVAL);
 	c.recall_cache_bytes = c.device_bytes;
-	assert_int_equal(kvt_manager_create(&c, &m), -EINVAL);
+	assert_int_equal(t_manager_create(&c, &m), -EINVAL);
 	c.recall_cache_bytes = 1 << 20;
 	c.ws_window = 0;
-	assert_int_equal(kvt_manager_create(&c, &m), -EINVAL);
+	assert_int_equal(t_manager_create(&c, &m), -EINVAL);
 	c.ws_window = 65;
-	assert_int_equal(kvt_manager_create(&c, &m), -EINVAL);
+	assert_int_equal(t_manager_create(&c, &m), -EINVAL);
 	free(q);
 }
 
@@ -703,7 +705,7 @@ static void test_preempt_resume(void **state)
 	void *k = t_xmalloc(c.n_kv_heads * row), *v = t_xmalloc(c.n_kv_heads * row);
 	uint32_t np, nf, ns;
 
-	CHECK_RC(kvt_decode_append(m, 0, &seq, 1, k, v, NULL), -EINVAL);
+	CHECK_RC(t_decode_append(m, 0, &seq, 1, k, v, NULL), -EINVAL);
 	CHECK_RC(kvt_attend(m, seq, 0, qf, o1), -EINVAL);
 	CHECK_RC(kvt_seq_frames(m, seq, 0, 0, NULL, 0, &nf, &ns), -EINVAL);
 	CHECK_RC(kvt_seq_resident_positions(m, seq, 0, 0, NULL, 0, &np), 0);
@@ -726,7 +728,7 @@ static void test_preempt_resume(void **state)
 		size_t bytes = (size_t)c.n_kv_heads * 150 * row;
 		void *hk = t_xmalloc(bytes), *hv = t_xmalloc(bytes);
 		void *hq = t_xmalloc((size_t)c.n_q_heads * c.obs_window * row);
-		int rc = kvt_prefill_layer(m, hog + fits, 0, hk, hv, hq, NULL);
+		int rc = t_prefill_layer(m, hog + fits, 0, hk, hv, hq, NULL);
 
 		free(hk);
 		free(hv);

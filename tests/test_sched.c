@@ -15,7 +15,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "check.h"
+#include "t_check.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -23,7 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
+#include "t_backend.h"
+#include "t_config.h"
+#include "t_data.h"
 #include "policy.h"
 
 #define DIV_UP(a, b) (((a) + (b)-1) / (b))
@@ -135,7 +137,7 @@ static void eng_init(struct eng *e, const struct kvt_config *c, const struct kvt
 
 	memset(e, 0, sizeof(*e));
 	e->c = *c;
-	CHECK_RC(kvt_manager_create(c, &e->m), 0);
+	CHECK_RC(t_manager_create(c, &e->m), 0);
 	CHECK_RC(kvt_sched_create(e->m, sc, &e->s), 0);
 	e->rmax = sc->max_requests;
 	e->n_ids = n_ids;
@@ -261,7 +263,7 @@ static void eng_exec(struct eng *e, const struct kvt_sched_batch *b)
 		assert_true((size_t)H * t->L * rowb(c) <= e->kv_cap);
 		for (uint32_t l = it->layer_begin; l < it->layer_end; l++) {
 			t_fill_prefill(c, it->seq, l, t->L, e->k, e->v, e->q);
-			CHECK_RC(kvt_prefill_layer(e->m, it->seq, l, e->k, e->v, e->q, NULL), 0);
+			CHECK_RC(t_prefill_layer(e->m, it->seq, l, e->k, e->v, e->q, NULL), 0);
 		}
 		t->layers = it->layer_end;
 		if (t->layers == c->n_layers) {
@@ -271,7 +273,7 @@ static void eng_exec(struct eng *e, const struct kvt_sched_batch *b)
 	}
 	for (uint32_t l = 0; nd && l < c->n_layers; l++) {
 		t_fill_decode(c, e->dseq, e->dpos, nd, l, e->k, e->v);
-		CHECK_RC(kvt_decode_append(e->m, l, e->dseq, nd, e->k, e->v, NULL), 0);
+		CHECK_RC(t_decode_append(e->m, l, e->dseq, nd, e->k, e->v, NULL), 0);
 	}
 	if (nd && e->recall_r) {
 		uint32_t r = e->recall_r;
@@ -532,7 +534,7 @@ static void test_create_errors(void **state)
 	struct kvt_sched_batch b;
 
 	(void)state;
-	CHECK_RC(kvt_manager_create(&c, &m), 0);
+	CHECK_RC(t_manager_create(&c, &m), 0);
 	CHECK_RC(kvt_sched_create(NULL, &sc, &s), -EINVAL);
 	CHECK_RC(kvt_sched_create(m, NULL, &s), -EINVAL);
 	CHECK_RC(kvt_sched_create(m, &sc, NULL), -EINVAL);
@@ -606,7 +608,7 @@ static void test_submit_errors(void **state)
 	/* a sequence the engine prefilled already */
 	CHECK_RC(kvt_seq_create(e.m, 3, 40), 0);
 	t_fill_prefill(&c, 3, 0, 40, e.k, e.v, e.q);
-	CHECK_RC(kvt_prefill_layer(e.m, 3, 0, e.k, e.v, e.q, NULL), 0);
+	CHECK_RC(t_prefill_layer(e.m, 3, 0, e.k, e.v, e.q, NULL), 0);
 	CHECK_RC(kvt_sched_submit(e.s, 3, 3), -EINVAL);
 	CHECK_RC(kvt_seq_destroy(e.m, 3), 0);
 	CHECK_EQ(kvt_sched_pending(e.s), 1);
@@ -966,7 +968,7 @@ static void engine_seq_len(struct eng *e, uint64_t id, uint32_t L)
 	e->r[id] = (struct treq){.L = L, .live = true, .layers = e->c.n_layers, .tokens = L};
 	for (uint32_t l = 0; l < e->c.n_layers; l++) {
 		t_fill_prefill(&e->c, id, l, L, e->k, e->v, e->q);
-		CHECK_RC(kvt_prefill_layer(e->m, id, l, e->k, e->v, e->q, NULL), 0);
+		CHECK_RC(t_prefill_layer(e->m, id, l, e->k, e->v, e->q, NULL), 0);
 	}
 }
 

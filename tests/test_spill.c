@@ -23,7 +23,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "check.h"
+#include "t_check.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -40,7 +40,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "t_backend.h"
+#include "t_config.h"
+#include "t_data.h"
+#include "t_manager.h"
 #include "fault.h"
 #include "internal.h"
 #include "policy.h"
@@ -197,7 +200,7 @@ static struct kvt_manager *mk(const struct kvt_config *c)
 {
 	struct kvt_manager *m = NULL;
 
-	CHECK_RC(kvt_manager_create(c, &m), 0);
+	CHECK_RC(t_manager_create(c, &m), 0);
 	assert_non_null(m);
 	return m;
 }
@@ -268,7 +271,7 @@ static void prefill_n(struct kvt_manager *m, const struct kvt_config *c, uint64_
 		if (tokens_of(m, seq, l))
 			continue;
 		t_fill_prefill(c, seq, l, L, k, v, q);
-		CHECK_RC(kvt_prefill_layer(m, seq, l, k, v, q, NULL), want);
+		CHECK_RC(t_prefill_layer(m, seq, l, k, v, q, NULL), want);
 	}
 	free(k);
 	free(v);
@@ -294,7 +297,7 @@ static int decode_layer(struct kvt_manager *m, const struct kvt_config *c, const
 	for (uint32_t i = 0; i < n; i++)
 		pos[i] = tokens_of(m, seqs[i], layer);
 	t_fill_decode(c, seqs, pos, n, layer, k, v);
-	rc = kvt_decode_append(m, layer, seqs, n, k, v, NULL);
+	rc = t_decode_append(m, layer, seqs, n, k, v, NULL);
 	free(k);
 	free(v);
 	return rc;
@@ -634,7 +637,7 @@ static void test_spill_implicit_fetch(void **state)
 	for (uint32_t g = 0; g < c.n_q_heads; g++)
 		t_fill_row(c.dtype, c.head_dim, q + g * row, A, 1, 2000 + g, 7, 0);
 	CHECK_RC(kvt_seq_spill(m, A), 0);
-	CHECK_RC(kvt_decode_recall(m, 1, &A, 1, q, NULL), 0);
+	CHECK_RC(t_decode_recall(m, 1, &A, 1, q, NULL), 0);
 	CHECK_EQ(DISK(m, A), 0);
 	assert_true(check_view(m, &c, A, 1) > 0);
 
@@ -997,7 +1000,7 @@ static void test_spill_bad_config(void **state)
 	g_what = "bad config";
 	snprintf(path, sizeof(path), "%s/no-such-dir", f->dir);
 	c.spill_dir = path;
-	rc = kvt_manager_create(&c, &m);
+	rc = t_manager_create(&c, &m);
 	if (rc >= 0 || m)
 		fail_at(__FILE__, __LINE__, "spill_dir %s (missing): create returned %d", path, rc);
 	print_message("# missing spill_dir: %d (%s)\n", rc, kvt_strerror(rc));
@@ -1006,22 +1009,22 @@ static void test_spill_bad_config(void **state)
 	fp = fopen(path, "w");
 	assert_non_null(fp);
 	fclose(fp);
-	rc = kvt_manager_create(&c, &m);
+	rc = t_manager_create(&c, &m);
 	unlink(path);
 	if (rc >= 0 || m)
 		fail_at(__FILE__, __LINE__, "spill_dir %s (a file): create returned %d", path, rc);
 	print_message("# spill_dir a file: %d (%s)\n", rc, kvt_strerror(rc));
 
 	c.spill_dir = "";
-	rc = kvt_manager_create(&c, &m);
+	rc = t_manager_create(&c, &m);
 	if (rc >= 0 || m)
 		fail_at(__FILE__, __LINE__, "spill_dir \"\": create returned %d", rc);
 
 	c.spill_dir = f->dir;
 	c.disk_queue_depth = 0;
-	CHECK_RC(kvt_manager_create(&c, &m), -EINVAL);
+	CHECK_RC(t_manager_create(&c, &m), -EINVAL);
 	c.disk_queue_depth = 4097;
-	CHECK_RC(kvt_manager_create(&c, &m), -EINVAL);
+	CHECK_RC(t_manager_create(&c, &m), -EINVAL);
 	assert_null(m);
 	c.disk_queue_depth = 1; /* the least allowed works */
 	m = f->m = mk(&c);
@@ -1188,7 +1191,7 @@ static void test_spill_io_errors(void **state)
 
 		t_fill_prefill(&c, 34, 0, 32, k, v, q);
 		arm_io();
-		rc = kvt_prefill_layer(m, 34, 0, k, v, q, NULL);
+		rc = t_prefill_layer(m, 34, 0, k, v, q, NULL);
 		DISARM_IO();
 		free(k);
 		free(v);
@@ -1288,15 +1291,15 @@ static void test_spill_checksum(void **state)
 	lost_call(bad, sizeof(bad), "frames", kvt_seq_frames(m, A, 0, 0, frames, 8, &n, &ns));
 	lost_call(bad, sizeof(bad), "recall_view", kvt_seq_recall_view(m, A, 0, 0, refs, 8, &n));
 	lost_call(bad, sizeof(bad), "attend", kvt_attend(m, A, 0, qf, out));
-	lost_call(bad, sizeof(bad), "decode_append", kvt_decode_append(m, 0, &A, 1, k, v, NULL));
-	lost_call(bad, sizeof(bad), "decode_recall", kvt_decode_recall(m, 0, &A, 1, q, NULL));
+	lost_call(bad, sizeof(bad), "decode_append", t_decode_append(m, 0, &A, 1, k, v, NULL));
+	lost_call(bad, sizeof(bad), "decode_recall", t_decode_recall(m, 0, &A, 1, q, NULL));
 	lost_call(bad, sizeof(bad), "recall_blocks", kvt_recall_blocks(m, 0, &A, 1, blk, 2, NULL));
-	lost_call(bad, sizeof(bad), "prefill_layer", kvt_prefill_layer(m, A, 0, k, v, q, NULL));
+	lost_call(bad, sizeof(bad), "prefill_layer", t_prefill_layer(m, A, 0, k, v, q, NULL));
 	lost_call(bad, sizeof(bad), "preempt", kvt_seq_preempt(m, A));
 	lost_call(bad, sizeof(bad), "resume", kvt_seq_resume(m, A, NULL));
 	x = tokens_of(m, B, 0);
 	lost_call(bad, sizeof(bad), "decode_append(B, A)",
-		  kvt_decode_append(m, 0, ba, 2, k, v, NULL));
+		  t_decode_append(m, 0, ba, 2, k, v, NULL));
 	CHECK_EQ(tokens_of(m, B, 0), x); /* all or nothing */
 	st = stats_of(m);
 	CHECK_EQ(st.seqs_lost, 1);
@@ -1401,7 +1404,7 @@ static void test_spill_engine(void **state)
 	/* anything else fails create and writes nothing */
 	set_engine("io_uring");
 	m = (struct kvt_manager *)&m;
-	CHECK_RC(kvt_manager_create(&c, &m), -EINVAL);
+	CHECK_RC(t_manager_create(&c, &m), -EINVAL);
 	assert_ptr_equal(m, (struct kvt_manager *)&m);
 	f->m = NULL;
 
@@ -1647,7 +1650,7 @@ static void test_spill_alloc_faults(void **state)
 			else if (op == 1)
 				rc = kvt_seq_fetch(m, &A, 1);
 			else
-				rc = kvt_prefill_layer(m, C, 1, k, v, q, NULL);
+				rc = t_prefill_layer(m, C, 1, k, v, q, NULL);
 			hit = kvt_fault_fired();
 			kvt_fault_disarm();
 			if (!hit) {
@@ -1710,9 +1713,9 @@ static void test_spill_model(void **state)
 		ids[i] = 60 + i;
 		CHECK_RC(kvt_seq_create(m, ids[i], 32), 0); /* 8 groups per sequence */
 		for (uint32_t l = 0; l < c.n_layers; l++)
-			CHECK_RC(kvt_prefill_layer(m, ids[i], l, dummy, dummy + 64, dummy + 128,
-						   NULL),
-				 0);
+			CHECK_RC(
+				t_prefill_layer(m, ids[i], l, dummy, dummy + 64, dummy + 128, NULL),
+				0);
 	}
 	s0 = stats_of(m);
 	assert_true(s0.disk_blocks_spilled > 0);
@@ -1725,7 +1728,7 @@ static void test_spill_model(void **state)
 	CHECK_EQ(DISK(m, ids[5]), 16);
 	CHECK_RC(kvt_seq_fetch(m, &ids[0], 1), 0);
 	CHECK_EQ(DISK(m, ids[0]), 0);
-	CHECK_RC(kvt_decode_append(m, 0, &ids[1], 1, dummy, dummy + 64, NULL), 0);
+	CHECK_RC(t_decode_append(m, 0, &ids[1], 1, dummy, dummy + 64, NULL), 0);
 	CHECK_EQ(DISK(m, ids[1]), 0);
 	s1 = stats_of(m);
 	assert_true(s1.disk_blocks_fetched > 0);
@@ -2062,7 +2065,7 @@ static void do_prefill(struct rrun *r, struct rseq *s, uint32_t l)
 	fill_random(r, r->k, (size_t)c->n_kv_heads * s->L * c->head_dim);
 	fill_random(r, r->v, (size_t)c->n_kv_heads * s->L * c->head_dim);
 	fill_random(r, r->q, nq);
-	rc = kvt_prefill_layer(r->m, s->id, l, r->k, r->v, r->q, NULL);
+	rc = t_prefill_layer(r->m, s->id, l, r->k, r->v, r->q, NULL);
 	if (dev_short ? rc != -ENOMEM : rc != 0 && !may_fail(r, rc, need + blocks_of(r, s)))
 		fail_at(__FILE__, __LINE__,
 			"prefill seq %llu layer %u (L %u: %llu blocks; seq holds %llu; host %llu; "
@@ -2221,7 +2224,7 @@ static void op_decode(struct rrun *r)
 	reserve_tok(r, R_BATCH);
 	fill_random(r, r->k, (size_t)n * c->n_kv_heads * c->head_dim);
 	fill_random(r, r->v, (size_t)n * c->n_kv_heads * c->head_dim);
-	rc = kvt_decode_append(r->m, l, ids, n, r->k, r->v, NULL);
+	rc = t_decode_append(r->m, l, ids, n, r->k, r->v, NULL);
 	if (rc != 0 && !may_fail(r, rc, need))
 		fail_at(__FILE__, __LINE__,
 			"decode of %u sequences on layer %u (%llu blocks with the new ones; host "
@@ -2280,7 +2283,7 @@ static void op_recall(struct rrun *r)
 	if (t_rng_below(2)) {
 		reserve_tok(r, R_BATCH);
 		fill_random(r, r->q, (size_t)n * c->n_q_heads * c->head_dim);
-		rc = kvt_decode_recall(r->m, l, ids, n, r->q, NULL);
+		rc = t_decode_recall(r->m, l, ids, n, r->q, NULL);
 	} else {
 		rc = kvt_recall_blocks(r->m, l, ids, n, sel, rr, NULL);
 	}

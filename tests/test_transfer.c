@@ -17,7 +17,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "check.h"
+#include "t_check.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -27,9 +27,10 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "plugin.h"
 #include "savepool.h"
-#include "plugin.h" /* before common.h: t_auto_backend */
-#include "common.h"
+#include "t_backend.h"
+#include "t_manager.h"
 
 static const uint32_t thread_counts[] = {0, 1, 4};
 #define N_THREAD_COUNTS (sizeof(thread_counts) / sizeof(thread_counts[0]))
