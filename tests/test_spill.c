@@ -44,6 +44,7 @@
 #include "t_config.h"
 #include "t_data.h"
 #include "t_manager.h"
+#include "t_ops.h"
 #include "fault.h"
 #include "internal.h"
 #include "policy.h"
@@ -52,18 +53,8 @@
 
 /* ---- context for failure messages ------------------------------------------------------- */
 
-static uint64_t g_seed;
-static long g_op = -1;
-static const char *g_what = "setup";
-
-static void run_context(char *buf, size_t len)
-{
-	if (g_op >= 0)
-		snprintf(buf, len, "seed %llu, op %ld (%s): ", (unsigned long long)g_seed, g_op,
-			 g_what);
-	else
-		snprintf(buf, len, "%s: ", g_what);
-}
+/* t_ops.h's t_seed, t_op and t_what: the seed and operation of the no-loss runs, the step of
+   the others. */
 
 static double now_s(void)
 {
@@ -117,7 +108,7 @@ static int fix_teardown(void **state)
 	char p[PATH_MAX + 256];
 
 	kvt_fault_disarm();
-	g_op = -1;
+	t_op = -1;
 	fdestroy(f);
 	if (g_engine)
 		setenv("KVTIER_DISK_IO", g_engine, 1);
@@ -407,7 +398,7 @@ static void test_spill_roundtrip(void **state)
 	uint64_t A = 1, B = 2, C = 3, nA, nB, bad = 999, two[2] = {1, 2};
 	off_t size_a;
 
-	g_what = "roundtrip";
+	t_what = "roundtrip";
 	m = f->m = mk(&c);
 	prefill(m, &c, A, 100);
 	prefill(m, &c, B, 37);
@@ -556,7 +547,7 @@ static void test_spill_private(void **state)
 	struct stat fst;
 	uint32_t n;
 
-	g_what = "private";
+	t_what = "private";
 	snprintf(dir, sizeof(dir), "%s", f->dir);
 	m = f->m = mk(&c);
 	memset(dir, 'x', sizeof(dir) - 1); /* the manager keeps its own copy */
@@ -613,7 +604,7 @@ static void test_spill_implicit_fetch(void **state)
 	uint8_t gk[64], gv[64], wk[64], wv[64];
 	struct kvt_stats st;
 
-	g_what = "implicit fetch";
+	t_what = "implicit fetch";
 	c.recall_blocks = 2;
 	c.recall_cache_bytes = 64 * 2 * c.block_tokens * rowb(&c);
 	c.device_bytes += c.recall_cache_bytes;
@@ -705,7 +696,7 @@ static void test_spill_auto_lru(void **state)
 	uint64_t A = 21, B = 22, C = 23, D = 24, E = 25, ade[3] = {21, 24, 25};
 	uint32_t tok[3];
 
-	g_what = "automatic spill";
+	t_what = "automatic spill";
 	m = f->m = mk(&c);
 	/* 32-token prompts: 4 groups per layer, 8 per sequence; three fill the host tier */
 	prefill(m, &c, A, 32);
@@ -977,10 +968,10 @@ static void test_spill_disk_limit(void **state)
 	struct fix *f = *state;
 	uint64_t bytes = 48 << 10, T, unit;
 
-	g_what = "disk limit";
+	t_what = "disk limit";
 	T = disk_limit_case(f, bytes);
 	unit = bytes / (T / 2); /* file bytes of one block group (2 kv heads) */
-	g_what = "disk limit, partly free";
+	t_what = "disk limit, partly free";
 	disk_limit_case(f, bytes - unit);
 }
 
@@ -997,7 +988,7 @@ static void test_spill_bad_config(void **state)
 	FILE *fp;
 	int rc;
 
-	g_what = "bad config";
+	t_what = "bad config";
 	snprintf(path, sizeof(path), "%s/no-such-dir", f->dir);
 	c.spill_dir = path;
 	rc = t_manager_create(&c, &m);
@@ -1086,7 +1077,7 @@ static void test_spill_io_errors(void **state)
 	uint32_t nt;
 	int rc;
 
-	g_what = "I/O errors";
+	t_what = "I/O errors";
 	m = f->m = mk(&c);
 	prefill(m, &c, A, 90);
 	prefill(m, &c, B, 50);
@@ -1244,7 +1235,7 @@ static void test_spill_checksum(void **state)
 	uint32_t n, ns, blk[4] = {0, 1, 0, 1};
 	uint32_t pos_c;
 
-	g_what = "checksum";
+	t_what = "checksum";
 	c.recall_blocks = 2;
 	c.recall_cache_bytes = 16 * 2 * c.block_tokens * rowb(&c);
 	c.device_bytes += c.recall_cache_bytes;
@@ -1387,7 +1378,7 @@ static void test_spill_engine(void **state)
 	uint64_t A = 51, B = 52, C = 53, two[2] = {51, 52}, nA, nB, ios, errs;
 	bool ring = uring_allowed();
 
-	g_what = "engine";
+	t_what = "engine";
 	print_message("# engine: io_uring %s here\n", ring ? "allowed" : "refused");
 	c.disk_queue_depth = 2; /* batches of many units keep I/Os in flight between submits */
 
@@ -1622,7 +1613,7 @@ static void test_spill_alloc_faults(void **state)
 	size_t rb = rowb(&c);
 	void *k = t_xmalloc(2 * 60 * rb), *v = t_xmalloc(2 * 60 * rb), *q = t_xmalloc(4 * 4 * rb);
 
-	g_what = "allocation faults";
+	t_what = "allocation faults";
 	m = f->m = mk(&c);
 	prefill(m, &c, A, 60); /* 16 groups each */
 	prefill(m, &c, B, 60);
@@ -1704,7 +1695,7 @@ static void test_spill_model(void **state)
 	struct kvt_stats s0, s1;
 	uint64_t ids[6];
 
-	g_what = "model backend";
+	t_what = "model backend";
 	c.backend = KVT_BACKEND_MODEL;
 	c.spill_dir = f->dir;
 	c.host_bytes = budget(&c, 20);
@@ -1764,27 +1755,32 @@ static void test_spill_model(void **state)
 #define NL 3
 #define R_LIVE 100
 #define R_BATCH 8
-#define R_DEAD 64
 
-struct rseq {
-	uint64_t id;
-	uint32_t L, fph; /* prompt; device frame groups per layer */
-	uint32_t n[NL], cap[NL];
-	uint64_t *sum[NL]; /* checksum of each token written, per layer */
-	bool pre;
-	uint32_t spills; /* explicit spills, for failure messages */
+/* What the run keeps of a live sequence beyond t_ops.h's struct t_seq (its priv). */
+struct sums {
+	uint32_t cap[NL];
+	uint64_t *sum[NL]; /* checksum of each token written, per layer (t_seq.n[l] of them) */
+	uint32_t spills;   /* explicit spills, for failure messages */
 };
 
+static struct sums *sums_of(const struct t_seq *s)
+{
+	return s->priv;
+}
+
+static void sums_free(void *priv)
+{
+	struct sums *x = priv;
+
+	for (int l = 0; l < NL; l++)
+		free(x->sum[l]);
+}
+
+/* The run (live sequences, manager, configuration) and what the manager's counters must say. */
 struct rrun {
-	struct kvt_config c;
-	struct kvt_manager *m;
+	struct t_run run; /* first: the ops get the run */
 	const char *dir;
-	struct rseq live[R_LIVE];
-	uint32_t n_live;
-	uint64_t dead[R_DEAD];
-	uint32_t n_dead;
-	size_t rb;
-	uint64_t host_total, dev_frames_per_seq_max;
+	uint64_t host_total, dev_frames_per_seq_max, max_live;
 	/* what the manager's counters must say */
 	uint64_t tokens_prompt, tokens_appended, prefill_layers, decode_calls;
 	/* buffers */
@@ -1792,7 +1788,7 @@ struct rrun {
 	float *f;
 	size_t cap_tok; /* tokens the k/v buffers hold (all heads) */
 	/* figures */
-	uint64_t created, destroyed, prefills, decodes, decoded, recalls, preempts, resumes;
+	uint64_t prefills, decodes, decoded, recalls, preempts, resumes;
 	uint64_t spills, fetches, fetched_seqs;
 	bool fault_ok;	   /* an I/O fault is armed: -EIO is a right answer too */
 	bool disk_limited; /* disk_bytes set: -ENOMEM (-ENOSPC) may come whenever the file is full
@@ -1828,9 +1824,9 @@ static uint64_t tok_sum(const struct rrun *r, const uint8_t *k, const uint8_t *v
 {
 	uint64_t h = 0x6b7674696572ull;
 
-	for (uint32_t hd = 0; hd < r->c.n_kv_heads; hd++) {
-		h = hash_bytes(h, k + hd * stride, r->rb);
-		h = hash_bytes(h, v + hd * stride, r->rb);
+	for (uint32_t hd = 0; hd < r->run.c.n_kv_heads; hd++) {
+		h = hash_bytes(h, k + hd * stride, r->run.rb);
+		h = hash_bytes(h, v + hd * stride, r->run.rb);
 	}
 	return h;
 }
@@ -1840,12 +1836,12 @@ static void fill_random(struct rrun *r, void *dst, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		r->f[i] = (float)((int)t_rng_below(256) - 128) / 128.0f;
-	kvt_from_f32(r->c.dtype, r->f, dst, n);
+	kvt_from_f32(r->run.c.dtype, r->f, dst, n);
 }
 
 static void reserve_tok(struct rrun *r, size_t tokens)
 {
-	size_t q_elems = (size_t)R_BATCH * r->c.n_q_heads * r->c.head_dim;
+	size_t q_elems = (size_t)R_BATCH * r->run.c.n_q_heads * r->run.c.head_dim;
 
 	if (tokens <= r->cap_tok)
 		return;
@@ -1853,53 +1849,46 @@ static void reserve_tok(struct rrun *r, size_t tokens)
 	free(r->v);
 	free(r->q);
 	free(r->f);
-	r->k = t_xmalloc(tokens * r->c.n_kv_heads * r->rb);
-	r->v = t_xmalloc(tokens * r->c.n_kv_heads * r->rb);
-	r->q = t_xmalloc((q_elems + (size_t)r->c.n_q_heads * r->c.obs_window * r->c.head_dim) * 4);
-	r->f = t_xmalloc((tokens * r->c.n_kv_heads * r->c.head_dim + q_elems +
-			  (size_t)r->c.n_q_heads * r->c.obs_window * r->c.head_dim) *
+	r->k = t_xmalloc(tokens * r->run.c.n_kv_heads * r->run.rb);
+	r->v = t_xmalloc(tokens * r->run.c.n_kv_heads * r->run.rb);
+	r->q = t_xmalloc(
+		(q_elems + (size_t)r->run.c.n_q_heads * r->run.c.obs_window * r->run.c.head_dim) *
+		4);
+	r->f = t_xmalloc((tokens * r->run.c.n_kv_heads * r->run.c.head_dim + q_elems +
+			  (size_t)r->run.c.n_q_heads * r->run.c.obs_window * r->run.c.head_dim) *
 			 sizeof(float));
 	r->cap_tok = tokens;
 }
 
-static void push_sum(struct rseq *s, uint32_t l, uint64_t h)
+static void push_sum(struct t_seq *s, uint32_t l, uint64_t h)
 {
-	if (s->n[l] == s->cap[l]) {
-		uint32_t cap = s->cap[l] ? 2 * s->cap[l] : 64;
-		uint64_t *p = realloc(s->sum[l], cap * sizeof(uint64_t));
+	struct sums *x = sums_of(s);
+
+	if (s->n[l] == x->cap[l]) {
+		uint32_t cap = x->cap[l] ? 2 * x->cap[l] : 64;
+		uint64_t *p = realloc(x->sum[l], cap * sizeof(uint64_t));
 
 		assert_non_null(p);
-		s->sum[l] = p;
-		s->cap[l] = cap;
+		x->sum[l] = p;
+		x->cap[l] = cap;
 	}
-	s->sum[l][s->n[l]++] = h;
+	x->sum[l][s->n[l]++] = h;
 }
 
-static void rseq_free(struct rseq *s)
+static struct rrun *rr_of(struct t_run *run)
 {
-	for (int l = 0; l < NL; l++)
-		free(s->sum[l]);
-	memset(s, 0, sizeof(*s));
+	return (struct rrun *)run;
 }
 
 /* Frees what the run allocated (not its manager). */
 static void rrun_free(struct rrun *r)
 {
-	for (uint32_t i = 0; i < r->n_live; i++)
-		rseq_free(&r->live[i]);
+	t_run_fini(&r->run);
 	free(r->k);
 	free(r->v);
 	free(r->q);
 	free(r->f);
 	free(r);
-}
-
-static struct rseq *find_live(struct rrun *r, uint64_t id)
-{
-	for (uint32_t i = 0; i < r->n_live; i++)
-		if (r->live[i].id == id)
-			return &r->live[i];
-	return NULL;
 }
 
 /* Whether rc is an acceptable failure of a call that needs `need` host blocks for its own
@@ -1912,38 +1901,38 @@ static bool may_fail(const struct rrun *r, int rc, uint64_t need)
 }
 
 /* All host blocks of s (on disk or not), from the model. */
-static uint64_t blocks_of(const struct rrun *r, const struct rseq *s)
+static uint64_t blocks_of(const struct rrun *r, const struct t_seq *s)
 {
 	uint64_t b = 0;
 
-	for (uint32_t l = 0; l < r->c.n_layers; l++)
-		b += (uint64_t)r->c.n_kv_heads * DIV_UP(s->n[l], r->c.block_tokens);
+	for (uint32_t l = 0; l < r->run.c.n_layers; l++)
+		b += (uint64_t)r->run.c.n_kv_heads * DIV_UP(s->n[l], r->run.c.block_tokens);
 	return b;
 }
 
-static uint64_t dev_need(const struct rrun *r, const struct rseq *s)
+static uint64_t dev_need(const struct rrun *r, const struct t_seq *s)
 {
 	uint64_t f = 0;
 
-	for (uint32_t l = 0; l < r->c.n_layers; l++)
-		f += s->n[l] ? (uint64_t)r->c.n_kv_heads * s->fph : 0;
+	for (uint32_t l = 0; l < r->run.c.n_layers; l++)
+		f += s->n[l] ? (uint64_t)r->run.c.n_kv_heads * s->fph : 0;
 	return f;
 }
 
 /* After every operation: token counts, blocks on host and on disk, frames, counters. */
 static void check_cheap(struct rrun *r)
 {
-	const struct kvt_config *c = &r->c;
-	struct kvt_stats st = stats_of(r->m);
+	const struct kvt_config *c = &r->run.c;
+	struct kvt_stats st = stats_of(r->run.m);
 	uint64_t on_host = 0, on_disk = 0, frames = 0;
 
-	for (uint32_t i = 0; i < r->n_live; i++) {
-		const struct rseq *s = &r->live[i];
-		struct kvt_seq_info in = info_of(r->m, s->id);
+	for (uint32_t i = 0; i < r->run.n_live; i++) {
+		const struct t_seq *s = &r->run.live[i];
+		struct kvt_seq_info in = info_of(r->run.m, s->id);
 		uint64_t hb = blocks_of(r, s);
 
 		for (uint32_t l = 0; l < c->n_layers; l++) {
-			uint32_t n = tokens_of(r->m, s->id, l);
+			uint32_t n = tokens_of(r->run.m, s->id, l);
 
 			if (n != s->n[l])
 				fail_at(__FILE__, __LINE__,
@@ -1963,7 +1952,7 @@ static void check_cheap(struct rrun *r)
 		on_disk += in.disk_blocks;
 		frames += in.device_frames;
 	}
-	CHECK_EQ(st.live_seqs, r->n_live);
+	CHECK_EQ(st.live_seqs, r->run.n_live);
 	CHECK_EQ(st.host_blocks_used, on_host);
 	CHECK_EQ(st.disk_blocks_used, on_disk);
 	CHECK_EQ(st.device_frames_used, frames);
@@ -1983,22 +1972,23 @@ static void check_cheap(struct rrun *r)
 /* Reads every token of s back (every head; also from the host history when host is set) and
    compares its checksum; mismatches are counted (the first few printed). 0, or -ENOMEM when
    the spill file is limited and full, so s could not be fetched. */
-static int readback(struct rrun *r, const struct rseq *s, bool host)
+static int readback(struct rrun *r, const struct t_seq *s, bool host)
 {
-	const struct kvt_config *c = &r->c;
+	const struct kvt_config *c = &r->run.c;
 	uint8_t k[8 * 256], v[8 * 256];
 
-	assert_true(c->n_kv_heads * r->rb <= sizeof(k));
+	assert_true(c->n_kv_heads * r->run.rb <= sizeof(k));
 	for (uint32_t l = 0; l < c->n_layers; l++)
 		for (uint32_t p = 0; p < s->n[l]; p++)
 			for (int pass = 0; pass < (host ? 2 : 1); pass++) {
 				for (uint32_t h = 0; h < c->n_kv_heads; h++) {
-					int rc = pass ? kvt_seq_read_token_host(r->m, s->id, l, h,
-										p, k + h * r->rb,
-										v + h * r->rb)
-						      : kvt_seq_read_token(r->m, s->id, l, h, p,
-									   k + h * r->rb,
-									   v + h * r->rb);
+					int rc = pass ? kvt_seq_read_token_host(r->run.m, s->id, l,
+										h, p,
+										k + h * r->run.rb,
+										v + h * r->run.rb)
+						      : kvt_seq_read_token(r->run.m, s->id, l, h, p,
+									   k + h * r->run.rb,
+									   v + h * r->run.rb);
 
 					if (rc == -ENOMEM && r->disk_limited) {
 						r->unread++;
@@ -2011,7 +2001,7 @@ static int readback(struct rrun *r, const struct rseq *s, bool host)
 							(unsigned long long)s->id, l, h, p, rc,
 							kvt_strerror(rc));
 				}
-				if (tok_sum(r, k, v, r->rb) != s->sum[l][p]) {
+				if (tok_sum(r, k, v, r->run.rb) != sums_of(s)->sum[l][p]) {
 					if (r->mismatches < 10)
 						print_error(
 							"# MISMATCH (%s) seq %llu layer %u pos %u "
@@ -2019,7 +2009,7 @@ static int readback(struct rrun *r, const struct rseq *s, bool host)
 							"%s)\n",
 							pass ? "host history" : "read_token",
 							(unsigned long long)s->id, l, p, s->n[l],
-							s->L, s->spills,
+							s->L, sums_of(s)->spills,
 							s->pre ? "preempted" : "resident");
 					r->mismatches++;
 				}
@@ -2027,45 +2017,31 @@ static int readback(struct rrun *r, const struct rseq *s, bool host)
 			}
 	/* reading the host history brought it all back */
 	if (host && blocks_of(r, s))
-		CHECK_EQ(DISK(r->m, s->id), 0);
+		CHECK_EQ(DISK(r->run.m, s->id), 0);
 	r->seqs_checked++;
 	return 0;
-}
-
-static uint32_t random_prompt(const struct kvt_config *c)
-{
-	uint32_t sr = c->sink_tokens + c->recent_tokens;
-
-	switch (t_rng_below(4)) {
-	case 0:
-		return 1 + t_rng_below(sr + 1);
-	case 1:
-		return sr + 1 + t_rng_below(c->obs_window + c->topk_tokens + 2);
-	default:
-		return sr + 1 + t_rng_below(120);
-	}
 }
 
 /* Prefills layer l of s (not preempted, l not prefilled) with random data. Must succeed when
    the device has the frames and the host tier could hold every block of s plus the layer
    (everything else spilled); -ENOMEM when the device is short; otherwise either. */
-static void do_prefill(struct rrun *r, struct rseq *s, uint32_t l)
+static void do_prefill(struct rrun *r, struct t_seq *s, uint32_t l)
 {
-	const struct kvt_config *c = &r->c;
-	struct kvt_stats st = stats_of(r->m);
+	const struct kvt_config *c = &r->run.c;
+	struct kvt_stats st = stats_of(r->run.m);
 	uint64_t need = (uint64_t)c->n_kv_heads * DIV_UP(s->L, c->block_tokens);
 	bool dev_short = (uint64_t)c->n_kv_heads * s->fph > st.device_frames_free;
 	size_t nq = (size_t)c->n_q_heads * c->obs_window * c->head_dim;
 	uint64_t disk0;
 	int rc;
 
-	g_what = "prefill";
-	disk0 = DISK(r->m, s->id);
+	t_what = "prefill";
+	disk0 = DISK(r->run.m, s->id);
 	reserve_tok(r, s->L);
 	fill_random(r, r->k, (size_t)c->n_kv_heads * s->L * c->head_dim);
 	fill_random(r, r->v, (size_t)c->n_kv_heads * s->L * c->head_dim);
 	fill_random(r, r->q, nq);
-	rc = t_prefill_layer(r->m, s->id, l, r->k, r->v, r->q, NULL);
+	rc = t_prefill_layer(r->run.m, s->id, l, r->k, r->v, r->q, NULL);
 	if (dev_short ? rc != -ENOMEM : rc != 0 && !may_fail(r, rc, need + blocks_of(r, s)))
 		fail_at(__FILE__, __LINE__,
 			"prefill seq %llu layer %u (L %u: %llu blocks; seq holds %llu; host %llu; "
@@ -2073,11 +2049,11 @@ static void do_prefill(struct rrun *r, struct rseq *s, uint32_t l)
 			(unsigned long long)s->id, l, s->L, (unsigned long long)need,
 			(unsigned long long)blocks_of(r, s), (unsigned long long)r->host_total,
 			dev_short ? "device short" : "device has room", rc, kvt_strerror(rc));
-	if (DISK(r->m, s->id) > disk0)
+	if (DISK(r->run.m, s->id) > disk0)
 		fail_at(__FILE__, __LINE__,
 			"prefill of seq %llu layer %u (returned %d) spilled its own blocks: %llu on "
 			"disk, %llu before",
-			(unsigned long long)s->id, l, rc, (unsigned long long)DISK(r->m, s->id),
+			(unsigned long long)s->id, l, rc, (unsigned long long)DISK(r->run.m, s->id),
 			(unsigned long long)disk0);
 	if (rc) {
 		if (rc == -EIO)
@@ -2087,76 +2063,53 @@ static void do_prefill(struct rrun *r, struct rseq *s, uint32_t l)
 		return;
 	}
 	for (uint32_t p = 0; p < s->L; p++)
-		push_sum(s, l, tok_sum(r, r->k + p * r->rb, r->v + p * r->rb, s->L * r->rb));
+		push_sum(s, l,
+			 tok_sum(r, r->k + p * r->run.rb, r->v + p * r->run.rb, s->L * r->run.rb));
 	/* the library must not read the caller's tensors after the call */
-	memset(r->k, 0x5a, (size_t)c->n_kv_heads * s->L * r->rb);
-	memset(r->v, 0xa5, (size_t)c->n_kv_heads * s->L * r->rb);
+	memset(r->k, 0x5a, (size_t)c->n_kv_heads * s->L * r->run.rb);
+	memset(r->v, 0xa5, (size_t)c->n_kv_heads * s->L * r->run.rb);
 	r->tokens_prompt += s->L;
 	r->prefill_layers++;
 	r->prefills++;
 }
 
-static void op_create(struct rrun *r)
+/* Creates a sequence (t_run_create) while there is room for it, else destroys one; half of
+   those created are prefilled at once, every layer. */
+static void op_create(struct t_run *run)
 {
-	const struct kvt_config *c = &r->c;
-	struct rseq *s;
-	uint64_t id;
-	uint32_t L = random_prompt(c);
-	struct kvt_snapkv sp = t_snapkv_of(c, L);
+	struct t_seq *s;
 
-	g_what = "create";
-	if (r->n_dead && t_rng_below(4) == 0) {
-		uint32_t k = t_rng_below(r->n_dead);
-
-		id = r->dead[k]; /* ids of destroyed sequences come back */
-		r->dead[k] = r->dead[--r->n_dead];
-	} else {
-		id = t_rng_below(8) == 0 ? t_rng_below(2000) : t_rng_next();
-	}
-	if (find_live(r, id))
+	if (run->n_live >= R_LIVE) {
+		t_run_destroy(run);
 		return;
-	CHECK_RC(kvt_seq_create(r->m, id, L), 0);
-	s = &r->live[r->n_live++];
-	memset(s, 0, sizeof(*s));
-	s->id = id;
-	s->L = L;
-	s->fph = DIV_UP(c->sink_tokens + c->recent_tokens + kvt_snapkv_count(&sp), c->block_tokens);
-	r->created++;
-	if (t_rng_below(2)) /* prefilled at once, every layer */
-		for (uint32_t l = 0; l < c->n_layers; l++) {
-			do_prefill(r, s, l);
+	}
+	s = t_run_create(run);
+	if (s && t_rng_below(2))
+		for (uint32_t l = 0; l < run->c.n_layers; l++) {
+			do_prefill(rr_of(run), s, l);
 			if (!s->n[l])
 				break;
 		}
 }
 
-static void op_destroy(struct rrun *r)
+/* Destroys a sequence while more than 10 live, else creates one. */
+static void op_destroy(struct t_run *run)
 {
-	uint32_t i;
-
-	g_what = "destroy";
-	if (!r->n_live)
-		return;
-	i = t_rng_below(r->n_live);
-	CHECK_RC(kvt_seq_destroy(r->m, r->live[i].id), 0);
-	if (r->n_dead < R_DEAD)
-		r->dead[r->n_dead++] = r->live[i].id;
+	if (run->n_live > 10)
+		t_run_destroy(run);
 	else
-		r->dead[t_rng_below(R_DEAD)] = r->live[i].id;
-	rseq_free(&r->live[i]);
-	r->live[i] = r->live[--r->n_live];
-	memset(&r->live[r->n_live], 0, sizeof(r->live[0]));
-	r->destroyed++;
+		op_create(run);
 }
 
 /* One layer, or every layer left, of a sequence that is not preempted. */
-static void op_prefill(struct rrun *r)
+static void op_prefill(struct t_run *run)
 {
-	const struct kvt_config *c = &r->c;
-	struct rseq *s = NULL;
+	struct rrun *r = rr_of(run);
+	const struct kvt_config *c = &r->run.c;
+	struct t_seq *s = NULL;
 
-	for (int tries = 0; tries < 8 && !s && r->n_live; tries++) {
-		struct rseq *t = &r->live[t_rng_below(r->n_live)];
+	for (int tries = 0; tries < 8 && !s && r->run.n_live; tries++) {
+		struct t_seq *t = &r->run.live[t_rng_below(r->run.n_live)];
 
 		for (uint32_t l = 0; l < c->n_layers && !s; l++)
 			if (!t->n[l] && !t->pre)
@@ -2180,40 +2133,18 @@ static void op_prefill(struct rrun *r)
 	}
 }
 
-/* Resident sequences prefilled on layer l, shuffled; up to max of them into out. */
-static uint32_t pick_batch(struct rrun *r, uint32_t l, struct rseq **out, uint32_t max)
-{
-	struct rseq *cand[R_LIVE];
-	uint32_t n_cand = 0, n;
-
-	for (uint32_t i = 0; i < r->n_live; i++)
-		if (r->live[i].n[l] && !r->live[i].pre)
-			cand[n_cand++] = &r->live[i];
-	if (!n_cand)
-		return 0;
-	n = 1 + t_rng_below(n_cand < max ? n_cand : max);
-	for (uint32_t i = 0; i < n; i++) {
-		uint32_t j = i + t_rng_below(n_cand - i);
-		struct rseq *t = cand[i];
-
-		cand[i] = cand[j];
-		cand[j] = t;
-		out[i] = cand[i];
-	}
-	return n;
-}
-
 /* One token for a random batch on a random layer. Must succeed when the host tier could hold
    every block of the batch plus the new ones (everything else spilled). */
-static void op_decode(struct rrun *r)
+static void op_decode(struct t_run *run)
 {
-	const struct kvt_config *c = &r->c;
-	struct rseq *b[R_BATCH];
+	struct rrun *r = rr_of(run);
+	const struct kvt_config *c = &r->run.c;
+	struct t_seq *b[R_BATCH];
 	uint64_t ids[R_BATCH], need = 0;
-	uint32_t l = t_rng_below(c->n_layers), n = pick_batch(r, l, b, R_BATCH);
+	uint32_t l = t_rng_below(c->n_layers), n = t_run_pick_batch(&r->run, l, b, R_BATCH);
 	int rc;
 
-	g_what = "decode";
+	t_what = "decode";
 	if (!n)
 		return;
 	for (uint32_t i = 0; i < n; i++) {
@@ -2224,7 +2155,7 @@ static void op_decode(struct rrun *r)
 	reserve_tok(r, R_BATCH);
 	fill_random(r, r->k, (size_t)n * c->n_kv_heads * c->head_dim);
 	fill_random(r, r->v, (size_t)n * c->n_kv_heads * c->head_dim);
-	rc = t_decode_append(r->m, l, ids, n, r->k, r->v, NULL);
+	rc = t_decode_append(r->run.m, l, ids, n, r->k, r->v, NULL);
 	if (rc != 0 && !may_fail(r, rc, need))
 		fail_at(__FILE__, __LINE__,
 			"decode of %u sequences on layer %u (%llu blocks with the new ones; host "
@@ -2239,17 +2170,17 @@ static void op_decode(struct rrun *r)
 		return;
 	}
 	for (uint32_t i = 0; i < n; i++)
-		if (DISK(r->m, ids[i]))
+		if (DISK(r->run.m, ids[i]))
 			fail_at(__FILE__, __LINE__,
 				"seq %llu of a decode batch of %u has %llu blocks on disk after it",
 				(unsigned long long)ids[i], n,
-				(unsigned long long)DISK(r->m, ids[i]));
+				(unsigned long long)DISK(r->run.m, ids[i]));
 	for (uint32_t i = 0; i < n; i++)
 		push_sum(b[i], l,
-			 tok_sum(r, r->k + (size_t)i * c->n_kv_heads * r->rb,
-				 r->v + (size_t)i * c->n_kv_heads * r->rb, r->rb));
-	memset(r->k, 0x77, (size_t)n * c->n_kv_heads * r->rb);
-	memset(r->v, 0x88, (size_t)n * c->n_kv_heads * r->rb);
+			 tok_sum(r, r->k + (size_t)i * c->n_kv_heads * r->run.rb,
+				 r->v + (size_t)i * c->n_kv_heads * r->run.rb, r->run.rb));
+	memset(r->k, 0x77, (size_t)n * c->n_kv_heads * r->run.rb);
+	memset(r->v, 0x88, (size_t)n * c->n_kv_heads * r->run.rb);
 	r->tokens_appended += n;
 	r->decode_calls++;
 	r->decodes++;
@@ -2258,16 +2189,17 @@ static void op_decode(struct rrun *r)
 
 /* Scored (kvt_decode_recall) or explicit (kvt_recall_blocks) recall for a batch of up to 4.
    The cache holds every block either can ask for, so only -ENOMEM (host) may fail it. */
-static void op_recall(struct rrun *r)
+static void op_recall(struct t_run *run)
 {
-	const struct kvt_config *c = &r->c;
-	struct rseq *b[4];
+	struct rrun *r = rr_of(run);
+	const struct kvt_config *c = &r->run.c;
+	struct t_seq *b[4];
 	uint64_t ids[4], need = 0;
-	uint32_t l = t_rng_below(c->n_layers), n = pick_batch(r, l, b, 4);
+	uint32_t l = t_rng_below(c->n_layers), n = t_run_pick_batch(&r->run, l, b, 4);
 	uint32_t sel[4 * 8 * 3], rr = 1 + t_rng_below(3);
 	int rc;
 
-	g_what = "recall";
+	t_what = "recall";
 	if (!n)
 		return;
 	assert_true(c->n_kv_heads <= 8);
@@ -2283,9 +2215,9 @@ static void op_recall(struct rrun *r)
 	if (t_rng_below(2)) {
 		reserve_tok(r, R_BATCH);
 		fill_random(r, r->q, (size_t)n * c->n_q_heads * c->head_dim);
-		rc = t_decode_recall(r->m, l, ids, n, r->q, NULL);
+		rc = t_decode_recall(r->run.m, l, ids, n, r->q, NULL);
 	} else {
-		rc = kvt_recall_blocks(r->m, l, ids, n, sel, rr, NULL);
+		rc = kvt_recall_blocks(r->run.m, l, ids, n, sel, rr, NULL);
 	}
 	if (rc != 0 && !may_fail(r, rc, need))
 		fail_at(__FILE__, __LINE__,
@@ -2301,37 +2233,36 @@ static void op_recall(struct rrun *r)
 		return;
 	}
 	for (uint32_t i = 0; i < n; i++)
-		if (DISK(r->m, ids[i]))
+		if (DISK(r->run.m, ids[i]))
 			fail_at(__FILE__, __LINE__,
 				"seq %llu of a recall batch of %u has %llu blocks on disk after it",
 				(unsigned long long)ids[i], n,
-				(unsigned long long)DISK(r->m, ids[i]));
+				(unsigned long long)DISK(r->run.m, ids[i]));
 	r->recalls++;
 }
 
 /* Preempts a resident sequence or resumes a preempted one (which fetches it). */
-static void op_preempt(struct rrun *r)
+static void op_preempt(struct t_run *run)
 {
-	struct kvt_stats st = stats_of(r->m);
-	struct rseq *s;
+	struct rrun *r = rr_of(run);
+	struct kvt_stats st = stats_of(r->run.m);
+	struct t_seq *s;
 	bool resume = t_rng_below(3) != 0;
 	uint64_t dn;
 	int rc;
 
-	g_what = "preempt/resume";
-	if (!r->n_live)
+	t_what = "preempt/resume";
+	if (!r->run.n_live)
 		return;
-	s = &r->live[t_rng_below(r->n_live)];
-	for (int tries = 0; tries < 8 && s->pre != resume; tries++)
-		s = &r->live[t_rng_below(r->n_live)];
+	s = t_run_pick(run, resume);
 	if (!s->pre) {
-		CHECK_RC(kvt_seq_preempt(r->m, s->id), 0);
+		CHECK_RC(kvt_seq_preempt(r->run.m, s->id), 0);
 		s->pre = true;
 		r->preempts++;
 		return;
 	}
 	dn = dev_need(r, s);
-	rc = kvt_seq_resume(r->m, s->id, NULL);
+	rc = kvt_seq_resume(r->run.m, s->id, NULL);
 	if (dn > st.device_frames_free ? rc != -ENOMEM
 				       : rc != 0 && !may_fail(r, rc, blocks_of(r, s)))
 		fail_at(__FILE__, __LINE__,
@@ -2346,32 +2277,33 @@ static void op_preempt(struct rrun *r)
 			r->nomem_resume++;
 		return;
 	}
-	CHECK_EQ(DISK(r->m, s->id), 0);
+	CHECK_EQ(DISK(r->run.m, s->id), 0);
 	s->pre = false;
 	r->resumes++;
 }
 
 /* Spills a sequence that has blocks in the host tier (the disk is unlimited: must succeed). */
-static void op_spill(struct rrun *r)
+static void op_spill(struct t_run *run)
 {
-	struct rseq *s = NULL;
+	struct rrun *r = rr_of(run);
+	struct t_seq *s = NULL;
 	struct kvt_seq_info a, b;
 	int rc;
 
-	g_what = "spill";
-	for (int tries = 0; tries < 8 && r->n_live; tries++) {
-		struct rseq *t = &r->live[t_rng_below(r->n_live)];
+	t_what = "spill";
+	for (int tries = 0; tries < 8 && r->run.n_live; tries++) {
+		struct t_seq *t = &r->run.live[t_rng_below(r->run.n_live)];
 
-		a = info_of(r->m, t->id);
+		a = info_of(r->run.m, t->id);
 		s = t;
 		if (a.host_blocks > a.disk_blocks)
 			break;
 	}
 	if (!s)
 		return;
-	a = info_of(r->m, s->id);
-	rc = kvt_seq_spill(r->m, s->id);
-	b = info_of(r->m, s->id);
+	a = info_of(r->run.m, s->id);
+	rc = kvt_seq_spill(r->run.m, s->id);
+	b = info_of(r->run.m, s->id);
 	if (r->fault_ok && rc == -EIO) {
 		assert_true(b.disk_blocks < b.host_blocks); /* the failed blocks stay */
 		return;
@@ -2383,46 +2315,47 @@ static void op_spill(struct rrun *r)
 	CHECK_RC(rc, 0);
 	CHECK_EQ(b.disk_blocks, b.host_blocks);
 	CHECK_EQ(b.device_frames, a.device_frames);
-	s->spills++;
+	sums_of(s)->spills++;
 	r->spills++;
 }
 
 /* Fetches 1..4 sequences in one call. Must succeed when the host tier could hold all of them;
    otherwise -ENOMEM, and each is then back whole or as it was. */
-static void op_fetch(struct rrun *r)
+static void op_fetch(struct t_run *run)
 {
-	struct rseq *b[4];
+	struct rrun *r = rr_of(run);
+	struct t_seq *b[4];
 	uint64_t ids[4], disk[4], need = 0;
 	uint32_t n;
 	int rc;
 
-	g_what = "fetch";
-	if (!r->n_live)
+	t_what = "fetch";
+	if (!r->run.n_live)
 		return;
-	n = 1 + t_rng_below(r->n_live < 4 ? r->n_live : 4);
+	n = 1 + t_rng_below(r->run.n_live < 4 ? r->run.n_live : 4);
 	for (uint32_t i = 0; i < n; i++) {
-		struct rseq *t;
+		struct t_seq *t;
 		bool dup;
 
 		do {
-			t = &r->live[t_rng_below(r->n_live)];
+			t = &r->run.live[t_rng_below(r->run.n_live)];
 			dup = false;
 			for (uint32_t j = 0; j < i; j++)
 				dup |= b[j] == t;
 		} while (dup);
 		b[i] = t;
 		ids[i] = t->id;
-		disk[i] = DISK(r->m, t->id);
+		disk[i] = DISK(r->run.m, t->id);
 		need += blocks_of(r, t);
 	}
-	rc = kvt_seq_fetch(r->m, ids, n);
+	rc = kvt_seq_fetch(r->run.m, ids, n);
 	if (rc != 0 && !may_fail(r, rc, need))
 		fail_at(__FILE__, __LINE__,
 			"fetch of %u sequences (%llu blocks; host %llu) returned %d (%s)", n,
 			(unsigned long long)need, (unsigned long long)r->host_total, rc,
 			kvt_strerror(rc));
 	for (uint32_t i = 0; i < n; i++) {
-		uint64_t d = DISK(r->m, ids[i]);
+		uint64_t d = DISK(r->run.m, ids[i]);
 
 		if (rc ? d != 0 && d != disk[i] : d != 0)
 			fail_at(__FILE__, __LINE__,
@@ -2444,27 +2377,57 @@ static void op_fetch(struct rrun *r)
 /* A spill, fetch, decode, recall or resume with one of its next few I/Os failing (fault hook):
    it may fail with -EIO, and must change nothing else than the failed call's blocks'
    whereabouts; every later check counts the failure in disk_io_errors. */
-static void op_faulty(struct rrun *r)
+static void op_faulty(struct t_run *run)
 {
+	struct rrun *r = rr_of(run);
 	uint32_t which = t_rng_below(5);
 
 	kvt_fault_arm(1u << KVT_FAULT_IO, 1 + t_rng_below(6));
 	r->fault_ok = true;
 	if (which == 0)
-		op_spill(r);
+		op_spill(run);
 	else if (which == 1)
-		op_fetch(r);
+		op_fetch(run);
 	else if (which == 2)
-		op_decode(r);
+		op_decode(run);
 	else if (which == 3)
-		op_recall(r);
+		op_recall(run);
 	else
-		op_preempt(r);
+		op_preempt(run);
 	r->fault_ok = false;
 	r->io_faults += kvt_fault_fired();
 	kvt_fault_disarm();
-	g_what = "after an I/O fault";
+	t_what = "after an I/O fault";
 }
+
+/* After every operation: the cheap checks; every 300, four sequences read back. */
+static void after_op(struct t_run *run)
+{
+	struct rrun *r = rr_of(run);
+
+	check_cheap(r);
+	r->max_live = run->n_live > r->max_live ? run->n_live : r->max_live;
+	if (t_op % 300 == 299 && run->n_live) {
+		t_what = "read back (subset)";
+		for (int i = 0; i < 4; i++)
+			readback(r, &run->live[t_rng_below(run->n_live)], i == 0);
+		if (r->mismatches)
+			fail_at(__FILE__, __LINE__, "%llu tokens read back differ",
+				(unsigned long long)r->mismatches);
+	}
+}
+
+/* Phases of 500 operations, the last one filling (up to 100 live): create, prefill, decode,
+   recall, preempt/resume, spill, fetch, one of those with an I/O failing; the rest destroys. */
+static const struct t_mix noloss_mix = {
+	.n = 9,
+	.op = {op_create, op_prefill, op_decode, op_recall, op_preempt, op_spill, op_fetch,
+	       op_faulty, op_destroy},
+	.fill = {20, 38, 63, 70, 77, 83, 89, 92},
+	.drain = {10, 26, 51, 58, 65, 71, 76, 79},
+	.phase_ops = 500,
+	.ends_filling = true,
+};
 
 /* The no-loss invariant: `ops` operations on a host tier that holds a small part of the live
    sequences' blocks. */
@@ -2474,7 +2437,7 @@ static void run_noloss(struct fix *fx, uint64_t seed, long ops, uint64_t disk_bl
 	struct kvt_config c = t_small_config();
 	struct rrun *r = g_run = t_xmalloc(sizeof(*r));
 	struct kvt_stats st;
-	uint64_t max_live = 0, spilled, fetched;
+	uint64_t spilled, fetched;
 	double t0 = now_s();
 
 	c.n_layers = NL;
@@ -2507,12 +2470,13 @@ static void run_noloss(struct fix *fx, uint64_t seed, long ops, uint64_t disk_bl
 		c.disk_bytes = (c.disk_bytes / t) * disk_blocks;
 		r->disk_limited = true;
 	}
-	r->c = c;
+	t_run_init(&r->run, &c, R_LIVE, sizeof(struct sums), sums_free);
+	r->run.id_small = 2000;
+	r->run.prompt_span = 120;
 	r->dir = dir;
-	r->rb = rowb(&c);
 	t_rng_seed(seed);
-	r->m = fx->m = mk(&c);
-	st = stats_of(r->m);
+	r->run.m = fx->m = mk(&c);
+	st = stats_of(r->run.m);
 	r->host_total = st.host_blocks_total;
 	CHECK_EQ(r->host_total, 1200);
 	if (disk_blocks)
@@ -2520,95 +2484,55 @@ static void run_noloss(struct fix *fx, uint64_t seed, long ops, uint64_t disk_bl
 			      (unsigned long long)st.disk_blocks_total);
 	reserve_tok(r, 512);
 	check_cheap(r);
-	for (g_op = 0; g_op < ops; g_op++) {
-		/* alternating phases of 500 operations, the last one filling: filling (up to 100
-		   live) and draining. Cumulative thresholds: create, prefill, decode, recall,
-		   preempt/resume, spill, fetch, one of those with an I/O failing; the rest
-		   destroys. */
-		static const uint32_t mix[2][8] = {{20, 38, 63, 70, 77, 83, 89, 92},
-						   {10, 26, 51, 58, 65, 71, 76, 79}};
-		const uint32_t *t = mix[((ops - 1 - g_op) / 500) % 2];
-		uint32_t x = t_rng_below(100);
-
-		if (x < t[0])
-			r->n_live < R_LIVE ? op_create(r) : op_destroy(r);
-		else if (x < t[1])
-			op_prefill(r);
-		else if (x < t[2])
-			op_decode(r);
-		else if (x < t[3])
-			op_recall(r);
-		else if (x < t[4])
-			op_preempt(r);
-		else if (x < t[5])
-			op_spill(r);
-		else if (x < t[6])
-			op_fetch(r);
-		else if (x < t[7])
-			op_faulty(r);
-		else
-			r->n_live > 10 ? op_destroy(r) : op_create(r);
-		check_cheap(r);
-		max_live = r->n_live > max_live ? r->n_live : max_live;
-		if (g_op % 300 == 299 && r->n_live) {
-			g_what = "read back (subset)";
-			for (int i = 0; i < 4; i++)
-				readback(r, &r->live[t_rng_below(r->n_live)], i == 0);
-			if (r->mismatches)
-				fail_at(__FILE__, __LINE__, "%llu tokens read back differ",
-					(unsigned long long)r->mismatches);
-		}
-	}
-	g_what = "final read back";
-	CHECK_RC(kvt_manager_sync(r->m, NULL), 0);
+	t_run_loop(&r->run, ops, &noloss_mix, after_op);
+	t_what = "final read back";
+	CHECK_RC(kvt_manager_sync(r->run.m, NULL), 0);
 	CHECK_DIR_EMPTY(dir);
-	st = stats_of(r->m);
+	st = stats_of(r->run.m);
 	spilled = st.disk_blocks_spilled;
 	fetched = st.disk_blocks_fetched;
 	{
 		uint64_t before = r->seqs_checked;
 
 		uint64_t checked_ids[R_LIVE];
-		uint32_t n_checked = 0, n = r->n_live, order[R_LIVE], n_order = 0;
+		uint32_t n_checked = 0, n = r->run.n_live, order[R_LIVE], n_order = 0;
 
 		/* Every live sequence once, those all in the host tier first. With a limited
 		   file, one that cannot come back for want of room (host and file full) gets it
 		   from sequences already checked, which go. */
 		for (int pass = 0; pass < 2; pass++)
 			for (uint32_t i = 0; i < n; i++)
-				if ((DISK(r->m, r->live[i].id) == 0) == (pass == 0))
+				if ((DISK(r->run.m, r->run.live[i].id) == 0) == (pass == 0))
 					order[n_order++] = i;
 		CHECK_EQ(n_order, n);
 		for (uint32_t i = 0; i < n; i++) {
-			struct rseq *s = &r->live[order[i]];
+			struct t_seq *s = &r->run.live[order[i]];
 
 			while (readback(r, s, true) == -ENOMEM) {
-				struct rseq *t;
+				struct t_seq *t;
 
 				if (!n_checked)
 					fail_at(__FILE__, __LINE__,
 						"seq %llu cannot be read back: no room",
 						(unsigned long long)s->id);
-				t = find_live(r, checked_ids[--n_checked]);
-				CHECK_RC(kvt_seq_destroy(r->m, t->id), 0);
+				t = t_run_find(&r->run, checked_ids[--n_checked]);
+				CHECK_RC(kvt_seq_destroy(r->run.m, t->id), 0);
 				t->n[0] = UINT32_MAX; /* marks it gone (removed below) */
 			}
 			checked_ids[n_checked++] = s->id;
 		}
-		for (uint32_t i = 0; i < r->n_live;) {
-			if (r->live[i].n[0] != UINT32_MAX) {
+		for (uint32_t i = 0; i < r->run.n_live;) {
+			if (r->run.live[i].n[0] != UINT32_MAX) {
 				i++;
 				continue;
 			}
-			rseq_free(&r->live[i]);
-			r->live[i] = r->live[--r->n_live];
-			memset(&r->live[r->n_live], 0, sizeof(r->live[0]));
+			t_run_remove(&r->run, i);
 		}
 		check_cheap(r);
-		st = stats_of(r->m);
+		st = stats_of(r->run.m);
 		print_message("# no-loss: %llu sequences created, %llu live checked, %llu tokens "
 			      "checked, %llu blocks spilled, %llu fetched, %llu lost\n",
-			      (unsigned long long)r->created,
+			      (unsigned long long)r->run.created,
 			      (unsigned long long)(r->seqs_checked - before),
 			      (unsigned long long)r->tokens_checked,
 			      (unsigned long long)st.disk_blocks_spilled,
@@ -2628,8 +2552,8 @@ static void run_noloss(struct fix *fx, uint64_t seed, long ops, uint64_t disk_bl
 		      (unsigned long long)r->preempts, (unsigned long long)r->resumes,
 		      (unsigned long long)r->nomem_resume, (unsigned long long)r->spills,
 		      (unsigned long long)r->fetches, (unsigned long long)r->fetched_seqs,
-		      (unsigned long long)r->nomem_fetch, (unsigned long long)r->destroyed,
-		      (unsigned long long)max_live, (unsigned long long)spilled,
+		      (unsigned long long)r->nomem_fetch, (unsigned long long)r->run.destroyed,
+		      (unsigned long long)r->max_live, (unsigned long long)spilled,
 		      (unsigned long long)fetched, (unsigned long long)r->io_faults,
 		      (unsigned long long)r->eio, (unsigned long long)r->enospc,
 		      (unsigned long long)r->unread, st.disk_direct);
@@ -2641,13 +2565,13 @@ static void run_noloss(struct fix *fx, uint64_t seed, long ops, uint64_t disk_bl
 		assert_true(r->resumes > 0 && r->preempts > 0);
 		assert_true(r->io_faults > 0 && r->eio > 0);
 	}
-	g_what = "teardown";
-	while (r->n_live) {
-		op_destroy(r);
-		if (r->n_live % 16 == 0)
+	t_what = "teardown";
+	while (r->run.n_live) {
+		t_run_destroy(&r->run);
+		if (r->run.n_live % 16 == 0)
 			check_cheap(r);
 	}
-	st = stats_of(r->m);
+	st = stats_of(r->run.m);
 	CHECK_EQ(st.host_blocks_used, 0);
 	CHECK_EQ(st.disk_blocks_used, 0);
 	CHECK_EQ(st.device_frames_used, 0);
@@ -2655,18 +2579,18 @@ static void run_noloss(struct fix *fx, uint64_t seed, long ops, uint64_t disk_bl
 	CHECK_DIR_EMPTY(dir);
 	rrun_free(r);
 	g_run = NULL;
-	g_op = -1;
-	g_what = "setup";
+	t_op = -1;
+	t_what = "setup";
 }
 
 static void test_spill_noloss(void **state)
 {
 	struct fix *f = *state;
 
-	g_what = "no-loss";
+	t_what = "no-loss";
 	print_message("# seed %llu (KVT_TEST_SEED=%llu repeats this run)\n",
-		      (unsigned long long)g_seed, (unsigned long long)g_seed);
-	run_noloss(f, g_seed, t_pick_ops(24000), 0);
+		      (unsigned long long)t_seed, (unsigned long long)t_seed);
+	run_noloss(f, t_seed, t_pick_ops(24000), 0);
 }
 
 /* The same with a spill file that holds about a third of what the host tier cannot: -ENOSPC
@@ -2675,10 +2599,10 @@ static void test_spill_noloss_limited(void **state)
 {
 	struct fix *f = *state;
 
-	g_what = "no-loss, limited file";
+	t_what = "no-loss, limited file";
 	print_message("# seed %llu (KVT_TEST_SEED=%llu repeats this run)\n",
-		      (unsigned long long)g_seed, (unsigned long long)g_seed);
-	run_noloss(f, t_mix(g_seed ^ 1), t_pick_ops(24000) / 3, 1000);
+		      (unsigned long long)t_seed, (unsigned long long)t_seed);
+	run_noloss(f, t_mix(t_seed ^ 1), t_pick_ops(24000) / 3, 1000);
 }
 
 int main(void)
@@ -2695,10 +2619,10 @@ int main(void)
 	};
 #undef T
 
-	check_context = run_context;
+	check_context = t_run_context;
 	if (getenv("KVTIER_DISK_IO"))
 		g_engine = strdup(getenv("KVTIER_DISK_IO"));
-	g_seed = t_pick_seed();
-	print_message("# spill: seed %llu\n", (unsigned long long)g_seed);
+	t_seed = t_pick_seed();
+	print_message("# spill: seed %llu\n", (unsigned long long)t_seed);
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
