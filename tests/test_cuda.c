@@ -50,12 +50,14 @@
 #include <cuda_runtime_api.h>
 
 #include "t_data.h"
+#include "t_manager.h"
 #include "fault.h"
 #include "internal.h" /* kvt_seq_read_token_host */
 #include "plugin.h"
 #include "policy.h"
 #ifdef KVT_TEST_EMULATED
 #include "cuda_emu/fake_cudart.h"
+#include "util.h"
 #endif
 
 /* Geometry of every manager here: small, so the suite runs in seconds. */
@@ -84,7 +86,6 @@ _Static_assert(TOPK == N_HEAVY * POOL, "the top-K is the heavy keys' pooling win
 #define ATTEND_TOL 1e-4
 #define TIE_TOL 1e-4
 
-#define DIV_UP(a, b) (((a) + (b)-1) / (b))
 #define ULL(x) ((unsigned long long)(x))
 
 static uint64_t g_seed;
@@ -108,11 +109,6 @@ static void set_ctx(const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(g_ctx, sizeof(g_ctx), fmt, ap);
 	va_end(ap);
-}
-
-static const char *dt_name(enum kvt_dtype dt)
-{
-	return dt == KVT_DTYPE_F32 ? "f32" : dt == KVT_DTYPE_F16 ? "f16" : "bf16";
 }
 
 /* ---- CUDA runtime helpers ---------------------------------------------------------------- */
@@ -181,15 +177,6 @@ static struct kvt_config suite_config(enum kvt_dtype dt, enum kvt_backend be)
 	return c;
 }
 
-static struct kvt_manager *mk(const struct kvt_config *c)
-{
-	struct kvt_manager *m = NULL;
-
-	CHECK_RC(kvt_manager_create(c, &m), 0);
-	assert_non_null(m);
-	return m;
-}
-
 struct pair {
 	struct kvt_config cfg;	   /* the host manager's; the CUDA one's differs in backend */
 	struct kvt_manager *h, *c; /* host backend (reference), CUDA backend */
@@ -219,8 +206,8 @@ static void pair_init_host(struct pair *p, enum kvt_dtype dt, cudaStream_t strea
 		p->cfg.host_bytes = host_bytes;
 	cc = p->cfg;
 	cc.backend = KVT_BACKEND_CUDA;
-	p->h = mk(&p->cfg);
-	p->c = mk(&cc);
+	p->h = t_mk(&p->cfg);
+	p->c = t_mk(&cc);
 	CHECK_RC(kvt_manager_config(p->c, &got), 0);
 	CHECK_EQ(got.backend, KVT_BACKEND_CUDA);
 	if (stream) {
@@ -273,22 +260,6 @@ static void sync_both(struct pair *p)
 static void garble(const struct pair *p, void *d, size_t n)
 {
 	CUDA_OK(cudaMemsetAsync(d, 0xff, n, p->stream));
-}
-
-static struct kvt_stats stats_of(struct kvt_manager *m)
-{
-	struct kvt_stats st = KVT_STATS_INIT;
-
-	CHECK_RC(kvt_manager_stats(m, &st), 0);
-	return st;
-}
-
-static struct kvt_seq_info info_of(struct kvt_manager *m, uint64_t id)
-{
-	struct kvt_seq_info in = {.size = sizeof(in)};
-
-	CHECK_RC(kvt_seq_info(m, id, &in), 0);
-	return in;
 }
 
 /* ---- token data ---------------------------------------------------------------------------- */
@@ -610,7 +581,7 @@ static uint32_t gather_min_of(const struct kvt_stats *st, size_t piece)
 static void recall_both_at(struct pair *p, struct tseq *const *ts, uint32_t n, uint32_t layer,
 			   const char *file, int line)
 {
-	struct kvt_stats s0 = stats_of(p->c), s1;
+	struct kvt_stats s0 = t_stats_of(p->c), s1;
 	uint64_t loads, kern, dma;
 
 	for (int s = 0; s < 2; s++) {
@@ -623,7 +594,7 @@ static void recall_both_at(struct pair *p, struct tseq *const *ts, uint32_t n, u
 				side(p, m), n, ULL(ts[0]->id), layer, rc, kvt_strerror(rc),
 				kvt_manager_last_error(m));
 	}
-	s1 = stats_of(p->c);
+	s1 = t_stats_of(p->c);
 	loads = s1.recall_loads - s0.recall_loads;
 	kern = s1.h2d_kernel_launches - s0.h2d_kernel_launches;
 	dma = s1.h2d_dma_batches - s0.h2d_dma_batches;
@@ -854,15 +825,15 @@ static void check_selection_at(struct pair *p, struct tseq *t, uint32_t layer, c
 							"keeps position %u (pooled score %.9g) where the "
 							"host keeps %u (%.9g): relative difference %.3g, "
 							"not a tie (> %.0e)",
-							dt_name(t->dt), ULL(t->id), layer, h, b[j],
-							sb, a[i], sa,
+							t_dt_name(t->dt), ULL(t->id), layer, h,
+							b[j], sb, a[i], sa,
 							fabs(sa - sb) / fmax(fabs(sa), fabs(sb)),
 							TIE_TOL);
 					print_message(
 						"# %s: seq %llu layer %u head %u: tie at the top-K "
 						"cutoff accepted: cuda keeps %u (%.9g), host %u "
 						"(%.9g)\n",
-						dt_name(t->dt), ULL(t->id), layer, h, b[j], sb,
+						t_dt_name(t->dt), ULL(t->id), layer, h, b[j], sb,
 						a[i], sa);
 				}
 			t->tie[layer] = true;
@@ -912,8 +883,8 @@ static void expect_row_at(const uint8_t *got, const uint8_t *want, size_t n, con
 		fail_at(file, line,
 			"%s %s: seq %llu layer %u head %u pos %u (N=%u): differs from the input at "
 			"byte %zu of %zu (0x%02x, expected 0x%02x)",
-			dt_name(t->dt), what, ULL(t->id), layer, h, pos, t->n[layer], i, n, got[i],
-			want[i]);
+			t_dt_name(t->dt), what, ULL(t->id), layer, h, pos, t->n[layer], i, n,
+			got[i], want[i]);
 }
 
 /* Every token of (t, layer), every head, read back bit-exact: through kvt_seq_read_token and
@@ -1073,7 +1044,7 @@ static void check_frames_at(struct pair *p, const struct tseq *t, uint32_t layer
 					fail_at(file, line,
 						"%s: seq %llu layer %u head %u: cuda device frame slot %u "
 						"differs from the host backend's at byte %zu of its %s row",
-						dt_name(t->dt), ULL(t->id), layer, h, sl, i % rb,
+						t_dt_name(t->dt), ULL(t->id), layer, h, sl, i % rb,
 						i < rb ? "K" : "V");
 			}
 		free(rows[0]);
@@ -1249,7 +1220,7 @@ static void check_views_at(struct pair *p, const struct tseq *t, uint32_t layer,
 					fail_at(file, line,
 						"%s: seq %llu layer %u head %u: recalled frame of block "
 						"%u differs between cuda and host",
-						dt_name(t->dt), ULL(t->id), layer, h, a->block);
+						t_dt_name(t->dt), ULL(t->id), layer, h, a->block);
 			}
 		}
 		free(fb[0]);
@@ -1322,8 +1293,8 @@ static void expect_close_at(const float *got, const float *want, const char *wha
 					"%s %s: seq %llu layer %u (N=%u) q head %u dim %u: %.9g, "
 					"expected %.9g (|diff| %.3g > %.0e x %.3g, the head's largest "
 					"output)",
-					dt_name(t->dt), what, ULL(t->id), layer, t->n[layer], g, d,
-					a, b, fabs(a - b), ATTEND_TOL, mx);
+					t_dt_name(t->dt), what, ULL(t->id), layer, t->n[layer], g,
+					d, a, b, fabs(a - b), ATTEND_TOL, mx);
 		}
 	}
 }
@@ -1442,7 +1413,7 @@ static uint64_t stat_get(const struct kvt_stats *st, const struct stat_field *f)
    when no tie was accepted). */
 static void compare_stats_at(struct pair *p, bool any_tie, const char *file, int line)
 {
-	struct kvt_stats sh = stats_of(p->h), sc = stats_of(p->c);
+	struct kvt_stats sh = t_stats_of(p->h), sc = t_stats_of(p->c);
 
 	for (size_t i = 0; i < sizeof(stat_fields) / sizeof(stat_fields[0]); i++) {
 		const struct stat_field *f = &stat_fields[i];
@@ -1495,8 +1466,8 @@ static void test_backend_choice(void **state)
 	(void)state;
 	for (int i = 0; i < 2; i++) {
 		struct kvt_config c = suite_config(KVT_DTYPE_BF16, asked[i]), got;
-		struct kvt_manager *m = mk(&c);
-		struct kvt_stats st = stats_of(m);
+		struct kvt_manager *m = t_mk(&c);
+		struct kvt_stats st = t_stats_of(m);
 
 		set_ctx("backend %s", i ? "CUDA" : "AUTO");
 		CHECK_RC(kvt_manager_config(m, &got), 0);
@@ -1524,7 +1495,7 @@ static void print_margin(enum kvt_dtype dt)
 	if (g_margin.gap < INFINITY)
 		print_message("# %s: smallest relative gap of pooled scores at the top-K cutoff: "
 			      "%.3g (seq %llu layer %u head %u)\n",
-			      dt_name(dt), g_margin.gap, ULL(g_margin.seq), g_margin.layer,
+			      t_dt_name(dt), g_margin.gap, ULL(g_margin.seq), g_margin.layer,
 			      g_margin.head);
 }
 
@@ -1546,7 +1517,7 @@ static void check_all_at(struct pair *p, struct tseq *ts, uint32_t n, bool any_t
 static void run_vs_host(enum kvt_dtype dt)
 {
 	static const uint32_t lens[3] = {700, 1500, 50}; /* 50 <= sink + recent: Case 1 */
-	const char *dn = dt_name(dt);
+	const char *dn = t_dt_name(dt);
 	struct pair p;
 	struct tseq ts[3];
 	struct tseq *all[3], *rev[3], *pr[2];
@@ -1603,7 +1574,7 @@ static void run_vs_host(enum kvt_dtype dt)
 	for (uint32_t i = 0; i < 3; i++)
 		for (uint32_t l = 0; l < N_LAYERS; l++)
 			CHECK_VIEWS(&p, &ts[i], l);
-	sh = stats_of(p.h);
+	sh = t_stats_of(p.h);
 	if (sh.recall_loads == 0)
 		fail_at(__FILE__, __LINE__, "%s: the recalls loaded no block", dn);
 
@@ -1636,7 +1607,7 @@ static void run_vs_host(enum kvt_dtype dt)
 
 				CHECK_RC(kvt_seq_preempt(m, pr[j]->id), 0);
 				CHECK_RC(kvt_seq_preempt(m, pr[j]->id), -EALREADY);
-				in = info_of(m, pr[j]->id);
+				in = t_info_of(m, pr[j]->id);
 				CHECK_EQ(in.preempted, 1);
 				CHECK_EQ(in.device_frames, 0);
 				CHECK_EQ(in.layers_prefilled, N_LAYERS);
@@ -1655,14 +1626,14 @@ static void run_vs_host(enum kvt_dtype dt)
 		for (uint32_t l = 0; l < N_LAYERS; l++)
 			CHECK_FRAMES(&p, &ts[1], l);
 		for (uint32_t j = 0; j < 2; j++) {
-			struct kvt_stats s0 = stats_of(p.c), s1;
+			struct kvt_stats s0 = t_stats_of(p.c), s1;
 			uint64_t gathers, w0;
 
 			CHECK_RC(kvt_seq_resume(p.h, pr[j]->id, NULL), 0);
 			w0 = DEVICE_WAITS();
 			CHECK_RC(kvt_seq_resume(p.c, pr[j]->id, p.stream), 0);
 			no_device_wait(w0, 0, "resume", pr[j]->id, UINT32_MAX);
-			s1 = stats_of(p.c);
+			s1 = t_stats_of(p.c);
 			gathers = s1.h2d_kernel_launches + s1.h2d_dma_batches -
 				  (s0.h2d_kernel_launches + s0.h2d_dma_batches);
 			if (gathers != 1)
@@ -1679,7 +1650,7 @@ static void run_vs_host(enum kvt_dtype dt)
 						    "cuda after preempt + resume", __FILE__,
 						    __LINE__);
 				free(snap[j][l]);
-				CHECK_EQ(info_of(p.c, pr[j]->id).preempted, 0);
+				CHECK_EQ(t_info_of(p.c, pr[j]->id).preempted, 0);
 				CHECK_RESIDENT(&p, pr[j], l);
 				CHECK_FRAMES(&p, pr[j], l);
 				CHECK_TOKENS(&p, pr[j], l, true);
@@ -1707,7 +1678,7 @@ static void run_vs_host(enum kvt_dtype dt)
 	/* 8. counters */
 	set_ctx("%s: stats", dn);
 	COMPARE_STATS(&p, any_tie);
-	sc = stats_of(p.c);
+	sc = t_stats_of(p.c);
 	CHECK_XFER(&sc);
 	if (sc.h2d_kernel_launches + sc.h2d_dma_batches == 0)
 		fail_at(__FILE__, __LINE__, "cuda: no gather counted after the recalls");
@@ -2042,7 +2013,7 @@ static void test_resume_burst(void **state)
 	else
 		assert_int_equal(unsetenv("KVTIER_CUDA_CALIBRATE"), 0);
 	free(saved);
-	CHECK_EQ(stats_of(p.c).xfer_calibrated, 0);
+	CHECK_EQ(t_stats_of(p.c).xfer_calibrated, 0);
 	for (uint32_t i = 0; i < BURST; i++) {
 		tseq_gen(&ts[i], &p.cfg, 0xb0257000ull + i, 40, 1);
 		CHECK_RC(kvt_seq_create(p.h, ts[i].id, ts[i].L), 0);
@@ -2061,9 +2032,9 @@ static void test_resume_burst(void **state)
 
 	for (int round = 0; round < 2; round++) {
 		set_ctx("resume burst: round %d: preempt and resume", round);
-		s0 = stats_of(p.c);
+		s0 = t_stats_of(p.c);
 		preempt_resume(&p, ts, BURST, nb);
-		s1 = stats_of(p.c);
+		s1 = t_stats_of(p.c);
 		CHECK_EQ(s1.h2d_kernel_launches - s0.h2d_kernel_launches, BURST);
 		CHECK_EQ(s1.h2d_dma_batches, s0.h2d_dma_batches);
 		/* attention needs the frames the queued gathers write: it waits for them */
@@ -2228,9 +2199,9 @@ static void before_take(struct fenv *e, struct before *b, uint32_t t_layer)
 {
 	struct pair *p = &e->p;
 
-	b->ti = info_of(p->c, e->t.id);
-	b->bi = info_of(p->c, e->b.id);
-	b->st = stats_of(p->c);
+	b->ti = t_info_of(p->c, e->t.id);
+	b->bi = t_info_of(p->c, e->b.id);
+	b->st = t_stats_of(p->c);
 	b->t_layer = t_layer;
 	b->t_snap =
 		b->ti.layers_prefilled ? SNAPSHOT(p, p->c, &e->t, t_layer, &b->t_snap_bytes) : NULL;
@@ -2243,8 +2214,8 @@ static void after_fault_at(struct fenv *e, const struct before *b, const char *o
 			   int rc, const char *file, int line)
 {
 	struct pair *p = &e->p;
-	struct kvt_stats st = stats_of(p->c);
-	struct kvt_seq_info ti = info_of(p->c, e->t.id), bi = info_of(p->c, e->b.id);
+	struct kvt_stats st = t_stats_of(p->c);
+	struct kvt_seq_info ti = t_info_of(p->c, e->t.id), bi = t_info_of(p->c, e->b.id);
 	char what[128];
 
 	if (rc != -EIO && rc != -ENOMEM && rc != -ENODEV)

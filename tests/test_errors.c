@@ -35,6 +35,7 @@
 #include "t_backend.h"
 #include "t_config.h"
 #include "t_data.h"
+#include "t_manager.h"
 #include "internal.h"
 #include "kvtier.h"
 
@@ -150,14 +151,6 @@ static void fx_snapshot_positions(struct fx *f)
 			}
 }
 
-static struct kvt_stats get_stats(const struct kvt_manager *m)
-{
-	struct kvt_stats st = KVT_STATS_INIT;
-
-	assert_int_equal(kvt_manager_stats(m, &st), 0);
-	return st;
-}
-
 /* Everything observable about the fixture's sequences is as recorded: token counts, resident
    positions, and the bytes of every token in both read paths. */
 static void fx_check_state(struct fx *f, const char *file, int line)
@@ -268,7 +261,7 @@ static int fx_teardown(void **state)
    byte-identical, sequences unchanged. */
 #define EXPECT_FAIL(f, call, code)                                                  \
 	do {                                                                        \
-		struct kvt_stats before_ = get_stats((f)->m), after_;               \
+		struct kvt_stats before_ = t_stats_of((f)->m), after_;              \
 		int rc_;                                                            \
 		(f)->m->err[0] = '\0';                                              \
 		rc_ = (call);                                                       \
@@ -276,7 +269,7 @@ static int fx_teardown(void **state)
 		assert_non_null(kvt_manager_last_error((f)->m));                    \
 		if (kvt_manager_last_error((f)->m)[0] == '\0')                      \
 			fail_msg("%s: no detail in kvt_manager_last_error", #call); \
-		after_ = get_stats((f)->m);                                         \
+		after_ = t_stats_of((f)->m);                                        \
 		assert_memory_equal(&before_, &after_, sizeof(before_));            \
 		CHECK_STATE(f);                                                     \
 	} while (0)
@@ -284,9 +277,9 @@ static int fx_teardown(void **state)
 /* A call on a const manager (config, stats): cannot record a detail, must change nothing. */
 #define EXPECT_FAIL_CONST(f, call, code)                                 \
 	do {                                                             \
-		struct kvt_stats before_ = get_stats((f)->m), after_;    \
+		struct kvt_stats before_ = t_stats_of((f)->m), after_;   \
 		assert_int_equal((call), (code));                        \
-		after_ = get_stats((f)->m);                              \
+		after_ = t_stats_of((f)->m);                             \
 		assert_memory_equal(&before_, &after_, sizeof(before_)); \
 		CHECK_STATE(f);                                          \
 	} while (0)
@@ -616,7 +609,7 @@ static void test_stats_errors(void **state)
 	struct fx *f = *state;
 	const size_t full = sizeof(struct kvt_stats);
 	uint8_t buf[sizeof(struct kvt_stats) + 64];
-	struct kvt_stats ref = get_stats(f->m);
+	struct kvt_stats ref = t_stats_of(f->m);
 
 	assert_int_equal(kvt_manager_stats(NULL, &ref), -EINVAL);
 	EXPECT_FAIL_CONST(f, kvt_manager_stats(f->m, NULL), -EINVAL);
@@ -636,7 +629,7 @@ static void test_stats_errors(void **state)
 	/* A size covering part of the struct: exactly that many bytes written, matching the
 	   full struct; the rest untouched. Larger than the struct: the struct, no more. (Only
 	   kvt_manager_stats runs from here on, so the counters stay as in ref.) */
-	ref = get_stats(f->m);
+	ref = t_stats_of(f->m);
 	const uint32_t sizes[] = {8,
 				  12,
 				  16,
@@ -692,12 +685,12 @@ static void test_seq_create_errors(void **state)
 	EXPECT_FAIL(f, kvt_seq_create(f->m, SEQ_C, 30), -EEXIST);
 	/* Edges accepted: 1 and INT32_MAX tokens (no tier memory until prefill); ids 0 and
 	   UINT64_MAX are ordinary ids. */
-	struct kvt_stats st0 = get_stats(f->m), st1;
+	struct kvt_stats st0 = t_stats_of(f->m), st1;
 
 	assert_int_equal(kvt_seq_create(f->m, 7, INT32_MAX), 0);
 	assert_int_equal(kvt_seq_create(f->m, 0, 1), 0);
 	assert_int_equal(kvt_seq_create(f->m, UINT64_MAX, 1), 0);
-	st1 = get_stats(f->m);
+	st1 = t_stats_of(f->m);
 	assert_int_equal(st1.live_seqs, st0.live_seqs + 3);
 	assert_int_equal(st1.device_frames_used, st0.device_frames_used);
 	assert_int_equal(st1.host_blocks_used, st0.host_blocks_used);
@@ -706,7 +699,7 @@ static void test_seq_create_errors(void **state)
 	assert_int_equal(kvt_seq_destroy(f->m, 7), 0);
 	assert_int_equal(kvt_seq_destroy(f->m, 0), 0);
 	assert_int_equal(kvt_seq_destroy(f->m, UINT64_MAX), 0);
-	st1 = get_stats(f->m);
+	st1 = t_stats_of(f->m);
 	assert_int_equal(st1.live_seqs, st0.live_seqs);
 	CHECK_STATE(f);
 }
@@ -872,11 +865,11 @@ static void test_prefill_tier_full(void **state)
 		assert_int_equal(kvt_seq_create(m, 1, 40), 0);
 		assert_int_equal(kvt_seq_create(m, 2, 40), 0);
 		assert_int_equal(t_prefill_layer(m, 1, 0, t1.k, t1.v, t1.q, NULL), 0);
-		s0 = get_stats(m);
+		s0 = t_stats_of(m);
 		m->err[0] = '\0';
 		assert_int_equal(t_prefill_layer(m, 2, 0, t2.k, t2.v, t2.q, NULL), -ENOMEM);
 		assert_true(strlen(kvt_manager_last_error(m)) > 0);
-		s1 = get_stats(m);
+		s1 = t_stats_of(m);
 		assert_memory_equal(&s0, &s1, sizeof(s0));
 		uint32_t n = 1;
 
@@ -886,7 +879,7 @@ static void test_prefill_tier_full(void **state)
 		   took come back on destroy. */
 		assert_int_equal(kvt_seq_destroy(m, 1), 0);
 		assert_int_equal(t_prefill_layer(m, 2, 0, t2.k, t2.v, t2.q, NULL), 0);
-		s1 = get_stats(m);
+		s1 = t_stats_of(m);
 		assert_int_equal(s1.device_frames_used, 5 * 2);
 		assert_int_equal(s1.host_blocks_used, 5 * 2);
 		uint8_t k[32], v[32], ek[32];
@@ -895,7 +888,7 @@ static void test_prefill_tier_full(void **state)
 		t_fill_row(g.c.dtype, g.c.head_dim, ek, 2, 0, 1, 39, 0);
 		assert_memory_equal(k, ek, 32);
 		assert_int_equal(kvt_seq_destroy(m, 2), 0);
-		s1 = get_stats(m);
+		s1 = t_stats_of(m);
 		assert_int_equal(s1.device_frames_used, 0);
 		assert_int_equal(s1.host_blocks_used, 0);
 		kvt_manager_destroy(m);
@@ -1014,13 +1007,13 @@ static void test_decode_overflow(void **state)
 	s->layers[0].n_tokens = INT32_MAX;
 	junk_decode(f, 2, &k, &v);
 	{
-		struct kvt_stats before = get_stats(f->m), after;
+		struct kvt_stats before = t_stats_of(f->m), after;
 		uint32_t n;
 
 		f->m->err[0] = '\0';
 		assert_int_equal(t_decode_append(f->m, 0, ab, 2, k, v, NULL), -EOVERFLOW);
 		assert_true(strlen(kvt_manager_last_error(f->m)) > 0);
-		after = get_stats(f->m);
+		after = t_stats_of(f->m);
 		assert_memory_equal(&before, &after, sizeof(before));
 		assert_int_equal(kvt_seq_tokens(f->m, SEQ_B, 0, &n), 0);
 		assert_int_equal(n, INT32_MAX);
@@ -1057,7 +1050,7 @@ static void test_decode_host_full(void **state)
 		free_tensors(&t);
 	}
 	junk_decode(&g, 3, &k, &v);
-	s0 = get_stats(m);
+	s0 = t_stats_of(m);
 	assert_int_equal(s0.host_blocks_free, 1 * 2);
 	m->err[0] = '\0';
 	assert_int_equal(t_decode_append(m, 0, ids, 3, k, v, NULL), -ENOMEM);
@@ -1065,7 +1058,7 @@ static void test_decode_host_full(void **state)
 	m->err[0] = '\0';
 	assert_int_equal(t_decode_append(m, 0, ids, 2, k, v, NULL), -ENOMEM);
 	assert_true(strlen(kvt_manager_last_error(m)) > 0);
-	s1 = get_stats(m);
+	s1 = t_stats_of(m);
 	assert_memory_equal(&s0, &s1, sizeof(s0));
 	for (uint64_t i = 1; i <= 3; i++) {
 		uint32_t n;
@@ -1085,7 +1078,7 @@ static void test_decode_host_full(void **state)
 
 		t_fill_decode(&g.c, &ids[2], &p8, 1, 0, k, v);
 		assert_int_equal(t_decode_append(m, 0, &ids[2], 1, k, v, NULL), 0);
-		s1 = get_stats(m);
+		s1 = t_stats_of(m);
 		assert_int_equal(s1.host_blocks_free, 0);
 	}
 	kvt_manager_destroy(m);

@@ -1395,14 +1395,6 @@ static bool probe_disk(void)
 	return rc != -ENOTSUP;
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void print_errors(void)
 {
 	for (uint32_t i = 0; i < g_n_errs; i++) {
@@ -1435,7 +1427,7 @@ static void test_fault_walk(void **state)
 {
 	const char *only = getenv("KVT_FAULT_ONLY");
 	uint64_t n0 = 1, n1;
-	double t0 = now_s(), t1;
+	double t0 = t_now_s(), t1;
 
 	(void)state;
 	g_verbose = getenv("KVT_FAULT_VERBOSE") && *getenv("KVT_FAULT_VERBOSE") == '1';
@@ -1480,7 +1472,7 @@ static void test_fault_walk(void **state)
 	}
 	for (uint64_t n = n0; n <= n1; n++)
 		run_once(MODE_FAULT, KVT_FAULT_ALL, n);
-	t1 = now_s();
+	t1 = t_now_s();
 	kvt_log_set(NULL, NULL);
 
 	print_message("# fault: %llu sites walked (alloc %llu, xfer %llu, io %llu, cuda %llu), "

@@ -25,70 +25,12 @@
 #include "t_backend.h"
 #include "t_config.h"
 #include "t_data.h"
+#include "t_manager.h"
 #include "internal.h"
 #include "policy.h"
+#include "util.h"
 
 #define MAX_LAYERS 4
-
-#define DIV_UP(a, b) (((a) + (b)-1) / (b))
-
-/* ---- helpers ---------------------------------------------------------------------------- */
-
-static size_t rowb(const struct kvt_config *c)
-{
-	return (size_t)c->head_dim * kvt_dtype_size(c->dtype);
-}
-
-static uint64_t group_bytes(const struct kvt_config *c)
-{
-	return (uint64_t)c->n_kv_heads * 2 * c->block_tokens * rowb(c);
-}
-
-/* Device frames one prefilled (seq, layer) holds, per kv head. */
-static uint32_t frames_per_head(const struct kvt_config *c, uint32_t L)
-{
-	return DIV_UP(c->sink_tokens + c->recent_tokens + t_naive_count(c, L), c->block_tokens);
-}
-
-static struct kvt_manager *mk(const struct kvt_config *c)
-{
-	struct kvt_manager *m = NULL;
-
-	CHECK_RC(t_manager_create(c, &m), 0);
-	assert_non_null(m);
-	return m;
-}
-
-static struct kvt_stats stats_of(struct kvt_manager *m)
-{
-	struct kvt_stats st = KVT_STATS_INIT;
-
-	CHECK_RC(kvt_manager_stats(m, &st), 0);
-	return st;
-}
-
-static void expect_stats_equal(const struct kvt_stats *a, const struct kvt_stats *b,
-			       const char *file, int line)
-{
-	if (memcmp(a, b, sizeof(*a)) == 0)
-		return;
-	fail_at(file, line,
-		"stats changed: frames used %llu -> %llu, blocks used %llu -> %llu, "
-		"tokens saved %llu -> %llu, appended %llu -> %llu, prefill layers %llu -> %llu, "
-		"decode calls %llu -> %llu, saves %llu -> %llu, bytes d2h %llu -> %llu, "
-		"bytes d2d %llu -> %llu",
-		(unsigned long long)a->device_frames_used,
-		(unsigned long long)b->device_frames_used, (unsigned long long)a->host_blocks_used,
-		(unsigned long long)b->host_blocks_used, (unsigned long long)a->tokens_saved,
-		(unsigned long long)b->tokens_saved, (unsigned long long)a->tokens_appended,
-		(unsigned long long)b->tokens_appended, (unsigned long long)a->prefill_layers,
-		(unsigned long long)b->prefill_layers, (unsigned long long)a->decode_calls,
-		(unsigned long long)b->decode_calls, (unsigned long long)a->saves_submitted,
-		(unsigned long long)b->saves_submitted, (unsigned long long)a->bytes_d2h,
-		(unsigned long long)b->bytes_d2h, (unsigned long long)a->bytes_d2d,
-		(unsigned long long)b->bytes_d2d);
-}
-#define EXPECT_STATS_EQUAL(a, b) expect_stats_equal((a), (b), __FILE__, __LINE__)
 
 /* What the test knows of one sequence. */
 struct tseq {
@@ -120,7 +62,7 @@ static void tseq_fini(struct tseq *t)
 static int prefill_raw(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq,
 		       uint32_t layer, uint32_t L, int32_t *topk, bool null_q)
 {
-	size_t rb = rowb(c), kv_bytes = (size_t)c->n_kv_heads * L * rb;
+	size_t rb = t_rowb(c), kv_bytes = (size_t)c->n_kv_heads * L * rb;
 	size_t q_bytes = (size_t)c->n_q_heads * c->obs_window * rb;
 	void *k = t_xmalloc(kv_bytes), *v = t_xmalloc(kv_bytes), *q = t_xmalloc(q_bytes);
 	struct kvt_snapkv sp = t_snapkv_of(c, L);
@@ -219,12 +161,12 @@ static void check_resident_at(struct kvt_manager *m, const struct kvt_config *c,
 static void check_readback_at(struct kvt_manager *m, const struct kvt_config *c,
 			      const struct tseq *t, uint32_t layer, const char *file, int line)
 {
-	size_t rb = rowb(c);
+	size_t rb = t_rowb(c);
 	uint8_t *wk = t_xmalloc(rb), *wv = t_xmalloc(rb), *gk = t_xmalloc(rb), *gv = t_xmalloc(rb);
 	int32_t *res = t_xmalloc(((size_t)c->sink_tokens + c->recent_tokens + t->count + 1) *
 				 sizeof(int32_t));
 	uint32_t N = t->n[layer];
-	uint64_t resident = 0, read0 = stats_of(m).bytes_read;
+	uint64_t resident = 0, read0 = t_stats_of(m).bytes_read;
 
 	for (uint32_t h = 0; h < c->n_kv_heads; h++)
 		resident += t_expect_resident(c, N, t->topk[layer] + (size_t)h * t->count, t->count,
@@ -254,12 +196,12 @@ static void check_readback_at(struct kvt_manager *m, const struct kvt_config *c,
 		}
 	/* bytes_read counts device reads: exactly the resident rows came from the device tier
 	   (the host-history pass reads none) */
-	if (stats_of(m).bytes_read - read0 != 2 * rb * resident)
+	if (t_stats_of(m).bytes_read - read0 != 2 * rb * resident)
 		fail_at(file, line,
 			"seq %llu layer %u: %llu bytes read from the device tier, expected %llu "
 			"(%llu resident rows)",
 			(unsigned long long)t->id, layer,
-			(unsigned long long)(stats_of(m).bytes_read - read0),
+			(unsigned long long)(t_stats_of(m).bytes_read - read0),
 			(unsigned long long)(2 * rb * resident), (unsigned long long)resident);
 	/* one past the end is out of range */
 	CHECK_RC(kvt_seq_read_token(m, t->id, layer, 0, N, gk, gv), -EINVAL);
@@ -275,7 +217,7 @@ static void check_readback_at(struct kvt_manager *m, const struct kvt_config *c,
 static void check_resident_rows(struct kvt_manager *m, const struct kvt_config *c,
 				const struct tseq *t, uint32_t layer)
 {
-	size_t rb = rowb(c), cap = (size_t)c->sink_tokens + c->recent_tokens + t->count + 8;
+	size_t rb = t_rowb(c), cap = (size_t)c->sink_tokens + c->recent_tokens + t->count + 8;
 	uint8_t *wk = t_xmalloc(rb), *wv = t_xmalloc(rb), *gk = t_xmalloc(rb), *gv = t_xmalloc(rb);
 	int32_t *pos = t_xmalloc(cap * sizeof(int32_t));
 	uint32_t n = 0;
@@ -371,7 +313,7 @@ static void check_attend_at(struct kvt_manager *m, const struct kvt_config *c, c
 static int decode_step(struct kvt_manager *m, const struct kvt_config *c, uint32_t layer,
 		       struct tseq **ts, uint32_t n)
 {
-	size_t bytes = (size_t)n * c->n_kv_heads * rowb(c);
+	size_t bytes = (size_t)n * c->n_kv_heads * t_rowb(c);
 	uint64_t *ids = t_xmalloc(n * sizeof(uint64_t));
 	uint32_t *pos = t_xmalloc(n * sizeof(uint32_t));
 	void *k = t_xmalloc(bytes), *v = t_xmalloc(bytes);
@@ -411,14 +353,14 @@ static void check_tokens(struct kvt_manager *m, const struct kvt_config *c, cons
 static void check_usage(struct kvt_manager *m, const struct kvt_config *c, struct tseq *ts,
 			uint32_t n)
 {
-	struct kvt_stats st = stats_of(m);
+	struct kvt_stats st = t_stats_of(m);
 	uint64_t frames = 0, blocks = 0;
 
 	for (uint32_t i = 0; i < n; i++)
 		for (uint32_t l = 0; l < c->n_layers; l++) {
 			if (!ts[i].n[l])
 				continue;
-			frames += (uint64_t)c->n_kv_heads * frames_per_head(c, ts[i].L);
+			frames += (uint64_t)c->n_kv_heads * t_frames_per_head(c, ts[i].L);
 			blocks += (uint64_t)c->n_kv_heads * DIV_UP(ts[i].n[l], c->block_tokens);
 		}
 	assert_int_equal(st.device_frames_used, frames);
@@ -439,7 +381,7 @@ static void test_config_and_geometry(void **state)
 	(void)state;
 	if (t_auto_backend() == KVT_BACKEND_HOST) /* this suite's tensors are host memory */
 		c.backend = KVT_BACKEND_AUTO;
-	m = mk(&c);
+	m = t_mk(&c);
 	CHECK_RC(kvt_manager_config(m, &got), 0);
 	assert_int_equal(got.backend, t_be->kind);
 	assert_int_equal(got.n_layers, c.n_layers);
@@ -457,7 +399,7 @@ static void test_config_and_geometry(void **state)
 	/* 2 heads x (K+V) x 8 tokens x 16 dims x 2 bytes = 1 KiB per group */
 	gb = (uint64_t)c.n_kv_heads * 2 * c.block_tokens * c.head_dim * 2;
 	assert_int_equal(gb, 1024);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	assert_int_equal(st.size, sizeof(st));
 	assert_int_equal(st.version, KVT_STATS_VERSION);
 	assert_int_equal(st.device_frames_total, (c.device_bytes / gb) * c.n_kv_heads);
@@ -480,12 +422,12 @@ static void test_config_and_geometry(void **state)
 	c.n_q_heads = 8;
 	c.head_dim = 24;
 	c.block_tokens = 32;
-	gb = group_bytes(&c); /* 4 * 2 * 32 * 24 * 4 = 24 KiB */
+	gb = t_group_bytes(&c); /* 4 * 2 * 32 * 24 * 4 = 24 KiB */
 	assert_int_equal(gb, 24576);
 	c.device_bytes = 7 * gb + gb - 1;
 	c.host_bytes = 11 * gb + 1;
-	m = mk(&c);
-	st = stats_of(m);
+	m = t_mk(&c);
+	st = t_stats_of(m);
 	assert_int_equal(st.device_frames_total, 7 * 4);
 	assert_int_equal(st.host_blocks_total, 11 * 4);
 	assert_int_equal(st.device_frames_free, 7 * 4);
@@ -493,7 +435,7 @@ static void test_config_and_geometry(void **state)
 	kvt_manager_destroy(m);
 
 	/* a short stats struct is filled only up to its size */
-	m = mk(&c);
+	m = t_mk(&c);
 	{
 		struct kvt_stats small;
 
@@ -510,24 +452,24 @@ static void test_config_and_geometry(void **state)
 static void test_stats_counters(void **state)
 {
 	struct kvt_config c = t_small_config();
-	struct kvt_manager *m = mk(&c);
+	struct kvt_manager *m = t_mk(&c);
 	struct tseq a, b;
 	struct tseq *batch[2];
 	struct kvt_stats st;
-	uint64_t rb = rowb(&c), H = c.n_kv_heads;
+	uint64_t rb = t_rowb(&c), H = c.n_kv_heads;
 
 	(void)state;
 	tseq_init(&a, 0x1234567890abcdefull, 100);
 	tseq_init(&b, 7, 10);
 	CHECK_RC(kvt_seq_create(m, a.id, a.L), 0);
 	CHECK_RC(kvt_seq_create(m, b.id, b.L), 0);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	assert_int_equal(st.live_seqs, 2);
 	assert_int_equal(st.device_frames_used, 0); /* create allocates no tier memory */
 	assert_int_equal(st.host_blocks_used, 0);
 
 	tseq_prefill(m, &c, &a, 0);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	/* sink 8 + recent 16 + top-K 16 = 40 slots = 5 frames per head; 100 tokens = 13 blocks */
 	assert_int_equal(st.device_frames_used, 2 * 5);
 	assert_int_equal(st.host_blocks_used, 2 * 13);
@@ -546,7 +488,7 @@ static void test_stats_counters(void **state)
 
 	/* Case 1 prompt on layer 1: 10 tokens, all resident; frames still cover sink + recent */
 	tseq_prefill(m, &c, &b, 1);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	assert_int_equal(st.device_frames_used, 2 * 5 + 2 * 3);
 	assert_int_equal(st.host_blocks_used, 2 * 13 + 2 * 2);
 	assert_int_equal(st.tokens_prompt, 110);
@@ -561,7 +503,7 @@ static void test_stats_counters(void **state)
 	batch[0] = &a;
 	for (int i = 0; i < 9; i++)
 		CHECK_RC(decode_step(m, &c, 0, batch, 1), 0);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	assert_int_equal(st.host_blocks_used, 2 * 14 + 2 * 2);
 	assert_int_equal(st.device_frames_used, 2 * 5 + 2 * 3);
 	assert_int_equal(st.tokens_appended, 9);
@@ -577,13 +519,13 @@ static void test_stats_counters(void **state)
 	batch[1] = &a;
 	CHECK_RC(decode_step(m, &c, 1, batch, 2), -EINVAL);
 	{
-		struct kvt_stats st2 = stats_of(m);
+		struct kvt_stats st2 = t_stats_of(m);
 
-		EXPECT_STATS_EQUAL(&st, &st2);
+		CHECK_STATS_EQUAL(&st, &st2);
 	}
 	tseq_prefill(m, &c, &a, 1);
 	CHECK_RC(decode_step(m, &c, 1, batch, 2), 0);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	assert_int_equal(st.tokens_appended, 11);
 	assert_int_equal(st.decode_calls, 10);
 	check_usage(m, &c, (struct tseq[]){a, b}, 2);
@@ -594,23 +536,23 @@ static void test_stats_counters(void **state)
 	   host-history read counts in neither */
 	{
 		uint8_t k[64], v[64];
-		struct kvt_stats before = stats_of(m);
+		struct kvt_stats before = t_stats_of(m);
 
 		CHECK_RC(kvt_seq_read_token(m, a.id, 0, 1, 3, k, v), 0); /* sink: resident */
-		assert_int_equal(stats_of(m).bytes_read, before.bytes_read + 2 * rb);
-		assert_int_equal(stats_of(m).bytes_d2h, before.bytes_d2h);
+		assert_int_equal(t_stats_of(m).bytes_read, before.bytes_read + 2 * rb);
+		assert_int_equal(t_stats_of(m).bytes_d2h, before.bytes_d2h);
 		CHECK_RC(kvt_seq_read_token_host(m, a.id, 0, 1, 3, k, v), 0);
-		assert_int_equal(stats_of(m).bytes_read, before.bytes_read + 2 * rb);
-		assert_int_equal(stats_of(m).bytes_d2h, before.bytes_d2h);
+		assert_int_equal(t_stats_of(m).bytes_read, before.bytes_read + 2 * rb);
+		assert_int_equal(t_stats_of(m).bytes_d2h, before.bytes_d2h);
 	}
 
 	CHECK_RC(kvt_seq_destroy(m, a.id), 0);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	assert_int_equal(st.live_seqs, 1);
 	assert_int_equal(st.device_frames_used, 2 * 3);
 	assert_int_equal(st.host_blocks_used, 2 * DIV_UP(11, 8));
 	CHECK_RC(kvt_seq_destroy(m, b.id), 0);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	assert_int_equal(st.live_seqs, 0);
 	assert_int_equal(st.device_frames_used, 0);
 	assert_int_equal(st.host_blocks_used, 0);
@@ -630,7 +572,7 @@ static void test_stats_counters(void **state)
    attention. */
 static void layout_case(const struct kvt_config *c, uint32_t L, uint64_t id)
 {
-	struct kvt_manager *m = mk(c);
+	struct kvt_manager *m = t_mk(c);
 	struct tseq t;
 
 	tseq_init(&t, id, L);
@@ -655,7 +597,7 @@ static void test_layout_small_config(void **state)
 
 	/* Case 1 and the edges written out: every prompt position resident */
 	for (uint32_t L = 1; L <= 26; L++) {
-		struct kvt_manager *m = mk(&c);
+		struct kvt_manager *m = t_mk(&c);
 		int32_t pos[64];
 		uint32_t n = 0;
 
@@ -672,7 +614,7 @@ static void test_layout_small_config(void **state)
 
 	/* a long prompt: 8 sink + 16 top-K + 16 recent */
 	{
-		struct kvt_manager *m = mk(&c);
+		struct kvt_manager *m = t_mk(&c);
 		struct tseq t;
 		int32_t pos[64];
 		uint32_t n = 0;
@@ -723,7 +665,7 @@ static void test_layout_other_windows(void **state)
 	layout_case(&c, 8, 51);
 	layout_case(&c, 9, 52);
 	{
-		struct kvt_manager *m = mk(&c);
+		struct kvt_manager *m = t_mk(&c);
 		int32_t pos[16];
 		uint32_t n = 0;
 
@@ -794,7 +736,7 @@ static void test_topk_known(void **state)
 	kvt_from_f32(c.dtype, kf, k, n_kv);
 	kvt_from_f32(c.dtype, vf, v, n_kv);
 	kvt_from_f32(c.dtype, qf, q, n_q);
-	m = mk(&c);
+	m = t_mk(&c);
 	CHECK_RC(kvt_seq_create(m, 3, L), 0);
 	CHECK_RC(t_prefill_layer(m, 3, 0, k, v, q, NULL), 0);
 	for (uint32_t h = 0; h < 2; h++) {
@@ -823,7 +765,7 @@ static void test_topk_known(void **state)
 static void test_resident_enospc(void **state)
 {
 	struct kvt_config c = t_small_config();
-	struct kvt_manager *m = mk(&c);
+	struct kvt_manager *m = t_mk(&c);
 	int32_t pos[64];
 	uint32_t n;
 
@@ -872,11 +814,6 @@ struct scen {
 	uint32_t steps;
 };
 
-static const char *dt_name(enum kvt_dtype dt)
-{
-	return dt == KVT_DTYPE_F32 ? "f32" : dt == KVT_DTYPE_F16 ? "f16" : "bf16";
-}
-
 #define SCEN_SEQS 6
 #define SCEN_LONG 250
 
@@ -900,8 +837,8 @@ static struct kvt_config scen_config(const struct scen *s)
 	/* room for every sequence on both layers, plus a little */
 	fr = DIV_UP(s->sink + s->recent + s->topk, s->bt);
 	bl = DIV_UP(SCEN_LONG + s->steps + 1, s->bt);
-	c.device_bytes = group_bytes(&c) * (2 * SCEN_SEQS * fr + 4);
-	c.host_bytes = group_bytes(&c) * (2 * SCEN_SEQS * bl + 4);
+	c.device_bytes = t_group_bytes(&c) * (2 * SCEN_SEQS * fr + 4);
+	c.host_bytes = t_group_bytes(&c) * (2 * SCEN_SEQS * bl + 4);
 	return c;
 }
 
@@ -922,9 +859,9 @@ static void run_scenario(const struct scen *s)
 
 	print_message("# %s G=%u kv=%u D=%u bt=%u sink=%u recent=%u topk=%u obs=%u threads=%u "
 		      "staging=%llu steps=%u\n",
-		      dt_name(s->dt), s->G, s->kv, s->D, s->bt, s->sink, s->recent, s->topk, s->obs,
-		      s->threads, (unsigned long long)c.staging_bytes, s->steps);
-	m = mk(&c);
+		      t_dt_name(s->dt), s->G, s->kv, s->D, s->bt, s->sink, s->recent, s->topk,
+		      s->obs, s->threads, (unsigned long long)c.staging_bytes, s->steps);
+	m = t_mk(&c);
 	for (uint32_t i = 0; i < SCEN_SEQS; i++) {
 		tseq_init(&ts[i], 0xabc0000000000000ull + i * 0x10001ull, lens[i]);
 		CHECK_RC(kvt_seq_create(m, ts[i].id, lens[i]), 0);
@@ -990,7 +927,7 @@ static void run_scenario(const struct scen *s)
 		check_usage(m, &c, ts, SCEN_SEQS);
 	}
 	{
-		struct kvt_stats st = stats_of(m);
+		struct kvt_stats st = t_stats_of(m);
 
 		assert_int_equal(st.device_frames_used, 0);
 		assert_int_equal(st.host_blocks_used, 0);
@@ -1069,7 +1006,7 @@ static void test_save_threads_staging(void **state)
 		run_scenario(&s);
 
 		/* direct check that a multi-chunk append lands intact */
-		m = mk(&c);
+		m = t_mk(&c);
 		{
 			struct tseq ts[9];
 			struct tseq *batch[9];
@@ -1088,7 +1025,7 @@ static void test_save_threads_staging(void **state)
 				CHECK_READBACK(m, &c, &ts[i], 0);
 				CHECK_RESIDENT(m, &c, &ts[i], 0);
 			}
-			st[t] = stats_of(m);
+			st[t] = t_stats_of(m);
 			for (uint32_t i = 0; i < 9; i++)
 				tseq_fini(&ts[i]);
 		}
@@ -1096,7 +1033,7 @@ static void test_save_threads_staging(void **state)
 	}
 	for (int t = 1; t < 3; t++) {
 		st[t].save_threads = st[0].save_threads;
-		EXPECT_STATS_EQUAL(&st[0], &st[t]);
+		CHECK_STATS_EQUAL(&st[0], &st[t]);
 	}
 	assert_int_equal(st[0].tokens_appended, 180);
 }
@@ -1121,9 +1058,9 @@ static void save_visibility(uint32_t threads)
 	c.save_threads = threads;
 	c.staging_bytes = 8u << 20; /* 2 chunks per prefill: the second one is still being scattered
 				       when the call returns */
-	c.device_bytes = 40 * group_bytes(&c);
-	c.host_bytes = 48 * group_bytes(&c);
-	m = mk(&c);
+	c.device_bytes = 40 * t_group_bytes(&c);
+	c.host_bytes = 48 * t_group_bytes(&c);
+	m = t_mk(&c);
 	for (uint32_t r = 0; r < 3; r++) {
 		uint32_t L = 2048 - r * 37;
 		uint64_t id = 900 + r;
@@ -1144,9 +1081,9 @@ static void save_visibility(uint32_t threads)
 	/* destroy right behind a large save: its blocks go back to the pool (ASan-poisoned)
 	   and are handed out again, so the save must have landed before destroy returns */
 	{
-		size_t kv_bytes = (size_t)c.n_kv_heads * 2048 * rowb(&c);
+		size_t kv_bytes = (size_t)c.n_kv_heads * 2048 * t_rowb(&c);
 		void *k = t_xmalloc(kv_bytes), *v = t_xmalloc(kv_bytes);
-		void *q = t_xmalloc((size_t)c.n_q_heads * c.obs_window * rowb(&c));
+		void *q = t_xmalloc((size_t)c.n_q_heads * c.obs_window * t_rowb(&c));
 
 		t_fill_prefill(&c, 920, 1, 2048, k, v, q);
 		for (uint32_t r = 0; r < 6; r++) {
@@ -1206,7 +1143,7 @@ static void test_batched_interleaved(void **state)
 	c.n_layers = 3;
 	c.sink_tokens = 5;
 	c.recent_tokens = 13;
-	m = mk(&c);
+	m = t_mk(&c);
 	tseq_init(&a, 1, 300);
 	tseq_init(&b, 2, 5);
 	tseq_init(&cc, 3, 18);
@@ -1232,20 +1169,20 @@ static void test_batched_interleaved(void **state)
 	CHECK_RC(decode_step(m, &c, 0, bt, 1), 0);
 
 	/* layer 0 is prefilled for a only: a batch naming b fails whole */
-	st = stats_of(m);
+	st = t_stats_of(m);
 	bt[0] = &a;
 	bt[1] = &b;
 	CHECK_RC(decode_step(m, &c, 0, bt, 2), -EINVAL);
 	assert_true(strlen(kvt_manager_last_error(m)) > 0);
-	st2 = stats_of(m);
-	EXPECT_STATS_EQUAL(&st, &st2);
+	st2 = t_stats_of(m);
+	CHECK_STATS_EQUAL(&st, &st2);
 	/* a repeated id fails whole */
 	bt[0] = &a;
 	bt[1] = &cc;
 	bt[2] = &a;
 	CHECK_RC(decode_step(m, &c, 1, bt, 3), -EINVAL);
-	st2 = stats_of(m);
-	EXPECT_STATS_EQUAL(&st, &st2);
+	st2 = t_stats_of(m);
+	CHECK_STATS_EQUAL(&st, &st2);
 	for (int i = 0; i < 5; i++)
 		check_tokens(m, &c, all[i]);
 
@@ -1318,9 +1255,9 @@ static void test_device_capacity(void **state)
 	(void)state;
 	/* exactly one (sequence, layer) of a 100-token prompt: 5 frame groups (+ a spare byte
 	   short of a sixth) */
-	c.device_bytes = 5 * group_bytes(&c) + group_bytes(&c) - 1;
-	m = mk(&c);
-	assert_int_equal(stats_of(m).device_frames_total, 5 * c.n_kv_heads);
+	c.device_bytes = 5 * t_group_bytes(&c) + t_group_bytes(&c) - 1;
+	m = t_mk(&c);
+	assert_int_equal(t_stats_of(m).device_frames_total, 5 * c.n_kv_heads);
 	tseq_init(&a, 100, 100);
 	tseq_init(&b, 200, 100);
 	tseq_init(&s3, 300, 3);
@@ -1328,17 +1265,17 @@ static void test_device_capacity(void **state)
 	CHECK_RC(kvt_seq_create(m, b.id, b.L), 0);
 	CHECK_RC(kvt_seq_create(m, s3.id, s3.L), 0);
 	tseq_prefill(m, &c, &a, 0);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	assert_int_equal(st.device_frames_free, 0);
 
 	CHECK_RC(prefill_raw(m, &c, b.id, 0, b.L, NULL, false), -ENOMEM);
 	assert_true(strlen(kvt_manager_last_error(m)) > 0);
-	st2 = stats_of(m);
-	EXPECT_STATS_EQUAL(&st, &st2);
+	st2 = t_stats_of(m);
+	CHECK_STATS_EQUAL(&st, &st2);
 	CHECK_RC(prefill_raw(m, &c, a.id, 1, a.L, NULL, false), -ENOMEM);
 	CHECK_RC(prefill_raw(m, &c, s3.id, 1, s3.L, NULL, true), -ENOMEM);
-	st2 = stats_of(m);
-	EXPECT_STATS_EQUAL(&st, &st2);
+	st2 = t_stats_of(m);
+	CHECK_STATS_EQUAL(&st, &st2);
 	check_tokens(m, &c, &b);
 	check_tokens(m, &c, &s3);
 	CHECK_RC(kvt_seq_resident_positions(m, b.id, 0, 0, pos, 64, &n), -EINVAL);
@@ -1378,19 +1315,19 @@ static void test_host_capacity_prefill(void **state)
 
 	(void)state;
 	/* 100 tokens = 13 host groups; room for 20 */
-	c.host_bytes = 20 * group_bytes(&c);
-	m = mk(&c);
+	c.host_bytes = 20 * t_group_bytes(&c);
+	m = t_mk(&c);
 	tseq_init(&a, 1, 100);
 	tseq_init(&b, 2, 100);
 	CHECK_RC(kvt_seq_create(m, a.id, a.L), 0);
 	CHECK_RC(kvt_seq_create(m, b.id, b.L), 0);
 	tseq_prefill(m, &c, &a, 0);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	/* the device tier has room, the host tier not: no device frame may stay taken */
 	CHECK_RC(prefill_raw(m, &c, b.id, 1, b.L, NULL, false), -ENOMEM);
 	assert_true(strlen(kvt_manager_last_error(m)) > 0);
-	st2 = stats_of(m);
-	EXPECT_STATS_EQUAL(&st, &st2);
+	st2 = t_stats_of(m);
+	CHECK_STATS_EQUAL(&st, &st2);
 	check_tokens(m, &c, &b);
 	CHECK_RC(kvt_seq_destroy(m, a.id), 0);
 	tseq_prefill(m, &c, &b, 1);
@@ -1411,8 +1348,8 @@ static void test_host_capacity_decode(void **state)
 
 	(void)state;
 	/* a: 16 tokens (2 groups), b: 12 tokens (2 groups); one group to spare */
-	c.host_bytes = 5 * group_bytes(&c);
-	m = mk(&c);
+	c.host_bytes = 5 * t_group_bytes(&c);
+	m = t_mk(&c);
 	tseq_init(&a, 10, 16);
 	tseq_init(&b, 20, 12);
 	CHECK_RC(kvt_seq_create(m, a.id, a.L), 0);
@@ -1422,7 +1359,7 @@ static void test_host_capacity_decode(void **state)
 	bt[0] = &a;
 	bt[1] = &b;
 	CHECK_RC(decode_step(m, &c, 0, bt, 2), 0); /* a takes the spare group */
-	assert_int_equal(stats_of(m).host_blocks_free, 0);
+	assert_int_equal(t_stats_of(m).host_blocks_free, 0);
 	bt[0] = &b;
 	bt[1] = &a;
 	for (int i = 0; i < 3; i++)
@@ -1431,13 +1368,13 @@ static void test_host_capacity_decode(void **state)
 	assert_int_equal(b.n[0], 16);
 
 	/* b needs a new group now: the whole batch fails, a included */
-	st = stats_of(m);
+	st = t_stats_of(m);
 	bt[0] = &a;
 	bt[1] = &b;
 	CHECK_RC(decode_step(m, &c, 0, bt, 2), -ENOMEM);
 	assert_true(strlen(kvt_manager_last_error(m)) > 0);
-	st2 = stats_of(m);
-	EXPECT_STATS_EQUAL(&st, &st2);
+	st2 = t_stats_of(m);
+	CHECK_STATS_EQUAL(&st, &st2);
 	check_tokens(m, &c, &a);
 	check_tokens(m, &c, &b);
 	CHECK_RESIDENT(m, &c, &a, 0);
@@ -1449,10 +1386,10 @@ static void test_host_capacity_decode(void **state)
 	bt[0] = &a;
 	for (int i = 0; i < 4; i++)
 		CHECK_RC(decode_step(m, &c, 0, bt, 1), 0);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	CHECK_RC(decode_step(m, &c, 0, bt, 1), -ENOMEM);
-	st2 = stats_of(m);
-	EXPECT_STATS_EQUAL(&st, &st2);
+	st2 = t_stats_of(m);
+	CHECK_STATS_EQUAL(&st, &st2);
 	assert_int_equal(a.n[0], 24);
 	CHECK_RESIDENT(m, &c, &a, 0);
 	CHECK_READBACK(m, &c, &a, 0);
@@ -1477,7 +1414,7 @@ static void test_host_capacity_decode(void **state)
 static void test_sync_tokens_errors(void **state)
 {
 	struct kvt_config c = t_small_config();
-	struct kvt_manager *m = mk(&c);
+	struct kvt_manager *m = t_mk(&c);
 	struct tseq a;
 	struct tseq *bt[1] = {&a};
 	uint32_t n = 0;

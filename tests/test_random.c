@@ -76,22 +76,6 @@ struct model {
 	size_t buf_kv_bytes, scratch_bytes;
 };
 
-static void expect_unchanged(const struct kvt_stats *a, const struct kvt_stats *b, const char *file,
-			     int line)
-{
-	if (memcmp(a, b, sizeof(*a)))
-		fail_at(file, line,
-			"a failed call changed the stats: frames used %llu -> %llu, blocks used "
-			"%llu -> %llu, tokens saved %llu -> %llu, decode calls %llu -> %llu",
-			(unsigned long long)a->device_frames_used,
-			(unsigned long long)b->device_frames_used,
-			(unsigned long long)a->host_blocks_used,
-			(unsigned long long)b->host_blocks_used,
-			(unsigned long long)a->tokens_saved, (unsigned long long)b->tokens_saved,
-			(unsigned long long)a->decode_calls, (unsigned long long)b->decode_calls);
-}
-#define EXPECT_UNCHANGED(a, b) expect_unchanged((a), (b), __FILE__, __LINE__)
-
 static struct model *md_of(struct t_run *r)
 {
 	return (struct model *)r;
@@ -426,7 +410,7 @@ static void op_prefill(struct t_run *r)
 			(unsigned long long)before.host_blocks_free, rc, want);
 	if (rc) {
 		after = t_stats_of(md->run.m);
-		EXPECT_UNCHANGED(&before, &after);
+		CHECK_STATS_EQUAL(&before, &after);
 		if (strlen(kvt_manager_last_error(md->run.m)) == 0)
 			fail_at(__FILE__, __LINE__, "no last error after a failed prefill");
 		md->enomem_prefill++;
@@ -487,7 +471,7 @@ static void op_decode(struct t_run *r)
 			n, l, fresh, (unsigned long long)before.host_blocks_free, rc, want);
 	if (rc) {
 		after = t_stats_of(md->run.m);
-		EXPECT_UNCHANGED(&before, &after);
+		CHECK_STATS_EQUAL(&before, &after);
 		md->enomem_decode++;
 		return;
 	}
@@ -529,7 +513,7 @@ static void op_preempt(struct t_run *r)
 	CHECK_RC(kvt_seq_resume(md->run.m, s->id, NULL), want);
 	if (want) {
 		after = t_stats_of(md->run.m);
-		EXPECT_UNCHANGED(&before, &after);
+		CHECK_STATS_EQUAL(&before, &after);
 		md->resume_enomem++;
 		return;
 	}
@@ -574,7 +558,7 @@ static void op_recall(struct t_run *r)
 			c->n_kv_heads, rr, rc);
 	if (rc) {
 		after = t_stats_of(md->run.m);
-		EXPECT_UNCHANGED(&before, &after);
+		CHECK_STATS_EQUAL(&before, &after);
 		md->recall_enospc++;
 		return;
 	}
@@ -676,7 +660,7 @@ static void op_reject(struct t_run *r)
 		fail_at(__FILE__, __LINE__, "rejected call (kind %u) returned %d, expected %d",
 			kind, rc, want);
 	after = t_stats_of(md->run.m);
-	EXPECT_UNCHANGED(&before, &after);
+	CHECK_STATS_EQUAL(&before, &after);
 	if (strlen(kvt_manager_last_error(md->run.m)) == 0)
 		fail_at(__FILE__, __LINE__, "no last error after a rejected call");
 	md->rejected++;

@@ -23,16 +23,12 @@
 #include "t_backend.h"
 #include "t_config.h"
 #include "t_data.h"
+#include "t_manager.h"
 #include "internal.h"
 #include "policy.h"
+#include "util.h"
 
-#define DIV_UP(a, b) (((a) + (b)-1) / (b))
 #define NONE UINT32_MAX
-
-static size_t rowb(const struct kvt_config *c)
-{
-	return (size_t)c->head_dim * kvt_dtype_size(c->dtype);
-}
 
 /* t_small_config with recall: bt 8, d 16, f16, 512-byte blocks; 2048 recall frames. */
 static struct kvt_config recall_config(uint32_t r, uint64_t cache_frames)
@@ -40,22 +36,14 @@ static struct kvt_config recall_config(uint32_t r, uint64_t cache_frames)
 	struct kvt_config c = t_small_config();
 
 	c.recall_blocks = r;
-	c.recall_cache_bytes = cache_frames * 2 * c.block_tokens * rowb(&c);
+	c.recall_cache_bytes = cache_frames * 2 * c.block_tokens * t_rowb(&c);
 	c.device_bytes += c.recall_cache_bytes;
 	return c;
 }
 
-static struct kvt_manager *mk(const struct kvt_config *c)
-{
-	struct kvt_manager *m = NULL;
-
-	CHECK_RC(t_manager_create(c, &m), 0);
-	return m;
-}
-
 static void prefill(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq, uint32_t L)
 {
-	size_t row = rowb(c);
+	size_t row = t_rowb(c);
 	void *k = t_xmalloc((size_t)c->n_kv_heads * L * row);
 	void *v = t_xmalloc((size_t)c->n_kv_heads * L * row);
 	void *q = t_xmalloc((size_t)c->n_q_heads * c->obs_window * row);
@@ -73,7 +61,7 @@ static void prefill(struct kvt_manager *m, const struct kvt_config *c, uint64_t 
 /* Appends `steps` tokens to seq on every layer (positions from its current length). */
 static void decode(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq, uint32_t steps)
 {
-	size_t row = rowb(c);
+	size_t row = t_rowb(c);
 	void *k = t_xmalloc(c->n_kv_heads * row), *v = t_xmalloc(c->n_kv_heads * row);
 
 	for (uint32_t t = 0; t < steps; t++)
@@ -88,18 +76,10 @@ static void decode(struct kvt_manager *m, const struct kvt_config *c, uint64_t s
 	free(v);
 }
 
-static struct kvt_stats stats(struct kvt_manager *m)
-{
-	struct kvt_stats st = KVT_STATS_INIT;
-
-	CHECK_RC(kvt_manager_stats(m, &st), 0);
-	return st;
-}
-
 /* Decode queries of one sequence ([n_q_heads][D] of dtype) and the same in f32. */
 static void make_query(const struct kvt_config *c, uint64_t seq, uint32_t salt, void *q, float *qf)
 {
-	size_t row = rowb(c);
+	size_t row = t_rowb(c);
 
 	for (uint32_t g = 0; g < c->n_q_heads; g++)
 		t_fill_row(c->dtype, c->head_dim, (uint8_t *)q + g * row, seq, 77, 2000 + g, salt,
@@ -111,7 +91,7 @@ static void make_query(const struct kvt_config *c, uint64_t seq, uint32_t salt, 
 static void full_attention(const struct kvt_config *c, uint64_t seq, uint32_t layer, uint32_t N,
 			   const float *q, float *out)
 {
-	size_t row = rowb(c);
+	size_t row = t_rowb(c);
 	uint8_t *k = t_xmalloc(N * row), *v = t_xmalloc(N * row);
 	uint32_t G = c->n_q_heads / c->n_kv_heads;
 
@@ -266,8 +246,8 @@ static void test_topr(void **state)
 static void test_recall_all_equals_full(void **state)
 {
 	struct kvt_config c = recall_config(64, 1024);
-	struct kvt_manager *m = mk(&c);
-	size_t row = rowb(&c);
+	struct kvt_manager *m = t_mk(&c);
+	size_t row = t_rowb(&c);
 	uint64_t seq = 5;
 	uint32_t L = 203, N, nb;
 	(void)state;
@@ -339,7 +319,7 @@ static void test_recall_all_equals_full(void **state)
 
 	/* Explicit list of every block (fully resident ones and repeats are ignored) gives the
 	   same attention; all hits now. */
-	struct kvt_stats s0 = stats(m);
+	struct kvt_stats s0 = t_stats_of(m);
 	uint32_t *sel = t_xmalloc((size_t)c.n_kv_heads * (nb + 2) * sizeof(uint32_t));
 
 	for (uint32_t h = 0; h < c.n_kv_heads; h++) {
@@ -350,7 +330,7 @@ static void test_recall_all_equals_full(void **state)
 	}
 	make_query(&c, seq, 0, q, qf);
 	CHECK_RC(kvt_recall_blocks(m, 0, &seq, 1, sel, nb + 2, NULL), 0);
-	struct kvt_stats s1 = stats(m);
+	struct kvt_stats s1 = t_stats_of(m);
 
 	assert_int_equal(s1.recall_loads, s0.recall_loads);
 	assert_int_equal(s1.recall_hits - s0.recall_hits, s1.recall_lookups - s0.recall_lookups);
@@ -361,9 +341,9 @@ static void test_recall_all_equals_full(void **state)
 
 	/* After one more token the partial last block grew: it is reloaded, not reused. */
 	decode(m, &c, seq, 1);
-	s0 = stats(m);
+	s0 = t_stats_of(m);
 	CHECK_RC(kvt_recall_blocks(m, 0, &seq, 1, sel, nb + 2, NULL), 0);
-	s1 = stats(m);
+	s1 = t_stats_of(m);
 	print_message("# after one token: %llu loads\n",
 		      (unsigned long long)(s1.recall_loads - s0.recall_loads));
 	CHECK_RC(kvt_seq_tokens(m, seq, 0, &N), 0);
@@ -394,9 +374,9 @@ static void test_recall_finds_needle(void **state)
 	c.recall_cache_bytes = 64 * 2 * c.block_tokens * c.head_dim * 4;
 	c.device_bytes = (4u << 20) + c.recall_cache_bytes;
 	c.topk_tokens = 0; /* the needle must come from recall, not SnapKV */
-	m = mk(&c);
+	m = t_mk(&c);
 	D = c.head_dim;
-	row = rowb(&c);
+	row = t_rowb(&c);
 	float *k = t_xmalloc(c.n_kv_heads * L * row), *v = t_xmalloc(c.n_kv_heads * L * row);
 	float q[4 * 16];
 
@@ -448,8 +428,8 @@ static void test_recall_lru(void **state)
 	c.n_kv_heads = 1;
 	c.n_q_heads = 2;
 	c.n_layers = 1;
-	c.recall_cache_bytes = 4 * 2 * c.block_tokens * rowb(&c);
-	m = mk(&c);
+	c.recall_cache_bytes = 4 * 2 * c.block_tokens * t_rowb(&c);
+	m = t_mk(&c);
 	prefill(m, &c, A, 200); /* blocks 1..21 hold non-resident tokens */
 	prefill(m, &c, B, 200);
 	memset(qf, 0, sizeof(qf));
@@ -460,9 +440,9 @@ static void test_recall_lru(void **state)
 		uint32_t b_ = (blk);                                        \
 		CHECK_RC(kvt_recall_blocks(m, 0, &s_, 1, &b_, 1, NULL), 0); \
 	} while (0)
-#define LOADS() (stats(m).recall_loads)
+#define LOADS() (t_stats_of(m).recall_loads)
 
-	s0 = stats(m);
+	s0 = t_stats_of(m);
 	assert_int_equal(s0.recall_frames_total, 4);
 	RECALL(A, 5);
 	RECALL(A, 6);
@@ -473,14 +453,14 @@ static void test_recall_lru(void **state)
 	RECALL(B, 5);					/* a different sequence's block 5 */
 	RECALL(B, 7);
 	assert_int_equal(LOADS() - s0.recall_loads, 4);
-	assert_int_equal(stats(m).recall_frames_used, 4);
+	assert_int_equal(t_stats_of(m).recall_frames_used, 4);
 	/* LRU order now (most recent first): B7 B5 A6 A5. Touch A5 -> A5 B7 B5 A6. */
 	RECALL(A, 5);
 	assert_int_equal(LOADS() - s0.recall_loads, 4);
 	CHECK_RC(kvt_attend(m, A, 0, qf, out), 0);
 	/* A new block evicts A6 (least recent). */
 	RECALL(B, 8);
-	s1 = stats(m);
+	s1 = t_stats_of(m);
 	assert_int_equal(s1.recall_loads - s0.recall_loads, 5);
 	assert_int_equal(s1.recall_evictions - s0.recall_evictions, 1);
 	/* A5 (A's current view) survived: attention still works. */
@@ -510,10 +490,10 @@ static void test_recall_lru(void **state)
 	CHECK_RC(kvt_attend(m, B, 0, qf, out), 0);
 
 	/* Destroying a sequence frees its frames. */
-	uint64_t used = stats(m).recall_frames_used;
+	uint64_t used = t_stats_of(m).recall_frames_used;
 
 	CHECK_RC(kvt_seq_destroy(m, A), 0);
-	assert_true(stats(m).recall_frames_used < used);
+	assert_true(t_stats_of(m).recall_frames_used < used);
 	kvt_manager_destroy(m);
 #undef RECALL
 #undef LOADS
@@ -523,10 +503,10 @@ static void test_recall_lru(void **state)
 static void test_recall_errors(void **state)
 {
 	struct kvt_config c = recall_config(4, 8);
-	struct kvt_manager *m = mk(&c);
+	struct kvt_manager *m = t_mk(&c);
 	uint64_t seqs[2] = {1, 2}, dup[2] = {1, 1}, ghost = 9;
 	uint32_t sel[2 * 2 * 4];
-	size_t row = rowb(&c);
+	size_t row = t_rowb(&c);
 	void *q = t_xmalloc(2 * c.n_q_heads * row);
 	struct kvt_stats s0, s1;
 	(void)state;
@@ -535,7 +515,7 @@ static void test_recall_errors(void **state)
 	prefill(m, &c, 2, 120);
 	for (uint32_t i = 0; i < 16; i++)
 		sel[i] = 2 + i % 4; /* blocks 2..5, not resident (sink 8, ring 104..119) */
-	s0 = stats(m);
+	s0 = t_stats_of(m);
 	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 0, sel, 4, NULL), -EINVAL);
 	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 2, sel, 0, NULL), -EINVAL);
 	CHECK_RC(kvt_recall_blocks(m, 0, NULL, 2, sel, 4, NULL), -EINVAL);
@@ -549,7 +529,7 @@ static void test_recall_errors(void **state)
 	/* 2 seqs x 2 heads x 4 distinct blocks = 16 > 8 frames */
 	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 2, sel, 4, NULL), -ENOSPC);
 	CHECK_RC(t_decode_recall(m, 0, seqs, 2, NULL, NULL), -EINVAL);
-	s1 = stats(m);
+	s1 = t_stats_of(m);
 	assert_memory_equal(&s0, &s1, sizeof(s0));
 	/* 1 seq x 2 heads x 4 = 8 fits exactly; repeats do not count against it */
 	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 1, sel, 4, NULL), 0);
@@ -564,11 +544,11 @@ static void test_recall_errors(void **state)
 
 	/* recall disabled / no cache */
 	c = t_small_config();
-	m = mk(&c);
+	m = t_mk(&c);
 	prefill(m, &c, 1, 120);
 	CHECK_RC(t_decode_recall(m, 0, seqs, 1, q, NULL), -EINVAL);
 	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 1, sel, 4, NULL), -EINVAL);
-	assert_int_equal(stats(m).recall_frames_total, 0);
+	assert_int_equal(t_stats_of(m).recall_frames_total, 0);
 	kvt_manager_destroy(m);
 	/* config: cache needed when r > 0, within device_bytes, ws window 1..64 */
 	c = t_small_config();
@@ -595,7 +575,7 @@ static void test_working_set_window(void **state)
 
 	c.ws_window = 3;
 	c.n_layers = 1;
-	m = mk(&c);
+	m = t_mk(&c);
 	prefill(m, &c, seq, 300);
 	CHECK_RC(kvt_seq_info(m, seq, &in), 0);
 	assert_int_equal(in.recall_ws_frames, 0);
@@ -642,7 +622,7 @@ static void test_working_set_window(void **state)
 static uint8_t *snapshot(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq,
 			 size_t *bytes)
 {
-	size_t row = rowb(c), at = 0, cap = 1 << 20;
+	size_t row = t_rowb(c), at = 0, cap = 1 << 20;
 	uint8_t *buf = t_xmalloc(cap);
 	uint64_t fr[64];
 
@@ -671,13 +651,13 @@ static void test_preempt_resume(void **state)
 	struct kvt_manager *m;
 	struct kvt_seq_info in = {.size = sizeof(in)};
 	uint64_t seq = 11, other = 12;
-	size_t row = rowb(&c), nb0, nb1;
+	size_t row = t_rowb(&c), nb0, nb1;
 	float qf[4 * 16], o0[4 * 16], o1[4 * 16];
 	uint8_t kk[64], vv[64];
 	(void)state;
 
 	c.host_bytes = 64u << 20; /* the device tier fills first below */
-	m = mk(&c);
+	m = t_mk(&c);
 	prefill(m, &c, seq, 150);
 	decode(m, &c, seq, 29); /* ring wrapped */
 	prefill(m, &c, other, 60);
@@ -688,11 +668,11 @@ static void test_preempt_resume(void **state)
 		qf[i] = (float)((int)(t_mix(i) % 100) - 50) / 50.0f;
 	CHECK_RC(kvt_attend(m, seq, 0, qf, o0), 0);
 	uint8_t *before = snapshot(m, &c, seq, &nb0);
-	struct kvt_stats s0 = stats(m);
+	struct kvt_stats s0 = t_stats_of(m);
 
 	CHECK_RC(kvt_seq_preempt(m, seq), 0);
 	CHECK_RC(kvt_seq_preempt(m, seq), -EALREADY);
-	struct kvt_stats s1 = stats(m);
+	struct kvt_stats s1 = t_stats_of(m);
 
 	CHECK_RC(kvt_seq_info(m, seq, &in), 0);
 	assert_int_equal(in.preempted, 1);
@@ -737,10 +717,10 @@ static void test_preempt_resume(void **state)
 		if (rc)
 			break;
 	}
-	struct kvt_stats s2 = stats(m);
+	struct kvt_stats s2 = t_stats_of(m);
 
 	CHECK_RC(kvt_seq_resume(m, seq, NULL), -ENOMEM);
-	struct kvt_stats s3 = stats(m);
+	struct kvt_stats s3 = t_stats_of(m);
 
 	assert_memory_equal(&s2, &s3, sizeof(s2));
 	for (uint32_t i = 0; i < fits; i++)
@@ -751,7 +731,7 @@ static void test_preempt_resume(void **state)
 
 	assert_int_equal(nb0, nb1);
 	assert_memory_equal(before, after, nb0);
-	assert_int_equal(stats(m).resumes, 1);
+	assert_int_equal(t_stats_of(m).resumes, 1);
 	/* the recall view was forgotten: attention over the resident set only now; recall
 	   again and it is the same as before the preemption */
 	CHECK_RC(kvt_recall_blocks(m, 1, &seq, 1, sel, 2, NULL), 0);

@@ -26,26 +26,11 @@
 #include "t_backend.h"
 #include "t_config.h"
 #include "t_data.h"
+#include "t_manager.h"
 #include "policy.h"
-
-#define DIV_UP(a, b) (((a) + (b)-1) / (b))
+#include "util.h"
 
 /* ---- geometry ----------------------------------------------------------------------------- */
-
-static size_t rowb(const struct kvt_config *c)
-{
-	return (size_t)c->head_dim * kvt_dtype_size(c->dtype);
-}
-
-static uint64_t group_bytes(const struct kvt_config *c)
-{
-	return (uint64_t)c->n_kv_heads * 2 * c->block_tokens * rowb(c);
-}
-
-static uint64_t block_bytes(const struct kvt_config *c)
-{
-	return 2ull * c->block_tokens * rowb(c);
-}
 
 /* Device frames of one prefilled layer of a prompt of L tokens (all kv heads). */
 static uint64_t fpl(const struct kvt_config *c, uint32_t L)
@@ -67,9 +52,9 @@ static struct kvt_config cfg_frames(uint32_t frames, uint32_t recall)
 {
 	struct kvt_config c = t_small_config();
 
-	c.device_bytes = (uint64_t)frames / c.n_kv_heads * group_bytes(&c) +
-			 (uint64_t)recall * block_bytes(&c);
-	c.recall_cache_bytes = (uint64_t)recall * block_bytes(&c);
+	c.device_bytes = (uint64_t)frames / c.n_kv_heads * t_group_bytes(&c) +
+			 (uint64_t)recall * t_block_bytes(&c);
+	c.recall_cache_bytes = (uint64_t)recall * t_block_bytes(&c);
 	return c;
 }
 
@@ -133,7 +118,7 @@ static uint32_t rnd_in(struct eng *e, uint32_t lo, uint32_t hi)
 static void eng_init(struct eng *e, const struct kvt_config *c, const struct kvt_sched_config *sc,
 		     uint32_t n_ids, uint32_t max_L)
 {
-	size_t rb = rowb(c);
+	size_t rb = t_rowb(c);
 
 	memset(e, 0, sizeof(*e));
 	e->c = *c;
@@ -205,19 +190,11 @@ static struct kvt_seq_info info_of(struct eng *e, uint64_t id)
 	return in;
 }
 
-static struct kvt_stats stats_of(struct kvt_manager *m)
-{
-	struct kvt_stats st = KVT_STATS_INIT;
-
-	CHECK_RC(kvt_manager_stats(m, &st), 0);
-	return st;
-}
-
 /* Every token of every prefilled layer and head of id reads back as the generator made it. */
 static void check_readback(struct eng *e, uint64_t id, const char *file, int line)
 {
 	const struct treq *t = &e->r[id];
-	size_t rb = rowb(&e->c);
+	size_t rb = t_rowb(&e->c);
 
 	for (uint32_t l = 0; l < t->layers; l++) {
 		uint32_t n = t->layers == e->c.n_layers ? t->tokens : t->L, got = 0;
@@ -260,7 +237,7 @@ static void eng_exec(struct eng *e, const struct kvt_sched_batch *b)
 			e->dpos[nd++] = t->tokens;
 			continue;
 		}
-		assert_true((size_t)H * t->L * rowb(c) <= e->kv_cap);
+		assert_true((size_t)H * t->L * t_rowb(c) <= e->kv_cap);
 		for (uint32_t l = it->layer_begin; l < it->layer_end; l++) {
 			t_fill_prefill(c, it->seq, l, t->L, e->k, e->v, e->q);
 			CHECK_RC(t_prefill_layer(e->m, it->seq, l, e->k, e->v, e->q, NULL), 0);
@@ -339,7 +316,7 @@ static int cmp_u64(const void *a, const void *b)
 static void check_frames(struct eng *e, const char *file, int line)
 {
 	const struct kvt_config *c = &e->c;
-	struct kvt_stats st = stats_of(e->m);
+	struct kvt_stats st = t_stats_of(e->m);
 	size_t n = 0;
 
 	for (uint64_t id = 0; id < e->n_ids; id++) {
@@ -594,7 +571,7 @@ static void test_submit_errors(void **state)
 	assert_int_equal(fpl(&c, 40), 10);
 	assert_int_equal(full_kv(&c, 40), 10);
 	eng_init(&e, &c, &sc, 16, 128);
-	CHECK_EQ(stats_of(e.m).device_frames_total, 30);
+	CHECK_EQ(t_stats_of(e.m).device_frames_total, 30);
 	CHECK_RC(kvt_sched_submit(e.s, 9, 1), -ENOENT);
 	CHECK_RC(kvt_seq_create(e.m, 1, 40), 0);
 	CHECK_RC(kvt_sched_submit(e.s, 1, 0), -EINVAL);
@@ -627,7 +604,7 @@ static void test_submit_errors(void **state)
 	e.r[4].queued = false;
 	CHECK_RC(kvt_sched_finish(e.s, 1), 0);
 	CHECK_EQ(info_of(&e, 1).preempted, 1);
-	CHECK_EQ(stats_of(e.m).device_frames_used, 0);
+	CHECK_EQ(t_stats_of(e.m).device_frames_used, 0);
 	e.r[1].queued = false;
 	CHECK_READBACK(&e, 1);
 	CHECK_RC(kvt_sched_finish(e.s, 1), -ENOENT);
@@ -704,7 +681,7 @@ static void test_budget_two_of_three(void **state)
 	CHECK_EQ(li.ws_touched_frames, 40);
 	CHECK_EQ(li.blocks_loaded, 0);
 	/* both produced their two tokens: completed, frames freed; the third runs alone */
-	CHECK_EQ(stats_of(e.m).device_frames_used, 0);
+	CHECK_EQ(t_stats_of(e.m).device_frames_used, 0);
 	it = eng_iter(&e, &b);
 	CHECK_ITEMS(&b, "3:0-2");
 	CHECK_EQ(it.completed, 2);
@@ -841,7 +818,7 @@ static void test_injection(void **state)
 static size_t snapshot(struct eng *e, uint64_t id, uint8_t *out, size_t cap)
 {
 	const struct treq *t = &e->r[id];
-	size_t rb = rowb(&e->c), n = 0;
+	size_t rb = t_rowb(&e->c), n = 0;
 
 	for (uint32_t l = 0; l < t->layers; l++)
 		for (uint32_t h = 0; h < e->c.n_kv_heads; h++)
@@ -888,7 +865,7 @@ static void run_recall_ws(uint32_t ws_control, uint32_t *third_step_items)
 
 	eng_init(&e, &c, &sc, 8, 256);
 	assert_int_equal(fpl(&c, 200), 6);
-	CHECK_EQ(stats_of(e.m).recall_frames_total, 16);
+	CHECK_EQ(t_stats_of(e.m).recall_frames_total, 16);
 	CHECK_RC(eng_add(&e, 1, 200, 6), 0);
 	CHECK_RC(eng_add(&e, 2, 200, 6), 0);
 	eng_iter(&e, &b);
@@ -958,7 +935,7 @@ static void setup_four(struct eng *e, const uint64_t *recall_ids, uint32_t n_rec
 	if (n_recall)
 		recall_123(e, recall_ids, n_recall);
 	CHECK_RC(kvt_sched_commit(e->s), 0);
-	CHECK_EQ(stats_of(e->m).device_frames_used, 48);
+	CHECK_EQ(t_stats_of(e->m).device_frames_used, 48);
 }
 
 /* The engine creates and prefills a sequence of its own (outside the scheduler). */
@@ -1011,7 +988,7 @@ static void test_preempt_latest(void **state)
 	CHECK_RC(kvt_seq_preempt(e.m, 1), 0);
 	engine_seq(&e, 9);
 	engine_seq(&e, 10);
-	CHECK_EQ(stats_of(e.m).device_frames_free, 4);
+	CHECK_EQ(t_stats_of(e.m).device_frames_free, 4);
 
 	CHECK_RC(kvt_sched_step(e.s, &b), 0);
 	CHECK_ITEMS(&b, "1:d 2:d");
@@ -1022,7 +999,7 @@ static void test_preempt_latest(void **state)
 	CHECK_EQ(info_of(&e, 4).preempted, 1);
 	CHECK_EQ(info_of(&e, 3).preempted, 0);
 	CHECK_EQ(info_of(&e, 1).preempted, 0);
-	CHECK_EQ(stats_of(e.m).device_frames_free, 4);
+	CHECK_EQ(t_stats_of(e.m).device_frames_free, 4);
 	CHECK_BATCH(&e, &b);
 	CHECK_FRAMES(&e);
 	/* bit-exact: the resumed one attends and reads as before, the preempted one reads as
@@ -1072,7 +1049,7 @@ static void squeeze_1_2(struct eng *e, int want_reset)
 	CHECK_RC(kvt_seq_preempt(e->m, 2), 0);
 	for (uint64_t id = 9; id <= 11; id++)
 		engine_seq(e, id);
-	CHECK_EQ(stats_of(e->m).device_frames_free, 4);
+	CHECK_EQ(t_stats_of(e->m).device_frames_free, 4);
 	CHECK_RC(kvt_sched_step(e->s, &b), 0);
 	CHECK_ITEMS(&b, "1:d 2:d");
 	CHECK_EQ(b.it.preempted, 2);
@@ -1275,7 +1252,7 @@ static void run_random(uint32_t ws_control, uint32_t n_req, uint64_t seed)
 		if (!ext && n_ext < n_req && rnd(&e) % 40 == 0) {
 			uint32_t L = rnd_in(&e, 16, 100);
 
-			if (stats_of(e.m).device_frames_free >= 2 * fpl(&c, L)) {
+			if (t_stats_of(e.m).device_frames_free >= 2 * fpl(&c, L)) {
 				ext = n_req + 1 + n_ext++;
 				engine_seq_len(&e, ext, L);
 				ext_until = iter + rnd_in(&e, 3, 30);
@@ -1317,7 +1294,7 @@ static void run_random(uint32_t ws_control, uint32_t n_req, uint64_t seed)
 		CHECK_RC(kvt_sched_commit(e.s), 0);
 		CHECK_FRAMES(&e);
 		{
-			struct kvt_stats st = stats_of(e.m);
+			struct kvt_stats st = t_stats_of(e.m);
 
 			peak_used = st.device_frames_used > peak_used ? st.device_frames_used
 								      : peak_used;
@@ -1344,7 +1321,7 @@ static void run_random(uint32_t ws_control, uint32_t n_req, uint64_t seed)
 		if (e.r[id].live)
 			fail_at(__FILE__, __LINE__, "seq %llu still live", (unsigned long long)id);
 	{
-		struct kvt_stats st = stats_of(e.m);
+		struct kvt_stats st = t_stats_of(e.m);
 
 		CHECK_EQ(st.device_frames_used, 0);
 		CHECK_EQ(st.live_seqs, 0);

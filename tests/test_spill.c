@@ -48,21 +48,12 @@
 #include "fault.h"
 #include "internal.h"
 #include "policy.h"
-
-#define DIV_UP(a, b) (((a) + (b)-1) / (b))
+#include "util.h"
 
 /* ---- context for failure messages ------------------------------------------------------- */
 
 /* t_ops.h's t_seed, t_op and t_what: the seed and operation of the no-loss runs, the step of
    the others. */
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---- the spill directory (fixture) ----------------------------------------------------- */
 
@@ -187,50 +178,6 @@ static uint32_t spill_fds(const char *dir, struct stat *st)
 
 /* ---- small helpers ------------------------------------------------------------------------ */
 
-static struct kvt_manager *mk(const struct kvt_config *c)
-{
-	struct kvt_manager *m = NULL;
-
-	CHECK_RC(t_manager_create(c, &m), 0);
-	assert_non_null(m);
-	return m;
-}
-
-static struct kvt_stats stats_of(struct kvt_manager *m)
-{
-	struct kvt_stats st = KVT_STATS_INIT;
-
-	CHECK_RC(kvt_manager_stats(m, &st), 0);
-	return st;
-}
-
-static struct kvt_seq_info info_of(struct kvt_manager *m, uint64_t seq)
-{
-	struct kvt_seq_info in = {.size = sizeof(in)};
-
-	CHECK_RC(kvt_seq_info(m, seq, &in), 0);
-	return in;
-}
-
-static uint32_t tokens_of(struct kvt_manager *m, uint64_t seq, uint32_t layer)
-{
-	uint32_t n = 0;
-
-	CHECK_RC(kvt_seq_tokens(m, seq, layer, &n), 0);
-	return n;
-}
-
-static size_t rowb(const struct kvt_config *c)
-{
-	return (size_t)c->head_dim * kvt_dtype_size(c->dtype);
-}
-
-/* Host or device budget of `groups` block groups (one block per kv head). */
-static uint64_t budget(const struct kvt_config *c, uint32_t groups)
-{
-	return (uint64_t)groups * c->n_kv_heads * 2 * c->block_tokens * rowb(c);
-}
-
 /* ---- deterministic sequences for the focused tests (common.h's t_value data) --------------- */
 
 /* t_small_config (2 layers, 2 kv heads, 4 q heads, d 16 f16, 8-token blocks: 512-byte blocks,
@@ -240,7 +187,7 @@ static struct kvt_config spill_config(const char *dir, uint32_t host_groups)
 {
 	struct kvt_config c = t_small_config();
 
-	c.host_bytes = budget(&c, host_groups);
+	c.host_bytes = t_budget(&c, host_groups);
 	c.spill_dir = dir;
 	return c;
 }
@@ -250,7 +197,7 @@ static struct kvt_config spill_config(const char *dir, uint32_t host_groups)
 static void prefill_n(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq, uint32_t L,
 		      uint32_t layers, int want)
 {
-	size_t row = rowb(c);
+	size_t row = t_rowb(c);
 	void *k = t_xmalloc((size_t)c->n_kv_heads * L * row);
 	void *v = t_xmalloc((size_t)c->n_kv_heads * L * row);
 	void *q = t_xmalloc((size_t)c->n_q_heads * c->obs_window * row);
@@ -259,7 +206,7 @@ static void prefill_n(struct kvt_manager *m, const struct kvt_config *c, uint64_
 	if (kvt_seq_info(m, seq, &in) == -ENOENT)
 		CHECK_RC(kvt_seq_create(m, seq, L), 0);
 	for (uint32_t l = 0; l < layers; l++) {
-		if (tokens_of(m, seq, l))
+		if (t_tokens_of(m, seq, l))
 			continue;
 		t_fill_prefill(c, seq, l, L, k, v, q);
 		CHECK_RC(t_prefill_layer(m, seq, l, k, v, q, NULL), want);
@@ -278,7 +225,7 @@ static void prefill(struct kvt_manager *m, const struct kvt_config *c, uint64_t 
 static int decode_layer(struct kvt_manager *m, const struct kvt_config *c, const uint64_t *seqs,
 			uint32_t n, uint32_t layer)
 {
-	size_t row = rowb(c);
+	size_t row = t_rowb(c);
 	void *k = t_xmalloc((size_t)n * c->n_kv_heads * row);
 	void *v = t_xmalloc((size_t)n * c->n_kv_heads * row);
 	uint32_t pos[16];
@@ -286,7 +233,7 @@ static int decode_layer(struct kvt_manager *m, const struct kvt_config *c, const
 
 	assert_true(n <= 16);
 	for (uint32_t i = 0; i < n; i++)
-		pos[i] = tokens_of(m, seqs[i], layer);
+		pos[i] = t_tokens_of(m, seqs[i], layer);
 	t_fill_decode(c, seqs, pos, n, layer, k, v);
 	rc = t_decode_append(m, layer, seqs, n, k, v, NULL);
 	free(k);
@@ -308,11 +255,11 @@ static void check_seq_at(struct kvt_manager *m, const struct kvt_config *c, uint
 			 const char *file, int line)
 {
 	uint8_t wk[256], wv[256], gk[256], gv[256];
-	size_t row = rowb(c);
+	size_t row = t_rowb(c);
 
 	assert_true(row <= sizeof(wk));
 	for (uint32_t l = 0; l < c->n_layers; l++) {
-		uint32_t n = tokens_of(m, seq, l);
+		uint32_t n = t_tokens_of(m, seq, l);
 
 		for (uint32_t h = 0; h < c->n_kv_heads; h++)
 			for (uint32_t p = 0; p < n; p++) {
@@ -341,8 +288,8 @@ static void check_seq_at(struct kvt_manager *m, const struct kvt_config *c, uint
 #define CHECK_SEQ_HOST(m, c, seq) check_seq_at((m), (c), (seq), true, __FILE__, __LINE__)
 
 /* Host blocks of seq that are on disk, and all of its host blocks. */
-#define DISK(m, seq) (info_of((m), (seq)).disk_blocks)
-#define HOSTB(m, seq) (info_of((m), (seq)).host_blocks)
+#define DISK(m, seq) (t_info_of((m), (seq)).disk_blocks)
+#define HOSTB(m, seq) (t_info_of((m), (seq)).host_blocks)
 
 /* The recall view of (seq, layer) must hold the bytes of the blocks it names. Returns the
    number of blocks checked. */
@@ -350,8 +297,8 @@ static uint32_t check_view(struct kvt_manager *m, const struct kvt_config *c, ui
 			   uint32_t layer)
 {
 	struct kvt_recall_ref refs[64];
-	uint8_t want[256], *fr = t_xmalloc(2 * (size_t)c->block_tokens * rowb(c));
-	size_t row = rowb(c);
+	uint8_t want[256], *fr = t_xmalloc(2 * (size_t)c->block_tokens * t_rowb(c));
+	size_t row = t_rowb(c);
 	uint32_t total = 0;
 
 	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
@@ -399,50 +346,50 @@ static void test_spill_roundtrip(void **state)
 	off_t size_a;
 
 	t_what = "roundtrip";
-	m = f->m = mk(&c);
+	m = f->m = t_mk(&c);
 	prefill(m, &c, A, 100);
 	prefill(m, &c, B, 37);
 	decode(m, &c, A, 5);
 	decode(m, &c, B, 3);
-	in0 = info_of(m, A);
+	in0 = t_info_of(m, A);
 	nA = in0.host_blocks;
 	nB = HOSTB(m, B);
 	CHECK_EQ(nA, 2ull * 2 * DIV_UP(105, 8));
 	CHECK_EQ(nB, 2ull * 2 * DIV_UP(40, 8));
 	CHECK_EQ(in0.disk_blocks, 0);
-	s0 = stats_of(m);
+	s0 = t_stats_of(m);
 	CHECK_EQ(s0.disk_blocks_total, UINT64_MAX); /* disk_bytes 0: no limit */
 	CHECK_EQ(s0.disk_blocks_used, 0);
 
 	/* spill: every block of A goes to disk; its device frames stay */
 	CHECK_RC(kvt_seq_spill(m, A), 0);
-	in1 = info_of(m, A);
+	in1 = t_info_of(m, A);
 	CHECK_EQ(in1.disk_blocks, nA);
 	CHECK_EQ(in1.host_blocks, nA);
 	CHECK_EQ(in1.device_frames, in0.device_frames);
 	CHECK_EQ(in1.lost, 0);
 	CHECK_EQ(DISK(m, B), 0);
-	s1 = stats_of(m);
+	s1 = t_stats_of(m);
 	CHECK_EQ(s1.disk_blocks_used, nA);
 	CHECK_EQ(s1.disk_blocks_spilled, nA);
 	CHECK_EQ(s1.host_blocks_used, s0.host_blocks_used - nA);
 	CHECK_EQ(s1.host_blocks_free, s0.host_blocks_free + nA);
 	CHECK_EQ(s1.device_frames_used, s0.device_frames_used);
-	assert_true(s1.disk_bytes_written >= nA * 2 * c.block_tokens * rowb(&c));
+	assert_true(s1.disk_bytes_written >= nA * 2 * c.block_tokens * t_rowb(&c));
 	/* nothing left to spill: no I/O */
 	CHECK_RC(kvt_seq_spill(m, A), 0);
-	s2 = stats_of(m);
+	s2 = t_stats_of(m);
 	CHECK_EQ(s2.disk_blocks_spilled, s1.disk_blocks_spilled);
 	CHECK_EQ(s2.disk_bytes_written, s1.disk_bytes_written);
 
 	/* the host history read of a spilled sequence brings it back */
 	CHECK_SEQ_HOST(m, &c, A);
 	CHECK_EQ(DISK(m, A), 0);
-	s2 = stats_of(m);
+	s2 = t_stats_of(m);
 	CHECK_EQ(s2.disk_blocks_used, 0);
 	CHECK_EQ(s2.disk_blocks_fetched, nA);
 	CHECK_EQ(s2.host_blocks_used, s0.host_blocks_used);
-	assert_true(s2.disk_bytes_read >= nA * 2 * c.block_tokens * rowb(&c));
+	assert_true(s2.disk_bytes_read >= nA * 2 * c.block_tokens * t_rowb(&c));
 	CHECK_SEQ(m, &c, A);
 	CHECK_SEQ(m, &c, B);
 	CHECK_SEQ_HOST(m, &c, B);
@@ -455,14 +402,14 @@ static void test_spill_roundtrip(void **state)
 
 	/* explicit fetch; a second fetch and a fetch of a sequence never spilled cost nothing */
 	CHECK_RC(kvt_seq_spill(m, A), 0);
-	s1 = stats_of(m);
+	s1 = t_stats_of(m);
 	CHECK_RC(kvt_seq_fetch(m, &A, 1), 0);
 	CHECK_EQ(DISK(m, A), 0);
-	s2 = stats_of(m);
+	s2 = t_stats_of(m);
 	CHECK_EQ(s2.disk_blocks_fetched, s1.disk_blocks_fetched + nA);
 	CHECK_RC(kvt_seq_fetch(m, &A, 1), 0);
 	CHECK_RC(kvt_seq_fetch(m, &B, 1), 0);
-	s1 = stats_of(m);
+	s1 = t_stats_of(m);
 	CHECK_EQ(s1.disk_blocks_fetched, s2.disk_blocks_fetched);
 	CHECK_EQ(s1.disk_bytes_read, s2.disk_bytes_read);
 	CHECK_SEQ_HOST(m, &c, A);
@@ -470,13 +417,13 @@ static void test_spill_roundtrip(void **state)
 	/* reuse: spill A, fetch A, spill B; B needs less than A, so neither the blocks in use
 	   nor the file grow past what A took */
 	CHECK_RC(kvt_seq_spill(m, A), 0);
-	CHECK_EQ(stats_of(m).disk_blocks_used, nA);
+	CHECK_EQ(t_stats_of(m).disk_blocks_used, nA);
 	assert_int_equal(spill_fds(f->dir, &fst), 1);
 	size_a = fst.st_size;
 	CHECK_RC(kvt_seq_fetch(m, &A, 1), 0);
-	CHECK_EQ(stats_of(m).disk_blocks_used, 0);
+	CHECK_EQ(t_stats_of(m).disk_blocks_used, 0);
 	CHECK_RC(kvt_seq_spill(m, B), 0);
-	CHECK_EQ(stats_of(m).disk_blocks_used, nB);
+	CHECK_EQ(t_stats_of(m).disk_blocks_used, nB);
 	assert_int_equal(spill_fds(f->dir, &fst), 1);
 	if (fst.st_size > size_a)
 		fail_at(__FILE__, __LINE__,
@@ -486,10 +433,10 @@ static void test_spill_roundtrip(void **state)
 			(unsigned long long)nA);
 	/* both at once, and back in one call */
 	CHECK_RC(kvt_seq_spill(m, A), 0);
-	CHECK_EQ(stats_of(m).disk_blocks_used, nA + nB);
-	s1 = stats_of(m);
+	CHECK_EQ(t_stats_of(m).disk_blocks_used, nA + nB);
+	s1 = t_stats_of(m);
 	CHECK_RC(kvt_seq_fetch(m, two, 2), 0);
-	s2 = stats_of(m);
+	s2 = t_stats_of(m);
 	CHECK_EQ(s2.disk_blocks_used, 0);
 	CHECK_EQ(s2.disk_blocks_fetched, s1.disk_blocks_fetched + nA + nB);
 	CHECK_EQ(s2.host_blocks_used, s0.host_blocks_used);
@@ -499,7 +446,7 @@ static void test_spill_roundtrip(void **state)
 	/* a preempted sequence: spilled, then resumed (which fetches it) */
 	CHECK_RC(kvt_seq_preempt(m, A), 0);
 	CHECK_RC(kvt_seq_spill(m, A), 0);
-	in1 = info_of(m, A);
+	in1 = t_info_of(m, A);
 	CHECK_EQ(in1.preempted, 1);
 	CHECK_EQ(in1.device_frames, 0);
 	CHECK_EQ(in1.disk_blocks, nA);
@@ -516,18 +463,18 @@ static void test_spill_roundtrip(void **state)
 	CHECK_RC(kvt_seq_fetch(NULL, &A, 1), -EINVAL);
 	/* a sequence with no host blocks yet: nothing to do */
 	CHECK_RC(kvt_seq_create(m, C, 50), 0);
-	s1 = stats_of(m);
+	s1 = t_stats_of(m);
 	CHECK_RC(kvt_seq_spill(m, C), 0);
-	s2 = stats_of(m);
+	s2 = t_stats_of(m);
 	CHECK_EQ(s2.disk_blocks_spilled, s1.disk_blocks_spilled);
 	CHECK_EQ(DISK(m, C), 0);
 
 	/* destroying a spilled sequence frees its file space; a manager goes with B on disk */
 	CHECK_RC(kvt_seq_spill(m, A), 0);
 	CHECK_RC(kvt_seq_destroy(m, A), 0);
-	CHECK_EQ(stats_of(m).disk_blocks_used, 0);
+	CHECK_EQ(t_stats_of(m).disk_blocks_used, 0);
 	CHECK_RC(kvt_seq_spill(m, B), 0);
-	CHECK_EQ(stats_of(m).disk_blocks_used, nB);
+	CHECK_EQ(t_stats_of(m).disk_blocks_used, nB);
 	CHECK_SEQ(m, &c, B);
 	CHECK_RC(kvt_seq_spill(m, B), 0);
 	fdestroy(f);
@@ -549,7 +496,7 @@ static void test_spill_private(void **state)
 
 	t_what = "private";
 	snprintf(dir, sizeof(dir), "%s", f->dir);
-	m = f->m = mk(&c);
+	m = f->m = t_mk(&c);
 	memset(dir, 'x', sizeof(dir) - 1); /* the manager keeps its own copy */
 	dir[sizeof(dir) - 1] = 0;
 	{
@@ -572,7 +519,7 @@ static void test_spill_private(void **state)
 	if ((fst.st_mode & 07777) != 0600)
 		fail_at(__FILE__, __LINE__, "spill file mode %o, expected 0600",
 			(unsigned)(fst.st_mode & 07777));
-	st = stats_of(m);
+	st = t_stats_of(m);
 	/* ext4, xfs and btrfs take O_DIRECT */
 	if (!statfs(f->dir, &sfs) &&
 	    (sfs.f_type == 0xEF53 || sfs.f_type == 0x58465342 || sfs.f_type == 0x9123683E))
@@ -606,10 +553,10 @@ static void test_spill_implicit_fetch(void **state)
 
 	t_what = "implicit fetch";
 	c.recall_blocks = 2;
-	c.recall_cache_bytes = 64 * 2 * c.block_tokens * rowb(&c);
+	c.recall_cache_bytes = 64 * 2 * c.block_tokens * t_rowb(&c);
 	c.device_bytes += c.recall_cache_bytes;
-	row = rowb(&c);
-	m = f->m = mk(&c);
+	row = t_rowb(&c);
+	m = f->m = t_mk(&c);
 	prefill(m, &c, A, 100);
 	prefill(m, &c, B, 60);
 	decode(m, &c, A, 3);
@@ -663,7 +610,7 @@ static void test_spill_implicit_fetch(void **state)
 	CHECK_RC(kvt_seq_resident_positions(m, A, 0, 0, res, 128, &n_res), 0);
 	for (uint32_t i = 0; i < n_res && (uint32_t)res[i] == np; i++)
 		np++; /* np: the first position not resident */
-	assert_true(np < tokens_of(m, A, 0));
+	assert_true(np < t_tokens_of(m, A, 0));
 	CHECK_RC(kvt_seq_spill(m, A), 0);
 	CHECK_RC(kvt_seq_read_token(m, A, 0, 0, np, gk, gv), 0);
 	t_fill_row(c.dtype, c.head_dim, wk, A, 0, 0, np, 0);
@@ -675,7 +622,7 @@ static void test_spill_implicit_fetch(void **state)
 	/* destroy while spilled */
 	CHECK_RC(kvt_seq_spill(m, B), 0);
 	CHECK_RC(kvt_seq_destroy(m, B), 0);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	CHECK_EQ(st.disk_blocks_used, 0);
 	CHECK_EQ(st.disk_io_errors, 0);
 	CHECK_EQ(st.seqs_lost, 0);
@@ -697,12 +644,12 @@ static void test_spill_auto_lru(void **state)
 	uint32_t tok[3];
 
 	t_what = "automatic spill";
-	m = f->m = mk(&c);
+	m = f->m = t_mk(&c);
 	/* 32-token prompts: 4 groups per layer, 8 per sequence; three fill the host tier */
 	prefill(m, &c, A, 32);
 	prefill(m, &c, B, 32);
 	prefill(m, &c, C, 32);
-	s0 = stats_of(m);
+	s0 = t_stats_of(m);
 	CHECK_EQ(s0.host_blocks_total, 48);
 	CHECK_EQ(s0.host_blocks_free, 0);
 	CHECK_EQ(s0.disk_blocks_spilled, 0);
@@ -731,12 +678,12 @@ static void test_spill_auto_lru(void **state)
 	/* only the batch's own sequences are in the host tier: -ENOMEM, nothing changes */
 	CHECK_RC(kvt_seq_spill(m, C), 0);
 	prefill_n(m, &c, E, 24, 1, 0); /* the last 3 free groups */
-	s0 = stats_of(m);
+	s0 = t_stats_of(m);
 	CHECK_EQ(s0.host_blocks_free, 0);
 	for (uint32_t i = 0; i < 3; i++)
-		tok[i] = tokens_of(m, ade[i], 0);
+		tok[i] = t_tokens_of(m, ade[i], 0);
 	CHECK_RC(decode_layer(m, &c, ade, 3, 0), -ENOMEM);
-	s1 = stats_of(m);
+	s1 = t_stats_of(m);
 	CHECK_EQ(s1.host_blocks_used, s0.host_blocks_used);
 	CHECK_EQ(s1.disk_blocks_used, s0.disk_blocks_used);
 	CHECK_EQ(s1.disk_blocks_spilled, s0.disk_blocks_spilled);
@@ -744,7 +691,7 @@ static void test_spill_auto_lru(void **state)
 	CHECK_EQ(s1.tokens_appended, s0.tokens_appended);
 	CHECK_EQ(s1.decode_calls, s0.decode_calls);
 	for (uint32_t i = 0; i < 3; i++) {
-		CHECK_EQ(tokens_of(m, ade[i], 0), tok[i]);
+		CHECK_EQ(t_tokens_of(m, ade[i], 0), tok[i]);
 		CHECK_EQ(DISK(m, ade[i]), 0);
 	}
 	assert_true(strlen(kvt_manager_last_error(m)) > 0);
@@ -766,7 +713,7 @@ static void test_spill_auto_lru(void **state)
 	CHECK_SEQ_HOST(m, &c, C);
 	CHECK_SEQ_HOST(m, &c, D);
 	CHECK_SEQ_HOST(m, &c, E);
-	s1 = stats_of(m);
+	s1 = t_stats_of(m);
 	assert_true(s1.disk_blocks_fetched > 0);
 	CHECK_EQ(s1.host_blocks_used + s1.host_blocks_free, s1.host_blocks_total);
 	fdestroy(f);
@@ -798,7 +745,7 @@ static void soft_fail(char *buf, size_t len, const char *fmt, ...)
 static void undo_partial(struct kvt_manager *m, const uint64_t *ids, uint32_t n)
 {
 	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_seq_info in = info_of(m, ids[i]);
+		struct kvt_seq_info in = t_info_of(m, ids[i]);
 
 		if (in.disk_blocks && in.disk_blocks < in.host_blocks)
 			CHECK_RC(kvt_seq_fetch(m, &ids[i], 1), 0);
@@ -817,8 +764,8 @@ static uint64_t disk_limit_case(struct fix *f, uint64_t disk_bytes)
 	int rc = 0;
 
 	c.disk_bytes = disk_bytes;
-	m = f->m = mk(&c);
-	T = stats_of(m).disk_blocks_total;
+	m = f->m = t_mk(&c);
+	T = t_stats_of(m).disk_blocks_total;
 	fdestroy(f);
 	if (T == 0 || T == UINT64_MAX || T < 8)
 		fail_at(__FILE__, __LINE__, "disk_bytes %llu gives disk_blocks_total %llu",
@@ -828,22 +775,22 @@ static uint64_t disk_limit_case(struct fix *f, uint64_t disk_bytes)
 	hg = (uint32_t)(DIV_UP(T, 8) + 2) * 4;
 	n_s = hg / 4;
 	assert_true(2 * n_s + 1 <= 64);
-	c.host_bytes = budget(&c, hg);
-	m = f->m = mk(&c);
-	CHECK_EQ(stats_of(m).disk_blocks_total, T);
+	c.host_bytes = t_budget(&c, hg);
+	m = f->m = t_mk(&c);
+	CHECK_EQ(t_stats_of(m).disk_blocks_total, T);
 	for (uint32_t i = 0; i < n_s; i++) {
 		prefill(m, &c, 100 + i, 16);
 		ids[n_ids++] = 100 + i;
 	}
-	s0 = stats_of(m);
+	s0 = t_stats_of(m);
 	CHECK_EQ(s0.host_blocks_free, 0);
 	CHECK_EQ(s0.disk_blocks_spilled, 0);
 
-	s1 = stats_of(m);
+	s1 = t_stats_of(m);
 	for (k = 0; k < n_s; k++) {
-		s0 = stats_of(m);
+		s0 = t_stats_of(m);
 		rc = kvt_seq_spill(m, 100 + k);
-		s1 = stats_of(m);
+		s1 = t_stats_of(m);
 		if (rc)
 			break;
 		used += 8;
@@ -869,16 +816,16 @@ static uint64_t disk_limit_case(struct fix *f, uint64_t disk_bytes)
 			(unsigned long long)s0.disk_blocks_used,
 			(unsigned long long)s1.disk_blocks_used, (unsigned long long)T);
 	undo_partial(m, ids, n_ids);
-	CHECK_EQ(stats_of(m).disk_blocks_used, used);
+	CHECK_EQ(t_stats_of(m).disk_blocks_used, used);
 	rem = T - used;
 
 	/* refill the host tier: no spilling needed */
-	s0 = stats_of(m);
+	s0 = t_stats_of(m);
 	for (uint32_t i = 0; i < k; i++) {
 		prefill(m, &c, 200 + i, 16);
 		ids[n_ids++] = 200 + i;
 	}
-	s1 = stats_of(m);
+	s1 = t_stats_of(m);
 	CHECK_EQ(s1.disk_blocks_spilled, s0.disk_blocks_spilled);
 	s0 = s1;
 	CHECK_EQ(s0.host_blocks_free, 0);
@@ -888,10 +835,10 @@ static uint64_t disk_limit_case(struct fix *f, uint64_t disk_bytes)
 	L = 8 * (uint32_t)(rem / 2 + 1);
 	CHECK_RC(kvt_seq_create(m, U, L), 0);
 	prefill_n(m, &c, U, L, 1, -ENOMEM);
-	s1 = stats_of(m);
+	s1 = t_stats_of(m);
 	CHECK_EQ(s1.tokens_prompt, s0.tokens_prompt);
 	CHECK_EQ(s1.prefill_layers, s0.prefill_layers);
-	CHECK_EQ(tokens_of(m, U, 0), 0);
+	CHECK_EQ(t_tokens_of(m, U, 0), 0);
 	if (s1.disk_blocks_used != s0.disk_blocks_used ||
 	    s1.host_blocks_used != s0.host_blocks_used)
 		soft_fail(
@@ -902,12 +849,12 @@ static uint64_t disk_limit_case(struct fix *f, uint64_t disk_bytes)
 			(unsigned long long)s0.disk_blocks_used,
 			(unsigned long long)s1.disk_blocks_used);
 	undo_partial(m, ids, n_ids);
-	s1 = stats_of(m);
+	s1 = t_stats_of(m);
 	CHECK_EQ(s1.disk_blocks_used, s0.disk_blocks_used);
 	CHECK_EQ(s1.host_blocks_used, s0.host_blocks_used);
 
 	CHECK_RC(kvt_seq_spill(m, 200), -ENOSPC);
-	s1 = stats_of(m);
+	s1 = t_stats_of(m);
 	if (s1.disk_blocks_used != s0.disk_blocks_used || DISK(m, 200))
 		soft_fail(
 			dev, sizeof(dev),
@@ -915,7 +862,7 @@ static uint64_t disk_limit_case(struct fix *f, uint64_t disk_bytes)
 			"sequence (full file)",
 			(unsigned long long)DISK(m, 200));
 	undo_partial(m, ids, n_ids);
-	s1 = stats_of(m);
+	s1 = t_stats_of(m);
 	CHECK_EQ(s1.disk_blocks_used, s0.disk_blocks_used);
 	CHECK_EQ(s1.host_blocks_used, s0.host_blocks_used);
 
@@ -923,8 +870,8 @@ static uint64_t disk_limit_case(struct fix *f, uint64_t disk_bytes)
 	rc = decode_layer(m, &c, (uint64_t[]){201}, 1, 0);
 	if (rc) {
 		CHECK_RC(rc, -ENOMEM);
-		CHECK_EQ(tokens_of(m, 201, 0), 16);
-		if (stats_of(m).disk_blocks_used != s0.disk_blocks_used)
+		CHECK_EQ(t_tokens_of(m, 201, 0), 16);
+		if (t_stats_of(m).disk_blocks_used != s0.disk_blocks_used)
 			soft_fail(
 				dev, sizeof(dev),
 				"a decode that failed with -ENOMEM spilled other sequences first");
@@ -934,16 +881,16 @@ static uint64_t disk_limit_case(struct fix *f, uint64_t disk_bytes)
 	/* destroying a spilled sequence gives its file space back */
 	CHECK_RC(kvt_seq_destroy(m, 100), 0);
 	ids[0] = ids[--n_ids];
-	assert_true(stats_of(m).disk_blocks_used <= T - 8);
+	assert_true(t_stats_of(m).disk_blocks_used <= T - 8);
 	prefill_n(m, &c, U, L, 1, 0);
 	CHECK_EQ(DISK(m, U), 0);
-	assert_true(stats_of(m).disk_blocks_used <= T);
+	assert_true(t_stats_of(m).disk_blocks_used <= T);
 	for (uint32_t i = 1; i < n_s; i++)
 		CHECK_SEQ(m, &c, 100 + i);
 	for (uint32_t i = 0; i < k; i++)
 		CHECK_SEQ(m, &c, 200 + i);
 	CHECK_SEQ(m, &c, U);
-	s1 = stats_of(m);
+	s1 = t_stats_of(m);
 	assert_true(s1.disk_blocks_used <= T);
 	CHECK_EQ(s1.disk_io_errors, 0);
 	print_message("# disk_bytes %llu: %llu blocks; %u sequences of 8 blocks spilled before "
@@ -1018,7 +965,7 @@ static void test_spill_bad_config(void **state)
 	CHECK_RC(t_manager_create(&c, &m), -EINVAL);
 	assert_null(m);
 	c.disk_queue_depth = 1; /* the least allowed works */
-	m = f->m = mk(&c);
+	m = f->m = t_mk(&c);
 	prefill(m, &c, A, 70);
 	CHECK_RC(kvt_seq_spill(m, A), 0);
 	CHECK_SEQ(m, &c, A);
@@ -1029,7 +976,7 @@ static void test_spill_bad_config(void **state)
 	/* no disk tier */
 	c.spill_dir = NULL;
 	c.disk_queue_depth = 64;
-	m = f->m = mk(&c);
+	m = f->m = t_mk(&c);
 	prefill(m, &c, A, 70);
 	CHECK_RC(kvt_seq_spill(m, A), -ENOTSUP);
 	CHECK_RC(kvt_seq_spill(m, bad), -ENOENT);
@@ -1037,7 +984,7 @@ static void test_spill_bad_config(void **state)
 	CHECK_RC(kvt_seq_fetch(m, &bad, 1), -ENOENT);
 	CHECK_RC(kvt_seq_fetch(m, NULL, 1), -EINVAL);
 	CHECK_RC(kvt_seq_fetch(m, &A, 0), -EINVAL);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	CHECK_EQ(st.disk_blocks_total, 0);
 	CHECK_EQ(st.disk_blocks_used, 0);
 	CHECK_EQ(st.disk_direct, 0);
@@ -1078,7 +1025,7 @@ static void test_spill_io_errors(void **state)
 	int rc;
 
 	t_what = "I/O errors";
-	m = f->m = mk(&c);
+	m = f->m = t_mk(&c);
 	prefill(m, &c, A, 90);
 	prefill(m, &c, B, 50);
 	prefill(m, &c, C, 30);
@@ -1092,10 +1039,10 @@ static void test_spill_io_errors(void **state)
 	DISARM_IO();
 	CHECK_RC(rc, -EIO);
 	assert_true(strlen(kvt_manager_last_error(m)) > 0);
-	in = info_of(m, A);
+	in = t_info_of(m, A);
 	assert_true(in.disk_blocks < nA);
 	CHECK_EQ(in.lost, 0);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	CHECK_EQ(st.disk_io_errors, 1);
 	CHECK_EQ(st.disk_blocks_used, in.disk_blocks);
 	CHECK_EQ(st.seqs_lost, 0);
@@ -1111,10 +1058,10 @@ static void test_spill_io_errors(void **state)
 	rc = kvt_seq_fetch(m, &A, 1);
 	DISARM_IO();
 	CHECK_RC(rc, -EIO);
-	in = info_of(m, A);
+	in = t_info_of(m, A);
 	CHECK_EQ(in.disk_blocks, nA);
 	CHECK_EQ(in.lost, 0);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	CHECK_EQ(st.disk_io_errors, 2);
 	CHECK_EQ(st.seqs_lost, 0);
 	CHECK_EQ(st.disk_blocks_used, nA + nB);
@@ -1126,14 +1073,14 @@ static void test_spill_io_errors(void **state)
 
 	/* an implicit fetch that fails fails its call, which changes nothing */
 	CHECK_RC(kvt_seq_spill(m, A), 0);
-	nt = tokens_of(m, A, 0);
+	nt = t_tokens_of(m, A, 0);
 	arm_io();
 	rc = decode_layer(m, &c, &A, 1, 0);
 	DISARM_IO();
 	CHECK_RC(rc, -EIO);
-	CHECK_EQ(tokens_of(m, A, 0), nt);
+	CHECK_EQ(t_tokens_of(m, A, 0), nt);
 	CHECK_EQ(DISK(m, A), nA);
-	CHECK_EQ(stats_of(m).disk_io_errors, 3);
+	CHECK_EQ(t_stats_of(m).disk_io_errors, 3);
 	CHECK_RC(decode_layer(m, &c, &A, 1, 0), 0);
 	CHECK_EQ(DISK(m, A), 0);
 
@@ -1154,14 +1101,14 @@ static void test_spill_io_errors(void **state)
 				(unsigned long long)da, (unsigned long long)nA,
 				(unsigned long long)db, (unsigned long long)nB);
 	}
-	CHECK_EQ(stats_of(m).disk_io_errors, 4);
+	CHECK_EQ(t_stats_of(m).disk_io_errors, 4);
 	CHECK_RC(kvt_seq_fetch(m, ab, 2), 0);
 	CHECK_EQ(DISK(m, A), 0);
 	CHECK_EQ(DISK(m, B), 0);
 	CHECK_SEQ_HOST(m, &c, A);
 	CHECK_SEQ_HOST(m, &c, B);
 	CHECK_SEQ_HOST(m, &c, C);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	CHECK_EQ(st.seqs_lost, 0);
 	CHECK_EQ(st.disk_checksum_errors, 0);
 	CHECK_EQ(st.disk_blocks_used, 0);
@@ -1171,14 +1118,14 @@ static void test_spill_io_errors(void **state)
 	/* a write that fails while a full host tier makes room: nothing is lost, and the call
 	   either found room elsewhere or failed changing nothing */
 	c = spill_config(f->dir, 24);
-	m = f->m = mk(&c);
+	m = f->m = t_mk(&c);
 	prefill(m, &c, A, 32);
 	prefill(m, &c, B, 32);
 	prefill(m, &c, C, 32);
 	CHECK_RC(kvt_seq_create(m, 34, 32), 0);
 	{
-		void *k = t_xmalloc(2 * 32 * rowb(&c)), *v = t_xmalloc(2 * 32 * rowb(&c));
-		void *q = t_xmalloc(4 * 4 * rowb(&c));
+		void *k = t_xmalloc(2 * 32 * t_rowb(&c)), *v = t_xmalloc(2 * 32 * t_rowb(&c));
+		void *q = t_xmalloc(4 * 4 * t_rowb(&c));
 
 		t_fill_prefill(&c, 34, 0, 32, k, v, q);
 		arm_io();
@@ -1190,8 +1137,8 @@ static void test_spill_io_errors(void **state)
 	}
 	if (rc != 0 && rc != -ENOMEM && rc != -EIO)
 		fail_at(__FILE__, __LINE__, "prefill with a failed spill write returned %d", rc);
-	CHECK_EQ(tokens_of(m, 34, 0), rc ? 0 : 32);
-	st = stats_of(m);
+	CHECK_EQ(t_tokens_of(m, 34, 0), rc ? 0 : 32);
+	st = t_stats_of(m);
 	CHECK_EQ(st.disk_io_errors, 1);
 	CHECK_EQ(st.seqs_lost, 0);
 	print_message("# prefill with a failed spill write: %d, %llu blocks spilled\n", rc,
@@ -1237,9 +1184,9 @@ static void test_spill_checksum(void **state)
 
 	t_what = "checksum";
 	c.recall_blocks = 2;
-	c.recall_cache_bytes = 16 * 2 * c.block_tokens * rowb(&c);
+	c.recall_cache_bytes = 16 * 2 * c.block_tokens * t_rowb(&c);
 	c.device_bytes += c.recall_cache_bytes;
-	m = f->m = mk(&c);
+	m = f->m = t_mk(&c);
 	prefill(m, &c, A, 80);
 	prefill(m, &c, B, 40);
 	prefill(m, &c, C, 90);
@@ -1251,19 +1198,19 @@ static void test_spill_checksum(void **state)
 
 	CHECK_RC(kvt_seq_fetch(m, &A, 1), -EBADMSG);
 	assert_true(strlen(kvt_manager_last_error(m)) > 0);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	print_message("# corrupted block: disk_checksum_errors %llu, seqs_lost %llu\n",
 		      (unsigned long long)st.disk_checksum_errors,
 		      (unsigned long long)st.seqs_lost);
 	assert_true(st.disk_checksum_errors >= 1);
 	CHECK_EQ(st.seqs_lost, 1);
 	CHECK_EQ(st.disk_io_errors, 0);
-	in = info_of(m, A);
+	in = t_info_of(m, A);
 	CHECK_EQ(in.lost, -EBADMSG);
 
 	/* every call on A but info and destroy */
-	kv_bytes = (size_t)c.n_kv_heads * 80 * rowb(&c);
-	q_bytes = (size_t)c.n_q_heads * (c.obs_window > 2 ? c.obs_window : 2) * rowb(&c);
+	kv_bytes = (size_t)c.n_kv_heads * 80 * t_rowb(&c);
+	q_bytes = (size_t)c.n_q_heads * (c.obs_window > 2 ? c.obs_window : 2) * t_rowb(&c);
 	k = t_xmalloc(kv_bytes);
 	v = t_xmalloc(kv_bytes);
 	q = t_xmalloc(q_bytes);
@@ -1288,11 +1235,11 @@ static void test_spill_checksum(void **state)
 	lost_call(bad, sizeof(bad), "prefill_layer", t_prefill_layer(m, A, 0, k, v, q, NULL));
 	lost_call(bad, sizeof(bad), "preempt", kvt_seq_preempt(m, A));
 	lost_call(bad, sizeof(bad), "resume", kvt_seq_resume(m, A, NULL));
-	x = tokens_of(m, B, 0);
+	x = t_tokens_of(m, B, 0);
 	lost_call(bad, sizeof(bad), "decode_append(B, A)",
 		  t_decode_append(m, 0, ba, 2, k, v, NULL));
-	CHECK_EQ(tokens_of(m, B, 0), x); /* all or nothing */
-	st = stats_of(m);
+	CHECK_EQ(t_tokens_of(m, B, 0), x); /* all or nothing */
+	st = t_stats_of(m);
 	CHECK_EQ(st.seqs_lost, 1);
 
 	/* the others are intact */
@@ -1308,14 +1255,14 @@ static void test_spill_checksum(void **state)
 	for (pos_c = 0; pos_c < n && (uint32_t)res[pos_c] == pos_c; pos_c++)
 		;
 	CHECK_RC(kvt_seq_read_token(m, C, 1, 0, pos_c, k, v), -EBADMSG);
-	CHECK_EQ(info_of(m, C).lost, -EBADMSG);
-	st = stats_of(m);
+	CHECK_EQ(t_info_of(m, C).lost, -EBADMSG);
+	st = t_stats_of(m);
 	CHECK_EQ(st.seqs_lost, 2);
 
 	/* destroy works and frees the file space */
 	CHECK_RC(kvt_seq_destroy(m, A), 0);
 	CHECK_RC(kvt_seq_destroy(m, C), 0);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	CHECK_EQ(st.disk_blocks_used, 0);
 	CHECK_EQ(st.live_seqs, 1);
 	CHECK_EQ(st.seqs_lost, 2);
@@ -1324,7 +1271,7 @@ static void test_spill_checksum(void **state)
 	prefill(m, &c, A, 33);
 	CHECK_RC(kvt_seq_spill(m, A), 0);
 	CHECK_SEQ(m, &c, A);
-	CHECK_EQ(info_of(m, A).lost, 0);
+	CHECK_EQ(t_info_of(m, A).lost, 0);
 	free(k);
 	free(v);
 	free(q);
@@ -1384,12 +1331,12 @@ static void test_spill_engine(void **state)
 
 	/* the default, and uring, take io_uring where allowed */
 	set_engine(NULL);
-	m = f->m = mk(&c);
-	CHECK_EQ(stats_of(m).disk_uring, ring);
+	m = f->m = t_mk(&c);
+	CHECK_EQ(t_stats_of(m).disk_uring, ring);
 	fdestroy(f);
 	set_engine("uring");
-	m = f->m = mk(&c);
-	CHECK_EQ(stats_of(m).disk_uring, ring);
+	m = f->m = t_mk(&c);
+	CHECK_EQ(t_stats_of(m).disk_uring, ring);
 	fdestroy(f);
 
 	/* anything else fails create and writes nothing */
@@ -1405,8 +1352,8 @@ static void test_spill_engine(void **state)
 	   thread while the next is copied in or the last copied out */
 	set_engine("sync");
 	cs.disk_queue_depth = 2 * 64;
-	m = f->m = mk(&cs);
-	st = stats_of(m);
+	m = f->m = t_mk(&cs);
+	st = t_stats_of(m);
 	CHECK_EQ(st.disk_uring, 0);
 	CHECK_RC(kvt_disk_break_ring(m->disk, 1, -EIO), -ENOTSUP);
 	prefill(m, &cs, A, 100);
@@ -1420,13 +1367,13 @@ static void test_spill_engine(void **state)
 	ios = disk_ios(m);
 	CHECK_RC(kvt_seq_spill(m, B), 0);
 	CHECK_EQ(disk_ios(m) - ios, 1);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	CHECK_EQ(st.disk_blocks_used, nA + nB);
 	CHECK_EQ(DISK(m, A), nA);
 	ios = disk_ios(m);
 	CHECK_RC(kvt_seq_fetch(m, two, 2), 0);
 	CHECK_EQ(disk_ios(m) - ios, 1);
-	CHECK_EQ(stats_of(m).disk_blocks_used, 0);
+	CHECK_EQ(t_stats_of(m).disk_blocks_used, 0);
 	CHECK_SEQ(m, &cs, A);
 	CHECK_SEQ_HOST(m, &cs, A);
 	CHECK_SEQ_HOST(m, &cs, B);
@@ -1446,7 +1393,7 @@ static void test_spill_engine(void **state)
 		struct rlimit old, lim;
 		void (*old_xfsz)(int) = signal(SIGXFSZ, SIG_IGN);
 
-		errs = stats_of(m).disk_io_errors;
+		errs = t_stats_of(m).disk_io_errors;
 		uint64_t nC, gC;
 		int rc;
 
@@ -1469,7 +1416,7 @@ static void test_spill_engine(void **state)
 		CHECK_RC(rc, -EIO);
 		CHECK_EQ(disk_ios(m) - ios, 1 + gC); /* the merged write, then one per unit */
 		CHECK_EQ(DISK(m, C), 3ull * cs.n_kv_heads);
-		CHECK_EQ(stats_of(m).disk_io_errors, errs + gC - 3);
+		CHECK_EQ(t_stats_of(m).disk_io_errors, errs + gC - 3);
 		errs += gC - 3;
 		CHECK_SEQ_HOST(m, &cs, C);
 		CHECK_EQ(DISK(m, C), 0);
@@ -1482,7 +1429,7 @@ static void test_spill_engine(void **state)
 	CHECK_RC(kvt_seq_spill(m, A), 0);
 	CHECK_RC(kvt_disk_corrupt_block(m, A, 1, 2), 0);
 	CHECK_RC(kvt_seq_fetch(m, &A, 1), -EBADMSG);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	CHECK_EQ(st.disk_checksum_errors, 1);
 	CHECK_EQ(st.seqs_lost, 1);
 	CHECK_EQ(st.disk_io_errors, errs);
@@ -1503,7 +1450,7 @@ static void test_spill_engine(void **state)
 
 	/* sync with one bounce buffer: no I/O thread, one unit per I/O, the same round trip */
 	cs.disk_queue_depth = 1;
-	m = f->m = mk(&cs);
+	m = f->m = t_mk(&cs);
 	prefill(m, &cs, A, 100);
 	prefill(m, &cs, B, 37);
 	nA = HOSTB(m, A);
@@ -1535,7 +1482,7 @@ static void test_spill_engine(void **state)
 	   in the wait for a completion (3rd): A's spill still succeeds */
 	for (uint32_t nth = 2; nth <= 3; nth++) {
 		set_engine(NULL);
-		m = f->m = mk(&c);
+		m = f->m = t_mk(&c);
 		CHECK_RC(kvt_disk_break_ring(m->disk, 1, 0), -EINVAL);
 		prefill(m, &c, A, 100);
 		prefill(m, &c, B, 37);
@@ -1543,10 +1490,10 @@ static void test_spill_engine(void **state)
 		nB = HOSTB(m, B);
 		assert_true(nA / c.n_kv_heads > 3 * c.disk_queue_depth);
 		CHECK_RC(kvt_seq_spill(m, B), 0); /* through the ring */
-		CHECK_EQ(stats_of(m).disk_uring, 1);
+		CHECK_EQ(t_stats_of(m).disk_uring, 1);
 		CHECK_RC(kvt_disk_break_ring(m->disk, nth, -EBADF), 0);
 		CHECK_RC(kvt_seq_spill(m, A), 0);
-		st = stats_of(m);
+		st = t_stats_of(m);
 		CHECK_EQ(st.disk_uring, 0);
 		CHECK_EQ(st.disk_io_errors, 0);
 		CHECK_EQ(st.disk_blocks_used, nA + nB); /* the abandoned slots are not counted */
@@ -1565,7 +1512,7 @@ static void test_spill_engine(void **state)
 		/* B went through the ring, A partly; both come back through pread */
 		CHECK_SEQ_HOST(m, &c, A);
 		CHECK_SEQ_HOST(m, &c, B);
-		CHECK_EQ(stats_of(m).disk_blocks_used, 0);
+		CHECK_EQ(t_stats_of(m).disk_blocks_used, 0);
 		CHECK_RC(kvt_seq_spill(m, A), 0);
 		CHECK_SEQ(m, &c, A);
 		fdestroy(f);
@@ -1575,14 +1522,14 @@ static void test_spill_engine(void **state)
 	/* the ring fails in a read batch, in the wait for a completion (1st) or in the submission
 	   of a buffer read into again (2nd, 3rd): the fetch still succeeds */
 	for (uint32_t nth = 1; nth <= 3; nth++) {
-		m = f->m = mk(&c);
+		m = f->m = t_mk(&c);
 		prefill(m, &c, A, 100);
 		prefill(m, &c, B, 37);
 		CHECK_RC(kvt_seq_spill(m, A), 0);
 		CHECK_RC(kvt_seq_spill(m, B), 0);
 		CHECK_RC(kvt_disk_break_ring(m->disk, nth, -ENOMEM), 0);
 		CHECK_RC(kvt_seq_fetch(m, two, 2), 0);
-		st = stats_of(m);
+		st = t_stats_of(m);
 		CHECK_EQ(st.disk_uring, 0);
 		CHECK_EQ(st.disk_blocks_used, 0);
 		CHECK_EQ(st.disk_io_errors, 0);
@@ -1591,7 +1538,7 @@ static void test_spill_engine(void **state)
 		/* the slots the reads used are reused */
 		CHECK_RC(kvt_seq_spill(m, A), 0);
 		CHECK_RC(kvt_seq_spill(m, B), 0);
-		CHECK_EQ(stats_of(m).disk_blocks_used, HOSTB(m, A) + HOSTB(m, B));
+		CHECK_EQ(t_stats_of(m).disk_blocks_used, HOSTB(m, A) + HOSTB(m, B));
 		CHECK_SEQ(m, &c, A);
 		CHECK_SEQ(m, &c, B);
 		fdestroy(f);
@@ -1610,11 +1557,11 @@ static void test_spill_alloc_faults(void **state)
 	uint64_t A = 51, B = 52, C = 53, ab[2] = {51, 52};
 	uint32_t fired[3] = {0}, n_dev = 0;
 	char dev[1024] = "";
-	size_t rb = rowb(&c);
+	size_t rb = t_rowb(&c);
 	void *k = t_xmalloc(2 * 60 * rb), *v = t_xmalloc(2 * 60 * rb), *q = t_xmalloc(4 * 4 * rb);
 
 	t_what = "allocation faults";
-	m = f->m = mk(&c);
+	m = f->m = t_mk(&c);
 	prefill(m, &c, A, 60); /* 16 groups each */
 	prefill(m, &c, B, 60);
 	for (uint32_t op = 0; op < 3; op++)
@@ -1628,7 +1575,7 @@ static void test_spill_alloc_faults(void **state)
 			if (op == 1)
 				CHECK_RC(kvt_seq_spill(m, A), 0);
 			if (op == 2 && kvt_seq_destroy(m, C) == 0)
-				CHECK_EQ(stats_of(m).live_seqs, 2);
+				CHECK_EQ(t_stats_of(m).live_seqs, 2);
 			if (op == 2) {
 				CHECK_RC(kvt_seq_create(m, C, 60), 0);
 				prefill_n(m, &c, C, 60, 1, 0); /* 8 free groups left */
@@ -1662,8 +1609,8 @@ static void test_spill_alloc_faults(void **state)
 					(unsigned long long)nth, (unsigned long long)DISK(m, A),
 					(unsigned long long)HOSTB(m, A), (unsigned long long)da);
 			if (op == 2)
-				CHECK_EQ(tokens_of(m, C, 1), rc ? 0 : 60);
-			CHECK_EQ(stats_of(m).seqs_lost, 0);
+				CHECK_EQ(t_tokens_of(m, C, 1), rc ? 0 : 60);
+			CHECK_EQ(t_stats_of(m).seqs_lost, 0);
 			CHECK_SEQ(m, &c, A);
 			CHECK_SEQ(m, &c, B);
 		}
@@ -1698,8 +1645,8 @@ static void test_spill_model(void **state)
 	t_what = "model backend";
 	c.backend = KVT_BACKEND_MODEL;
 	c.spill_dir = f->dir;
-	c.host_bytes = budget(&c, 20);
-	m = f->m = mk(&c);
+	c.host_bytes = t_budget(&c, 20);
+	m = f->m = t_mk(&c);
 	for (uint32_t i = 0; i < 6; i++) {
 		ids[i] = 60 + i;
 		CHECK_RC(kvt_seq_create(m, ids[i], 32), 0); /* 8 groups per sequence */
@@ -1708,7 +1655,7 @@ static void test_spill_model(void **state)
 				t_prefill_layer(m, ids[i], l, dummy, dummy + 64, dummy + 128, NULL),
 				0);
 	}
-	s0 = stats_of(m);
+	s0 = t_stats_of(m);
 	assert_true(s0.disk_blocks_spilled > 0);
 	assert_true(s0.model_ns_disk > 0);
 	CHECK_EQ(s0.host_blocks_used + s0.disk_blocks_used, 6 * 16);
@@ -1721,7 +1668,7 @@ static void test_spill_model(void **state)
 	CHECK_EQ(DISK(m, ids[0]), 0);
 	CHECK_RC(t_decode_append(m, 0, &ids[1], 1, dummy, dummy + 64, NULL), 0);
 	CHECK_EQ(DISK(m, ids[1]), 0);
-	s1 = stats_of(m);
+	s1 = t_stats_of(m);
 	assert_true(s1.disk_blocks_fetched > 0);
 	assert_true(s1.model_ns_disk >= s0.model_ns_disk + 2ull * c.model_disk_ns);
 	CHECK_EQ(s1.disk_io_errors, 0);
@@ -1740,7 +1687,7 @@ static void test_spill_model(void **state)
 	CHECK_EQ(DISK(m, ids[5]), 16);
 	CHECK_RC(kvt_seq_fetch(m, &ids[5], 1), 0);
 	CHECK_EQ(DISK(m, ids[5]), 0);
-	s1 = stats_of(m);
+	s1 = t_stats_of(m);
 	CHECK_EQ(s1.disk_io_errors, 2);
 	CHECK_EQ(s1.seqs_lost, 0);
 	print_message("# model disk: %llu blocks spilled, %llu fetched, %.1f us modelled\n",
@@ -1923,16 +1870,16 @@ static uint64_t dev_need(const struct rrun *r, const struct t_seq *s)
 static void check_cheap(struct rrun *r)
 {
 	const struct kvt_config *c = &r->run.c;
-	struct kvt_stats st = stats_of(r->run.m);
+	struct kvt_stats st = t_stats_of(r->run.m);
 	uint64_t on_host = 0, on_disk = 0, frames = 0;
 
 	for (uint32_t i = 0; i < r->run.n_live; i++) {
 		const struct t_seq *s = &r->run.live[i];
-		struct kvt_seq_info in = info_of(r->run.m, s->id);
+		struct kvt_seq_info in = t_info_of(r->run.m, s->id);
 		uint64_t hb = blocks_of(r, s);
 
 		for (uint32_t l = 0; l < c->n_layers; l++) {
-			uint32_t n = tokens_of(r->run.m, s->id, l);
+			uint32_t n = t_tokens_of(r->run.m, s->id, l);
 
 			if (n != s->n[l])
 				fail_at(__FILE__, __LINE__,
@@ -2028,7 +1975,7 @@ static int readback(struct rrun *r, const struct t_seq *s, bool host)
 static void do_prefill(struct rrun *r, struct t_seq *s, uint32_t l)
 {
 	const struct kvt_config *c = &r->run.c;
-	struct kvt_stats st = stats_of(r->run.m);
+	struct kvt_stats st = t_stats_of(r->run.m);
 	uint64_t need = (uint64_t)c->n_kv_heads * DIV_UP(s->L, c->block_tokens);
 	bool dev_short = (uint64_t)c->n_kv_heads * s->fph > st.device_frames_free;
 	size_t nq = (size_t)c->n_q_heads * c->obs_window * c->head_dim;
@@ -2245,7 +2192,7 @@ static void op_recall(struct t_run *run)
 static void op_preempt(struct t_run *run)
 {
 	struct rrun *r = rr_of(run);
-	struct kvt_stats st = stats_of(r->run.m);
+	struct kvt_stats st = t_stats_of(r->run.m);
 	struct t_seq *s;
 	bool resume = t_rng_below(3) != 0;
 	uint64_t dn;
@@ -2294,16 +2241,16 @@ static void op_spill(struct t_run *run)
 	for (int tries = 0; tries < 8 && r->run.n_live; tries++) {
 		struct t_seq *t = &r->run.live[t_rng_below(r->run.n_live)];
 
-		a = info_of(r->run.m, t->id);
+		a = t_info_of(r->run.m, t->id);
 		s = t;
 		if (a.host_blocks > a.disk_blocks)
 			break;
 	}
 	if (!s)
 		return;
-	a = info_of(r->run.m, s->id);
+	a = t_info_of(r->run.m, s->id);
 	rc = kvt_seq_spill(r->run.m, s->id);
-	b = info_of(r->run.m, s->id);
+	b = t_info_of(r->run.m, s->id);
 	if (r->fault_ok && rc == -EIO) {
 		assert_true(b.disk_blocks < b.host_blocks); /* the failed blocks stay */
 		return;
@@ -2438,7 +2385,7 @@ static void run_noloss(struct fix *fx, uint64_t seed, long ops, uint64_t disk_bl
 	struct rrun *r = g_run = t_xmalloc(sizeof(*r));
 	struct kvt_stats st;
 	uint64_t spilled, fetched;
-	double t0 = now_s();
+	double t0 = t_now_s();
 
 	c.n_layers = NL;
 	c.n_kv_heads = 2;
@@ -2452,10 +2399,10 @@ static void run_noloss(struct fix *fx, uint64_t seed, long ops, uint64_t disk_bl
 	c.pool_kernel = 3;
 	c.save_threads = 2;
 	c.staging_bytes = 16u << 10;
-	c.host_bytes = budget(&c, 600);
-	c.device_bytes = budget(&c, 700); /* resident sets: up to 12 groups a sequence */
+	c.host_bytes = t_budget(&c, 600);
+	c.device_bytes = t_budget(&c, 700); /* resident sets: up to 12 groups a sequence */
 	c.recall_blocks = 2;
-	c.recall_cache_bytes = 24 * 2 * c.block_tokens * rowb(&c); /* 24 frames */
+	c.recall_cache_bytes = 24 * 2 * c.block_tokens * t_rowb(&c); /* 24 frames */
 	c.device_bytes += c.recall_cache_bytes;
 	c.spill_dir = dir;
 	c.disk_queue_depth = 64;
@@ -2464,8 +2411,8 @@ static void run_noloss(struct fix *fx, uint64_t seed, long ops, uint64_t disk_bl
 		uint64_t t;
 
 		c.disk_bytes = 1 << 20;
-		fx->m = mk(&c);
-		t = stats_of(fx->m).disk_blocks_total;
+		fx->m = t_mk(&c);
+		t = t_stats_of(fx->m).disk_blocks_total;
 		fdestroy(fx);
 		c.disk_bytes = (c.disk_bytes / t) * disk_blocks;
 		r->disk_limited = true;
@@ -2475,8 +2422,8 @@ static void run_noloss(struct fix *fx, uint64_t seed, long ops, uint64_t disk_bl
 	r->run.prompt_span = 120;
 	r->dir = dir;
 	t_rng_seed(seed);
-	r->run.m = fx->m = mk(&c);
-	st = stats_of(r->run.m);
+	r->run.m = fx->m = t_mk(&c);
+	st = t_stats_of(r->run.m);
 	r->host_total = st.host_blocks_total;
 	CHECK_EQ(r->host_total, 1200);
 	if (disk_blocks)
@@ -2488,7 +2435,7 @@ static void run_noloss(struct fix *fx, uint64_t seed, long ops, uint64_t disk_bl
 	t_what = "final read back";
 	CHECK_RC(kvt_manager_sync(r->run.m, NULL), 0);
 	CHECK_DIR_EMPTY(dir);
-	st = stats_of(r->run.m);
+	st = t_stats_of(r->run.m);
 	spilled = st.disk_blocks_spilled;
 	fetched = st.disk_blocks_fetched;
 	{
@@ -2529,7 +2476,7 @@ static void run_noloss(struct fix *fx, uint64_t seed, long ops, uint64_t disk_bl
 			t_run_remove(&r->run, i);
 		}
 		check_cheap(r);
-		st = stats_of(r->run.m);
+		st = t_stats_of(r->run.m);
 		print_message("# no-loss: %llu sequences created, %llu live checked, %llu tokens "
 			      "checked, %llu blocks spilled, %llu fetched, %llu lost\n",
 			      (unsigned long long)r->run.created,
@@ -2545,7 +2492,7 @@ static void run_noloss(struct fix *fx, uint64_t seed, long ops, uint64_t disk_bl
 		      "(-ENOMEM %llu), %llu destroyed, at most %llu live; before the final read "
 		      "back %llu blocks spilled, %llu fetched; %llu I/O failures injected, %llu "
 		      "calls -EIO; %llu spills -ENOSPC, %llu read-backs put off; O_DIRECT %u\n",
-		      ops, now_s() - t0, (unsigned long long)r->prefills,
+		      ops, t_now_s() - t0, (unsigned long long)r->prefills,
 		      (unsigned long long)r->nomem_prefill, (unsigned long long)r->decodes,
 		      (unsigned long long)r->decoded, (unsigned long long)r->nomem_decode,
 		      (unsigned long long)r->recalls, (unsigned long long)r->nomem_recall,
@@ -2571,7 +2518,7 @@ static void run_noloss(struct fix *fx, uint64_t seed, long ops, uint64_t disk_bl
 		if (r->run.n_live % 16 == 0)
 			check_cheap(r);
 	}
-	st = stats_of(r->run.m);
+	st = t_stats_of(r->run.m);
 	CHECK_EQ(st.host_blocks_used, 0);
 	CHECK_EQ(st.disk_blocks_used, 0);
 	CHECK_EQ(st.device_frames_used, 0);

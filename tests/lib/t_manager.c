@@ -47,6 +47,28 @@ uint32_t t_tokens_of(struct kvt_manager *m, uint64_t seq, uint32_t layer)
 	return n;
 }
 
+void t_check_stats_equal(const struct kvt_stats *a, const struct kvt_stats *b, const char *file,
+			 int line)
+{
+	if (memcmp(a, b, sizeof(*a)) == 0)
+		return;
+	fail_at(file, line,
+		"stats changed: frames used %llu -> %llu, blocks used %llu -> %llu, "
+		"tokens saved %llu -> %llu, appended %llu -> %llu, prefill layers %llu -> %llu, "
+		"decode calls %llu -> %llu, saves %llu -> %llu, bytes d2h %llu -> %llu, "
+		"bytes d2d %llu -> %llu",
+		(unsigned long long)a->device_frames_used,
+		(unsigned long long)b->device_frames_used, (unsigned long long)a->host_blocks_used,
+		(unsigned long long)b->host_blocks_used, (unsigned long long)a->tokens_saved,
+		(unsigned long long)b->tokens_saved, (unsigned long long)a->tokens_appended,
+		(unsigned long long)b->tokens_appended, (unsigned long long)a->prefill_layers,
+		(unsigned long long)b->prefill_layers, (unsigned long long)a->decode_calls,
+		(unsigned long long)b->decode_calls, (unsigned long long)a->saves_submitted,
+		(unsigned long long)b->saves_submitted, (unsigned long long)a->bytes_d2h,
+		(unsigned long long)b->bytes_d2h, (unsigned long long)a->bytes_d2d,
+		(unsigned long long)b->bytes_d2d);
+}
+
 bool t_kvt_threads_block_signals(uint32_t *n)
 {
 	const unsigned long long want =

@@ -22,6 +22,12 @@ struct kvt_seq_info t_info_of(struct kvt_manager *m, uint64_t seq);
 /* kvt_seq_tokens of a live sequence's layer, which must succeed. */
 uint32_t t_tokens_of(struct kvt_manager *m, uint64_t seq, uint32_t layer);
 
+/* Fails the test at file:line, naming the counters that differ most often, unless the two
+   stats are identical (a failed call must change nothing). */
+void t_check_stats_equal(const struct kvt_stats *a, const struct kvt_stats *b, const char *file,
+			 int line);
+#define CHECK_STATS_EQUAL(a, b) t_check_stats_equal((a), (b), __FILE__, __LINE__)
+
 /* Whether every thread of the library's (named "kvt-...") blocks SIGINT, SIGTERM and SIGUSR1:
    they leave the application's signals alone. From Name and SigBlk in
    /proc/self/task/TID/status; *n: how many such threads there are. */
