@@ -6,8 +6,8 @@
  * comparisons of the pair; test_cuda_*.c: the tests by topic).
  */
 
-#ifndef KVT_TEST_CUDA_H
-#define KVT_TEST_CUDA_H
+#ifndef TEST_CUDA_H
+#define TEST_CUDA_H
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -277,4 +277,4 @@ void test_fault_decode(void **state);
 void test_fault_recall(void **state);
 void test_fault_stage(void **state);
 
-#endif /* KVT_TEST_CUDA_H */
+#endif /* TEST_CUDA_H */

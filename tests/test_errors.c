@@ -9,8 +9,8 @@
  * every failing call on a live manager: the stats are byte-identical to before the call, each
  * live sequence's token counts and resident positions are as before, and every token of every
  * prefilled (sequence, layer, head) still reads back (from whichever tier holds it, and from
- * the host history) exactly as it was written. Token data come from common.h's generator, so
- * the expected bytes are regenerated rather than stored.
+ * the host history) exactly as it was written. Token data come from the test library's
+ * generator (lib/t_data.h), so the expected bytes are regenerated rather than stored.
  *
  * The fixture holds three sequences: A (prompt 40: top-K selection happens; layer 0 prefilled
  * and decoded to 45 tokens, layer 1 not prefilled), B (prompt 20: SnapStream Case 1; both

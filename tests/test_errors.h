@@ -5,8 +5,8 @@
  * sequences and its state checks, main; test_errors_*.c: the tests by call).
  */
 
-#ifndef KVT_TEST_ERRORS_H
-#define KVT_TEST_ERRORS_H
+#ifndef TEST_ERRORS_H
+#define TEST_ERRORS_H
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -138,4 +138,4 @@ void test_decode_last_bad(void **state);
 void test_decode_overflow(void **state);
 void test_decode_host_full(void **state);
 
-#endif /* KVT_TEST_ERRORS_H */
+#endif /* TEST_ERRORS_H */

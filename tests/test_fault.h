@@ -6,8 +6,8 @@
  * test_fault_workload.c: the steps and the workload; test_fault_walk.c: the tests).
  */
 
-#ifndef KVT_TEST_FAULT_H
-#define KVT_TEST_FAULT_H
+#ifndef TEST_FAULT_H
+#define TEST_FAULT_H
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -233,4 +233,4 @@ void run_once(enum mode mode, uint32_t mask, uint64_t nth);
 void test_fault_walk(void **state);
 void test_fault_shared_site(void **state);
 
-#endif /* KVT_TEST_FAULT_H */
+#endif /* TEST_FAULT_H */

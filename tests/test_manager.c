@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * manager: the public data path on the host backend. Every check is against an expectation
- * computed here, not by the library: token data comes from the generator in common.h (any row
+ * computed here, not by the library: token data comes from the generator in lib/t_data.h (any row
  * can be regenerated), resident positions from docs/design.md's rule (sink, top-K, last `recent`),
  * the top-K set from kvt_snapkv_select run on the very tensors handed to prefill (and, once,
  * from hand-made tensors whose answer is known), attention from a double-precision loop over

@@ -6,8 +6,8 @@
  * the tests by topic).
  */
 
-#ifndef KVT_TEST_MANAGER_H
-#define KVT_TEST_MANAGER_H
+#ifndef TEST_MANAGER_H
+#define TEST_MANAGER_H
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -90,4 +90,4 @@ void test_host_capacity_prefill(void **state);
 void test_host_capacity_decode(void **state);
 void test_sync_tokens_errors(void **state);
 
-#endif /* KVT_TEST_MANAGER_H */
+#endif /* TEST_MANAGER_H */

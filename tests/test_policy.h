@@ -5,8 +5,8 @@
  * docs/design.md in double, main; test_policy_*.c: the tests by topic).
  */
 
-#ifndef KVT_TEST_POLICY_H
-#define KVT_TEST_POLICY_H
+#ifndef TEST_POLICY_H
+#define TEST_POLICY_H
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -84,4 +84,4 @@ void test_attend_vs_naive(void **state);
 void test_attend_exact(void **state);
 void test_attend_no_rows(void **state);
 
-#endif /* KVT_TEST_POLICY_H */
+#endif /* TEST_POLICY_H */

@@ -3,7 +3,7 @@
  * recall: block metadata and the Quest bound (policy/recall.c), the shared recall cache (LRU,
  * hit detection, capacity), recall views and their resident masks, attention over recalled
  * blocks, the recall working set, and preemption/resume (manager/recall.c, manager/seq.c), on
- * the host backend. Expectations come from the generator in common.h and plain loops here.
+ * the host backend. Expectations come from the generator in lib/t_data.h and plain loops here.
  */
 #include <stdarg.h>
 #include <stddef.h>

@@ -4,7 +4,7 @@
  * check admission decisions on hand-made queues against figures worked out here from the
  * geometry (frames per layer from docs/design.md's resident layout, the full-KV reservation, the
  * token and injection budgets); the randomized run executes every batch for real (prefill
- * layers and decode steps with the generator's data from common.h, recalls of random blocks)
+ * layers and decode steps with the generator's data from lib/t_data.h, recalls of random blocks)
  * and checks at every iteration that no device frame has two owners, that admitted requests
  * are resident, that preemption took the latest arrivals, and at the end of each request that
  * every token of every layer and head reads back bit-exact.

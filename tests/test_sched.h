@@ -5,8 +5,8 @@
  * executes batches for real, main; test_sched_*.c: the tests by topic).
  */
 
-#ifndef KVT_TEST_SCHED_H
-#define KVT_TEST_SCHED_H
+#ifndef TEST_SCHED_H
+#define TEST_SCHED_H
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -122,4 +122,4 @@ void test_frames_held_outside(void **state);
 void test_random_ws(void **state);
 void test_random_resident(void **state);
 
-#endif /* KVT_TEST_SCHED_H */
+#endif /* TEST_SCHED_H */

@@ -130,7 +130,7 @@ uint32_t spill_fds(const char *dir, struct stat *st)
 
 /* ---- small helpers ------------------------------------------------------------------------ */
 
-/* ---- deterministic sequences for the focused tests (common.h's t_value data) --------------- */
+/* ---- deterministic sequences for the focused tests (lib/t_data.h's t_value data) ----------- */
 
 /* t_small_config (2 layers, 2 kv heads, 4 q heads, d 16 f16, 8-token blocks: 512-byte blocks,
    1 KiB block groups; sink 8, recent 16, top-K 16, obs 4) with a disk tier in dir and a host

@@ -5,8 +5,8 @@
  * helpers of the focused tests, main; test_spill_*.c: the tests by topic).
  */
 
-#ifndef KVT_TEST_SPILL_H
-#define KVT_TEST_SPILL_H
+#ifndef TEST_SPILL_H
+#define TEST_SPILL_H
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -119,4 +119,4 @@ void test_spill_model(void **state);
 void test_spill_noloss(void **state);
 void test_spill_noloss_limited(void **state);
 
-#endif /* KVT_TEST_SPILL_H */
+#endif /* TEST_SPILL_H */

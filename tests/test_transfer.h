@@ -5,8 +5,8 @@
  * test_transfer_*.c: the tests by topic).
  */
 
-#ifndef KVT_TEST_TRANSFER_H
-#define KVT_TEST_TRANSFER_H
+#ifndef TEST_TRANSFER_H
+#define TEST_TRANSFER_H
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -74,4 +74,4 @@ void test_savepool_zero_and_invalid_jobs(void **state);
 void test_null_backend(void **state);
 void test_backend_find(void **state);
 
-#endif /* KVT_TEST_TRANSFER_H */
+#endif /* TEST_TRANSFER_H */
