@@ -1,5 +1,4 @@
 /* SPDX-License-Identifier: MIT */
-
 /*
  * What the files of the GPU suite share (test_cuda.c: failure context, runtime helpers, the pair
  * of managers, token data, the calls on one manager, the counters, main; test_cuda_checks.c: the
@@ -39,45 +38,27 @@
 
 /* Geometry of every manager here: small, so the suite runs in seconds. */
 #define N_LAYERS 2
-
 #define N_KV 2
-
 #define N_Q 4
-
 #define G_Q (N_Q / N_KV)
-
 #define HEAD_DIM 64
-
 #define BT 16
-
 #define SINK 16
-
 #define RECENT 64
-
 #define TOPK 63 /* N_HEAVY pooling windows of POOL positions */
-
 #define OBS 8
-
 #define POOL 7
-
 #define R_BLOCKS 4
-
 #define N_HEAVY 9 /* heavy keys per (sequence, layer, kv head) of a prompt that selects */
 
-#define POS_CAP 256 /* >= SINK + RECENT + TOPK */
-
+#define POS_CAP 256  /* >= SINK + RECENT + TOPK */
 #define FRAME_CAP 16 /* >= frames of one resident set */
-
-#define VIEW_CAP 16 /* >= R_BLOCKS */
-
+#define VIEW_CAP 16  /* >= R_BLOCKS */
 #define ROW_MAX (HEAD_DIM * 4)
-
 #define DECODE_STEPS 70 /* > RECENT: every ring wraps */
-
-#define FAULT_MAX 400 /* most CUDA calls one operation may make */
+#define FAULT_MAX 400	/* most CUDA calls one operation may make */
 
 #define ATTEND_TOL 1e-4
-
 #define TIE_TOL 1e-4
 
 #define ULL(x) ((unsigned long long)(x))
@@ -134,18 +115,6 @@ struct tseq {
 
 #define RECALL_BOTH(p, ts, n, l) recall_both_at((p), (ts), (n), (l), __FILE__, __LINE__)
 
-#define F_FIX 2u /* a failed call leaves it as it was */
-
-struct stat_field {
-	const char *name;
-	size_t off, size;
-	unsigned flags;
-};
-
-#define COMPARE_STATS(p, tie) compare_stats_at((p), (tie), __FILE__, __LINE__)
-
-#define CHECK_XFER(st) check_xfer_at((st), __FILE__, __LINE__)
-
 /* Smallest relative gap of pooled scores at the top-K cutoff seen since the last reset. */
 struct margin {
 	double gap;
@@ -168,23 +137,19 @@ struct margin {
 
 #define CHECK_ATTEND(p, t, l, out) check_attend_at((p), (t), (l), (out), __FILE__, __LINE__)
 
+#define F_FIX 2u /* a failed call leaves it as it was */
+
+struct stat_field {
+	const char *name;
+	size_t off, size;
+	unsigned flags;
+};
+
+#define COMPARE_STATS(p, tie) compare_stats_at((p), (tie), __FILE__, __LINE__)
+
+#define CHECK_XFER(st) check_xfer_at((st), __FILE__, __LINE__)
+
 #define CHECK_ALL(p, ts, n, tie) check_all_at((p), (ts), (n), (tie), __FILE__, __LINE__)
-
-/* 528,000 tokens of 2 kv heads: as many (kv head, token) pairs as a 132K-token prompt of
-   Llama-3-8B's 8 kv heads, where the suite's other prompts stop at 20,000 tokens. There the GPU
-   SnapKV runs past its span clamp (policy/snapkv.cu: spans of at most SK_SPAN_MAX = 16 key
-   tiles; past 16,384 (kv head, 64-key tile) pairs the grid grows past 1,024 CTAs instead: 516
-   spans a head here), and a layer's save (270 MB) goes through about a thousand staging
-   chunks. Selection, tokens, frames and counters as on the host. The selection check is
-   coarse: the heavy keys dominate the vote, so a softmax denominator that missed the last 6% of
-   the keys would still select the same positions (tried: nspan from the unclamped span passes
-   here on cuda-kemu); kernel-emu compares the scores themselves, at the span cap too, and
-   fails on that mistake. On a GPU only: on the CPU emulators (tests/cuda_emu builds this file
-   with KVT_TEST_EMULATED, for cuda-emu and cuda-kemu alike) it takes 40 s with the stand-in
-   kernels and 5 minutes with the real ones. KVT_TEST_NO_HUGE=1 skips it. */
-#define HUGE_L 528000
-
-_Static_assert((HUGE_L + 63) / 64 * N_KV > 16 * 1024 + 64, "17 tiles a span unclamped");
 
 /* State of the CUDA manager right before an armed call. */
 struct before {

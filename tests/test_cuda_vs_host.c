@@ -314,6 +314,21 @@ void test_long_prompt(void **state)
 
 /* ---- a prompt at the scale kvtier is for ------------------------------------------------- */
 
+/* 528,000 tokens of 2 kv heads: as many (kv head, token) pairs as a 132K-token prompt of
+   Llama-3-8B's 8 kv heads, where the suite's other prompts stop at 20,000 tokens. There the GPU
+   SnapKV runs past its span clamp (policy/snapkv.cu: spans of at most SK_SPAN_MAX = 16 key
+   tiles; past 16,384 (kv head, 64-key tile) pairs the grid grows past 1,024 CTAs instead: 516
+   spans a head here), and a layer's save (270 MB) goes through about a thousand staging
+   chunks. Selection, tokens, frames and counters as on the host. The selection check is
+   coarse: the heavy keys dominate the vote, so a softmax denominator that missed the last 6% of
+   the keys would still select the same positions (tried: nspan from the unclamped span passes
+   here on cuda-kemu); kernel-emu compares the scores themselves, at the span cap too, and
+   fails on that mistake. On a GPU only: on the CPU emulators (tests/cuda_emu builds this file
+   with KVT_TEST_EMULATED, for cuda-emu and cuda-kemu alike) it takes 40 s with the stand-in
+   kernels and 5 minutes with the real ones. KVT_TEST_NO_HUGE=1 skips it. */
+#define HUGE_L 528000
+_Static_assert((HUGE_L + 63) / 64 * N_KV > 16 * 1024 + 64, "17 tiles a span unclamped");
+
 void test_huge_prompt(void **state)
 {
 	static const uint32_t len = HUGE_L;

@@ -72,6 +72,9 @@ void fx_decode(struct fx *f, uint32_t layer, const int *which, uint32_t n)
 	free(v);
 }
 
+/* Hidden per-layer state (ring slot, write cursors, block tables) shows only in later work:
+   decodes A and B on layer 0 past a full ring turn (and several block boundaries), then checks
+   everything. Called after failing calls to show they left that state intact. */
 void fx_decode_rounds(struct fx *f, int rounds, const char *file, int line)
 {
 	const int ab[2] = {0, 1};

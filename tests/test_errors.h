@@ -1,5 +1,4 @@
 /* SPDX-License-Identifier: MIT */
-
 /*
  * What the files of the errors suite share (test_errors.c: log capture, the fixture of three
  * sequences and its state checks, main; test_errors_*.c: the tests by call).
@@ -31,15 +30,10 @@
 #include "kvtier.h"
 
 #define SEQ_A 101u
-
 #define SEQ_B 202u
-
 #define SEQ_C 303u
-
 #define SEQ_NONE 999u
-
 #define N_SEQ 3
-
 #define MAX_POS 64
 
 struct fx {
@@ -53,11 +47,7 @@ struct fx {
 	uint32_t npos[N_SEQ][2][2];
 };
 
-/* Hidden per-layer state (ring slot, write cursors, block tables) shows only in later work:
-   decodes A and B on layer 0 past a full ring turn (and several block boundaries), then checks
-   everything. Called after failing calls to show they left that state intact. */
 void fx_snapshot_positions(struct fx *f);
-
 void fx_check_state(struct fx *f, const char *file, int line);
 
 #define DECODE_ROUNDS(f, r) fx_decode_rounds((f), (r), __FILE__, __LINE__)

@@ -1,5 +1,4 @@
 /* SPDX-License-Identifier: MIT */
-
 /*
  * What the files of the fault walk share (test_fault.c: the records of the fault-free runs,
  * problems, the hook, data, setup and main; test_fault_snap.c: snapshots and their comparison;
@@ -34,37 +33,25 @@
 
 /* Geometry of t_small_config, which the workload uses. */
 #define NL 2
-
 #define NH 2
-
 #define NQ 4
-
 #define HD 16
-
 #define BT 8
-
 #define RB 2 /* recall_blocks */
 
 #define RES_CAP 48 /* sink + recent + top-K = 40 */
-
 #define FR_CAP 8
-
 #define VIEW_CAP 8
-
 #define MAX_STEPS 1024
 
 #define MAX_BATCH 4
 
-#define F_ABSORB (1u << 0) /* may absorb the fault and succeed (see absorbed()) */
-
-#define F_VOID (1u << 1) /* returns nothing */
-
+#define F_ABSORB (1u << 0)  /* may absorb the fault and succeed (see absorbed()) */
+#define F_VOID (1u << 1)    /* returns nothing */
 #define F_MCREATE (1u << 2) /* kvt_manager_create: *out must stay untouched */
-
 #define F_SCREATE (1u << 3) /* kvt_sched_create: likewise */
 
 #define M_SENTINEL ((struct kvt_manager *)(uintptr_t)0x5a5a5a50)
-
 #define S_SENTINEL ((struct kvt_sched *)(uintptr_t)0x5a5a5a60)
 
 enum { A = 0, B, C, D, E, F, G, N_IDS };

@@ -1,5 +1,4 @@
 /* SPDX-License-Identifier: MIT */
-
 /*
  * What the files of the manager suite share (test_manager.c: the sequences the tests know of, the
  * prefill, decode and checks of resident sets, read-back and attention, main; test_manager_*.c:

@@ -1,5 +1,4 @@
 /* SPDX-License-Identifier: MIT */
-
 /*
  * What the files of the policy suite share (test_policy.c: helpers, SnapKV straight from
  * docs/design.md in double, main; test_policy_*.c: the tests by topic).

@@ -1,5 +1,4 @@
 /* SPDX-License-Identifier: MIT */
-
 /*
  * What the files of the scheduler suite share (test_sched.c: geometry and the test engine that
  * executes batches for real, main; test_sched_*.c: the tests by topic).

@@ -1,5 +1,4 @@
 /* SPDX-License-Identifier: MIT */
-
 /*
  * What the files of the spill suite share (test_spill.c: the spill directory fixture, the
  * helpers of the focused tests, main; test_spill_*.c: the tests by topic).
@@ -59,12 +58,10 @@ void rrun_free(struct rrun *r);
 	} while (0)
 
 #define CHECK_SEQ(m, c, seq) check_seq_at((m), (c), (seq), false, __FILE__, __LINE__)
-
 #define CHECK_SEQ_HOST(m, c, seq) check_seq_at((m), (c), (seq), true, __FILE__, __LINE__)
 
 /* Host blocks of seq that are on disk, and all of its host blocks. */
 #define DISK(m, seq) (t_info_of((m), (seq)).disk_blocks)
-
 #define HOSTB(m, seq) (t_info_of((m), (seq)).host_blocks)
 
 /* Appends a contract deviation to buf (the test goes on, and fails at its end listing them). */
@@ -105,14 +102,10 @@ void arm_io(void);
 void disarm_io(const char *file, int line);
 void test_spill_io_errors(void **state);
 void test_spill_checksum(void **state);
-
-/* test_spill_engine.c */
-void test_spill_engine(void **state);
-
-/* test_spill_faults.c */
 void test_spill_alloc_faults(void **state);
 
 /* test_spill_engine.c */
+void test_spill_engine(void **state);
 void test_spill_model(void **state);
 
 /* test_spill_noloss.c */

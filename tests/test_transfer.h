@@ -1,5 +1,4 @@
 /* SPDX-License-Identifier: MIT */
-
 /*
  * What the files of the transfer suite share (test_transfer.c: helpers, main;
  * test_transfer_*.c: the tests by topic).
