@@ -43,23 +43,11 @@
 
 /* ---- the model --------------------------------------------------------------------------- */
 
-/* What the model keeps of a live sequence beyond t_ops.h's struct t_seq (its priv): the top-K
-   positions of each prefilled layer, [n_kv_heads][count], kvt_snapkv_select on its data. */
-struct sel {
-	int32_t *topk[T_RUN_MAX_LAYERS];
-};
-
-static struct sel *sel_of(const struct t_seq *s)
+/* What the model keeps of each prefilled layer of a live sequence (t_ops.h's t_seq.layer): its
+   top-K positions, [n_kv_heads][count], kvt_snapkv_select on the layer's data. */
+static int32_t *topk_of(const struct t_seq *s, uint32_t l)
 {
-	return s->priv;
-}
-
-static void sel_free(void *priv)
-{
-	struct sel *x = priv;
-
-	for (int l = 0; l < T_RUN_MAX_LAYERS; l++)
-		free(x->topk[l]);
+	return s->layer[l];
 }
 
 /* The run (live sequences, manager, configuration) and what the manager's stats must say. */
@@ -84,7 +72,7 @@ static struct model *md_of(struct t_run *r)
 static void model_init(struct model *md, const struct kvt_config *c)
 {
 	memset(md, 0, sizeof(*md));
-	t_run_init(&md->run, c, MAX_LIVE, sizeof(struct sel), sel_free);
+	t_run_init(&md->run, c, MAX_LIVE);
 	CHECK_RC(t_manager_create(c, &md->run.m), 0);
 }
 
@@ -121,10 +109,10 @@ static void check_resident(struct model *md, const struct t_seq *s, uint32_t l)
 
 	assert_true(c->sink_tokens + c->recent_tokens + s->count < 500);
 	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
-		uint32_t nw = s->pre ? 0
-				     : t_expect_resident(c, s->n[l],
-							 sel_of(s)->topk[l] + (size_t)h * s->count,
-							 s->count, want);
+		uint32_t nw =
+			s->pre ? 0
+			       : t_expect_resident(c, s->n[l], topk_of(s, l) + (size_t)h * s->count,
+						   s->count, want);
 		uint32_t ng = 0;
 
 		CHECK_RC(kvt_seq_resident_positions(md->run.m, s->id, l, h, got, 512, &ng), 0);
@@ -201,7 +189,7 @@ static void check_readback(struct model *md)
 					md->bytes_read +=
 						2ull * md->run.rb *
 						t_expect_resident(c, s->n[l],
-								  sel_of(s)->topk[l] +
+								  topk_of(s, l) +
 									  (size_t)h * s->count,
 								  s->count, res);
 				for (uint32_t p = 0; p < s->n[l]; p++) {
@@ -266,8 +254,8 @@ static void check_attend(struct model *md, const struct t_seq *s, uint32_t l)
 	}
 	CHECK_RC(kvt_attend(md->run.m, s->id, l, q, out), 0);
 	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
-		uint32_t n = t_expect_resident(
-			c, s->n[l], sel_of(s)->topk[l] + (size_t)h * s->count, s->count, pos);
+		uint32_t n = t_expect_resident(c, s->n[l], topk_of(s, l) + (size_t)h * s->count,
+					       s->count, pos);
 		uint32_t n_res = n;
 
 		CHECK_RC(kvt_seq_recall_view(md->run.m, s->id, l, h, refs, 64, &nv[h]), 0);
@@ -391,9 +379,8 @@ static void op_prefill(struct t_run *r)
 			md->scratch = t_xmalloc(need);
 			md->scratch_bytes = need;
 		}
-		sel_of(s)->topk[l] = t_xmalloc((size_t)c->n_kv_heads * s->count * sizeof(int32_t));
-		CHECK_RC(kvt_snapkv_select(&sp, md->buf_k, md->buf_q, sel_of(s)->topk[l],
-					   md->scratch),
+		s->layer[l] = t_xmalloc((size_t)c->n_kv_heads * s->count * sizeof(int32_t));
+		CHECK_RC(kvt_snapkv_select(&sp, md->buf_k, md->buf_q, topk_of(s, l), md->scratch),
 			 0);
 	}
 	rc = t_prefill_layer(md->run.m, s->id, l, md->buf_k, md->buf_v,
@@ -418,8 +405,8 @@ static void op_prefill(struct t_run *r)
 		md->short_host += need_blocks > before.host_blocks_free / c->n_kv_heads;
 		return;
 	}
-	if (!sel_of(s)->topk[l])
-		sel_of(s)->topk[l] = t_xmalloc(0);
+	if (!s->layer[l])
+		s->layer[l] = t_xmalloc(0);
 	s->n[l] = s->L;
 	md->tokens_prompt += s->L;
 	md->tokens_resident +=

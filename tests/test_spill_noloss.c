@@ -11,24 +11,11 @@
 #define R_LIVE 100
 #define R_BATCH 8
 
-/* What the run keeps of a live sequence beyond t_ops.h's struct t_seq (its priv). */
-struct sums {
-	uint32_t cap[NL];
-	uint64_t *sum[NL]; /* checksum of each token written, per layer (t_seq.n[l] of them) */
-	uint32_t spills;   /* explicit spills, for failure messages */
-};
-
-static struct sums *sums_of(const struct t_seq *s)
+/* The checksum of each token written to layer l of s (t_ops.h's t_seq.layer[l], s->n[l] of
+   them). */
+static uint64_t *sums_of(const struct t_seq *s, uint32_t l)
 {
-	return s->priv;
-}
-
-static void sums_free(void *priv)
-{
-	struct sums *x = priv;
-
-	for (int l = 0; l < NL; l++)
-		free(x->sum[l]);
+	return s->layer[l];
 }
 
 /* The run (live sequences, manager, configuration) and what the manager's counters must say. */
@@ -115,19 +102,19 @@ static void reserve_tok(struct rrun *r, size_t tokens)
 	r->cap_tok = tokens;
 }
 
+/* Records the checksum of the token appended to layer l of s (its n[l]-th). The array holds 64
+   sums, then doubles whenever it is full: at n[l] = 64, 128, 256, ... */
 static void push_sum(struct t_seq *s, uint32_t l, uint64_t h)
 {
-	struct sums *x = sums_of(s);
+	uint32_t n = s->n[l];
 
-	if (s->n[l] == x->cap[l]) {
-		uint32_t cap = x->cap[l] ? 2 * x->cap[l] : 64;
-		uint64_t *p = realloc(x->sum[l], cap * sizeof(uint64_t));
+	if (n == 0 || (n >= 64 && (n & (n - 1)) == 0)) {
+		uint64_t *p = realloc(s->layer[l], (n ? 2 * n : 64) * sizeof(uint64_t));
 
 		assert_non_null(p);
-		x->sum[l] = p;
-		x->cap[l] = cap;
+		s->layer[l] = p;
 	}
-	x->sum[l][s->n[l]++] = h;
+	sums_of(s, l)[s->n[l]++] = h;
 }
 
 static struct rrun *rr_of(struct t_run *run)
@@ -256,7 +243,7 @@ static int readback(struct rrun *r, const struct t_seq *s, bool host)
 							(unsigned long long)s->id, l, h, p, rc,
 							kvt_strerror(rc));
 				}
-				if (tok_sum(r, k, v, r->run.rb) != sums_of(s)->sum[l][p]) {
+				if (tok_sum(r, k, v, r->run.rb) != sums_of(s, l)[p]) {
 					if (r->mismatches < 10)
 						print_error(
 							"# MISMATCH (%s) seq %llu layer %u pos %u "
@@ -264,7 +251,7 @@ static int readback(struct rrun *r, const struct t_seq *s, bool host)
 							"%s)\n",
 							pass ? "host history" : "read_token",
 							(unsigned long long)s->id, l, p, s->n[l],
-							s->L, sums_of(s)->spills,
+							s->L, s->spills,
 							s->pre ? "preempted" : "resident");
 					r->mismatches++;
 				}
@@ -570,7 +557,7 @@ static void op_spill(struct t_run *run)
 	CHECK_RC(rc, 0);
 	CHECK_EQ(b.disk_blocks, b.host_blocks);
 	CHECK_EQ(b.device_frames, a.device_frames);
-	sums_of(s)->spills++;
+	s->spills++;
 	r->spills++;
 }
 
@@ -725,7 +712,7 @@ static void run_noloss(struct fix *fx, uint64_t seed, long ops, uint64_t disk_bl
 		c.disk_bytes = (c.disk_bytes / t) * disk_blocks;
 		r->disk_limited = true;
 	}
-	t_run_init(&r->run, &c, R_LIVE, sizeof(struct sums), sums_free);
+	t_run_init(&r->run, &c, R_LIVE);
 	r->run.id_small = 2000;
 	r->run.prompt_span = 120;
 	r->dir = dir;

@@ -29,8 +29,7 @@ void t_run_context(char *buf, size_t len)
 		snprintf(buf, len, "%s: ", t_what);
 }
 
-void t_run_init(struct t_run *r, const struct kvt_config *c, uint32_t max_live, size_t priv_size,
-		void (*priv_free)(void *priv))
+void t_run_init(struct t_run *r, const struct kvt_config *c, uint32_t max_live)
 {
 	assert_true(c->n_layers <= T_RUN_MAX_LAYERS);
 	memset(r, 0, sizeof(*r));
@@ -40,17 +39,14 @@ void t_run_init(struct t_run *r, const struct kvt_config *c, uint32_t max_live, 
 	r->live = t_xmalloc(max_live * sizeof(*r->live));
 	r->id_small = 1000;
 	r->prompt_span = 260;
-	r->priv_size = priv_size;
-	r->priv_free = priv_free;
 }
 
 void t_run_remove(struct t_run *r, uint32_t i)
 {
 	struct t_seq *s = &r->live[i];
 
-	if (s->priv && r->priv_free)
-		r->priv_free(s->priv);
-	free(s->priv);
+	for (int l = 0; l < T_RUN_MAX_LAYERS; l++)
+		free(s->layer[l]);
 	*s = r->live[--r->n_live];
 	memset(&r->live[r->n_live], 0, sizeof(*s));
 }
@@ -114,7 +110,6 @@ struct t_seq *t_run_create(struct t_run *r)
 	s->count = kvt_snapkv_count(&sp);
 	CHECK_EQ(s->count, t_naive_count(c, L));
 	s->fph = DIV_UP(c->sink_tokens + c->recent_tokens + s->count, c->block_tokens);
-	s->priv = r->priv_size ? t_xmalloc(r->priv_size) : NULL;
 	r->created++;
 	return s;
 }

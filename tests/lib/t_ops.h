@@ -4,7 +4,7 @@
  * model of every live sequence (struct t_seq), the choices every such run makes (a new
  * sequence's id and prompt, a sequence to destroy, a decode or recall batch, a sequence to
  * preempt or resume) and the loop that draws each operation from a mix that alternates filling
- * and draining phases. The suite keeps what only it checks in t_seq.priv and writes the
+ * and draining phases. The suite keeps what only it checks in t_seq.layer and writes the
  * operations themselves; the failure context (t_seed, t_op, t_what) names the seed and the
  * operation under way in every failure message once check_context = t_run_context.
  */
@@ -30,12 +30,14 @@ void t_run_context(char *buf, size_t len);
 /* A live sequence as the run models it. */
 struct t_seq {
 	uint64_t id;
-	uint32_t L;		      /* prompt tokens */
-	uint32_t count;		      /* valid_topk of the prompt (kvt_snapkv_count) */
-	uint32_t fph;		      /* device frames per kv head of a prefilled layer */
-	uint32_t n[T_RUN_MAX_LAYERS]; /* tokens per layer; 0 = not prefilled */
-	bool pre;		      /* preempted: no device frames */
-	void *priv;		      /* the suite's own record (priv_size bytes, zeroed) */
+	uint32_t L;		       /* prompt tokens */
+	uint32_t count;		       /* valid_topk of the prompt (kvt_snapkv_count) */
+	uint32_t fph;		       /* device frames per kv head of a prefilled layer */
+	uint32_t n[T_RUN_MAX_LAYERS];  /* tokens per layer; 0 = not prefilled */
+	bool pre;		       /* preempted: no device frames */
+	uint32_t spills;	       /* explicit spills (kvt_seq_spill), for failure messages */
+	void *layer[T_RUN_MAX_LAYERS]; /* the suite's record of each layer (malloc'd or NULL;
+					  freed with the sequence) */
 };
 
 struct t_run {
@@ -48,15 +50,11 @@ struct t_run {
 	uint32_t n_dead;
 	uint32_t id_small;    /* 1 new id in 8 is below it (ids that collide and come back) */
 	uint32_t prompt_span; /* long prompts are sink + recent + 1 + [0, prompt_span) */
-	size_t priv_size;
-	void (*priv_free)(void *priv); /* frees what a t_seq.priv holds (not priv itself) */
 	uint64_t created, destroyed;
 };
 
-/* A run of configuration c with up to max_live sequences, each with priv_size bytes of the
-   suite's own (freed with priv_free, which may be NULL). No manager yet (r->m). */
-void t_run_init(struct t_run *r, const struct kvt_config *c, uint32_t max_live, size_t priv_size,
-		void (*priv_free)(void *priv));
+/* A run of configuration c with up to max_live sequences. No manager yet (r->m). */
+void t_run_init(struct t_run *r, const struct kvt_config *c, uint32_t max_live);
 /* Frees the model (not the manager). */
 void t_run_fini(struct t_run *r);
 
