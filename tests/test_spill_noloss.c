@@ -23,8 +23,6 @@ struct rrun {
 	struct t_run run; /* first: the ops get the run */
 	const char *dir;
 	uint64_t host_total, dev_frames_per_seq_max, max_live;
-	/* what the manager's counters must say */
-	uint64_t tokens_prompt, tokens_appended, prefill_layers, decode_calls;
 	/* buffers */
 	uint8_t *k, *v, *q;
 	float *f;
@@ -194,17 +192,10 @@ static void check_cheap(struct rrun *r)
 		on_disk += in.disk_blocks;
 		frames += in.device_frames;
 	}
-	CHECK_EQ(st.live_seqs, r->run.n_live);
+	t_run_check_stats(&r->run, &st);
 	CHECK_EQ(st.host_blocks_used, on_host);
 	CHECK_EQ(st.disk_blocks_used, on_disk);
 	CHECK_EQ(st.device_frames_used, frames);
-	CHECK_EQ(st.host_blocks_used + st.host_blocks_free, st.host_blocks_total);
-	CHECK_EQ(st.device_frames_used + st.device_frames_free, st.device_frames_total);
-	CHECK_EQ(st.tokens_prompt, r->tokens_prompt);
-	CHECK_EQ(st.tokens_appended, r->tokens_appended);
-	CHECK_EQ(st.tokens_saved, r->tokens_prompt + r->tokens_appended);
-	CHECK_EQ(st.prefill_layers, r->prefill_layers);
-	CHECK_EQ(st.decode_calls, r->decode_calls);
 	CHECK_EQ(st.disk_io_errors, r->io_faults);
 	assert_true(st.disk_blocks_used <= st.disk_blocks_total);
 	CHECK_EQ(st.disk_checksum_errors, 0);
@@ -310,8 +301,8 @@ static void do_prefill(struct rrun *r, struct t_seq *s, uint32_t l)
 	/* the library must not read the caller's tensors after the call */
 	memset(r->k, 0x5a, (size_t)c->n_kv_heads * s->L * r->run.rb);
 	memset(r->v, 0xa5, (size_t)c->n_kv_heads * s->L * r->run.rb);
-	r->tokens_prompt += s->L;
-	r->prefill_layers++;
+	r->run.tokens_prompt += s->L;
+	r->run.prefill_layers++;
 	r->prefills++;
 }
 
@@ -423,8 +414,8 @@ static void op_decode(struct t_run *run)
 				 r->v + (size_t)i * c->n_kv_heads * r->run.rb, r->run.rb));
 	memset(r->k, 0x77, (size_t)n * c->n_kv_heads * r->run.rb);
 	memset(r->v, 0x88, (size_t)n * c->n_kv_heads * r->run.rb);
-	r->tokens_appended += n;
-	r->decode_calls++;
+	r->run.tokens_appended += n;
+	r->run.decode_calls++;
 	r->decodes++;
 	r->decoded += n;
 }

@@ -59,6 +59,18 @@ void t_run_fini(struct t_run *r)
 	r->live = NULL;
 }
 
+void t_run_check_stats(const struct t_run *r, const struct kvt_stats *st)
+{
+	CHECK_EQ(st->live_seqs, r->n_live);
+	CHECK_EQ(st->device_frames_used + st->device_frames_free, st->device_frames_total);
+	CHECK_EQ(st->host_blocks_used + st->host_blocks_free, st->host_blocks_total);
+	CHECK_EQ(st->tokens_prompt, r->tokens_prompt);
+	CHECK_EQ(st->tokens_appended, r->tokens_appended);
+	CHECK_EQ(st->tokens_saved, r->tokens_prompt + r->tokens_appended);
+	CHECK_EQ(st->prefill_layers, r->prefill_layers);
+	CHECK_EQ(st->decode_calls, r->decode_calls);
+}
+
 struct t_seq *t_run_find(const struct t_run *r, uint64_t id)
 {
 	for (uint32_t i = 0; i < r->n_live; i++)

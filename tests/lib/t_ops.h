@@ -48,6 +48,8 @@ struct t_run {
 	uint32_t n_live, max_live;
 	uint64_t dead[T_RUN_DEAD_IDS];
 	uint32_t n_dead;
+	/* the manager's cumulative counters as the suite's successful calls add up to */
+	uint64_t tokens_prompt, tokens_appended, prefill_layers, decode_calls;
 	uint32_t id_small;    /* 1 new id in 8 is below it (ids that collide and come back) */
 	uint32_t prompt_span; /* long prompts are sink + recent + 1 + [0, prompt_span) */
 	uint64_t created, destroyed;
@@ -57,6 +59,10 @@ struct t_run {
 void t_run_init(struct t_run *r, const struct kvt_config *c, uint32_t max_live);
 /* Frees the model (not the manager). */
 void t_run_fini(struct t_run *r);
+
+/* The stats every run can predict: as many live sequences as the model, frames and blocks used
+   plus free equal to the totals, and the counters above (tokens saved = prompt + appended). */
+void t_run_check_stats(const struct t_run *r, const struct kvt_stats *st);
 
 /* The live sequence of that id, or NULL. */
 struct t_seq *t_run_find(const struct t_run *r, uint64_t id);
