@@ -14,7 +14,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "check.h"
+#include "t_check.h"
 
 #include <errno.h>
 #include <math.h>
@@ -25,7 +25,9 @@
 #include <time.h>
 
 #include "backend.h"
-#include "common.h"
+#include "t_config.h"
+#include "t_data.h"
+#include "t_manager.h"
 #include "base.h"
 #include "manager.h"
 
@@ -78,23 +80,6 @@ static struct kvt_config model_config(uint32_t fused)
 #define BLOCK 512u   /* bytes of one block: 2 * 8 tokens * 32 */
 #define SLOTS_SR 24u /* sink + recent */
 
-static struct kvt_manager *make(const struct kvt_config *c)
-{
-	struct kvt_manager *m = NULL;
-
-	CHECK_RC(kvt_manager_create(c, &m), 0);
-	assert_non_null(m);
-	return m;
-}
-
-static struct kvt_stats stats_of(struct kvt_manager *m)
-{
-	struct kvt_stats st = KVT_STATS_INIT;
-
-	CHECK_RC(kvt_manager_stats(m, &st), 0);
-	return st;
-}
-
 /* Never dereferenced by a payload-free backend: prefill and decode only pass the addresses on. */
 static uint8_t dummy[64];
 #define K_PTR ((const void *)dummy)
@@ -127,7 +112,7 @@ static void test_find_and_create(void **state)
 	assert_ptr_equal(kvt_backend_find(KVT_BACKEND_AUTO, &res, &err), &kvt_backend_host_ops);
 	assert_int_equal(res, KVT_BACKEND_HOST);
 
-	m = make(&c);
+	m = t_mk(&c);
 	assert_ptr_equal(m->ops, &kvt_backend_model_ops);
 	assert_true(m->be->flags & KVT_BE_NO_PAYLOAD);
 	assert_false(m->payload);
@@ -139,7 +124,7 @@ static void test_find_and_create(void **state)
 	assert_int_equal(got.model_call_ns, T_CALL);
 	assert_int_equal(got.model_launch_ns, T_LAUNCH);
 	assert_int_equal(got.model_fused, 1);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	CHECK_U64(st.model_ns_h2d + st.model_ns_d2h + st.model_ns_d2d, 0, "fresh manager time");
 	CHECK_U64(st.model_calls_h2d + st.model_calls_d2h + st.model_calls_d2d, 0,
 		  "fresh manager calls");
@@ -159,7 +144,7 @@ static void test_find_and_create(void **state)
 
 	old.size = (uint32_t)offsetof(struct kvt_config, model_h2d_gbps);
 	old.model_h2d_gbps = -1; /* past .size: must not be read */
-	m = make(&old);
+	m = t_mk(&old);
 	CHECK_RC(kvt_manager_config(m, &got), 0);
 	assert_true(got.model_h2d_gbps == 53.0 && got.model_fused_eff == 0.8);
 	assert_int_equal(got.model_fused, 1);
@@ -543,10 +528,10 @@ static void test_prefill_times(void **state)
 	struct kvt_stats st;
 
 	(void)state;
-	m = make(&c);
+	m = t_mk(&c);
 	CHECK_RC(kvt_seq_create(m, 7, P_L), 0);
 	CHECK_RC(kvt_prefill_layer(m, 7, 0, K_PTR, V_PTR, Q_PTR, NULL), 0);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	CHECK_U64(st.bytes_d2d, P_RESIDENT_BYTES, "bytes into frames");
 	CHECK_U64(st.bytes_d2h, P_LAYER_BYTES, "bytes saved");
 	/* d2d: launch + 5120 / 7 = 5000 + 731.43 -> 5731 */
@@ -560,7 +545,7 @@ static void test_prefill_times(void **state)
 	CHECK_U64(st.model_ns_h2d + st.model_calls_h2d, 0, "prefill h2d");
 	/* The second layer costs the same again: each call is rounded on its own. */
 	CHECK_RC(kvt_prefill_layer(m, 7, 1, K_PTR, V_PTR, Q_PTR, NULL), 0);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	CHECK_U64(st.model_ns_d2d, 2 * 5731, "two layers d2d");
 	CHECK_U64(st.model_ns_d2h, 2 * 8267, "two layers d2h");
 	kvt_manager_destroy(m);
@@ -568,10 +553,10 @@ static void test_prefill_times(void **state)
 	/* Staging of 4096 bytes cuts the 12800 concatenated bytes into 4 chunks: k [0, 6400)
 	   crosses chunks 0-1, v [6400, 12800) chunks 1-3: 5 calls. */
 	c.staging_bytes = 4096;
-	m = make(&c);
+	m = t_mk(&c);
 	CHECK_RC(kvt_seq_create(m, 7, P_L), 0);
 	CHECK_RC(kvt_prefill_layer(m, 7, 0, K_PTR, V_PTR, Q_PTR, NULL), 0);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	CHECK_U64(st.model_calls_d2h, 5, "chunked prefill d2h calls");
 	CHECK_U64(st.model_ns_d2h, want_ns(5 * T_CALL, P_LAYER_BYTES, T_D2H),
 		  "chunked prefill d2h ns");
@@ -579,10 +564,10 @@ static void test_prefill_times(void **state)
 
 	/* A short prompt (Case 1, every token resident, no top-K): L = 20 -> 20 rows a head. */
 	c = model_config(1);
-	m = make(&c);
+	m = t_mk(&c);
 	CHECK_RC(kvt_seq_create(m, 1, 20), 0);
 	CHECK_RC(kvt_prefill_layer(m, 1, 0, K_PTR, V_PTR, NULL, NULL), 0);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	CHECK_U64(st.model_ns_d2d, want_ns(T_LAUNCH, HEADS * 20 * 2 * ROW, T_D2D), "case 1 d2d");
 	CHECK_U64(st.model_ns_d2h, want_ns(2 * T_CALL, HEADS * 20 * 2 * ROW, T_D2H), "case 1 d2h");
 	kvt_manager_destroy(m);
@@ -598,15 +583,15 @@ static void test_decode_times(void **state)
 	(void)state;
 	for (int staged = 0; staged < 2; staged++) {
 		c.staging_bytes = staged ? 4096 : 64u << 10;
-		m = make(&c);
+		m = t_mk(&c);
 		for (uint32_t i = 0; i < 40; i++) {
 			seqs[i] = 1000 + i * 7;
 			prefill_all(m, seqs[i], P_L + i, 2);
 		}
 		for (uint32_t step = 0; step < 3; step++) {
-			a = stats_of(m);
+			a = t_stats_of(m);
 			CHECK_RC(kvt_decode_append(m, 1, seqs, 40, K_PTR, V_PTR, NULL), 0);
-			b = stats_of(m);
+			b = t_stats_of(m);
 			/* 40 sequences x 2 heads x 2 x 32 bytes = 5120 bytes; k and v are 2560
 			   bytes each. Ring writes: launch + 5120 / 7. */
 			CHECK_U64(b.bytes_d2d - a.bytes_d2d, 5120, "decode bytes");
@@ -623,16 +608,16 @@ static void test_decode_times(void **state)
 			CHECK_U64(b.model_ns_h2d, 0, "decode h2d");
 		}
 		/* A batch of one: launch + 128 / 7 and 2 calls + 128 / 3. */
-		a = stats_of(m);
+		a = t_stats_of(m);
 		CHECK_RC(kvt_decode_append(m, 0, seqs + 5, 1, K_PTR, V_PTR, NULL), 0);
-		b = stats_of(m);
+		b = t_stats_of(m);
 		CHECK_U64(b.model_ns_d2d - a.model_ns_d2d, T_LAUNCH + 18, "single d2d");
 		CHECK_U64(b.model_ns_d2h - a.model_ns_d2h, 2 * T_CALL + 43, "single d2h");
 		/* A refused batch costs nothing. */
 		uint64_t dup[2] = {seqs[0], seqs[0]};
 
 		CHECK_RC(kvt_decode_append(m, 0, dup, 2, K_PTR, V_PTR, NULL), -EINVAL);
-		a = stats_of(m);
+		a = t_stats_of(m);
 		CHECK_U64(a.model_ns_d2d, b.model_ns_d2d, "refused decode d2d");
 		CHECK_U64(a.model_ns_d2h, b.model_ns_d2h, "refused decode d2h");
 		kvt_manager_destroy(m);
@@ -653,16 +638,16 @@ static void test_recall_times(void **state)
 		const uint32_t N = UINT32_MAX;
 
 		c.recall_cache_bytes = 64 * BLOCK;
-		m = make(&c);
+		m = t_mk(&c);
 		prefill_all(m, seq, P_L, 2);
 
 		/* [1][2 heads][r = 4]: head 0 loads 1, 2, 3 (0 is sink: skipped), head 1 loads
 		   4, 5 (9 is resident, N is no entry): 5 misses. */
 		const uint32_t sel1[8] = {1, 2, 0, 3, 4, 9, 5, N};
 
-		a = stats_of(m);
+		a = t_stats_of(m);
 		CHECK_RC(kvt_recall_blocks(m, 1, &seq, 1, sel1, 4, NULL), 0);
-		b = stats_of(m);
+		b = t_stats_of(m);
 		CHECK_U64(b.recall_loads - a.recall_loads, 5, "misses");
 		CHECK_U64(b.bytes_h2d - a.bytes_h2d, 5 * BLOCK, "loaded bytes");
 		if (fused) {
@@ -680,7 +665,7 @@ static void test_recall_times(void **state)
 		/* The same selection again: all hits, no transfer, no time. */
 		a = b;
 		CHECK_RC(kvt_recall_blocks(m, 1, &seq, 1, sel1, 4, NULL), 0);
-		b = stats_of(m);
+		b = t_stats_of(m);
 		CHECK_U64(b.recall_hits - a.recall_hits, 5, "hits");
 		CHECK_U64(b.model_ns_h2d, a.model_ns_h2d, "hits cost nothing");
 		CHECK_U64(b.model_calls_h2d, a.model_calls_h2d, "hits take no call");
@@ -689,7 +674,7 @@ static void test_recall_times(void **state)
 
 		a = b;
 		CHECK_RC(kvt_recall_blocks(m, 1, &seq, 1, sel2, 2, NULL), 0);
-		b = stats_of(m);
+		b = t_stats_of(m);
 		CHECK_U64(b.recall_loads - a.recall_loads, 1, "one miss");
 		CHECK_U64(b.model_ns_h2d - a.model_ns_h2d,
 			  fused ? want_ns(T_LAUNCH, BLOCK, T_FUSED_RATE) : T_CALL + BLOCK / T_H2D,
@@ -699,7 +684,7 @@ static void test_recall_times(void **state)
 
 		a = b;
 		CHECK_RC(kvt_recall_blocks(m, 0, &seq, 1, sel3, 1, NULL), 0);
-		b = stats_of(m);
+		b = t_stats_of(m);
 		CHECK_U64(b.model_ns_h2d, a.model_ns_h2d, "resident blocks cost nothing");
 		kvt_manager_destroy(m);
 	}
@@ -710,7 +695,7 @@ static void test_resume_times(void **state)
 	(void)state;
 	for (uint32_t fused = 0; fused < 2; fused++) {
 		struct kvt_config c = model_config(fused);
-		struct kvt_manager *m = make(&c);
+		struct kvt_manager *m = t_mk(&c);
 		struct kvt_stats a, b;
 		uint64_t seq = 11, seq2 = 12;
 
@@ -719,9 +704,9 @@ static void test_resume_times(void **state)
 		   6 = 24 pieces of 8 rows; 2 layers x 2 heads x 24 rows x 2 x 32 = 6144 bytes. */
 		prefill_all(m, seq, 24, 2);
 		CHECK_RC(kvt_seq_preempt(m, seq), 0);
-		a = stats_of(m);
+		a = t_stats_of(m);
 		CHECK_RC(kvt_seq_resume(m, seq, NULL), 0);
-		b = stats_of(m);
+		b = t_stats_of(m);
 		CHECK_U64(b.bytes_h2d - a.bytes_h2d, 6144, "resume bytes");
 		if (fused) {
 			CHECK_U64(b.model_ns_h2d - a.model_ns_h2d, T_LAUNCH + 6144 / T_FUSED_RATE,
@@ -740,9 +725,9 @@ static void test_resume_times(void **state)
 			for (uint32_t l = 0; l < 2; l++)
 				CHECK_RC(kvt_decode_append(m, l, &seq2, 1, K_PTR, V_PTR, NULL), 0);
 		CHECK_RC(kvt_seq_preempt(m, seq2), 0);
-		a = stats_of(m);
+		a = t_stats_of(m);
 		CHECK_RC(kvt_seq_resume(m, seq2, NULL), 0);
-		b = stats_of(m);
+		b = t_stats_of(m);
 		CHECK_U64(b.bytes_h2d - a.bytes_h2d, 10240, "resume bytes after decode");
 		if (fused)
 			CHECK_U64(b.model_ns_h2d - a.model_ns_h2d,
@@ -763,9 +748,9 @@ static void test_no_payload_calls(void **state)
 	(void)state;
 	c.recall_blocks = 2;
 	c.recall_cache_bytes = 16 * BLOCK;
-	m = make(&c);
+	m = t_mk(&c);
 	prefill_all(m, seq, P_L, 2);
-	a = stats_of(m);
+	a = t_stats_of(m);
 	memset(kbuf, 0xab, sizeof(kbuf));
 	/* Resident (pos 0) and host-only (pos 40) tokens alike: no payload to read. */
 	CHECK_RC(kvt_seq_read_token(m, seq, 0, 0, 0, kbuf, vbuf), -ENOTSUP);
@@ -778,7 +763,7 @@ static void test_no_payload_calls(void **state)
 	/* Argument errors still come first. */
 	CHECK_RC(kvt_seq_read_token(m, seq, 0, 0, P_L, kbuf, vbuf), -EINVAL);
 	CHECK_RC(kvt_seq_read_token(m, 99, 0, 0, 0, kbuf, vbuf), -ENOENT);
-	b = stats_of(m);
+	b = t_stats_of(m);
 	CHECK_U64(b.model_ns_d2h, a.model_ns_d2h, "reads cost nothing");
 	CHECK_U64(b.bytes_read, 0, "bytes read");
 	/* Resident positions are bookkeeping and work. */
@@ -803,7 +788,7 @@ static void test_accounting(void **state)
 
 	(void)state;
 	c.recall_cache_bytes = 64 * BLOCK;
-	m = make(&c);
+	m = t_mk(&c);
 	for (int i = 0; i < 3; i++)
 		prefill_all(m, seqs[i], P_L + 17 * i, 2);
 	for (int t = 0; t < 20; t++) {
@@ -813,7 +798,7 @@ static void test_accounting(void **state)
 	}
 	CHECK_RC(kvt_seq_preempt(m, 2), 0);
 	CHECK_RC(kvt_seq_resume(m, 2, NULL), 0);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	CHECK_U64(m->be->cost[KVT_DIR_H2D].bytes, st.bytes_h2d, "h2d bytes");
 	CHECK_U64(m->be->cost[KVT_DIR_D2H].bytes, st.bytes_d2h, "d2h bytes");
 	CHECK_U64(m->be->cost[KVT_DIR_D2D].bytes, st.bytes_d2d, "d2d bytes");
@@ -841,10 +826,10 @@ static void test_accounting(void **state)
 	void *k = t_xmalloc(bytes), *v = t_xmalloc(bytes), *q = t_xmalloc(4 * 4 * ROW);
 
 	t_fill_prefill(&h, 9, 0, P_L, k, v, q);
-	m = make(&h);
+	m = t_mk(&h);
 	CHECK_RC(kvt_seq_create(m, 9, P_L), 0);
 	CHECK_RC(kvt_prefill_layer(m, 9, 0, k, v, q, NULL), 0);
-	st = stats_of(m);
+	st = t_stats_of(m);
 	assert_true(st.bytes_d2d > 0 && st.bytes_d2h > 0);
 	CHECK_U64(st.model_ns_h2d + st.model_ns_d2h + st.model_ns_d2d, 0, "host backend time");
 	CHECK_U64(st.model_calls_h2d + st.model_calls_d2h + st.model_calls_d2d, 0,
@@ -856,14 +841,6 @@ static void test_accounting(void **state)
 }
 
 /* ---- scale ------------------------------------------------------------------------------ */
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* 64 sequences x 32 layers x 32K-token prompts on Llama-3-8B geometry (the defaults: 8 kv
    heads, d=128 bf16, 32-token blocks, sink 128 + recent 512 + top-K 4096), then 100 decode
@@ -883,18 +860,18 @@ static void test_scale(void **state)
 	c.backend = KVT_BACKEND_MODEL;
 	c.device_bytes = 64ull << 30;
 	c.host_bytes = 512ull << 30;
-	m = make(&c);
-	t0 = now_s();
+	m = t_mk(&c);
+	t0 = t_now_s();
 	for (uint32_t i = 0; i < SEQS; i++) {
 		seqs[i] = 0x9000 + i;
 		prefill_all(m, seqs[i], L, LAYERS);
 	}
-	t1 = now_s();
+	t1 = t_now_s();
 	for (uint32_t s = 0; s < STEPS; s++)
 		for (uint32_t l = 0; l < LAYERS; l++)
 			CHECK_RC(kvt_decode_append(m, l, seqs, SEQS, K_PTR, V_PTR, NULL), 0);
-	t2 = now_s();
-	st = stats_of(m);
+	t2 = t_now_s();
+	st = t_stats_of(m);
 
 	/* One (token, layer) of all heads: 8 x 2 x 256 = 4096 bytes. */
 	const uint64_t tok = 4096, resident = 128 + 512 + 4096;
@@ -938,7 +915,7 @@ static void test_scale(void **state)
 		CHECK_RC(kvt_seq_preempt(m, seqs[i]), 0);
 		CHECK_RC(kvt_seq_resume(m, seqs[i], NULL), 0);
 	}
-	st = stats_of(m);
+	st = t_stats_of(m);
 	{
 		double bytes = (double)resident * tok * LAYERS;
 		double want = (SEQS / 2) * (5000 + bytes / (53 * 0.8));

@@ -13,7 +13,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "check.h"
+#include "t_check.h"
 
 #include <errno.h>
 #include <stdbool.h>

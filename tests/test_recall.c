@@ -3,7 +3,7 @@
  * recall: block metadata and the Quest bound (policy/recall.c), the shared recall cache (LRU,
  * hit detection, capacity), recall views and their resident masks, attention over recalled
  * blocks, the recall working set, and preemption/resume (manager/recall.c, manager/seq.c), on
- * the host backend. Expectations come from the generator in common.h and plain loops here.
+ * the host backend. Expectations come from the generator in lib/t_data.h and plain loops here.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,7 +11,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "check.h"
+#include "t_check.h"
 
 #include <errno.h>
 #include <math.h>
@@ -20,16 +20,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
+#include "t_backend.h"
+#include "t_config.h"
+#include "t_data.h"
+#include "t_manager.h"
 #include "policy.h"
+#include "util.h"
 
-#define DIV_UP(a, b) (((a) + (b)-1) / (b))
 #define NONE UINT32_MAX
-
-static size_t rowb(const struct kvt_config *c)
-{
-	return (size_t)c->head_dim * kvt_dtype_size(c->dtype);
-}
 
 /* t_small_config with recall: bt 8, d 16, f16, 512-byte blocks; 2048 recall frames. */
 static struct kvt_config recall_config(uint32_t r, uint64_t cache_frames)
@@ -37,22 +35,14 @@ static struct kvt_config recall_config(uint32_t r, uint64_t cache_frames)
 	struct kvt_config c = t_small_config();
 
 	c.recall_blocks = r;
-	c.recall_cache_bytes = cache_frames * 2 * c.block_tokens * rowb(&c);
+	c.recall_cache_bytes = cache_frames * 2 * c.block_tokens * t_rowb(&c);
 	c.device_bytes += c.recall_cache_bytes;
 	return c;
 }
 
-static struct kvt_manager *mk(const struct kvt_config *c)
-{
-	struct kvt_manager *m = NULL;
-
-	CHECK_RC(kvt_manager_create(c, &m), 0);
-	return m;
-}
-
 static void prefill(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq, uint32_t L)
 {
-	size_t row = rowb(c);
+	size_t row = t_rowb(c);
 	void *k = t_xmalloc((size_t)c->n_kv_heads * L * row);
 	void *v = t_xmalloc((size_t)c->n_kv_heads * L * row);
 	void *q = t_xmalloc((size_t)c->n_q_heads * c->obs_window * row);
@@ -60,7 +50,7 @@ static void prefill(struct kvt_manager *m, const struct kvt_config *c, uint64_t 
 	CHECK_RC(kvt_seq_create(m, seq, L), 0);
 	for (uint32_t l = 0; l < c->n_layers; l++) {
 		t_fill_prefill(c, seq, l, L, k, v, q);
-		CHECK_RC(kvt_prefill_layer(m, seq, l, k, v, q, NULL), 0);
+		CHECK_RC(t_prefill_layer(m, seq, l, k, v, q, NULL), 0);
 	}
 	free(k);
 	free(v);
@@ -70,7 +60,7 @@ static void prefill(struct kvt_manager *m, const struct kvt_config *c, uint64_t 
 /* Appends `steps` tokens to seq on every layer (positions from its current length). */
 static void decode(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq, uint32_t steps)
 {
-	size_t row = rowb(c);
+	size_t row = t_rowb(c);
 	void *k = t_xmalloc(c->n_kv_heads * row), *v = t_xmalloc(c->n_kv_heads * row);
 
 	for (uint32_t t = 0; t < steps; t++)
@@ -79,24 +69,16 @@ static void decode(struct kvt_manager *m, const struct kvt_config *c, uint64_t s
 
 			CHECK_RC(kvt_seq_tokens(m, seq, l, &pos), 0);
 			t_fill_decode(c, &seq, &pos, 1, l, k, v);
-			CHECK_RC(kvt_decode_append(m, l, &seq, 1, k, v, NULL), 0);
+			CHECK_RC(t_decode_append(m, l, &seq, 1, k, v, NULL), 0);
 		}
 	free(k);
 	free(v);
 }
 
-static struct kvt_stats stats(struct kvt_manager *m)
-{
-	struct kvt_stats st = KVT_STATS_INIT;
-
-	CHECK_RC(kvt_manager_stats(m, &st), 0);
-	return st;
-}
-
 /* Decode queries of one sequence ([n_q_heads][D] of dtype) and the same in f32. */
 static void make_query(const struct kvt_config *c, uint64_t seq, uint32_t salt, void *q, float *qf)
 {
-	size_t row = rowb(c);
+	size_t row = t_rowb(c);
 
 	for (uint32_t g = 0; g < c->n_q_heads; g++)
 		t_fill_row(c->dtype, c->head_dim, (uint8_t *)q + g * row, seq, 77, 2000 + g, salt,
@@ -108,7 +90,7 @@ static void make_query(const struct kvt_config *c, uint64_t seq, uint32_t salt, 
 static void full_attention(const struct kvt_config *c, uint64_t seq, uint32_t layer, uint32_t N,
 			   const float *q, float *out)
 {
-	size_t row = rowb(c);
+	size_t row = t_rowb(c);
 	uint8_t *k = t_xmalloc(N * row), *v = t_xmalloc(N * row);
 	uint32_t G = c->n_q_heads / c->n_kv_heads;
 
@@ -263,8 +245,8 @@ static void test_topr(void **state)
 static void test_recall_all_equals_full(void **state)
 {
 	struct kvt_config c = recall_config(64, 1024);
-	struct kvt_manager *m = mk(&c);
-	size_t row = rowb(&c);
+	struct kvt_manager *m = t_mk(&c);
+	size_t row = t_rowb(&c);
 	uint64_t seq = 5;
 	uint32_t L = 203, N, nb;
 	(void)state;
@@ -288,7 +270,7 @@ static void test_recall_all_equals_full(void **state)
 
 		make_query(&c, seq, l, q, qf);
 		CHECK_RC(kvt_attend(m, seq, l, qf, before), 0); /* resident set only */
-		CHECK_RC(kvt_decode_recall(m, l, &seq, 1, q, NULL), 0);
+		CHECK_RC(t_decode_recall(m, l, &seq, 1, q, NULL), 0);
 		CHECK_RC(kvt_attend(m, seq, l, qf, got), 0);
 		full_attention(&c, seq, l, N, qf, want);
 		float diff = 0, moved = 0;
@@ -336,7 +318,7 @@ static void test_recall_all_equals_full(void **state)
 
 	/* Explicit list of every block (fully resident ones and repeats are ignored) gives the
 	   same attention; all hits now. */
-	struct kvt_stats s0 = stats(m);
+	struct kvt_stats s0 = t_stats_of(m);
 	uint32_t *sel = t_xmalloc((size_t)c.n_kv_heads * (nb + 2) * sizeof(uint32_t));
 
 	for (uint32_t h = 0; h < c.n_kv_heads; h++) {
@@ -347,7 +329,7 @@ static void test_recall_all_equals_full(void **state)
 	}
 	make_query(&c, seq, 0, q, qf);
 	CHECK_RC(kvt_recall_blocks(m, 0, &seq, 1, sel, nb + 2, NULL), 0);
-	struct kvt_stats s1 = stats(m);
+	struct kvt_stats s1 = t_stats_of(m);
 
 	assert_int_equal(s1.recall_loads, s0.recall_loads);
 	assert_int_equal(s1.recall_hits - s0.recall_hits, s1.recall_lookups - s0.recall_lookups);
@@ -358,9 +340,9 @@ static void test_recall_all_equals_full(void **state)
 
 	/* After one more token the partial last block grew: it is reloaded, not reused. */
 	decode(m, &c, seq, 1);
-	s0 = stats(m);
+	s0 = t_stats_of(m);
 	CHECK_RC(kvt_recall_blocks(m, 0, &seq, 1, sel, nb + 2, NULL), 0);
-	s1 = stats(m);
+	s1 = t_stats_of(m);
 	print_message("# after one token: %llu loads\n",
 		      (unsigned long long)(s1.recall_loads - s0.recall_loads));
 	CHECK_RC(kvt_seq_tokens(m, seq, 0, &N), 0);
@@ -391,9 +373,9 @@ static void test_recall_finds_needle(void **state)
 	c.recall_cache_bytes = 64 * 2 * c.block_tokens * c.head_dim * 4;
 	c.device_bytes = (4u << 20) + c.recall_cache_bytes;
 	c.topk_tokens = 0; /* the needle must come from recall, not SnapKV */
-	m = mk(&c);
+	m = t_mk(&c);
 	D = c.head_dim;
-	row = rowb(&c);
+	row = t_rowb(&c);
 	float *k = t_xmalloc(c.n_kv_heads * L * row), *v = t_xmalloc(c.n_kv_heads * L * row);
 	float q[4 * 16];
 
@@ -408,10 +390,10 @@ static void test_recall_finds_needle(void **state)
 		for (uint32_t d = 0; d < D; d++)
 			q[g * D + d] = d % 2 ? 1.0f : -1.0f;
 	CHECK_RC(kvt_seq_create(m, 1, L), 0);
-	CHECK_RC(kvt_prefill_layer(m, 1, 0, k, v, NULL, NULL), 0);
+	CHECK_RC(t_prefill_layer(m, 1, 0, k, v, NULL, NULL), 0);
 	uint64_t seq = 1;
 
-	CHECK_RC(kvt_decode_recall(m, 0, &seq, 1, q, NULL), 0);
+	CHECK_RC(t_decode_recall(m, 0, &seq, 1, q, NULL), 0);
 	struct kvt_recall_ref ref;
 	uint32_t n;
 
@@ -445,8 +427,8 @@ static void test_recall_lru(void **state)
 	c.n_kv_heads = 1;
 	c.n_q_heads = 2;
 	c.n_layers = 1;
-	c.recall_cache_bytes = 4 * 2 * c.block_tokens * rowb(&c);
-	m = mk(&c);
+	c.recall_cache_bytes = 4 * 2 * c.block_tokens * t_rowb(&c);
+	m = t_mk(&c);
 	prefill(m, &c, A, 200); /* blocks 1..21 hold non-resident tokens */
 	prefill(m, &c, B, 200);
 	memset(qf, 0, sizeof(qf));
@@ -457,9 +439,9 @@ static void test_recall_lru(void **state)
 		uint32_t b_ = (blk);                                        \
 		CHECK_RC(kvt_recall_blocks(m, 0, &s_, 1, &b_, 1, NULL), 0); \
 	} while (0)
-#define LOADS() (stats(m).recall_loads)
+#define LOADS() (t_stats_of(m).recall_loads)
 
-	s0 = stats(m);
+	s0 = t_stats_of(m);
 	assert_int_equal(s0.recall_frames_total, 4);
 	RECALL(A, 5);
 	RECALL(A, 6);
@@ -470,14 +452,14 @@ static void test_recall_lru(void **state)
 	RECALL(B, 5);					/* a different sequence's block 5 */
 	RECALL(B, 7);
 	assert_int_equal(LOADS() - s0.recall_loads, 4);
-	assert_int_equal(stats(m).recall_frames_used, 4);
+	assert_int_equal(t_stats_of(m).recall_frames_used, 4);
 	/* LRU order now (most recent first): B7 B5 A6 A5. Touch A5 -> A5 B7 B5 A6. */
 	RECALL(A, 5);
 	assert_int_equal(LOADS() - s0.recall_loads, 4);
 	CHECK_RC(kvt_attend(m, A, 0, qf, out), 0);
 	/* A new block evicts A6 (least recent). */
 	RECALL(B, 8);
-	s1 = stats(m);
+	s1 = t_stats_of(m);
 	assert_int_equal(s1.recall_loads - s0.recall_loads, 5);
 	assert_int_equal(s1.recall_evictions - s0.recall_evictions, 1);
 	/* A5 (A's current view) survived: attention still works. */
@@ -507,10 +489,10 @@ static void test_recall_lru(void **state)
 	CHECK_RC(kvt_attend(m, B, 0, qf, out), 0);
 
 	/* Destroying a sequence frees its frames. */
-	uint64_t used = stats(m).recall_frames_used;
+	uint64_t used = t_stats_of(m).recall_frames_used;
 
 	CHECK_RC(kvt_seq_destroy(m, A), 0);
-	assert_true(stats(m).recall_frames_used < used);
+	assert_true(t_stats_of(m).recall_frames_used < used);
 	kvt_manager_destroy(m);
 #undef RECALL
 #undef LOADS
@@ -520,10 +502,10 @@ static void test_recall_lru(void **state)
 static void test_recall_errors(void **state)
 {
 	struct kvt_config c = recall_config(4, 8);
-	struct kvt_manager *m = mk(&c);
+	struct kvt_manager *m = t_mk(&c);
 	uint64_t seqs[2] = {1, 2}, dup[2] = {1, 1}, ghost = 9;
 	uint32_t sel[2 * 2 * 4];
-	size_t row = rowb(&c);
+	size_t row = t_rowb(&c);
 	void *q = t_xmalloc(2 * c.n_q_heads * row);
 	struct kvt_stats s0, s1;
 	(void)state;
@@ -532,7 +514,7 @@ static void test_recall_errors(void **state)
 	prefill(m, &c, 2, 120);
 	for (uint32_t i = 0; i < 16; i++)
 		sel[i] = 2 + i % 4; /* blocks 2..5, not resident (sink 8, ring 104..119) */
-	s0 = stats(m);
+	s0 = t_stats_of(m);
 	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 0, sel, 4, NULL), -EINVAL);
 	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 2, sel, 0, NULL), -EINVAL);
 	CHECK_RC(kvt_recall_blocks(m, 0, NULL, 2, sel, 4, NULL), -EINVAL);
@@ -545,8 +527,8 @@ static void test_recall_errors(void **state)
 	sel[15] = 5;
 	/* 2 seqs x 2 heads x 4 distinct blocks = 16 > 8 frames */
 	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 2, sel, 4, NULL), -ENOSPC);
-	CHECK_RC(kvt_decode_recall(m, 0, seqs, 2, NULL, NULL), -EINVAL);
-	s1 = stats(m);
+	CHECK_RC(t_decode_recall(m, 0, seqs, 2, NULL, NULL), -EINVAL);
+	s1 = t_stats_of(m);
 	assert_memory_equal(&s0, &s1, sizeof(s0));
 	/* 1 seq x 2 heads x 4 = 8 fits exactly; repeats do not count against it */
 	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 1, sel, 4, NULL), 0);
@@ -556,28 +538,28 @@ static void test_recall_errors(void **state)
 	/* a preempted sequence takes no recall */
 	CHECK_RC(kvt_seq_preempt(m, 2), 0);
 	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 2, sel, 2, NULL), -EINVAL);
-	CHECK_RC(kvt_decode_recall(m, 0, seqs, 2, q, NULL), -EINVAL);
+	CHECK_RC(t_decode_recall(m, 0, seqs, 2, q, NULL), -EINVAL);
 	kvt_manager_destroy(m);
 
 	/* recall disabled / no cache */
 	c = t_small_config();
-	m = mk(&c);
+	m = t_mk(&c);
 	prefill(m, &c, 1, 120);
-	CHECK_RC(kvt_decode_recall(m, 0, seqs, 1, q, NULL), -EINVAL);
+	CHECK_RC(t_decode_recall(m, 0, seqs, 1, q, NULL), -EINVAL);
 	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 1, sel, 4, NULL), -EINVAL);
-	assert_int_equal(stats(m).recall_frames_total, 0);
+	assert_int_equal(t_stats_of(m).recall_frames_total, 0);
 	kvt_manager_destroy(m);
 	/* config: cache needed when r > 0, within device_bytes, ws window 1..64 */
 	c = t_small_config();
 	c.recall_blocks = 4;
-	assert_int_equal(kvt_manager_create(&c, &m), -EINVAL);
+	assert_int_equal(t_manager_create(&c, &m), -EINVAL);
 	c.recall_cache_bytes = c.device_bytes;
-	assert_int_equal(kvt_manager_create(&c, &m), -EINVAL);
+	assert_int_equal(t_manager_create(&c, &m), -EINVAL);
 	c.recall_cache_bytes = 1 << 20;
 	c.ws_window = 0;
-	assert_int_equal(kvt_manager_create(&c, &m), -EINVAL);
+	assert_int_equal(t_manager_create(&c, &m), -EINVAL);
 	c.ws_window = 65;
-	assert_int_equal(kvt_manager_create(&c, &m), -EINVAL);
+	assert_int_equal(t_manager_create(&c, &m), -EINVAL);
 	free(q);
 }
 
@@ -592,7 +574,7 @@ static void test_working_set_window(void **state)
 
 	c.ws_window = 3;
 	c.n_layers = 1;
-	m = mk(&c);
+	m = t_mk(&c);
 	prefill(m, &c, seq, 300);
 	CHECK_RC(kvt_seq_info(m, seq, &in), 0);
 	assert_int_equal(in.recall_ws_frames, 0);
@@ -639,7 +621,7 @@ static void test_working_set_window(void **state)
 static uint8_t *snapshot(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq,
 			 size_t *bytes)
 {
-	size_t row = rowb(c), at = 0, cap = 1 << 20;
+	size_t row = t_rowb(c), at = 0, cap = 1 << 20;
 	uint8_t *buf = t_xmalloc(cap);
 	uint64_t fr[64];
 
@@ -668,13 +650,13 @@ static void test_preempt_resume(void **state)
 	struct kvt_manager *m;
 	struct kvt_seq_info in = {.size = sizeof(in)};
 	uint64_t seq = 11, other = 12;
-	size_t row = rowb(&c), nb0, nb1;
+	size_t row = t_rowb(&c), nb0, nb1;
 	float qf[4 * 16], o0[4 * 16], o1[4 * 16];
 	uint8_t kk[64], vv[64];
 	(void)state;
 
 	c.host_bytes = 64u << 20; /* the device tier fills first below */
-	m = mk(&c);
+	m = t_mk(&c);
 	prefill(m, &c, seq, 150);
 	decode(m, &c, seq, 29); /* ring wrapped */
 	prefill(m, &c, other, 60);
@@ -685,11 +667,11 @@ static void test_preempt_resume(void **state)
 		qf[i] = (float)((int)(t_mix(i) % 100) - 50) / 50.0f;
 	CHECK_RC(kvt_attend(m, seq, 0, qf, o0), 0);
 	uint8_t *before = snapshot(m, &c, seq, &nb0);
-	struct kvt_stats s0 = stats(m);
+	struct kvt_stats s0 = t_stats_of(m);
 
 	CHECK_RC(kvt_seq_preempt(m, seq), 0);
 	CHECK_RC(kvt_seq_preempt(m, seq), -EALREADY);
-	struct kvt_stats s1 = stats(m);
+	struct kvt_stats s1 = t_stats_of(m);
 
 	CHECK_RC(kvt_seq_info(m, seq, &in), 0);
 	assert_int_equal(in.preempted, 1);
@@ -702,7 +684,7 @@ static void test_preempt_resume(void **state)
 	void *k = t_xmalloc(c.n_kv_heads * row), *v = t_xmalloc(c.n_kv_heads * row);
 	uint32_t np, nf, ns;
 
-	CHECK_RC(kvt_decode_append(m, 0, &seq, 1, k, v, NULL), -EINVAL);
+	CHECK_RC(t_decode_append(m, 0, &seq, 1, k, v, NULL), -EINVAL);
 	CHECK_RC(kvt_attend(m, seq, 0, qf, o1), -EINVAL);
 	CHECK_RC(kvt_seq_frames(m, seq, 0, 0, NULL, 0, &nf, &ns), -EINVAL);
 	CHECK_RC(kvt_seq_resident_positions(m, seq, 0, 0, NULL, 0, &np), 0);
@@ -725,7 +707,7 @@ static void test_preempt_resume(void **state)
 		size_t bytes = (size_t)c.n_kv_heads * 150 * row;
 		void *hk = t_xmalloc(bytes), *hv = t_xmalloc(bytes);
 		void *hq = t_xmalloc((size_t)c.n_q_heads * c.obs_window * row);
-		int rc = kvt_prefill_layer(m, hog + fits, 0, hk, hv, hq, NULL);
+		int rc = t_prefill_layer(m, hog + fits, 0, hk, hv, hq, NULL);
 
 		free(hk);
 		free(hv);
@@ -734,10 +716,10 @@ static void test_preempt_resume(void **state)
 		if (rc)
 			break;
 	}
-	struct kvt_stats s2 = stats(m);
+	struct kvt_stats s2 = t_stats_of(m);
 
 	CHECK_RC(kvt_seq_resume(m, seq, NULL), -ENOMEM);
-	struct kvt_stats s3 = stats(m);
+	struct kvt_stats s3 = t_stats_of(m);
 
 	assert_memory_equal(&s2, &s3, sizeof(s2));
 	for (uint32_t i = 0; i < fits; i++)
@@ -748,7 +730,7 @@ static void test_preempt_resume(void **state)
 
 	assert_int_equal(nb0, nb1);
 	assert_memory_equal(before, after, nb0);
-	assert_int_equal(stats(m).resumes, 1);
+	assert_int_equal(t_stats_of(m).resumes, 1);
 	/* the recall view was forgotten: attention over the resident set only now; recall
 	   again and it is the same as before the preemption */
 	CHECK_RC(kvt_recall_blocks(m, 1, &seq, 1, sel, 2, NULL), 0);

@@ -25,7 +25,7 @@
 
 #include <cmocka.h>
 
-#include "common.h"
+#include "t_data.h"
 #include "gather.h"
 #include "gpu.h"
 #include "kemu_api.h"

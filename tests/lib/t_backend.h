@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The backend under test. The suites that drive a manager with payload (manager, errors,
+ * random, recall, sched, spill, fault) run twice: on the host backend (tests/meson.build's
+ * `manager`, ...) and on the CUDA backend (`cuda-manager` on a GPU, `cuda-emu-manager` over the
+ * fake runtime, `cuda-kemu-manager` over the kernel emulator). The test code is the same; what
+ * differs is the backend fixture t_be that the binary is linked with:
+ *
+ *   - t_backend_host (t_backend_host.c, library kvt_test_host): plain calls, tensors and frames
+ *     in host memory;
+ *   - t_backend_cuda (t_backend_cuda.c, the kvt_test_cuda* libraries, linked with the real CUDA
+ *     runtime or tests/cuda_emu's fake): a manager the test asks for on the host backend is
+ *     created on the CUDA backend, the host tensors the tests build are copied to the device for
+ *     the calls that take tensors in the backend's memory, and frames are read with cudaMemcpy.
+ *     A binary linked with it exits 77 (skipped) where the CUDA backend cannot run.
+ *
+ * So a test creates its managers with t_manager_create (or t_mk) and passes tensors through
+ * t_prefill_layer, t_decode_append and t_decode_recall; it reads frames (kvt_seq_frames,
+ * kvt_seq_recall_view addresses) with t_dev_read and names the backend its managers report as
+ * t_be->kind. Calls that take no tensors go to kvtier's API directly. A configuration that names
+ * another backend than host (model, an explicit CUDA one) or a call on a manager that is NULL or
+ * not on the CUDA backend passes through unchanged, so it fails on its own checks as it does on
+ * the host backend.
+ */
+#ifndef KVT_TEST_T_BACKEND_H
+#define KVT_TEST_T_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier.h"
+
+struct t_backend {
+	const char *name;      /* "host", "cuda" */
+	enum kvt_backend kind; /* what managers created through it run on */
+	/* kvtier's calls of the same names, with the backend's handling of configurations and
+	   tensors */
+	int (*manager_create)(const struct kvt_config *cfg, struct kvt_manager **out);
+	int (*prefill_layer)(struct kvt_manager *m, uint64_t seq, uint32_t layer, const void *k,
+			     const void *v, const void *q_obs, void *stream);
+	int (*decode_append)(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
+			     uint32_t n, const void *k, const void *v, void *stream);
+	int (*decode_recall)(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
+			     uint32_t n, const void *q, void *stream);
+	/* Copies n bytes at device address addr (a frame, a recall-view frame) to host dst. */
+	void (*dev_read)(void *dst, uint64_t addr, size_t n);
+};
+
+extern const struct t_backend t_backend_host;
+extern const struct t_backend t_backend_cuda;
+
+/* The backend this binary runs its tests on: &t_backend_host or &t_backend_cuda, fixed by the
+   kvt_test_* backend library it links (see above). */
+extern const struct t_backend *const t_be;
+
+static inline int t_manager_create(const struct kvt_config *cfg, struct kvt_manager **out)
+{
+	return t_be->manager_create(cfg, out);
+}
+
+static inline int t_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t layer,
+				  const void *k, const void *v, const void *q_obs, void *stream)
+{
+	return t_be->prefill_layer(m, seq, layer, k, v, q_obs, stream);
+}
+
+static inline int t_decode_append(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
+				  uint32_t n, const void *k, const void *v, void *stream)
+{
+	return t_be->decode_append(m, layer, seqs, n, k, v, stream);
+}
+
+static inline int t_decode_recall(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
+				  uint32_t n, const void *q, void *stream)
+{
+	return t_be->decode_recall(m, layer, seqs, n, q, stream);
+}
+
+static inline void t_dev_read(void *dst, uint64_t addr, size_t n)
+{
+	t_be->dev_read(dst, addr, n);
+}
+
+/* What KVT_BACKEND_AUTO resolves to here: CUDA where the plugin loads and a device is usable
+   (a GPU machine with the plugin built), else host. */
+enum kvt_backend t_auto_backend(void);
+
+#endif /* KVT_TEST_T_BACKEND_H */

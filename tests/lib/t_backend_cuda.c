@@ -1,0 +1,176 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The CUDA backend fixture (t_backend.h): managers the tests ask for on the host backend are
+ * created on the CUDA backend, tensors go to the device, frames are read through the runtime.
+ * Built against the CUDA runtime's headers; the binary links the real runtime (suite gpu) or
+ * tests/cuda_emu's fake. Linking it makes the binary exit 77 (skipped) where no CUDA backend is
+ * usable.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cuda_runtime_api.h>
+
+#include "plugin.h"
+#include "policy.h"
+#include "t_backend.h"
+
+/* A device copy of n bytes of host memory h; NULL or empty tensors pass as they are. */
+static void *cu_in(const void *h, size_t n)
+{
+	void *d = NULL;
+	cudaError_t e;
+
+	if (!h || !n)
+		return (void *)h;
+	e = cudaMalloc(&d, n);
+	if (e == cudaSuccess)
+		e = cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
+	if (e != cudaSuccess) {
+		fprintf(stderr, "test: a device copy of %zu bytes: %s\n", n, cudaGetErrorString(e));
+		abort();
+	}
+	return d;
+}
+
+/* Frees a device copy once the work queued on the legacy stream (the suites pass NULL) that
+   reads it is done: cudaFree waits for the device. */
+static void cu_drop(void *d, const void *h)
+{
+	if (d && d != h)
+		cudaFree(d);
+}
+
+/* Shapes come from the manager itself; where it cannot say (a NULL or destroyed manager, an
+   unknown sequence, a manager on another backend) the tensors pass through unchanged, and the
+   call fails on its own checks as it does on the host backend. */
+static int cu_shape(struct kvt_manager *m, uint64_t seq, struct kvt_config *c,
+		    uint32_t *prompt_tokens)
+{
+	struct kvt_seq_info si = {.size = sizeof(si)};
+
+	if (!m || kvt_manager_config(m, c) || c->backend != KVT_BACKEND_CUDA)
+		return -1;
+	if (prompt_tokens) {
+		if (kvt_seq_info(m, seq, &si))
+			return -1;
+		*prompt_tokens = si.prompt_tokens;
+	}
+	return 0;
+}
+
+static int cu_manager_create(const struct kvt_config *cfg, struct kvt_manager **out)
+{
+	struct kvt_config c;
+
+	if (!cfg || cfg->backend != KVT_BACKEND_HOST)
+		return kvt_manager_create(cfg, out);
+	c = *cfg;
+	c.backend = KVT_BACKEND_CUDA;
+	return kvt_manager_create(&c, out);
+}
+
+static int cu_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t layer, const void *k,
+			    const void *v, const void *q_obs, void *stream)
+{
+	struct kvt_config c;
+	uint32_t L;
+	size_t row, kv;
+	void *dk, *dv, *dq;
+	int rc;
+
+	if (cu_shape(m, seq, &c, &L))
+		return kvt_prefill_layer(m, seq, layer, k, v, q_obs, stream);
+	row = (size_t)c.head_dim * kvt_dtype_size(c.dtype);
+	kv = (size_t)c.n_kv_heads * L * row;
+	dk = cu_in(k, kv);
+	dv = cu_in(v, kv);
+	dq = cu_in(q_obs, (size_t)c.n_q_heads * c.obs_window * row);
+	rc = kvt_prefill_layer(m, seq, layer, dk, dv, dq, stream);
+	cu_drop(dk, k);
+	cu_drop(dv, v);
+	cu_drop(dq, q_obs);
+	return rc;
+}
+
+static int cu_decode_append(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
+			    const void *k, const void *v, void *stream)
+{
+	struct kvt_config c;
+	size_t bytes;
+	void *dk, *dv;
+	int rc;
+
+	if (cu_shape(m, 0, &c, NULL))
+		return kvt_decode_append(m, layer, seqs, n, k, v, stream);
+	bytes = (size_t)n * c.n_kv_heads * c.head_dim * kvt_dtype_size(c.dtype);
+	dk = cu_in(k, bytes);
+	dv = cu_in(v, bytes);
+	rc = kvt_decode_append(m, layer, seqs, n, dk, dv, stream);
+	cu_drop(dk, k);
+	cu_drop(dv, v);
+	return rc;
+}
+
+static int cu_decode_recall(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
+			    const void *q, void *stream)
+{
+	struct kvt_config c;
+	void *dq;
+	int rc;
+
+	if (cu_shape(m, 0, &c, NULL))
+		return kvt_decode_recall(m, layer, seqs, n, q, stream);
+	dq = cu_in(q, (size_t)n * c.n_q_heads * c.head_dim * kvt_dtype_size(c.dtype));
+	rc = kvt_decode_recall(m, layer, seqs, n, dq, stream);
+	cu_drop(dq, q);
+	return rc;
+}
+
+static void cu_dev_read(void *dst, uint64_t addr, size_t n)
+{
+	cudaError_t e = cudaMemcpy(dst, (const void *)(uintptr_t)addr, n, cudaMemcpyDeviceToHost);
+
+	if (e != cudaSuccess) {
+		fprintf(stderr, "test: reading %zu device bytes at 0x%llx: %s\n", n,
+			(unsigned long long)addr, cudaGetErrorString(e));
+		abort();
+	}
+}
+
+const struct t_backend t_backend_cuda = {
+	.name = "cuda",
+	.kind = KVT_BACKEND_CUDA,
+	.manager_create = cu_manager_create,
+	.prefill_layer = cu_prefill_layer,
+	.decode_append = cu_decode_append,
+	.decode_recall = cu_decode_recall,
+	.dev_read = cu_dev_read,
+};
+
+const struct t_backend *const t_be = &t_backend_cuda;
+
+/* Skips the whole binary (exit 77) where the CUDA backend cannot run: no device, the plugin
+   not found, or a device the plugin finds unusable. */
+__attribute__((constructor)) static void cu_require(void)
+{
+	const struct kvt_plugin *p;
+	char why[256] = "";
+	int n = 0, err = 0;
+	cudaError_t e = cudaGetDeviceCount(&n);
+
+	if (e != cudaSuccess || n == 0) {
+		printf("# skip: %s\n", e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+		exit(77);
+	}
+	p = kvt_plugin_load(&err);
+	if (!p) {
+		printf("# skip: CUDA backend plugin not loaded (%s)\n",
+		       kvt_plugin_error()[0] ? kvt_plugin_error() : "not found");
+		exit(77);
+	}
+	if (p->probe(why, sizeof(why))) {
+		printf("# skip: %s\n", why[0] ? why : "no usable CUDA device");
+		exit(77);
+	}
+}

@@ -1,0 +1,22 @@
+/* SPDX-License-Identifier: MIT */
+/* The host backend fixture (t_backend.h): kvtier's calls as they are, frames read in place. */
+#include <string.h>
+
+#include "t_backend.h"
+
+static void host_dev_read(void *dst, uint64_t addr, size_t n)
+{
+	memcpy(dst, (const void *)(uintptr_t)addr, n);
+}
+
+const struct t_backend t_backend_host = {
+	.name = "host",
+	.kind = KVT_BACKEND_HOST,
+	.manager_create = kvt_manager_create,
+	.prefill_layer = kvt_prefill_layer,
+	.decode_append = kvt_decode_append,
+	.decode_recall = kvt_decode_recall,
+	.dev_read = host_dev_read,
+};
+
+const struct t_backend *const t_be = &t_backend_host;

@@ -1,0 +1,36 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Shorthands for a manager under test: create one (on the backend under test, t_backend.h),
+ * read its stats, a sequence's info and token count, each failing the test where the call
+ * fails; and a check of the library's threads' signal masks.
+ */
+#ifndef KVT_TEST_T_MANAGER_H
+#define KVT_TEST_T_MANAGER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvtier.h"
+
+/* A manager of configuration c on the backend under test (t_manager_create); fails the test
+   unless it is created. */
+struct kvt_manager *t_mk(const struct kvt_config *c);
+/* kvt_manager_stats, which must succeed. */
+struct kvt_stats t_stats_of(const struct kvt_manager *m);
+/* kvt_seq_info of a live sequence, which must succeed. */
+struct kvt_seq_info t_info_of(struct kvt_manager *m, uint64_t seq);
+/* kvt_seq_tokens of a live sequence's layer, which must succeed. */
+uint32_t t_tokens_of(struct kvt_manager *m, uint64_t seq, uint32_t layer);
+
+/* Fails the test at file:line, naming the counters that differ most often, unless the two
+   stats are identical (a failed call must change nothing). */
+void t_check_stats_equal(const struct kvt_stats *a, const struct kvt_stats *b, const char *file,
+			 int line);
+#define CHECK_STATS_EQUAL(a, b) t_check_stats_equal((a), (b), __FILE__, __LINE__)
+
+/* Whether every thread of the library's (named "kvt-...") blocks SIGINT, SIGTERM and SIGUSR1:
+   they leave the application's signals alone. From Name and SigBlk in
+   /proc/self/task/TID/status; *n: how many such threads there are. */
+bool t_kvt_threads_block_signals(uint32_t *n);
+
+#endif /* KVT_TEST_T_MANAGER_H */

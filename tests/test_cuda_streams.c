@@ -1,0 +1,311 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cuda: a non-blocking stream, and many resumes with one wait.
+ */
+#include "test_cuda.h"
+
+/* ---- a non-blocking stream ------------------------------------------------------------------ */
+
+#define STALL_BYTES ((size_t)64 << 20)
+
+/* Holds the stream back (about a GiB of device writes) so that a call whose device work did
+   not follow the stream would run before the uploads queued behind the stall. */
+static void stall(const struct pair *p, void *buf)
+{
+	for (int i = 0; i < 16; i++)
+		CUDA_OK(cudaMemsetAsync(buf, i, STALL_BYTES, p->stream));
+}
+
+static void *pinned(const void *src, size_t n)
+{
+	void *h = NULL;
+
+	CUDA_OK(cudaMallocHost(&h, n));
+	memcpy(h, src, n);
+	return h;
+}
+
+/* Uploads n bytes with cudaMemcpyAsync on the pair's stream, behind a stall. */
+static void *upload_async(const struct pair *p, void *dst, const void *src, size_t n)
+{
+	void *h = pinned(src, n);
+
+	CUDA_OK(cudaMemcpyAsync(dst, h, n, cudaMemcpyHostToDevice, p->stream));
+	return h;
+}
+
+void test_nonblocking_stream(void **state)
+{
+	cudaStream_t nb;
+	struct pair p;
+	struct tseq ts[2];
+	struct tseq *bt[2] = {&ts[0], &ts[1]};
+	void *delay;
+	size_t rb;
+
+	(void)state;
+	set_ctx("non-blocking stream: setup");
+	CUDA_OK(cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking));
+	pair_init(&p, KVT_DTYPE_BF16, nb, 1500, 2);
+	rb = p.rowb;
+	delay = dev_alloc(STALL_BYTES);
+	tseq_gen(&ts[0], &p.cfg, 0x5717ea0001ull, 1500, 40);
+	tseq_gen(&ts[1], &p.cfg, 0x5717ea0002ull, 40, 40);
+	for (uint32_t i = 0; i < 2; i++) {
+		CHECK_RC(kvt_seq_create(p.h, ts[i].id, ts[i].L), 0);
+		CHECK_RC(kvt_seq_create(p.c, ts[i].id, ts[i].L), 0);
+	}
+	/* garbage where the inputs go: a call that ran ahead of its uploads would store it */
+	CUDA_OK(cudaMemset(p.dk, 0xff, (size_t)N_KV * 1500 * rb));
+	CUDA_OK(cudaMemset(p.dv, 0xff, (size_t)N_KV * 1500 * rb));
+	CUDA_OK(cudaMemset(p.dq, 0xff, (size_t)N_Q * OBS * rb));
+
+	set_ctx("non-blocking stream: prefill");
+	for (uint32_t l = 0; l < N_LAYERS; l++)
+		for (uint32_t i = 0; i < 2; i++) {
+			struct tseq *t = &ts[i];
+			size_t kvb = (size_t)N_KV * t->L * rb, qb = (size_t)N_Q * OBS * rb;
+			uint8_t *k = t_xmalloc(kvb), *v = t_xmalloc(kvb);
+			void *hk, *hv, *hq = NULL;
+
+			CHECK_RC(prefill_on(&p, p.h, t, l), 0);
+			prompt_tensor(t, l, 0, k);
+			prompt_tensor(t, l, 1, v);
+			stall(&p, delay);
+			hk = upload_async(&p, p.dk, k, kvb);
+			hv = upload_async(&p, p.dv, v, kvb);
+			if (t->count)
+				hq = upload_async(&p, p.dq, t->q_obs[l], qb);
+			CHECK_RC(kvt_prefill_layer(p.c, t->id, l, p.dk, p.dv, hq ? p.dq : NULL, nb),
+				 0);
+			garble(&p, p.dk, kvb);
+			garble(&p, p.dv, kvb);
+			garble(&p, p.dq, qb);
+			CHECK_RC(kvt_manager_sync(p.c, nb), 0); /* before the pinned sources go */
+			CUDA_OK(cudaFreeHost(hk));
+			CUDA_OK(cudaFreeHost(hv));
+			if (hq)
+				CUDA_OK(cudaFreeHost(hq));
+			free(k);
+			free(v);
+			t->n[l] = t->L;
+		}
+	sync_both(&p);
+	g_margin.gap = INFINITY;
+	for (uint32_t i = 0; i < 2; i++)
+		for (uint32_t l = 0; l < N_LAYERS; l++)
+			CHECK_SELECTION(&p, &ts[i], l);
+	print_margin(KVT_DTYPE_BF16);
+	CHECK_ALL(&p, ts, 2, ts[0].tie[0] || ts[0].tie[1]);
+
+	for (uint32_t step = 0; step < 30; step++)
+		for (uint32_t l = 0; l < N_LAYERS; l++) {
+			size_t bytes = 2 * N_KV * rb;
+			uint8_t k[2 * N_KV * ROW_MAX], v[2 * N_KV * ROW_MAX];
+			uint64_t ids[2] = {ts[0].id, ts[1].id};
+			void *hk, *hv;
+
+			set_ctx("non-blocking stream: decode step %u layer %u", step, l);
+			CHECK_RC(decode_on(&p, p.h, bt, 2, l), 0);
+			for (uint32_t i = 0; i < 2; i++)
+				for (uint32_t h = 0; h < N_KV; h++) {
+					memcpy(k + (i * N_KV + h) * rb,
+					       ref_row(&ts[i], l, h, ts[i].n[l], 0), rb);
+					memcpy(v + (i * N_KV + h) * rb,
+					       ref_row(&ts[i], l, h, ts[i].n[l], 1), rb);
+				}
+			stall(&p, delay);
+			hk = upload_async(&p, p.ek, k, bytes);
+			hv = upload_async(&p, p.ev, v, bytes);
+			CHECK_RC(kvt_decode_append(p.c, l, ids, 2, p.ek, p.ev, nb), 0);
+			garble(&p, p.ek, bytes);
+			garble(&p, p.ev, bytes);
+			CHECK_RC(kvt_manager_sync(p.c, nb), 0);
+			CUDA_OK(cudaFreeHost(hk));
+			CUDA_OK(cudaFreeHost(hv));
+			ts[0].n[l]++;
+			ts[1].n[l]++;
+		}
+	set_ctx("non-blocking stream: after decode");
+	CHECK_ALL(&p, ts, 2, ts[0].tie[0] || ts[0].tie[1]);
+
+	set_ctx("non-blocking stream: recall");
+	for (uint32_t l = 0; l < N_LAYERS; l++) {
+		size_t qb = 2 * (size_t)N_Q * rb;
+		uint8_t *q = t_xmalloc(qb);
+		uint64_t ids[2] = {ts[0].id, ts[1].id};
+		void *hq;
+
+		CHECK_RC(recall_on(&p, p.h, bt, 2, l), 0);
+		memcpy(q, ts[0].q_dec[l], qb / 2);
+		memcpy(q + qb / 2, ts[1].q_dec[l], qb / 2);
+		stall(&p, delay);
+		hq = upload_async(&p, p.eq, q, qb);
+		CHECK_RC(kvt_decode_recall(p.c, l, ids, 2, p.eq, nb), 0);
+		garble(&p, p.eq, qb);
+		CHECK_RC(kvt_manager_sync(p.c, nb), 0);
+		CUDA_OK(cudaFreeHost(hq));
+		free(q);
+		ts[0].recalled[l] = ts[1].recalled[l] = true;
+	}
+	sync_both(&p);
+	for (uint32_t i = 0; i < 2; i++)
+		for (uint32_t l = 0; l < N_LAYERS; l++) {
+			CHECK_VIEWS(&p, &ts[i], l);
+			CHECK_ATTEND(&p, &ts[i], l, NULL);
+		}
+	COMPARE_STATS(&p, ts[0].tie[0] || ts[0].tie[1]);
+
+	tseq_free(&ts[0]);
+	tseq_free(&ts[1]);
+	pair_fini(&p);
+	dev_free(delay);
+	CUDA_OK(cudaStreamDestroy(nb));
+	g_ctx[0] = '\0';
+}
+
+/* ---- many resumes, one wait -------------------------------------------------------------------
+ */
+
+#define BURST 20 /* more resumes than the backend has piece-list slots (16) */
+
+/* Preempts ts[0, n) on both managers, waits, then resumes them all, the CUDA manager's on
+   stream st, with no wait after. */
+static void preempt_resume(struct pair *p, struct tseq *ts, uint32_t n, cudaStream_t st)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		CHECK_RC(kvt_seq_preempt(p->h, ts[i].id), 0);
+		CHECK_RC(kvt_seq_preempt(p->c, ts[i].id), 0);
+	}
+	sync_both(p);
+	for (uint32_t i = 0; i < n; i++) {
+		uint64_t w0;
+
+		CHECK_RC(kvt_seq_resume(p->h, ts[i].id, NULL), 0);
+		w0 = DEVICE_WAITS();
+		CHECK_RC(kvt_seq_resume(p->c, ts[i].id, st), 0);
+		no_device_wait(w0, 0, "resume", ts[i].id, UINT32_MAX);
+	}
+}
+
+/* A batch of preempted sequences resumed back to back on a non-blocking stream, with one wait
+   after the last, twice: every resume's gather (the fused kernel: calibration off) is still
+   queued when the next one fills its piece list, and the last ones find every list slot used
+   by work not yet waited for. Short prompts, so no list outgrows its slot (growing one frees
+   device memory, and cudaFree waits for the device). Then every frame as before the
+   preemption, bit for bit. */
+void test_resume_burst(void **state)
+{
+	const char *was = getenv("KVTIER_CUDA_CALIBRATE");
+	char *saved = was ? strdup(was) : NULL;
+	struct tseq *ts = t_xmalloc(BURST * sizeof(*ts));
+	uint8_t *snap[BURST][N_LAYERS];
+	size_t snap_b[BURST][N_LAYERS];
+	float early[N_LAYERS][N_Q * HEAD_DIM];
+	struct kvt_stats s0, s1;
+	bool any_tie = false;
+	cudaStream_t nb;
+	struct pair p;
+
+	(void)state;
+	set_ctx("resume burst: setup");
+	assert_true(!was || saved);
+	CUDA_OK(cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking));
+	assert_int_equal(setenv("KVTIER_CUDA_CALIBRATE", "0", 1), 0);
+	pair_init(&p, KVT_DTYPE_F16, NULL, 40, 1); /* prefill_on's inputs follow a blocking one */
+	if (saved)
+		assert_int_equal(setenv("KVTIER_CUDA_CALIBRATE", saved, 1), 0);
+	else
+		assert_int_equal(unsetenv("KVTIER_CUDA_CALIBRATE"), 0);
+	free(saved);
+	CHECK_EQ(t_stats_of(p.c).xfer_calibrated, 0);
+	for (uint32_t i = 0; i < BURST; i++) {
+		tseq_gen(&ts[i], &p.cfg, 0xb0257000ull + i, 40, 1);
+		CHECK_RC(kvt_seq_create(p.h, ts[i].id, ts[i].L), 0);
+		CHECK_RC(kvt_seq_create(p.c, ts[i].id, ts[i].L), 0);
+		for (uint32_t l = 0; l < N_LAYERS; l++)
+			PREFILL_BOTH(&p, &ts[i], l);
+	}
+	sync_both(&p);
+	g_margin.gap = INFINITY;
+	for (uint32_t i = 0; i < BURST; i++)
+		for (uint32_t l = 0; l < N_LAYERS; l++) {
+			CHECK_SELECTION(&p, &ts[i], l);
+			any_tie |= ts[i].tie[l];
+			snap[i][l] = SNAPSHOT(&p, p.c, &ts[i], l, &snap_b[i][l]);
+		}
+
+	for (int round = 0; round < 2; round++) {
+		set_ctx("resume burst: round %d: preempt and resume", round);
+		s0 = t_stats_of(p.c);
+		preempt_resume(&p, ts, BURST, nb);
+		s1 = t_stats_of(p.c);
+		CHECK_EQ(s1.h2d_kernel_launches - s0.h2d_kernel_launches, BURST);
+		CHECK_EQ(s1.h2d_dma_batches, s0.h2d_dma_batches);
+		/* attention needs the frames the queued gathers write: it waits for them */
+		for (uint32_t l = 0; l < N_LAYERS; l++)
+			CHECK_RC(kvt_attend(p.c, ts[BURST - 1].id, l, ts[BURST - 1].q_att[l],
+					    early[l]),
+				 0);
+		CHECK_RC(kvt_manager_sync(p.c, nb), 0);
+		for (uint32_t l = 0; l < N_LAYERS; l++) {
+			float o[N_Q * HEAD_DIM];
+
+			CHECK_ATTEND(&p, &ts[BURST - 1], l, o);
+			expect_close_at(early[l], o,
+					"cuda kvt_attend before the wait vs after the wait",
+					&ts[BURST - 1], l, __FILE__, __LINE__);
+		}
+
+		set_ctx("resume burst: round %d: after the wait", round);
+		for (uint32_t i = 0; i < BURST; i++)
+			for (uint32_t l = 0; l < N_LAYERS; l++) {
+				expect_frames_as_at(&p, &ts[i], l, snap[i][l], snap_b[i][l],
+						    "cuda after a burst of resumes", __FILE__,
+						    __LINE__);
+				CHECK_FRAMES(&p, &ts[i], l);
+				CHECK_TOKENS(&p, &ts[i], l, true);
+			}
+		COMPARE_STATS(&p, any_tie);
+	}
+
+	/* Half of them resumed and destroyed at once, their resumes still queued; new sequences
+	   then take their frames and host blocks (the prefills' saves write those blocks on the
+	   host, their frames are written on another stream): destroy must let the queued gathers
+	   land first. The new sequences and the other half: as they should be. */
+	set_ctx("resume burst: destroyed while resuming");
+	preempt_resume(&p, ts, BURST / 2, nb);
+	for (uint32_t i = 0; i < BURST / 2; i++) {
+		CHECK_RC(kvt_seq_destroy(p.h, ts[i].id), 0);
+		CHECK_RC(kvt_seq_destroy(p.c, ts[i].id), 0);
+		tseq_free(&ts[i]);
+		tseq_gen(&ts[i], &p.cfg, 0xb0257100ull + i, 40, 1);
+		CHECK_RC(kvt_seq_create(p.h, ts[i].id, ts[i].L), 0);
+		CHECK_RC(kvt_seq_create(p.c, ts[i].id, ts[i].L), 0);
+		for (uint32_t l = 0; l < N_LAYERS; l++)
+			PREFILL_BOTH(&p, &ts[i], l);
+	}
+	CHECK_RC(kvt_manager_sync(p.c, nb), 0);
+	sync_both(&p);
+	for (uint32_t i = 0; i < BURST; i++)
+		for (uint32_t l = 0; l < N_LAYERS; l++) {
+			if (i >= BURST / 2)
+				expect_frames_as_at(&p, &ts[i], l, snap[i][l], snap_b[i][l],
+						    "cuda beside destroyed sequences", __FILE__,
+						    __LINE__);
+			CHECK_RESIDENT(&p, &ts[i], l);
+			CHECK_FRAMES(&p, &ts[i], l);
+			CHECK_TOKENS(&p, &ts[i], l, true);
+		}
+	COMPARE_STATS(&p, any_tie);
+	for (uint32_t i = 0; i < BURST; i++)
+		for (uint32_t l = 0; l < N_LAYERS; l++)
+			free(snap[i][l]);
+
+	for (uint32_t i = 0; i < BURST; i++)
+		tseq_free(&ts[i]);
+	free(ts);
+	pair_fini(&p);
+	CUDA_OK(cudaStreamDestroy(nb));
+	g_ctx[0] = '\0';
+}

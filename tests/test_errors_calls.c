@@ -1,0 +1,377 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * errors: manager-level calls, sequence create and destroy, and the reads (resident positions,
+ * tokens, attention), each failing on bad arguments without changing anything.
+ */
+#include "test_errors.h"
+
+/* ---- manager-level calls ---------------------------------------------------------------- */
+
+void test_destroy_null(void **state)
+{
+	(void)state;
+	kvt_manager_destroy(NULL);
+	kvt_manager_destroy(NULL);
+}
+
+void test_strerror(void **state)
+{
+	static const int codes[] = {EINVAL,    ENOENT, EEXIST,	ENOSPC, ENOMEM,
+				    EOVERFLOW, ENODEV, ENOTSUP, EIO,	EAGAIN};
+	const char *unknown = kvt_strerror(12345);
+
+	(void)state;
+	assert_non_null(unknown);
+	assert_true(strlen(unknown) > 0);
+	for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
+		const char *neg = kvt_strerror(-codes[i]), *pos = kvt_strerror(codes[i]);
+
+		assert_non_null(neg);
+		assert_non_null(pos);
+		assert_true(strlen(neg) > 0);
+		/* Sign does not matter; every code the API returns has its own text. */
+		assert_string_equal(neg, pos);
+		assert_string_not_equal(neg, unknown);
+		for (size_t j = 0; j < i; j++)
+			assert_string_not_equal(neg, kvt_strerror(-codes[j]));
+	}
+	/* Unknown and extreme codes: some text, never NULL. */
+	const int odd[] = {-12345, 12345, 0, 1 << 20, -(1 << 20), INT_MAX, INT_MIN, INT_MIN + 1};
+
+	for (size_t i = 0; i < sizeof(odd) / sizeof(odd[0]); i++) {
+		const char *s = kvt_strerror(odd[i]);
+
+		assert_non_null(s);
+		assert_true(strlen(s) > 0);
+	}
+	assert_string_equal(kvt_strerror(-12345), unknown);
+	assert_string_equal(kvt_strerror(INT_MAX), unknown);
+	assert_string_equal(kvt_strerror(INT_MIN), unknown);
+}
+
+void test_last_error(void **state)
+{
+	struct fx *f = *state;
+	const char *e = kvt_manager_last_error(NULL);
+
+	assert_non_null(e);
+	assert_true(strlen(e) > 0);
+	/* The fixture ran only successful calls: no detail yet (checked in setup), and
+	   successful calls after a failure keep the detail until the next failure. */
+	EXPECT_FAIL(f, kvt_seq_destroy(f->m, SEQ_NONE), -ENOENT);
+	char saved[256];
+
+	snprintf(saved, sizeof(saved), "%s", kvt_manager_last_error(f->m));
+	assert_true(strlen(saved) > 0);
+	uint32_t n;
+
+	assert_int_equal(kvt_seq_tokens(f->m, SEQ_A, 0, &n), 0);
+	assert_string_equal(kvt_manager_last_error(f->m), saved);
+}
+
+void test_version_and_log(void **state)
+{
+	char want[32];
+
+	(void)state;
+	snprintf(want, sizeof(want), "%d.%d.%d", KVT_VERSION_MAJOR, KVT_VERSION_MINOR,
+		 KVT_VERSION_PATCH);
+	assert_non_null(kvt_version());
+	assert_string_equal(kvt_version(), want);
+	/* No error paths: NULL resets to stderr, any level is accepted. */
+	kvt_log_set(NULL, NULL);
+	kvt_log_set_level(KVT_LOG_ERROR);
+	kvt_log_set(capture_log, NULL);
+	kvt_log_set_level(KVT_LOG_WARN);
+}
+
+void test_config_errors(void **state)
+{
+	struct fx *f = *state;
+	struct kvt_config out, keep;
+
+	memset(&out, 0x3c, sizeof(out));
+	keep = out;
+	assert_int_equal(kvt_manager_config(NULL, &out), -EINVAL);
+	assert_memory_equal(&out, &keep, sizeof(out));
+	EXPECT_FAIL_CONST(f, kvt_manager_config(f->m, NULL), -EINVAL);
+	assert_int_equal(kvt_manager_config(f->m, &out), 0);
+	assert_int_equal(out.n_layers, 2);
+	assert_int_equal(out.backend, t_be->kind);
+}
+
+void test_stats_errors(void **state)
+{
+	struct fx *f = *state;
+	const size_t full = sizeof(struct kvt_stats);
+	uint8_t buf[sizeof(struct kvt_stats) + 64];
+	struct kvt_stats ref = t_stats_of(f->m);
+
+	assert_int_equal(kvt_manager_stats(NULL, &ref), -EINVAL);
+	EXPECT_FAIL_CONST(f, kvt_manager_stats(f->m, NULL), -EINVAL);
+
+	/* .size smaller than the two header fields: -EINVAL, nothing written. */
+	const uint32_t too_small[] = {0, 1, 4, 7};
+
+	for (size_t i = 0; i < sizeof(too_small) / sizeof(too_small[0]); i++) {
+		memset(buf, 0xab, sizeof(buf));
+		memcpy(buf, &too_small[i], sizeof(uint32_t));
+		EXPECT_FAIL_CONST(f, kvt_manager_stats(f->m, (struct kvt_stats *)(void *)buf),
+				  -EINVAL);
+		assert_memory_equal(buf, &too_small[i], sizeof(uint32_t));
+		for (size_t b = 4; b < sizeof(buf); b++)
+			assert_int_equal(buf[b], 0xab);
+	}
+	/* A size covering part of the struct: exactly that many bytes written, matching the
+	   full struct; the rest untouched. Larger than the struct: the struct, no more. (Only
+	   kvt_manager_stats runs from here on, so the counters stay as in ref.) */
+	ref = t_stats_of(f->m);
+	const uint32_t sizes[] = {8,
+				  12,
+				  16,
+				  (uint32_t)offsetof(struct kvt_stats, bytes_h2d),
+				  (uint32_t)offsetof(struct kvt_stats, live_seqs),
+				  (uint32_t)full - 4,
+				  (uint32_t)full,
+				  (uint32_t)full + 64};
+
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		uint32_t sz = sizes[i], written = sz < full ? sz : (uint32_t)full;
+
+		memset(buf, 0xab, sizeof(buf));
+		memcpy(buf, &sz, sizeof(sz));
+		assert_int_equal(kvt_manager_stats(f->m, (struct kvt_stats *)(void *)buf), 0);
+		/* Header: size says what was written, version is current. */
+		uint32_t hdr[2];
+
+		memcpy(hdr, buf, sizeof(hdr));
+		assert_int_equal(hdr[0], written);
+		assert_int_equal(hdr[1], KVT_STATS_VERSION);
+		assert_memory_equal(buf + 8, (const uint8_t *)&ref + 8, written - 8);
+		for (size_t b = written; b < sizeof(buf); b++)
+			if (buf[b] != 0xab)
+				fail_msg("stats with size %u wrote byte %zu", sz, b);
+	}
+	CHECK_STATE(f);
+}
+
+void test_sync_errors(void **state)
+{
+	struct fx *f = *state;
+
+	assert_int_equal(kvt_manager_sync(NULL, NULL), -EINVAL);
+	assert_int_equal(kvt_manager_sync(f->m, NULL), 0);
+	CHECK_STATE(f);
+}
+
+/* ---- sequences -------------------------------------------------------------------------- */
+
+void test_seq_create_errors(void **state)
+{
+	struct fx *f = *state;
+
+	assert_int_equal(kvt_seq_create(NULL, 7, 10), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_create(f->m, 7, 0), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_create(f->m, 7, (uint32_t)INT32_MAX + 1), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_create(f->m, 7, UINT32_MAX), -EINVAL);
+	/* Live ids, whatever their state; a different prompt length changes nothing. */
+	EXPECT_FAIL(f, kvt_seq_create(f->m, SEQ_A, 40), -EEXIST);
+	EXPECT_FAIL(f, kvt_seq_create(f->m, SEQ_A, 100), -EEXIST);
+	EXPECT_FAIL(f, kvt_seq_create(f->m, SEQ_B, 1), -EEXIST);
+	EXPECT_FAIL(f, kvt_seq_create(f->m, SEQ_C, 30), -EEXIST);
+	/* Edges accepted: 1 and INT32_MAX tokens (no tier memory until prefill); ids 0 and
+	   UINT64_MAX are ordinary ids. */
+	struct kvt_stats st0 = t_stats_of(f->m), st1;
+
+	assert_int_equal(kvt_seq_create(f->m, 7, INT32_MAX), 0);
+	assert_int_equal(kvt_seq_create(f->m, 0, 1), 0);
+	assert_int_equal(kvt_seq_create(f->m, UINT64_MAX, 1), 0);
+	st1 = t_stats_of(f->m);
+	assert_int_equal(st1.live_seqs, st0.live_seqs + 3);
+	assert_int_equal(st1.device_frames_used, st0.device_frames_used);
+	assert_int_equal(st1.host_blocks_used, st0.host_blocks_used);
+	EXPECT_FAIL(f, kvt_seq_create(f->m, UINT64_MAX, 5), -EEXIST);
+	EXPECT_FAIL(f, kvt_seq_create(f->m, 0, 5), -EEXIST);
+	assert_int_equal(kvt_seq_destroy(f->m, 7), 0);
+	assert_int_equal(kvt_seq_destroy(f->m, 0), 0);
+	assert_int_equal(kvt_seq_destroy(f->m, UINT64_MAX), 0);
+	st1 = t_stats_of(f->m);
+	assert_int_equal(st1.live_seqs, st0.live_seqs);
+	CHECK_STATE(f);
+}
+
+void test_seq_destroy_errors(void **state)
+{
+	struct fx *f = *state;
+
+	assert_int_equal(kvt_seq_destroy(NULL, SEQ_A), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_destroy(f->m, SEQ_NONE), -ENOENT);
+	EXPECT_FAIL(f, kvt_seq_destroy(f->m, 0), -ENOENT);
+	assert_int_equal(kvt_seq_create(f->m, 77, 12), 0);
+	assert_int_equal(kvt_seq_destroy(f->m, 77), 0);
+	EXPECT_FAIL(f, kvt_seq_destroy(f->m, 77), -ENOENT);
+}
+
+/* ---- reads ------------------------------------------------------------------------------ */
+
+void test_resident_errors(void **state)
+{
+	struct fx *f = *state;
+	int32_t out[MAX_POS];
+	uint32_t n;
+
+	for (int i = 0; i < MAX_POS; i++)
+		out[i] = -7;
+	n = 12345;
+	assert_int_equal(kvt_seq_resident_positions(NULL, SEQ_A, 0, 0, out, MAX_POS, &n), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_resident_positions(f->m, SEQ_A, 0, 0, out, MAX_POS, NULL), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_resident_positions(f->m, SEQ_A, 0, 0, NULL, MAX_POS, &n), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_resident_positions(f->m, SEQ_NONE, 0, 0, out, MAX_POS, &n), -ENOENT);
+	EXPECT_FAIL(f, kvt_seq_resident_positions(f->m, SEQ_A, 2, 0, out, MAX_POS, &n), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_resident_positions(f->m, SEQ_A, 0, 2, out, MAX_POS, &n), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_resident_positions(f->m, SEQ_A, 0, UINT32_MAX, out, MAX_POS, &n),
+		    -EINVAL);
+	/* Layer not prefilled. */
+	EXPECT_FAIL(f, kvt_seq_resident_positions(f->m, SEQ_A, 1, 0, out, MAX_POS, &n), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_resident_positions(f->m, SEQ_C, 0, 0, out, MAX_POS, &n), -EINVAL);
+	for (int i = 0; i < MAX_POS; i++)
+		assert_int_equal(out[i], -7);
+	assert_int_equal(n, 12345);
+	/* Short output: -ENOSPC, the count reported, nothing written. */
+	EXPECT_FAIL(f, kvt_seq_resident_positions(f->m, SEQ_A, 0, 1, out, 39, &n), -ENOSPC);
+	assert_int_equal(n, 40);
+	for (int i = 0; i < MAX_POS; i++)
+		assert_int_equal(out[i], -7);
+	n = 0;
+	EXPECT_FAIL(f, kvt_seq_resident_positions(f->m, SEQ_B, 0, 0, NULL, 0, &n), -ENOSPC);
+	assert_int_equal(n, 24);
+	/* Exactly enough room. */
+	assert_int_equal(kvt_seq_resident_positions(f->m, SEQ_A, 0, 1, out, 40, &n), 0);
+	assert_int_equal(n, 40);
+	assert_memory_equal(out, f->pos[0][0][1], 40 * sizeof(out[0]));
+	assert_int_equal(out[40], -7);
+}
+
+void test_read_token_errors(void **state)
+{
+	struct fx *f = *state;
+	uint8_t k[64], v[64];
+
+	memset(k, 0x11, sizeof(k));
+	memset(v, 0x22, sizeof(v));
+	assert_int_equal(kvt_seq_read_token(NULL, SEQ_A, 0, 0, 0, k, v), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_read_token(f->m, SEQ_A, 0, 0, 0, NULL, v), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_read_token(f->m, SEQ_A, 0, 0, 0, k, NULL), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_read_token(f->m, SEQ_NONE, 0, 0, 0, k, v), -ENOENT);
+	EXPECT_FAIL(f, kvt_seq_read_token(f->m, SEQ_A, 2, 0, 0, k, v), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_read_token(f->m, SEQ_A, UINT32_MAX, 0, 0, k, v), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_read_token(f->m, SEQ_A, 0, 2, 0, k, v), -EINVAL);
+	/* pos >= tokens of that layer (A layer 0 has 45, B layer 1 has 20). */
+	EXPECT_FAIL(f, kvt_seq_read_token(f->m, SEQ_A, 0, 0, 45, k, v), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_read_token(f->m, SEQ_A, 0, 1, UINT32_MAX, k, v), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_read_token(f->m, SEQ_B, 1, 0, 20, k, v), -EINVAL);
+	/* Layer not prefilled: no tokens at all. */
+	EXPECT_FAIL(f, kvt_seq_read_token(f->m, SEQ_A, 1, 0, 0, k, v), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_read_token(f->m, SEQ_C, 0, 0, 0, k, v), -EINVAL);
+	for (size_t i = 0; i < sizeof(k); i++) {
+		assert_int_equal(k[i], 0x11);
+		assert_int_equal(v[i], 0x22);
+	}
+	/* The internal host-history read has the same checks. */
+	EXPECT_FAIL(f, kvt_seq_read_token_host(f->m, SEQ_A, 0, 0, 45, k, v), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_read_token_host(f->m, SEQ_NONE, 0, 0, 0, k, v), -ENOENT);
+	/* The last valid position reads. */
+	assert_int_equal(kvt_seq_read_token(f->m, SEQ_A, 0, 0, 44, k, v), 0);
+}
+
+void test_tokens_errors(void **state)
+{
+	struct fx *f = *state;
+	uint32_t n = 777;
+
+	assert_int_equal(kvt_seq_tokens(NULL, SEQ_A, 0, &n), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_tokens(f->m, SEQ_A, 0, NULL), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_tokens(f->m, SEQ_A, 2, &n), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_tokens(f->m, SEQ_A, UINT32_MAX, &n), -EINVAL);
+	EXPECT_FAIL(f, kvt_seq_tokens(f->m, SEQ_NONE, 0, &n), -ENOENT);
+	assert_int_equal(n, 777);
+	/* Not prefilled is not an error: 0 tokens. */
+	assert_int_equal(kvt_seq_tokens(f->m, SEQ_C, 1, &n), 0);
+	assert_int_equal(n, 0);
+}
+
+void test_attend_errors(void **state)
+{
+	struct fx *f = *state;
+	float q[4 * 16], out[4 * 16];
+
+	for (int i = 0; i < 64; i++) {
+		q[i] = (float)(i % 7) / 8.0f;
+		out[i] = -3.5f;
+	}
+	assert_int_equal(kvt_attend(NULL, SEQ_A, 0, q, out), -EINVAL);
+	EXPECT_FAIL(f, kvt_attend(f->m, SEQ_A, 0, NULL, out), -EINVAL);
+	EXPECT_FAIL(f, kvt_attend(f->m, SEQ_A, 0, q, NULL), -EINVAL);
+	EXPECT_FAIL(f, kvt_attend(f->m, SEQ_NONE, 0, q, out), -ENOENT);
+	EXPECT_FAIL(f, kvt_attend(f->m, SEQ_A, 2, q, out), -EINVAL);
+	EXPECT_FAIL(f, kvt_attend(f->m, SEQ_A, UINT32_MAX, q, out), -EINVAL);
+	EXPECT_FAIL(f, kvt_attend(f->m, SEQ_A, 1, q, out), -EINVAL); /* not prefilled */
+	EXPECT_FAIL(f, kvt_attend(f->m, SEQ_C, 0, q, out), -EINVAL);
+	for (int i = 0; i < 64; i++)
+		assert_true(out[i] == -3.5f);
+	/* And it works on the same sequence once the arguments are right. */
+	assert_int_equal(kvt_attend(f->m, SEQ_A, 0, q, out), 0);
+	for (int i = 0; i < 64; i++)
+		assert_true(out[i] >= -1.0f && out[i] <= 1.0f);
+}
+
+/* NULL manager everywhere: -EINVAL (or nothing, for the void and const-char calls). */
+void test_null_manager(void **state)
+{
+	struct kvt_config c;
+	struct kvt_stats st = KVT_STATS_INIT;
+	uint64_t id = 1;
+	uint8_t buf[64];
+	uint32_t n;
+	int32_t pos[4];
+	float q[64], out[64];
+
+	(void)state;
+	memset(q, 0, sizeof(q));
+	kvt_manager_destroy(NULL);
+	assert_non_null(kvt_manager_last_error(NULL));
+	assert_int_equal(kvt_manager_config(NULL, &c), -EINVAL);
+	assert_int_equal(kvt_manager_stats(NULL, &st), -EINVAL);
+	assert_int_equal(kvt_manager_sync(NULL, NULL), -EINVAL);
+	assert_int_equal(kvt_seq_create(NULL, 1, 1), -EINVAL);
+	assert_int_equal(kvt_seq_destroy(NULL, 1), -EINVAL);
+	assert_int_equal(t_prefill_layer(NULL, 1, 0, buf, buf, buf, NULL), -EINVAL);
+	assert_int_equal(t_decode_append(NULL, 0, &id, 1, buf, buf, NULL), -EINVAL);
+	assert_int_equal(kvt_seq_resident_positions(NULL, 1, 0, 0, pos, 4, &n), -EINVAL);
+	assert_int_equal(kvt_seq_read_token(NULL, 1, 0, 0, 0, buf, buf), -EINVAL);
+	assert_int_equal(kvt_seq_tokens(NULL, 1, 0, &n), -EINVAL);
+	assert_int_equal(kvt_attend(NULL, 1, 0, q, out), -EINVAL);
+	/* Every pointer NULL at once. */
+	assert_int_equal(kvt_manager_config(NULL, NULL), -EINVAL);
+	assert_int_equal(kvt_manager_stats(NULL, NULL), -EINVAL);
+	assert_int_equal(t_prefill_layer(NULL, 1, 0, NULL, NULL, NULL, NULL), -EINVAL);
+	assert_int_equal(t_decode_append(NULL, 0, NULL, 0, NULL, NULL, NULL), -EINVAL);
+	assert_int_equal(kvt_seq_resident_positions(NULL, 1, 0, 0, NULL, 0, NULL), -EINVAL);
+	assert_int_equal(kvt_seq_read_token(NULL, 1, 0, 0, 0, NULL, NULL), -EINVAL);
+	assert_int_equal(kvt_seq_tokens(NULL, 1, 0, NULL), -EINVAL);
+	assert_int_equal(kvt_attend(NULL, 1, 0, NULL, NULL), -EINVAL);
+}
+
+int group_setup(void **state)
+{
+	(void)state;
+	kvt_log_set(capture_log, NULL);
+	return 0;
+}
+
+int group_teardown(void **state)
+{
+	(void)state;
+	kvt_log_set(NULL, NULL);
+	return 0;
+}
