@@ -36,11 +36,20 @@ uint64_t t_pick_seed(void)
 	return t_mix((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)clock());
 }
 
+bool t_long_run(void)
+{
+	const char *e = getenv("KVT_TEST_LONG");
+
+	return e && strcmp(e, "1") == 0;
+}
+
 long t_pick_ops(long dflt)
 {
 	const char *e = getenv("KVT_TEST_OPS");
 
-	return e && *e ? strtol(e, NULL, 0) : dflt;
+	if (e && *e)
+		return strtol(e, NULL, 0);
+	return t_long_run() ? dflt : dflt / 4;
 }
 
 void *t_xmalloc(size_t n)

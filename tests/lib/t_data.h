@@ -33,7 +33,11 @@ uint32_t t_rng_below(uint32_t n);
 
 /* KVT_TEST_SEED when set (a run is repeated with it), else one from the clock and pid. */
 uint64_t t_pick_seed(void);
-/* KVT_TEST_OPS when set (longer or shorter runs, e.g. under valgrind), else dflt. */
+/* Whether this is a full-length run: KVT_TEST_LONG=1, which meson's setup 'full' sets (CI).
+   The default setup, 'quick', leaves it unset: randomized runs shorten and walks sample. */
+bool t_long_run(void);
+/* The length of a randomized run whose full length is dflt: KVT_TEST_OPS when set (longer or
+   shorter runs, e.g. under valgrind), else dflt in a full-length run, else dflt / 4. */
 long t_pick_ops(long dflt);
 
 /* Zeroed allocation that never returns NULL to a test (n == 0 allocates 1 byte). */
