@@ -84,6 +84,7 @@
 #define POISON_DEVICE 0xcd
 #define POISON_PINNED 0xab
 #define POISON_PENDING 0xef /* asynchronous: pinned memory a queued operation will write */
+#define POISON_FREED 0xdd   /* pinned memory freed and kept for reuse (keep_map) */
 #define POISON_MAX ((size_t)64 << 20) /* bytes poisoned per allocation; the rest reads 0 */
 #define STREAM_MAGIC 0x5354524du
 #define EVENT_MAGIC 0x4556544eu
@@ -990,12 +991,99 @@ static size_t page_up(size_t n)
 	return n > SIZE_MAX - (PAGE - 1) ? 0 : (n + PAGE - 1) / PAGE * PAGE;
 }
 
+/*
+ * Freed mappings kept for reuse. Tests create and destroy managers by the thousand (the fault
+ * walk replays its workload once per fault site) with the same arena sizes each time, and in
+ * a VM a fresh mapping costs a page fault per page at its first poisoning (so does one made
+ * PROT_NONE and back): that was over half of such a run. A kept pinned mapping is filled with
+ * POISON_FREED, and checked for it when it is handed out again, so a host write after
+ * cudaFreeHost is caught then (a read sees garbage); device memory is reachable only through
+ * this fake, whose range checks already refuse freed memory. Either is poisoned afresh on
+ * reuse, whole, so nothing sees old contents. Reused by exact span and kind, spans of at most
+ * POISON_MAX; at most MAP_CACHE_N mappings and MAP_CACHE_BYTES in all, the oldest unmapped
+ * first.
+ */
+#define MAP_CACHE_N 32
+#define MAP_CACHE_BYTES ((size_t)256 << 20)
+
+struct kept_map {
+	enum kind kind;
+	size_t span;
+	char *map, *shadow; /* PINNED: span + a guard page; DEVICE: the two views of span */
+};
+
+static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct kept_map kept[MAP_CACHE_N];
+static size_t n_kept, kept_bytes;
+
+static void unmap_kept(const struct kept_map *k)
+{
+	if (k->kind == PINNED) {
+		munmap(k->map, k->span + PAGE);
+	} else {
+		munmap(k->map, k->span);
+		munmap(k->shadow, k->span);
+	}
+}
+
+/* Keeps a freed mapping for reuse (unmaps it when it is too large to keep). */
+static void keep_map(enum kind kind, size_t span, char *map, char *shadow)
+{
+	struct kept_map k = {kind, span, map, shadow}, old[MAP_CACHE_N];
+	size_t n_old = 0;
+
+	if (span > POISON_MAX) {
+		unmap_kept(&k);
+		return;
+	}
+	if (kind == PINNED)
+		memset(map, POISON_FREED, span);
+	pthread_mutex_lock(&kept_lock);
+	while (n_kept == MAP_CACHE_N || kept_bytes + span > MAP_CACHE_BYTES) {
+		old[n_old++] = kept[0];
+		kept_bytes -= kept[0].span;
+		memmove(&kept[0], &kept[1], --n_kept * sizeof(kept[0]));
+	}
+	kept[n_kept++] = k;
+	kept_bytes += span;
+	pthread_mutex_unlock(&kept_lock);
+	for (size_t i = 0; i < n_old; i++)
+		unmap_kept(&old[i]);
+}
+
+/* A kept mapping of this kind and span, taken out of the cache: true. A pinned one whose
+   POISON_FREED was overwritten stops the process: something wrote to it after it was freed. */
+static bool reuse_map(enum kind kind, size_t span, struct kept_map *out)
+{
+	static const char freed[PAGE] = {[0 ... PAGE - 1] = (char)POISON_FREED};
+	bool found = false;
+
+	pthread_mutex_lock(&kept_lock);
+	for (size_t i = n_kept; i-- > 0;)
+		if (kept[i].kind == kind && kept[i].span == span) {
+			*out = kept[i];
+			kept_bytes -= span;
+			memmove(&kept[i], &kept[i + 1], (--n_kept - i) * sizeof(kept[0]));
+			found = true;
+			break;
+		}
+	pthread_mutex_unlock(&kept_lock);
+	for (size_t off = 0; found && kind == PINNED && off < span; off += PAGE)
+		if (memcmp(out->map + off, freed, PAGE) != 0)
+			fake_cuda_die("pinned memory written after cudaFreeHost: bytes %zu..%zu of "
+				      "a freed %zu-byte allocation at %p",
+				      off, off + PAGE - 1, span, (void *)out->map);
+	return found;
+}
+
 cudaError_t cudaMalloc(void **p, size_t n)
 {
 	struct alloc a = {.size = n, .span = page_up(n), .kind = DEVICE};
 	void *dev = MAP_FAILED, *shadow = MAP_FAILED;
 	cudaError_t e = cudaErrorMemoryAllocation;
-	int fd = -1;
+	struct kept_map k;
+	bool reused;
+	int fd = -1, prot;
 
 	if (!p)
 		return cudaErrorInvalidValue;
@@ -1004,19 +1092,25 @@ cudaError_t cudaMalloc(void **p, size_t n)
 		return cudaSuccess;
 	if (a.span == 0)
 		goto out;
-	fd = memfd_create("cuda-emu device memory", MFD_CLOEXEC);
-	if (fd < 0 || ftruncate(fd, (off_t)a.span) != 0)
-		goto out;
 	/* FAKE_CUDA_DEVICE_READABLE: kernels that dereference device addresses themselves (the
 	   real ones, through tests/kernel_emu) need the address readable and writable */
-	dev = mmap(NULL, a.span,
-		   getenv("FAKE_CUDA_DEVICE_READABLE") ? PROT_READ | PROT_WRITE : PROT_NONE,
-		   MAP_SHARED | MAP_NORESERVE, fd, 0);
-	shadow = mmap(NULL, a.span, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
-	if (dev == MAP_FAILED || shadow == MAP_FAILED)
-		goto out;
+	prot = getenv("FAKE_CUDA_DEVICE_READABLE") ? PROT_READ | PROT_WRITE : PROT_NONE;
+	reused = reuse_map(DEVICE, a.span, &k);
+	if (reused) {
+		dev = k.map;
+		shadow = k.shadow;
+	} else {
+		fd = memfd_create("cuda-emu device memory", MFD_CLOEXEC);
+		if (fd < 0 || ftruncate(fd, (off_t)a.span) != 0)
+			goto out;
+		dev = mmap(NULL, a.span, prot, MAP_SHARED | MAP_NORESERVE, fd, 0);
+		shadow = mmap(NULL, a.span, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd,
+			      0);
+		if (dev == MAP_FAILED || shadow == MAP_FAILED)
+			goto out;
+	}
 	tsan_hide(true);
-	memset(shadow, POISON_DEVICE, n < POISON_MAX ? n : POISON_MAX);
+	memset(shadow, POISON_DEVICE, reused ? a.span : n < POISON_MAX ? n : POISON_MAX);
 	tsan_hide(false);
 	a.base = (uintptr_t)dev;
 	a.shadow = shadow;
@@ -1051,8 +1145,7 @@ cudaError_t cudaFree(void *p)
 					      : "not the start of a cudaMalloc allocation");
 		return cudaErrorInvalidValue;
 	}
-	munmap((void *)a.base, a.span);
-	munmap(a.shadow, a.span);
+	keep_map(DEVICE, a.span, (char *)a.base, a.shadow);
 	return cudaSuccess;
 }
 
@@ -1062,6 +1155,8 @@ cudaError_t cudaFree(void *p)
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags)
 {
 	struct alloc a = {.size = n, .span = page_up(n ? n : 1), .kind = PINNED};
+	struct kept_map k;
+	bool reused;
 	char *m;
 
 	(void)flags; /* under UVA every pinned allocation is mapped and portable */
@@ -1070,12 +1165,18 @@ cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags)
 	*p = NULL;
 	if (a.span == 0 || a.span > SIZE_MAX - PAGE)
 		return cudaErrorMemoryAllocation;
-	m = mmap(NULL, a.span + PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (m == MAP_FAILED)
-		return cudaErrorMemoryAllocation;
-	if (mprotect(m + a.span, PAGE, PROT_NONE) != 0)
-		goto fail;
-	memset(m, POISON_PINNED, n < POISON_MAX ? n : POISON_MAX);
+	reused = reuse_map(PINNED, a.span, &k);
+	if (reused) {
+		m = k.map;
+	} else {
+		m = mmap(NULL, a.span + PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+			 -1, 0);
+		if (m == MAP_FAILED)
+			return cudaErrorMemoryAllocation;
+		if (mprotect(m + a.span, PAGE, PROT_NONE) != 0)
+			goto fail;
+	}
+	memset(m, POISON_PINNED, reused ? a.span : n < POISON_MAX ? n : POISON_MAX);
 	a.base = (uintptr_t)m;
 	if (table_add(&a) != 0)
 		goto fail;
@@ -1106,7 +1207,7 @@ cudaError_t cudaFreeHost(void *p)
 					      : "not the start of a cudaHostAlloc allocation");
 		return cudaErrorInvalidValue;
 	}
-	munmap(p, a.span + PAGE);
+	keep_map(PINNED, a.span, p, NULL);
 	return cudaSuccess;
 }
 
