@@ -33,7 +33,8 @@
  *
  * Problems are collected (the first of each run) and listed at the end, grouped by the call
  * that took the fault, the site and the kind; the test fails if there is any. Environment:
- * KVT_FAULT_ONLY=<n> walks hit n only, KVT_FAULT_VERBOSE=1 prints every problem,
+ * KVT_FAULT_ONLY=<n> walks hit n only, KVT_FAULT_STRIDE=<n> one hit in n (a quick run, without
+ * KVT_TEST_LONG=1, walks one in 4), KVT_FAULT_VERBOSE=1 prints every problem,
  * KVT_FAULT_STEPS=1 prints the steps and their hits; TMPDIR chooses where the spill
  * directory is made (default /tmp).
  */
