@@ -266,6 +266,49 @@ void test_spill_engine(void **state)
 		fdestroy(f);
 		CHECK_DIR_EMPTY(f->dir);
 	}
+
+	/* a completion that never comes: the wait gives up (-ETIME, here after 20 ms), the ring is
+	   failed and the batch finishes synchronously, in a write batch (spill) and in a read batch
+	   (fetch); the later batches too */
+	for (int rd = 0; rd <= 1; rd++) {
+		struct kvt_disk_stats ds;
+		int e;
+
+		m = f->m = t_mk(&c);
+		CHECK_RC(kvt_disk_stall_ring(NULL, 1, 20), -EINVAL);
+		CHECK_RC(kvt_disk_stall_ring(m->disk, 1, 0), -EINVAL);
+		prefill(m, &c, A, 100);
+		prefill(m, &c, B, 37);
+		nA = HOSTB(m, A);
+		nB = HOSTB(m, B);
+		if (rd)
+			CHECK_RC(kvt_seq_spill(m, A), 0);
+		e = kvt_disk_stall_ring(m->disk, 1, 20);
+		if (e == -ENOTSUP) {
+			print_message("# engine: the kernel cannot bound a wait: stall not run\n");
+			fdestroy(f);
+			break;
+		}
+		CHECK_RC(e, 0);
+		if (rd)
+			CHECK_RC(kvt_seq_fetch(m, two, 1), 0);
+		else
+			CHECK_RC(kvt_seq_spill(m, A), 0);
+		kvt_disk_stats(m->disk, &ds);
+		CHECK_EQ(ds.uring, 0);
+		CHECK_EQ(ds.uring_err, -ETIME);
+		st = t_stats_of(m);
+		CHECK_EQ(st.disk_io_errors, 0);
+		CHECK_EQ(st.disk_blocks_used, rd ? 0 : nA);
+		CHECK_RC(kvt_disk_stall_ring(m->disk, 1, 20), -ENOTSUP);
+		CHECK_SEQ_HOST(m, &c, A);
+		CHECK_RC(kvt_seq_spill(m, B), 0); /* through pwritev */
+		CHECK_EQ(t_stats_of(m).disk_blocks_used, nB);
+		CHECK_SEQ_HOST(m, &c, B);
+		CHECK_SEQ(m, &c, A);
+		fdestroy(f);
+		CHECK_DIR_EMPTY(f->dir);
+	}
 }
 
 /* The model backend with a disk tier: spilling and fetching are accounted and timed, no file is

@@ -17,7 +17,8 @@
  * last one out (reads): the tier works and nothing else changes. It switches the same way if
  * the ring fails later: the units in flight are redone synchronously (writes to fresh slots:
  * the abandoned ones are never reused, as the kernel may still complete the old I/O) and every
- * later batch goes synchronously. The environment variable KVTIER_DISK_IO=sync asks for the
+ * later batch goes synchronously; a wait in which no I/O of the batch completes for a minute
+ * counts as a failed ring (-ETIME). The environment variable KVTIER_DISK_IO=sync asks for the
  * synchronous engine from the start (uring, the default, asks for io_uring).
  *
  * In model mode (payload-free backends) there is no file: slots are accounted the same way and
@@ -112,5 +113,13 @@ int kvt_disk_corrupt(struct kvt_disk *d, uint32_t slot);
    of entering the kernel, as a ring that broke would, with the earlier I/Os of its batch still
    in flight. 0 disarms. -ENOTSUP when there is no ring (model mode, synchronous engine). */
 int kvt_disk_break_ring(struct kvt_disk *d, uint32_t nth, int err);
+
+/* Test hook: the nth wait for a completion from now (1 = the next) loses the completions of
+   the I/Os in flight (they are done, and dropped as they come) and gives up when none has come
+   for ms milliseconds, as a wait for completions the kernel lost would: the ring fails with
+   -ETIME and the batch goes on synchronously. 0 disarms. -ENOTSUP
+   without a ring, or where the kernel cannot bound a wait (before Linux 5.11, whose waits are
+   unbounded). */
+int kvt_disk_stall_ring(struct kvt_disk *d, uint32_t nth, uint32_t ms);
 
 #endif /* KVT_DISK_H */
