@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * What the fake CUDA runtime (fake_cudart.c) lends the CPU kernels of the emulated
- * plugin (fake_kernels.c) beyond the runtime API itself: host views of device-accessible memory,
- * the checks a kernel launch makes, and the fake's error reporting.
+ * What the fake CUDA runtime (fake_cudart.c, fake_memory.c, fake_queue.c) lends the CPU kernels
+ * of the emulated plugin (fake_kernels.c) beyond the runtime API itself: host views of
+ * device-accessible memory, the checks a kernel launch makes, and the fake's error reporting.
  *
  * Every "die" below is a bug found in the code under test (an overrun, a pointer the device
  * cannot reach, conflicting copies in one launch): it prints what and where, then aborts, so the

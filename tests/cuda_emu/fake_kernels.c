@@ -6,7 +6,7 @@
  * device pointers in, device pointers out. Each launch is checked as CUDA checks it and handed to
  * the fake runtime with a copy of its arguments (fake_cuda_launch); its work, done when the
  * runtime runs it (at once, or in the asynchronous fake when a wait needs it), is the policy's
- * CPU reference (policy.h) over the host views fake_cudart.c gives of device memory: every range
+ * CPU reference (policy.h) over the host views the fake runtime gives of device memory: every range
  * a kernel touches is bounds-checked against its allocation when it runs, and the writes of one
  * launch are checked not to overlap each other or its reads.
  *

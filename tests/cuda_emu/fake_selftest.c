@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The fake runtime's reuse of freed mappings (fake_cudart.c, keep_map): `fake_selftest reuse`
+ * The fake runtime's reuse of freed mappings (fake_memory.c, keep_map): `fake_selftest reuse`
  * frees pinned and device memory, allocates the same sizes again and checks that the memory
  * comes back poisoned afresh (the test exits 0); `fake_selftest write-after-free` writes to
  * pinned memory after cudaFreeHost, which the next allocation of that size must catch (the
