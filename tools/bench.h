@@ -4,8 +4,8 @@
 #define KVT_BENCH_H
 
 /* kvtier-bench recall (tools/bench_recall.c): argv[0] is "recall". Exit status. */
-int kvt_bench_recall(int argc, char **argv);
+int bench_recall(int argc, char **argv);
 /* kvtier-bench disk (tools/bench_disk.c). */
-int kvt_bench_disk(int argc, char **argv);
+int bench_disk(int argc, char **argv);
 
 #endif /* KVT_BENCH_H */

@@ -62,7 +62,7 @@ static double seq_io(int fd, uint8_t *buf, size_t bytes, bool write)
 	return sim_now_s() - t0;
 }
 
-int kvt_bench_disk(int argc, char **argv)
+int bench_disk(int argc, char **argv)
 {
 	static const struct option lo[] = {
 		{"dir", required_argument, 0, 'd'},

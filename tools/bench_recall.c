@@ -99,7 +99,7 @@ static int parse(int argc, char **argv, struct ropts *o)
 	return 0;
 }
 
-int kvt_bench_recall(int argc, char **argv)
+int bench_recall(int argc, char **argv)
 {
 	struct kvt_config c = KVT_CONFIG_INIT;
 	struct kvt_manager *m = NULL;

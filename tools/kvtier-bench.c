@@ -583,9 +583,9 @@ int main(int argc, char **argv)
 	if (strcmp(argv[1], "sched") == 0)
 		return bench_sched(argc - 1, argv + 1);
 	if (strcmp(argv[1], "recall") == 0)
-		return kvt_bench_recall(argc - 1, argv + 1);
+		return bench_recall(argc - 1, argv + 1);
 	if (strcmp(argv[1], "disk") == 0)
-		return kvt_bench_disk(argc - 1, argv + 1);
+		return bench_disk(argc - 1, argv + 1);
 	if (strcmp(argv[1], "transfer") == 0)
 		return bench_transfer(argc - 1, argv + 1);
 	fprintf(stderr, "kvtier-bench: unknown benchmark '%s' (try --help)\n", argv[1]);
