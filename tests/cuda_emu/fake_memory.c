@@ -369,8 +369,11 @@ out:
 	return e;
 }
 
-/* Frees device memory; like CUDA's, it waits for the device first. */
-cudaError_t cudaFree(void *p)
+/* cudaFree and cudaFreeHost: p (NULL: nothing) must start an allocation of this kind. Like
+   CUDA's, it waits for the device first; the mapping is kept for reuse (keep_map). call names
+   the caller, other what the wrong kind of memory is, alloc the call that allocates kind. */
+static cudaError_t free_kind(void *p, enum kind kind, const char *call, const char *other,
+			     const char *alloc)
 {
 	struct alloc a;
 	int err;
@@ -378,15 +381,22 @@ cudaError_t cudaFree(void *p)
 	if (!p)
 		return cudaSuccess;
 	fake_wait_for(NULL, true);
-	err = table_take((uintptr_t)p, DEVICE, &a);
+	err = table_take((uintptr_t)p, kind, &a);
 	if (err) {
-		fake_cuda_warn("cudaFree(%p): %s", p,
-			       err == -EINVAL ? "pinned host memory (cudaFreeHost frees it)"
-					      : "not the start of a cudaMalloc allocation");
+		if (err == -EINVAL)
+			fake_cuda_warn("%s(%p): %s", call, p, other);
+		else
+			fake_cuda_warn("%s(%p): not the start of a %s allocation", call, p, alloc);
 		return cudaErrorInvalidValue;
 	}
-	keep_map(DEVICE, a.span, (char *)a.base, a.shadow);
+	keep_map(kind, a.span, (char *)a.base, a.shadow); /* PINNED: no shadow */
 	return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p)
+{
+	return free_kind(p, DEVICE, "cudaFree", "pinned host memory (cudaFreeHost frees it)",
+			 "cudaMalloc");
 }
 
 /* Pinned memory is mapped, not malloc'ed: the backend hands it to jemalloc as extents, which a
@@ -434,21 +444,8 @@ cudaError_t cudaMallocHost(void **p, size_t n)
 
 cudaError_t cudaFreeHost(void *p)
 {
-	struct alloc a;
-	int err;
-
-	if (!p)
-		return cudaSuccess;
-	fake_wait_for(NULL, true);
-	err = table_take((uintptr_t)p, PINNED, &a);
-	if (err) {
-		fake_cuda_warn("cudaFreeHost(%p): %s", p,
-			       err == -EINVAL ? "device memory (cudaFree frees it)"
-					      : "not the start of a cudaHostAlloc allocation");
-		return cudaErrorInvalidValue;
-	}
-	keep_map(PINNED, a.span, p, NULL);
-	return cudaSuccess;
+	return free_kind(p, PINNED, "cudaFreeHost", "device memory (cudaFree frees it)",
+			 "cudaHostAlloc");
 }
 
 cudaError_t cudaHostGetDevicePointer(void **d, void *h, unsigned int flags)
