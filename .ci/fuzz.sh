@@ -2,9 +2,10 @@
 # CI: libFuzzer targets of tests/fuzz. Builds them with clang under ASan+UBSan (build-ci-fuzz),
 # runs each over its corpus as a regression test (meson suite 'fuzz'), then fuzzes all targets
 # at once for FUZZ_SECONDS (default 30; three targets on two cores get about 20 CPU-seconds
-# each) on temporary copies of their corpora, so the repository is never written. Prints one line per target with its executions and a closing total; exits non-zero
-# on any crash, leak, timeout or sanitizer report. Needs clang and libclang-rt-14-dev (the CI
-# image installs them); installs nothing itself. Run from anywhere: bash .ci/fuzz.sh
+# each) on temporary copies of their corpora, so the repository is never written. Prints one
+# line per target with its executions and a closing total; exits non-zero on any crash, leak,
+# timeout or sanitizer report. Needs clang and libclang-rt-14-dev (the CI image installs them);
+# installs nothing itself. Run from anywhere: bash .ci/fuzz.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,7 +52,8 @@ for t in "${targets[@]}"; do
 			[ -f "$a" ] && echo "fuzz: $t input (base64): $(base64 -w0 "$a")"
 		done
 	fi
-	echo "fuzz: $t: ${execs:-0} executions in ${seconds}s, corpus $(find "$work/$t/corpus" -type f | wc -l) inputs"
+	inputs=$(find "$work/$t/corpus" -type f | wc -l)
+	echo "fuzz: $t: ${execs:-0} executions in ${seconds}s, corpus $inputs inputs"
 	total=$((total + ${execs:-0}))
 done
 echo "fuzz: $total executions, $crashes crashes"

@@ -117,9 +117,8 @@ int kvt_disk_break_ring(struct kvt_disk *d, uint32_t nth, int err);
 /* Test hook: the nth wait for a completion from now (1 = the next) loses the completions of
    the I/Os in flight (they are done, and dropped as they come) and gives up when none has come
    for ms milliseconds, as a wait for completions the kernel lost would: the ring fails with
-   -ETIME and the batch goes on synchronously. 0 disarms. -ENOTSUP
-   without a ring, or where the kernel cannot bound a wait (before Linux 5.11, whose waits are
-   unbounded). */
+   -ETIME and the batch goes on synchronously. 0 disarms. -ENOTSUP without a ring, or where
+   the kernel cannot bound a wait (before Linux 5.11, whose waits are unbounded). */
 int kvt_disk_stall_ring(struct kvt_disk *d, uint32_t nth, uint32_t ms);
 
 #endif /* KVT_DISK_H */
