@@ -105,6 +105,7 @@ struct kvt_recall_cache {
 };
 
 struct kvt_spill_ref;
+struct kvt_want;
 
 struct kvt_manager {
 	struct kvt_config cfg;
@@ -164,6 +165,11 @@ struct kvt_manager {
 	struct kvt_disk_io *dio;
 	struct kvt_spill_ref *sref; /* what each entry of dio belongs to (spill.h) */
 	uint32_t dio_cap;
+	/* [host.n_units] the low 32 bits of the stamp of the latest call that pinned each host
+	   group (it needs the group in the host tier until it returns); zero pages until used */
+	uint32_t *hpin;
+	struct kvt_want *want; /* spilled blocks the call at hand needs back (spill.h) */
+	uint32_t n_want, want_cap;
 
 	struct kvt_stats st;
 	char err[256];

@@ -183,9 +183,6 @@ int kvt_meta_catch_up(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_l
 
 	if (rc->meta_n >= ly->n_tokens)
 		return 0;
-	err = kvt_spill_fetch_seq(m, s, "recall");
-	if (err)
-		return err;
 	err = m->ops->save_wait(m->be, s->save_ticket);
 	if (err)
 		return kvt_fail(m, err, "recall: sequence %llu: its saves: %s",
@@ -569,11 +566,6 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 		m->batch[i] = s;
 	}
 	*upper = need;
-	if (m->disk) {
-		err = kvt_spill_fetch(m, m->batch, n, "recall");
-		if (err < 0)
-			return err;
-	}
 	return 0;
 }
 
@@ -629,7 +621,8 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 					"recall: %llu blocks needed at once, the cache holds %u",
 					(unsigned long long)need, m->rc.n);
 	}
-	if (kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)need, sizeof(*m->xf)))
+	if (kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)need, sizeof(*m->xf)) ||
+	    kvt_spill_want_reserve(m, (uint32_t)need))
 		return kvt_fail(m, -ENOMEM, "recall: no memory for the load list");
 	return 0;
 }
@@ -716,8 +709,14 @@ static bool recall_list(struct kvt_manager *m, struct kvt_seq *s, uint32_t layer
 			t->hits += !load;
 		}
 		if (load) {
+			/* A spilled block is read back after this pass (src 0 until then); the
+			   others stay pinned in the host tier until the load is queued.
+			   recall_room reserved the list. */
+			ALWAYS(kvt_spill_want(m, s, layer, b) == 0);
 			m->xf[t->nx++] = (struct kvt_xfer){
-				.src = kvt_host_row(m, ly, h, b << m->lbt),
+				.src = ly->groups[b] & KVT_SPILLED
+					       ? 0
+					       : kvt_host_row(m, ly, h, b << m->lbt),
 				.dst = rc->base + (uint64_t)id * m->block_bytes,
 				.bytes = (uint32_t)m->block_bytes,
 				.reps = 1,
@@ -746,6 +745,29 @@ static void recall_undo(struct kvt_manager *m, uint32_t layer, uint32_t n, uint3
 		entry_free(m, (uint32_t)((m->xf[x].dst - m->rc.base) / m->block_bytes));
 	for (uint32_t i = 0; i < n; i++)
 		m->batch[i]->layers[layer].rc->view_failed = true;
+}
+
+/* Reads back the spilled blocks that pass 2 listed (kvt_spill_want) and points the loads of
+   m->xf[0..nx) that wait for them (src 0) at their host rows. 0 or the error, recorded. */
+static int recall_fetch(struct kvt_manager *m, uint32_t nx)
+{
+	int err;
+
+	if (!m->n_want)
+		return 0;
+	err = kvt_spill_fetch_wanted(m, "recall");
+	if (err < 0)
+		return err;
+	for (uint32_t x = 0; x < nx; x++) {
+		const struct kvt_rc_entry *e;
+
+		if (m->xf[x].src)
+			continue;
+		e = &m->rc.e[(m->xf[x].dst - m->rc.base) / m->block_bytes];
+		m->xf[x].src =
+			kvt_host_row(m, &e->owner->layers[e->layer], e->head, e->block << m->lbt);
+	}
+	return 0;
 }
 
 static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
@@ -786,7 +808,13 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 			wait = s->save_ticket;
 	}
 
-	/* The blocks must have landed in the host history before the device reads them. */
+	/* Spilled blocks come back (one read), and the blocks must have landed in the host
+	   history before the device reads them. */
+	err = recall_fetch(m, t.nx);
+	if (err) {
+		recall_undo(m, layer, n, t.nx);
+		return err;
+	}
 	err = wait ? m->ops->save_wait(m->be, wait) : 0;
 	if (!err && t.nx)
 		err = kvt_dev_gather(m, t.nx, stream);
@@ -859,6 +887,41 @@ static int score_seq(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_la
 	return 0;
 }
 
+/* The sequence id of a recall call when it can be scored for layer (recall_core reports the
+   others), else NULL. */
+static struct kvt_seq *scorable(struct kvt_manager *m, uint64_t id, uint32_t layer)
+{
+	struct kvt_seq *s = kvt_seqmap_get(&m->seqs, id);
+	const struct kvt_seq_layer *ly = s ? &s->layers[layer] : NULL;
+
+	return !s || s->lost || !ly->n_tokens || s->preempted || !ly->rc || !ly->rc->meta ? NULL
+											  : s;
+}
+
+/* Brings back the spilled host blocks that kvt_meta_catch_up of the batch will read, in one
+   read (pinned for this call). 0 or the error, recorded. */
+static int catch_up_fetch(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n)
+{
+	int err = 0;
+
+	if (!m->disk)
+		return 0;
+	++m->stamp;
+	for (uint32_t i = 0; i < n && !err; i++) {
+		struct kvt_seq *s = scorable(m, seqs[i], layer);
+		struct kvt_seq_layer *ly = s ? &s->layers[layer] : NULL;
+
+		if (s && ly->rc->meta_n < ly->n_tokens)
+			err = kvt_spill_want_range(m, s, layer, ly->rc->meta_n, ly->n_tokens);
+	}
+	if (err) {
+		m->n_want = 0;
+		return kvt_fail(m, err, "recall: no memory for the list of blocks");
+	}
+	err = kvt_spill_fetch_wanted(m, "recall");
+	return err < 0 ? err : 0;
+}
+
 KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
 			      uint32_t n, const void *q, void *stream)
 {
@@ -891,12 +954,17 @@ KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint6
 			return kvt_fail(m, err, "recall: queries: %s", m->be->err);
 		q = m->hcopy;
 	}
+	/* Metadata not folded in yet is built from the host history: its spilled blocks come
+	   back first, all in one read. */
+	err = catch_up_fetch(m, layer, seqs, n);
+	if (err)
+		return err;
 	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_seq *s = kvt_seqmap_get(&m->seqs, seqs[i]);
+		struct kvt_seq *s = scorable(m, seqs[i], layer);
 		struct kvt_seq_layer *ly = s ? &s->layers[layer] : NULL;
 
 		/* recall_core reports every invalid sequence; score only valid ones. */
-		if (!s || s->lost || !ly->n_tokens || s->preempted || !ly->rc || !ly->rc->meta) {
+		if (!s) {
 			for (size_t j = 0; j < (size_t)H * r; j++)
 				m->sel[(size_t)i * H * r + j] = KVT_NO_ENTRY;
 			continue;

@@ -83,8 +83,8 @@ int kvt_meta_prefill(struct kvt_manager *m, struct kvt_seq_layer *ly, const void
 /* Makes room for the metadata of block index b of ly (decode boundary): 0 or -ENOMEM. */
 int kvt_meta_reserve(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t n_blocks);
 /* Brings the block metadata of (s, layer ly) up to its tokens: folds the keys of positions
-   [meta_n, n_tokens) in from the host history, after fetching it from disk and waiting for its
-   saves. 0 or the error, recorded. */
+   [meta_n, n_tokens) in from the host history, after waiting for its saves; the caller has
+   brought those blocks into the host tier (kvt_spill_want). 0 or the error, recorded. */
 int kvt_meta_catch_up(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_layer *ly);
 /* Recall working set of s advanced to step t (frames recalled in the last w steps); the
    frames of step t alone in *step_frames. */

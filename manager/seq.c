@@ -668,10 +668,20 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 		m->fresh[n_fresh++] = i;
 	}
 
-	/* Spilled members come back from disk first (their cursors move), then the new blocks
-	   get host room; neither is visible if the call fails after. */
+	/* The blocks the tokens go to come back from disk first where they were spilled (their
+	   cursors move; the call pins them), then the new blocks get host room; neither is
+	   visible if the call fails after. */
 	if (m->disk) {
-		err = kvt_spill_fetch(m, m->batch, n, "decode");
+		if (kvt_spill_want_reserve(m, n))
+			return kvt_fail(m, -ENOMEM, "decode: no memory for a batch of %u", n);
+		for (uint32_t i = 0; i < n; i++) {
+			struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
+
+			if (ly->n_tokens & bt_mask)
+				ALWAYS(kvt_spill_want(m, m->batch[i], layer, ly->n_groups - 1) ==
+				       0);
+		}
+		err = kvt_spill_fetch_wanted(m, "decode");
 		if (err < 0)
 			return err;
 		for (uint32_t i = 0; err > 0 && i < n; i++)
@@ -831,9 +841,15 @@ static int read_token(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint3
 		m->st.bytes_read += 2ull * m->row_bytes;
 		return 0;
 	}
-	err = kvt_spill_fetch_seq(m, s, "read token");
-	if (err)
-		return err;
+	if (m->disk) {
+		++m->stamp;
+		err = kvt_spill_want(m, s, layer, pos >> m->lbt);
+		if (err)
+			return kvt_fail(m, err, "read token: no memory for the list of blocks");
+		err = kvt_spill_fetch_wanted(m, "read token");
+		if (err < 0)
+			return err;
+	}
 	err = m->ops->save_wait(m->be, s->save_ticket);
 	if (err)
 		return kvt_fail(m, err, "read token: waiting for its save: %s", m->be->err);
@@ -1058,11 +1074,52 @@ KVT_API int kvt_seq_preempt(struct kvt_manager *m, uint64_t seq)
 	return 0;
 }
 
+/* Most distinct host blocks the resident set of a layer can hold: its sink and ring blocks,
+   one per top-K position of each head, and never more than the layer has. */
+static uint64_t resident_blocks_bound(const struct kvt_manager *m, const struct kvt_seq *s,
+				      const struct kvt_seq_layer *ly)
+{
+	uint32_t bt = m->cfg.block_tokens;
+	uint64_t b = DIV_UP(m->cfg.sink_tokens, bt) + DIV_UP(m->cfg.recent_tokens, bt) + 1 +
+		     (uint64_t)m->cfg.n_kv_heads * s->valid_topk;
+
+	return b < ly->n_groups ? b : ly->n_groups;
+}
+
+/* Brings the host blocks of the resident sets of layers [l0, l1) of s into the host tier,
+   pinned, in one read: 0 or the error, recorded. */
+static int resume_fetch(struct kvt_manager *m, struct kvt_seq *s, uint32_t l0, uint32_t l1)
+{
+	uint32_t sink = m->cfg.sink_tokens, H = m->cfg.n_kv_heads;
+	int err = 0;
+
+	if (!m->disk)
+		return 0;
+	for (uint32_t l = l0; l < l1 && !err; l++) {
+		struct kvt_seq_layer *ly = &s->layers[l];
+		uint32_t N = ly->n_tokens;
+
+		if (!N)
+			continue;
+		err = kvt_spill_want_range(m, s, l, 0, N < sink ? N : sink);
+		if (!err)
+			err = kvt_spill_want_range(m, s, l, kvt_ring0(m, N), N);
+		for (size_t i = 0; !err && i < (size_t)H * s->valid_topk; i++)
+			err = kvt_spill_want(m, s, l, (uint32_t)ly->topk[i] >> m->lbt);
+	}
+	if (err) {
+		m->n_want = 0;
+		return kvt_fail(m, err, "resume: no memory for the list of blocks");
+	}
+	err = kvt_spill_fetch_wanted(m, "resume");
+	return err < 0 ? err : 0;
+}
+
 KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 {
 	const struct kvt_config *c;
 	const struct row_src host = {.host = true};
-	uint32_t layers = 0, nx = 0;
+	uint32_t layers = 0, nx = 0, chunks = 0;
 	uint64_t need, entries, rows = 0;
 	struct kvt_seq *s;
 	int err = 0;
@@ -1088,36 +1145,54 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 	if (entries > UINT32_MAX ||
 	    kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)entries, sizeof(*m->xf)))
 		return kvt_fail(m, -ENOMEM, "resume: no memory for the gather list");
-	err = kvt_spill_fetch_seq(m, s, "resume");
-	if (err)
-		return err;
 	/* The history must have landed before the device reads it. */
 	err = m->ops->save_wait(m->be, s->save_ticket);
 	if (err)
 		return kvt_fail(m, err, "resume: waiting for saves: %s", m->be->err);
 	for (uint32_t l = 0; l < c->n_layers; l++) {
-		struct kvt_seq_layer *ly = &s->layers[l];
-
-		if (!ly->n_tokens)
-			continue;
 		/* counted free above */
-		if (NEVER(kvt_pool_alloc(&m->dev, s->n_frames, ly->frames) != 0)) {
+		if (s->layers[l].n_tokens &&
+		    NEVER(kvt_pool_alloc(&m->dev, s->n_frames, s->layers[l].frames) != 0)) {
 			free_frames(m, s, l);
 			return kvt_fail(m, -ENOMEM,
 					"resume: sequence %llu: groups counted free are not",
 					(unsigned long long)seq);
 		}
-		for (uint32_t h = 0; h < c->n_kv_heads; h++)
-			rows += emit_resident(m, ly, &nx, &host, h, ly->n_tokens,
-					      s->valid_topk ? ly->topk + (size_t)h * s->valid_topk
-							    : NULL,
-					      s->valid_topk);
 	}
-	err = kvt_dev_gather(m, nx, stream);
-	if (err) {
-		free_frames(m, s, c->n_layers);
-		return kvt_fail(m, err, "resume: sequence %llu: gather: %s",
-				(unsigned long long)seq, m->be->err);
+	/* Layers in chunks whose resident blocks fit the host tier together (all of them,
+	   unless the history is far larger than the host tier): per chunk, one read of the
+	   spilled ones, then one gather. */
+	for (uint32_t l0 = 0, l1; l0 < c->n_layers; l0 = l1) {
+		uint64_t bound = 0;
+
+		s->stamp = ++m->stamp; /* the previous chunk's pins go */
+		for (l1 = l0; l1 < c->n_layers; l1++) {
+			uint64_t b = resident_blocks_bound(m, s, &s->layers[l1]);
+
+			if (l1 > l0 && bound + b > m->host.n_units)
+				break;
+			bound += b;
+		}
+		nx = 0;
+		err = resume_fetch(m, s, l0, l1);
+		if (err)
+			goto fail;
+		for (uint32_t l = l0; l < l1; l++) {
+			struct kvt_seq_layer *ly = &s->layers[l];
+
+			for (uint32_t h = 0; ly->n_tokens && h < c->n_kv_heads; h++)
+				rows += emit_resident(
+					m, ly, &nx, &host, h, ly->n_tokens,
+					s->valid_topk ? ly->topk + (size_t)h * s->valid_topk : NULL,
+					s->valid_topk);
+		}
+		err = kvt_dev_gather(m, nx, stream);
+		if (err) {
+			err = kvt_fail(m, err, "resume: sequence %llu: gather: %s",
+				       (unsigned long long)seq, m->be->err);
+			goto fail;
+		}
+		chunks++;
 	}
 	for (uint32_t l = 0; l < c->n_layers; l++) {
 		struct kvt_seq_layer *ly = &s->layers[l];
@@ -1129,6 +1204,12 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 	m->st.resumes++;
 	m->st.bytes_h2d += 2 * rows * m->row_bytes;
 	return 0;
+
+fail:
+	if (chunks)
+		kvt_dev_quiesce(m); /* earlier chunks' loads write the frames freed here */
+	free_frames(m, s, c->n_layers);
+	return err;
 }
 
 KVT_API int kvt_seq_info(struct kvt_manager *m, uint64_t seq, struct kvt_seq_info *out)

@@ -1,19 +1,24 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The disk tier in the manager: which host block groups go to the spill file, and when they come
- * back. A spilled group's entry in its layer's group table holds KVT_SPILLED | disk slot instead
- * of a host group id, so a sequence's tables say where each block lives without another index.
+ * The disk tier in the manager: the host tier is a cache of every sequence's history, and the
+ * spill file holds what it cannot. A spilled group's entry in its layer's group table holds
+ * KVT_SPILLED | disk slot instead of a host group id, so a sequence's tables say where each
+ * block lives without another index.
  *
- * Spilling (kvt_spill_room): when a call needs more host groups than are free, the sequences not
- * named by the call at hand (their stamp is not m->stamp) are taken least recently used first
- * (smallest stamp), and their groups are written out until the request plus a little slack is
- * free: the slack (1/64 of the host tier) makes one victim scan and one I/O batch serve many
- * later allocations instead of one each.
+ * Fetching is block-granular: a call lists the blocks it touches (kvt_spill_want: decode the
+ * block it appends to, recall the blocks it loads, resume the resident set's blocks, a token
+ * read its block, prefill nothing of the old history), which pins those in the host tier and
+ * lists the spilled ones, then reads all of those back in one batched read
+ * (kvt_spill_fetch_wanted). So a history larger than the host tier runs, and only what a call
+ * touches must fit. A read that fails leaves its block on disk (the call fails with -EIO and may
+ * be retried); a CRC mismatch loses the sequence (-EBADMSG from then on).
  *
- * Fetching (kvt_spill_fetch): every call that reads or extends a sequence's host history brings
- * its spilled groups back first, all the named sequences' groups in one batched read. A sequence
- * comes back whole or not at all. A read that fails leaves the groups on disk (the call fails
- * with -EIO and may be retried); a CRC mismatch loses the sequence (-EBADMSG from then on).
+ * Spilling (kvt_spill_room): when a call needs more host groups than are free, groups are
+ * written out least recently used sequence first (smallest stamp), never one the call pinned,
+ * and each layer's last group (the one decode appends to next) only when the others do not
+ * suffice, until the request plus a little slack is free: the slack (1/64 of the host tier)
+ * makes one victim scan and one I/O batch serve many later allocations instead of one each.
+ * Pins are the call's stamp in m->hpin[group]: a new call (a new stamp) releases them all.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +61,10 @@ int kvt_spill_open(struct kvt_manager *m)
 		return -ENOMEM;
 	strcpy(m->spill_dir, m->cfg.spill_dir);
 	m->cfg.spill_dir = m->spill_dir;
+	/* calloc maps zero pages: nothing is touched until a group is pinned */
+	m->hpin = kvt_calloc(m->host.n_units, sizeof(*m->hpin));
+	if (!m->hpin)
+		return -ENOMEM;
 	e = kvt_disk_open(&p, &m->disk, err, sizeof(err));
 	if (e) {
 		kvt_log(KVT_LOG_WARN, "disk tier: %s", err);
@@ -76,6 +85,11 @@ void kvt_spill_close(struct kvt_manager *m)
 	m->dio = NULL;
 	m->sref = NULL;
 	m->dio_cap = 0;
+	free(m->hpin);
+	free(m->want);
+	m->hpin = NULL;
+	m->want = NULL;
+	m->n_want = m->want_cap = 0;
 }
 
 /* Room in the I/O scratch lists for n entries. */
@@ -102,6 +116,11 @@ static uint64_t host_groups(const struct kvt_manager *m, const struct kvt_seq *s
 	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
 		g += s->layers[l].n_groups;
 	return g - s->n_spilled;
+}
+
+static inline bool pinned(const struct kvt_manager *m, uint32_t g)
+{
+	return m->hpin[g] == (uint32_t)m->stamp;
 }
 
 static int cmp_victim(const void *a, const void *b)
@@ -133,7 +152,7 @@ static int flush(struct kvt_manager *m, uint32_t n)
 		ly->groups[r->block] = KVT_SPILLED | m->dio[i].slot;
 		r->s->n_spilled++;
 		done++;
-		/* the decode cursor may point into the freed group: fetch recomputes it */
+		/* the decode cursor may point into the freed group: a fetch recomputes it */
 		if (r->block == ly->n_groups - 1)
 			ly->host_next = 0;
 	}
@@ -142,9 +161,9 @@ static int flush(struct kvt_manager *m, uint32_t n)
 	return first;
 }
 
-/* Spills host groups of s until `want` more are free or s has none left in the host tier.
- *err receives the first write error. */
-static void spill_seq(struct kvt_manager *m, struct kvt_seq *s, uint32_t want, int *err)
+/* Spills unpinned host groups of s until `want` more are free or s has none left to give;
+   each layer's last group only with `tails`. *err receives the first write error. */
+static void spill_seq(struct kvt_manager *m, struct kvt_seq *s, uint32_t want, bool tails, int *err)
 {
 	uint32_t n = 0, goal = m->host.n_free + want;
 	int e;
@@ -157,11 +176,12 @@ static void spill_seq(struct kvt_manager *m, struct kvt_seq *s, uint32_t want, i
 	}
 	for (uint32_t l = 0; l < m->cfg.n_layers && m->host.n_free < goal; l++) {
 		struct kvt_seq_layer *ly = &s->layers[l];
+		uint32_t end = tails || !ly->n_groups ? ly->n_groups : ly->n_groups - 1;
 
-		for (uint32_t b = 0; b < ly->n_groups && m->host.n_free < goal; b++) {
+		for (uint32_t b = 0; b < end && m->host.n_free < goal; b++) {
 			uint32_t g = ly->groups[b];
 
-			if (g & KVT_SPILLED)
+			if ((g & KVT_SPILLED) || pinned(m, g))
 				continue;
 			m->dio[n] = (struct kvt_disk_io){.addr = m->host_base +
 								 (uint64_t)g * m->group_bytes};
@@ -207,165 +227,155 @@ int kvt_spill_room(struct kvt_manager *m, uint32_t need)
 	if (!v)
 		return -ENOMEM;
 	for (uint32_t pos = 0; (s = kvt_idmap_next(&m->seqs, &pos));)
-		if (s->stamp != m->stamp && !s->lost && host_groups(m, s))
+		if (!s->lost && host_groups(m, s))
 			v[nv++] = (struct victim){s->stamp, s};
 	qsort(v, nv, sizeof(*v), cmp_victim);
-	for (uint32_t i = 0; i < nv && m->host.n_free < target && err != -ENOSPC; i++)
-		spill_seq(m, v[i].s, target - m->host.n_free, &err);
+	/* The last group of each layer (decode's next append) only when the rest is not enough. */
+	for (int tails = 0; tails < 2 && m->host.n_free < target && err != -ENOSPC; tails++)
+		for (uint32_t i = 0; i < nv && m->host.n_free < target && err != -ENOSPC; i++)
+			spill_seq(m, v[i].s, target - m->host.n_free, tails, &err);
 	free(v);
 	if (err)
 		kvt_log(KVT_LOG_DEBUG, "spilling: %s", kvt_strerror(err));
 	return m->host.n_free >= need ? 0 : -ENOMEM;
 }
 
-/* Recomputes the decode cursors of s's layers after its groups moved. */
-static void reset_cursors(struct kvt_manager *m, struct kvt_seq *s)
+int kvt_spill_want_reserve(struct kvt_manager *m, uint32_t n)
 {
-	for (uint32_t l = 0; l < m->cfg.n_layers; l++) {
-		struct kvt_seq_layer *ly = &s->layers[l];
-
-		if (ly->n_tokens)
-			ly->host_next = kvt_host_cursor(m, ly);
-	}
+	if (!m->disk)
+		return 0;
+	if ((uint64_t)m->n_want + n > UINT32_MAX)
+		return -ENOMEM;
+	return kvt_reserve((void **)&m->want, &m->want_cap, m->n_want + n, sizeof(*m->want));
 }
 
-/* Lists every spilled group of v[0..n) in m->dio and m->sref for one read, each into a fresh
-   host group. The caller made room for `total` groups, the sum of the sequences' n_spilled,
-   and in the lists. 0, or -EIO recorded with nothing taken when the tables hold another
-   number of spilled groups (a violated invariant). */
-static int fetch_list(struct kvt_manager *m, struct kvt_seq *const *v, uint32_t n, uint32_t total,
-		      const char *what)
+int kvt_spill_want(struct kvt_manager *m, struct kvt_seq *s, uint32_t layer, uint32_t block)
 {
-	uint32_t nio = 0;
+	uint32_t g;
+
+	if (!m->disk)
+		return 0;
+	g = s->layers[layer].groups[block];
+	if (!(g & KVT_SPILLED)) {
+		m->hpin[g] = (uint32_t)m->stamp;
+		return 0;
+	}
+	if (m->n_want == m->want_cap && kvt_spill_want_reserve(m, 1))
+		return -ENOMEM;
+	m->want[m->n_want++] = (struct kvt_want){s, layer, block, g & ~KVT_SPILLED};
+	return 0;
+}
+
+int kvt_spill_want_range(struct kvt_manager *m, struct kvt_seq *s, uint32_t layer, uint32_t from,
+			 uint32_t to)
+{
+	int err = 0;
+
+	if (!m->disk || from >= to)
+		return 0;
+	for (uint32_t b = from >> m->lbt; !err && b <= (to - 1) >> m->lbt; b++)
+		err = kvt_spill_want(m, s, layer, b);
+	return err;
+}
+
+static int cmp_want(const void *a, const void *b)
+{
+	const struct kvt_want *x = a, *y = b;
+
+	return (x->slot > y->slot) - (x->slot < y->slot);
+}
+
+/* Commits the read of the n listed groups, each on its own: a group read is placed (and
+   pinned) and its slot released; one that failed goes back to the pool and stays on disk (a
+   CRC mismatch loses its sequence). Returns the groups placed; *first is the first error
+   (-EBADMSG first), *bad its sequence. */
+static uint32_t fetch_commit(struct kvt_manager *m, uint32_t n, int *first, struct kvt_seq **bad)
+{
+	uint32_t placed = 0;
 
 	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_seq *s = v[i];
+		struct kvt_spill_ref *r = &m->sref[i];
+		struct kvt_seq *s = r->s;
+		struct kvt_seq_layer *ly = &s->layers[r->layer];
+		int res = m->dio[i].res;
 
-		for (uint32_t l = 0; l < m->cfg.n_layers && s->n_spilled; l++) {
-			struct kvt_seq_layer *ly = &s->layers[l];
-
-			for (uint32_t b = 0; b < ly->n_groups; b++) {
-				uint32_t g;
-
-				if (!(ly->groups[b] & KVT_SPILLED))
-					continue;
-				if (NEVER(nio == total) ||
-				    NEVER(kvt_pool_alloc(&m->host, 1, &g) != 0))
-					goto fail;
-				m->dio[nio] = (struct kvt_disk_io){
-					.addr = m->host_base + (uint64_t)g * m->group_bytes,
-					.slot = ly->groups[b] & ~KVT_SPILLED,
-				};
-				m->sref[nio++] = (struct kvt_spill_ref){s, l, b, g};
-			}
-		}
-	}
-	if (NEVER(nio != total))
-		goto fail;
-	return 0;
-fail:
-	while (nio-- > 0)
-		ALWAYS(kvt_pool_free(&m->host, &m->sref[nio].group, 1) == 0);
-	return kvt_fail(m, -EIO, "%s: the tables do not hold the %u spilled groups counted", what,
-			total);
-}
-
-/* Commits the read of the `total` listed groups per sequence: all of a sequence's groups
-   read, or none taken back (their host groups freed; a CRC mismatch loses the sequence). The
-   list is in sequence order, so a sequence's entries are contiguous. Returns the groups taken
-   back; *first is the first error (-EBADMSG first), *bad its sequence. */
-static uint32_t fetch_commit(struct kvt_manager *m, uint32_t total, int *first,
-			     struct kvt_seq **bad)
-{
-	uint32_t at = 0, fetched = 0;
-
-	while (at < total) {
-		struct kvt_seq *s = m->sref[at].s;
-		uint32_t end = at;
-		int res = 0;
-
-		while (end < total && m->sref[end].s == s) {
-			if (m->dio[end].res && res != -EBADMSG)
-				res = m->dio[end].res;
-			end++;
-		}
-		for (uint32_t i = at; i < end; i++) {
-			struct kvt_spill_ref *r = &m->sref[i];
-
-			if (res) {
-				ALWAYS(kvt_pool_free(&m->host, &r->group, 1) == 0);
-				continue;
-			}
-			kvt_disk_release(m->disk, m->dio[i].slot);
-			s->layers[r->layer].groups[r->block] = r->group;
-		}
 		if (res) {
+			ALWAYS(kvt_pool_free(&m->host, &r->group, 1) == 0);
 			if (res == -EBADMSG && !s->lost) {
 				s->lost = -EBADMSG;
 				m->st.seqs_lost++;
 			}
-			if (!*first || res == -EBADMSG) {
+			if (!*first || (res == -EBADMSG && *first != -EBADMSG)) {
 				*first = res;
 				*bad = s;
 			}
-		} else {
-			ALWAYS(end - at == s->n_spilled);
-			fetched += end - at;
-			s->n_spilled = 0;
-			reset_cursors(m, s);
+			continue;
 		}
-		at = end;
+		kvt_disk_release(m->disk, m->dio[i].slot);
+		ly->groups[r->block] = r->group;
+		m->hpin[r->group] = (uint32_t)m->stamp;
+		if (ALWAYS(s->n_spilled > 0))
+			s->n_spilled--;
+		if (r->block == ly->n_groups - 1 && ly->n_tokens)
+			ly->host_next = kvt_host_cursor(m, ly);
+		placed++;
 	}
-	return fetched;
+	return placed;
 }
 
-int kvt_spill_fetch(struct kvt_manager *m, struct kvt_seq *const *v, uint32_t n, const char *what)
+int kvt_spill_fetch_wanted(struct kvt_manager *m, const char *what)
 {
-	uint64_t total = 0;
-	uint32_t read_ok, fetched;
-	int err, first = 0;
+	uint32_t n = m->n_want, k = 0, read_ok, placed;
 	struct kvt_seq *bad = NULL;
+	int err, first = 0;
 
-	for (uint32_t i = 0; i < n; i++)
-		total += v[i]->n_spilled;
-	if (total == 0)
+	m->n_want = 0;
+	if (n == 0)
 		return 0;
-	if (total > m->host.n_units)
-		return kvt_fail(m, -ENOMEM,
-				"%s: %llu spilled block groups exceed the host tier (%u)", what,
-				(unsigned long long)total, m->host.n_units);
-	err = kvt_spill_room(m, (uint32_t)total);
+	/* One entry per spilled block, in file order. */
+	qsort(m->want, n, sizeof(*m->want), cmp_want);
+	for (uint32_t i = 0; i < n; i++)
+		if (k == 0 || m->want[i].slot != m->want[k - 1].slot)
+			m->want[k++] = m->want[i];
+	err = kvt_spill_room(m, k);
 	if (err && err != -ENOMEM)
 		return kvt_fail(m, err, "%s: waiting for the device before spilling: %s", what,
 				m->be->err);
-	if (!err)
-		err = reserve_io(m, (uint32_t)total);
-	if (err)
+	if (err || reserve_io(m, k))
 		return kvt_fail(m, -ENOMEM,
-				"%s: the host tier cannot take back %llu spilled block groups (%u "
-				"free after spilling)",
-				what, (unsigned long long)total, m->host.n_free);
+				"%s: the host tier cannot take back %u spilled block groups (%u of "
+				"%u free after spilling; the rest hold blocks this call needs)",
+				what, k, m->host.n_free, m->host.n_units);
+	for (uint32_t i = 0; i < k; i++) {
+		const struct kvt_want *w = &m->want[i];
+		uint32_t g;
 
-	/* One read for every named sequence. */
-	err = fetch_list(m, v, n, (uint32_t)total, what);
-	if (err)
-		return err;
-	read_ok = kvt_disk_read(m->disk, m->dio, (uint32_t)total);
-	fetched = fetch_commit(m, (uint32_t)total, &first, &bad);
-	ALWAYS(fetched <= read_ok); /* what came back was read without an error */
-	m->st.disk_blocks_fetched += (uint64_t)fetched * m->cfg.n_kv_heads;
+		if (NEVER(kvt_pool_alloc(&m->host, 1, &g) != 0)) { /* counted free above */
+			while (i-- > 0)
+				ALWAYS(kvt_pool_free(&m->host, &m->sref[i].group, 1) == 0);
+			return kvt_fail(m, -EIO, "%s: host groups counted free are not", what);
+		}
+		m->dio[i] = (struct kvt_disk_io){
+			.addr = m->host_base + (uint64_t)g * m->group_bytes,
+			.slot = w->slot,
+		};
+		m->sref[i] = (struct kvt_spill_ref){w->s, w->layer, w->block, g};
+	}
+	read_ok = kvt_disk_read(m->disk, m->dio, k);
+	placed = fetch_commit(m, k, &first, &bad);
+	ALWAYS(placed == read_ok); /* what was placed was read without an error */
+	m->st.disk_blocks_fetched += (uint64_t)placed * m->cfg.n_kv_heads;
 	if (first == -EBADMSG)
 		return kvt_fail(m, first,
 				"%s: sequence %llu: a spilled block failed its CRC-32C check: its "
 				"history is lost",
 				what, (unsigned long long)bad->id);
 	if (first)
-		return kvt_fail(
-			m, first,
-			"%s: sequence %llu: reading its spilled blocks back failed (%s); they "
-			"stay on disk",
-			what, (unsigned long long)bad->id, kvt_strerror(first));
-	return (int)(fetched > INT32_MAX ? INT32_MAX : fetched);
+		return kvt_fail(m, first,
+				"%s: sequence %llu: reading spilled blocks back failed (%s); they "
+				"stay on disk",
+				what, (unsigned long long)bad->id, kvt_strerror(first));
+	return (int)(placed > INT32_MAX ? INT32_MAX : placed);
 }
 
 void kvt_spill_release_layer(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_layer *ly)
@@ -385,30 +395,35 @@ void kvt_spill_release_layer(struct kvt_manager *m, struct kvt_seq *s, struct kv
 
 KVT_API int kvt_seq_fetch(struct kvt_manager *m, const uint64_t *seqs, uint32_t n)
 {
-	uint64_t stamp;
-	uint32_t k = 0;
+	uint32_t bt_mask;
 	int err = 0;
 
 	if (!m)
 		return -EINVAL;
 	if (!seqs || n == 0)
 		return kvt_fail(m, -EINVAL, "fetch: %s", n ? "NULL sequence list" : "no sequences");
-	if (kvt_reserve((void **)&m->batch, &m->batch_cap, n, sizeof(*m->batch)))
-		return kvt_fail(m, -ENOMEM, "fetch: no memory for a list of %u", n);
-	stamp = ++m->stamp;
+	++m->stamp;
+	bt_mask = m->cfg.block_tokens - 1;
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_seq *s = kvt_seq_usable(m, seqs[i], "fetch", &err);
 
 		if (!s)
-			return err;
-		if (s->stamp != stamp) /* named twice: once in the list */
-			m->batch[k++] = s;
-		s->stamp = stamp;
+			goto fail;
+		s->stamp = m->stamp;
+		/* each layer's last block, when the next token goes into it */
+		for (uint32_t l = 0; l < m->cfg.n_layers; l++) {
+			struct kvt_seq_layer *ly = &s->layers[l];
+
+			if ((ly->n_tokens & bt_mask) &&
+			    (err = kvt_spill_want(m, s, l, ly->n_groups - 1)))
+				goto fail;
+		}
 	}
-	if (!m->disk)
-		return 0;
-	err = kvt_spill_fetch(m, m->batch, k, "fetch");
+	err = kvt_spill_fetch_wanted(m, "fetch");
 	return err < 0 ? err : 0;
+fail:
+	m->n_want = 0;
+	return err == -ENOMEM ? kvt_fail(m, err, "fetch: no memory for the list of blocks") : err;
 }
 
 KVT_API int kvt_seq_spill(struct kvt_manager *m, uint64_t seq)
@@ -429,28 +444,18 @@ KVT_API int kvt_seq_spill(struct kvt_manager *m, uint64_t seq)
 		return 0;
 	if (reserve_io(m, SPILL_BATCH))
 		return kvt_fail(m, -ENOMEM, "spill: no memory for the I/O list");
+	s->stamp = ++m->stamp;	  /* no pin of an earlier call holds a group back */
 	err = kvt_dev_quiesce(m); /* no queued load may still read a block this frees */
 	if (err)
 		return kvt_fail(m, err, "spill: sequence %llu: waiting for the device: %s",
 				(unsigned long long)seq, m->be->err);
-	spill_seq(m, s, (uint32_t)have, &err);
+	spill_seq(m, s, (uint32_t)have, true, &err);
 	if (err)
 		return kvt_fail(
 			m, err, "spill: sequence %llu: %llu of %llu block groups written (%s)",
 			(unsigned long long)seq, (unsigned long long)(have - host_groups(m, s)),
 			(unsigned long long)have, kvt_strerror(err));
 	return 0;
-}
-
-int kvt_spill_fetch_seq(struct kvt_manager *m, struct kvt_seq *s, const char *what)
-{
-	int err;
-
-	if (!s->n_spilled)
-		return 0;
-	s->stamp = ++m->stamp;
-	err = kvt_spill_fetch(m, &s, 1, what);
-	return err < 0 ? err : 0;
 }
 
 int kvt_disk_corrupt_block(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t block)

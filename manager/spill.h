@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The disk tier in the manager (manager/spill.c): spilling host block groups to the spill
- * file and fetching them back. Calls base.c only.
+ * The disk tier in the manager (manager/spill.c): the host tier as a cache of a sequence's
+ * history, spilling host block groups to the spill file and fetching back only the blocks a
+ * call touches. Calls base.c only.
  */
 #ifndef KVT_SPILL_H
 #define KVT_SPILL_H
@@ -18,19 +19,45 @@ struct kvt_spill_ref {
 	uint32_t group; /* fetch: the host group read into */
 };
 
+/* A spilled block a call needs back (m->want). */
+struct kvt_want {
+	struct kvt_seq *s;
+	uint32_t layer, block;
+	uint32_t slot; /* its disk slot */
+};
+
 /* Opens the disk tier when cfg.spill_dir is set (0 otherwise). 0 or -errno, logged. */
 int kvt_spill_open(struct kvt_manager *m);
 void kvt_spill_close(struct kvt_manager *m);
-/* Makes `need` host groups free, spilling the least recently used sequences whose stamp is not
-   m->stamp (the caller stamps the sequences its call names). 0, -ENOMEM, or the error of
-   waiting for queued device work first (kvt_dev_quiesce; nothing spilled). */
+
+/* Makes `need` host groups free, spilling groups least recently used sequence first (smallest
+   stamp; the sequences the call names carry the newest), never a group pinned by the call at
+   hand (kvt_spill_want) and each layer's last group only when the others do not suffice.
+   0, -ENOMEM, or the error of waiting for queued device work first (kvt_dev_quiesce; nothing
+   spilled). */
 int kvt_spill_room(struct kvt_manager *m, uint32_t need);
-/* Brings back every spilled group of v[0..n) (stamped by the caller, none lost): the number of
-   groups read, or a negative errno recorded with `what` as the prefix (see kvt_seq_fetch). */
-int kvt_spill_fetch(struct kvt_manager *m, struct kvt_seq *const *v, uint32_t n, const char *what);
-/* kvt_spill_fetch of one sequence (stamped here) when it has anything on disk: 0 or the
-   error, recorded. */
-int kvt_spill_fetch_seq(struct kvt_manager *m, struct kvt_seq *s, const char *what);
+
+/* Room for n more entries in the list of wanted blocks, so that kvt_spill_want cannot fail
+   for them. 0 or -ENOMEM. */
+int kvt_spill_want_reserve(struct kvt_manager *m, uint32_t n);
+
+/* The call at hand (m->stamp) needs block `block` of (s, layer) in the host tier: a host
+   group is pinned (no spill of this call takes it), a spilled one is listed for
+   kvt_spill_fetch_wanted. Nothing without a disk tier. 0, or -ENOMEM when the list could not
+   grow (never after kvt_spill_want_reserve made room). */
+int kvt_spill_want(struct kvt_manager *m, struct kvt_seq *s, uint32_t layer, uint32_t block);
+
+/* kvt_spill_want of the blocks of (s, layer) holding positions [from, to). */
+int kvt_spill_want_range(struct kvt_manager *m, struct kvt_seq *s, uint32_t layer, uint32_t from,
+			 uint32_t to);
+
+/* Reads the listed blocks back in one batched read (spilling others to make room) and pins
+   them, then empties the list. Blocks read are placed even when others fail. The number of
+   groups read, or a negative errno recorded with `what` as the prefix: -ENOMEM (the host tier
+   cannot hold them beside the call's pinned groups), -EIO (a read failed: those blocks stay on
+   disk), -EBADMSG (a CRC-32C mismatch: that sequence is lost), or a device wait's error. */
+int kvt_spill_fetch_wanted(struct kvt_manager *m, const char *what);
+
 /* Returns every host group and disk slot of a layer's table (destroy). */
 void kvt_spill_release_layer(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_layer *ly);
 /* Test hook: corrupts the spilled group of (seq, layer, block index) in the file, so its next

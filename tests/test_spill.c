@@ -83,6 +83,16 @@ static int fix_teardown(void **state)
 }
 
 /* Names in dir other than . and .. */
+uint64_t tail_blocks(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq)
+{
+	uint64_t n = 0;
+
+	for (uint32_t l = 0; l < c->n_layers; l++)
+		if (t_tokens_of(m, seq, l) % c->block_tokens)
+			n += c->n_kv_heads;
+	return n;
+}
+
 uint32_t dir_entries(const char *dir)
 {
 	DIR *d = opendir(dir);
@@ -279,13 +289,12 @@ int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fix_setup, fix_teardown)
 	const struct CMUnitTest tests[] = {
-		T(test_spill_roundtrip),      T(test_spill_private),
-		T(test_spill_implicit_fetch), T(test_spill_auto_lru),
-		T(test_spill_disk_limit),     T(test_spill_bad_config),
-		T(test_spill_io_errors),      T(test_spill_checksum),
-		T(test_spill_alloc_faults),   T(test_spill_model),
-		T(test_spill_engine),	      T(test_spill_noloss),
-		T(test_spill_noloss_limited),
+		T(test_spill_roundtrip),   T(test_spill_private),      T(test_spill_implicit_fetch),
+		T(test_spill_auto_lru),	   T(test_spill_pinned_full),  T(test_spill_big_history),
+		T(test_spill_disk_limit),  T(test_spill_bad_config),   T(test_spill_io_errors),
+		T(test_spill_checksum),	   T(test_spill_alloc_faults), T(test_spill_model),
+		T(test_spill_engine),	   T(test_spill_noloss),       T(test_spill_noloss_limited),
+		T(test_spill_noloss_tiny),
 	};
 #undef T
 

@@ -75,6 +75,9 @@ void soft_fail(char *buf, size_t len, const char *fmt, ...) __attribute__((forma
 extern struct rrun *g_run;
 void fdestroy(struct fix *f);
 uint32_t dir_entries(const char *dir);
+/* Blocks of seq that kvt_seq_fetch brings back when all are on disk: each layer's last block
+   when the next token goes into it. */
+uint64_t tail_blocks(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq);
 uint32_t spill_fds(const char *dir, struct stat *st);
 struct kvt_config spill_config(const char *dir, uint32_t host_groups);
 void prefill_n(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq, uint32_t L,
@@ -93,6 +96,8 @@ void test_spill_roundtrip(void **state);
 void test_spill_private(void **state);
 void test_spill_implicit_fetch(void **state);
 void test_spill_auto_lru(void **state);
+void test_spill_pinned_full(void **state);
+void test_spill_big_history(void **state);
 
 /* test_spill_limits.c */
 void test_spill_disk_limit(void **state);
@@ -112,5 +117,6 @@ void test_spill_model(void **state);
 /* test_spill_noloss.c */
 void test_spill_noloss(void **state);
 void test_spill_noloss_limited(void **state);
+void test_spill_noloss_tiny(void **state);
 
 #endif /* TEST_SPILL_H */

@@ -22,13 +22,14 @@ void soft_fail(char *buf, size_t len, const char *fmt, ...)
 
 /* Fetches back every sequence of ids[0..n) that has part (not all) of its blocks on disk, after
    a failed call spilled part of what it needed; the room is the room that call freed. */
-static void undo_partial(struct kvt_manager *m, const uint64_t *ids, uint32_t n)
+static void undo_partial(struct kvt_manager *m, const struct kvt_config *c, const uint64_t *ids,
+			 uint32_t n)
 {
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_seq_info in = t_info_of(m, ids[i]);
 
 		if (in.disk_blocks && in.disk_blocks < in.host_blocks)
-			CHECK_RC(kvt_seq_fetch(m, &ids[i], 1), 0);
+			CHECK_SEQ_HOST(m, c, ids[i]); /* reads every block back */
 	}
 }
 
@@ -95,7 +96,7 @@ static uint64_t disk_limit_case(struct fix *f, uint64_t disk_bytes)
 			(unsigned long long)DISK(m, 100 + k),
 			(unsigned long long)s0.disk_blocks_used,
 			(unsigned long long)s1.disk_blocks_used, (unsigned long long)T);
-	undo_partial(m, ids, n_ids);
+	undo_partial(m, &c, ids, n_ids);
 	CHECK_EQ(t_stats_of(m).disk_blocks_used, used);
 	rem = T - used;
 
@@ -128,7 +129,7 @@ static uint64_t disk_limit_case(struct fix *f, uint64_t disk_bytes)
 			2 * (L / 8), (unsigned long long)rem,
 			(unsigned long long)s0.disk_blocks_used,
 			(unsigned long long)s1.disk_blocks_used);
-	undo_partial(m, ids, n_ids);
+	undo_partial(m, &c, ids, n_ids);
 	s1 = t_stats_of(m);
 	CHECK_EQ(s1.disk_blocks_used, s0.disk_blocks_used);
 	CHECK_EQ(s1.host_blocks_used, s0.host_blocks_used);
@@ -141,7 +142,7 @@ static uint64_t disk_limit_case(struct fix *f, uint64_t disk_bytes)
 			"kvt_seq_spill returned -ENOSPC after writing %llu of the 8 blocks of its "
 			"sequence (full file)",
 			(unsigned long long)DISK(m, 200));
-	undo_partial(m, ids, n_ids);
+	undo_partial(m, &c, ids, n_ids);
 	s1 = t_stats_of(m);
 	CHECK_EQ(s1.disk_blocks_used, s0.disk_blocks_used);
 	CHECK_EQ(s1.host_blocks_used, s0.host_blocks_used);
@@ -155,7 +156,7 @@ static uint64_t disk_limit_case(struct fix *f, uint64_t disk_bytes)
 			soft_fail(
 				dev, sizeof(dev),
 				"a decode that failed with -ENOMEM spilled other sequences first");
-		undo_partial(m, ids, n_ids);
+		undo_partial(m, &c, ids, n_ids);
 	}
 
 	/* destroying a spilled sequence gives its file space back */

@@ -447,7 +447,9 @@ class Manager:
         self._call(_lib.kvt_seq_resume, seq, _tensor.stream_handle(stream))
 
     def fetch(self, seqs: Any) -> None:
-        """kvt_seq_fetch: reads the spilled blocks of the sequences back in one batched read."""
+        """kvt_seq_fetch: reads back, in one batched read, the spilled blocks that the
+        sequences' next decode step appends to (each layer's last block); every call fetches
+        the blocks it touches itself, so this only moves the reads ahead of time."""
         ids, n = _seq_array(seqs)
         self._call(_lib.kvt_seq_fetch, ids, n)
 
