@@ -129,13 +129,16 @@ struct kvt_config {
 	uint32_t model_fused;
 	/* Disk tier (docs/design.md "Disk tier"). spill_dir: directory of the spill file (copied at
 	   create); NULL = no disk tier, and a full host tier then fails the call with -ENOMEM.
-	   With it, when the host tier is full the blocks of the sequences used least recently
-	   (never those of the call at hand) are written to a private spill file there (mode
-	   0600, unlinked: nothing is left behind), O_DIRECT where the file system allows,
-	   through io_uring (preadv/pwritev, one I/O at a time, where io_uring is refused or with
-	   the environment variable KVTIER_DISK_IO=sync: see kvt_stats.disk_uring), each block
-	   group with a CRC-32C; a sequence's blocks come back in one batched read before any
-	   call needs them (kvt_seq_fetch does it ahead of time).
+	   With it, the host tier is a cache of every history: when it is full, blocks of the
+	   sequences used least recently (never a block the call at hand touches) are written to
+	   a private spill file there (mode 0600, unlinked: nothing is left behind), O_DIRECT
+	   where the file system allows, through io_uring (preadv/pwritev where io_uring is
+	   refused or with the environment variable KVTIER_DISK_IO=sync: see
+	   kvt_stats.disk_uring), each block group with a CRC-32C. Each call reads back only the
+	   blocks it touches, in one batched read (decode: the block each token goes to; recall:
+	   the blocks it loads; resume: the resident set's; a token read: its block; prefill:
+	   none), so a history may be any multiple of the host tier: only what one call touches
+	   must fit it (at most one layer of one sequence). kvt_seq_fetch reads ahead.
 	   disk_bytes: most bytes the spill file may hold (0 = as much as the file system
 	   gives). disk_queue_depth: io_uring entries (1..4096), which is also the most I/Os in
 	   flight. model_disk_gbps / model_disk_ns: the disk of the model backend (which moves
@@ -307,8 +310,11 @@ KVT_API int kvt_seq_destroy(struct kvt_manager *m, uint64_t seq);
    (SnapKV, docs/design.md), copies sink, top-K and ring tokens into newly allocated device frames
    and saves the whole layer into the host history. The caller may reuse k, v and q_obs when
    the call returns (after the work queued on `stream`, for the CUDA backend).
-   Errors: -ENOENT unknown seq; -EINVAL layer out of range or NULL tensors; -EEXIST layer
-   already prefilled; -ENOMEM when either tier cannot hold the layer (nothing is allocated). */
+   Errors: -ENOENT unknown seq; -EINVAL layer out of range, NULL tensors or seq preempted;
+   -EEXIST layer already prefilled; -ENOMEM when either tier cannot hold the layer, with a
+   disk tier after spilling every other block (nothing is allocated); -EBADMSG when seq was
+   lost; -EIO (or -ENOTSUP: a backend that cannot select) when a device copy or the selection
+   failed, with nothing allocated. */
 KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t layer, const void *k,
 			      const void *v, const void *q_obs, void *stream);
 
@@ -318,7 +324,10 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
    sequence is O(1) bookkeeping. All or nothing: errors are -ENOENT for an unknown id, -EINVAL
    for n == 0, NULL pointers, a repeated id or a layer not yet prefilled for some sequence,
    -EOVERFLOW when a sequence would pass INT32_MAX tokens, -ENOMEM when the host tier cannot
-   hold the new blocks; the last error names the offending sequence. */
+   hold the blocks the tokens go to (with a disk tier: after spilling every other block),
+   -EBADMSG when a sequence was lost (also when reading one of its spilled blocks back finds
+   it corrupted), -EIO when reading a spilled block or the device copy failed (a block read
+   stays placed; no token is appended); the last error names the offending sequence. */
 KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
 			      uint32_t n, const void *k, const void *v, void *stream);
 
@@ -332,8 +341,12 @@ KVT_API int kvt_seq_resident_positions(struct kvt_manager *m, uint64_t seq, uint
 
 /* Copies the K and V rows (head_dim elements of config.dtype each) of token `pos` of
    (seq, layer, kv_head) into host memory, from the device frame when resident, else from the
-   host history (after waiting for its save). Bit-exact with what was written.
-   -ENOENT unknown seq; -EINVAL bad layer/head, pos >= tokens of that layer, NULL pointers. */
+   host history (after waiting for its save; with a disk tier, its block is read back when
+   spilled). Bit-exact with what was written. -ENOENT unknown seq; -EINVAL bad layer/head,
+   pos >= tokens of that layer, NULL pointers; -ENOTSUP on a backend without payload;
+   -EBADMSG when seq was lost or its block fails the CRC check; -EIO when the device read or
+   the disk read failed; -ENOMEM when the host tier has no room for the block (every other
+   block pinned, or the spill file full). */
 KVT_API int kvt_seq_read_token(struct kvt_manager *m, uint64_t seq, uint32_t layer,
 			       uint32_t kv_head, uint32_t pos, void *k_out, void *v_out);
 
@@ -361,8 +374,12 @@ KVT_API int kvt_seq_preempt(struct kvt_manager *m, uint64_t seq);
 
 /* Reallocates the device frames of every prefilled layer of a preempted seq and reloads sink,
    top-K and ring slots from the host history with one gather: afterwards the device holds
-   bit for bit what it held at preemption (no recomputation). -ENOENT; -EALREADY when not
-   preempted; -ENOMEM when the device tier cannot hold it (nothing changes). */
+   bit for bit what it held at preemption (no recomputation). With a disk tier, the resident
+   set's blocks are read back first, all layers in one batch, or a chunk of layers at a time
+   when they do not fit the host tier together. -ENOENT; -EALREADY when not preempted;
+   -ENOMEM when the device tier cannot hold it, or the host tier one layer's resident
+   blocks; -EBADMSG when seq was lost; -EIO when a read or the gather failed (blocks read
+   stay placed; the sequence stays preempted). */
 KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream);
 
 /* What a sequence holds and needs, in frames (one frame = one block of one (layer, kv head)). */
@@ -387,19 +404,18 @@ KVT_API int kvt_seq_info(struct kvt_manager *m, uint64_t seq, struct kvt_seq_inf
 
 /* ---- Disk tier ------------------------------------------------------------------------ */
 
-/* Reads the spilled blocks of the n named sequences back into the host tier, all in one
-   batched io_uring read (spilling blocks of other sequences, least recently used first, to
-   make room), so the calls that follow need no disk I/O. Every call that needs a sequence's
-   host history (decode, recall, resume, reading a token that is not resident) does this
-   itself; an engine calls it ahead of time, e.g. when its scheduler admits the sequence.
-   Sequences with nothing on disk cost nothing; without a disk tier it only validates.
-   Each sequence comes back whole or not at all; those that came back stay back when another
-   fails. Errors: -EINVAL (NULL, n == 0), -ENOENT (not live), -ENOMEM (the host tier cannot
-   hold them even after spilling every other sequence's blocks), -EIO (an I/O failed: the
-   blocks stay on disk and a later call may retry), -EBADMSG (a block's CRC-32C did not match:
-   that sequence's history is lost; every later call on it but kvt_seq_destroy and
-   kvt_seq_info fails with -EBADMSG, and no other sequence is affected). The last error names
-   the sequence. */
+/* Reads back, in one batched read, the spilled blocks that the next decode step of the n named
+   sequences appends to (each prefilled layer's last block, when the next token goes into
+   it), spilling other blocks, least recently used first, to make room. Every call reads the
+   blocks it touches itself; an engine calls this ahead of time (kvt_sched_step does, for the
+   batch it admits) so that the decode calls find them. Blocks already in the host tier cost
+   nothing; without a disk tier it only validates. Blocks read stay placed when others fail.
+   Errors: -EINVAL (NULL, n == 0), -ENOENT (not live), -ENOMEM (the host tier cannot hold
+   them even after spilling every other block, or no memory for the list), -EIO (an I/O
+   failed: those blocks stay on disk and a later call may retry), -EBADMSG (a block's
+   CRC-32C did not match, or a sequence was lost before: that sequence's history is lost;
+   every later call on it but kvt_seq_destroy and kvt_seq_info fails with -EBADMSG, and no
+   other sequence is affected). The last error names the sequence. */
 KVT_API int kvt_seq_fetch(struct kvt_manager *m, const uint64_t *seqs, uint32_t n);
 
 /* Writes every host block of seq to the spill file now and frees them in the host tier (an
@@ -422,8 +438,12 @@ KVT_API int kvt_seq_spill(struct kvt_manager *m, uint64_t seq);
    lower block. Replaces each (sequence, layer)'s recall view. Errors found before anything
    moves change nothing: -ENOENT, -EINVAL (NULL, n == 0, repeated id, layer not prefilled,
    sequence preempted, recall disabled), -ENOSPC when the blocks this call needs exceed the
-   cache, and the errors of kvt_seq_fetch when a sequence's history is on disk. When the load
-   itself fails (-EIO), the views of the named (sequence, layer)s read as stale (-ESTALE) until
+   cache, -ENOTSUP (backend keeps no block metadata: kvt_decode_recall), -EBADMSG for a lost
+   sequence, -ENOMEM (no memory; or, with a disk tier, the blocks
+   whose metadata a scored call folds in do not fit the host tier). Spilled blocks the call
+   loads are read back after its bookkeeping, in one batch: when that read fails (-EIO,
+   -EBADMSG, -ENOMEM when they do not fit the host tier) or the load itself fails (-EIO), the
+   views of the named (sequence, layer)s read as stale (-ESTALE) until
    they are recalled again; frames this call took from other sequences stay taken (their views
    read as stale, as after any recall that evicts them), and the working-set estimates keep
    this call's blocks. */
@@ -546,10 +566,12 @@ KVT_API void kvt_sched_destroy(struct kvt_sched *s);
 /* Queues live sequence seq (not prefilled yet) to produce max_new_tokens (>= 1) tokens: the
    first comes from its prefill, each further one from a decode step. -ENOENT (not live),
    -EEXIST (already queued), -EINVAL, -E2BIG when the device tier could never hold it alone, or,
-   with a disk tier, when its whole history (prompt + max_new_tokens) would not fit the host
-   tier (a batch member's history is brought back whole). With a disk tier, admission also
-   keeps the batch's histories within the host tier, and kvt_sched_step brings the admitted
-   requests' spilled blocks back (kvt_seq_fetch) before it returns. */
+   with a disk tier, when one layer of its history (prompt + max_new_tokens) would not fit
+   the host tier (what one call may touch). With a disk tier, admission also keeps what the
+   batch touches in an iteration within the host tier (per decode, the block each layer's
+   token goes to and its recall working set; per prefill, one layer of its prompt), and
+   kvt_sched_step reads the blocks the admitted decodes append to back (kvt_seq_fetch)
+   before it returns. */
 KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new_tokens);
 /* Forms the next iteration's batch (preempting and resuming as needed) into *out, valid until
    the next call on s. Candidates are taken first come, first served; the first one that does

@@ -313,11 +313,10 @@ KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new
 		alone += full_layer_frames(s, info.prompt_tokens);
 	if (alone > st.device_frames_total)
 		return -E2BIG;
-	/* With a disk tier, a batch member's whole history is brought into the host tier
-	   (kvt_seq_fetch): one that could outgrow it could never run. */
+	/* With a disk tier, the host tier holds what one call touches: at most one layer of a
+	   sequence's history (its prefill, or the resident set a resume gathers). */
 	if (st.disk_blocks_total &&
-	    DIV_UP((uint64_t)info.prompt_tokens + max_new_tokens, s->block_tokens) * s->n_layers *
-			    s->n_heads >
+	    DIV_UP((uint64_t)info.prompt_tokens + max_new_tokens, s->block_tokens) * s->n_heads >
 		    st.host_blocks_total)
 		return -E2BIG;
 	r = kvt_calloc(1, sizeof(*r));
@@ -448,11 +447,12 @@ static void admit(struct kvt_sched *s, const struct kvt_stats *st)
 				res += full_layer_frames(s, r->prompt);
 			need = (uint64_t)info.frames_per_layer * k;
 		}
-		/* With a disk tier the batch's histories must fit the host tier together, with
-		   this iteration's new blocks (a block per layer for a decode, at most). */
-		host = info.host_blocks +
-		       (uint64_t)s->n_heads *
-			       (k ? (uint64_t)k * DIV_UP(r->prompt, s->block_tokens) : s->n_layers);
+		/* With a disk tier, what the iteration touches in the host tier must fit it
+		   together, so a step does not spill what it reads next: per decode the block
+		   each layer's token goes to and the recall working set, per prefill one layer
+		   of its prompt (the layers before it may go to disk). */
+		host = k ? (uint64_t)s->n_heads * DIV_UP(r->prompt, s->block_tokens)
+			 : (uint64_t)s->n_heads * s->n_layers + rec;
 		/* The recall part of a lone candidate is let through: a working set larger than
 		   the whole recall cache must still run (recall evicts within it). */
 		if (res_sum + res > st->device_frames_total ||
@@ -607,10 +607,10 @@ static void make_resident(struct kvt_sched *s, uint64_t free_frames)
 	}
 }
 
-/* With a disk tier: brings the admitted requests' spilled histories back in one batched read,
-   so the engine's calls find them in the host tier. A request whose read fails waits (I/O
-   error: retried next step; no room: its turn comes); one whose history was lost is dropped
-   and reported in the batch's failed list. */
+/* With a disk tier: brings back, in one batched read, the blocks the admitted requests'
+   decode appends to (kvt_seq_fetch), so the engine's calls find them in the host tier. A request
+   whose read fails waits (I/O error: retried next step; no room: its turn comes); one whose history
+   was lost is dropped and reported in the batch's failed list. */
 static void fetch_planned(struct kvt_sched *s)
 {
 	uint32_t n = 0;

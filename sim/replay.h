@@ -24,7 +24,9 @@
  *                   request preempted and recomputed when a decode finds no free block)
  *
  * DRAM: a request is submitted to the scheduler only while DRAM can hold its whole history
- * (prompt + output); until then it waits in arrival order. Failures, each alone and counted
+ * (prompt + output), or, with a disk tier, DRAM and the disk together (no limit when the disk
+ * has none; DRAM then caches the histories, and one layer of a history must fit it); until
+ * then it waits in arrival order. Failures, each alone and counted
  * with a reason: input + output beyond the model's context, an empty prompt or no output
  * tokens, a request whose resident set or history could never fit the budgets alone.
  */

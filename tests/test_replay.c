@@ -259,7 +259,8 @@ static void test_dram_admission(void **state)
 
 /* --spill-dir: DRAM no longer bounds how many requests are in the system, the disk tier
    takes the histories of those not running (spilled, then fetched back before they run), and
-   every request completes; a history larger than DRAM alone still fails, with its reason. */
+   every request completes, also with histories larger than DRAM; one whose single layer
+   exceeds DRAM fails, with its reason. */
 static void test_spill_dir(void **state)
 {
 	struct sim_trace t = mk_trace(24, 4096, 1024, 0.5);
@@ -294,9 +295,18 @@ static void test_spill_dir(void **state)
 	assert_int_equal(res.completed, 24);
 	sim_replay_result_free(&res);
 
-	/* a history beyond DRAM alone cannot run even with a disk */
+	/* histories beyond DRAM alone run: DRAM caches them, each call fetches what it
+	   touches */
 	o.disk_gib = 0;
 	o.dram_gib = 0.5;
+	run_ok(&o, &t, &res);
+	check_accounting(&res);
+	assert_int_equal(res.completed, 24);
+	assert_true(res.disk_blocks_fetched > 0);
+	sim_replay_result_free(&res);
+
+	/* one layer of a history (20 MiB) beyond DRAM cannot run even with a disk */
+	o.dram_gib = 0.01;
 	run_ok(&o, &t, &res);
 	check_accounting(&res);
 	assert_int_equal(res.completed, 0);

@@ -441,6 +441,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_create_errors),
 		cmocka_unit_test(test_submit_errors),
+		cmocka_unit_test(test_disk_history_beyond_host),
 		cmocka_unit_test(test_budget_two_of_three),
 		cmocka_unit_test(test_rmax_tmax),
 		cmocka_unit_test(test_injection),

@@ -100,6 +100,7 @@ const char *items_str(const struct kvt_sched_batch *b, char *buf, size_t cap);
 /* test_sched_unit.c */
 void test_create_errors(void **state);
 void test_submit_errors(void **state);
+void test_disk_history_beyond_host(void **state);
 void test_budget_two_of_three(void **state);
 void test_rmax_tmax(void **state);
 void test_injection(void **state);

@@ -3,6 +3,8 @@
  * sched: argument errors, budgets (request, token, injection) and the working-set control of
  * recall.
  */
+#include <unistd.h>
+
 #include "test_sched.h"
 
 /* ---- unit tests --------------------------------------------------------------------------- */
@@ -464,4 +466,38 @@ void engine_seq_gone(struct eng *e, uint64_t id)
 	CHECK_READBACK(e, id);
 	CHECK_RC(kvt_seq_destroy(e->m, id), 0);
 	e->r[id].live = false;
+}
+
+/* With a disk tier, requests whose histories are several times the host tier run together
+   (only one layer of a history must fit it) and read back bit-exact when they complete; one
+   whose single layer could not fit is refused. */
+void test_disk_history_beyond_host(void **state)
+{
+	struct kvt_config c = cfg_frames(400, 0);
+	struct kvt_sched_config sc = sched_cfg(4, 1024, 4096, 0);
+	char dir[] = "/tmp/kvt-sched-XXXXXX";
+	struct kvt_stats st;
+	struct eng e;
+
+	(void)state;
+	assert_non_null(mkdtemp(dir));
+	c.n_layers = 4;
+	c.spill_dir = dir;
+	c.host_bytes = t_budget(&c, 12); /* 12 block groups, 24 blocks */
+	eng_init(&e, &c, &sc, 8, 128);
+	/* 80 + 10 tokens: 12 groups a layer, 48 for the history */
+	CHECK_RC(eng_add(&e, 1, 80, 10), 0);
+	CHECK_RC(eng_add(&e, 2, 75, 12), 0);
+	CHECK_RC(eng_add(&e, 3, 60, 9), 0);
+	/* 100 + 5 tokens: 14 groups a layer */
+	CHECK_RC(eng_add(&e, 4, 100, 5), -E2BIG);
+	CHECK_RC(kvt_seq_destroy(e.m, 4), 0);
+	e.r[4].live = false;
+	eng_drain(&e, 200);
+	CHECK_EQ(e.completed, 3);
+	st = t_stats_of(e.m);
+	assert_true(st.disk_blocks_spilled > 0 && st.disk_blocks_fetched > 0);
+	CHECK_EQ(st.seqs_lost, 0);
+	eng_fini(&e);
+	assert_int_equal(rmdir(dir), 0);
 }
