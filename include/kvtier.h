@@ -29,9 +29,11 @@
  *   the manager to another thread needs the usual happens-before (a mutex, a thread join).
  *   Distinct managers share nothing and may be used from different threads at once (each has
  *   its own save threads, io_uring and spill file).
- * - Any thread, any time: kvt_version, kvt_strerror, kvt_log_set, kvt_log_set_level. A log
- *   callback may be called from the owner's thread or from a save thread, so it must be
- *   thread-safe; it must not call back into the manager.
+ * - Any thread, any time: kvt_version, kvt_strerror, kvt_log_set, kvt_log_set_level, the last
+ *   two from inside a log callback as well. A log callback may be called from the owner's
+ *   thread or from a save thread, of several managers at once and with no library lock held, so
+ *   it must be thread-safe; it must not call back into the manager, nor wait for a thread that
+ *   is inside kvt_log_set (which may be waiting for that callback to return).
  * - Internal threads: config.save_threads threads per manager scatter the rows of saves (the
  *   second half of FlashD2H) from a staging buffer into host blocks. They touch nothing but
  *   staging buffers and the host blocks named by the save, never the bookkeeping. Every call
@@ -260,7 +262,12 @@ KVT_API const char *kvt_version(void);
 
 /* Routes library messages (already prefixed "kvtier:") to fn, or back to stderr when fn is
    NULL. The level threshold comes from the environment (KVT_LOG=error|warn|info|debug, default
-   warn) unless kvt_log_set_level overrides it. Process-wide; safe from any thread. */
+   warn) unless kvt_log_set_level overrides it. Process-wide; safe from any thread, a log
+   callback included; messages logged after either call returns follow the new setting.
+   Callbacks run concurrently, one per thread that logs, under no library lock. kvt_log_set
+   called outside a callback returns once every call of the callbacks it replaced has returned
+   (the old user data may then be freed); called from inside a callback it returns at once,
+   and the old callback may still be running, in this thread and in others. */
 KVT_API void kvt_log_set(kvt_log_fn fn, void *user);
 KVT_API void kvt_log_set_level(enum kvt_log_level level);
 

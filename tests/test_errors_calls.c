@@ -1,9 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * errors: manager-level calls, sequence create and destroy, and the reads (resident positions,
- * tokens, attention), each failing on bad arguments without changing anything.
+ * tokens, attention), each failing on bad arguments without changing anything; and the
+ * logging's own calls, from inside a callback and from several threads at once.
  */
 #include "test_errors.h"
+
+#include <pthread.h>
+#include <semaphore.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util.h"
 
 /* ---- manager-level calls ---------------------------------------------------------------- */
 
@@ -83,6 +91,238 @@ void test_version_and_log(void **state)
 	kvt_log_set_level(KVT_LOG_ERROR);
 	kvt_log_set(capture_log, NULL);
 	kvt_log_set_level(KVT_LOG_WARN);
+}
+
+/* ---- logging from several threads: no library lock held while a callback runs ----------- */
+
+/* Waits up to `seconds` for s; false when it was not posted in time. */
+static bool log_timed_wait(sem_t *s, int seconds)
+{
+	struct timespec t;
+	int rc;
+
+	clock_gettime(CLOCK_REALTIME, &t);
+	t.tv_sec += seconds;
+	while ((rc = sem_timedwait(s, &t)) != 0 && errno == EINTR)
+		;
+	return rc == 0;
+}
+
+static void log_sem_wait(sem_t *s)
+{
+	while (sem_wait(s) != 0 && errno == EINTR)
+		;
+}
+
+/* A thread stuck in the library's logging cannot be brought back (a lock it holds would stall
+   every later message, the group teardown's kvt_log_set included), so this watchdog ends the
+   process: the suite fails instead of hanging. */
+static void log_wait_or_exit(sem_t *s, const char *what)
+{
+	if (!log_timed_wait(s, 10)) {
+		print_error("%s: no progress in 10 s (a deadlock in the logging)\n", what);
+		_exit(1);
+	}
+}
+
+struct reenter {
+	sem_t done;
+	int first, second; /* messages each callback received */
+};
+
+static void log_second(void *user, enum kvt_log_level level, const char *msg)
+{
+	struct reenter *r = user;
+
+	(void)level;
+	(void)msg;
+	r->second++;
+}
+
+/* Reconfigures the logging from inside itself, as an application may on its first message. */
+static void log_reenter(void *user, enum kvt_log_level level, const char *msg)
+{
+	struct reenter *r = user;
+
+	(void)level;
+	(void)msg;
+	r->first++;
+	kvt_log_set_level(KVT_LOG_INFO);
+	kvt_log_set(log_second, r);
+}
+
+static void *log_reenter_main(void *arg)
+{
+	struct reenter *r = arg;
+
+	kvt_log(KVT_LOG_DEBUG, "to log_reenter");
+	kvt_log(KVT_LOG_DEBUG, "below the level log_reenter set");
+	kvt_log(KVT_LOG_INFO, "to log_second");
+	sem_post(&r->done);
+	return NULL;
+}
+
+void test_log_set_from_callback(void **state)
+{
+	struct reenter r = {.first = 0};
+	pthread_t t;
+
+	(void)state;
+	assert_int_equal(sem_init(&r.done, 0, 0), 0);
+	kvt_log_set(log_reenter, &r);
+	kvt_log_set_level(KVT_LOG_DEBUG);
+	/* On a thread of its own, so that a deadlock trips the watchdog. */
+	assert_int_equal(pthread_create(&t, NULL, log_reenter_main, &r), 0);
+	log_wait_or_exit(&r.done, "kvt_log_set from inside a log callback");
+	assert_int_equal(pthread_join(t, NULL), 0);
+	kvt_log_set(capture_log, NULL);
+	kvt_log_set_level(KVT_LOG_WARN);
+	/* Each setting took effect from the next message on. */
+	assert_int_equal(r.first, 1);
+	assert_int_equal(r.second, 1);
+	sem_destroy(&r.done);
+}
+
+/* Two managers on two threads; the callback blocks the first message of the thread marked
+   slow until the test releases it. */
+struct blocker {
+	struct kvt_manager *m[2];
+	sem_t entered, release, fast_done, set_done;
+	int rc[2];
+	int fast_calls;	     /* messages from threads other than the slow one */
+	bool slow_returned;  /* the slow thread's blocked callback returned */
+	bool set_saw_return; /* slow_returned, read when kvt_log_set returned */
+};
+
+static _Thread_local bool log_thread_is_slow;
+
+static void log_block(void *user, enum kvt_log_level level, const char *msg)
+{
+	struct blocker *b = user;
+
+	(void)level;
+	(void)msg;
+	if (!log_thread_is_slow) {
+		__atomic_add_fetch(&b->fast_calls, 1, __ATOMIC_SEQ_CST);
+		return;
+	}
+	log_thread_is_slow = false; /* block once */
+	sem_post(&b->entered);
+	log_sem_wait(&b->release);
+	__atomic_store_n(&b->slow_returned, true, __ATOMIC_SEQ_CST);
+}
+
+static void log_quiet(void *user, enum kvt_log_level level, const char *msg)
+{
+	(void)user;
+	(void)level;
+	(void)msg;
+}
+
+static void *log_slow_main(void *arg)
+{
+	struct blocker *b = arg;
+
+	log_thread_is_slow = true;
+	b->rc[0] = kvt_seq_destroy(b->m[0], SEQ_NONE); /* fails, logs at debug */
+	return NULL;
+}
+
+static void *log_fast_main(void *arg)
+{
+	struct blocker *b = arg;
+
+	b->rc[1] = kvt_seq_destroy(b->m[1], SEQ_NONE);
+	sem_post(&b->fast_done);
+	return NULL;
+}
+
+static void *log_set_main(void *arg)
+{
+	struct blocker *b = arg;
+
+	kvt_log_set(log_quiet, NULL);
+	b->set_saw_return = __atomic_load_n(&b->slow_returned, __ATOMIC_SEQ_CST);
+	sem_post(&b->set_done);
+	return NULL;
+}
+
+static void blocker_init(struct blocker *b)
+{
+	struct kvt_config c = t_small_config();
+
+	memset(b, 0, sizeof(*b));
+	assert_int_equal(sem_init(&b->entered, 0, 0), 0);
+	assert_int_equal(sem_init(&b->release, 0, 0), 0);
+	assert_int_equal(sem_init(&b->fast_done, 0, 0), 0);
+	assert_int_equal(sem_init(&b->set_done, 0, 0), 0);
+	b->m[0] = t_mk(&c);
+	b->m[1] = t_mk(&c);
+	kvt_log_set(log_block, b);
+	kvt_log_set_level(KVT_LOG_DEBUG);
+}
+
+static void blocker_fini(struct blocker *b)
+{
+	kvt_log_set(capture_log, NULL);
+	kvt_log_set_level(KVT_LOG_WARN);
+	kvt_manager_destroy(b->m[0]);
+	kvt_manager_destroy(b->m[1]);
+	sem_destroy(&b->entered);
+	sem_destroy(&b->release);
+	sem_destroy(&b->fast_done);
+	sem_destroy(&b->set_done);
+}
+
+void test_log_callback_blocks_no_other(void **state)
+{
+	struct blocker b;
+	pthread_t slow, fast;
+	bool fast_in_time, slow_still_blocked;
+
+	(void)state;
+	blocker_init(&b);
+	assert_int_equal(pthread_create(&slow, NULL, log_slow_main, &b), 0);
+	log_wait_or_exit(&b.entered, "the slow thread's log callback");
+	/* While the slow callback blocks, a failing call on the other manager (which logs, so
+	   runs the callback too) completes. */
+	assert_int_equal(pthread_create(&fast, NULL, log_fast_main, &b), 0);
+	fast_in_time = log_timed_wait(&b.fast_done, 10);
+	slow_still_blocked = !__atomic_load_n(&b.slow_returned, __ATOMIC_SEQ_CST);
+	sem_post(&b.release);
+	assert_int_equal(pthread_join(slow, NULL), 0);
+	assert_int_equal(pthread_join(fast, NULL), 0);
+	blocker_fini(&b);
+	assert_true(fast_in_time);
+	assert_true(slow_still_blocked);
+	assert_true(b.fast_calls >= 1);
+	assert_int_equal(b.rc[0], -ENOENT);
+	assert_int_equal(b.rc[1], -ENOENT);
+}
+
+void test_log_set_waits_for_callbacks(void **state)
+{
+	struct blocker b;
+	pthread_t slow, set;
+	bool set_early;
+
+	(void)state;
+	blocker_init(&b);
+	assert_int_equal(pthread_create(&slow, NULL, log_slow_main, &b), 0);
+	log_wait_or_exit(&b.entered, "the slow thread's log callback");
+	/* kvt_log_set from outside any callback returns only once the callbacks it replaced
+	   have returned: the caller may then free what they use. Given a moment to run, it must
+	   still be waiting. */
+	assert_int_equal(pthread_create(&set, NULL, log_set_main, &b), 0);
+	usleep(100 * 1000);
+	set_early = sem_trywait(&b.set_done) == 0;
+	sem_post(&b.release);
+	assert_int_equal(pthread_join(slow, NULL), 0);
+	assert_int_equal(pthread_join(set, NULL), 0);
+	blocker_fini(&b);
+	assert_false(set_early);
+	assert_true(b.set_saw_return);
+	assert_int_equal(b.rc[0], -ENOENT);
 }
 
 void test_config_errors(void **state)
