@@ -773,7 +773,7 @@ static void mrun_config(struct mrun *mr)
 	c.n_kv_heads = o->model.n_kv_heads;
 	c.n_q_heads = o->model.n_q_heads;
 	c.head_dim = o->model.head_dim;
-	c.dtype = o->model.elem_bytes == 4 ? KVT_DTYPE_F32 : KVT_DTYPE_BF16;
+	c.dtype = o->model.elem_bytes == 4 ? KVT_DTYPE_F32 : KVT_DTYPE_BF16; /* or 2: check_opts */
 	c.block_tokens = o->block_tokens;
 	c.sink_tokens = o->sink_tokens;
 	c.topk_tokens = o->topk_tokens;
@@ -971,6 +971,13 @@ static int check_opts(const struct sim_replay_opts *o, const struct sim_trace *t
 			snprintf(err, len, "spill directory %s: %s", o->spill_dir, why);
 			return -EINVAL;
 		}
+	}
+	if (o->model.elem_bytes != 2 && o->model.elem_bytes != 4) {
+		/* mrun_config's dtypes: any other size would be timed but not stored */
+		snprintf(err, len,
+			 "model element size %u bytes: the library stores 2 (bf16) or 4 (f32)",
+			 o->model.elem_bytes);
+		return -EINVAL;
 	}
 	if (!(o->recall_cache_frac >= 0 && o->recall_cache_frac < 1)) {
 		snprintf(err, len, "the recall cache fraction must be in [0, 1)");

@@ -167,12 +167,13 @@ struct sim_replay_result {
 	double win_ttft_sum_s; /* TTFTs of first tokens produced in the window */
 	uint64_t win_ttft_n;
 	double wall_s; /* wall-clock time of the run */
-	char policy[24], model[32], gpu[32];
+	char policy[24], model[SIM_PRESET_NAME_MAX + 1], gpu[SIM_PRESET_NAME_MAX + 1];
 };
 
 /*
  * Replays trace t (not modified) under o into *res (released with sim_replay_result_free).
- * Returns 0, or -errno with a message in err: -EINVAL for bad options, -ENOMEM, or an
+ * Returns 0, or -errno with a message in err: -EINVAL for bad options, found before the first
+ * iteration (among them a model element size other than 2 or 4 bytes), -ENOMEM, or an
  * unexpected library error (a bug: the message names the call).
  */
 int sim_replay_run(const struct sim_replay_opts *o, const struct sim_trace *t,

@@ -614,6 +614,32 @@ static void test_bad_options(void **state)
 	free(t.reqs);
 }
 
+/* An element size the library does not store is refused before the run, under every policy:
+   the timing would use it while the manager stored bf16. */
+static void test_elem_bytes(void **state)
+{
+	struct sim_trace t = mk_trace(2, 1024, 4, 0);
+	struct sim_replay_opts o;
+	struct sim_replay_result res;
+	char err[512];
+	(void)state;
+
+	for (uint32_t eb = 1; eb <= 8; eb++) {
+		opts(&o, eb & 1 ? SIM_POLICY_KVTIER : SIM_POLICY_FULL);
+		o.model.elem_bytes = eb;
+		if (eb == 2 || eb == 4) {
+			run_ok(&o, &t, &res);
+			assert_int_equal(res.completed, 2);
+			sim_replay_result_free(&res);
+			continue;
+		}
+		assert_int_equal(sim_replay_run(&o, &t, &res, err, sizeof(err)), -EINVAL);
+		print_message("# %s\n", err);
+		assert_non_null(strstr(err, "element size"));
+	}
+	free(t.reqs);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -623,7 +649,7 @@ int main(void)
 		cmocka_unit_test(test_closed_loop),    cmocka_unit_test(test_ws_control),
 		cmocka_unit_test(test_layer_sampling), cmocka_unit_test(test_summary),
 		cmocka_unit_test(test_json_keys),      cmocka_unit_test(test_recorded_selections),
-		cmocka_unit_test(test_bad_options),
+		cmocka_unit_test(test_bad_options),    cmocka_unit_test(test_elem_bytes),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
