@@ -614,6 +614,37 @@ static void test_bad_options(void **state)
 	free(t.reqs);
 }
 
+/* A recall cache fraction of 0 is refused at parsing (recall would have no frame to load
+   into), and one too small for a single frame before the first iteration, naming the option;
+   --recall 0 and sparse-offload, which use no fraction, still run. */
+static void test_recall_cache_frac(void **state)
+{
+	struct sim_trace t = mk_trace(2, 1024, 4, 0);
+	struct sim_replay_opts o;
+	struct sim_replay_result res;
+	char err[512];
+	(void)state;
+
+	opts(&o, SIM_POLICY_KVTIER);
+	assert_int_equal(sim_replay_opt("recall-cache-frac", "0", &o), -1);
+	assert_true(o.recall_cache_frac == 0.10); /* unchanged */
+	assert_int_equal(sim_replay_opt("recall-cache-frac", "0.99", &o), 0);
+	assert_int_equal(sim_replay_opt("recall-cache-frac", "1e-9", &o), 0);
+	assert_int_equal(sim_replay_run(&o, &t, &res, err, sizeof(err)), -EINVAL);
+	print_message("# %s\n", err);
+	assert_non_null(strstr(err, "--recall-cache-frac"));
+	o.recall_blocks = 0;
+	run_ok(&o, &t, &res);
+	assert_int_equal(res.completed, 2);
+	sim_replay_result_free(&res);
+	opts(&o, SIM_POLICY_SPARSE_OFFLOAD);
+	o.recall_cache_frac = 1e-9;
+	run_ok(&o, &t, &res);
+	assert_int_equal(res.completed, 2);
+	sim_replay_result_free(&res);
+	free(t.reqs);
+}
+
 /* An element size the library does not store is refused before the run, under every policy:
    the timing would use it while the manager stored bf16. */
 static void test_elem_bytes(void **state)
@@ -649,7 +680,8 @@ int main(void)
 		cmocka_unit_test(test_closed_loop),    cmocka_unit_test(test_ws_control),
 		cmocka_unit_test(test_layer_sampling), cmocka_unit_test(test_summary),
 		cmocka_unit_test(test_json_keys),      cmocka_unit_test(test_recorded_selections),
-		cmocka_unit_test(test_bad_options),    cmocka_unit_test(test_elem_bytes),
+		cmocka_unit_test(test_bad_options),    cmocka_unit_test(test_recall_cache_frac),
+		cmocka_unit_test(test_elem_bytes),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
