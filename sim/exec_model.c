@@ -11,6 +11,7 @@
 
 #include "exec_model.h"
 #include "jsonkey.h"
+#include "simutil.h"
 
 /* Public figures: parameters and geometry from the model cards; HBM bandwidth and dense
    16-bit peak from the datasheets (A100-40GB SXM, H100 SXM, H200 SXM); PCIe figures are what

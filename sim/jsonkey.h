@@ -10,11 +10,6 @@
 
 #include <stddef.h>
 
-/* A leading UTF-8 byte-order mark: every input the simulator reads skips one, and only one
-   at the start of the file. */
-#define SIM_UTF8_BOM "\xEF\xBB\xBF"
-#define SIM_UTF8_BOM_LEN 3
-
 /*
  * The line (1-based) of key `inner` of the object that is the value of key `outer` of the
  * top-level object, or of `outer` itself when inner is NULL; the last such key when one

@@ -586,6 +586,27 @@ static void test_recorded_selections(void **state)
 	free(t.reqs);
 }
 
+/* A selections file follows the traces' and presets' rules: a leading UTF-8 byte-order mark
+   is skipped, and a file that cannot be opened is reported with its reason. */
+static void test_selfile_rules(void **state)
+{
+	struct sim_selfile sf;
+	char err[512];
+	const char *path = tmp_file("\xEF\xBB\xBF"
+				    "0 1 2 3 7 8\n");
+	(void)state;
+
+	CHECK_RC(sim_selfile_read(path, &sf, err, sizeof(err)), 0);
+	assert_int_equal(sf.n_rec, 1);
+	assert_int_equal(sf.rec[0].req, 0);
+	assert_int_equal(sf.rec[0].head, 3);
+	assert_int_equal(sf.rec[0].n, 2);
+	sim_selfile_free(&sf);
+	unlink(path);
+	assert_int_equal(sim_selfile_read("/nonexistent/sel.txt", &sf, err, sizeof(err)), -ENOENT);
+	assert_string_equal(err, "/nonexistent/sel.txt: cannot open: No such file or directory");
+}
+
 static void test_bad_options(void **state)
 {
 	struct sim_trace t = mk_trace(2, 1024, 4, 0), empty = {0};
@@ -674,13 +695,21 @@ static void test_elem_bytes(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_smoke_bundled),  cmocka_unit_test(test_full_by_hand),
-		cmocka_unit_test(test_full_chunked),   cmocka_unit_test(test_failures_alone),
-		cmocka_unit_test(test_dram_admission), cmocka_unit_test(test_spill_dir),
-		cmocka_unit_test(test_closed_loop),    cmocka_unit_test(test_ws_control),
-		cmocka_unit_test(test_layer_sampling), cmocka_unit_test(test_summary),
-		cmocka_unit_test(test_json_keys),      cmocka_unit_test(test_recorded_selections),
-		cmocka_unit_test(test_bad_options),    cmocka_unit_test(test_recall_cache_frac),
+		cmocka_unit_test(test_smoke_bundled),
+		cmocka_unit_test(test_full_by_hand),
+		cmocka_unit_test(test_full_chunked),
+		cmocka_unit_test(test_failures_alone),
+		cmocka_unit_test(test_dram_admission),
+		cmocka_unit_test(test_spill_dir),
+		cmocka_unit_test(test_closed_loop),
+		cmocka_unit_test(test_ws_control),
+		cmocka_unit_test(test_layer_sampling),
+		cmocka_unit_test(test_summary),
+		cmocka_unit_test(test_json_keys),
+		cmocka_unit_test(test_recorded_selections),
+		cmocka_unit_test(test_selfile_rules),
+		cmocka_unit_test(test_bad_options),
+		cmocka_unit_test(test_recall_cache_frac),
 		cmocka_unit_test(test_elem_bytes),
 	};
 
