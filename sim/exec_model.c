@@ -4,11 +4,14 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
 
 #include "exec_model.h"
+#include "jsonkey.h"
+#include "simutil.h"
 
 /* Public figures: parameters and geometry from the model cards; HBM bandwidth and dense
    16-bit peak from the datasheets (A100-40GB SXM, H100 SXM, H200 SXM); PCIe figures are what
@@ -53,67 +56,115 @@ static double num(const json_t *v)
 	return isfinite(d) && d > 0 ? d : NAN;
 }
 
-static int set_u32(uint32_t *dst, const json_t *v)
+/* What is wrong with a field: NULL when it was taken. */
+static const char *set_u32(uint32_t *dst, const json_t *v)
 {
 	double d = num(v);
 
 	if (isnan(d) || d != floor(d) || d > UINT32_MAX)
-		return -1;
+		return "not a positive integer";
 	*dst = (uint32_t)d;
-	return 0;
+	return NULL;
 }
 
-static int set_dbl(double *dst, const json_t *v)
+static const char *set_dbl(double *dst, const json_t *v)
 {
 	double d = num(v);
 
 	if (isnan(d))
-		return -1;
+		return "not a positive number";
 	*dst = d;
-	return 0;
+	return NULL;
 }
 
-static int load_model(json_t *o, struct sim_model_preset *m, const char **bad)
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
+/* A name is kept whole or refused: a cut one would name another model or GPU. */
+static const char *set_name(char *dst, const json_t *v)
 {
-	const char *k;
+	if (!json_is_string(v))
+		return "not a string";
+	if (json_string_length(v) > SIM_PRESET_NAME_MAX)
+		return "longer than " STR(SIM_PRESET_NAME_MAX) " characters";
+	memcpy(dst, json_string_value(v), json_string_length(v) + 1);
+	return NULL;
+}
+
+/* The replay engine gives the library bf16 for 2-byte elements and f32 for 4-byte ones (it
+   stores no other size); any other would be timed as itself but stored as bf16. */
+static const char *set_elem_bytes(uint32_t *dst, const json_t *v)
+{
+	uint32_t e = 0;
+
+	if (set_u32(&e, v) || (e != 2 && e != 4))
+		return "must be 2 (bf16) or 4 (f32)";
+	*dst = e;
+	return NULL;
+}
+
+/* A refused field: its key in the "model" or "gpu" object and what is wrong. */
+struct field_err {
+	const char *key;
+	char what[64];
+};
+
+/* Fills *e for key k from set_*'s answer w (NULL: taken); -1 when refused, else 0. */
+static int check_field(struct field_err *e, const char *k, const char *w)
+{
+	if (!w)
+		return 0;
+	e->key = k;
+	snprintf(e->what, sizeof(e->what), "%s", w);
+	return -1;
+}
+
+/* Fields of the "model" object into *m: 0, or -1 with the refused field in *e. */
+static int load_model(json_t *o, struct sim_model_preset *m, struct field_err *e)
+{
+	const char *k, *w;
 	json_t *v;
 
 	json_object_foreach(o, k, v)
 	{
-		int r = -2;
-
 		if (!strcmp(k, "name"))
-			r = json_is_string(v) ? (snprintf(m->name, sizeof(m->name), "%s",
-							  json_string_value(v)),
-						 0)
-					      : -1;
+			w = set_name(m->name, v);
 		else if (!strcmp(k, "n_layers"))
-			r = set_u32(&m->n_layers, v);
+			w = set_u32(&m->n_layers, v);
 		else if (!strcmp(k, "n_q_heads"))
-			r = set_u32(&m->n_q_heads, v);
+			w = set_u32(&m->n_q_heads, v);
 		else if (!strcmp(k, "n_kv_heads"))
-			r = set_u32(&m->n_kv_heads, v);
+			w = set_u32(&m->n_kv_heads, v);
 		else if (!strcmp(k, "head_dim"))
-			r = set_u32(&m->head_dim, v);
+			w = set_u32(&m->head_dim, v);
 		else if (!strcmp(k, "params"))
-			r = set_dbl(&m->params, v);
+			w = set_dbl(&m->params, v);
 		else if (!strcmp(k, "elem_bytes"))
-			r = set_u32(&m->elem_bytes, v);
+			w = set_elem_bytes(&m->elem_bytes, v);
 		else if (!strcmp(k, "max_context"))
-			r = set_u32(&m->max_context, v);
-		if (r) {
-			*bad = k;
-			return r;
-		}
+			w = set_u32(&m->max_context, v);
+		else
+			w = "unknown field";
+		if (check_field(e, k, w))
+			return -1;
 	}
-	if (m->n_q_heads % m->n_kv_heads) {
-		*bad = "n_q_heads";
-		return -4;
+	if (m->n_q_heads % m->n_kv_heads == 0)
+		return 0;
+	/* name the one the file sets, n_q_heads when it sets both */
+	if (json_object_get(o, "n_q_heads")) {
+		e->key = "n_q_heads";
+		snprintf(e->what, sizeof(e->what), "not a multiple of n_kv_heads (%u)",
+			 m->n_kv_heads);
+	} else {
+		e->key = "n_kv_heads";
+		snprintf(e->what, sizeof(e->what), "n_q_heads (%u) is not a multiple of it",
+			 m->n_q_heads);
 	}
-	return 0;
+	return -1;
 }
 
-static int load_gpu(json_t *o, struct sim_gpu_preset *g, const char **bad)
+/* Fields of the "gpu" object into *g: 0, or -1 with the refused field in *e. */
+static int load_gpu(json_t *o, struct sim_gpu_preset *g, struct field_err *e)
 {
 	static const struct {
 		const char *key;
@@ -127,27 +178,66 @@ static int load_gpu(json_t *o, struct sim_gpu_preset *g, const char **bad)
 		{"call_ns", offsetof(struct sim_gpu_preset, call_ns)},
 		{"launch_ns", offsetof(struct sim_gpu_preset, launch_ns)},
 	};
-	const char *k;
+	const char *k, *w;
 	json_t *v;
 
 	json_object_foreach(o, k, v)
 	{
-		int r = -2;
-
-		if (!strcmp(k, "name")) {
-			r = json_is_string(v) ? 0 : -1;
-			if (!r)
-				snprintf(g->name, sizeof(g->name), "%s", json_string_value(v));
-		}
-		for (size_t i = 0; r == -2 && i < sizeof(f) / sizeof(f[0]); i++)
+		w = "unknown field";
+		if (!strcmp(k, "name"))
+			w = set_name(g->name, v);
+		for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
 			if (!strcmp(k, f[i].key))
-				r = set_dbl((double *)((char *)g + f[i].off), v);
-		if (r) {
-			*bad = k;
-			return r;
-		}
+				w = set_dbl((double *)((char *)g + f[i].off), v);
+		if (check_field(e, k, w))
+			return -1;
 	}
 	return 0;
+}
+
+/* Preset files are a few hundred bytes; this bounds what a wrong path makes us read. */
+#define PRESET_MAX_BYTES (1u << 20)
+
+/* The file whole into a new NUL-terminated *buf of *n bytes: 0, or -errno with the message
+   in err. */
+static int read_whole(const char *path, char **buf, size_t *n, char *err, size_t err_len)
+{
+	FILE *f = fopen(path, "rb");
+	char *b = NULL;
+	size_t got = 0;
+	int rc = 0;
+
+	if (!f) {
+		rc = -errno;
+		snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+		return rc;
+	}
+	b = malloc(PRESET_MAX_BYTES + 1);
+	if (!b) {
+		snprintf(err, err_len, "%s: out of memory", path);
+		rc = -ENOMEM;
+		goto out;
+	}
+	got = fread(b, 1, PRESET_MAX_BYTES + 1, f);
+	if (ferror(f)) {
+		rc = errno ? -errno : -EIO;
+		snprintf(err, err_len, "%s: read error: %s", path, strerror(-rc));
+		goto out;
+	}
+	if (got > PRESET_MAX_BYTES) {
+		snprintf(err, err_len, "%s: larger than %u bytes: not a preset file", path,
+			 PRESET_MAX_BYTES);
+		rc = -EFBIG;
+		goto out;
+	}
+	b[got] = '\0';
+	*buf = b;
+	*n = got;
+	b = NULL;
+out:
+	free(b);
+	fclose(f);
+	return rc;
 }
 
 int sim_preset_load_json(const char *path, struct sim_model_preset *m, struct sim_gpu_preset *g,
@@ -155,47 +245,72 @@ int sim_preset_load_json(const char *path, struct sim_model_preset *m, struct si
 {
 	struct sim_model_preset m2 = *m;
 	struct sim_gpu_preset g2 = *g;
+	struct field_err fe = {0};
+	const char *k = NULL, *s;
+	char *buf = NULL, name[96];
+	json_t *root = NULL, *v;
 	json_error_t je;
-	const char *k, *bad = NULL;
-	json_t *root, *v;
-	int r = 0;
+	unsigned line;
+	size_t n = 0;
+	int rc;
 
-	root = json_load_file(path, 0, &je);
+	rc = read_whole(path, &buf, &n, err, err_len);
+	if (rc)
+		return rc;
+	s = buf;
+	if (n >= SIM_UTF8_BOM_LEN && !memcmp(s, SIM_UTF8_BOM, SIM_UTF8_BOM_LEN)) {
+		s += SIM_UTF8_BOM_LEN;
+		n -= SIM_UTF8_BOM_LEN;
+	}
+	rc = -EINVAL;
+	root = json_loadb(s, n, JSON_REJECT_DUPLICATES, &je);
 	if (!root) {
-		snprintf(err, err_len, "%s:%d: %s", path, je.line, je.text);
-		return -EINVAL;
+		if (json_error_code(&je) == json_error_duplicate_key &&
+		    !sim_json_key_at(s, n, (size_t)je.position, name, sizeof(name), &line))
+			snprintf(err, err_len, "%s:%u: field '%s': duplicate key", path, line,
+				 name);
+		else if (je.line > 0)
+			snprintf(err, err_len, "%s:%d: %s", path, je.line, je.text);
+		else
+			snprintf(err, err_len, "%s: %s", path, je.text);
+		goto out;
 	}
 	if (!json_is_object(root)) {
 		snprintf(err, err_len, "%s: the top level must be an object", path);
-		json_decref(root);
-		return -EINVAL;
+		goto out;
 	}
 	json_object_foreach(root, k, v)
 	{
+		int bad;
+
 		if (!strcmp(k, "model") && json_is_object(v))
-			r = load_model(v, &m2, &bad);
+			bad = load_model(v, &m2, &fe);
 		else if (!strcmp(k, "gpu") && json_is_object(v))
-			r = load_gpu(v, &g2, &bad);
+			bad = load_gpu(v, &g2, &fe);
 		else
-			r = -3;
-		if (r) {
-			if (r == -3)
-				snprintf(err, err_len,
-					 "%s: key '%s': expected \"model\" or \"gpu\" objects",
-					 path, k);
-			else
-				snprintf(err, err_len, "%s: %s.%s: %s", path, k, bad,
-					 r == -2   ? "unknown field"
-					 : r == -4 ? "not a multiple of n_kv_heads"
-						   : "not a positive number");
-			json_decref(root);
-			return -EINVAL;
+			bad = check_field(&fe, NULL, "expected \"model\" or \"gpu\" objects");
+		if (bad) {
+			/* the line of the field, else of its object's key */
+			line = fe.key ? sim_json_key_line(s, n, k, fe.key) : 0;
+			if (!line)
+				line = sim_json_key_line(s, n, k, NULL);
+			snprintf(name, sizeof(name), "%s%s%s", k, fe.key ? "." : "",
+				 fe.key ? fe.key : "");
+			if (line)
+				snprintf(err, err_len, "%s:%u: field '%s': %s", path, line, name,
+					 fe.what);
+			else /* not found: no line rather than a wrong one */
+				snprintf(err, err_len, "%s: field '%s': %s", path, name, fe.what);
+			goto out;
 		}
 	}
-	json_decref(root);
 	*m = m2;
 	*g = g2;
-	return 0;
+	rc = 0;
+out:
+	json_decref(root);
+	free(buf);
+	return rc;
 }
 
 double sim_model_kv_token_bytes(const struct sim_model_preset *m)

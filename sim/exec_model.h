@@ -19,16 +19,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The longest model or GPU name a preset keeps: a longer one is refused, never cut. */
+#define SIM_PRESET_NAME_MAX 31
+
 struct sim_model_preset {
-	char name[32];
+	char name[SIM_PRESET_NAME_MAX + 1];
 	uint32_t n_layers, n_q_heads, n_kv_heads, head_dim;
 	double params;	     /* parameters */
-	uint32_t elem_bytes; /* weights and KV element size (2: bf16/f16) */
+	uint32_t elem_bytes; /* weights and KV element size: 2 (bf16) or 4 (f32) */
 	uint32_t max_context;
 };
 
 struct sim_gpu_preset {
-	char name[32];
+	char name[SIM_PRESET_NAME_MAX + 1];
 	double hbm_gib;	 /* device memory */
 	double hbm_gbps; /* HBM bandwidth, GB/s */
 	double tflops;	 /* dense 16-bit peak, TFLOP/s */
@@ -41,9 +44,17 @@ struct sim_gpu_preset {
 int sim_preset_model(const char *name, struct sim_model_preset *out);
 int sim_preset_gpu(const char *name, struct sim_gpu_preset *out);
 
-/* Overrides fields of *m and *g from a JSON file {"model": {...}, "gpu": {...}} whose keys
-   are the struct field names; unknown keys are errors. 0, or -errno with "FILE: what" in
-   err. */
+/*
+ * Overrides fields of *m and *g from a JSON file {"model": {...}, "gpu": {...}} whose keys are
+ * the struct field names. A leading UTF-8 byte-order mark is skipped. Refused, with
+ * "FILE:LINE: field 'model.KEY': what" in err (the line of the key): unknown keys, a key twice
+ * in one object (at any level), values that are not positive numbers (integers for the u32
+ * fields), elem_bytes other than 2 or 4 (the library's bf16 and f32), names longer than
+ * SIM_PRESET_NAME_MAX, and n_q_heads not a multiple of n_kv_heads. Returns 0; -EINVAL for
+ * content ("FILE:LINE: what" for malformed JSON, "FILE: what" for a top level that is not
+ * an object); -errno with "FILE: cannot open: reason" or "FILE: read error: reason" when the
+ * file cannot be read; -EFBIG over 1 MiB; -ENOMEM. *m and *g change only on success.
+ */
 int sim_preset_load_json(const char *path, struct sim_model_preset *m, struct sim_gpu_preset *g,
 			 char *err, size_t err_len);
 

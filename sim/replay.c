@@ -71,6 +71,7 @@ struct u32_opt {
 struct dbl_opt {
 	const char *name;
 	double lo, hi;
+	bool lo_open; /* lo itself is refused */
 	size_t off;
 };
 
@@ -91,13 +92,17 @@ static const struct u32_opt u32_opts[] = {
 	{"chunked-prefill", 1, 1u << 24, OFF(chunk_tokens)},
 };
 
+/* A recall cache fraction of 0 leaves recall no frame to load into (kvt_recall_blocks
+   refuses the first decode); with --recall 0 no fraction is used at all, so 0 is never
+   worth accepting. Too small a positive fraction is refused when the run starts, where the
+   frame size is known. */
 static const struct dbl_opt dbl_opts[] = {
-	{"hbm-gib", 1e-3, 1e6, OFF(hbm_gib)},
-	{"dram-gib", 1e-3, 1e7, OFF(dram_gib)},
-	{"disk-gib", 0, 1e8, OFF(disk_gib)},
-	{"recall-cache-frac", 0, 0.99, OFF(recall_cache_frac)},
-	{"sel-keep", 0, 1, OFF(sel.p_keep)},
-	{"sel-revisit", 0, 1, OFF(sel.p_revisit)},
+	{"hbm-gib", 1e-3, 1e6, false, OFF(hbm_gib)},
+	{"dram-gib", 1e-3, 1e7, false, OFF(dram_gib)},
+	{"disk-gib", 0, 1e8, false, OFF(disk_gib)},
+	{"recall-cache-frac", 0, 0.99, true, OFF(recall_cache_frac)},
+	{"sel-keep", 0, 1, false, OFF(sel.p_keep)},
+	{"sel-revisit", 0, 1, false, OFF(sel.p_revisit)},
 };
 
 int sim_replay_opt(const char *name, const char *arg, struct sim_replay_opts *o)
@@ -131,11 +136,36 @@ valued:
 	}
 	for (size_t i = 0; i < sizeof(dbl_opts) / sizeof(dbl_opts[0]); i++) {
 		const struct dbl_opt *d = &dbl_opts[i];
+		double v;
 
 		if (strcmp(name, d->name))
 			continue;
-		return arg ? sim_parse_double(arg, d->lo, d->hi, (double *)((char *)o + d->off))
-			   : -1;
+		if (!arg || sim_parse_double(arg, d->lo, d->hi, &v) || (d->lo_open && v == d->lo))
+			return -1;
+		*(double *)((char *)o + d->off) = v;
+		return 0;
+	}
+	return 1;
+}
+
+int sim_replay_opt_want(const char *name, char *buf, size_t len)
+{
+	for (size_t i = 0; i < sizeof(u32_opts) / sizeof(u32_opts[0]); i++) {
+		const struct u32_opt *u = &u32_opts[i];
+
+		if (strcmp(name, u->name))
+			continue;
+		snprintf(buf, len, "an integer in [%u, %u]%s", u->lo, u->hi,
+			 u->off == OFF(block_tokens) ? ", a power of two" : "");
+		return 0;
+	}
+	for (size_t i = 0; i < sizeof(dbl_opts) / sizeof(dbl_opts[0]); i++) {
+		const struct dbl_opt *d = &dbl_opts[i];
+
+		if (strcmp(name, d->name))
+			continue;
+		snprintf(buf, len, "a number in %c%g, %g]", d->lo_open ? '(' : '[', d->lo, d->hi);
+		return 0;
 	}
 	return 1;
 }
@@ -773,7 +803,7 @@ static void mrun_config(struct mrun *mr)
 	c.n_kv_heads = o->model.n_kv_heads;
 	c.n_q_heads = o->model.n_q_heads;
 	c.head_dim = o->model.head_dim;
-	c.dtype = o->model.elem_bytes == 4 ? KVT_DTYPE_F32 : KVT_DTYPE_BF16;
+	c.dtype = o->model.elem_bytes == 4 ? KVT_DTYPE_F32 : KVT_DTYPE_BF16; /* or 2: check_opts */
 	c.block_tokens = o->block_tokens;
 	c.sink_tokens = o->sink_tokens;
 	c.topk_tokens = o->topk_tokens;
@@ -846,6 +876,25 @@ static int mrun_loop(struct run *run, double hbm_bytes)
 	if (o->spill_dir && o->policy != SIM_POLICY_SNAPSTREAM) {
 		mr->cfg.spill_dir = o->spill_dir;
 		mr->cfg.disk_bytes = (uint64_t)(o->disk_gib * 1073741824.0);
+	}
+	if (mr->recall) {
+		/* the library's frame: one block of one (layer, kv head), K and V */
+		uint64_t frame =
+			2ull * mr->cfg.block_tokens * mr->cfg.head_dim * o->model.elem_bytes;
+
+		if (mr->cfg.recall_cache_bytes < frame) {
+			ERRF("the recall cache, %g of %.3g GiB of HBM, gives the %u simulated layers "
+			     "%llu bytes: less than one block frame (%llu bytes); raise %s",
+			     rc_frac, hbm_bytes / 1073741824.0, mr->n_sampled,
+			     (unsigned long long)mr->cfg.recall_cache_bytes,
+			     (unsigned long long)frame,
+			     o->policy == SIM_POLICY_SPARSE_OFFLOAD
+				     ? "--hbm-gib"
+				     : "--recall-cache-frac or --hbm-gib, or turn recall off "
+				       "with --recall 0");
+			err = -EINVAL;
+			goto out;
+		}
 	}
 	mr->sel = o->sel;
 	mr->sel.r = mr->r ? mr->r : 1;
@@ -971,6 +1020,13 @@ static int check_opts(const struct sim_replay_opts *o, const struct sim_trace *t
 			snprintf(err, len, "spill directory %s: %s", o->spill_dir, why);
 			return -EINVAL;
 		}
+	}
+	if (o->model.elem_bytes != 2 && o->model.elem_bytes != 4) {
+		/* mrun_config's dtypes: any other size would be timed but not stored */
+		snprintf(err, len,
+			 "model element size %u bytes: the library stores 2 (bf16) or 4 (f32)",
+			 o->model.elem_bytes);
+		return -EINVAL;
 	}
 	if (!(o->recall_cache_frac >= 0 && o->recall_cache_frac < 1)) {
 		snprintf(err, len, "the recall cache fraction must be in [0, 1)");

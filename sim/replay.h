@@ -125,6 +125,11 @@ void sim_replay_opts_init(struct sim_replay_opts *o);
  */
 int sim_replay_opt(const char *name, const char *arg, struct sim_replay_opts *o);
 
+/* What engine option `name` (one that takes a value) accepts, for a message: "an integer in
+   [8, 64], a power of two", "a number in (0, 0.99]". Into buf[len]: 0, or 1 when name is not
+   such an option. */
+int sim_replay_opt_want(const char *name, char *buf, size_t len);
+
 enum sim_req_status {
 	SIM_REQ_PENDING = 0,
 	SIM_REQ_DONE,
@@ -169,13 +174,15 @@ struct sim_replay_result {
 	double win_ttft_sum_s; /* TTFTs of first tokens produced in the window */
 	uint64_t win_ttft_n;
 	double wall_s; /* wall-clock time of the run */
-	char policy[24], model[32], gpu[32];
+	char policy[24], model[SIM_PRESET_NAME_MAX + 1], gpu[SIM_PRESET_NAME_MAX + 1];
 };
 
 /*
  * Replays trace t (not modified) under o into *res (released with sim_replay_result_free).
- * Returns 0, or -errno with a message in err: -EINVAL for bad options, -ENOMEM, or an
- * unexpected library error (a bug: the message names the call).
+ * Returns 0, or -errno with a message in err: -EINVAL for bad options, found before the first
+ * iteration (among them a model element size other than 2 or 4 bytes, and a recall cache too
+ * small for one block frame when recall is on), -ENOMEM, or an unexpected library error (a
+ * bug: the message names the call).
  */
 int sim_replay_run(const struct sim_replay_opts *o, const struct sim_trace *t,
 		   struct sim_replay_result *res, char *err, size_t err_len);

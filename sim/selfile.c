@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "selfile.h"
+#include "simutil.h"
 
 static const char *const field_names[] = {"REQUEST", "STEP", "LAYER", "HEAD"};
 
@@ -75,15 +76,19 @@ int sim_selfile_read(const char *path, struct sim_selfile *out, char *err, size_
 
 	if (!fp) {
 		rc = -errno;
-		snprintf(err, err_len, "%s: %s", path, strerror(errno));
+		snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
 		return rc;
 	}
 	snprintf(f.path, sizeof(f.path), "%s", path);
 	while (getline(&line, &len, fp) != -1) {
 		struct sim_selrec r = {.line = ++ln};
 		uint32_t *key[4] = {&r.req, &r.step, &r.layer, &r.head}, b;
-		char *p = line + strspn(line, " \t");
+		char *p = line;
 		int k;
+
+		if (ln == 1 && !strncmp(p, SIM_UTF8_BOM, SIM_UTF8_BOM_LEN))
+			p += SIM_UTF8_BOM_LEN; /* as traces and preset files skip it */
+		p += strspn(p, " \t");
 
 		if (*p == '#' || !*(p + strspn(p, " \t\r\n")))
 			continue;

@@ -16,6 +16,7 @@
  *            (b + 1) * block_tokens)); at most the replay's r per record, none for an empty
  *            selection
  *
+ * A UTF-8 byte-order mark at the start of the file is skipped, as in traces and preset files.
  * Lines starting with '#' and blank lines are ignored; records may come in any order, but a
  * (REQUEST, STEP, LAYER, HEAD) appears at most once. For a request named in the file, a
  * (step, layer, head) without a record recalls nothing. Errors name the file, line and field.

@@ -13,6 +13,11 @@
 #include <stdlib.h>
 #include <time.h>
 
+/* A UTF-8 byte-order mark: every file the simulator reads (traces, preset files, recorded
+   selections) skips one at its start, and only there. */
+#define SIM_UTF8_BOM "\xEF\xBB\xBF"
+#define SIM_UTF8_BOM_LEN 3
+
 /* Parses a decimal integer in [lo, hi] into *out: 0, or -1 for anything else (sign, junk,
    overflow, empty). */
 static inline int sim_parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)

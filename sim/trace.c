@@ -16,6 +16,7 @@
 #include <strings.h>
 #include <sys/types.h>
 
+#include "jsonkey.h"
 #include "simutil.h"
 #include "trace.h"
 
@@ -331,8 +332,14 @@ static int line_json(struct rd *r, const char *s, size_t n)
 	int rc;
 
 	o = json_loadb(s, n, JSON_REJECT_DUPLICATES, &je);
-	if (!o)
+	if (!o) {
+		char key[SHOW + 1];
+
+		if (json_error_code(&je) == json_error_duplicate_key &&
+		    !sim_json_key_at(s, n, (size_t)je.position, key, sizeof(key), NULL))
+			return bad(r, key, "duplicate key");
 		return bad(r, NULL, "column %d: invalid JSON: %s", je.column, je.text);
+	}
 	if (!json_is_object(o)) {
 		rc = bad(r, NULL, "not a JSON object");
 		goto out;
@@ -439,6 +446,11 @@ static int header_csv(struct rd *r, char *s)
 		return bad(r, NULL, "header '%s': malformed double quotes", shown);
 	if (nf > MAX_COLS)
 		return bad(r, NULL, "header '%s': more than %d columns", shown, MAX_COLS);
+	/* a name twice is as ambiguous as a JSON key twice; unnamed columns name nothing */
+	for (int j = 1; j < nf; j++)
+		for (int i = 0; i < j; i++)
+			if (len[j] && strcasecmp(f[i], f[j]) == 0)
+				return bad(r, f[j], "duplicate column (also column %d)", i + 1);
 	if (r->fmt == SIM_TRACE_AUTO) {
 		for (size_t i = 0; i < sizeof(csv_fmts) / sizeof(csv_fmts[0]); i++) {
 			d = &fmts[csv_fmts[i]];
@@ -614,9 +626,10 @@ int sim_trace_read(const char *path, enum sim_trace_format fmt, const struct sim
 		while (n > 0 && (s[n - 1] == '\n' || s[n - 1] == '\r'))
 			n--;
 		s[n] = '\0';
-		if (lineno == 1 && n >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0) {
-			s += 3; /* a UTF-8 byte-order mark, as spreadsheet exports write */
-			n -= 3;
+		if (lineno == 1 && n >= SIM_UTF8_BOM_LEN &&
+		    memcmp(s, SIM_UTF8_BOM, SIM_UTF8_BOM_LEN) == 0) {
+			s += SIM_UTF8_BOM_LEN; /* as spreadsheet exports write */
+			n -= SIM_UTF8_BOM_LEN;
 		}
 		if (strlen(s) != n) {
 			rc = bad(r, NULL, "contains a NUL byte");

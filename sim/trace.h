@@ -17,8 +17,12 @@
  *             their output length is unknown. Model, Total tokens and Log Type are not read.
  *   vidur     CSV `arrived_at,num_prefill_tokens,num_decode_tokens`, seconds (Vidur/Splitwise
  *             processed traces).
- * Lines may end in LF or CRLF, the last one without a newline; blank lines are ignored; fields
- * may carry spaces around them and CSV fields may be double-quoted. Token counts are integers
+ * Lines may end in LF or CRLF, the last one without a newline; a UTF-8 byte-order mark at the
+ * start of the file is skipped; blank lines are ignored; fields may carry spaces around them
+ * and CSV fields may be double-quoted. A key twice in a JSON line makes the line bad ("field
+ * 'KEY': duplicate key"), and a column name twice in a CSV header (case-insensitively; empty
+ * names excepted) the header ("field 'NAME': duplicate column"), as preset files refuse
+ * theirs (exec_model.h): which one was meant is unknown. Token counts are integers
  * in [0, UINT32_MAX] (an integral value written as a real, like 512.0, is accepted); zero
  * counts are passed through (a 0-token prompt is the replay's to refuse). Times must be finite
  * and non-negative (except azure's absolute ones).
@@ -91,8 +95,8 @@ struct sim_trace {
  * message into err:
  *   -EINVAL  a malformed line without skip_bad_lines ("FILE:LINE: field 'NAME': what is
  *            wrong": missing, not a number, not an integer, negative, overflow, bad timestamp,
- *            or a wrong column count), an empty file, an unknown or incomplete header, no
- *            requests at all, or bad arguments;
+ *            duplicate key, or a wrong column count), an empty file, an unknown, incomplete
+ *            or ambiguous (duplicate column) header, no requests at all, or bad arguments;
  *   -ENOENT, -EACCES, -EISDIR, -EIO...  opening or reading the file ("FILE: reason");
  *   -EFBIG   more than UINT32_MAX lines;  -ENOMEM.
  */

@@ -150,8 +150,164 @@ static void test_json(void **state)
 		assert_memory_equal(&g, &g0, sizeof(g));
 	}
 	unlink(path);
+}
+
+/* The preset file `text` must be refused with -EINVAL and a message that starts with its path
+   and has `want`, leaving *m and *g as they were. */
+static void json_refused(const char *path, const char *text, const char *want,
+			 struct sim_model_preset *m, struct sim_gpu_preset *g)
+{
+	struct sim_model_preset m0 = *m;
+	struct sim_gpu_preset g0 = *g;
+	char err[256] = "";
+	int rc;
+
+	write_file(path, text);
+	rc = sim_preset_load_json(path, m, g, err, sizeof(err));
+	print_message("# %s\n", err);
+	if (rc != -EINVAL || strncmp(err, path, strlen(path)) || !strstr(err, want)) {
+		print_error("%s: %d \"%s\", expected -EINVAL and \"%s\"\n", text, rc, err, want);
+		fail();
+	}
+	assert_memory_equal(m, &m0, sizeof(*m));
+	assert_memory_equal(g, &g0, sizeof(*g));
+}
+
+/* Loading the preset file must succeed. */
+static void load_ok(const char *path, struct sim_model_preset *m, struct sim_gpu_preset *g)
+{
+	char err[256] = "";
+	int rc = sim_preset_load_json(path, m, g, err, sizeof(err));
+
+	if (rc) {
+		print_error("sim_preset_load_json: %d: %s\n", rc, err);
+		fail();
+	}
+}
+
+/* A fresh preset pair and a file path of this process for the preset-file tests. */
+static void json_setup(char *path, size_t len, struct sim_model_preset *m, struct sim_gpu_preset *g)
+{
+	snprintf(path, len, "/tmp/kvt_exec_rules_%d.json", (int)getpid());
+	sim_preset_model("llama3-8b", m);
+	sim_preset_gpu("h100", g);
+}
+
+/* Element sizes: 2 bytes is bf16, 4 is f32, what the replay engine gives the library; any
+   other size would be timed as itself but stored as bf16. */
+static void test_json_elem_bytes(void **state)
+{
+	struct sim_model_preset m;
+	struct sim_gpu_preset g;
+	char path[64];
+	(void)state;
+
+	json_setup(path, sizeof(path), &m, &g);
+	write_file(path, "{\"model\": {\"elem_bytes\": 4}}");
+	load_ok(path, &m, &g);
+	assert_int_equal(m.elem_bytes, 4);
+	write_file(path, "{\"model\": {\"elem_bytes\": 2}}");
+	load_ok(path, &m, &g);
+	assert_int_equal(m.elem_bytes, 2);
+	json_refused(path, "{\"model\": {\"n_layers\": 32,\n  \"elem_bytes\": 3}}",
+		     ":2: field 'model.elem_bytes': must be 2 (bf16) or 4 (f32)", &m, &g);
+	json_refused(path, "{\"model\": {\"elem_bytes\": 1}}", ":1: field 'model.elem_bytes'", &m,
+		     &g);
+	json_refused(path, "{\"model\": {\"elem_bytes\": 8}}", ":1: field 'model.elem_bytes'", &m,
+		     &g);
+	unlink(path);
+}
+
+/* Names of up to 31 characters are kept whole; longer ones are refused, never cut. */
+static void test_json_names(void **state)
+{
+	static const char name31[] = "0123456789012345678901234567890";
+	struct sim_model_preset m;
+	struct sim_gpu_preset g;
+	char path[64], text[256];
+	(void)state;
+
+	json_setup(path, sizeof(path), &m, &g);
+	snprintf(text, sizeof(text),
+		 "{\"model\": {\"name\": \"%s\"},\n \"gpu\": {\"name\": \"%s\"}}", name31, name31);
+	write_file(path, text);
+	load_ok(path, &m, &g);
+	assert_string_equal(m.name, name31);
+	assert_string_equal(g.name, name31);
+	snprintf(text, sizeof(text),
+		 "{\"model\": {\"n_layers\": 32},\n\n \"gpu\": {\"name\": \"%sX\"}}", name31);
+	json_refused(path, text, ":3: field 'gpu.name': longer than 31 characters", &m, &g);
+	snprintf(text, sizeof(text), "{\"model\": {\"name\": \"%sXY\"}}", name31);
+	json_refused(path, text, ":1: field 'model.name': longer than 31 characters", &m, &g);
+	unlink(path);
+}
+
+/* A leading UTF-8 byte-order mark is skipped, as the trace readers skip it; one elsewhere is
+   an error. */
+static void test_json_bom(void **state)
+{
+	struct sim_model_preset m;
+	struct sim_gpu_preset g;
+	char path[64];
+	(void)state;
+
+	json_setup(path, sizeof(path), &m, &g);
+	write_file(path, "\xEF\xBB\xBF{\"model\": {\"n_layers\": 40}}\n");
+	load_ok(path, &m, &g);
+	assert_int_equal(m.n_layers, 40);
+	json_refused(path, "{\"model\": {\"n_layers\": 40}}\xEF\xBB\xBF", ":1:", &m, &g);
+	unlink(path);
+}
+
+/* A key twice in one object is ambiguous (jansson alone would keep the last): refused at the
+   second, at any level, as in traces. */
+static void test_json_duplicates(void **state)
+{
+	struct sim_model_preset m;
+	struct sim_gpu_preset g;
+	char path[64];
+	(void)state;
+
+	json_setup(path, sizeof(path), &m, &g);
+	json_refused(path, "{\"model\": {\"n_layers\": 16,\n  \"n_layers\": 40}}",
+		     ":2: field 'model.n_layers': duplicate key", &m, &g);
+	json_refused(path, "{\"model\": {},\n \"gpu\": {},\n \"model\": {\"n_layers\": 16}}",
+		     ":3: field 'model': duplicate key", &m, &g);
+	json_refused(path, "{\"gpu\": {\"name\": {\"a\": 1,\n \"a\": 2}}}",
+		     ":2: field 'a': duplicate key", &m, &g);
+	unlink(path);
+}
+
+/* Value errors name the line of their key. */
+static void test_json_lines(void **state)
+{
+	struct sim_model_preset m;
+	struct sim_gpu_preset g;
+	char path[64];
+	(void)state;
+
+	json_setup(path, sizeof(path), &m, &g);
+	json_refused(path, "{\n \"gpu\": {\n  \"tflops\": 1,\n  \"hbm_gbps\": -1}}",
+		     ":4: field 'gpu.hbm_gbps': not a positive number", &m, &g);
+	json_refused(path, "{\"gpu\": {\"tflops\": 1},\n \"model\": {\"n_kv_heads\": 5}}",
+		     ":2: field 'model.n_kv_heads': n_q_heads (32) is not a multiple of it", &m,
+		     &g);
+	json_refused(path, "{\"model\": {},\n \"cpu\": {}}", ":2: field 'cpu'", &m, &g);
+	unlink(path);
+}
+
+/* A file that cannot be opened: -errno and its reason, no line. */
+static void test_json_open_error(void **state)
+{
+	struct sim_model_preset m;
+	struct sim_gpu_preset g;
+	char path[64], err[256];
+	(void)state;
+
+	json_setup(path, sizeof(path), &m, &g);
 	assert_int_equal(sim_preset_load_json("/nonexistent/x.json", &m, &g, err, sizeof(err)),
-			 -EINVAL);
+			 -ENOENT);
+	assert_string_equal(err, "/nonexistent/x.json: cannot open: No such file or directory");
 }
 
 static void test_selection_basics(void **state)
@@ -254,6 +410,12 @@ int main(void)
 		cmocka_unit_test(test_presets),
 		cmocka_unit_test(test_iter_time),
 		cmocka_unit_test(test_json),
+		cmocka_unit_test(test_json_elem_bytes),
+		cmocka_unit_test(test_json_names),
+		cmocka_unit_test(test_json_bom),
+		cmocka_unit_test(test_json_duplicates),
+		cmocka_unit_test(test_json_lines),
+		cmocka_unit_test(test_json_open_error),
 		cmocka_unit_test(test_selection_basics),
 		cmocka_unit_test(test_selection_overlap),
 	};

@@ -596,6 +596,27 @@ static void test_recorded_selections(void **state)
 	free(t.reqs);
 }
 
+/* A selections file follows the traces' and presets' rules: a leading UTF-8 byte-order mark
+   is skipped, and a file that cannot be opened is reported with its reason. */
+static void test_selfile_rules(void **state)
+{
+	struct sim_selfile sf;
+	char err[512];
+	const char *path = tmp_file("\xEF\xBB\xBF"
+				    "0 1 2 3 7 8\n");
+	(void)state;
+
+	CHECK_RC(sim_selfile_read(path, &sf, err, sizeof(err)), 0);
+	assert_int_equal(sf.n_rec, 1);
+	assert_int_equal(sf.rec[0].req, 0);
+	assert_int_equal(sf.rec[0].head, 3);
+	assert_int_equal(sf.rec[0].n, 2);
+	sim_selfile_free(&sf);
+	unlink(path);
+	assert_int_equal(sim_selfile_read("/nonexistent/sel.txt", &sf, err, sizeof(err)), -ENOENT);
+	assert_string_equal(err, "/nonexistent/sel.txt: cannot open: No such file or directory");
+}
+
 static void test_bad_options(void **state)
 {
 	struct sim_trace t = mk_trace(2, 1024, 4, 0), empty = {0};
@@ -624,16 +645,82 @@ static void test_bad_options(void **state)
 	free(t.reqs);
 }
 
+/* A recall cache fraction of 0 is refused at parsing (recall would have no frame to load
+   into), and one too small for a single frame before the first iteration, naming the option;
+   --recall 0 and sparse-offload, which use no fraction, still run. */
+static void test_recall_cache_frac(void **state)
+{
+	struct sim_trace t = mk_trace(2, 1024, 4, 0);
+	struct sim_replay_opts o;
+	struct sim_replay_result res;
+	char err[512];
+	(void)state;
+
+	opts(&o, SIM_POLICY_KVTIER);
+	assert_int_equal(sim_replay_opt("recall-cache-frac", "0", &o), -1);
+	assert_true(o.recall_cache_frac == 0.10); /* unchanged */
+	assert_int_equal(sim_replay_opt("recall-cache-frac", "0.99", &o), 0);
+	assert_int_equal(sim_replay_opt("recall-cache-frac", "1e-9", &o), 0);
+	assert_int_equal(sim_replay_run(&o, &t, &res, err, sizeof(err)), -EINVAL);
+	print_message("# %s\n", err);
+	assert_non_null(strstr(err, "--recall-cache-frac"));
+	o.recall_blocks = 0;
+	run_ok(&o, &t, &res);
+	assert_int_equal(res.completed, 2);
+	sim_replay_result_free(&res);
+	opts(&o, SIM_POLICY_SPARSE_OFFLOAD);
+	o.recall_cache_frac = 1e-9;
+	run_ok(&o, &t, &res);
+	assert_int_equal(res.completed, 2);
+	sim_replay_result_free(&res);
+	free(t.reqs);
+}
+
+/* An element size the library does not store is refused before the run, under every policy:
+   the timing would use it while the manager stored bf16. */
+static void test_elem_bytes(void **state)
+{
+	struct sim_trace t = mk_trace(2, 1024, 4, 0);
+	struct sim_replay_opts o;
+	struct sim_replay_result res;
+	char err[512];
+	(void)state;
+
+	for (uint32_t eb = 1; eb <= 8; eb++) {
+		opts(&o, eb & 1 ? SIM_POLICY_KVTIER : SIM_POLICY_FULL);
+		o.model.elem_bytes = eb;
+		if (eb == 2 || eb == 4) {
+			run_ok(&o, &t, &res);
+			assert_int_equal(res.completed, 2);
+			sim_replay_result_free(&res);
+			continue;
+		}
+		assert_int_equal(sim_replay_run(&o, &t, &res, err, sizeof(err)), -EINVAL);
+		print_message("# %s\n", err);
+		assert_non_null(strstr(err, "element size"));
+	}
+	free(t.reqs);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_smoke_bundled),  cmocka_unit_test(test_full_by_hand),
-		cmocka_unit_test(test_full_chunked),   cmocka_unit_test(test_failures_alone),
-		cmocka_unit_test(test_dram_admission), cmocka_unit_test(test_spill_dir),
-		cmocka_unit_test(test_closed_loop),    cmocka_unit_test(test_ws_control),
-		cmocka_unit_test(test_layer_sampling), cmocka_unit_test(test_summary),
-		cmocka_unit_test(test_json_keys),      cmocka_unit_test(test_recorded_selections),
+		cmocka_unit_test(test_smoke_bundled),
+		cmocka_unit_test(test_full_by_hand),
+		cmocka_unit_test(test_full_chunked),
+		cmocka_unit_test(test_failures_alone),
+		cmocka_unit_test(test_dram_admission),
+		cmocka_unit_test(test_spill_dir),
+		cmocka_unit_test(test_closed_loop),
+		cmocka_unit_test(test_ws_control),
+		cmocka_unit_test(test_layer_sampling),
+		cmocka_unit_test(test_summary),
+		cmocka_unit_test(test_json_keys),
+		cmocka_unit_test(test_recorded_selections),
+		cmocka_unit_test(test_selfile_rules),
 		cmocka_unit_test(test_bad_options),
+		cmocka_unit_test(test_recall_cache_frac),
+		cmocka_unit_test(test_elem_bytes),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

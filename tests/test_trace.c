@@ -507,6 +507,101 @@ static void test_bad_lines(void **state)
 	rmdir(dir);
 }
 
+/* Writes `text` to a file of its own and checks that reading it fails with `want`; with
+   skip_bad_lines, that the line alone is skipped (line_error) or that the read still fails. */
+static void bad_file(const char *text, bool line_error, const char *want)
+{
+	struct sim_trace_opts skip = SIM_TRACE_OPTS_INIT;
+	struct sim_trace t;
+	char path[64];
+	FILE *f;
+
+	skip.skip_bad_lines = true;
+	snprintf(path, sizeof(path), "/tmp/kvt_trace_dup_%d.txt", (int)getpid());
+	f = fopen(path, "wb");
+	assert_non_null(f);
+	fputs(text, f);
+	assert_int_equal(fclose(f), 0);
+	READ_FAILS(path, SIM_TRACE_AUTO, NULL, -EINVAL, want);
+	if (line_error) {
+		READ_OK(path, SIM_TRACE_AUTO, &skip, &t);
+		assert_int_equal(t.count, 1);
+		assert_int_equal(t.skipped, 1);
+		assert_non_null(strstr(t.bad[0], want));
+		sim_trace_free(&t);
+	} else {
+		READ_FAILS(path, SIM_TRACE_AUTO, &skip, -EINVAL, want);
+	}
+	unlink(path);
+}
+
+/* A key twice in one JSON line is ambiguous: the line is bad and the message names the key,
+   as in preset files. */
+static void test_duplicate_json_keys(void **state)
+{
+	(void)state;
+	bad_file(MC_OK "{\"timestamp\": 1, \"input_length\": 1, \"input_length\": 2, "
+		       "\"output_length\": 1}\n",
+		 true, ":2: field 'input_length': duplicate key");
+	bad_file(MC_OK "{\"timestamp\": 1, \"hash_ids\": [1], \"hash_ids\": [2], "
+		       "\"input_length\": 1, \"output_length\": 1}\n",
+		 true, ":2: field 'hash_ids': duplicate key");
+	bad_file("\xEF\xBB\xBF{\"timestamp\": 1, \"input_length\": 1, \"output_length\": 1, "
+		 "\"timestamp\": 2}\n" MC_OK,
+		 true, ":1: field 'timestamp': duplicate key");
+}
+
+/* A column name twice in a CSV header (case-insensitively, as columns are found) is as
+   ambiguous: the header is refused, whether the format reads the column or not. */
+static void test_duplicate_csv_columns(void **state)
+{
+	(void)state;
+	bad_file(
+		"arrived_at,num_prefill_tokens,num_decode_tokens,NUM_PREFILL_TOKENS\n0.5,100,10,7\n",
+		false, ":1: field 'NUM_PREFILL_TOKENS': duplicate column (also column 2)");
+	bad_file("\xEF\xBB\xBF"
+		 "arrived_at,num_prefill_tokens,num_decode_tokens,x,x\n0.5,100,10,a,b\n",
+		 false, ":1: field 'x': duplicate column (also column 4)");
+	bad_file("Timestamp,Model,Request tokens,Response tokens,Total tokens,model\n" BG_OK, false,
+		 ":1: field 'model': duplicate column (also column 2)");
+}
+
+/* A leading UTF-8 byte-order mark (spreadsheet exports write one) is skipped in every format,
+   as preset files skip it; unnamed CSV columns may repeat (they name nothing). */
+static void test_bom(void **state)
+{
+	static const struct {
+		const char *text;
+		enum sim_trace_format fmt;
+		uint32_t in;
+	} cases[] = {
+		{"\xEF\xBB\xBF" MC("0", "10", "5"), SIM_TRACE_MOONCAKE, 10},
+		{"\xEF\xBB\xBF" AZ_H AZ_OK, SIM_TRACE_AZURE, 4808},
+		{"\xEF\xBB\xBF" BG_H BG_OK, SIM_TRACE_BURSTGPT, 472},
+		{"\xEF\xBB\xBF" VD_H VD_OK, SIM_TRACE_VIDUR, 100},
+		{"arrived_at,num_prefill_tokens,num_decode_tokens,,\n0.5,100,10,,\n",
+		 SIM_TRACE_VIDUR, 100},
+	};
+	char path[64];
+	(void)state;
+
+	snprintf(path, sizeof(path), "/tmp/kvt_trace_bom_%d.txt", (int)getpid());
+	for (size_t c = 0; c < N_OF(cases); c++) {
+		struct sim_trace t;
+		FILE *f = fopen(path, "wb");
+
+		assert_non_null(f);
+		fputs(cases[c].text, f);
+		assert_int_equal(fclose(f), 0);
+		READ_OK(path, SIM_TRACE_AUTO, NULL, &t);
+		assert_int_equal(t.format, cases[c].fmt);
+		assert_int_equal(t.count, 1);
+		assert_int_equal(t.reqs[0].input_tokens, cases[c].in);
+		sim_trace_free(&t);
+	}
+	unlink(path);
+}
+
 static void test_open_errors(void **state)
 {
 	struct sim_trace t;
@@ -862,13 +957,23 @@ static void test_retime_read_trace(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_mooncake_good),	  cmocka_unit_test(test_azure_good),
-		cmocka_unit_test(test_burstgpt_good),	  cmocka_unit_test(test_vidur_good),
-		cmocka_unit_test(test_format_names),	  cmocka_unit_test(test_bad_samples),
-		cmocka_unit_test(test_bad_lines),	  cmocka_unit_test(test_open_errors),
-		cmocka_unit_test(test_over_context),	  cmocka_unit_test(test_real_mooncake),
-		cmocka_unit_test(test_real_azure),	  cmocka_unit_test(test_stats),
-		cmocka_unit_test(test_retime_gamma),	  cmocka_unit_test(test_retime_semantics),
+		cmocka_unit_test(test_mooncake_good),
+		cmocka_unit_test(test_azure_good),
+		cmocka_unit_test(test_burstgpt_good),
+		cmocka_unit_test(test_vidur_good),
+		cmocka_unit_test(test_format_names),
+		cmocka_unit_test(test_bad_samples),
+		cmocka_unit_test(test_bad_lines),
+		cmocka_unit_test(test_duplicate_json_keys),
+		cmocka_unit_test(test_duplicate_csv_columns),
+		cmocka_unit_test(test_bom),
+		cmocka_unit_test(test_open_errors),
+		cmocka_unit_test(test_over_context),
+		cmocka_unit_test(test_real_mooncake),
+		cmocka_unit_test(test_real_azure),
+		cmocka_unit_test(test_stats),
+		cmocka_unit_test(test_retime_gamma),
+		cmocka_unit_test(test_retime_semantics),
 		cmocka_unit_test(test_retime_read_trace),
 	};
 

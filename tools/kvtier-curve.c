@@ -130,8 +130,8 @@ static void usage(FILE *f)
 	      "Cache and recall:\n"
 	      "  --recall R            blocks recalled per (layer, kv head) and step\n"
 	      "                        (default 8)\n"
-	      "  --recall-cache-frac F share of the HBM budget for the recall cache\n"
-	      "                        (default 0.1)\n"
+	      "  --recall-cache-frac F share of the HBM budget for the recall cache, in\n"
+	      "                        (0, 0.99] (default 0.1)\n"
 	      "  --recall-layers N     simulate recall on N evenly spaced layers standing\n"
 	      "                        for all (faster; default 0: every layer)\n"
 	      "  --block-tokens N      tokens per block, 8..64, power of two (default 32)\n"
@@ -413,6 +413,7 @@ static int parse_opts(int argc, char **argv, struct curve *c)
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
+	char want[96];
 	int opt, bad, li = 0;
 
 	memset(c, 0, sizeof(*c));
@@ -439,6 +440,12 @@ static int parse_opts(int argc, char **argv, struct curve *c)
 		}
 		bad = opt == O_ENGINE ? sim_replay_opt(lo[li].name, optarg, &c->base)
 				      : parse_tool_opt(opt, optarg, c);
+		if (bad && opt == O_ENGINE &&
+		    !sim_replay_opt_want(lo[li].name, want, sizeof(want))) {
+			fprintf(stderr, TOOL ": bad value for --%s: '%s' (want %s)\n", lo[li].name,
+				optarg ? optarg : "", want);
+			return -1;
+		}
 		if (bad)
 			return cli_bad_value(TOOL, lo[li].name, optarg);
 	}

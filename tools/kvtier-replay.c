@@ -58,7 +58,8 @@ static void usage(FILE *f)
 		"  --sink N --topk N --recent N   compressed cache (default 128, 1024, 512)\n"
 		"  --recall R            blocks recalled per layer and kv head per step (default 8;\n"
 		"                        0: none)\n"
-		"  --recall-cache-frac F share of the HBM budget for the recall cache (default 0.1)\n"
+		"  --recall-cache-frac F share of the HBM budget for the recall cache, in (0, 0.99]\n"
+		"                        (default 0.1)\n"
 		"  --ws-window W         working-set window in steps (default 12)\n"
 		"  --recall-layers N     simulate recall on N evenly spaced layers standing for\n"
 		"                        all (loads and times scaled; default 8, 0: every layer)\n"
@@ -116,6 +117,7 @@ enum {
 static int parse_opt(int c, const char *a, const char *name, struct opts *o)
 {
 	struct sim_replay_opts *r = &o->r;
+	char want[96];
 	uint32_t u = 0;
 	int bad = 0;
 
@@ -147,6 +149,11 @@ static int parse_opt(int c, const char *a, const char *name, struct opts *o)
 		break;
 	case O_ENGINE:
 		bad = sim_replay_opt(name, a, r);
+		if (bad && !sim_replay_opt_want(name, want, sizeof(want))) {
+			fprintf(stderr, TOOL ": bad value for --%s: '%s' (want %s)\n", name,
+				a ? a : "", want);
+			return -1;
+		}
 		break;
 	default:
 		break;
