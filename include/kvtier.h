@@ -88,6 +88,11 @@ enum kvt_backend {
 				  per-call model (config.model_*); never chosen by AUTO */
 };
 
+/* size is the caller's sizeof(struct kvt_config): this header's, or that of an earlier kvtier
+   header of the same version, whose struct ended after backend (the design contract's fields),
+   staging_bytes, recall_cache_bytes or model_fused (80, 88, 104 or 152 bytes on LP64; 184 for
+   this header). Fields past the caller's struct keep their defaults. Any other size, or another
+   version, is -EINVAL. */
 struct kvt_config {
 	uint32_t size, version; /* sizeof(struct kvt_config), KVT_CONFIG_VERSION */
 	/* model geometry: n_q_heads is a multiple of n_kv_heads; block_tokens a power of two
@@ -146,7 +151,7 @@ struct kvt_config {
 	uint64_t disk_bytes;
 	double model_disk_gbps;
 	uint32_t model_disk_ns;
-	uint32_t reserved; /* 0 */
+	uint32_t reserved; /* must be 0 (-EINVAL otherwise) */
 };
 
 /* Defaults: Llama-3-8B geometry (32 layers, 8 kv heads, 32 q heads, d=128, bf16), 32-token
@@ -173,8 +178,9 @@ struct kvt_config {
 
 struct kvt_manager;
 
-/* Counters of one manager since its creation. Set .size = sizeof(struct kvt_stats) (or use
-   KVT_STATS_INIT) before calling kvt_manager_stats; fields past .size are not written. */
+/* Counters of one manager since its creation. Set .size = sizeof(struct kvt_stats) and .version
+   = KVT_STATS_VERSION (KVT_STATS_INIT does both) before calling kvt_manager_stats; fields past
+   .size are not written. */
 struct kvt_stats {
 	uint32_t size, version;
 	uint64_t device_frames_total, device_frames_used, device_frames_free;
@@ -282,7 +288,9 @@ KVT_API const char *kvt_manager_last_error(const struct kvt_manager *m);
 /* Copies the effective configuration (backend resolved from AUTO) into *out. -EINVAL on NULL. */
 KVT_API int kvt_manager_config(const struct kvt_manager *m, struct kvt_config *out);
 
-/* Fills *out up to out->size. -EINVAL on NULL or out->size smaller than the first two fields. */
+/* Fills *out up to out->size (a larger size: the whole struct) and sets out->size to the bytes
+   written. -EINVAL, with nothing written, on NULL, out->size smaller than the first two fields
+   or out->version other than KVT_STATS_VERSION. */
 KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out);
 
 /* Waits until every save handed to the save path so far has landed in the host history and

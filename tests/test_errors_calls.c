@@ -122,6 +122,23 @@ void test_stats_errors(void **state)
 		for (size_t b = 4; b < sizeof(buf); b++)
 			assert_int_equal(buf[b], 0xab);
 	}
+	/* A version other than KVT_STATS_VERSION (a caller's struct of another layout, or one
+	   that set only .size): -EINVAL, nothing written. */
+	const uint32_t bad_versions[] = {0, KVT_STATS_VERSION + 1, 0xabababab, UINT32_MAX};
+
+	for (size_t i = 0; i < sizeof(bad_versions) / sizeof(bad_versions[0]); i++) {
+		const uint32_t sz = (uint32_t)full;
+
+		memset(buf, 0xab, sizeof(buf));
+		memcpy(buf, &sz, sizeof(sz));
+		memcpy(buf + 4, &bad_versions[i], sizeof(uint32_t));
+		EXPECT_FAIL_CONST(f, kvt_manager_stats(f->m, (struct kvt_stats *)(void *)buf),
+				  -EINVAL);
+		assert_memory_equal(buf, &sz, sizeof(sz));
+		assert_memory_equal(buf + 4, &bad_versions[i], sizeof(uint32_t));
+		for (size_t b = 8; b < sizeof(buf); b++)
+			assert_int_equal(buf[b], 0xab);
+	}
 	/* A size covering part of the struct: exactly that many bytes written, matching the
 	   full struct; the rest untouched. Larger than the struct: the struct, no more. (Only
 	   kvt_manager_stats runs from here on, so the counters stay as in ref.) */
@@ -137,9 +154,11 @@ void test_stats_errors(void **state)
 
 	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
 		uint32_t sz = sizes[i], written = sz < full ? sz : (uint32_t)full;
+		const uint32_t version = KVT_STATS_VERSION;
 
 		memset(buf, 0xab, sizeof(buf));
 		memcpy(buf, &sz, sizeof(sz));
+		memcpy(buf + 4, &version, sizeof(version));
 		assert_int_equal(kvt_manager_stats(f->m, (struct kvt_stats *)(void *)buf), 0);
 		/* Header: size says what was written, version is current. */
 		uint32_t hdr[2];

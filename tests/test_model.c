@@ -815,6 +815,7 @@ static void test_accounting(void **state)
 
 	memset(&old, 0x5a, sizeof(old));
 	old.size = (uint32_t)offsetof(struct kvt_stats, model_ns_h2d);
+	old.version = KVT_STATS_VERSION;
 	CHECK_RC(kvt_manager_stats(m, &old), 0);
 	CHECK_U64(old.model_ns_h2d, 0x5a5a5a5a5a5a5a5aull, "field past .size");
 	CHECK_U64(old.resumes, 1, "field before .size");
