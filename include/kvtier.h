@@ -220,7 +220,9 @@ struct kvt_stats {
 	uint64_t disk_blocks_total, disk_blocks_used;
 	uint64_t disk_blocks_spilled, disk_blocks_fetched;
 	uint64_t disk_bytes_written, disk_bytes_read; /* file bytes, padding included */
-	uint64_t disk_io_errors;       /* failed or short I/Os (each fails only its sequence) */
+	uint64_t disk_io_errors;       /* I/Os the disk failed (each fails only its sequence);
+					  not writes the spill file's limits refused (-ENOSPC),
+					  nor calls that failed for any other reason */
 	uint64_t disk_checksum_errors; /* blocks read back with a CRC-32C mismatch */
 	uint64_t seqs_lost;	       /* sequences whose history could not be read back */
 	uint64_t model_ns_disk;	       /* modelled disk time (model backend) */
