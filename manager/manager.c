@@ -137,6 +137,33 @@ static uint32_t budget_groups(uint64_t bytes, uint64_t group_bytes)
 	return n == 0 || n >= UINT32_MAX ? 0 : (uint32_t)n;
 }
 
+/* The error of opening the disk tier as kvt_manager_create documents it: what the file system
+   said about spill_dir where that names the cause, -EIO for anything else (logged). */
+static int spill_errno(int err)
+{
+	switch (-err) {
+	case 0:
+	case EINVAL:
+	case ENOMEM:
+	case ENOENT:
+	case ENOTDIR:
+	case EACCES:
+	case EPERM:
+	case EROFS:
+	case ENOSPC:
+	case ENAMETOOLONG:
+	case ELOOP:
+	case EMFILE:
+		return err;
+	case EDQUOT:
+		return -ENOSPC;
+	case ENFILE:
+		return -EMFILE;
+	default:
+		return -EIO;
+	}
+}
+
 /* Builds a manager from a configuration load_config has already validated. */
 static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 			 struct kvt_manager **out)
@@ -228,7 +255,7 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 		err = kvt_recall_init(m, m->dev_base + (uint64_t)n_dev * m->group_bytes,
 				      (uint32_t)n_rc);
 	if (!err)
-		err = kvt_spill_open(m);
+		err = spill_errno(kvt_spill_open(m));
 	if (err)
 		goto fail_be;
 	m->meta_bytes = 2 * m->row_bytes;
