@@ -23,6 +23,14 @@
  * in each call. Calls that need token bytes (kvt_seq_read_token, kvt_attend,
  * kvt_decode_recall's scoring) return -ENOTSUP on a backend without payload.
  *
+ * Errors every fallible call on a manager shares: -EINVAL for a NULL manager; -EBADMSG for a
+ * sequence whose history was lost (kvt_seq_fetch), from every call naming it but
+ * kvt_seq_destroy and kvt_seq_info. Device errors: on the CUDA backend, a call that waits for
+ * the device or works on it fails as CUDA's error says, -EIO (most failures, and a save lost on
+ * the device), -ENOMEM (device or pinned memory), -ENODEV (the device cannot be used) or
+ * -EINVAL (a stream handle CUDA refuses), with CUDA's text in kvt_manager_last_error; the host
+ * and model backends have none. Each call's comment lists all of its codes.
+ *
  * Concurrency contract.
  * - Ownership: a manager, its sequences and the scheduler made over it belong to one thread at
  *   a time (the owner). Calls on one manager, or on its scheduler, must not overlap; handing
@@ -90,6 +98,11 @@ enum kvt_backend {
 				  per-call model (config.model_*); never chosen by AUTO */
 };
 
+/* size is the caller's sizeof(struct kvt_config): this header's, or that of an earlier kvtier
+   header of the same version, whose struct ended after backend (the design contract's fields),
+   staging_bytes, recall_cache_bytes or model_fused (80, 88, 104 or 152 bytes on LP64; 184 for
+   this header). Fields past the caller's struct keep their defaults. Any other size, or another
+   version, is -EINVAL. */
 struct kvt_config {
 	uint32_t size, version; /* sizeof(struct kvt_config), KVT_CONFIG_VERSION */
 	/* model geometry: n_q_heads is a multiple of n_kv_heads; block_tokens a power of two
@@ -151,7 +164,7 @@ struct kvt_config {
 	uint64_t disk_bytes;
 	double model_disk_gbps;
 	uint32_t model_disk_ns;
-	uint32_t reserved; /* 0 */
+	uint32_t reserved; /* must be 0 (-EINVAL otherwise) */
 };
 
 /* Defaults: Llama-3-8B geometry (32 layers, 8 kv heads, 32 q heads, d=128, bf16), 32-token
@@ -178,8 +191,9 @@ struct kvt_config {
 
 struct kvt_manager;
 
-/* Counters of one manager since its creation. Set .size = sizeof(struct kvt_stats) (or use
-   KVT_STATS_INIT) before calling kvt_manager_stats; fields past .size are not written. */
+/* Counters of one manager since its creation. Set .size = sizeof(struct kvt_stats) and .version
+   = KVT_STATS_VERSION (KVT_STATS_INIT does both) before calling kvt_manager_stats; fields past
+   .size are not written. */
 struct kvt_stats {
 	uint32_t size, version;
 	uint64_t device_frames_total, device_frames_used, device_frames_free;
@@ -219,7 +233,9 @@ struct kvt_stats {
 	uint64_t disk_blocks_total, disk_blocks_used;
 	uint64_t disk_blocks_spilled, disk_blocks_fetched;
 	uint64_t disk_bytes_written, disk_bytes_read; /* file bytes, padding included */
-	uint64_t disk_io_errors;       /* failed or short I/Os (each fails only its sequence) */
+	uint64_t disk_io_errors;       /* I/Os the disk failed (each fails only its sequence);
+					  not writes the spill file's limits refused (-ENOSPC),
+					  nor calls that failed for any other reason */
 	uint64_t disk_checksum_errors; /* blocks read back with a CRC-32C mismatch */
 	uint64_t seqs_lost;	       /* sequences whose history could not be read back */
 	uint64_t model_ns_disk;	       /* modelled disk time (model backend) */
@@ -271,43 +287,69 @@ KVT_API const char *kvt_version(void);
 KVT_API void kvt_log_set(kvt_log_fn fn, void *user);
 KVT_API void kvt_log_set_level(enum kvt_log_level level);
 
-/* Static text for an error code (negative or positive errno); never NULL. */
+/* Static text for an error code (negative or positive errno); never NULL. Every code a call of
+   this library returns has its own text, worded for each call that returns it; other codes
+   read "unknown error". */
 KVT_API const char *kvt_strerror(int err);
 
 /* Validates cfg and creates a manager: allocates both tier arenas, the pools and the save
-   threads. Errors: -EINVAL for a NULL pointer, an unknown size/version, geometry that does not
-   divide, zero sizes or budgets that overflow the 32-bit block index; -ENOMEM when an arena
-   cannot be allocated; -ENODEV when the CUDA backend is asked for and cannot be used;
-   -EINVAL also for model_* figures out of range when the model backend is asked for.
-   *out is untouched on failure. */
+   threads, and opens the disk tier (config.spill_dir). *out is untouched on failure, and why
+   is logged (kvt_log_set) at KVT_LOG_WARN. Errors:
+   -EINVAL: a NULL pointer; a size that is none of struct kvt_config's (see there), a version
+     other than KVT_CONFIG_VERSION, reserved != 0; a field out of its range (geometry that does
+     not divide, zero sizes, the SnapStream, thread, staging, recall and queue-depth limits, an
+     empty spill_dir, model_* figures when the model backend is asked for, an unknown backend);
+     a budget that holds no block group, or more than 2^32 - 2 (the recall cache: 1 .. 2^30 - 1
+     blocks when recall_blocks > 0; with a disk tier, at most 2^31 - 1 host groups, of at most
+     1 GiB each); disk_bytes that hold no block group (padded to 4 KiB); the environment's
+     KVTIER_DISK_IO neither uring nor sync.
+   -ENOMEM: an arena, a table or a staging buffer cannot be allocated (heap, pinned or device
+     memory, or the model backend's address range).
+   -ENODEV: the CUDA backend is asked for and cannot be used (no plugin, no usable device).
+   -EAGAIN: a save thread cannot be started.
+   -EIO: the CUDA backend failed on its device while starting (or -ENOMEM, -ENODEV, -EINVAL,
+     as CUDA's error says); or the spill file cannot be set up for a reason other than those
+     below.
+   spill_dir unusable: -ENOENT (it does not exist), -ENOTDIR (it, or a component of its path,
+     is not a directory), -EACCES or -EPERM (the process may not create a file there), -EROFS
+     (a read-only file system), -ENOSPC (no room or quota left there), -ENAMETOOLONG or -ELOOP
+     (its path is too long, or loops through symbolic links), -EMFILE (no file descriptor
+     left). */
 KVT_API int kvt_manager_create(const struct kvt_config *cfg, struct kvt_manager **out);
 
 /* Waits for pending saves, frees every sequence and both arenas. NULL is a no-op. */
 KVT_API void kvt_manager_destroy(struct kvt_manager *m);
 
-/* Detail of the latest failed call on m ("" when none failed yet). Owned by m; valid until
-   the next call on m. */
+/* Detail of the latest failed call on m ("" when none failed yet; "no manager" when m is NULL).
+   Owned by m; valid until the next call on m. */
 KVT_API const char *kvt_manager_last_error(const struct kvt_manager *m);
 
-/* Copies the effective configuration (backend resolved from AUTO) into *out. -EINVAL on NULL. */
+/* Copies the effective configuration (backend resolved from AUTO) into *out, a whole struct
+   kvt_config of this header: a program built against an earlier header, whose struct is
+   smaller, must not call it. -EINVAL on NULL. */
 KVT_API int kvt_manager_config(const struct kvt_manager *m, struct kvt_config *out);
 
-/* Fills *out up to out->size. -EINVAL on NULL or out->size smaller than the first two fields. */
+/* Fills *out up to out->size (a larger size: the whole struct) and sets out->size to the bytes
+   written. -EINVAL, with nothing written, on NULL, out->size smaller than the first two fields
+   or out->version other than KVT_STATS_VERSION. */
 KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out);
 
 /* Waits until every save handed to the save path so far has landed in the host history and
-   every device operation queued on `stream` has completed. */
+   every device operation queued on `stream` has completed. -EINVAL on a NULL m; on the CUDA
+   backend, -EIO when a save was lost on the device, and the device errors of the wait (-EIO,
+   -ENOMEM, -ENODEV, -EINVAL for a stream CUDA refuses), detail in the last error. */
 KVT_API int kvt_manager_sync(struct kvt_manager *m, void *stream);
 
 /* Registers sequence `seq` with a prompt of prompt_tokens (1..INT32_MAX) tokens. Allocates no
    tier memory yet; each kvt_prefill_layer allocates that layer's. -EEXIST if seq is live,
-   -EINVAL on a zero or oversized prompt, -ENOMEM. */
+   -EINVAL on a NULL m or a zero or oversized prompt, -ENOMEM (no memory for its state). */
 KVT_API int kvt_seq_create(struct kvt_manager *m, uint64_t seq, uint32_t prompt_tokens);
 
 /* Waits for the sequence's pending saves (and, on the CUDA backend, for device work the
    manager queued that may still use its frames or host blocks), then frees its device frames
-   and host blocks. -ENOENT if seq is not live; on the CUDA backend, the error of that wait
-   (-EIO, detail in the last error), with nothing changed. */
+   and host blocks (a lost sequence's too). -EINVAL on a NULL m; -ENOENT if seq is not live;
+   on the CUDA backend, the device error of that wait (-EIO, -ENOMEM, -ENODEV; detail in the
+   last error), with nothing changed. */
 KVT_API int kvt_seq_destroy(struct kvt_manager *m, uint64_t seq);
 
 /* Prefills one layer of `seq`: k, v are [n_kv_heads][prompt_tokens][head_dim] and q_obs is
@@ -341,7 +383,8 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 /* Positions resident on the device for (seq, layer, kv_head), ascending: sink, top-K and ring.
    *n_out receives the count; when cap is smaller, nothing is written to out, *n_out still
    receives the count and the call returns -ENOSPC. out may be NULL when cap is 0.
-   -ENOENT unknown seq; -EINVAL bad layer/head, layer not prefilled, NULL n_out. */
+   -ENOENT unknown seq; -EINVAL NULL m or n_out, NULL out with cap > 0, bad layer/head, layer
+   not prefilled; -EBADMSG its history was lost. */
 KVT_API int kvt_seq_resident_positions(struct kvt_manager *m, uint64_t seq, uint32_t layer,
 				       uint32_t kv_head, int32_t *out, uint32_t cap,
 				       uint32_t *n_out);
@@ -357,16 +400,19 @@ KVT_API int kvt_seq_resident_positions(struct kvt_manager *m, uint64_t seq, uint
 KVT_API int kvt_seq_read_token(struct kvt_manager *m, uint64_t seq, uint32_t layer,
 			       uint32_t kv_head, uint32_t pos, void *k_out, void *v_out);
 
-/* Number of tokens written to (seq, layer): 0 before its prefill. -ENOENT, -EINVAL. */
+/* Number of tokens written to (seq, layer): 0 before its prefill. -ENOENT unknown seq; -EINVAL
+   NULL m or n_out, layer out of range; -EBADMSG its history was lost. */
 KVT_API int kvt_seq_tokens(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t *n_out);
 
 /* Reference decode attention of one sequence and layer over its resident set plus the blocks
    recalled for that (sequence, layer) by the latest recall call naming it: for each query
    head g of kv head h = g / (n_q_heads / n_kv_heads), out[g] = softmax(q[g].K^T /
    sqrt(head_dim)) V over those tokens of h, each token counted once, accumulated in f32. q and
-   out are [n_q_heads][head_dim] f32 in host memory. -ENOENT, -EINVAL (layer not prefilled,
-   sequence preempted, NULL pointers), -ESTALE when a recalled block's cache frame was since
-   given to another block (recall again). */
+   out are [n_q_heads][head_dim] f32 in host memory. -ENOENT unknown seq; -EINVAL (NULL
+   pointers, layer out of range or not prefilled, sequence preempted); -EBADMSG its history was
+   lost; -ENOTSUP on a backend without payload; -ESTALE when a recalled block's cache frame was
+   since given to another block (recall again); -ENOMEM (no memory for the lists of rows); on
+   the CUDA backend its device errors (-EIO, -ENOMEM, -ENODEV, -EINVAL). */
 KVT_API int kvt_attend(struct kvt_manager *m, uint64_t seq, uint32_t layer, const float *q,
 		       float *out);
 
@@ -376,7 +422,10 @@ KVT_API int kvt_attend(struct kvt_manager *m, uint64_t seq, uint32_t layer, cons
    views; the host history keeps every token, so kvt_seq_read_token still works and
    kvt_seq_resume rebuilds the device state exactly. A preempted sequence takes no prefill,
    decode, recall or attention until resumed. On the CUDA backend the caller must have finished
-   the work that reads its frames. -ENOENT; -EALREADY when already preempted. */
+   the work that reads its frames. -EINVAL on a NULL m; -ENOENT unknown seq; -EBADMSG its
+   history was lost; -EALREADY when already preempted; on the CUDA backend, the device error of
+   the wait for the device before the frames are freed (-EIO, -ENOMEM, -ENODEV), with nothing
+   changed. */
 KVT_API int kvt_seq_preempt(struct kvt_manager *m, uint64_t seq);
 
 /* Reallocates the device frames of every prefilled layer of a preempted seq and reloads sink,
@@ -406,7 +455,9 @@ struct kvt_seq_info {
 	uint32_t reserved;
 };
 
-/* Fills *out up to out->size (at least the first two fields). -ENOENT, -EINVAL. */
+/* Fills *out up to out->size (at least the first two fields; a larger size: the whole struct)
+   and sets out->size to the bytes written; for a lost sequence too (lost says so). -EINVAL
+   (NULL m or out, out->size smaller than the first two fields), -ENOENT unknown seq. */
 KVT_API int kvt_seq_info(struct kvt_manager *m, uint64_t seq, struct kvt_seq_info *out);
 
 /* ---- Disk tier ------------------------------------------------------------------------ */
@@ -475,15 +526,21 @@ struct kvt_recall_ref {
 
 /* The recall view of (seq, layer, kv_head) from the latest recall call naming (seq, layer),
    ascending block order; the resident masks are as of now. Count and -ENOSPC as for
-   kvt_seq_resident_positions; -ESTALE when a frame of the view went to another block since. */
+   kvt_seq_resident_positions; -ESTALE when a frame of the view went to another block since
+   (*n_out has the count). -ENOENT unknown seq; -EINVAL NULL m or n_out, NULL out with cap > 0,
+   layer or kv head out of range, layer not prefilled, sequence preempted; -EBADMSG its history
+   was lost. */
 KVT_API int kvt_seq_recall_view(struct kvt_manager *m, uint64_t seq, uint32_t layer,
 				uint32_t kv_head, struct kvt_recall_ref *out, uint32_t cap,
 				uint32_t *n_out);
 
 /* Device addresses of the frames of (seq, layer, kv_head)'s resident set: slot s (docs/design.md:
    sink, ring, then top-K) is row s % block_tokens of frames[s / block_tokens]; *n_slots
-   receives how many slots hold tokens (from slot 0). Count and -ENOSPC as above; -EINVAL also
-   when preempted. */
+   receives how many slots hold tokens (from slot 0). *n_frames receives the frame count; when
+   cap is smaller, nothing is written to frames and the call returns -ENOSPC (both counts
+   set). -ENOENT unknown seq; -EINVAL NULL m, n_frames or n_slots, NULL frames with cap > 0,
+   layer or kv head out of range, layer not prefilled, sequence preempted; -EBADMSG its history
+   was lost. */
 KVT_API int kvt_seq_frames(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t kv_head,
 			   uint64_t *frames, uint32_t cap, uint32_t *n_frames, uint32_t *n_slots);
 

@@ -149,11 +149,12 @@ KVT_API const char *kvt_strerror(int err)
 	case EINVAL:
 		return "invalid argument";
 	case ENOENT:
-		return "no such sequence";
+		return "not found (no such sequence, scheduled request or committed iteration, or no "
+		       "such spill directory)";
 	case EEXIST:
 		return "already exists";
 	case ENOSPC:
-		return "no space (output buffer, recall cache or spill file)";
+		return "no space (output buffer, recall cache, spill file or its file system)";
 	case ENOMEM:
 		return "out of memory in a tier or the heap";
 	case EOVERFLOW:
@@ -161,7 +162,7 @@ KVT_API const char *kvt_strerror(int err)
 	case ENODEV:
 		return "backend or device not available";
 	case ENOTSUP:
-		return "operation not supported by this backend";
+		return "not supported (backend without payload, or no disk tier)";
 	case EIO:
 		return "I/O or device error";
 	case EAGAIN:
@@ -180,6 +181,16 @@ KVT_API const char *kvt_strerror(int err)
 		return "not a directory";
 	case EACCES:
 		return "permission denied";
+	case EPERM:
+		return "operation not permitted";
+	case EROFS:
+		return "read-only file system";
+	case ENAMETOOLONG:
+		return "file name too long";
+	case ELOOP:
+		return "too many levels of symbolic links";
+	case EMFILE:
+		return "too many open files";
 	}
 	return "unknown error";
 }

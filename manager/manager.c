@@ -31,20 +31,51 @@ static bool gbps_ok(double g)
 	return g > 0 && isfinite(g);
 }
 
-/* Copies the caller's config over the defaults (fields past cfg->size keep their defaults) and
-   validates it. */
+#define CFG_END(f) (offsetof(struct kvt_config, f) + sizeof(((struct kvt_config *)0)->f))
+
+/* Every struct kvt_config of KVT_CONFIG_VERSION 1, by the end of its last field: each grew the
+   one before it by fields at its end, so each is a prefix of today's. A caller passes its
+   sizeof, that end rounded up to the struct's alignment; the bytes past the end are padding
+   (today's next field may lie there), so only the fields are read. */
+static const size_t config_ends[] = {
+	CFG_END(backend),	     /* the design contract's fields */
+	CFG_END(staging_bytes),	     /* kvtier's first header: the save path */
+	CFG_END(recall_cache_bytes), /* dynamic recall */
+	CFG_END(model_fused),	     /* the model backend */
+	sizeof(struct kvt_config),   /* the disk tier, reserved: this header */
+};
+/* A field added to struct kvt_config makes a new size: the end of today's last field goes into
+   the list above first (checked on LP64, where the sizes are 80, 88, 104, 152 and 184). */
+_Static_assert(sizeof(void *) != 8 || sizeof(struct kvt_config) == 184,
+	       "struct kvt_config changed: list the end of its previous version in config_ends");
+
+/* The bytes of the caller's struct to read, or 0 when size is none of the sizes above. */
+static size_t config_bytes(uint32_t size)
+{
+	const size_t align = _Alignof(struct kvt_config);
+
+	for (size_t i = 0; i < sizeof(config_ends) / sizeof(config_ends[0]); i++)
+		if (size == (config_ends[i] + align - 1) / align * align)
+			return config_ends[i];
+	return 0;
+}
+
+/* Copies the caller's config over the defaults (fields past the caller's struct keep their
+   defaults) and validates it. */
 static int load_config(const struct kvt_config *cfg, struct kvt_config *c)
 {
 	static const struct kvt_config defaults = KVT_CONFIG_INIT;
-	size_t min_size = offsetof(struct kvt_config, backend) + sizeof(cfg->backend);
+	size_t bytes = config_bytes(cfg->size);
 
-	if (cfg->size < min_size || cfg->size > 65536)
-		return cfg_error("size is not sizeof(struct kvt_config)");
+	if (!bytes)
+		return cfg_error("size is not the sizeof of any struct kvt_config");
 	if (cfg->version != KVT_CONFIG_VERSION)
 		return cfg_error("unknown version");
 	*c = defaults;
-	memcpy(c, cfg, cfg->size < sizeof(*c) ? cfg->size : sizeof(*c));
+	memcpy(c, cfg, bytes);
 	c->size = sizeof(*c);
+	if (c->reserved)
+		return cfg_error("reserved must be 0");
 
 	if (c->n_layers == 0 || c->n_layers > MAX_LAYERS)
 		return cfg_error("n_layers must be 1..4096");
@@ -104,6 +135,33 @@ static uint32_t budget_groups(uint64_t bytes, uint64_t group_bytes)
 	uint64_t n = bytes / group_bytes;
 
 	return n == 0 || n >= UINT32_MAX ? 0 : (uint32_t)n;
+}
+
+/* The error of opening the disk tier as kvt_manager_create documents it: what the file system
+   said about spill_dir where that names the cause, -EIO for anything else (logged). */
+static int spill_errno(int err)
+{
+	switch (-err) {
+	case 0:
+	case EINVAL:
+	case ENOMEM:
+	case ENOENT:
+	case ENOTDIR:
+	case EACCES:
+	case EPERM:
+	case EROFS:
+	case ENOSPC:
+	case ENAMETOOLONG:
+	case ELOOP:
+	case EMFILE:
+		return err;
+	case EDQUOT:
+		return -ENOSPC;
+	case ENFILE:
+		return -EMFILE;
+	default:
+		return -EIO;
+	}
 }
 
 /* Builds a manager from a configuration load_config has already validated. */
@@ -197,7 +255,7 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 		err = kvt_recall_init(m, m->dev_base + (uint64_t)n_dev * m->group_bytes,
 				      (uint32_t)n_rc);
 	if (!err)
-		err = kvt_spill_open(m);
+		err = spill_errno(kvt_spill_open(m));
 	if (err)
 		goto fail_be;
 	m->meta_bytes = 2 * m->row_bytes;
@@ -325,7 +383,8 @@ KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out
 	struct kvt_stats st;
 	uint32_t size;
 
-	if (!m || !out || out->size < offsetof(struct kvt_stats, device_frames_total))
+	if (!m || !out || out->size < offsetof(struct kvt_stats, device_frames_total) ||
+	    out->version != KVT_STATS_VERSION)
 		return -EINVAL;
 	size = out->size < sizeof(st) ? out->size : (uint32_t)sizeof(st);
 	st = m->st;

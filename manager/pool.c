@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
-#include <stdlib.h>
+#include <stddef.h>
+#include <sys/mman.h>
 
 #include "fault.h"
 #include "pool.h"
+#include "util.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define KVT_HAVE_ASAN 1
@@ -21,6 +23,17 @@
 #define POISON(a, n) ((void)(a), (void)(n))
 #define UNPOISON(a, n) ((void)(a), (void)(n))
 #endif
+
+/* One reservation holds both tables: the free-id stack, then the bitmap (8-byte aligned). */
+static size_t stack_bytes(uint32_t n_units)
+{
+	return ((size_t)n_units * sizeof(uint32_t) + 7) & ~(size_t)7;
+}
+
+static size_t table_bytes(uint32_t n_units)
+{
+	return stack_bytes(n_units) + ((size_t)n_units + 63) / 64 * sizeof(uint64_t);
+}
 
 static void set_used(struct kvt_pool *p, uint32_t id, bool used)
 {
@@ -44,20 +57,24 @@ static void poison_unit(const struct kvt_pool *p, uint32_t id, bool poison)
 
 int kvt_pool_init(struct kvt_pool *p, uint32_t n_units, void *poison_base, uint64_t unit_bytes)
 {
+	void *t;
+
 	*p = (struct kvt_pool){0};
 	if (n_units == 0 || n_units == UINT32_MAX)
 		return -EINVAL;
-	p->free_ids = kvt_malloc((size_t)n_units * sizeof(*p->free_ids));
-	p->in_use = kvt_calloc(((size_t)n_units + 63) / 64, sizeof(*p->in_use));
-	if (!p->free_ids || !p->in_use) {
-		kvt_pool_fini(p);
+	/* Reserved, not committed: anonymous pages read as zero (a clear bitmap) and take memory
+	   only once written, which alloc and free do below the high-water mark only. The ALLOC
+	   fault site stands for the mapping's failure. */
+	if (kvt_fault(KVT_FAULT_ALLOC))
 		return -ENOMEM;
-	}
+	t = mmap(NULL, table_bytes(n_units), PROT_READ | PROT_WRITE,
+		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (t == MAP_FAILED)
+		return -ENOMEM;
+	p->free_ids = t;
+	p->in_use = (uint64_t *)((uint8_t *)t + stack_bytes(n_units));
 	p->n_units = n_units;
 	p->n_free = n_units;
-	/* The top of the stack is handed out first: put id 0 there. */
-	for (uint32_t i = 0; i < n_units; i++)
-		p->free_ids[i] = n_units - 1 - i;
 	p->poison_base = poison_base;
 	p->unit_bytes = unit_bytes;
 	if (poison_base)
@@ -69,21 +86,27 @@ void kvt_pool_fini(struct kvt_pool *p)
 {
 	if (p->poison_base && p->n_units)
 		UNPOISON(p->poison_base, (uint64_t)p->n_units * p->unit_bytes);
-	free(p->free_ids);
-	free(p->in_use);
+	if (p->free_ids)
+		munmap(p->free_ids, table_bytes(p->n_units));
 	*p = (struct kvt_pool){0};
 }
 
 int kvt_pool_alloc(struct kvt_pool *p, uint32_t n, uint32_t *ids)
 {
+	uint32_t i = 0;
+
 	if (n > p->n_free)
 		return -ENOMEM;
-	for (uint32_t i = 0; i < n; i++) {
-		uint32_t id = p->free_ids[--p->n_free];
-
-		set_used(p, id, true);
-		poison_unit(p, id, false);
-		ids[i] = id;
+	if (NEVER(p->n_free != p->n_stacked + (p->n_units - p->fresh)))
+		return -ENOMEM;
+	for (; i < n && p->n_stacked; i++)
+		ids[i] = p->free_ids[--p->n_stacked];
+	for (; i < n; i++)
+		ids[i] = p->fresh++;
+	p->n_free -= n;
+	for (i = 0; i < n; i++) {
+		set_used(p, ids[i], true);
+		poison_unit(p, ids[i], false);
 	}
 	return 0;
 }
@@ -106,9 +129,17 @@ int kvt_pool_free(struct kvt_pool *p, const uint32_t *ids, uint32_t n)
 			set_used(p, ids[i], true);
 		return err;
 	}
+	/* Every id was in use, so below fresh: the stack (room for n_units) never overflows,
+	   and it is written no deeper than the high-water mark. */
+	if (NEVER((uint64_t)p->n_stacked + n > p->fresh)) {
+		for (i = 0; i < n; i++)
+			set_used(p, ids[i], true);
+		return -EINVAL;
+	}
 	for (i = 0; i < n; i++) {
 		poison_unit(p, ids[i], true);
-		p->free_ids[p->n_free++] = ids[i];
+		p->free_ids[p->n_stacked++] = ids[i];
 	}
+	p->n_free += n;
 	return 0;
 }

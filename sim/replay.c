@@ -948,6 +948,7 @@ static int mrun_loop(struct run *run, double hbm_bytes)
 		goto out;
 	}
 	mr->st0.size = sizeof(mr->st0);
+	mr->st0.version = KVT_STATS_VERSION;
 	kvt_manager_stats(mr->m, &mr->st0);
 	while (!run_over(run)) {
 		err = submit_waiting(mr);

@@ -22,27 +22,86 @@ void test_destroy_null(void **state)
 	kvt_manager_destroy(NULL);
 }
 
+/* Every code a call of the library returns (kvtier.h names each one, below), by name. */
+static const struct {
+	const char *name;
+	int code;
+} api_codes[] = {
+	{"EINVAL", EINVAL},	{"ENOENT", ENOENT},
+	{"EEXIST", EEXIST},	{"ENOSPC", ENOSPC},
+	{"ENOMEM", ENOMEM},	{"EOVERFLOW", EOVERFLOW},
+	{"ENODEV", ENODEV},	{"ENOTSUP", ENOTSUP},
+	{"EIO", EIO},		{"EAGAIN", EAGAIN},
+	{"EBUSY", EBUSY},	{"EBADMSG", EBADMSG},
+	{"EALREADY", EALREADY}, {"ESTALE", ESTALE},
+	{"E2BIG", E2BIG},	{"ENOTDIR", ENOTDIR},
+	{"EACCES", EACCES},	{"EPERM", EPERM},
+	{"EROFS", EROFS},	{"ENAMETOOLONG", ENAMETOOLONG},
+	{"ELOOP", ELOOP},	{"EMFILE", EMFILE},
+};
+
+/* Every -E... that kvtier.h names is in api_codes (so has its own text, checked below). */
+static void check_header_codes(void)
+{
+	FILE *f = fopen(KVT_SOURCE_ROOT "/include/kvtier.h", "r");
+	char line[512];
+	uint32_t seen = 0;
+
+	if (!f)
+		fail_msg("cannot open %s", KVT_SOURCE_ROOT "/include/kvtier.h");
+	while (fgets(line, sizeof(line), f)) {
+		for (const char *p = strstr(line, "-E"); p; p = strstr(p + 2, "-E")) {
+			char name[32];
+			size_t n = 0;
+			bool known = false;
+
+			while (n + 1 < sizeof(name) && ((p[1 + n] >= 'A' && p[1 + n] <= 'Z') ||
+							(p[1 + n] >= '0' && p[1 + n] <= '9')))
+				name[n] = p[1 + n], n++;
+			name[n] = 0;
+			for (size_t i = 0; i < sizeof(api_codes) / sizeof(api_codes[0]); i++)
+				known = known || !strcmp(name, api_codes[i].name);
+			if (!known)
+				fail_msg(
+					"kvtier.h names -%s, which this test (and kvt_strerror?) does "
+					"not know",
+					name);
+			seen++;
+		}
+	}
+	fclose(f);
+	assert_true(seen > 50);
+}
+
 void test_strerror(void **state)
 {
-	static const int codes[] = {EINVAL,    ENOENT, EEXIST,	ENOSPC, ENOMEM,
-				    EOVERFLOW, ENODEV, ENOTSUP, EIO,	EAGAIN};
 	const char *unknown = kvt_strerror(12345);
 
 	(void)state;
 	assert_non_null(unknown);
 	assert_true(strlen(unknown) > 0);
-	for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
-		const char *neg = kvt_strerror(-codes[i]), *pos = kvt_strerror(codes[i]);
+	check_header_codes();
+	for (size_t i = 0; i < sizeof(api_codes) / sizeof(api_codes[0]); i++) {
+		const int code = api_codes[i].code;
+		const char *neg = kvt_strerror(-code), *pos = kvt_strerror(code);
 
 		assert_non_null(neg);
 		assert_non_null(pos);
 		assert_true(strlen(neg) > 0);
 		/* Sign does not matter; every code the API returns has its own text. */
 		assert_string_equal(neg, pos);
-		assert_string_not_equal(neg, unknown);
+		if (!strcmp(neg, unknown))
+			fail_msg("kvt_strerror(-%s) is \"%s\"", api_codes[i].name, neg);
 		for (size_t j = 0; j < i; j++)
-			assert_string_not_equal(neg, kvt_strerror(-codes[j]));
+			assert_string_not_equal(neg, kvt_strerror(-api_codes[j].code));
 	}
+	/* Texts right for every call that returns the code: -ENOENT is also a spill directory
+	   that does not exist (create), not only a sequence; -ENOSPC also a full file system
+	   (create, spilling); -ENOTSUP also a manager without a disk tier (kvt_seq_spill). */
+	assert_non_null(strstr(kvt_strerror(-ENOENT), "sequence"));
+	assert_non_null(strstr(kvt_strerror(-ENOENT), "spill directory"));
+	assert_non_null(strstr(kvt_strerror(-ENOSPC), "file system"));
+	assert_non_null(strstr(kvt_strerror(-ENOTSUP), "disk tier"));
 	/* Unknown and extreme codes: some text, never NULL. */
 	const int odd[] = {-12345, 12345, 0, 1 << 20, -(1 << 20), INT_MAX, INT_MIN, INT_MIN + 1};
 
@@ -362,6 +421,23 @@ void test_stats_errors(void **state)
 		for (size_t b = 4; b < sizeof(buf); b++)
 			assert_int_equal(buf[b], 0xab);
 	}
+	/* A version other than KVT_STATS_VERSION (a caller's struct of another layout, or one
+	   that set only .size): -EINVAL, nothing written. */
+	const uint32_t bad_versions[] = {0, KVT_STATS_VERSION + 1, 0xabababab, UINT32_MAX};
+
+	for (size_t i = 0; i < sizeof(bad_versions) / sizeof(bad_versions[0]); i++) {
+		const uint32_t sz = (uint32_t)full;
+
+		memset(buf, 0xab, sizeof(buf));
+		memcpy(buf, &sz, sizeof(sz));
+		memcpy(buf + 4, &bad_versions[i], sizeof(uint32_t));
+		EXPECT_FAIL_CONST(f, kvt_manager_stats(f->m, (struct kvt_stats *)(void *)buf),
+				  -EINVAL);
+		assert_memory_equal(buf, &sz, sizeof(sz));
+		assert_memory_equal(buf + 4, &bad_versions[i], sizeof(uint32_t));
+		for (size_t b = 8; b < sizeof(buf); b++)
+			assert_int_equal(buf[b], 0xab);
+	}
 	/* A size covering part of the struct: exactly that many bytes written, matching the
 	   full struct; the rest untouched. Larger than the struct: the struct, no more. (Only
 	   kvt_manager_stats runs from here on, so the counters stay as in ref.) */
@@ -377,9 +453,11 @@ void test_stats_errors(void **state)
 
 	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
 		uint32_t sz = sizes[i], written = sz < full ? sz : (uint32_t)full;
+		const uint32_t version = KVT_STATS_VERSION;
 
 		memset(buf, 0xab, sizeof(buf));
 		memcpy(buf, &sz, sizeof(sz));
+		memcpy(buf + 4, &version, sizeof(version));
 		assert_int_equal(kvt_manager_stats(f->m, (struct kvt_stats *)(void *)buf), 0);
 		/* Header: size says what was written, version is current. */
 		uint32_t hdr[2];

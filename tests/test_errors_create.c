@@ -51,23 +51,66 @@ void test_create_null_args(void **state)
 	assert_int_equal(t_manager_create(NULL, NULL), -EINVAL);
 }
 
+/* The sizeof of a struct kvt_config that ends with field f, on this ABI. */
+#define T_CFG_END(f) (offsetof(struct kvt_config, f) + sizeof(((struct kvt_config *)0)->f))
+#define T_CFG_SIZE(f)                                                  \
+	((uint32_t)((T_CFG_END(f) + _Alignof(struct kvt_config) - 1) / \
+		    _Alignof(struct kvt_config) * _Alignof(struct kvt_config)))
+
+/* The sizes struct kvt_config has had at KVT_CONFIG_VERSION 1 (kvtier.h): the design contract's
+   fields, then kvtier's first header, recall, the model backend, and this header. */
+static const uint32_t *known_sizes(uint32_t *n)
+{
+	static uint32_t sz[5];
+
+	sz[0] = T_CFG_SIZE(backend);
+	sz[1] = T_CFG_SIZE(staging_bytes);
+	sz[2] = T_CFG_SIZE(recall_cache_bytes);
+	sz[3] = T_CFG_SIZE(model_fused);
+	sz[4] = (uint32_t)sizeof(struct kvt_config);
+	*n = 5;
+	return sz;
+}
+
 void test_create_size_version(void **state)
 {
-	const uint32_t min_size = offsetof(struct kvt_config, backend) + sizeof(enum kvt_backend);
+	uint32_t n_known;
+	const uint32_t *known = known_sizes(&n_known);
 
 	(void)state;
-	CREATE_WITH(size, 0, -EINVAL);
-	CREATE_WITH(size, 4, -EINVAL);
-	CREATE_WITH(size, 8, -EINVAL);
-	/* Too short to hold every design-contract field (up to and including backend). */
-	CREATE_WITH(size, min_size - 1, -EINVAL);
-	CREATE_WITH(size, (uint32_t)offsetof(struct kvt_config, device_bytes), -EINVAL);
+	if (sizeof(void *) == 8) { /* the headers' sizes on LP64 */
+		const uint32_t lp64[5] = {80, 88, 104, 152, 184};
+
+		assert_memory_equal(known, lp64, sizeof(lp64));
+	}
+	/* Exactly the known sizes, and no other from 0 to past today's struct, are accepted. */
+	for (uint32_t size = 0; size <= sizeof(struct kvt_config) + 64; size++) {
+		char what[64];
+		struct kvt_config c = t_small_config();
+		int want = -EINVAL;
+
+		for (uint32_t i = 0; i < n_known; i++)
+			want = size == known[i] ? 0 : want;
+		c.size = size;
+		snprintf(what, sizeof(what), "size = %u", size);
+		expect_create(&c, want, what, __FILE__, __LINE__);
+	}
+	CREATE_WITH(size, 65536, -EINVAL);
 	CREATE_WITH(size, UINT32_MAX, -EINVAL);
 	CREATE_WITH(version, 0, -EINVAL);
 	CREATE_WITH(version, KVT_CONFIG_VERSION + 1, -EINVAL);
 	CREATE_WITH(version, UINT32_MAX, -EINVAL);
-	/* The contract's minimum is accepted. */
-	CREATE_WITH(size, min_size, 0);
+	/* reserved must be 0 ... */
+	CREATE_WITH(reserved, 1, -EINVAL);
+	CREATE_WITH(reserved, UINT32_MAX, -EINVAL);
+	/* ... where the caller's struct has it: an older one's memory past its end is not read. */
+	{
+		struct kvt_config c = t_small_config();
+
+		c.size = known[3];
+		c.reserved = 1;
+		EXPECT_CREATE(&c, 0, "reserved past an older caller's struct");
+	}
 }
 
 void test_create_geometry(void **state)
@@ -187,25 +230,43 @@ void test_create_backends(void **state)
 	}
 }
 
-/* An older caller's struct ends before save_threads / staging_bytes: those get the defaults,
-   whatever happens to lie in memory past .size. */
+/* A caller built against an older header passes that header's struct: the fields inside it are
+   read (and validated), the rest keep their defaults, whatever lies in memory past it, its
+   tail padding included (today's next field may lie there). */
 void test_create_older_caller(void **state)
 {
 	const struct kvt_config defaults = KVT_CONFIG_INIT;
 	struct kvt_config c = t_small_config(), got;
 	struct kvt_manager *m = NULL;
 	struct kvt_stats st = KVT_STATS_INIT;
+	uint32_t n_known;
+	const uint32_t *known = known_sizes(&n_known);
 
 	(void)state;
-	c.size = offsetof(struct kvt_config, save_threads);
-	c.save_threads = 1000; /* invalid if read */
-	c.staging_bytes = 1;   /* invalid if read */
+	/* Every field past the design contract's holds a value that is invalid if read. */
+	c.save_threads = 1000;
+	c.staging_bytes = 1;
+	c.recall_blocks = 1u << 30;
+	c.ws_window = 0;
+	c.recall_cache_bytes = UINT64_MAX;
+	c.model_h2d_gbps = -1;
+	c.model_fused = 7;
+	c.disk_queue_depth = 0;
+	c.spill_dir = "/no/such/spill/dir";
+	c.disk_bytes = 1;
+	c.reserved = 9;
+
+	/* The design contract's fields alone: save_threads lies in its padding. */
+	c.size = known[0];
 	assert_int_equal(t_manager_create(&c, &m), 0);
 	assert_int_equal(kvt_manager_config(m, &got), 0);
 	assert_int_equal(got.size, sizeof(struct kvt_config));
 	assert_int_equal(got.version, KVT_CONFIG_VERSION);
 	assert_int_equal(got.save_threads, defaults.save_threads);
 	assert_int_equal(got.staging_bytes, defaults.staging_bytes);
+	assert_int_equal(got.recall_blocks, defaults.recall_blocks);
+	assert_null(got.spill_dir);
+	assert_int_equal(got.reserved, 0);
 	/* The fields inside .size are the caller's. */
 	assert_int_equal(got.n_layers, c.n_layers);
 	assert_int_equal(got.head_dim, c.head_dim);
@@ -216,16 +277,48 @@ void test_create_older_caller(void **state)
 	assert_int_equal(st.save_threads, defaults.save_threads);
 	kvt_manager_destroy(m);
 
-	/* One field more: save_threads is the caller's, staging_bytes the default. */
-	c.size = offsetof(struct kvt_config, staging_bytes);
+	/* kvtier's first header: the save path is the caller's, recall the default. */
+	c.size = known[1];
 	c.save_threads = 3;
+	c.staging_bytes = 8192;
 	assert_int_equal(t_manager_create(&c, &m), 0);
 	assert_int_equal(kvt_manager_config(m, &got), 0);
 	assert_int_equal(got.save_threads, 3);
-	assert_int_equal(got.staging_bytes, defaults.staging_bytes);
+	assert_int_equal(got.staging_bytes, 8192);
+	assert_int_equal(got.recall_blocks, defaults.recall_blocks);
+	assert_int_equal(got.ws_window, defaults.ws_window);
+	kvt_manager_destroy(m);
+
+	/* With recall: those fields are read and validated. */
+	c.size = known[2];
+	EXPECT_CREATE(&c, -EINVAL, "recall fields inside an older caller's struct");
+	c.recall_blocks = 2;
+	c.ws_window = 5;
+	c.recall_cache_bytes = 64 * 512;
+	assert_int_equal(t_manager_create(&c, &m), 0);
+	assert_int_equal(kvt_manager_config(m, &got), 0);
+	assert_int_equal(got.recall_blocks, 2);
+	assert_int_equal(got.ws_window, 5);
+	assert_int_equal(got.model_fused, defaults.model_fused);
+	assert_true(got.model_h2d_gbps == defaults.model_h2d_gbps);
+	kvt_manager_destroy(m);
+
+	/* With the model fields: disk_queue_depth lies in that struct's padding, the disk tier
+	   past it. */
+	c.size = known[3];
+	c.model_h2d_gbps = 20;
+	c.model_fused = 0;
+	assert_int_equal(t_manager_create(&c, &m), 0);
+	assert_int_equal(kvt_manager_config(m, &got), 0);
+	assert_true(got.model_h2d_gbps == 20);
+	assert_int_equal(got.model_fused, 0);
+	assert_int_equal(got.disk_queue_depth, defaults.disk_queue_depth);
+	assert_null(got.spill_dir);
+	assert_int_equal(got.disk_bytes, defaults.disk_bytes);
 	kvt_manager_destroy(m);
 
 	/* ... and the field inside .size is validated. */
+	c.size = known[1];
 	c.save_threads = 65;
 	EXPECT_CREATE(&c, -EINVAL, "save_threads 65 inside a short struct");
 }

@@ -76,6 +76,7 @@ void test_config_and_geometry(void **state)
 
 		memset(&small, 0xee, sizeof(small));
 		small.size = offsetof(struct kvt_stats, device_frames_used);
+		small.version = KVT_STATS_VERSION;
 		CHECK_RC(kvt_manager_stats(m, &small), 0);
 		assert_int_equal(small.device_frames_total, 7 * 4);
 		assert_int_equal(small.device_frames_used, 0xeeeeeeeeeeeeeeeeull);

@@ -815,6 +815,7 @@ static void test_accounting(void **state)
 
 	memset(&old, 0x5a, sizeof(old));
 	old.size = (uint32_t)offsetof(struct kvt_stats, model_ns_h2d);
+	old.version = KVT_STATS_VERSION;
 	CHECK_RC(kvt_manager_stats(m, &old), 0);
 	CHECK_U64(old.model_ns_h2d, 0x5a5a5a5a5a5a5a5aull, "field past .size");
 	CHECK_U64(old.resumes, 1, "field before .size");
@@ -933,6 +934,79 @@ static void test_scale(void **state)
 	kvt_manager_destroy(m);
 }
 
+/* Tiers of 4 TiB each on the model backend, in blocks of 4 KiB (8 kv heads: 2^30 groups per
+   tier, a million times the tiers of the other tests): kvt_manager_create does no work and
+   takes no memory per group (the pools hand out ids from a high-water mark), the manager
+   works, and destroy gives everything back. Before, create wrote every free id of both pools
+   (8 GiB, minutes); no time is asserted here (a slow create times the suite out), memory is. */
+static void test_terabyte_tiers(void **state)
+{
+	const uint64_t tib4 = (uint64_t)4 << 40, group = 4096, rc_bytes = (uint64_t)1 << 20;
+	struct kvt_config c = model_config(1);
+	struct kvt_manager *m;
+	struct kvt_stats st;
+	struct kvt_seq_info info;
+	uint64_t seqs[2] = {41, 42}, rss0, frames[8];
+	uint32_t n_frames = 0, n_slots = 0;
+
+	(void)state;
+	c.n_kv_heads = 8;
+	c.n_q_heads = 16;
+	c.host_bytes = tib4;
+	c.device_bytes = tib4;
+	c.recall_blocks = 2;
+	c.recall_cache_bytes = rc_bytes;
+	rss0 = t_rss_bytes();
+	m = t_mk(&c);
+	st = t_stats_of(m);
+	CHECK_U64(st.host_blocks_total, tib4 / group * 8, "host blocks");
+	CHECK_U64(st.host_blocks_free, st.host_blocks_total, "host blocks free");
+	CHECK_U64(st.device_frames_total, (tib4 - rc_bytes) / group * 8, "device frames");
+	CHECK_U64(st.recall_frames_total, rc_bytes / BLOCK, "recall frames");
+	if (t_rss_bytes() > rss0 + (64 << 20))
+		fail_at(__FILE__, __LINE__, "create took %llu MiB",
+			(unsigned long long)((t_rss_bytes() - rss0) >> 20));
+
+	/* A little of everything: prefill, decode, recall, preempt and resume. */
+	for (int i = 0; i < 2; i++)
+		prefill_all(m, seqs[i], 200, 2);
+	for (int step = 0; step < 20; step++)
+		for (uint32_t l = 0; l < 2; l++)
+			CHECK_RC(kvt_decode_append(m, l, seqs, 2, K_PTR, V_PTR, NULL), 0);
+	{
+		uint32_t sel[2][8][2];
+
+		for (uint32_t h = 0; h < 8; h++) {
+			sel[0][h][0] = sel[1][h][0] = 3;
+			sel[0][h][1] = sel[1][h][1] = 4 + h % 3;
+		}
+		CHECK_RC(kvt_recall_blocks(m, 1, seqs, 2, &sel[0][0][0], 2, NULL), 0);
+	}
+	CHECK_RC(kvt_seq_preempt(m, seqs[0]), 0);
+	CHECK_RC(kvt_seq_resume(m, seqs[0], NULL), 0);
+	info = t_info_of(m, seqs[0]);
+	/* Ids from 0 up: the second sequence's first layer has the groups after the first
+	   sequence's two layers (the device arena starts at 4 GiB, transfer/model.c). */
+	CHECK_RC(kvt_seq_frames(m, seqs[1], 0, 0, frames, 8, &n_frames, &n_slots), 0);
+	CHECK_U64(n_frames, info.frames_per_layer / 8, "frames per layer and head");
+	CHECK_U64(frames[0], ((uint64_t)1 << 32) + 2 * n_frames * group, "first frame");
+	CHECK_U64(info.tokens, 220, "tokens");
+	CHECK_U64(info.host_blocks, 2 * DIV_UP(220, 8) * 8, "host blocks of a sequence");
+	st = t_stats_of(m);
+	CHECK_U64(st.host_blocks_used, 2 * info.host_blocks, "host blocks used");
+	CHECK_U64(st.device_frames_used, 2 * 2 * info.frames_per_layer, "device frames used");
+	CHECK_U64(st.recall_loads, 2 * 8 * 2, "recall loads");
+	for (int i = 0; i < 2; i++)
+		CHECK_RC(kvt_seq_destroy(m, seqs[i]), 0);
+	st = t_stats_of(m);
+	CHECK_U64(st.host_blocks_used, 0, "host blocks used after destroy");
+	CHECK_U64(st.device_frames_used, 0, "device frames used after destroy");
+	kvt_manager_destroy(m);
+	if (t_rss_bytes() > rss0 + (64 << 20))
+		fail_at(__FILE__, __LINE__, "%llu MiB kept after destroy",
+			(unsigned long long)((t_rss_bytes() - rss0) >> 20));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -942,6 +1016,7 @@ int main(void)
 		cmocka_unit_test(test_decode_times),	cmocka_unit_test(test_recall_times),
 		cmocka_unit_test(test_resume_times),	cmocka_unit_test(test_no_payload_calls),
 		cmocka_unit_test(test_accounting),	cmocka_unit_test(test_scale),
+		cmocka_unit_test(test_terabyte_tiers),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -5,7 +5,8 @@
  * Checked against pool.h's contract: ids 0, 1, 2, ... first, all-or-nothing allocation, frees
  * that validate every id before changing anything, LIFO reuse, and a long random run against a
  * shadow bitmap kept by the test (an id is never handed out twice while in use, the pool's own
- * bitmap and counters always agree with the shadow).
+ * bitmap and counters always agree with the shadow). Set-up does no work per unit: a pool of
+ * 2^28 units takes no memory until used, and the largest pool (2^32 - 2 units) works.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,6 +23,7 @@
 #include <string.h>
 
 #include "pool.h"
+#include "t_manager.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define T_HAVE_ASAN 1
@@ -406,6 +408,102 @@ static void test_fini_zeroed(void **state)
 	kvt_pool_fini(&p);
 }
 
+/* Memory a test may see the process take besides what it checks for (stdio buffers, cmocka). */
+#define RSS_SLACK ((uint64_t)16 << 20)
+
+#define CHECK_RSS_BELOW(limit, what)                                          \
+	do {                                                                  \
+		uint64_t rss_ = t_rss_bytes();                                \
+		if (rss_ > (limit))                                           \
+			fail_at(__FILE__, __LINE__,                           \
+				"%s: resident memory %llu MiB, at most %llu " \
+				"MiB expected",                               \
+				(what), (unsigned long long)(rss_ >> 20),     \
+				(unsigned long long)((limit) >> 20));         \
+	} while (0)
+
+/* A pool of 2^28 units (1 GiB of free-id stack and 32 MiB of bitmap, were the tables written
+   at set-up) takes no memory at set-up, and then memory in proportion to the ids handed out;
+   ids come out ascending, returned ones first, as in any pool. */
+static void test_lazy_tables(void **state)
+{
+	const uint32_t n = 1u << 28, k = 100000;
+	struct kvt_pool p;
+	uint32_t *ids = malloc(k * sizeof(*ids));
+	uint64_t rss0;
+
+	(void)state;
+	assert_non_null(ids);
+	memset(ids, 0, k * sizeof(*ids));
+	rss0 = t_rss_bytes();
+	assert_int_equal(kvt_pool_init(&p, n, NULL, 0), 0);
+	CHECK_RSS_BELOW(rss0 + RSS_SLACK, "after init of 2^28 units");
+	assert_int_equal(p.n_free, n);
+	assert_int_equal(kvt_pool_used(&p), 0);
+	assert_false(kvt_pool_is_used(&p, 0));
+	assert_false(kvt_pool_is_used(&p, n - 1));
+
+	assert_int_equal(kvt_pool_alloc(&p, k, ids), 0);
+	for (uint32_t i = 0; i < k; i++)
+		assert_int_equal(ids[i], i);
+	/* Every other id back, then out again most recently freed first, then fresh ids. */
+	for (uint32_t i = 0; i < k; i += 2)
+		assert_int_equal(kvt_pool_free(&p, &ids[i], 1), 0);
+	assert_int_equal(kvt_pool_used(&p), k / 2);
+	assert_int_equal(kvt_pool_alloc(&p, k / 2 + 2, ids), 0);
+	for (uint32_t i = 0; i < k / 2; i++)
+		assert_int_equal(ids[i], k - 2 - 2 * i);
+	assert_int_equal(ids[k / 2], k);
+	assert_int_equal(ids[k / 2 + 1], k + 1);
+	assert_true(kvt_pool_is_used(&p, k + 1));
+	assert_false(kvt_pool_is_used(&p, k + 2));
+	assert_int_equal(kvt_pool_free(&p, (const uint32_t[]){k + 2}, 1), -EINVAL);
+	assert_int_equal(kvt_pool_free(&p, (const uint32_t[]){n - 1}, 1), -EINVAL);
+	assert_int_equal(kvt_pool_used(&p), k + 2);
+	/* 100002 ids cost their 400 KB of stack and 12.5 KB of bitmap, not the whole tables. */
+	CHECK_RSS_BELOW(rss0 + RSS_SLACK, "after 100002 ids of 2^28");
+	kvt_pool_fini(&p);
+	free(ids);
+}
+
+/* The largest pool, 2^32 - 2 units (17 GB of tables, were they written), set up, used at both
+   ends of its id range and torn down, in no time and memory. */
+static void test_largest_pool(void **state)
+{
+	const uint32_t n = UINT32_MAX - 1;
+	uint32_t ids[4];
+	struct kvt_pool p;
+	uint64_t rss0 = t_rss_bytes();
+
+	(void)state;
+	assert_int_equal(kvt_pool_init(&p, n, NULL, 0), 0);
+	assert_int_equal(p.n_units, n);
+	assert_int_equal(p.n_free, n);
+	assert_int_equal(kvt_pool_alloc(&p, 3, ids), 0);
+	assert_int_equal(ids[0], 0);
+	assert_int_equal(ids[2], 2);
+	assert_int_equal(kvt_pool_free(&p, &ids[1], 1), 0);
+	assert_int_equal(kvt_pool_free(&p, &ids[1], 1), -EINVAL); /* double free */
+	assert_int_equal(kvt_pool_alloc(&p, 2, ids), 0);
+	assert_int_equal(ids[0], 1);
+	assert_int_equal(ids[1], 3);
+	assert_int_equal(kvt_pool_used(&p), 4);
+	assert_int_equal(p.n_free, n - 4);
+	/* Ids the pool has never handed out, at the top of the range, and past it. */
+	const uint32_t top[3] = {n - 1, n, UINT32_MAX};
+
+	for (int i = 0; i < 3; i++) {
+		assert_false(kvt_pool_is_used(&p, top[i]));
+		assert_int_equal(kvt_pool_free(&p, &top[i], 1), -EINVAL);
+	}
+	assert_int_equal(kvt_pool_alloc(&p, n - 3, NULL), -ENOMEM); /* one short */
+	assert_int_equal(kvt_pool_used(&p), 4);
+	CHECK_RSS_BELOW(rss0 + RSS_SLACK, "a pool of 2^32 - 2 units");
+	kvt_pool_fini(&p);
+	assert_int_equal(p.n_units, 0);
+	assert_null(p.free_ids);
+}
+
 #ifdef T_HAVE_ASAN
 /* With ASan, the units of a pool that has a poison base are poisoned exactly while free. Only
    ASan builds register it (CI runs one): without ASan there is nothing to observe. */
@@ -452,6 +550,8 @@ int main(void)
 		cmocka_unit_test(test_used_and_is_used),
 		cmocka_unit_test(test_random_run),
 		cmocka_unit_test(test_fini_zeroed),
+		cmocka_unit_test(test_lazy_tables),
+		cmocka_unit_test(test_largest_pool),
 #ifdef T_HAVE_ASAN
 		cmocka_unit_test(test_poison),
 #endif

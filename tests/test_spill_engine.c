@@ -130,42 +130,47 @@ void test_spill_engine(void **state)
 
 	/* a merged write that comes short (at the file size limit here, as on a full file
 	   system) is redone a unit at a time: the units below the limit are written, the others
-	   fail with -EIO and stay in DRAM; nothing is lost */
-	{
+	   stay in DRAM and the call fails with -ENOSPC (the file cannot grow: no disk I/O error,
+	   none counted); nothing is lost. Then again with the limit inside a unit, whose write
+	   comes short itself. */
+	for (uint32_t straddle = 0; straddle < 2; straddle++) {
 		struct kvt_disk_stats ds;
 		struct rlimit old, lim;
 		void (*old_xfsz)(int) = signal(SIGXFSZ, SIG_IGN);
 
 		errs = t_stats_of(m).disk_io_errors;
-		uint64_t nC, gC;
+		uint64_t nC, gC, X = straddle ? C + 100 : C;
 		int rc;
 
-		CHECK_RC(kvt_seq_spill(m, A), 0); /* A and B take every slot the file has */
+		/* A and B (and the first round's C) take every slot the file has */
+		CHECK_RC(kvt_seq_spill(m, A), 0);
 		CHECK_RC(kvt_seq_spill(m, B), 0);
-		prefill(m, &cs, C, 60);
-		nC = HOSTB(m, C);
+		if (straddle)
+			CHECK_RC(kvt_seq_spill(m, C), 0);
+		prefill(m, &cs, X, 60);
+		nC = HOSTB(m, X);
 		gC = nC / cs.n_kv_heads;
 		assert_true(gC > 4);
 		kvt_disk_stats(m->disk, &ds);
 		CHECK_EQ(ds.slots_used, ds.slots_high);
 		assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
 		lim = old;
-		lim.rlim_cur = (ds.slots_high + 3) * ds.slot_bytes;
+		lim.rlim_cur = (ds.slots_high + 3) * ds.slot_bytes + straddle * ds.slot_bytes / 2;
 		assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
 		ios = disk_ios(m);
-		rc = kvt_seq_spill(m, C);
+		rc = kvt_seq_spill(m, X);
 		setrlimit(RLIMIT_FSIZE, &old);
 		signal(SIGXFSZ, old_xfsz);
-		CHECK_RC(rc, -EIO);
-		CHECK_EQ(disk_ios(m) - ios, 1 + gC); /* the merged write, then one per unit */
-		CHECK_EQ(DISK(m, C), 3ull * cs.n_kv_heads);
-		CHECK_EQ(t_stats_of(m).disk_io_errors, errs + gC - 3);
-		errs += gC - 3;
-		CHECK_SEQ_HOST(m, &cs, C);
-		CHECK_EQ(DISK(m, C), 0);
-		CHECK_RC(kvt_seq_spill(m, C), 0);
-		CHECK_EQ(DISK(m, C), nC);
-		CHECK_SEQ_HOST(m, &cs, C);
+		CHECK_RC(rc, -ENOSPC);
+		/* the merged write, then one per unit (and the rest of the one that came short) */
+		CHECK_EQ(disk_ios(m) - ios, 1 + gC + straddle);
+		CHECK_EQ(DISK(m, X), 3ull * cs.n_kv_heads);
+		CHECK_EQ(t_stats_of(m).disk_io_errors, errs);
+		CHECK_SEQ_HOST(m, &cs, X);
+		CHECK_EQ(DISK(m, X), 0);
+		CHECK_RC(kvt_seq_spill(m, X), 0);
+		CHECK_EQ(DISK(m, X), nC);
+		CHECK_SEQ_HOST(m, &cs, X);
 		CHECK_SEQ_HOST(m, &cs, B);
 		CHECK_SEQ_HOST(m, &cs, A);
 	}

@@ -301,7 +301,8 @@ void test_spill_checksum(void **state)
 
 /* An allocation that fails inside kvt_seq_spill, kvt_seq_fetch or a prefill that has to spill
    (every allocation in turn, through the fault hook) fails the call with -ENOMEM; no token is
-   lost or changed, and the sequence's blocks are where they were, or all where they belong. */
+   lost or changed, the sequence's blocks are where they were, or all where they belong, and no
+   disk I/O error is counted. */
 void test_spill_alloc_faults(void **state)
 {
 	struct fix *f = *state;
@@ -364,6 +365,7 @@ void test_spill_alloc_faults(void **state)
 			if (op == 2)
 				CHECK_EQ(t_tokens_of(m, C, 1), rc ? 0 : 60);
 			CHECK_EQ(t_stats_of(m).seqs_lost, 0);
+			CHECK_EQ(t_stats_of(m).disk_io_errors, 0); /* no I/O failed */
 			CHECK_SEQ(m, &c, A);
 			CHECK_SEQ(m, &c, B);
 		}

@@ -7,5 +7,7 @@
 int bench_recall(int argc, char **argv);
 /* kvtier-bench disk (tools/bench_disk.c). */
 int bench_disk(int argc, char **argv);
+/* kvtier-bench create (tools/bench_create.c). */
+int bench_create(int argc, char **argv);
 
 #endif /* KVT_BENCH_H */

@@ -10,6 +10,8 @@
  *   kvtier-bench recall    the recall bookkeeping of one decode step (tools/bench_recall.c).
  *   kvtier-bench disk      the disk tier's I/O engine against plain sequential I/O
  *                          (tools/bench_disk.c).
+ *   kvtier-bench create    kvt_manager_create's time and memory for a tier of terabytes
+ *                          (tools/bench_create.c).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -40,6 +42,7 @@ static void usage(FILE *f)
 		"       kvtier-bench sched [options]\n"
 		"       kvtier-bench recall [options]   (kvtier-bench recall --help)\n"
 		"       kvtier-bench disk [options]     (kvtier-bench disk --help)\n"
+		"       kvtier-bench create [options]   (kvtier-bench create --help)\n"
 		"       kvtier-bench transfer [options] (kvtier-bench transfer --help; CUDA)\n"
 		"Both use Llama-3-8B geometry (8 kv heads, 32 q heads, d=128, bf16, 32-token\n"
 		"blocks, sink 128, recent 512, top-K 4096).\n\n"
@@ -586,6 +589,8 @@ int main(int argc, char **argv)
 		return bench_recall(argc - 1, argv + 1);
 	if (strcmp(argv[1], "disk") == 0)
 		return bench_disk(argc - 1, argv + 1);
+	if (strcmp(argv[1], "create") == 0)
+		return bench_create(argc - 1, argv + 1);
 	if (strcmp(argv[1], "transfer") == 0)
 		return bench_transfer(argc - 1, argv + 1);
 	fprintf(stderr, "kvtier-bench: unknown benchmark '%s' (try --help)\n", argv[1]);

@@ -442,15 +442,49 @@ static uint32_t model_batch(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t
 	return ok;
 }
 
+/* Settles the I/O of unit x through buf that moved res (bytes, or -errno) instead of the whole
+   slot, where that says nothing of the disk yet: a transfer that came short (a write the file
+   took only part of, at a file system or file size limit) or was interrupted (-EINTR, -EAGAIN)
+   is continued from where it stopped, synchronously, until the slot has moved or the call
+   says why not. What the I/O moved in the end (slot_bytes), or its -errno. */
+static int settle(struct kvt_disk *d, const struct kvt_disk_io *x, uint8_t *buf, int res,
+		  bool write)
+{
+	off_t off = (off_t)((uint64_t)x->slot * d->slot_bytes);
+
+	if (res == -EINTR || res == -EAGAIN)
+		res = 0;
+	while (res >= 0 && res < (int)d->slot_bytes) {
+		size_t left = d->slot_bytes - (size_t)res;
+		ssize_t r;
+
+		d->st.ios++;
+		do
+			r = write ? pwrite(d->fd, buf + res, left, off + res)
+				  : pread(d->fd, buf + res, left, off + res);
+		while (r < 0 && (errno == EINTR || errno == EAGAIN));
+		if (r <= 0)
+			return r < 0 ? -errno : -EIO; /* a read past the end of the file */
+		res += (int)r;
+	}
+	return res;
+}
+
 /* The end of unit x's I/O through buf, of result res (bytes, or -errno); crc: of the unit
-   written. Whether it went. */
+   written. Whether it went. Only failures of the disk itself count in io_errors (and the I/O
+   fault site, which fails an I/O that went as the device would): a write the spill file's
+   limits refused (-ENOSPC, -EDQUOT, -EFBIG: a full file system or quota, the process's file
+   size limit) fails with -ENOSPC and is not counted. */
 static bool finish(struct kvt_disk *d, struct kvt_disk_io *x, uint8_t *buf, int res, uint32_t crc,
 		   bool write)
 {
-	if (kvt_fault(KVT_FAULT_IO))
+	if (res != (int)d->slot_bytes)
+		res = settle(d, x, buf, res, write);
+	if (res == (int)d->slot_bytes && kvt_fault(KVT_FAULT_IO))
 		res = -EIO;
 	if (res != (int)d->slot_bytes) {
-		x->res = write && (res == -ENOSPC || res == -EDQUOT) ? -ENOSPC : -EIO;
+		x->res = write && (res == -ENOSPC || res == -EDQUOT || res == -EFBIG) ? -ENOSPC
+										      : -EIO;
 		if (x->res == -EIO)
 			d->st.io_errors++;
 		if (write)

@@ -81,14 +81,17 @@ int kvt_disk_open(const struct kvt_disk_params *p, struct kvt_disk **out, char *
 void kvt_disk_close(struct kvt_disk *d);
 
 /* Writes the n units: takes a slot for each (io[i].slot), writes the unit and records its
-   CRC. Per unit io[i].res is 0, -ENOSPC (file at its limit, or file system full), -EIO (a
-   failed or short write) or -ENOMEM (the ring failed and no bounce buffer could be had for
-   the synchronous engine); a failed unit holds no slot. Returns the number written. */
+   CRC. Per unit io[i].res is 0, -ENOSPC (file at its limit, file system full or over quota,
+   the process's file size limit), -EIO (a write the disk failed; one that came short or was
+   interrupted is continued first) or -ENOMEM (the ring failed and no bounce buffer could be
+   had for the synchronous engine); a failed unit holds no slot. Only -EIO counts in
+   io_errors. Returns the number written. */
 uint32_t kvt_disk_write(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n);
 
 /* Reads the n units in slots io[i].slot into io[i].addr and checks each CRC. Per unit io[i].res
-   is 0, -EIO (failed or short read; the slot still holds the unit), -ENOMEM (as for writes;
-   the slot still holds the unit) or -EBADMSG (CRC mismatch).
+   is 0, -EIO (a read the disk failed, or that found the file shorter than the slot; the slot
+   still holds the unit), -ENOMEM (as for writes; the slot still holds the unit) or -EBADMSG
+   (CRC mismatch).
    Slots stay taken: the caller frees them once it has committed. Returns the number read. */
 uint32_t kvt_disk_read(struct kvt_disk *d, struct kvt_disk_io *io, uint32_t n);
 

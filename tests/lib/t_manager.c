@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "t_backend.h"
 #include "t_check.h"
@@ -105,4 +106,17 @@ bool t_kvt_threads_block_signals(uint32_t *n)
 	if (dir)
 		closedir(dir);
 	return all;
+}
+
+uint64_t t_rss_bytes(void)
+{
+	unsigned long long size = 0, resident = 0;
+	FILE *f = fopen("/proc/self/statm", "r");
+	int got = f ? fscanf(f, "%llu %llu", &size, &resident) : 0;
+
+	if (f)
+		fclose(f);
+	if (got != 2)
+		fail_at(__FILE__, __LINE__, "cannot read /proc/self/statm");
+	return (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
 }

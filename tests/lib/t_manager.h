@@ -2,7 +2,7 @@
 /*
  * Shorthands for a manager under test: create one (on the backend under test, t_backend.h),
  * read its stats, a sequence's info and token count, each failing the test where the call
- * fails; and a check of the library's threads' signal masks.
+ * fails; a check of the library's threads' signal masks; the process's resident memory.
  */
 #ifndef KVT_TEST_T_MANAGER_H
 #define KVT_TEST_T_MANAGER_H
@@ -32,5 +32,9 @@ void t_check_stats_equal(const struct kvt_stats *a, const struct kvt_stats *b, c
    they leave the application's signals alone. From Name and SigBlk in
    /proc/self/task/TID/status; *n: how many such threads there are. */
 bool t_kvt_threads_block_signals(uint32_t *n);
+
+/* The process's resident memory now, in bytes (from /proc/self/statm); fails the test when it
+   cannot be read. Memory taken (written) and not yet given back shows in it. */
+uint64_t t_rss_bytes(void);
 
 #endif /* KVT_TEST_T_MANAGER_H */
