@@ -479,10 +479,11 @@ KVT_API int kvt_seq_fetch(struct kvt_manager *m, const uint64_t *seqs, uint32_t 
 /* Writes every host block of seq to the spill file now and frees them in the host tier (an
    engine parking a preempted request; tests). Its device frames stay as they are. Nothing to
    do (0) when it has no host blocks. -ENOENT; -ENOTSUP without a disk tier; -ENOSPC when
-   the spill file is at disk_bytes or the file system is full; -EIO when a write failed;
-   -ENOMEM; -EBADMSG when it is lost. On -ENOSPC, -EIO or -ENOMEM the blocks written before the
-   failure stay on disk and the others in the host tier (placement only: nothing is lost, and
-   the next call that needs them fetches them). */
+   the spill file cannot grow (disk_bytes, a full file system or quota, the process's file
+   size limit); -EIO when a write failed; -ENOMEM; -EBADMSG when it is lost; a device error
+   when waiting for the loads queued on the device failed (nothing written). On -ENOSPC, -EIO
+   or -ENOMEM the blocks written before the failure stay on disk and the others in the host
+   tier (placement only: nothing is lost, and the next call that touches them fetches them). */
 KVT_API int kvt_seq_spill(struct kvt_manager *m, uint64_t seq);
 
 /* ---- Dynamic recall (decode) --------------------------------------------------------- */
@@ -621,7 +622,8 @@ struct kvt_sched_batch {
 	struct kvt_sched_iter it;
 };
 
-/* Creates a scheduler over m. -EINVAL (NULL, bad size/version, zero limits), -ENOMEM. */
+/* Creates a scheduler over m. -EINVAL (NULL, a size that is none of struct kvt_sched_config's
+   (with or without `stream`), bad version, reserved not 0, zero limits), -ENOMEM. */
 KVT_API int kvt_sched_create(struct kvt_manager *m, const struct kvt_sched_config *cfg,
 			     struct kvt_sched **out);
 /* NULL is a no-op. Leaves the manager's sequences as they are, except that it frees the frames

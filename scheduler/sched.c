@@ -211,14 +211,15 @@ KVT_API int kvt_sched_create(struct kvt_manager *m, const struct kvt_sched_confi
 			     struct kvt_sched **out)
 {
 	static const struct kvt_sched_config defaults = KVT_SCHED_CONFIG_INIT;
-	size_t min_size = offsetof(struct kvt_sched_config, ws_control) + sizeof(cfg->ws_control);
+	/* the sizes the struct has had: before `stream` was added, and now */
+	size_t old_size = offsetof(struct kvt_sched_config, stream);
 	struct kvt_config mc;
 	struct kvt_sched *s;
 	uint32_t n;
 	int err;
 
-	if (!m || !cfg || !out || cfg->size < min_size || cfg->size > 65536 ||
-	    cfg->version != KVT_SCHED_CONFIG_VERSION)
+	if (!m || !cfg || !out || (cfg->size != old_size && cfg->size != sizeof(*cfg)) ||
+	    cfg->version != KVT_SCHED_CONFIG_VERSION || cfg->reserved)
 		return -EINVAL;
 	if (cfg->max_requests == 0 || cfg->max_tokens == 0 || cfg->max_inject_tokens == 0 ||
 	    cfg->ws_control > 1 || cfg->max_requests > (1u << 24))

@@ -40,7 +40,22 @@ void test_create_errors(void **state)
 	bad = sc;
 	bad.ws_control = 2;
 	CHECK_RC(kvt_sched_create(m, &bad, &s), -EINVAL);
+	/* only the sizes the struct has had (before and after `stream`), reserved 0 */
+	bad = sc;
+	bad.size = sizeof(sc) - 4;
+	CHECK_RC(kvt_sched_create(m, &bad, &s), -EINVAL);
+	bad.size = sizeof(sc) + 8;
+	CHECK_RC(kvt_sched_create(m, &bad, &s), -EINVAL);
+	bad = sc;
+	bad.reserved = 1;
+	CHECK_RC(kvt_sched_create(m, &bad, &s), -EINVAL);
 	assert_null(s);
+	bad = sc;
+	bad.size = (uint32_t)offsetof(struct kvt_sched_config, stream);
+	bad.stream = (void *)&bad; /* past the caller's size: not read */
+	CHECK_RC(kvt_sched_create(m, &bad, &s), 0);
+	kvt_sched_destroy(s);
+	s = NULL;
 	kvt_sched_destroy(NULL);
 	CHECK_EQ(kvt_sched_pending(NULL), 0);
 	CHECK_RC(kvt_sched_step(NULL, &b), -EINVAL);
