@@ -70,10 +70,11 @@ static void put_input(const uint8_t *data, size_t size)
 }
 
 /* Record lines of the input as selfile.h defines them: lines (getline's: split after '\n'),
-   read up to a NUL byte, that are neither blank nor start with '#' after spaces and tabs. */
+   read up to a NUL byte, that are neither blank nor start with '#' after spaces and tabs; a
+   UTF-8 byte order mark that starts the input is skipped. */
 static size_t count_records(const uint8_t *data, size_t size)
 {
-	size_t n = 0, i = 0;
+	size_t n = 0, i = size >= 3 && !memcmp(data, "\xef\xbb\xbf", 3) ? 3 : 0;
 
 	while (i < size) {
 		size_t end = i;
