@@ -168,8 +168,13 @@ struct kvt_manager {
 	/* [host.n_units] the low 32 bits of the stamp of the latest call that pinned each host
 	   group (it needs the group in the host tier until it returns); zero pages until used */
 	uint32_t *hpin;
-	struct kvt_want *want; /* spilled blocks the call at hand needs back (spill.h) */
+	/* Spilled blocks the call stamped want_stamp needs back (spill.h): a list left by an
+	   earlier call is dropped by the next kvt_spill_want; want_err is -ENOMEM once it could
+	   not grow, reported by kvt_spill_fetch_wanted. */
+	struct kvt_want *want;
 	uint32_t n_want, want_cap;
+	uint64_t want_stamp;
+	int want_err;
 
 	struct kvt_stats st;
 	char err[256];

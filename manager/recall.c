@@ -751,12 +751,9 @@ static void recall_undo(struct kvt_manager *m, uint32_t layer, uint32_t n, uint3
    m->xf[0..nx) that wait for them (src 0) at their host rows. 0 or the error, recorded. */
 static int recall_fetch(struct kvt_manager *m, uint32_t nx)
 {
-	int err;
+	int err = kvt_spill_fetch_wanted(m, "recall");
 
-	if (!m->n_want)
-		return 0;
-	err = kvt_spill_fetch_wanted(m, "recall");
-	if (err < 0)
+	if (err <= 0) /* nothing was on disk, or the error */
 		return err;
 	for (uint32_t x = 0; x < nx; x++) {
 		const struct kvt_rc_entry *e;
@@ -902,21 +899,17 @@ static struct kvt_seq *scorable(struct kvt_manager *m, uint64_t id, uint32_t lay
    read (pinned for this call). 0 or the error, recorded. */
 static int catch_up_fetch(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n)
 {
-	int err = 0;
+	int err;
 
 	if (!m->disk)
 		return 0;
 	++m->stamp;
-	for (uint32_t i = 0; i < n && !err; i++) {
+	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_seq *s = scorable(m, seqs[i], layer);
 		struct kvt_seq_layer *ly = s ? &s->layers[layer] : NULL;
 
 		if (s && ly->rc->meta_n < ly->n_tokens)
-			err = kvt_spill_want_range(m, s, layer, ly->rc->meta_n, ly->n_tokens);
-	}
-	if (err) {
-		m->n_want = 0;
-		return kvt_fail(m, err, "recall: no memory for the list of blocks");
+			kvt_spill_want_range(m, s, layer, ly->rc->meta_n, ly->n_tokens);
 	}
 	err = kvt_spill_fetch_wanted(m, "recall");
 	return err < 0 ? err : 0;

@@ -672,14 +672,11 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 	   cursors move; the call pins them), then the new blocks get host room; neither is
 	   visible if the call fails after. */
 	if (m->disk) {
-		if (kvt_spill_want_reserve(m, n))
-			return kvt_fail(m, -ENOMEM, "decode: no memory for a batch of %u", n);
 		for (uint32_t i = 0; i < n; i++) {
 			struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
 
 			if (ly->n_tokens & bt_mask)
-				ALWAYS(kvt_spill_want(m, m->batch[i], layer, ly->n_groups - 1) ==
-				       0);
+				kvt_spill_want(m, m->batch[i], layer, ly->n_groups - 1);
 		}
 		err = kvt_spill_fetch_wanted(m, "decode");
 		if (err < 0)
@@ -843,9 +840,7 @@ static int read_token(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint3
 	}
 	if (m->disk) {
 		++m->stamp;
-		err = kvt_spill_want(m, s, layer, pos >> m->lbt);
-		if (err)
-			return kvt_fail(m, err, "read token: no memory for the list of blocks");
+		kvt_spill_want(m, s, layer, pos >> m->lbt);
 		err = kvt_spill_fetch_wanted(m, "read token");
 		if (err < 0)
 			return err;
@@ -1091,25 +1086,20 @@ static uint64_t resident_blocks_bound(const struct kvt_manager *m, const struct 
 static int resume_fetch(struct kvt_manager *m, struct kvt_seq *s, uint32_t l0, uint32_t l1)
 {
 	uint32_t sink = m->cfg.sink_tokens, H = m->cfg.n_kv_heads;
-	int err = 0;
+	int err;
 
 	if (!m->disk)
 		return 0;
-	for (uint32_t l = l0; l < l1 && !err; l++) {
+	for (uint32_t l = l0; l < l1; l++) {
 		struct kvt_seq_layer *ly = &s->layers[l];
 		uint32_t N = ly->n_tokens;
 
 		if (!N)
 			continue;
-		err = kvt_spill_want_range(m, s, l, 0, N < sink ? N : sink);
-		if (!err)
-			err = kvt_spill_want_range(m, s, l, kvt_ring0(m, N), N);
-		for (size_t i = 0; !err && i < (size_t)H * s->valid_topk; i++)
-			err = kvt_spill_want(m, s, l, (uint32_t)ly->topk[i] >> m->lbt);
-	}
-	if (err) {
-		m->n_want = 0;
-		return kvt_fail(m, err, "resume: no memory for the list of blocks");
+		kvt_spill_want_range(m, s, l, 0, N < sink ? N : sink);
+		kvt_spill_want_range(m, s, l, kvt_ring0(m, N), N);
+		for (size_t i = 0; i < (size_t)H * s->valid_topk; i++)
+			kvt_spill_want(m, s, l, (uint32_t)ly->topk[i] >> m->lbt);
 	}
 	err = kvt_spill_fetch_wanted(m, "resume");
 	return err < 0 ? err : 0;

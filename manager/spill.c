@@ -240,10 +240,22 @@ int kvt_spill_room(struct kvt_manager *m, uint32_t need)
 	return m->host.n_free >= need ? 0 : -ENOMEM;
 }
 
+/* Starts the list of the call at hand (m->stamp) unless it is started: what an earlier call
+   left (one that failed before its fetch) is dropped. */
+static void want_begin(struct kvt_manager *m)
+{
+	if (m->want_stamp == m->stamp)
+		return;
+	m->want_stamp = m->stamp;
+	m->n_want = 0;
+	m->want_err = 0;
+}
+
 int kvt_spill_want_reserve(struct kvt_manager *m, uint32_t n)
 {
 	if (!m->disk)
 		return 0;
+	want_begin(m);
 	if ((uint64_t)m->n_want + n > UINT32_MAX)
 		return -ENOMEM;
 	return kvt_reserve((void **)&m->want, &m->want_cap, m->n_want + n, sizeof(*m->want));
@@ -255,27 +267,25 @@ int kvt_spill_want(struct kvt_manager *m, struct kvt_seq *s, uint32_t layer, uin
 
 	if (!m->disk)
 		return 0;
+	want_begin(m);
 	g = s->layers[layer].groups[block];
 	if (!(g & KVT_SPILLED)) {
 		m->hpin[g] = (uint32_t)m->stamp;
 		return 0;
 	}
 	if (m->n_want == m->want_cap && kvt_spill_want_reserve(m, 1))
-		return -ENOMEM;
+		return m->want_err = -ENOMEM;
 	m->want[m->n_want++] = (struct kvt_want){s, layer, block, g & ~KVT_SPILLED};
 	return 0;
 }
 
-int kvt_spill_want_range(struct kvt_manager *m, struct kvt_seq *s, uint32_t layer, uint32_t from,
-			 uint32_t to)
+void kvt_spill_want_range(struct kvt_manager *m, struct kvt_seq *s, uint32_t layer, uint32_t from,
+			  uint32_t to)
 {
-	int err = 0;
-
 	if (!m->disk || from >= to)
-		return 0;
-	for (uint32_t b = from >> m->lbt; !err && b <= (to - 1) >> m->lbt; b++)
-		err = kvt_spill_want(m, s, layer, b);
-	return err;
+		return;
+	for (uint32_t b = from >> m->lbt; b <= (to - 1) >> m->lbt; b++)
+		kvt_spill_want(m, s, layer, b);
 }
 
 static int cmp_want(const void *a, const void *b)
@@ -325,11 +335,14 @@ static uint32_t fetch_commit(struct kvt_manager *m, uint32_t n, int *first, stru
 
 int kvt_spill_fetch_wanted(struct kvt_manager *m, const char *what)
 {
-	uint32_t n = m->n_want, k = 0, read_ok, placed;
+	uint32_t n = m->want_stamp == m->stamp ? m->n_want : 0, k = 0, read_ok, placed;
 	struct kvt_seq *bad = NULL;
-	int err, first = 0;
+	int err = m->want_stamp == m->stamp ? m->want_err : 0, first = 0;
 
 	m->n_want = 0;
+	m->want_err = 0;
+	if (err)
+		return kvt_fail(m, err, "%s: no memory for the list of blocks", what);
 	if (n == 0)
 		return 0;
 	/* One entry per spilled block, in file order. */
@@ -408,22 +421,15 @@ KVT_API int kvt_seq_fetch(struct kvt_manager *m, const uint64_t *seqs, uint32_t 
 		struct kvt_seq *s = kvt_seq_usable(m, seqs[i], "fetch", &err);
 
 		if (!s)
-			goto fail;
+			return err;
 		s->stamp = m->stamp;
 		/* each layer's last block, when the next token goes into it */
-		for (uint32_t l = 0; l < m->cfg.n_layers; l++) {
-			struct kvt_seq_layer *ly = &s->layers[l];
-
-			if ((ly->n_tokens & bt_mask) &&
-			    (err = kvt_spill_want(m, s, l, ly->n_groups - 1)))
-				goto fail;
-		}
+		for (uint32_t l = 0; l < m->cfg.n_layers; l++)
+			if (s->layers[l].n_tokens & bt_mask)
+				kvt_spill_want(m, s, l, s->layers[l].n_groups - 1);
 	}
 	err = kvt_spill_fetch_wanted(m, "fetch");
 	return err < 0 ? err : 0;
-fail:
-	m->n_want = 0;
-	return err == -ENOMEM ? kvt_fail(m, err, "fetch: no memory for the list of blocks") : err;
 }
 
 KVT_API int kvt_seq_spill(struct kvt_manager *m, uint64_t seq)

@@ -37,25 +37,27 @@ void kvt_spill_close(struct kvt_manager *m);
    spilled). */
 int kvt_spill_room(struct kvt_manager *m, uint32_t need);
 
-/* Room for n more entries in the list of wanted blocks, so that kvt_spill_want cannot fail
-   for them. 0 or -ENOMEM. */
+/* Room for n more entries in the call's list of wanted blocks, so that kvt_spill_want cannot
+   fail for them. 0 or -ENOMEM. */
 int kvt_spill_want_reserve(struct kvt_manager *m, uint32_t n);
 
-/* The call at hand (m->stamp) needs block `block` of (s, layer) in the host tier: a host
-   group is pinned (no spill of this call takes it), a spilled one is listed for
-   kvt_spill_fetch_wanted. Nothing without a disk tier. 0, or -ENOMEM when the list could not
-   grow (never after kvt_spill_want_reserve made room). */
+/* The call at hand (m->stamp, which it has advanced) needs block `block` of (s, layer) in the
+   host tier: a host group is pinned (no spill of this call takes it), a spilled one is listed
+   for kvt_spill_fetch_wanted. Nothing without a disk tier. 0, or -ENOMEM when the list could
+   not grow (never after kvt_spill_want_reserve made room), which kvt_spill_fetch_wanted then
+   reports: callers need not check. */
 int kvt_spill_want(struct kvt_manager *m, struct kvt_seq *s, uint32_t layer, uint32_t block);
 
 /* kvt_spill_want of the blocks of (s, layer) holding positions [from, to). */
-int kvt_spill_want_range(struct kvt_manager *m, struct kvt_seq *s, uint32_t layer, uint32_t from,
-			 uint32_t to);
+void kvt_spill_want_range(struct kvt_manager *m, struct kvt_seq *s, uint32_t layer, uint32_t from,
+			  uint32_t to);
 
-/* Reads the listed blocks back in one batched read (spilling others to make room) and pins
-   them, then empties the list. Blocks read are placed even when others fail. The number of
-   groups read, or a negative errno recorded with `what` as the prefix: -ENOMEM (the host tier
-   cannot hold them beside the call's pinned groups), -EIO (a read failed: those blocks stay on
-   disk), -EBADMSG (a CRC-32C mismatch: that sequence is lost), or a device wait's error. */
+/* Reads the blocks the call at hand listed back in one batched read (spilling others to make
+   room) and pins them, then empties the list. Blocks read are placed even when others fail.
+   The number of groups read, or a negative errno recorded with `what` as the prefix: -ENOMEM
+   (the list could not grow, or the host tier cannot hold them beside the call's pinned
+   groups), -EIO (a read failed: those blocks stay on disk), -EBADMSG (a CRC-32C mismatch:
+   that sequence is lost), or a device wait's error. */
 int kvt_spill_fetch_wanted(struct kvt_manager *m, const char *what);
 
 /* Returns every host group and disk slot of a layer's table (destroy). */
