@@ -83,6 +83,13 @@ static int fix_teardown(void **state)
 }
 
 /* Names in dir other than . and .. */
+void spill_recall(struct kvt_config *c, uint32_t frames)
+{
+	c->recall_blocks = 2;
+	c->recall_cache_bytes = frames * t_block_bytes(c);
+	c->device_bytes += c->recall_cache_bytes;
+}
+
 uint64_t tail_blocks(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq)
 {
 	uint64_t n = 0;

@@ -78,6 +78,9 @@ void soft_fail(char *buf, size_t len, const char *fmt, ...) __attribute__((forma
 extern struct rrun *g_run;
 void fdestroy(struct fix *f);
 uint32_t dir_entries(const char *dir);
+/* Recall of 2 blocks per (layer, kv head) into a cache of `frames` frames, added to the
+   device tier. */
+void spill_recall(struct kvt_config *c, uint32_t frames);
 /* Blocks of seq that kvt_seq_fetch brings back when all are on disk: each layer's last block
    when the next token goes into it. */
 uint64_t tail_blocks(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq);

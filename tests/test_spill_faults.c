@@ -197,9 +197,7 @@ void test_spill_checksum(void **state)
 	uint32_t pos_c;
 
 	t_what = "checksum";
-	c.recall_blocks = 2;
-	c.recall_cache_bytes = 16 * 2 * c.block_tokens * t_rowb(&c);
-	c.device_bytes += c.recall_cache_bytes;
+	spill_recall(&c, 16);
 	m = f->m = t_mk(&c);
 	prefill(m, &c, A, 80);
 	prefill(m, &c, B, 40);

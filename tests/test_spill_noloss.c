@@ -686,9 +686,7 @@ static void run_noloss(struct fix *fx, uint64_t seed, long ops, uint64_t disk_bl
 	c.staging_bytes = 16u << 10;
 	c.host_bytes = t_budget(&c, host_groups);
 	c.device_bytes = t_budget(&c, 700); /* resident sets: up to 12 groups a sequence */
-	c.recall_blocks = 2;
-	c.recall_cache_bytes = 24 * 2 * c.block_tokens * t_rowb(&c); /* 24 frames */
-	c.device_bytes += c.recall_cache_bytes;
+	spill_recall(&c, 24);
 	c.spill_dir = dir;
 	c.disk_queue_depth = 64;
 	if (disk_blocks) {

@@ -240,9 +240,7 @@ void test_spill_implicit_fetch(void **state)
 	struct kvt_stats st;
 
 	t_what = "implicit fetch";
-	c.recall_blocks = 2;
-	c.recall_cache_bytes = 64 * 2 * c.block_tokens * t_rowb(&c);
-	c.device_bytes += c.recall_cache_bytes;
+	spill_recall(&c, 64);
 	row = t_rowb(&c);
 	m = f->m = t_mk(&c);
 	prefill(m, &c, A, 100);
@@ -468,9 +466,7 @@ void test_spill_big_history(void **state)
 
 	t_what = "big history";
 	c.n_layers = 4;
-	c.recall_blocks = 2;
-	c.recall_cache_bytes = 64 * 2 * c.block_tokens * t_rowb(&c);
-	c.device_bytes += c.recall_cache_bytes;
+	spill_recall(&c, 64);
 	row = t_rowb(&c);
 	m = f->m = t_mk(&c);
 	/* 200 tokens: 25 groups a layer, 100 for the sequence, over three times the 32 */
