@@ -22,11 +22,34 @@ static const struct sim_model_preset models[] = {
 	{"llama3-70b", 80, 64, 8, 128, 70.6e9, 2, 131072},
 };
 
+/* Efficiency figures (see exec_model.h and docs/replay.md, which cite the measurements). */
+#define A100_EFF                                                                \
+	.linear_eff = {9,                                                       \
+		       {1, 16, 64, 128, 256, 512, 2048, 8192, 16384},           \
+		       {0.70, 0.70, 0.65, 0.60, 0.65, 0.70, 0.74, 0.75, 0.75}}, \
+	.prefill_attn_eff = {6,                                                 \
+			     {512, 1024, 2048, 4096, 8192, 16384},              \
+			     {0.15, 0.25, 0.35, 0.45, 0.50, 0.55}},             \
+	.decode_attn_eff = 0.78, .kv_write_eff = 0.8, .iter_overhead_us = 300,  \
+	.source = "A100 kernels profiled by Vidur (microsoft/vidur)"
+#define H100_EFF                                                                \
+	.linear_eff = {9,                                                       \
+		       {1, 16, 64, 128, 256, 512, 2048, 8192, 16384},           \
+		       {0.60, 0.60, 0.50, 0.45, 0.45, 0.50, 0.60, 0.65, 0.65}}, \
+	.prefill_attn_eff = {6,                                                 \
+			     {512, 1024, 2048, 4096, 8192, 16384},              \
+			     {0.10, 0.17, 0.24, 0.30, 0.34, 0.36}},             \
+	.decode_attn_eff = 0.75, .kv_write_eff = 0.8, .iter_overhead_us = 250,  \
+	.source = "H100 kernels profiled by Vidur (microsoft/vidur)"
+
 static const struct sim_gpu_preset gpus[] = {
-	{"a100-40g", 40.0, 1555.0, 312.0, 25.0, 25.0, 2000.0, 5000.0},
-	{"h100", 80.0, 3350.0, 989.0, 53.0, 53.0, 2000.0, 5000.0},
-	{"h200", 131.3, 4800.0, 989.0, 53.0, 53.0, 2000.0, 5000.0},
+	{"a100-40g", 40.0, 1555.0, 312.0, 25.0, 25.0, 2000.0, 5000.0, A100_EFF},
+	{"a100-80g", 80.0, 2039.0, 312.0, 25.0, 25.0, 2000.0, 5000.0, A100_EFF},
+	{"h100", 80.0, 3350.0, 989.0, 53.0, 53.0, 2000.0, 5000.0, H100_EFF},
+	{"h200", 131.3, 4800.0, 989.0, 53.0, 53.0, 2000.0, 5000.0, H100_EFF},
 };
+
+const char *const sim_gpu_preset_names[] = {"h100", "h200", "a100-80g", "a100-40g", NULL};
 
 int sim_preset_model(const char *name, struct sim_model_preset *out)
 {
@@ -163,6 +186,66 @@ static int load_model(json_t *o, struct sim_model_preset *m, struct field_err *e
 	return -1;
 }
 
+/* An efficiency in (0, 1]. */
+static const char *set_eff(double *dst, const json_t *v)
+{
+	double d = num(v);
+
+	if (isnan(d) || d > 1)
+		return "not a number in (0, 1]";
+	*dst = d;
+	return NULL;
+}
+
+static const char *set_nonneg(double *dst, const json_t *v)
+{
+	double d = json_is_number(v) ? json_number_value(v) : NAN;
+
+	if (!isfinite(d) || d < 0)
+		return "not a number >= 0";
+	*dst = d;
+	return NULL;
+}
+
+static const char *set_source(char *dst, const json_t *v)
+{
+	if (!json_is_string(v))
+		return "not a string";
+	if (json_string_length(v) > SIM_PRESET_SOURCE_MAX)
+		return "longer than " STR(SIM_PRESET_SOURCE_MAX) " characters";
+	memcpy(dst, json_string_value(v), json_string_length(v) + 1);
+	return NULL;
+}
+
+/* A curve from [[x, eff], ...]; what is wrong goes to buf. */
+static const char *set_curve(struct sim_eff_curve *dst, const json_t *v, char *buf, size_t len)
+{
+	struct sim_eff_curve c = {0};
+	const char *w;
+	size_t i;
+	json_t *p;
+
+	if (!json_is_array(v) || json_array_size(v) == 0)
+		return "not an array of [x, eff] pairs";
+	if (json_array_size(v) > SIM_EFF_POINTS)
+		return "more than " STR(SIM_EFF_POINTS) " points";
+	json_array_foreach(v, i, p)
+	{
+		if (!json_is_array(p) || json_array_size(p) != 2) {
+			snprintf(buf, len, "point %zu is not an [x, eff] pair", i + 1);
+			return buf;
+		}
+		c.x[i] = num(json_array_get(p, 0));
+		c.eff[i] = num(json_array_get(p, 1));
+		c.n++;
+	}
+	w = sim_eff_check(&c);
+	if (w)
+		return w;
+	*dst = c;
+	return NULL;
+}
+
 /* Fields of the "gpu" object into *g: 0, or -1 with the refused field in *e. */
 static int load_gpu(json_t *o, struct sim_gpu_preset *g, struct field_err *e)
 {
@@ -178,6 +261,7 @@ static int load_gpu(json_t *o, struct sim_gpu_preset *g, struct field_err *e)
 		{"call_ns", offsetof(struct sim_gpu_preset, call_ns)},
 		{"launch_ns", offsetof(struct sim_gpu_preset, launch_ns)},
 	};
+	char buf[64];
 	const char *k, *w;
 	json_t *v;
 
@@ -186,6 +270,18 @@ static int load_gpu(json_t *o, struct sim_gpu_preset *g, struct field_err *e)
 		w = "unknown field";
 		if (!strcmp(k, "name"))
 			w = set_name(g->name, v);
+		else if (!strcmp(k, "source"))
+			w = set_source(g->source, v);
+		else if (!strcmp(k, "linear_eff"))
+			w = set_curve(&g->linear_eff, v, buf, sizeof(buf));
+		else if (!strcmp(k, "prefill_attn_eff"))
+			w = set_curve(&g->prefill_attn_eff, v, buf, sizeof(buf));
+		else if (!strcmp(k, "decode_attn_eff"))
+			w = set_eff(&g->decode_attn_eff, v);
+		else if (!strcmp(k, "kv_write_eff"))
+			w = set_eff(&g->kv_write_eff, v);
+		else if (!strcmp(k, "iter_overhead_us"))
+			w = set_nonneg(&g->iter_overhead_us, v);
 		for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
 			if (!strcmp(k, f[i].key))
 				w = set_dbl((double *)((char *)g + f[i].off), v);
@@ -313,6 +409,65 @@ out:
 	return rc;
 }
 
+static json_t *curve_json(const struct sim_eff_curve *c)
+{
+	json_t *a = json_array();
+
+	for (uint32_t i = 0; a && i < c->n; i++)
+		if (json_array_append_new(a, json_pack("[f, f]", c->x[i], c->eff[i]))) {
+			json_decref(a);
+			return NULL;
+		}
+	return a;
+}
+
+json_t *sim_gpu_preset_json(const struct sim_gpu_preset *g)
+{
+	json_t *o = json_pack("{s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:s}",
+			      "name", g->name, "hbm_gib", g->hbm_gib, "hbm_gbps", g->hbm_gbps,
+			      "tflops", g->tflops, "h2d_gbps", g->h2d_gbps, "d2h_gbps", g->d2h_gbps,
+			      "call_ns", g->call_ns, "launch_ns", g->launch_ns, "decode_attn_eff",
+			      g->decode_attn_eff, "kv_write_eff", g->kv_write_eff,
+			      "iter_overhead_us", g->iter_overhead_us, "source", g->source);
+	json_t *a, *b;
+
+	if (!o)
+		return NULL;
+	/* an empty curve (1 everywhere) is written as one point: the reader wants a point */
+	struct sim_eff_curve one = {1, {1}, {1}};
+	a = curve_json(g->linear_eff.n ? &g->linear_eff : &one);
+	b = curve_json(g->prefill_attn_eff.n ? &g->prefill_attn_eff : &one);
+	if (!a || !b || json_object_set_new(o, "linear_eff", a) ||
+	    json_object_set_new(o, "prefill_attn_eff", b)) {
+		json_decref(o);
+		return NULL;
+	}
+	return o;
+}
+
+/* Lowest and highest value of a curve. */
+static void curve_range(const struct sim_eff_curve *c, double *lo, double *hi)
+{
+	*lo = *hi = c->n ? c->eff[0] : 1.0;
+	for (uint32_t i = 1; i < c->n; i++) {
+		*lo = c->eff[i] < *lo ? c->eff[i] : *lo;
+		*hi = c->eff[i] > *hi ? c->eff[i] : *hi;
+	}
+}
+
+void sim_gpu_preset_line(const struct sim_gpu_preset *g, char *buf, size_t len)
+{
+	double l0, l1, p0, p1;
+
+	curve_range(&g->linear_eff, &l0, &l1);
+	curve_range(&g->prefill_attn_eff, &p0, &p1);
+	snprintf(buf, len,
+		 "%s: %.0f TFLOP/s, %.0f GB/s; efficiency linear %.2f-%.2f, attention decode "
+		 "%.2f, prefill %.2f-%.2f, KV write %.2f, %.0f us/iteration (%s)",
+		 g->name, g->tflops, g->hbm_gbps, l0, l1, g->decode_attn_eff, p0, p1,
+		 g->kv_write_eff, g->iter_overhead_us, g->source);
+}
+
 double sim_model_kv_token_bytes(const struct sim_model_preset *m)
 {
 	return 2.0 * m->n_layers * m->n_kv_heads * m->head_dim * m->elem_bytes;
@@ -324,19 +479,99 @@ double sim_prefill_attn_flops(const struct sim_model_preset *m, uint32_t L, uint
 	return 4.0 * ((double)L * L / 2.0) * m->n_q_heads * m->head_dim * layers;
 }
 
+double sim_eff_at(const struct sim_eff_curve *c, double x)
+{
+	uint32_t i = 1;
+	double f;
+
+	if (c->n == 0)
+		return 1.0;
+	if (x <= c->x[0])
+		return c->eff[0];
+	if (x >= c->x[c->n - 1])
+		return c->eff[c->n - 1];
+	while (c->x[i] < x)
+		i++;
+	f = log(x / c->x[i - 1]) / log(c->x[i] / c->x[i - 1]);
+	return c->eff[i - 1] + f * (c->eff[i] - c->eff[i - 1]);
+}
+
+const char *sim_eff_check(const struct sim_eff_curve *c)
+{
+	if (c->n > SIM_EFF_POINTS)
+		return "too many points";
+	for (uint32_t i = 0; i < c->n; i++) {
+		if (!(c->x[i] > 0) || !isfinite(c->x[i]))
+			return "x must be a positive number";
+		if (i && !(c->x[i] > c->x[i - 1]))
+			return "x must be strictly ascending";
+		if (!(c->eff[i] > 0 && c->eff[i] <= 1))
+			return "eff must be a number in (0, 1]";
+	}
+	return NULL;
+}
+
+void sim_gpu_roofline(struct sim_gpu_preset *g)
+{
+	g->linear_eff.n = 0;
+	g->prefill_attn_eff.n = 0;
+	g->decode_attn_eff = 1;
+	g->kv_write_eff = 1;
+	g->iter_overhead_us = 0;
+	snprintf(g->source, sizeof(g->source), "none: the bare roofline (--roofline)");
+}
+
+double sim_prefill_attn_s(const struct sim_gpu_preset *g, double flops, uint32_t L)
+{
+	return flops <= 0
+		       ? 0.0
+		       : flops / (g->tflops * 1e12 * sim_eff_at(&g->prefill_attn_eff, L ? L : 1));
+}
+
+double sim_linear_layer_s(const struct sim_model_preset *m, const struct sim_gpu_preset *g,
+			  double tokens)
+{
+	double p = m->params / m->n_layers, t_mem, t_flop;
+
+	if (tokens <= 0)
+		return 0.0;
+	t_mem = p * m->elem_bytes / (g->hbm_gbps * 1e9);
+	t_flop = 2.0 * p * tokens / (g->tflops * 1e12);
+	return (t_mem > t_flop ? t_mem : t_flop) / sim_eff_at(&g->linear_eff, tokens);
+}
+
 void sim_iter_time(const struct sim_model_preset *m, const struct sim_gpu_preset *g,
 		   const struct sim_iter_work *w, struct sim_iter_time *out)
 {
-	double bw = g->hbm_gbps * 1e9, peak = g->tflops * 1e12;
-	double tokens = (double)w->decode_tokens + (double)w->prefill_token_layers / m->n_layers;
-	double wbytes = m->params * m->elem_bytes;
-	double t_mem = tokens > 0 ? wbytes / bw : 0.0, t_flop = 2.0 * m->params * tokens / peak;
+	double bw = g->hbm_gbps * 1e9, dec = (double)w->decode_tokens, through = 0;
+	double kv_layer_bytes = sim_model_kv_token_bytes(m) / m->n_layers;
 
-	out->gemm_s = t_mem > t_flop ? t_mem : t_flop;
-	out->attn_decode_s = w->kv_bytes_read / bw;
-	out->attn_prefill_s = w->prefill_attn_flops / peak;
+	out->gemm_s = 0;
+	if (w->prefill_layer_tokens) {
+		/* layers with the same tokens cost the same: a layer-segmented prefill covers
+		   ranges of layers, so runs of equal counts are timed once */
+		for (uint32_t l = 0; l < m->n_layers;) {
+			uint64_t t = w->prefill_layer_tokens[l];
+			uint32_t e = l + 1;
+
+			while (e < m->n_layers && w->prefill_layer_tokens[e] == t)
+				e++;
+			out->gemm_s += (e - l) * sim_linear_layer_s(m, g, dec + (double)t);
+			through += (e - l) * (dec + (double)t);
+			l = e;
+		}
+	} else {
+		double t = dec + (double)w->prefill_token_layers / m->n_layers;
+
+		out->gemm_s = m->n_layers * sim_linear_layer_s(m, g, t);
+		through = m->n_layers * t;
+	}
+	out->attn_decode_s = w->kv_bytes_read / (bw * g->decode_attn_eff);
+	out->attn_prefill_s = w->prefill_attn_s;
+	out->kv_write_s = through * kv_layer_bytes / (bw * g->kv_write_eff);
+	out->overhead_s = through > 0 ? g->iter_overhead_us * 1e-6 : 0.0;
 	out->transfer_s = w->transfer_s;
 	out->cpu_s = w->cpu_s;
-	out->total_s = out->gemm_s + out->attn_decode_s + out->attn_prefill_s + out->transfer_s +
-		       out->cpu_s;
+	out->total_s = out->gemm_s + out->attn_decode_s + out->attn_prefill_s + out->kv_write_s +
+		       out->overhead_s + out->transfer_s + out->cpu_s;
 }

@@ -113,6 +113,8 @@ int sim_replay_opt(const char *name, const char *arg, struct sim_replay_opts *o)
 		o->fused = false;
 	else if (!strcmp(name, "no-cpu-time"))
 		o->cpu_time = false;
+	else if (!strcmp(name, "roofline"))
+		o->roofline = true;
 	else if (!strcmp(name, "spill-dir")) {
 		if (!arg || !*arg)
 			return -1;
@@ -275,6 +277,8 @@ int run_end_iteration(struct run *run, const struct iter_rec *ir, double start)
 	res->t_gemm += ir->tm.gemm_s;
 	res->t_attn_decode += ir->tm.attn_decode_s;
 	res->t_attn_prefill += ir->tm.attn_prefill_s;
+	res->t_kv_write += ir->tm.kv_write_s;
+	res->t_overhead += ir->tm.overhead_s;
 	res->t_transfer += ir->tm.transfer_s;
 	res->t_cpu += ir->tm.cpu_s;
 	if (win) {
@@ -288,13 +292,14 @@ int run_end_iteration(struct run *run, const struct iter_rec *ir, double start)
 	}
 	if (run->o->iter_csv)
 		fprintf(run->o->iter_csv,
-			"%llu,%.6f,%.6f,%u,%u,%u,%llu,%llu,%llu,%llu,%u,%u,%u,%.6g,%.6g,%.6g,%.6g\n",
+			"%llu,%.6f,%.6f,%u,%u,%u,%llu,%llu,%llu,%llu,%u,%u,%u,%.6g,%.6g,%.6g,%.6g,%.6g,"
+			"%.6g\n",
 			(unsigned long long)run->iter, start, ir->tm.total_s, ir->batch, ir->n_pre,
 			ir->n_dec, (unsigned long long)ir->token_layers,
 			(unsigned long long)ir->loaded, (unsigned long long)ir->lookups,
 			(unsigned long long)ir->hits, ir->preempted, ir->resumed, ir->queued,
 			ir->tm.gemm_s, ir->tm.attn_decode_s + ir->tm.attn_prefill_s,
-			ir->tm.transfer_s, ir->tm.cpu_s);
+			ir->tm.transfer_s, ir->tm.cpu_s, ir->tm.kv_write_s, ir->tm.overhead_s);
 	run->iter++;
 	progress(run, false);
 	return 0;
@@ -349,6 +354,7 @@ struct mrun {
 	struct kvt_stats st0;
 	size_t *waitq; /* arrived, waiting for DRAM (FCFS) */
 	size_t wq_head, wq_n;
+	uint64_t *layer_tokens; /* prefill tokens through each layer this iteration */
 };
 
 static uint64_t groups_of(const struct mrun *mr, const struct sim_trace_req *q)
@@ -625,8 +631,13 @@ static uint32_t mrun_prefill(struct mrun *mr, const struct kvt_sched_batch *b,
 		ir->n_pre++;
 		w->prefill_token_layers +=
 			(uint64_t)r->input_tokens * (it->layer_end - it->layer_begin);
-		w->prefill_attn_flops += sim_prefill_attn_flops(mp, r->input_tokens,
-								it->layer_end - it->layer_begin);
+		for (uint32_t l = it->layer_begin; l < it->layer_end; l++)
+			mr->layer_tokens[l] += r->input_tokens;
+		w->prefill_attn_s +=
+			sim_prefill_attn_s(&run->o->gpu,
+					   sim_prefill_attn_flops(mp, r->input_tokens,
+								  it->layer_end - it->layer_begin),
+					   r->input_tokens);
 	}
 	return nd;
 }
@@ -745,6 +756,8 @@ static int mrun_iteration(struct mrun *mr)
 	}
 	if (grow_decode(mr, b.n_items))
 		goto nomem;
+	memset(mr->layer_tokens, 0, mr->cfg.n_layers * sizeof(*mr->layer_tokens));
+	w.prefill_layer_tokens = mr->layer_tokens;
 	nd = mrun_prefill(mr, &b, &w, &ir);
 	t0 = sim_now_s();
 	for (uint32_t l = 0; nd && l < mr->cfg.n_layers && !err; l++)
@@ -943,7 +956,8 @@ static int mrun_loop(struct run *run, double hbm_bytes)
 		run->host_groups = mr->cfg.spill_dir ? mr->cfg.host_bytes / group : 0;
 	}
 	mr->waitq = malloc(run->t->count * sizeof(*mr->waitq));
-	if (!mr->waitq) {
+	mr->layer_tokens = calloc(mr->cfg.n_layers, sizeof(*mr->layer_tokens));
+	if (!mr->waitq || !mr->layer_tokens) {
 		err = -ENOMEM;
 		goto out;
 	}
@@ -979,6 +993,7 @@ out:
 	kvt_sched_destroy(mr->s);
 	kvt_manager_destroy(mr->m);
 	free(mr->waitq);
+	free(mr->layer_tokens);
 	free(mr->dseq);
 	free(mr->dreq);
 	free(mr->blocks);
@@ -1040,13 +1055,22 @@ static int check_opts(const struct sim_replay_opts *o, const struct sim_trace *t
 	return 0;
 }
 
-int sim_replay_run(const struct sim_replay_opts *o, const struct sim_trace *t,
+void sim_replay_gpu(const struct sim_replay_opts *o, struct sim_gpu_preset *g)
+{
+	*g = o->gpu;
+	if (o->roofline)
+		sim_gpu_roofline(g);
+}
+
+int sim_replay_run(const struct sim_replay_opts *o_in, const struct sim_trace *t,
 		   struct sim_replay_result *res, char *err, size_t err_len)
 {
+	struct sim_replay_opts o_run = *o_in, *o = &o_run;
 	struct run run = {.o = o, .t = t, .res = res, .err = err, .err_len = err_len};
 	double weights = o->model.params * o->model.elem_bytes, hbm, w0 = sim_now_s();
 	int rc;
 
+	sim_replay_gpu(o_in, &o_run.gpu);
 	memset(res, 0, sizeof(*res));
 	rc = check_opts(o, t, err, err_len);
 	if (rc)
@@ -1075,8 +1099,9 @@ int sim_replay_run(const struct sim_replay_opts *o, const struct sim_trace *t,
 		r->output_tokens = t->reqs[i].output_tokens;
 	}
 	snprintf(res->policy, sizeof(res->policy), "%s", sim_policy_name(o->policy));
-	snprintf(res->model, sizeof(res->model), "%s", o->model.name);
-	snprintf(res->gpu, sizeof(res->gpu), "%s", o->gpu.name);
+	/* names are at most SIM_PRESET_NAME_MAX characters (the preset loader's rule) */
+	snprintf(res->model, sizeof(res->model), "%.*s", SIM_PRESET_NAME_MAX, o->model.name);
+	snprintf(res->gpu, sizeof(res->gpu), "%.*s", SIM_PRESET_NAME_MAX, o->gpu.name);
 	run.last_progress = sim_now_s();
 	rc = o->policy == SIM_POLICY_FULL ? frun_loop(&run, hbm) : mrun_loop(&run, hbm);
 	free(run.rq);

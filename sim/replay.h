@@ -91,6 +91,7 @@ struct sim_replay_opts {
 	   so that a closed loop's requests are all prefilled before its measured window. */
 	uint64_t max_inject_tokens;
 	bool cpu_time; /* add the measured manager+scheduler CPU time */
+	bool roofline; /* time every class of work at the datasheet peak (sim_gpu_roofline) */
 	/* Disk tier (kvtier, sparse-offload): the manager spills host blocks to a spill file in
 	   this directory (NULL: none), of at most disk_gib (0: no limit), and DRAM admission
 	   counts DRAM plus disk. The model backend writes no file: each I/O batch is timed by
@@ -120,10 +121,14 @@ void sim_replay_opts_init(struct sim_replay_opts *o);
  * "--"; arg is NULL for the flags): hbm-gib, dram-gib, max-batch, max-batch-tokens,
  * concurrency, block-tokens, sink, topk, recent, recall, recall-cache-frac, recall-layers,
  * ws-window, sel-keep, sel-revisit, sel-window, chunked-prefill, no-ws-control,
- * no-fused-transfer, no-cpu-time. Parses arg into *o: 0, -1 for a bad value (*o unchanged),
- * 1 when name is not one of them. A tool accepts those its getopt table lists.
+ * no-fused-transfer, no-cpu-time, roofline. Parses arg into *o: 0, -1 for a bad value (*o
+ * unchanged), 1 when name is not one of them. A tool accepts those its getopt table lists.
  */
 int sim_replay_opt(const char *name, const char *arg, struct sim_replay_opts *o);
+
+/* The GPU preset a run with options o times its work with (o->gpu, made the bare roofline
+   with o->roofline). */
+void sim_replay_gpu(const struct sim_replay_opts *o, struct sim_gpu_preset *g);
 
 /* What engine option `name` (one that takes a value) accepts, for a message: "an integer in
    [8, 64], a power of two", "a number in (0, 0.99]". Into buf[len]: 0, or 1 when name is not
@@ -164,7 +169,7 @@ struct sim_replay_result {
 	uint64_t disk_blocks_spilled, disk_blocks_fetched;
 	double t_disk;
 	/* Iteration time split (simulated seconds, summed) */
-	double t_gemm, t_attn_decode, t_attn_prefill, t_transfer, t_cpu;
+	double t_gemm, t_attn_decode, t_attn_prefill, t_kv_write, t_overhead, t_transfer, t_cpu;
 	/* Window figures (iterations after warmup_iterations): simulated time, decode tokens,
 	   batch sizes, blocks loaded, decode-iteration times for TBT */
 	double win_time_s;
@@ -192,6 +197,6 @@ void sim_replay_result_free(struct sim_replay_result *res);
 #define SIM_REPLAY_ITER_CSV_HEADER                                                         \
 	"iteration,start_s,time_s,batch_size,n_prefill,n_decode,prefill_token_layers,"     \
 	"blocks_loaded,recall_lookups,recall_hits,preempted,resumed,queued,gemm_s,attn_s," \
-	"transfer_s,cpu_s\n"
+	"transfer_s,cpu_s,kv_write_s,overhead_s\n"
 
 #endif /* SIM_REPLAY_H */

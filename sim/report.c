@@ -113,6 +113,8 @@ int sim_replay_write_json(const struct sim_replay_result *res, const struct sim_
 		{"time_gemm_s", res->t_gemm},
 		{"time_attention_decode_s", res->t_attn_decode},
 		{"time_attention_prefill_s", res->t_attn_prefill},
+		{"time_kv_write_s", res->t_kv_write},
+		{"time_overhead_s", res->t_overhead},
 		{"time_transfer_s", res->t_transfer},
 		{"time_disk_s", res->t_disk},
 		{"time_cpu_s", res->t_cpu},

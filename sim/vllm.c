@@ -233,8 +233,11 @@ static int frun_iteration(struct frun *f)
 			run->res->reqs[f->pre[k]].sched_s = run->now;
 		w.prefill_token_layers += (uint64_t)f->pre_tok[k] * mp->n_layers;
 		/* chunk [begin, end) attends to every earlier token */
-		w.prefill_attn_flops += sim_prefill_attn_flops(mp, end, mp->n_layers) -
-					sim_prefill_attn_flops(mp, begin, mp->n_layers);
+		w.prefill_attn_s +=
+			sim_prefill_attn_s(&o->gpu,
+					   sim_prefill_attn_flops(mp, end, mp->n_layers) -
+						   sim_prefill_attn_flops(mp, begin, mp->n_layers),
+					   end);
 	}
 	if (n_pre + n_dec == 0) { /* a bug: the arrival check should have failed it */
 		ERRF("full: request %zu waits for pages with nothing running", f->wait[f->w_head]);

@@ -55,15 +55,18 @@ static void test_presets(void **state)
 	assert_int_equal(sim_preset_model(NULL, &m), -ENOENT);
 }
 
+/* The bare roofline (every efficiency 1, no overhead) against hand computations. */
 static void test_iter_time(void **state)
 {
 	struct sim_model_preset m;
 	struct sim_gpu_preset g;
 	struct sim_iter_time t;
+	double kvw = 131072.0 / 3350e9; /* one token's KV written, all layers */
 	(void)state;
 
 	sim_preset_model("llama3-8b", &m);
 	sim_preset_gpu("h100", &g);
+	sim_gpu_roofline(&g);
 	/* decode batch of 256: memory-bound GEMM, 1 GB of KV read, 0.5 ms of transfers */
 	struct sim_iter_work w = {
 		.decode_tokens = 256, .kv_bytes_read = 1e9, .transfer_s = 5e-4, .cpu_s = 1e-5};
@@ -73,25 +76,39 @@ static void test_iter_time(void **state)
 	assert_true(2 * 8.03e9 * 256 / 989e12 < t.gemm_s); /* compute is below it */
 	near(t.attn_decode_s, 1e9 / 3350e9, "decode attention");
 	near(t.attn_prefill_s, 0, "no prefill");
-	near(t.total_s, 8.03e9 * 2 / 3350e9 + 1e9 / 3350e9 + 5e-4 + 1e-5, "total");
+	near(t.kv_write_s, 256 * kvw, "KV writes");
+	near(t.overhead_s, 0, "no overhead");
+	near(t.total_s, 8.03e9 * 2 / 3350e9 + 1e9 / 3350e9 + 256 * kvw + 5e-4 + 1e-5, "total");
 
 	/* prefill of 8192 tokens, all 32 layers at once: compute-bound GEMM */
 	w = (struct sim_iter_work){.prefill_token_layers = 8192ull * 32};
-	w.prefill_attn_flops = sim_prefill_attn_flops(&m, 8192, 32);
-	near(w.prefill_attn_flops, 4.0 * 8192.0 * 8192.0 / 2 * 32 * 128 * 32, "attn FLOPs");
+	near(sim_prefill_attn_flops(&m, 8192, 32), 4.0 * 8192.0 * 8192.0 / 2 * 32 * 128 * 32,
+	     "attn FLOPs");
+	w.prefill_attn_s = sim_prefill_attn_s(&g, sim_prefill_attn_flops(&m, 8192, 32), 8192);
 	sim_iter_time(&m, &g, &w, &t);
 	near(t.gemm_s, 2 * 8.03e9 * 8192 / 989e12, "prefill GEMM (FLOPs / peak)");
 	near(t.attn_prefill_s, 4.0 * 8192.0 * 8192.0 / 2 * 32 * 128 * 32 / 989e12,
 	     "prefill attention");
-	/* 4 of 32 layers of 1024 tokens: 128 token-equivalents, below the ridge point
+	/* 4 of 32 layers of 1024 tokens spread evenly: 128 tokens a layer, below the ridge point
 	   (peak / bandwidth = 295 tokens): memory-bound again */
 	w = (struct sim_iter_work){.prefill_token_layers = 1024ull * 4};
 	sim_iter_time(&m, &g, &w, &t);
-	near(t.gemm_s, 8.03e9 * 2 / 3350e9, "128 token-equivalents: memory-bound");
+	near(t.gemm_s, 8.03e9 * 2 / 3350e9, "128 tokens a layer: memory-bound");
 	w.prefill_token_layers = 1024ull * 32; /* 1024: compute-bound */
 	sim_iter_time(&m, &g, &w, &t);
-	near(t.gemm_s, 2 * 8.03e9 * 1024 / 989e12, "1024 token-equivalents: compute-bound");
-	/* an empty iteration costs nothing */
+	near(t.gemm_s, 2 * 8.03e9 * 1024 / 989e12, "1024 tokens a layer: compute-bound");
+	/* the same 4 layers given per layer: only they run, at 1024 tokens each (compute-bound),
+	   and 2 decodes pass all 32 (memory-bound on the other 28) */
+	uint64_t lt[32] = {0};
+	for (int l = 8; l < 12; l++)
+		lt[l] = 1024;
+	w = (struct sim_iter_work){.decode_tokens = 2, .prefill_layer_tokens = lt};
+	sim_iter_time(&m, &g, &w, &t);
+	near(t.gemm_s, 28 * (8.03e9 / 32 * 2 / 3350e9) + 4 * (2 * 8.03e9 / 32 * 1026 / 989e12),
+	     "per-layer tokens");
+	near(t.kv_write_s, (2 * 32 + 4 * 1024) * kvw / 32, "per-layer KV writes");
+	/* an empty iteration costs nothing, overhead included */
+	sim_preset_gpu("h100", &g);
 	w = (struct sim_iter_work){0};
 	sim_iter_time(&m, &g, &w, &t);
 	near(t.total_s, 0, "empty iteration");

@@ -145,17 +145,20 @@ static void test_full_by_hand(void **state)
 	(void)state;
 
 	opts(&o, SIM_POLICY_FULL);
+	o.roofline = true; /* the bare roofline: sums a hand can check */
 	run_ok(&o, &t, &res);
 	check_accounting(&res);
 	const struct sim_model_preset *m = &o.model;
 	double bw = o.gpu.hbm_gbps * 1e9, peak = o.gpu.tflops * 1e12;
-	double wbytes = m->params * m->elem_bytes, L = 4096;
+	double wbytes = m->params * m->elem_bytes, L = 4096, kvb = sim_model_kv_token_bytes(m);
 	double t1 = fmax(wbytes / bw, 2 * m->params * L / peak) +
-		    4.0 * (L * L / 2) * m->n_q_heads * m->head_dim * m->n_layers / peak;
+		    4.0 * (L * L / 2) * m->n_q_heads * m->head_dim * m->n_layers / peak +
+		    L * kvb / bw;
 	double e2e = t1;
 
+	/* each step reads the whole cache and writes one token's KV */
 	for (int g = 1; g <= 4; g++)
-		e2e += wbytes / bw + (L + g) * sim_model_kv_token_bytes(m) / bw;
+		e2e += wbytes / bw + (L + g) * kvb / bw + kvb / bw;
 	near(res.reqs[0].first_token_s, t1, 1e-9, "TTFT");
 	near(res.reqs[0].finish_s, e2e, 1e-9, "E2E");
 	assert_int_equal(res.iterations, 5);
@@ -181,12 +184,35 @@ static void test_full_chunked(void **state)
 
 	opts(&o, SIM_POLICY_FULL);
 	o.chunk_tokens = 1024;
+	o.roofline = true;
 	run_ok(&o, &t, &res);
 	check_accounting(&res);
 	assert_int_equal(res.iterations, 3 + 2);
 	near(res.t_attn_prefill,
 	     sim_prefill_attn_flops(&o.model, 3000, o.model.n_layers) / (o.gpu.tflops * 1e12), 1e-9,
 	     "prefill attention");
+	sim_replay_result_free(&res);
+	/* with the preset's efficiencies each chunk runs at the efficiency of the keys it
+	   attends to: [0, 1024) at 1024, [1024, 2048) at 2048, [2048, 3000) at 3000 */
+	o.roofline = false;
+	run_ok(&o, &t, &res);
+	{
+		const struct sim_model_preset *m = &o.model;
+		uint32_t L = m->n_layers;
+		double want = sim_prefill_attn_s(&o.gpu, sim_prefill_attn_flops(m, 1024, L), 1024) +
+			      sim_prefill_attn_s(&o.gpu,
+						 sim_prefill_attn_flops(m, 2048, L) -
+							 sim_prefill_attn_flops(m, 1024, L),
+						 2048) +
+			      sim_prefill_attn_s(&o.gpu,
+						 sim_prefill_attn_flops(m, 3000, L) -
+							 sim_prefill_attn_flops(m, 2048, L),
+						 3000);
+
+		near(res.t_attn_prefill, want, 1e-9, "prefill attention at its efficiencies");
+		assert_true(res.t_attn_prefill >
+			    1.5 * sim_prefill_attn_flops(m, 3000, L) / (o.gpu.tflops * 1e12));
+	}
 	sim_replay_result_free(&res);
 	free(t.reqs);
 

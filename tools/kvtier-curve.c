@@ -121,7 +121,7 @@ static void usage(FILE *f)
 	      "  --format F            auto (default), mooncake, azure, burstgpt, vidur\n"
 	      "Model and GPU:\n"
 	      "  --model NAME          llama3-8b (default), lwm-7b, llama3-70b\n"
-	      "  --gpu NAME            h100 (default), h200, a100-40g\n"
+	      "  --gpu NAME            h100 (default), h200, a100-80g, a100-40g\n"
 	      "  --preset-json FILE    override preset fields: {\"model\": {..}, \"gpu\": {..}}\n"
 	      "  --hbm-gib X           KV budget in HBM (default: the engine's, the GPU's\n"
 	      "                        memory less the weights)\n"
@@ -145,6 +145,7 @@ static void usage(FILE *f)
 	      "  --seed N              selection model and arrival seed (default 1)\n"
 	      "  --no-cpu-time         leave the measured CPU time out of the iteration\n"
 	      "                        times (the results are then deterministic)\n"
+	      "  --roofline            time GPU work at the datasheet peaks (an upper bound)\n"
 	      "  --csv PATH            the CSV (default curve.csv)\n"
 	      "  --plot PATH           the plot, .svg or .png (default: the CSV path with\n"
 	      "                        .svg); its gnuplot script goes next to it, .gp\n"
@@ -399,6 +400,7 @@ static int parse_opts(int argc, char **argv, struct curve *c)
 		{"no-fused-transfer", no_argument, NULL, O_ENGINE},
 		{"seed", required_argument, NULL, O_SEED},
 		{"no-cpu-time", no_argument, NULL, O_ENGINE},
+		{"roofline", no_argument, NULL, O_ENGINE},
 		{"trace", required_argument, NULL, O_TRACE},
 		{"format", required_argument, NULL, O_FORMAT},
 		{"prompt", required_argument, NULL, O_PROMPT},
@@ -709,6 +711,14 @@ static void print_header(const struct curve *c, const struct sim_trace *src)
 	       100 * o->recall_cache_frac, o->fused ? "fused" : "per-block",
 	       o->chunk_tokens ? "chunked" : "layer-segmented",
 	       o->cpu_time ? "counted" : "not counted");
+	{
+		struct sim_gpu_preset g;
+		char line[400];
+
+		sim_replay_gpu(o, &g);
+		sim_gpu_preset_line(&g, line, sizeof(line));
+		printf("execution model: %s\n", line);
+	}
 }
 
 /* The table of every point, aligned, the CSV's columns. */

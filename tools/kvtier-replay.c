@@ -28,8 +28,9 @@ static void usage(FILE *f)
 		"\n"
 		"Replays the requests of TRACE through a simulated deployment: kvtier's manager,\n"
 		"policy and scheduler run for real on the model backend (no KV bytes), GPU work is\n"
-		"timed by a roofline execution model, transfers by the backend's bandwidth and\n"
-		"per-call model. Prints a vLLM-style summary.\n"
+		"timed by an execution model (a roofline at the efficiencies profiled kernels\n"
+		"reach), transfers by the backend's bandwidth and per-call model. Prints a\n"
+		"vLLM-style summary.\n"
 		"\n"
 		"trace:\n"
 		"  --format F            auto (default), mooncake, azure, burstgpt, vidur\n"
@@ -43,8 +44,11 @@ static void usage(FILE *f)
 		"deployment:\n"
 		"  --policy P            kvtier (default), snapstream, sparse-offload, full\n"
 		"  --model M             llama3-8b (default), lwm-7b, llama3-70b\n"
-		"  --gpu G               h100 (default), a100-40g, h200\n"
+		"  --gpu G               h100 (default), h200, a100-80g, a100-40g\n"
 		"  --preset-json FILE    override model/GPU fields: {\"model\": {...}, \"gpu\": {...}}\n"
+		"                        (kvtier-bench calibrate writes one for a GPU at hand)\n"
+		"  --roofline            time GPU work at the datasheet peaks (efficiency 1, no\n"
+		"                        per-iteration overhead): an upper bound\n"
 		"  --hbm-gib X           HBM for KV (default: the GPU's memory less the weights)\n"
 		"  --dram-gib X          host tier (default 256)\n"
 		"  --spill-dir DIR       disk tier in DIR (kvtier, sparse-offload): host blocks\n"
@@ -197,6 +201,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		{"no-fused-transfer", no_argument, 0, O_ENGINE},
 		{"chunked-prefill", required_argument, 0, O_ENGINE},
 		{"no-cpu-time", no_argument, 0, O_ENGINE},
+		{"roofline", no_argument, 0, O_ENGINE},
 		{"json", required_argument, 0, O_JSON},
 		{"requests-csv", required_argument, 0, O_REQCSV},
 		{"iterations-csv", required_argument, 0, O_ITERCSV},
@@ -334,6 +339,14 @@ static void print_summary(const struct opts *o, const struct sim_trace *t,
 	line("P99 E2EL (ms):", s->p99_e2el_ms, 2);
 	section("kvtier");
 	printf("%-40s %s / %s / %s\n", "Policy / model / GPU:", res->policy, res->model, res->gpu);
+	{
+		struct sim_gpu_preset g;
+		char line[400];
+
+		sim_replay_gpu(&o->r, &g);
+		sim_gpu_preset_line(&g, line, sizeof(line));
+		printf("%-40s %s\n", "Execution model:", line);
+	}
 	printf("%-40s %s (%s), %zu requests over %.1f s\n", "Trace:", o->trace,
 	       sim_trace_format_name(t->format), ts->count, ts->duration_s);
 	printf("%-40s mean %.0f, p50 %.0f, p99 %.0f, max %u\n", "Input tokens:", ts->input_mean,
@@ -357,9 +370,10 @@ static void print_summary(const struct opts *o, const struct sim_trace *t,
 		printf("%-40s %llu spilled, %llu fetched, %.1f s of I/O\n",
 		       "Disk tier (blocks):", (unsigned long long)res->disk_blocks_spilled,
 		       (unsigned long long)res->disk_blocks_fetched, res->t_disk);
-	printf("%-40s gemm %.1f, attention %.1f + %.1f, transfer %.1f, cpu %.1f\n",
+	printf("%-40s linear %.1f, attention %.1f + %.1f, KV write %.1f, overhead %.1f, "
+	       "transfer %.1f, cpu %.1f\n",
 	       "Iteration time (s):", res->t_gemm, res->t_attn_decode, res->t_attn_prefill,
-	       res->t_transfer, res->t_cpu);
+	       res->t_kv_write, res->t_overhead, res->t_transfer, res->t_cpu);
 	line("Wall time (s):", res->wall_s, 2);
 	printf("==================================================\n");
 }
@@ -396,8 +410,18 @@ static json_t *extra_json(const struct opts *o, const struct sim_trace *t, const
 	    json_object_set_new(x, "chunked_prefill", json_integer(o->r.chunk_tokens)) ||
 	    json_object_set_new(x, "recall_blocks", json_integer(o->r.recall_blocks)) ||
 	    json_object_set_new(x, "hbm_gib", json_real(o->r.hbm_gib)) ||
-	    json_object_set_new(x, "dram_gib", json_real(o->r.dram_gib)))
+	    json_object_set_new(x, "dram_gib", json_real(o->r.dram_gib)) ||
+	    json_object_set_new(x, "roofline", json_boolean(o->r.roofline)))
 		goto fail;
+	{
+		struct sim_gpu_preset g;
+		json_t *gp;
+
+		sim_replay_gpu(&o->r, &g);
+		gp = sim_gpu_preset_json(&g);
+		if (!gp || json_object_set_new(x, "gpu_preset", gp))
+			goto fail;
+	}
 	return x;
 fail:
 	json_decref(fr);
