@@ -22,25 +22,31 @@ static const struct sim_model_preset models[] = {
 	{"llama3-70b", 80, 64, 8, 128, 70.6e9, 2, 131072},
 };
 
-/* Efficiency figures (see exec_model.h and docs/replay.md, which cite the measurements). */
-#define A100_EFF                                                                \
-	.linear_eff = {9,                                                       \
-		       {1, 16, 64, 128, 256, 512, 2048, 8192, 16384},           \
-		       {0.70, 0.70, 0.65, 0.60, 0.65, 0.70, 0.74, 0.75, 0.75}}, \
-	.prefill_attn_eff = {6,                                                 \
-			     {512, 1024, 2048, 4096, 8192, 16384},              \
-			     {0.15, 0.25, 0.35, 0.45, 0.50, 0.55}},             \
-	.decode_attn_eff = 0.78, .kv_write_eff = 0.8, .iter_overhead_us = 300,  \
-	.source = "A100 kernels profiled by Vidur (microsoft/vidur)"
-#define H100_EFF                                                                \
-	.linear_eff = {9,                                                       \
-		       {1, 16, 64, 128, 256, 512, 2048, 8192, 16384},           \
-		       {0.60, 0.60, 0.50, 0.45, 0.45, 0.50, 0.60, 0.65, 0.65}}, \
-	.prefill_attn_eff = {6,                                                 \
-			     {512, 1024, 2048, 4096, 8192, 16384},              \
-			     {0.10, 0.17, 0.24, 0.30, 0.34, 0.36}},             \
-	.decode_attn_eff = 0.75, .kv_write_eff = 0.8, .iter_overhead_us = 250,  \
-	.source = "H100 kernels profiled by Vidur (microsoft/vidur)"
+/* Efficiency figures, fitted to profiled kernels (docs/replay.md, "The execution model", says
+   where each comes from and how it was derived; tests/test_exec.c checks the A100 figures
+   against the measurements). A100: Vidur's profile of Llama-3-8B on an A100-80GB (linear
+   layers, FlashInfer prefill and decode attention), Vidur's model-execution launch time for
+   the overhead. H100: Vidur's profile of the Llama-2-7B layer on an H100 for the linear layers;
+   the A100's attention figures, prefill scaled to FlashAttention-2's H100 plateau. */
+#define A100_EFF                                                                       \
+	.linear_eff = {10,                                                             \
+		       {1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 16384},            \
+		       {0.81, 0.78, 0.70, 0.60, 0.68, 0.76, 0.71, 0.735, 0.77, 0.77}}, \
+	.prefill_attn_eff = {6,                                                        \
+			     {512, 1024, 2048, 4096, 8192, 16384},                     \
+			     {0.143, 0.25, 0.355, 0.455, 0.52, 0.56}},                 \
+	.decode_attn_eff = 0.82, .decode_attn_layer_us = 21.5, .kv_write_eff = 0.8,    \
+	.iter_overhead_us = 50, .source = "Vidur's A100-80GB profile of Llama-3-8B"
+#define H100_EFF                                                                      \
+	.linear_eff = {10,                                                            \
+		       {1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 16384},           \
+		       {0.79, 0.77, 0.76, 0.70, 0.49, 0.64, 0.73, 0.76, 0.74, 0.74}}, \
+	.prefill_attn_eff = {6,                                                       \
+			     {512, 1024, 2048, 4096, 8192, 16384},                    \
+			     {0.087, 0.151, 0.215, 0.275, 0.315, 0.339}},             \
+	.decode_attn_eff = 0.82, .decode_attn_layer_us = 21.5, .kv_write_eff = 0.8,   \
+	.iter_overhead_us = 50,                                                       \
+	.source = "Vidur's H100 linear-layer profile; attention derived from A100, FA2"
 
 static const struct sim_gpu_preset gpus[] = {
 	{"a100-40g", 40.0, 1555.0, 312.0, 25.0, 25.0, 2000.0, 5000.0, A100_EFF},
@@ -282,6 +288,8 @@ static int load_gpu(json_t *o, struct sim_gpu_preset *g, struct field_err *e)
 			w = set_eff(&g->kv_write_eff, v);
 		else if (!strcmp(k, "iter_overhead_us"))
 			w = set_nonneg(&g->iter_overhead_us, v);
+		else if (!strcmp(k, "decode_attn_layer_us"))
+			w = set_nonneg(&g->decode_attn_layer_us, v);
 		for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
 			if (!strcmp(k, f[i].key))
 				w = set_dbl((double *)((char *)g + f[i].off), v);
@@ -423,12 +431,13 @@ static json_t *curve_json(const struct sim_eff_curve *c)
 
 json_t *sim_gpu_preset_json(const struct sim_gpu_preset *g)
 {
-	json_t *o = json_pack("{s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:s}",
+	json_t *o = json_pack("{s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:s}",
 			      "name", g->name, "hbm_gib", g->hbm_gib, "hbm_gbps", g->hbm_gbps,
 			      "tflops", g->tflops, "h2d_gbps", g->h2d_gbps, "d2h_gbps", g->d2h_gbps,
 			      "call_ns", g->call_ns, "launch_ns", g->launch_ns, "decode_attn_eff",
-			      g->decode_attn_eff, "kv_write_eff", g->kv_write_eff,
-			      "iter_overhead_us", g->iter_overhead_us, "source", g->source);
+			      g->decode_attn_eff, "decode_attn_layer_us", g->decode_attn_layer_us,
+			      "kv_write_eff", g->kv_write_eff, "iter_overhead_us",
+			      g->iter_overhead_us, "source", g->source);
 	json_t *a, *b;
 
 	if (!o)
@@ -463,9 +472,9 @@ void sim_gpu_preset_line(const struct sim_gpu_preset *g, char *buf, size_t len)
 	curve_range(&g->prefill_attn_eff, &p0, &p1);
 	snprintf(buf, len,
 		 "%s: %.0f TFLOP/s, %.0f GB/s; efficiency linear %.2f-%.2f, attention decode "
-		 "%.2f, prefill %.2f-%.2f, KV write %.2f, %.0f us/iteration (%s)",
-		 g->name, g->tflops, g->hbm_gbps, l0, l1, g->decode_attn_eff, p0, p1,
-		 g->kv_write_eff, g->iter_overhead_us, g->source);
+		 "%.2f + %.1f us/layer, prefill %.2f-%.2f, KV write %.2f, %.0f us/iteration (%s)",
+		 g->name, g->tflops, g->hbm_gbps, l0, l1, g->decode_attn_eff,
+		 g->decode_attn_layer_us, p0, p1, g->kv_write_eff, g->iter_overhead_us, g->source);
 }
 
 double sim_model_kv_token_bytes(const struct sim_model_preset *m)
@@ -516,16 +525,20 @@ void sim_gpu_roofline(struct sim_gpu_preset *g)
 	g->linear_eff.n = 0;
 	g->prefill_attn_eff.n = 0;
 	g->decode_attn_eff = 1;
+	g->decode_attn_layer_us = 0;
 	g->kv_write_eff = 1;
 	g->iter_overhead_us = 0;
 	snprintf(g->source, sizeof(g->source), "none: the bare roofline (--roofline)");
 }
 
-double sim_prefill_attn_s(const struct sim_gpu_preset *g, double flops, uint32_t L)
+double sim_prefill_attn_s(const struct sim_gpu_preset *g, double flops, uint32_t queries,
+			  uint32_t keys)
 {
-	return flops <= 0
-		       ? 0.0
-		       : flops / (g->tflops * 1e12 * sim_eff_at(&g->prefill_attn_eff, L ? L : 1));
+	double x = sqrt((double)queries * keys);
+
+	return flops <= 0 ? 0.0
+			  : flops / (g->tflops * 1e12 *
+				     sim_eff_at(&g->prefill_attn_eff, x > 1 ? x : 1));
 }
 
 double sim_linear_layer_s(const struct sim_model_preset *m, const struct sim_gpu_preset *g,
@@ -566,7 +579,8 @@ void sim_iter_time(const struct sim_model_preset *m, const struct sim_gpu_preset
 		out->gemm_s = m->n_layers * sim_linear_layer_s(m, g, t);
 		through = m->n_layers * t;
 	}
-	out->attn_decode_s = w->kv_bytes_read / (bw * g->decode_attn_eff);
+	out->attn_decode_s = w->kv_bytes_read / (bw * g->decode_attn_eff) +
+			     (dec > 0 ? m->n_layers * g->decode_attn_layer_us * 1e-6 : 0.0);
 	out->attn_prefill_s = w->prefill_attn_s;
 	out->kv_write_s = through * kv_layer_bytes / (bw * g->kv_write_eff);
 	out->overhead_s = through > 0 ? g->iter_overhead_us * 1e-6 : 0.0;

@@ -9,8 +9,11 @@
  *              tokens / peak FLOP/s) / linear_eff(tokens through the layer); a layer's share
  *              is params / n_layers, so it stands for everything outside attention (norms,
  *              activations, embedding and LM head spread over the layers)
- *   attention  decode: the KV bytes read / (HBM bandwidth * decode_attn_eff); prefill: causal
- *              FLOPs / (peak * prefill_attn_eff(keys attended)), per item (sim_prefill_attn_s)
+ *   attention  decode: the KV bytes read / (HBM bandwidth * decode_attn_eff), plus
+ *              decode_attn_layer_us per layer (its latency floor); prefill: causal FLOPs /
+ *              (peak * prefill_attn_eff(x)), x the geometric mean of the queries and the keys
+ *              they attend to (the prompt length for a whole prompt), per item
+ *              (sim_prefill_attn_s)
  *   KV writes  each token's K and V through each layer it passes / (bandwidth * kv_write_eff)
  *   overhead   iter_overhead_us per iteration that does any work (launches, sampling, inputs)
  *   transfers  the backend's modelled transfer time (not overlapped: conservative)
@@ -53,8 +56,9 @@ struct sim_gpu_preset {
 	double call_ns, launch_ns; /* one DMA copy call, one kernel launch */
 	/* efficiency figures (fractions of the roofline above) */
 	struct sim_eff_curve linear_eff;	/* x: tokens through a layer */
-	struct sim_eff_curve prefill_attn_eff;	/* x: keys a prefill attends to */
+	struct sim_eff_curve prefill_attn_eff;	/* x: sqrt(queries * keys attended) */
 	double decode_attn_eff;			/* of HBM bandwidth */
+	double decode_attn_layer_us;		/* per layer of an iteration with decodes, >= 0 */
 	double kv_write_eff;			/* of HBM bandwidth */
 	double iter_overhead_us;		/* per iteration, >= 0 */
 	char source[SIM_PRESET_SOURCE_MAX + 1]; /* where the efficiency figures come from */
@@ -79,7 +83,8 @@ const char *sim_eff_check(const struct sim_eff_curve *c);
  * Overrides fields of *m and *g from a JSON file {"model": {...}, "gpu": {...}} whose keys are
  * the struct field names; an efficiency curve is an array of [x, eff] pairs, x ascending
  * (at most SIM_EFF_POINTS; it replaces the preset's curve whole), the other efficiencies
- * numbers in (0, 1], iter_overhead_us a number >= 0, source a string. A leading UTF-8
+ * numbers in (0, 1], iter_overhead_us and decode_attn_layer_us numbers >= 0, source a
+ * string. A leading UTF-8
  * byte-order mark is skipped. Refused, with
  * "FILE:LINE: field 'model.KEY': what" in err (the line of the key): unknown keys, a key twice
  * in one object (at any level), values that are not positive numbers (integers for the u32
@@ -122,8 +127,10 @@ struct sim_iter_time {
 
 /* Causal prefill attention FLOPs of `layers` layers of a prompt of L tokens. */
 double sim_prefill_attn_flops(const struct sim_model_preset *m, uint32_t L, uint32_t layers);
-/* Time of `flops` prefill attention FLOPs whose queries attend to up to L keys. */
-double sim_prefill_attn_s(const struct sim_gpu_preset *g, double flops, uint32_t L);
+/* Time of `flops` prefill attention FLOPs of `queries` query tokens that attend to up to `keys`
+   keys (a chunk of a prompt: its tokens, and the prompt up to the chunk's end). */
+double sim_prefill_attn_s(const struct sim_gpu_preset *g, double flops, uint32_t queries,
+			  uint32_t keys);
 /* Time of the linear layers of one layer that `tokens` tokens pass (0 for none). */
 double sim_linear_layer_s(const struct sim_model_preset *m, const struct sim_gpu_preset *g,
 			  double tokens);

@@ -637,7 +637,7 @@ static uint32_t mrun_prefill(struct mrun *mr, const struct kvt_sched_batch *b,
 			sim_prefill_attn_s(&run->o->gpu,
 					   sim_prefill_attn_flops(mp, r->input_tokens,
 								  it->layer_end - it->layer_begin),
-					   r->input_tokens);
+					   r->input_tokens, r->input_tokens);
 	}
 	return nd;
 }

@@ -237,7 +237,7 @@ static int frun_iteration(struct frun *f)
 			sim_prefill_attn_s(&o->gpu,
 					   sim_prefill_attn_flops(mp, end, mp->n_layers) -
 						   sim_prefill_attn_flops(mp, begin, mp->n_layers),
-					   end);
+					   end - begin, end);
 	}
 	if (n_pre + n_dec == 0) { /* a bug: the arrival check should have failed it */
 		ERRF("full: request %zu waits for pages with nothing running", f->wait[f->w_head]);

@@ -192,22 +192,24 @@ static void test_full_chunked(void **state)
 	     sim_prefill_attn_flops(&o.model, 3000, o.model.n_layers) / (o.gpu.tflops * 1e12), 1e-9,
 	     "prefill attention");
 	sim_replay_result_free(&res);
-	/* with the preset's efficiencies each chunk runs at the efficiency of the keys it
-	   attends to: [0, 1024) at 1024, [1024, 2048) at 2048, [2048, 3000) at 3000 */
+	/* with the preset's efficiencies each chunk runs at the efficiency of the geometric mean
+	   of its queries and the keys they attend to: [0, 1024) at 1024, [1024, 2048) at
+	   sqrt(1024 * 2048), [2048, 3000) at sqrt(952 * 3000) */
 	o.roofline = false;
 	run_ok(&o, &t, &res);
 	{
 		const struct sim_model_preset *m = &o.model;
 		uint32_t L = m->n_layers;
-		double want = sim_prefill_attn_s(&o.gpu, sim_prefill_attn_flops(m, 1024, L), 1024) +
-			      sim_prefill_attn_s(&o.gpu,
-						 sim_prefill_attn_flops(m, 2048, L) -
-							 sim_prefill_attn_flops(m, 1024, L),
-						 2048) +
-			      sim_prefill_attn_s(&o.gpu,
-						 sim_prefill_attn_flops(m, 3000, L) -
-							 sim_prefill_attn_flops(m, 2048, L),
-						 3000);
+		double want =
+			sim_prefill_attn_s(&o.gpu, sim_prefill_attn_flops(m, 1024, L), 1024, 1024) +
+			sim_prefill_attn_s(&o.gpu,
+					   sim_prefill_attn_flops(m, 2048, L) -
+						   sim_prefill_attn_flops(m, 1024, L),
+					   1024, 2048) +
+			sim_prefill_attn_s(&o.gpu,
+					   sim_prefill_attn_flops(m, 3000, L) -
+						   sim_prefill_attn_flops(m, 2048, L),
+					   952, 3000);
 
 		near(res.t_attn_prefill, want, 1e-9, "prefill attention at its efficiencies");
 		assert_true(res.t_attn_prefill >
