@@ -27,7 +27,7 @@ static const struct sim_model_preset models[] = {
    against the measurements). A100: Vidur's profile of Llama-3-8B on an A100-80GB (linear
    layers, FlashInfer prefill and decode attention), Vidur's model-execution launch time for
    the overhead. H100: Vidur's profile of the Llama-2-7B layer on an H100 for the linear layers;
-   the A100's attention figures, prefill scaled to FlashAttention-2's H100 plateau. */
+   the A100's attention figures, prefill scaled to FlashAttention-3's H100 plateau. */
 #define A100_EFF                                                                       \
 	.linear_eff = {10,                                                             \
 		       {1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 16384},            \
@@ -43,10 +43,10 @@ static const struct sim_model_preset models[] = {
 		       {0.79, 0.77, 0.76, 0.70, 0.49, 0.64, 0.73, 0.76, 0.74, 0.74}}, \
 	.prefill_attn_eff = {6,                                                       \
 			     {512, 1024, 2048, 4096, 8192, 16384},                    \
-			     {0.087, 0.151, 0.215, 0.275, 0.315, 0.339}},             \
+			     {0.159, 0.278, 0.395, 0.506, 0.578, 0.623}},             \
 	.decode_attn_eff = 0.82, .decode_attn_layer_us = 21.5, .kv_write_eff = 0.8,   \
 	.iter_overhead_us = 50,                                                       \
-	.source = "Vidur's H100 linear-layer profile; attention derived from A100, FA2"
+	.source = "Vidur's H100 linear-layer profile; attention derived from A100, FA3"
 
 static const struct sim_gpu_preset gpus[] = {
 	{"a100-40g", 40.0, 1555.0, 312.0, 25.0, 25.0, 2000.0, 5000.0, A100_EFF},

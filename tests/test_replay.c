@@ -230,6 +230,44 @@ static void test_full_chunked(void **state)
 	sim_trace_free(&t);
 }
 
+/* With the measured CPU time left out, a run on the calibrated execution model is
+   deterministic for every policy (two runs agree to the bit), and it is slower than the bare
+   roofline by what the efficiencies say: more than 1.2x in duration on long prompts. */
+static void test_exec_model_runs(void **state)
+{
+	static const enum sim_policy pol[] = {SIM_POLICY_KVTIER, SIM_POLICY_SNAPSTREAM,
+					      SIM_POLICY_SPARSE_OFFLOAD, SIM_POLICY_FULL};
+	struct sim_trace t = mk_trace(12, 12000, 24, 0.2);
+	(void)state;
+
+	for (size_t p = 0; p < sizeof(pol) / sizeof(pol[0]); p++) {
+		struct sim_replay_opts o;
+		struct sim_replay_result a, b, roof;
+
+		opts(&o, pol[p]);
+		run_ok(&o, &t, &a);
+		run_ok(&o, &t, &b);
+		assert_int_equal(a.completed, 12);
+		assert_int_equal(a.iterations, b.iterations);
+		assert_true(a.duration_s == b.duration_s);
+		for (size_t i = 0; i < a.n_reqs; i++)
+			assert_true(a.reqs[i].first_token_s == b.reqs[i].first_token_s &&
+				    a.reqs[i].finish_s == b.reqs[i].finish_s);
+		assert_true(a.t_kv_write > 0 && a.t_overhead > 0);
+		o.roofline = true;
+		run_ok(&o, &t, &roof);
+		assert_int_equal(roof.completed, 12);
+		assert_true(roof.t_overhead == 0);
+		print_message("# %s: %.2f s on the execution model, %.2f s on the bare roofline\n",
+			      sim_policy_name(pol[p]), a.duration_s, roof.duration_s);
+		assert_true(a.duration_s > 1.2 * roof.duration_s);
+		sim_replay_result_free(&a);
+		sim_replay_result_free(&b);
+		sim_replay_result_free(&roof);
+	}
+	free(t.reqs);
+}
+
 /* Requests that can never run fail alone, each with its reason; the others complete. */
 static void test_failures_alone(void **state)
 {
@@ -499,6 +537,9 @@ static void test_json_keys(void **state)
 		"policy",
 		"model",
 		"gpu",
+		"time_gemm_s",
+		"time_kv_write_s",
+		"time_overhead_s",
 	};
 	struct sim_trace t = mk_trace(8, 8192, 8, 0.05);
 	struct sim_replay_opts o;
@@ -736,6 +777,7 @@ int main(void)
 		cmocka_unit_test(test_smoke_bundled),
 		cmocka_unit_test(test_full_by_hand),
 		cmocka_unit_test(test_full_chunked),
+		cmocka_unit_test(test_exec_model_runs),
 		cmocka_unit_test(test_failures_alone),
 		cmocka_unit_test(test_dram_admission),
 		cmocka_unit_test(test_spill_dir),
