@@ -291,6 +291,45 @@ static void test_profiled_a100(void **state)
 	assert_true(roof_best > 0.15); /* the table tells the two apart */
 }
 
+/* Vidur's H100 profile of the Llama-2-7B layer (TP 1, medians, ms: the nine per-layer
+   operations and the embedding; data/profiling/compute/h100/meta-llama/Llama-2-7b-hf/mlp.csv,
+   microsoft/vidur commit e26eb8f; the mean of the two medians where a count was measured
+   twice), the source of the h100 preset's linear-layer curve. */
+static const struct {
+	uint32_t tokens;
+	double layer_ms, emb_ms;
+} h100_l2_linear[] = {
+	{1, 0.175, 0.002},   {2, 0.171, 0.003},	   {4, 0.172, 0.004},	{8, 0.172, 0.007},
+	{16, 0.181, 0.012},  {32, 0.181, 0.003},   {64, 0.183, 0.004},	{128, 0.199, 0.006},
+	{256, 0.286, 0.009}, {512, 0.3745, 0.016}, {1024, 0.657, 0.03}, {2048, 1.263, 0.059},
+	{4096, 2.60, 0.119},
+};
+
+/* The h100 preset's linear layers for lwm-7b (Llama-2-7B's geometry) against that profile:
+   within 15% at every profiled count (the curve was rescaled to Llama-3-8B's larger share of
+   embedding and LM head, so this model comes out a little fast). */
+static void test_profiled_h100_linear(void **state)
+{
+	struct sim_model_preset m;
+	struct sim_gpu_preset g;
+	double worst = 0;
+	(void)state;
+
+	sim_preset_model("lwm-7b", &m);
+	sim_preset_gpu("h100", &g);
+	for (size_t i = 0; i < sizeof(h100_l2_linear) / sizeof(h100_l2_linear[0]); i++) {
+		double prof = 32 * h100_l2_linear[i].layer_ms + h100_l2_linear[i].emb_ms;
+		double e = rel_err(32 * sim_linear_layer_s(&m, &g, h100_l2_linear[i].tokens), prof);
+
+		if (fabs(e) > 0.15)
+			fail_msg("h100 linear layers at %u tokens: %+.1f%%",
+				 h100_l2_linear[i].tokens, 100 * e);
+		worst = fabs(e) > fabs(worst) ? e : worst;
+	}
+	print_message("# h100 linear layers of Llama-2-7B against the profile: worst %+.1f%%\n",
+		      100 * worst);
+}
+
 static void write_file(const char *path, const char *text)
 {
 	FILE *f = fopen(path, "w");
@@ -674,12 +713,19 @@ static void test_selection_overlap(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_presets),		  cmocka_unit_test(test_iter_time),
-		cmocka_unit_test(test_profiled_a100),	  cmocka_unit_test(test_json),
-		cmocka_unit_test(test_json_elem_bytes),	  cmocka_unit_test(test_json_names),
-		cmocka_unit_test(test_json_bom),	  cmocka_unit_test(test_json_duplicates),
-		cmocka_unit_test(test_json_lines),	  cmocka_unit_test(test_json_open_error),
-		cmocka_unit_test(test_json_efficiency),	  cmocka_unit_test(test_selection_basics),
+		cmocka_unit_test(test_presets),
+		cmocka_unit_test(test_iter_time),
+		cmocka_unit_test(test_profiled_a100),
+		cmocka_unit_test(test_profiled_h100_linear),
+		cmocka_unit_test(test_json),
+		cmocka_unit_test(test_json_elem_bytes),
+		cmocka_unit_test(test_json_names),
+		cmocka_unit_test(test_json_bom),
+		cmocka_unit_test(test_json_duplicates),
+		cmocka_unit_test(test_json_lines),
+		cmocka_unit_test(test_json_open_error),
+		cmocka_unit_test(test_json_efficiency),
+		cmocka_unit_test(test_selection_basics),
 		cmocka_unit_test(test_selection_overlap),
 	};
 
