@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, for a machine with one (docs/cuda.md, "Running the GPU suite on
 # a machine with a GPU"): builds with the CUDA plugin, runs the GPU suite (test_cuda, the core
-# suites on the CUDA backend, the transfer benchmark's smoke run) and the Python suite (its GPU
-# tests need PyTorch), then the full transfer benchmark, then the GPU suite's own test and the
-# smoke run under compute-sanitizer, then the other suites for regressions. Every log and the
+# suites on the CUDA backend, the smoke runs of the transfer benchmark and of calibrate) and the
+# Python suite (its GPU tests need PyTorch), then the full transfer benchmark and the replay
+# simulator's calibration of this GPU (kvtier-bench calibrate: preset.json), then the GPU
+# suite's own test and the smoke run under compute-sanitizer, then the other suites for
+# regressions. Every log and the
 # CSV go under $OUT (default ./gpu-out), written as they go, so a run cut short still brings
 # back its logs.
 #
@@ -21,35 +23,40 @@
 # "sanitize rest"). Each phase runs under `timeout` with what is left of it, less
 # KVT_GPU_RESERVE seconds (default 15) for writing the logs back; a phase that would get less
 # than 30 s is skipped, and a phase cut short is reported as such. Phase gpu leaves
-# KVT_GPU_BENCH_MIN seconds (default 90) to a phase bench after it, so that a test that hangs
-# on its first GPU run cannot cost the figures too. Phase sanitize shares its time between its
-# tools. meson test handles SIGTERM: it stops the test running, counts it
+# KVT_GPU_BENCH_MIN seconds (default 120) to a phase bench after it, so that a test that hangs
+# on its first GPU run cannot cost the figures too; within phase bench the transfer benchmark
+# leaves KVT_GPU_CALIB_SECS seconds (default 45) to the calibration after it. Phase sanitize
+# shares its time between its tools. meson test handles SIGTERM: it stops the test running, counts it
 # as interrupted and still writes its summary and log.
 # The build directory (build-gpu/ in the checkout, ignored by git) stays between calls on a
 # machine still held: phase build then rebuilds only what changed, and the other phases build
 # first when it is missing (a fresh machine), so "sanitize rest" works as a second call on a
 # warm machine or a fresh one alike.
 # At most 8 files come back from a device command's $OUT, so the script writes at most 8 in
-# all: phases.txt, machine.txt, build.log, test-gpu.log, transfer.txt, transfer.csv,
-# sanitize.log and test-rest.log.
-# Environment: KVT_GPU_BUDGET, KVT_GPU_RESERVE, KVT_GPU_BENCH_MIN (above), KVT_GPU_BUILD
-# (build directory), KVT_BENCH_ARGS (extra kvtier-bench transfer options), KVT_SANITIZE_TOOLS
-# (compute-sanitizer tools, default "memcheck racecheck synccheck").
+# all: phases.txt (which starts with the machine's description), build.log, test-gpu.log,
+# transfer.txt (the transfer benchmark's output, then calibrate's table), transfer.csv,
+# preset.json (calibrate's GPU preset, for kvtier-replay --preset-json), sanitize.log and
+# test-rest.log.
+# Environment: KVT_GPU_BUDGET, KVT_GPU_RESERVE, KVT_GPU_BENCH_MIN, KVT_GPU_CALIB_SECS (above),
+# KVT_GPU_BUILD (build directory), KVT_BENCH_ARGS (extra kvtier-bench transfer options),
+# KVT_CALIB_ARGS (extra kvtier-bench calibrate options), KVT_SANITIZE_TOOLS (compute-sanitizer
+# tools, default "memcheck racecheck synccheck").
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 build=${KVT_GPU_BUILD:-$PWD/build-gpu}
 budget=${KVT_GPU_BUDGET:-420}
 reserve=${KVT_GPU_RESERVE:-15}
-bench_min=${KVT_GPU_BENCH_MIN:-90}
+bench_min=${KVT_GPU_BENCH_MIN:-120}
+calib_secs=${KVT_GPU_CALIB_SECS:-45}
 all_phases=(build gpu bench sanitize rest) # in the order they run
 phases=("$@")
 [ ${#phases[@]} -eq 0 ] && phases=(build gpu bench)
 [ "${phases[*]}" = all ] && phases=("${all_phases[@]}")
-for v in "$budget" "$reserve" "$bench_min"; do
+for v in "$budget" "$reserve" "$bench_min" "$calib_secs"; do
 	case $v in
 	'' | *[!0-9]*)
-		echo "gpu-run: KVT_GPU_BUDGET, KVT_GPU_RESERVE and KVT_GPU_BENCH_MIN are" \
-			"whole seconds, not '$v'" >&2
+		echo "gpu-run: KVT_GPU_BUDGET, KVT_GPU_RESERVE, KVT_GPU_BENCH_MIN and" \
+			"KVT_GPU_CALIB_SECS are whole seconds, not '$v'" >&2
 		exit 2
 		;;
 	esac
@@ -122,6 +129,7 @@ for phase in "${phases[@]}"; do
 	fi
 	case $phase in
 	build)
+		# the machine, at the head of phases.txt (each line "machine: ...")
 		{
 			date -u +%FT%TZ
 			echo "kernel $(uname -r) (4.4.0: gVisor, where compute-sanitizer was refused)"
@@ -130,8 +138,7 @@ for phase in "${phases[@]}"; do
 			cc --version | head -1
 			meson --version
 			nproc
-		} > "$out/machine.txt" 2>&1
-		cat "$out/machine.txt"
+		} 2>&1 | sed 's/^/machine: /' | tee -a "$out/phases.txt"
 		# An existing build of this checkout is rebuilt incrementally (a rerun after a fix on
 		# a machine still held); anything else is set up afresh.
 		if ! grep -qF "\"source\": \"$PWD\"" "$build/meson-info/meson-info.json" 2>/dev/null; then
@@ -173,11 +180,29 @@ for phase in "${phases[@]}"; do
 	bench)
 		# Lines of the table and of the CSV are flushed as each cell is measured; stopped by
 		# the budget (SIGTERM), the tool still prints the targets of the cells it measured.
+		# It leaves calib_secs to the calibration (unless that leaves it under 30 s).
 		read -ra bench_args <<< "${KVT_BENCH_ARGS:-}"
-		KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" timed "$(left)" \
+		secs=$(($(left) - calib_secs))
+		[ "$secs" -ge 30 ] || secs=$(left)
+		KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" timed "$secs" \
 			"$build/tools/kvtier-bench" transfer --csv "$out/transfer.csv" \
 			"${bench_args[@]}" > "$out/transfer.txt" 2>&1 || status=1
 		cat "$out/transfer.txt"
+		# The replay simulator's GPU preset: the table (stderr) appended to transfer.txt, the
+		# preset in preset.json; a device without a datasheet preset needs --gpu in
+		# KVT_CALIB_ARGS (exit 2).
+		read -ra calib_args <<< "${KVT_CALIB_ARGS:-}"
+		secs=$(left)
+		if [ "$secs" -lt 20 ]; then
+			note "bench: calibrate skipped, $secs s left of the budget"
+			status=1
+		else
+			echo "==== kvtier-bench calibrate" >> "$out/transfer.txt"
+			KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" timed "$secs" \
+				"$build/tools/kvtier-bench" calibrate --out "$out/preset.json" \
+				"${calib_args[@]}" >> "$out/transfer.txt" 2>&1 || status=1
+			sed -n '/^==== kvtier-bench calibrate$/,$p' "$out/transfer.txt"
+		fi
 		;;
 	sanitize)
 		# The GPU suite's own test and the transfer smoke run under compute-sanitizer: out of

@@ -9,5 +9,7 @@ int bench_recall(int argc, char **argv);
 int bench_disk(int argc, char **argv);
 /* kvtier-bench create (tools/bench_create.c). */
 int bench_create(int argc, char **argv);
+/* kvtier-bench calibrate (tools/bench_calibrate.c). */
+int bench_calibrate(int argc, char **argv);
 
 #endif /* KVT_BENCH_H */

@@ -12,6 +12,10 @@
  *                          (tools/bench_disk.c).
  *   kvtier-bench create    kvt_manager_create's time and memory for a tier of terabytes
  *                          (tools/bench_create.c).
+ *   kvtier-bench transfer  the CUDA backend's transfers (in the CUDA plugin:
+ *                          transfer/cuda_bench.c).
+ *   kvtier-bench calibrate the GPU measured for the replay simulator's execution model, written
+ *                          as a preset for --preset-json (tools/bench_calibrate.c).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -44,8 +48,11 @@ static void usage(FILE *f)
 		"       kvtier-bench disk [options]     (kvtier-bench disk --help)\n"
 		"       kvtier-bench create [options]   (kvtier-bench create --help)\n"
 		"       kvtier-bench transfer [options] (kvtier-bench transfer --help; CUDA)\n"
-		"Both use Llama-3-8B geometry (8 kv heads, 32 q heads, d=128, bf16, 32-token\n"
-		"blocks, sink 128, recent 512, top-K 4096).\n\n"
+		"       kvtier-bench calibrate [options]\n"
+		"                                   (kvtier-bench calibrate --help; CUDA, cuBLAS)\n"
+		"                                   measures the GPU: a preset for --preset-json\n"
+		"manager and sched use Llama-3-8B geometry (8 kv heads, 32 q heads, d=128,\n"
+		"bf16, 32-token blocks, sink 128, recent 512, top-K 4096).\n\n"
 		"manager: the manager's CPU time for decode steps of a batch. One step =\n"
 		"kvt_decode_append for every layer.\n"
 		"  --seqs N       sequences in the batch (default 256)\n"
@@ -593,6 +600,8 @@ int main(int argc, char **argv)
 		return bench_create(argc - 1, argv + 1);
 	if (strcmp(argv[1], "transfer") == 0)
 		return bench_transfer(argc - 1, argv + 1);
+	if (strcmp(argv[1], "calibrate") == 0)
+		return bench_calibrate(argc - 1, argv + 1);
 	fprintf(stderr, "kvtier-bench: unknown benchmark '%s' (try --help)\n", argv[1]);
 	return 2;
 }

@@ -142,8 +142,8 @@ static void plugin_load_once(void)
 		return;
 	}
 	plugin = entry(&plugin_host);
-	if (!plugin || plugin->abi != KVT_PLUGIN_ABI || !plugin->ops ||
-	    plugin->ops->version != KVT_BACKEND_OPS_VERSION) {
+	if (!plugin || plugin->abi != KVT_PLUGIN_ABI || plugin->size < sizeof(*plugin) ||
+	    !plugin->ops || plugin->ops->version != KVT_BACKEND_OPS_VERSION) {
 		snprintf(plugin_err, sizeof(plugin_err),
 			 "%s: built for another kvtier (plugin ABI or backend ops version)",
 			 KVT_PLUGIN_SONAME);

@@ -1296,6 +1296,7 @@ static const struct kvt_plugin plugin = {
 	.ops = &kvt_backend_cuda_ops,
 	.probe = cuda_probe,
 	.bench = kvt_cuda_bench,
+	.calibrate = kvt_cuda_calibrate,
 };
 
 __attribute__((visibility("default"))) const struct kvt_plugin *

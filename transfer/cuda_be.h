@@ -36,4 +36,9 @@ int kvt_cuda_describe(char *gpu, size_t gpu_len, int *driver, int *runtime);
 /* kvtier-bench transfer (transfer/cuda_bench.c); see struct kvt_plugin.bench. */
 int kvt_cuda_bench(int argc, char **argv);
 
+/* kvtier-bench calibrate's measurements (transfer/cuda_calib.c); see struct
+   kvt_plugin.calibrate. */
+int kvt_cuda_calibrate(const struct kvt_calib_request *rq, struct kvt_calib_result *out, char *err,
+		       size_t err_len);
+
 #endif /* KVT_CUDA_BE_H */

@@ -21,10 +21,13 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "calibrate.h"
 #include "fault.h"
 #include "savepool.h"
 
-#define KVT_PLUGIN_ABI 2
+/* Raised whenever either struct below changes: libkvtier takes only a plugin of its own ABI
+   (3: struct kvt_plugin gained calibrate). */
+#define KVT_PLUGIN_ABI 3
 #define KVT_PLUGIN_ENTRY "kvt_cuda_plugin_entry"
 #define KVT_PLUGIN_SONAME "libkvtier-cuda.so"
 
@@ -66,6 +69,14 @@ struct kvt_plugin {
 	   returns the process exit status (0, 1 on failure, 2 on bad usage, 77 without a device).
 	 */
 	int (*bench)(int argc, char **argv);
+	/* kvtier-bench calibrate's measurements (transfer/cuda_calib.c, transfer/calibrate.h):
+	   fills *out as rq asks. 0; -ENODEV when no device is usable or cuBLAS cannot be loaded
+	   (dlopen of libcublas.so.13, .so.12, .so, or $KVTIER_CUBLAS alone when set); -EINVAL
+	   for a malformed request; -ENOMEM when host or device memory runs out; -EIO when a CUDA
+	   or cuBLAS call fails. Every failure says what in err, and leaves *out unwritten. Frees
+	   all it allocated. */
+	int (*calibrate)(const struct kvt_calib_request *rq, struct kvt_calib_result *out,
+			 char *err, size_t err_len);
 };
 
 /* Entry point exported by the plugin under KVT_PLUGIN_ENTRY. Returns NULL when the host's

@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * CPU stand-ins for the CUDA backend plugin's kernels (transfer/cuda_gather.cu, policy/snapkv.cu,
- * recall.cu, attend.cu), linked into the emulated plugin in their place. Each keeps its GPU
- * version's contract (gather.h, policy/gpu.h): the same argument checks and cudaError_t results,
- * device pointers in, device pointers out. Each launch is checked as CUDA checks it and handed to
- * the fake runtime with a copy of its arguments (fake_cuda_launch); its work, done when the
- * runtime runs it (at once, or in the asynchronous fake when a wait needs it), is the policy's
- * CPU reference (policy.h) over the host views the fake runtime gives of device memory: every range
- * a kernel touches is bounds-checked against its allocation when it runs, and the writes of one
- * launch are checked not to overlap each other or its reads.
+ * CPU stand-ins for the CUDA backend plugin's kernels (transfer/cuda_gather.cu, cuda_calib.cu,
+ * policy/snapkv.cu, recall.cu, attend.cu), linked into the emulated plugin in their place. Each
+ * keeps its GPU version's contract (gather.h, policy/gpu.h): the same argument checks and
+ * cudaError_t results, device pointers in, device pointers out. Each launch is checked as CUDA
+ * checks it and handed to the fake runtime with a copy of its arguments (fake_cuda_launch); its
+ * work, done when the runtime runs it (at once, or in the asynchronous fake when a wait needs it),
+ * is the policy's CPU reference (policy.h) over the host views the fake runtime gives of device
+ * memory: every range a kernel touches is bounds-checked against its allocation when it runs, and
+ * the writes of one launch are checked not to overlap each other or its reads.
  *
  * The SnapKV scratch is the CPU reference's own layout, rounded to 256 bytes, and the reference
  * works in the caller's device scratch itself: the backend's sizing and placement of it (io_reserve
@@ -21,6 +21,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "calib_kernels.h"
 #include "fake_cudart.h"
 #include "gather.h"
 #include "gpu.h"
@@ -32,7 +33,45 @@
 #define VIEW(addr, n, what) fake_cuda_kernel_view((uint64_t)(uintptr_t)(addr), (n), (what))
 #define RANGE(addr, n) ((struct fake_range){(uint64_t)(uintptr_t)(addr), (n)})
 
-/* ---- transfer/gather.h ---------------------------------------------------------------------- */
+/* ---- transfer/calib_kernels.h ---------------------------------------------------------------- */
+
+static void empty_work(void *a)
+{
+	(void)a;
+}
+
+int kvt_calib_empty_launch(void *stream)
+{
+	int unused = 0;
+
+	return fake_cuda_launch(stream, "kvt_calib_empty_launch", empty_work, &unused,
+				sizeof(unused), NULL, 0);
+}
+
+struct fill_args {
+	uint64_t dst, n;
+};
+
+/* Writes nothing: only cuBLAS reads the values (the fake cuBLAS of calibrate's tests reads
+   none), and the fill's range is what there is to check. */
+static void fill_work(void *a)
+{
+	const struct fill_args *f = a;
+
+	VIEW(f->dst, f->n * 2, "kvt_calib_fill_launch: destination");
+}
+
+int kvt_calib_fill_launch(void *dst, uint64_t n, uint32_t seed, void *stream)
+{
+	struct fill_args a = {(uint64_t)(uintptr_t)dst, n};
+
+	(void)seed;
+	if (n == 0)
+		return cudaSuccess;
+	return fake_cuda_launch(stream, "kvt_calib_fill_launch", fill_work, &a, sizeof(a), NULL, 0);
+}
+
+/* ---- transfer/gather.h ----------------------------------------------------------------------- */
 
 struct gather_args {
 	const struct kvt_gpu_piece *pieces;
@@ -141,7 +180,7 @@ int kvt_append_launch(uint64_t k, uint64_t v, uint32_t n, const uint64_t *dev, u
 	return fake_cuda_launch(stream, "kvt_append_launch", append_work, &a, sizeof(a), NULL, 0);
 }
 
-/* ---- policy/gpu.h: SnapKV ------------------------------------------------------------------- */
+/* ---- policy/gpu.h: SnapKV -------------------------------------------------------------------- */
 
 /* The GPU version's parameter checks: the reference's, and its own launch limits. */
 static bool sk_valid(const struct kvt_snapkv *p)
@@ -244,7 +283,7 @@ int kvt_gpu_snapkv_scores(const struct kvt_snapkv *p, const void *k, const void 
 	return sk_launch(&a, scratch_bytes, stream);
 }
 
-/* ---- policy/gpu.h: block metadata and attention --------------------------------------------- */
+/* ---- policy/gpu.h: block metadata and attention ---------------------------------------------- */
 
 struct meta_args {
 	enum kvt_dtype dt;

@@ -369,6 +369,23 @@ out:
 	return e;
 }
 
+/* The device of cudaGetDeviceProperties (80 GiB, fake_cudart.c) less what is allocated on it. */
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
+{
+	size_t used = 0;
+
+	if (!free_bytes || !total)
+		return cudaErrorInvalidValue;
+	pthread_mutex_lock(&table_lock);
+	for (size_t i = 0; i < n_table; i++)
+		if (table[i].kind == DEVICE)
+			used += table[i].span;
+	pthread_mutex_unlock(&table_lock);
+	*total = (size_t)80 << 30;
+	*free_bytes = used < *total ? *total - used : 0;
+	return cudaSuccess;
+}
+
 /* cudaFree and cudaFreeHost: p (NULL: nothing) must start an allocation of this kind. Like
    CUDA's, it waits for the device first; the mapping is kept for reuse (keep_map). call names
    the caller, other what the wrong kind of memory is, alloc the call that allocates kind. */
