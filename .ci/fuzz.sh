@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI: libFuzzer targets of tests/fuzz. Builds them with clang under ASan+UBSan (build-ci-fuzz),
 # runs each over its corpus as a regression test (meson suite 'fuzz'), then fuzzes all targets
-# at once for FUZZ_SECONDS (default 30; three targets on two cores get about 20 CPU-seconds
+# at once for FUZZ_SECONDS (default 30; four targets on two cores get about 15 CPU-seconds
 # each) on temporary copies of their corpora, so the repository is never written. Prints one
 # line per target with its executions and a closing total; exits non-zero on any crash, leak,
 # timeout or sanitizer report. Needs clang and libclang-rt-14-dev (the CI image installs them);
@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds=${FUZZ_SECONDS:-30}
-targets=(fuzz_api fuzz_trace fuzz_selfile)
+targets=(fuzz_api fuzz_trace fuzz_selfile fuzz_preset)
 build="build-ci-fuzz"
 supp=$PWD/tests/fuzz/ubsan.supp
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1

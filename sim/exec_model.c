@@ -491,7 +491,7 @@ double sim_prefill_attn_flops(const struct sim_model_preset *m, uint32_t L, uint
 double sim_eff_at(const struct sim_eff_curve *c, double x)
 {
 	uint32_t i = 1;
-	double f;
+	double f, r;
 
 	if (c->n == 0)
 		return 1.0;
@@ -501,7 +501,13 @@ double sim_eff_at(const struct sim_eff_curve *c, double x)
 		return c->eff[c->n - 1];
 	while (c->x[i] < x)
 		i++;
-	f = log(x / c->x[i - 1]) / log(c->x[i] / c->x[i - 1]);
+	/* the ratio keeps close points apart; for points whose ratio overflows (x from 1e-200
+	   to 1e200, say: sim_eff_check accepts them) the logs apart are exact enough */
+	r = c->x[i] / c->x[i - 1];
+	if (isfinite(r))
+		f = log(x / c->x[i - 1]) / log(r);
+	else
+		f = (log(x) - log(c->x[i - 1])) / (log(c->x[i]) - log(c->x[i - 1]));
 	return c->eff[i - 1] + f * (c->eff[i] - c->eff[i - 1]);
 }
 

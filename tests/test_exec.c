@@ -479,6 +479,26 @@ static void test_json_efficiency(void **state)
 	unlink(path);
 }
 
+/* A curve whose points are so far apart that the ratio of their x overflows: sim_eff_check
+   and the preset reader accept it, so sim_eff_at must still interpolate in log x between
+   them, not return the lower point's value (as it did) or NaN (with a subnormal point). */
+static void test_eff_far_points(void **state)
+{
+	struct sim_eff_curve wide = {2, {1e-200, 1e200}, {0.5, 1}};
+	struct sim_eff_curve tiny = {2, {5e-324, 1e10}, {0.5, 1}};
+	double lt = log(5e-324);
+	(void)state;
+
+	assert_null(sim_eff_check(&wide));
+	assert_null(sim_eff_check(&tiny));
+	near(sim_eff_at(&wide, 1), 0.75, "halfway in log x");
+	near(sim_eff_at(&wide, 1e100), 0.875, "three quarters in log x");
+	near(sim_eff_at(&tiny, 64), 0.5 + 0.5 * (log(64) - lt) / (log(1e10) - lt),
+	     "from a subnormal first point");
+	near(sim_eff_at(&wide, 1e-200), 0.5, "at the first point");
+	near(sim_eff_at(&wide, 1e300), 1, "past the last point");
+}
+
 /* Loading the preset file must succeed. */
 static void load_ok(const char *path, struct sim_model_preset *m, struct sim_gpu_preset *g)
 {
@@ -725,6 +745,7 @@ int main(void)
 		cmocka_unit_test(test_json_lines),
 		cmocka_unit_test(test_json_open_error),
 		cmocka_unit_test(test_json_efficiency),
+		cmocka_unit_test(test_eff_far_points),
 		cmocka_unit_test(test_selection_basics),
 		cmocka_unit_test(test_selection_overlap),
 	};

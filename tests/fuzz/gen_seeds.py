@@ -4,7 +4,7 @@
 
 Run from anywhere: python3 tests/fuzz/gen_seeds.py. Trace seeds are slices of
 tests/data/traces and traces/; selection seeds of tests/data/selections plus a few written here;
-API seeds are operation sequences in fuzz_api.c's encoding (opcode byte, then its arguments).
+preset seeds are tests/data/presets plus valid and refused preset files written here; API seeds are operation sequences in fuzz_api.c's encoding (opcode byte, then its arguments).
 Seeds are deterministic, so re-running rewrites the same files."""
 import os
 import pathlib
@@ -48,6 +48,52 @@ put('fuzz_selfile', 'bad_field.txt', b'0 0 x 0\n')
 put('fuzz_selfile', 'overflow.txt', b'0 0 0 0 4294967296\n')
 put('fuzz_selfile', 'missing.txt', b'1 2 3\n')
 put('fuzz_selfile', 'empty.txt', b'')
+
+# ---- fuzz_preset: every field once, then one file per kind of refusal
+for f in sorted((root / 'tests' / 'data' / 'presets').iterdir()):
+    put('fuzz_preset', f.name, f.read_bytes()[:4096])
+put('fuzz_preset', 'full.json',
+    b'{"model": {"name": "m-full", "n_layers": 4, "n_q_heads": 8, "n_kv_heads": 2,\n'
+    b'  "head_dim": 64, "params": 1.5e8, "elem_bytes": 4, "max_context": 4294967295},\n'
+    b' "gpu": {"name": "g-full", "hbm_gib": 24, "hbm_gbps": 936.2, "tflops": 71,\n'
+    b'  "h2d_gbps": 12.5, "d2h_gbps": 13, "call_ns": 1500, "launch_ns": 4000,\n'
+    b'  "linear_eff": [[1, 0.5], [64, 0.625], [4096, 0.9]],\n'
+    b'  "prefill_attn_eff": [[256, 0.1], [16384, 1]], "decode_attn_eff": 0.75,\n'
+    b'  "decode_attn_layer_us": 0, "kv_write_eff": 1, "iter_overhead_us": 37.5,\n'
+    b'  "source": "seed: every field"}}\n')
+put('fuzz_preset', 'gpu_only.json',
+    b'{"gpu": {"linear_eff": [[16, 1]], "prefill_attn_eff": [[1, 0.2], [2, 0.3], [3, 0.4]],'
+    b' "iter_overhead_us": 0, "source": ""}}')
+put('fuzz_preset', 'empty_objects.json', b'{"model": {}, "gpu": {}}')
+put('fuzz_preset', 'extremes.json',
+    b'{"gpu": {"hbm_gbps": 1e300, "tflops": 5e-324, "decode_attn_eff": 1e-320,\n'
+    b' "linear_eff": [[1e-5, 1], [1e7, 0.5]], "call_ns": 1e20},\n'
+    b' "model": {"params": 1e-3, "n_layers": 4294967295, "n_kv_heads": 1}}')
+put('fuzz_preset', 'bad_eff.json',
+    b'{"gpu": {"decode_attn_eff": 1.5, "kv_write_eff": 0}}')
+put('fuzz_preset', 'bad_curve_order.json',
+    b'{"gpu": {"linear_eff": [[16, 0.5], [4, 0.6]]}}')
+put('fuzz_preset', 'bad_curve_pair.json',
+    b'{"gpu": {"prefill_attn_eff": [[1, 0.5], [2], ["3", 0.5], [4, 0.5, 6]]}}')
+put('fuzz_preset', 'bad_curve_long.json',
+    b'{"gpu": {"linear_eff": [' +
+    b', '.join(b'[%d, 1]' % (i + 1) for i in range(25)) + b']}}')
+put('fuzz_preset', 'bad_numbers.json',
+    b'{"gpu": {"hbm_gbps": 0, "iter_overhead_us": -1, "decode_attn_layer_us": "5"}}')
+put('fuzz_preset', 'bad_u32.json',
+    b'{"model": {"n_layers": 2.5, "head_dim": 4294967296, "max_context": -1}}')
+put('fuzz_preset', 'bad_heads.json', b'{"model": {"n_q_heads": 32,\n "n_kv_heads": 5}}')
+put('fuzz_preset', 'long_names.json',
+    b'{"model": {"name": "%s"},\n "gpu": {"name": "%sX", "source": "%s"}}' %
+    (b'n' * 31, b'g' * 31, b's' * 96))
+put('fuzz_preset', 'unknown.json', b'{"model": {"layers": 2}, "cpu": {}, "gpu": 5}')
+put('fuzz_preset', 'dup_gpu.json',
+    b'{"gpu": {"source": "a",\n  "linear_eff": [[1, 1]],\n  "source": "b"}}')
+put('fuzz_preset', 'nested_junk.json',
+    b'\xef\xbb\xbf{"gpu": {"name": [{"a": [[{"b": null, "c": "\\u00e9\\"}"}]], "a": 2}],\n'
+    b' "source": {"x": true}}, "model": [1, {"name": "x"}]}')
+put('fuzz_preset', 'not_object.json', b'[{"model": {"n_layers": 8}}]')
+put('fuzz_preset', 'truncated.json', b'{"model": {"n_layers": 8},\n "gpu": {"linear_eff": [[1, ')
 
 # ---- fuzz_api: opcodes of fuzz_api.c's ops[]
 (CREATE, PREFILL, DECODE, DECODE2, DRECALL, RBLOCKS, PREEMPT, RESUME, READ, ATTEND, INFO,
