@@ -2,6 +2,7 @@
 /* The simulator's execution-time model: presets and iteration time (exec_model.h). */
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,6 +86,35 @@ static double num(const json_t *v)
 	return isfinite(d) && d > 0 ? d : NAN;
 }
 
+/* The bounds of the GPU figures: wide enough for any real GPU, narrow enough that no time
+   the model computes from them overflows, and that call_ns and launch_ns fit the library's
+   32-bit nanoseconds. */
+#define EFF_MIN 1e-4 /* a class of work at a ten-thousandth of its roofline */
+#define RATE_MIN 1e-3
+#define RATE_MAX 1e7 /* GB/s, TFLOP/s */
+#define NS_MAX 1e9   /* one second a call */
+#define US_MAX 1e9   /* overheads: 1,000 s */
+#define GIB_MAX 1e6
+#define PARAMS_MAX 1e15
+
+/* A number in [lo, hi] (lo excluded when lo_open); what is wrong is `want`. */
+static const char *set_range(double *dst, const json_t *v, double lo, bool lo_open, double hi,
+			     const char *want)
+{
+	double d = json_is_number(v) ? json_number_value(v) : NAN;
+
+	if (!isfinite(d) || d > hi || d < lo || (lo_open && d == lo))
+		return want;
+	*dst = d;
+	return NULL;
+}
+
+/* An efficiency. */
+static const char *set_eff(double *dst, const json_t *v)
+{
+	return set_range(dst, v, EFF_MIN, false, 1, "not a number in [0.0001, 1]");
+}
+
 /* What is wrong with a field: NULL when it was taken. */
 static const char *set_u32(uint32_t *dst, const json_t *v)
 {
@@ -93,16 +123,6 @@ static const char *set_u32(uint32_t *dst, const json_t *v)
 	if (isnan(d) || d != floor(d) || d > UINT32_MAX)
 		return "not a positive integer";
 	*dst = (uint32_t)d;
-	return NULL;
-}
-
-static const char *set_dbl(double *dst, const json_t *v)
-{
-	double d = num(v);
-
-	if (isnan(d))
-		return "not a positive number";
-	*dst = d;
 	return NULL;
 }
 
@@ -167,7 +187,8 @@ static int load_model(json_t *o, struct sim_model_preset *m, struct field_err *e
 		else if (!strcmp(k, "head_dim"))
 			w = set_u32(&m->head_dim, v);
 		else if (!strcmp(k, "params"))
-			w = set_dbl(&m->params, v);
+			w = set_range(&m->params, v, 0, true, PARAMS_MAX,
+				      "not a number in (0, 1e15]");
 		else if (!strcmp(k, "elem_bytes"))
 			w = set_elem_bytes(&m->elem_bytes, v);
 		else if (!strcmp(k, "max_context"))
@@ -190,27 +211,6 @@ static int load_model(json_t *o, struct sim_model_preset *m, struct field_err *e
 			 m->n_q_heads);
 	}
 	return -1;
-}
-
-/* An efficiency in (0, 1]. */
-static const char *set_eff(double *dst, const json_t *v)
-{
-	double d = num(v);
-
-	if (isnan(d) || d > 1)
-		return "not a number in (0, 1]";
-	*dst = d;
-	return NULL;
-}
-
-static const char *set_nonneg(double *dst, const json_t *v)
-{
-	double d = json_is_number(v) ? json_number_value(v) : NAN;
-
-	if (!isfinite(d) || d < 0)
-		return "not a number >= 0";
-	*dst = d;
-	return NULL;
 }
 
 static const char *set_source(char *dst, const json_t *v)
@@ -258,14 +258,24 @@ static int load_gpu(json_t *o, struct sim_gpu_preset *g, struct field_err *e)
 	static const struct {
 		const char *key;
 		size_t off;
+		double lo, hi;
+		bool lo_open;
+		const char *want;
 	} f[] = {
-		{"hbm_gib", offsetof(struct sim_gpu_preset, hbm_gib)},
-		{"hbm_gbps", offsetof(struct sim_gpu_preset, hbm_gbps)},
-		{"tflops", offsetof(struct sim_gpu_preset, tflops)},
-		{"h2d_gbps", offsetof(struct sim_gpu_preset, h2d_gbps)},
-		{"d2h_gbps", offsetof(struct sim_gpu_preset, d2h_gbps)},
-		{"call_ns", offsetof(struct sim_gpu_preset, call_ns)},
-		{"launch_ns", offsetof(struct sim_gpu_preset, launch_ns)},
+#define RATE(k)                                                         \
+	{#k,	offsetof(struct sim_gpu_preset, k), RATE_MIN, RATE_MAX, \
+	 false, "not a number in [0.001, 1e7]"}
+		{"hbm_gib", offsetof(struct sim_gpu_preset, hbm_gib), 0, GIB_MAX, true,
+		 "not a number in (0, 1e6]"},
+		RATE(hbm_gbps),
+		RATE(tflops),
+		RATE(h2d_gbps),
+		RATE(d2h_gbps),
+		{"call_ns", offsetof(struct sim_gpu_preset, call_ns), 0, NS_MAX, true,
+		 "not a number in (0, 1e9]"},
+		{"launch_ns", offsetof(struct sim_gpu_preset, launch_ns), 0, NS_MAX, true,
+		 "not a number in (0, 1e9]"},
+#undef RATE
 	};
 	char buf[64];
 	const char *k, *w;
@@ -287,12 +297,15 @@ static int load_gpu(json_t *o, struct sim_gpu_preset *g, struct field_err *e)
 		else if (!strcmp(k, "kv_write_eff"))
 			w = set_eff(&g->kv_write_eff, v);
 		else if (!strcmp(k, "iter_overhead_us"))
-			w = set_nonneg(&g->iter_overhead_us, v);
+			w = set_range(&g->iter_overhead_us, v, 0, false, US_MAX,
+				      "not a number in [0, 1e9]");
 		else if (!strcmp(k, "decode_attn_layer_us"))
-			w = set_nonneg(&g->decode_attn_layer_us, v);
+			w = set_range(&g->decode_attn_layer_us, v, 0, false, US_MAX,
+				      "not a number in [0, 1e9]");
 		for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
 			if (!strcmp(k, f[i].key))
-				w = set_dbl((double *)((char *)g + f[i].off), v);
+				w = set_range((double *)((char *)g + f[i].off), v, f[i].lo,
+					      f[i].lo_open, f[i].hi, f[i].want);
 		if (check_field(e, k, w))
 			return -1;
 	}
@@ -501,8 +514,8 @@ double sim_eff_at(const struct sim_eff_curve *c, double x)
 		return c->eff[c->n - 1];
 	while (c->x[i] < x)
 		i++;
-	/* the ratio keeps close points apart; for points whose ratio overflows (x from 1e-200
-	   to 1e200, say: sim_eff_check accepts them) the logs apart are exact enough */
+	/* the ratio keeps close points apart; for points whose ratio overflows (x from 1e-300
+	   to 1e12, say: sim_eff_check accepts them) the logs apart are exact enough */
 	r = c->x[i] / c->x[i - 1];
 	if (isfinite(r))
 		f = log(x / c->x[i - 1]) / log(r);
@@ -516,12 +529,12 @@ const char *sim_eff_check(const struct sim_eff_curve *c)
 	if (c->n > SIM_EFF_POINTS)
 		return "too many points";
 	for (uint32_t i = 0; i < c->n; i++) {
-		if (!(c->x[i] > 0) || !isfinite(c->x[i]))
-			return "x must be a positive number";
+		if (!(c->x[i] > 0) || !(c->x[i] <= 1e12))
+			return "x must be a number in (0, 1e12]";
 		if (i && !(c->x[i] > c->x[i - 1]))
 			return "x must be strictly ascending";
-		if (!(c->eff[i] > 0 && c->eff[i] <= 1))
-			return "eff must be a number in (0, 1]";
+		if (!(c->eff[i] >= EFF_MIN && c->eff[i] <= 1))
+			return "eff must be a number in [0.0001, 1]";
 	}
 	return NULL;
 }

@@ -41,7 +41,7 @@ struct sim_model_preset {
 };
 
 /* A fraction of peak as a function of size x: piecewise linear in log x between the points
-   (x ascending, eff in (0, 1]), the end values beyond them. n == 0: 1 everywhere. */
+   (x ascending, eff in [0.0001, 1]), the end values beyond them. n == 0: 1 everywhere. */
 struct sim_eff_curve {
 	uint32_t n;
 	double x[SIM_EFF_POINTS], eff[SIM_EFF_POINTS];
@@ -75,16 +75,18 @@ extern const char *const sim_gpu_preset_names[];
 void sim_gpu_roofline(struct sim_gpu_preset *g);
 /* The curve's value at x (x > 0). */
 double sim_eff_at(const struct sim_eff_curve *c, double x);
-/* Whether a curve is well formed (n <= SIM_EFF_POINTS, x > 0 strictly ascending, eff in
-   (0, 1]): NULL, else what is wrong. */
+/* Whether a curve is well formed (n <= SIM_EFF_POINTS, x in (0, 1e12] strictly ascending, eff
+   in [0.0001, 1]): NULL, else what is wrong. */
 const char *sim_eff_check(const struct sim_eff_curve *c);
 
 /*
  * Overrides fields of *m and *g from a JSON file {"model": {...}, "gpu": {...}} whose keys are
  * the struct field names; an efficiency curve is an array of [x, eff] pairs, x ascending
  * (at most SIM_EFF_POINTS; it replaces the preset's curve whole), the other efficiencies
- * numbers in (0, 1], iter_overhead_us and decode_attn_layer_us numbers >= 0, source a
- * string. A leading UTF-8
+ * numbers in [0.0001, 1] (curve points' x in (0, 1e12]), iter_overhead_us and
+ * decode_attn_layer_us in [0, 1e9], source a string; the peaks in [0.001, 1e7] (GB/s,
+ * TFLOP/s), call_ns and launch_ns in (0, 1e9], hbm_gib in (0, 1e6], params in (0, 1e15]:
+ * bounds that keep every modelled time finite. A leading UTF-8
  * byte-order mark is skipped. Refused, with
  * "FILE:LINE: field 'model.KEY': what" in err (the line of the key): unknown keys, a key twice
  * in one object (at any level), values that are not positive numbers (integers for the u32

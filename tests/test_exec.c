@@ -438,22 +438,31 @@ static void test_json_efficiency(void **state)
 
 	json_refused(path, "{\"gpu\": {\"linear_eff\": [[2, 0.5], [1, 0.9]]}}", "ascending", &m,
 		     &g);
-	json_refused(path, "{\"gpu\": {\"linear_eff\": [[1, 1.5]]}}", "(0, 1]", &m, &g);
+	json_refused(path, "{\"gpu\": {\"linear_eff\": [[1, 1.5]]}}", "[0.0001, 1]", &m, &g);
+	json_refused(path, "{\"gpu\": {\"linear_eff\": [[1, 1e-5]]}}", "[0.0001, 1]", &m, &g);
+	json_refused(path, "{\"gpu\": {\"linear_eff\": [[1e13, 0.5]]}}", "(0, 1e12]", &m, &g);
 	json_refused(path, "{\"gpu\": {\"linear_eff\": [[1, 0.5], [2]]}}",
 		     "point 2 is not an [x, eff] pair", &m, &g);
 	json_refused(path, "{\"gpu\": {\"linear_eff\": []}}", "array of [x, eff] pairs", &m, &g);
 	json_refused(path, "{\"gpu\": {\"linear_eff\": 0.5}}", "array of [x, eff] pairs", &m, &g);
-	json_refused(path, "{\"gpu\": {\"linear_eff\": [[0, 0.5]]}}", "positive", &m, &g);
+	json_refused(path, "{\"gpu\": {\"linear_eff\": [[0, 0.5]]}}", "(0, 1e12]", &m, &g);
 	json_refused(path,
 		     "{\"gpu\": {\"linear_eff\": [[1,1],[2,1],[3,1],[4,1],[5,1],[6,1],[7,1],[8,1],"
 		     "[9,1],[10,1],[11,1],[12,1],[13,1],[14,1],[15,1],[16,1],[17,1],[18,1],[19,1],"
 		     "[20,1],[21,1],[22,1],[23,1],[24,1],[25,1]]}}",
 		     "more than 24 points", &m, &g);
-	json_refused(path, "{\"gpu\": {\"decode_attn_eff\": 0}}", "(0, 1]", &m, &g);
-	json_refused(path, "{\"gpu\": {\"kv_write_eff\": 1.01}}", "(0, 1]", &m, &g);
+	json_refused(path, "{\"gpu\": {\"decode_attn_eff\": 0}}", "[0.0001, 1]", &m, &g);
+	json_refused(path, "{\"gpu\": {\"kv_write_eff\": 1.01}}", "[0.0001, 1]", &m, &g);
+	/* bounds that keep every modelled time finite and call_ns a 32-bit count */
+	json_refused(path, "{\"gpu\": {\"hbm_gbps\": 1e-300}}", "[0.001, 1e7]", &m, &g);
+	json_refused(path, "{\"gpu\": {\"tflops\": 1e8}}", "[0.001, 1e7]", &m, &g);
+	json_refused(path, "{\"gpu\": {\"call_ns\": 1e20}}", "(0, 1e9]", &m, &g);
+	json_refused(path, "{\"gpu\": {\"launch_ns\": 0}}", "(0, 1e9]", &m, &g);
+	json_refused(path, "{\"gpu\": {\"hbm_gib\": 1e7}}", "(0, 1e6]", &m, &g);
+	json_refused(path, "{\"model\": {\"params\": 1e300}}", "(0, 1e15]", &m, &g);
 	json_refused(path, "{\"gpu\": {\n \"iter_overhead_us\": -1}}",
 		     ":2: field 'gpu.iter_overhead_us'", &m, &g);
-	json_refused(path, "{\"gpu\": {\"decode_attn_layer_us\": \"5\"}}", ">= 0", &m, &g);
+	json_refused(path, "{\"gpu\": {\"decode_attn_layer_us\": \"5\"}}", "[0, 1e9]", &m, &g);
 	json_refused(path, "{\"gpu\": {\"source\": 5}}", "not a string", &m, &g);
 
 	/* a preset written as JSON reads back equal, for every built-in GPU */
@@ -484,18 +493,18 @@ static void test_json_efficiency(void **state)
    them, not return the lower point's value (as it did) or NaN (with a subnormal point). */
 static void test_eff_far_points(void **state)
 {
-	struct sim_eff_curve wide = {2, {1e-200, 1e200}, {0.5, 1}};
+	struct sim_eff_curve wide = {2, {1e-300, 1e12}, {0.5, 1}};
 	struct sim_eff_curve tiny = {2, {5e-324, 1e10}, {0.5, 1}};
 	double lt = log(5e-324);
 	(void)state;
 
 	assert_null(sim_eff_check(&wide));
 	assert_null(sim_eff_check(&tiny));
-	near(sim_eff_at(&wide, 1), 0.75, "halfway in log x");
-	near(sim_eff_at(&wide, 1e100), 0.875, "three quarters in log x");
+	near(sim_eff_at(&wide, 1e-144), 0.75, "halfway in log x");
+	near(sim_eff_at(&wide, 1e-66), 0.875, "three quarters in log x");
 	near(sim_eff_at(&tiny, 64), 0.5 + 0.5 * (log(64) - lt) / (log(1e10) - lt),
 	     "from a subnormal first point");
-	near(sim_eff_at(&wide, 1e-200), 0.5, "at the first point");
+	near(sim_eff_at(&wide, 1e-300), 0.5, "at the first point");
 	near(sim_eff_at(&wide, 1e300), 1, "past the last point");
 }
 
@@ -614,7 +623,7 @@ static void test_json_lines(void **state)
 
 	json_setup(path, sizeof(path), &m, &g);
 	json_refused(path, "{\n \"gpu\": {\n  \"tflops\": 1,\n  \"hbm_gbps\": -1}}",
-		     ":4: field 'gpu.hbm_gbps': not a positive number", &m, &g);
+		     ":4: field 'gpu.hbm_gbps': not a number in [0.001, 1e7]", &m, &g);
 	json_refused(path, "{\"gpu\": {\"tflops\": 1},\n \"model\": {\"n_kv_heads\": 5}}",
 		     ":2: field 'model.n_kv_heads': n_q_heads (32) is not a multiple of it", &m,
 		     &g);
