@@ -6,6 +6,7 @@
 #define KVT_CUDA_BE_H
 
 #include <stdint.h>
+#include <time.h>
 
 #include "gather.h"
 #include "plugin.h"
@@ -32,6 +33,23 @@ const struct kvt_cuda_calib *kvt_cuda_calibration(const struct kvt_be *b);
 
 /* The GPU's name and the driver and runtime versions, for reports. 0 or -ENODEV. */
 int kvt_cuda_describe(char *gpu, size_t gpu_len, int *driver, int *runtime);
+
+/* Seconds on the monotonic clock: the benchmarks' host timer. */
+static inline double kvt_cuda_now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* qsort's ascending order of doubles (the benchmarks' medians). */
+static inline int kvt_cuda_cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
 
 /* kvtier-bench transfer (transfer/cuda_bench.c); see struct kvt_plugin.bench. */
 int kvt_cuda_bench(int argc, char **argv);

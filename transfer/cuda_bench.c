@@ -227,27 +227,12 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 	return OPTS_RUN;
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
 /* GB/s of moving `bytes` in the median of t[0..n) seconds (sorts t). */
 static double median_gbps(uint64_t bytes, double *t, uint32_t n)
 {
 	double med;
 
-	qsort(t, n, sizeof(*t), cmp_double);
+	qsort(t, n, sizeof(*t), kvt_cuda_cmp_double);
 	med = n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
 	return med > 0 ? (double)bytes / med / 1e9 : 0;
 }
@@ -398,7 +383,7 @@ static int time_flashd2h(struct bench *bn, struct cell *c, double *gbps)
 		return 1;
 	memset(blocks, 0x5a, 2 * c->bytes);
 	for (uint32_t r = 0; r <= bn->o->reps; r++) { /* run 0: warm-up and check */
-		double t0 = now_s();
+		double t0 = kvt_cuda_now_s();
 		const char *call = "save";
 		uint64_t ticket = 0;
 		int err;
@@ -418,7 +403,7 @@ static int time_flashd2h(struct bench *bn, struct cell *c, double *gbps)
 			return 1;
 		}
 		if (r > 0)
-			bn->t[r - 1] = now_s() - t0;
+			bn->t[r - 1] = kvt_cuda_now_s() - t0;
 		else if (blocks_differ(c, blocks, c->check, step))
 			return 1;
 	}

@@ -111,25 +111,10 @@ static int bl(struct cal *c, cublasStatus_t s, const char *what)
 		    what, (int)s);
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
 /* The median of t[0..n) (sorts t). */
 static double median(double *t, uint32_t n)
 {
-	qsort(t, n, sizeof(*t), cmp_double);
+	qsort(t, n, sizeof(*t), kvt_cuda_cmp_double);
 	return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
 }
 
@@ -288,12 +273,12 @@ static int time_host(struct cal *c, enqueue_fn fn, const void *arg, double *out)
 	int err = 0;
 
 	for (uint32_t i = 0; !err && i <= c->rq->reps; i++) {
-		double t0 = now_s();
+		double t0 = kvt_cuda_now_s();
 
 		for (uint32_t j = 0; !err && j < ENQUEUES; j++)
 			err = fn(c, arg);
 		if (i > 0)
-			c->t[i - 1] = (now_s() - t0) / ENQUEUES;
+			c->t[i - 1] = (kvt_cuda_now_s() - t0) / ENQUEUES;
 		if (!err)
 			err = cu(c, cudaStreamSynchronize(c->st), "cudaStreamSynchronize");
 	}
