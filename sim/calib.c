@@ -130,17 +130,6 @@ static double clamp1(double v, uint32_t *n)
 	return 1.0;
 }
 
-/* The time of the linear layers of one layer for M tokens at the roofline (exec_model.h). */
-static double linear_roof_s(const struct sim_model_preset *m, const struct sim_gpu_preset *g,
-			    double M)
-{
-	double p = m->params / m->n_layers, t_mem, t_flop;
-
-	t_mem = p * m->elem_bytes / (g->hbm_gbps * 1e9);
-	t_flop = 2.0 * p * M / (g->tflops * 1e12);
-	return t_mem > t_flop ? t_mem : t_flop;
-}
-
 /* The line t = a + x / e through the decode points, x = bytes / bw, by least squares, into
    k->decode_fit_eff and k->decode_layer_us; k->decode_fitted when it has e > 0 and a >= 0. */
 static void decode_fit(const struct kvt_calib_result *r, double bw, struct sim_calib_report *k)
@@ -180,7 +169,7 @@ int sim_calib_convert(const struct sim_model_preset *m, const struct sim_gpu_pre
 	struct sim_calib_report rp = {0}, *k = &rp;
 	struct sim_gpu_preset g = *base;
 	double bw = base->hbm_gbps * 1e9, peak = base->tflops * 1e12, sorted[KVT_CALIB_DECODE_MAX];
-	const char *w = NULL;
+	const char *w = NULL, *field = NULL;
 	char buf[160];
 	int room;
 
@@ -199,7 +188,7 @@ int sim_calib_convert(const struct sim_model_preset *m, const struct sim_gpu_pre
 
 	g.linear_eff.n = r->n_linear;
 	for (uint32_t i = 0; i < r->n_linear; i++) {
-		k->linear_roof_s[i] = linear_roof_s(m, base, r->linear[i].x);
+		k->linear_roof_s[i] = sim_linear_roof_s(m, base, r->linear[i].x);
 		k->linear_eff[i] = k->linear_roof_s[i] / r->linear[i].seconds;
 		g.linear_eff.x[i] = r->linear[i].x;
 		g.linear_eff.eff[i] = clamp1(k->linear_eff[i], &k->n_clamped);
@@ -241,9 +230,11 @@ int sim_calib_convert(const struct sim_model_preset *m, const struct sim_gpu_pre
 	snprintf(g.source, sizeof(g.source), "%s%.*s, %s", prefix, room > 0 ? room : 0, r->device,
 		 date ? date : "");
 
-	/* cannot fail after the checks above; kept as the promise to the reader */
-	if ((w = sim_eff_check(&g.linear_eff)) || (w = sim_eff_check(&g.prefill_attn_eff))) {
-		snprintf(err, err_len, "the efficiency curve made is not valid: %s", w);
+	/* a measured figure can still fall outside the reader's bounds (an efficiency under
+	   0.0001, a call of over a second): refused here, not in a file that cannot be read */
+	w = sim_gpu_check(&g, &field);
+	if (w) {
+		snprintf(err, err_len, "the preset made is not valid: field '%s': %s", field, w);
 		return -EINVAL;
 	}
 	*out = g;

@@ -61,11 +61,12 @@ struct sim_calib_report {
  * the efficiencies above, h2d_gbps, d2h_gbps, call_ns and launch_ns as measured, hbm_gib
  * from the device's memory, name (1..SIM_PRESET_NAME_MAX characters), and source "kvtier-bench
  * calibrate on DEVICE, DATE" (the device's name cut to fit SIM_PRESET_SOURCE_MAX). date is the
- * caller's, YYYY-MM-DD. The preset passes sim_eff_check and sim_preset_load_json reads back
+ * caller's, YYYY-MM-DD. The preset passes sim_gpu_check, so sim_preset_load_json reads back
  * what sim_gpu_preset_json writes of it. rep (NULL: not wanted) gets the values before
  * clamping. Returns 0, or -EINVAL with what is wrong in err (a time, rate or size that is not
  * a positive finite number, a list empty, too long or not ascending, a bad name, a model or
- * base without positive peaks); *out and *rep change only on success.
+ * base without positive peaks, a figure outside the preset reader's bounds); *out and *rep
+ * change only on success.
  */
 int sim_calib_convert(const struct sim_model_preset *m, const struct sim_gpu_preset *base,
 		      const struct kvt_calib_result *r, const char *name, const char *date,

@@ -15,8 +15,8 @@
 #include "simutil.h"
 
 /* Public figures: parameters and geometry from the model cards; HBM bandwidth and dense
-   16-bit peak from the datasheets (A100-40GB SXM, H100 SXM, H200 SXM); PCIe figures are what
-   one large pinned copy reaches (Gen4 x16 about 25 GB/s, Gen5 x16 about 53 GB/s). */
+   16-bit peak from the datasheets (A100-40GB and -80GB SXM, H100 SXM, H200 SXM); PCIe figures
+   are what one large pinned copy reaches (Gen4 x16 about 25 GB/s, Gen5 x16 about 53 GB/s). */
 static const struct sim_model_preset models[] = {
 	{"llama3-8b", 32, 32, 8, 128, 8.03e9, 2, 131072},
 	{"lwm-7b", 32, 32, 32, 128, 6.74e9, 2, 1048576},
@@ -97,23 +97,50 @@ static double num(const json_t *v)
 #define GIB_MAX 1e6
 #define PARAMS_MAX 1e15
 
+/* Whether d is a finite number in [lo, hi], lo excluded when lo_open. */
+static bool in_range(double d, double lo, bool lo_open, double hi)
+{
+	return isfinite(d) && d <= hi && d >= lo && !(lo_open && d == lo);
+}
+
 /* A number in [lo, hi] (lo excluded when lo_open); what is wrong is `want`. */
 static const char *set_range(double *dst, const json_t *v, double lo, bool lo_open, double hi,
 			     const char *want)
 {
 	double d = json_is_number(v) ? json_number_value(v) : NAN;
 
-	if (!isfinite(d) || d > hi || d < lo || (lo_open && d == lo))
+	if (!in_range(d, lo, lo_open, hi))
 		return want;
 	*dst = d;
 	return NULL;
 }
 
-/* An efficiency. */
-static const char *set_eff(double *dst, const json_t *v)
-{
-	return set_range(dst, v, EFF_MIN, false, 1, "not a number in [0.0001, 1]");
-}
+/* The GPU preset's numbers, their bounds and what a refusal says: the reader's rules
+   (load_gpu) and the check of a preset made otherwise (sim_gpu_check). */
+static const struct gpu_num {
+	const char *key;
+	size_t off;
+	double lo, hi;
+	bool lo_open;
+	const char *want;
+} gpu_nums[] = {
+#define GPU_NUM(k, lo, hi, open, want)                                     \
+	{                                                                  \
+#k, offsetof(struct sim_gpu_preset, k), lo, hi, open, want \
+	}
+	GPU_NUM(hbm_gib, 0, GIB_MAX, true, "not a number in (0, 1e6]"),
+	GPU_NUM(hbm_gbps, RATE_MIN, RATE_MAX, false, "not a number in [0.001, 1e7]"),
+	GPU_NUM(tflops, RATE_MIN, RATE_MAX, false, "not a number in [0.001, 1e7]"),
+	GPU_NUM(h2d_gbps, RATE_MIN, RATE_MAX, false, "not a number in [0.001, 1e7]"),
+	GPU_NUM(d2h_gbps, RATE_MIN, RATE_MAX, false, "not a number in [0.001, 1e7]"),
+	GPU_NUM(call_ns, 0, NS_MAX, true, "not a number in (0, 1e9]"),
+	GPU_NUM(launch_ns, 0, NS_MAX, true, "not a number in (0, 1e9]"),
+	GPU_NUM(decode_attn_eff, EFF_MIN, 1, false, "not a number in [0.0001, 1]"),
+	GPU_NUM(kv_write_eff, EFF_MIN, 1, false, "not a number in [0.0001, 1]"),
+	GPU_NUM(iter_overhead_us, 0, US_MAX, false, "not a number in [0, 1e9]"),
+	GPU_NUM(decode_attn_layer_us, 0, US_MAX, false, "not a number in [0, 1e9]"),
+#undef GPU_NUM
+};
 
 /* What is wrong with a field: NULL when it was taken. */
 static const char *set_u32(uint32_t *dst, const json_t *v)
@@ -129,15 +156,22 @@ static const char *set_u32(uint32_t *dst, const json_t *v)
 #define STR_(x) #x
 #define STR(x) STR_(x)
 
-/* A name is kept whole or refused: a cut one would name another model or GPU. */
-static const char *set_name(char *dst, const json_t *v)
+/* A string of at most `max` characters into dst (max + 1 bytes), kept whole or refused: a cut
+   name would name another model or GPU. */
+static const char *set_text(char *dst, size_t max, const json_t *v, const char *too_long)
 {
 	if (!json_is_string(v))
 		return "not a string";
-	if (json_string_length(v) > SIM_PRESET_NAME_MAX)
-		return "longer than " STR(SIM_PRESET_NAME_MAX) " characters";
+	if (json_string_length(v) > max)
+		return too_long;
 	memcpy(dst, json_string_value(v), json_string_length(v) + 1);
 	return NULL;
+}
+
+static const char *set_name(char *dst, const json_t *v)
+{
+	return set_text(dst, SIM_PRESET_NAME_MAX, v,
+			"longer than " STR(SIM_PRESET_NAME_MAX) " characters");
 }
 
 /* The replay engine gives the library bf16 for 2-byte elements and f32 for 4-byte ones (it
@@ -213,16 +247,6 @@ static int load_model(json_t *o, struct sim_model_preset *m, struct field_err *e
 	return -1;
 }
 
-static const char *set_source(char *dst, const json_t *v)
-{
-	if (!json_is_string(v))
-		return "not a string";
-	if (json_string_length(v) > SIM_PRESET_SOURCE_MAX)
-		return "longer than " STR(SIM_PRESET_SOURCE_MAX) " characters";
-	memcpy(dst, json_string_value(v), json_string_length(v) + 1);
-	return NULL;
-}
-
 /* A curve from [[x, eff], ...]; what is wrong goes to buf. */
 static const char *set_curve(struct sim_eff_curve *dst, const json_t *v, char *buf, size_t len)
 {
@@ -255,28 +279,6 @@ static const char *set_curve(struct sim_eff_curve *dst, const json_t *v, char *b
 /* Fields of the "gpu" object into *g: 0, or -1 with the refused field in *e. */
 static int load_gpu(json_t *o, struct sim_gpu_preset *g, struct field_err *e)
 {
-	static const struct {
-		const char *key;
-		size_t off;
-		double lo, hi;
-		bool lo_open;
-		const char *want;
-	} f[] = {
-#define RATE(k)                                                         \
-	{#k,	offsetof(struct sim_gpu_preset, k), RATE_MIN, RATE_MAX, \
-	 false, "not a number in [0.001, 1e7]"}
-		{"hbm_gib", offsetof(struct sim_gpu_preset, hbm_gib), 0, GIB_MAX, true,
-		 "not a number in (0, 1e6]"},
-		RATE(hbm_gbps),
-		RATE(tflops),
-		RATE(h2d_gbps),
-		RATE(d2h_gbps),
-		{"call_ns", offsetof(struct sim_gpu_preset, call_ns), 0, NS_MAX, true,
-		 "not a number in (0, 1e9]"},
-		{"launch_ns", offsetof(struct sim_gpu_preset, launch_ns), 0, NS_MAX, true,
-		 "not a number in (0, 1e9]"},
-#undef RATE
-	};
 	char buf[64];
 	const char *k, *w;
 	json_t *v;
@@ -287,25 +289,19 @@ static int load_gpu(json_t *o, struct sim_gpu_preset *g, struct field_err *e)
 		if (!strcmp(k, "name"))
 			w = set_name(g->name, v);
 		else if (!strcmp(k, "source"))
-			w = set_source(g->source, v);
+			w = set_text(g->source, SIM_PRESET_SOURCE_MAX, v,
+				     "longer than " STR(SIM_PRESET_SOURCE_MAX) " characters");
 		else if (!strcmp(k, "linear_eff"))
 			w = set_curve(&g->linear_eff, v, buf, sizeof(buf));
 		else if (!strcmp(k, "prefill_attn_eff"))
 			w = set_curve(&g->prefill_attn_eff, v, buf, sizeof(buf));
-		else if (!strcmp(k, "decode_attn_eff"))
-			w = set_eff(&g->decode_attn_eff, v);
-		else if (!strcmp(k, "kv_write_eff"))
-			w = set_eff(&g->kv_write_eff, v);
-		else if (!strcmp(k, "iter_overhead_us"))
-			w = set_range(&g->iter_overhead_us, v, 0, false, US_MAX,
-				      "not a number in [0, 1e9]");
-		else if (!strcmp(k, "decode_attn_layer_us"))
-			w = set_range(&g->decode_attn_layer_us, v, 0, false, US_MAX,
-				      "not a number in [0, 1e9]");
-		for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
-			if (!strcmp(k, f[i].key))
-				w = set_range((double *)((char *)g + f[i].off), v, f[i].lo,
-					      f[i].lo_open, f[i].hi, f[i].want);
+		for (size_t i = 0; i < sizeof(gpu_nums) / sizeof(gpu_nums[0]); i++) {
+			const struct gpu_num *f = &gpu_nums[i];
+
+			if (!strcmp(k, f->key))
+				w = set_range((double *)((char *)g + f->off), v, f->lo, f->lo_open,
+					      f->hi, f->want);
+		}
 		if (check_field(e, k, w))
 			return -1;
 	}
@@ -539,6 +535,28 @@ const char *sim_eff_check(const struct sim_eff_curve *c)
 	return NULL;
 }
 
+const char *sim_gpu_check(const struct sim_gpu_preset *g, const char **field)
+{
+	const char *w;
+
+	for (size_t i = 0; i < sizeof(gpu_nums) / sizeof(gpu_nums[0]); i++) {
+		const struct gpu_num *f = &gpu_nums[i];
+
+		*field = f->key;
+		if (!in_range(*(const double *)((const char *)g + f->off), f->lo, f->lo_open,
+			      f->hi))
+			return f->want;
+	}
+	*field = "linear_eff";
+	if ((w = sim_eff_check(&g->linear_eff)))
+		return w;
+	*field = "prefill_attn_eff";
+	if ((w = sim_eff_check(&g->prefill_attn_eff)))
+		return w;
+	*field = NULL;
+	return NULL;
+}
+
 void sim_gpu_roofline(struct sim_gpu_preset *g)
 {
 	g->linear_eff.n = 0;
@@ -560,16 +578,22 @@ double sim_prefill_attn_s(const struct sim_gpu_preset *g, double flops, uint32_t
 				     sim_eff_at(&g->prefill_attn_eff, x > 1 ? x : 1));
 }
 
+double sim_linear_roof_s(const struct sim_model_preset *m, const struct sim_gpu_preset *g,
+			 double tokens)
+{
+	double p = m->params / m->n_layers;
+	double t_mem = p * m->elem_bytes / (g->hbm_gbps * 1e9);
+	double t_flop = 2.0 * p * tokens / (g->tflops * 1e12);
+
+	return t_mem > t_flop ? t_mem : t_flop;
+}
+
 double sim_linear_layer_s(const struct sim_model_preset *m, const struct sim_gpu_preset *g,
 			  double tokens)
 {
-	double p = m->params / m->n_layers, t_mem, t_flop;
-
 	if (tokens <= 0)
 		return 0.0;
-	t_mem = p * m->elem_bytes / (g->hbm_gbps * 1e9);
-	t_flop = 2.0 * p * tokens / (g->tflops * 1e12);
-	return (t_mem > t_flop ? t_mem : t_flop) / sim_eff_at(&g->linear_eff, tokens);
+	return sim_linear_roof_s(m, g, tokens) / sim_eff_at(&g->linear_eff, tokens);
 }
 
 void sim_iter_time(const struct sim_model_preset *m, const struct sim_gpu_preset *g,

@@ -71,6 +71,10 @@ int sim_preset_gpu(const char *name, struct sim_gpu_preset *out);
 /* The names of the GPU presets, NULL-terminated. */
 extern const char *const sim_gpu_preset_names[];
 
+/* Whether a GPU preset made otherwise than by sim_preset_load_json (kvtier-bench calibrate)
+   keeps the reader's rules, so that a file of it reads back: NULL, else what is wrong with the
+   field named in *field. */
+const char *sim_gpu_check(const struct sim_gpu_preset *g, const char **field);
 /* Sets every efficiency of *g to 1 and its overhead to 0: the bare roofline (an upper bound). */
 void sim_gpu_roofline(struct sim_gpu_preset *g);
 /* The curve's value at x (x > 0). */
@@ -133,6 +137,11 @@ double sim_prefill_attn_flops(const struct sim_model_preset *m, uint32_t L, uint
    keys (a chunk of a prompt: its tokens, and the prompt up to the chunk's end). */
 double sim_prefill_attn_s(const struct sim_gpu_preset *g, double flops, uint32_t queries,
 			  uint32_t keys);
+/* The roofline time (no efficiency) of the linear layers of one layer for `tokens` tokens > 0:
+   max(its weight bytes / bandwidth, 2 * its parameters * tokens / peak), its parameters
+   params / n_layers. */
+double sim_linear_roof_s(const struct sim_model_preset *m, const struct sim_gpu_preset *g,
+			 double tokens);
 /* Time of the linear layers of one layer that `tokens` tokens pass (0 for none). */
 double sim_linear_layer_s(const struct sim_model_preset *m, const struct sim_gpu_preset *g,
 			  double tokens);

@@ -345,6 +345,20 @@ static void launch_negative(struct kvt_calib_result *r, struct sim_gpu_preset *b
 	r->launch_ns = -5;
 }
 
+/* Positive figures the preset reader would refuse: a copy call of two seconds, and a linear
+   point at a millionth of its roofline. */
+static void call_over_a_second(struct kvt_calib_result *r, struct sim_gpu_preset *b, const char **n)
+{
+	(void)b, (void)n;
+	r->call_ns = 2e9;
+}
+
+static void linear_hopeless(struct kvt_calib_result *r, struct sim_gpu_preset *b, const char **n)
+{
+	(void)b, (void)n;
+	r->linear[0].seconds = 1e3;
+}
+
 static void d2d_zero(struct kvt_calib_result *r, struct sim_gpu_preset *b, const char **n)
 {
 	(void)b, (void)n;
@@ -392,6 +406,8 @@ static void test_bad_measurements(void **state)
 		{"H2D rate 0", h2d_zero},
 		{"call time NaN", call_nan},
 		{"launch time negative", launch_negative},
+		{"call of over a second", call_over_a_second},
+		{"linear point under 0.0001 of its roofline", linear_hopeless},
 		{"D2D time 0", d2d_zero},
 		{"memory 0", memory_zero},
 		{"base without a peak", base_no_peak},
