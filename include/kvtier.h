@@ -257,6 +257,20 @@ struct kvt_stats {
 	uint64_t h2d_kernel_launches, h2d_dma_batches;
 	uint32_t xfer_calibrated; /* 1: measured; 0: not (the kernel always) */
 	uint32_t xfer_gather_min_4k, xfer_gather_min_16k, xfer_gather_min_64k;
+	/* Prefix cache (kvt_seq_create_prefix), in blocks of one (layer, kv head) and in spans
+	   (one cached hash of hash_tokens tokens, all layers). */
+	uint64_t prefix_spans;		/* spans cached now */
+	uint64_t prefix_blocks;		/* blocks they hold (host tier and spill file) */
+	uint64_t prefix_blocks_idle;	/* of those, of spans no live sequence shares (evictable) */
+	uint64_t prefix_blocks_disk;	/* of those, in the spill file */
+	uint64_t prefix_blocks_shared;	/* host blocks live sequences share with the cache */
+	uint64_t prefix_tokens_asked;	/* prompt tokens of sequences created with a hash chain */
+	uint64_t prefix_tokens_hit;	/* of those, shared from the cache at creation */
+	uint64_t prefix_spans_evicted;	/* spans dropped from the cache */
+	uint64_t prefix_spans_spilled;	/* spans written to the spill file by eviction */
+	uint64_t prefix_spans_restored; /* spans read back from the spill file by a match */
+	uint64_t bytes_h2d_history;	/* rows loaded from the host history into caller tensors
+					   and prefill buffers (kvt_seq_load_kv, kvt_prefill_chunk) */
 };
 
 #define KVT_STATS_INIT                                                         \
@@ -453,12 +467,89 @@ struct kvt_seq_info {
 	uint64_t disk_blocks;	     /* of host_blocks, those in the spill file now */
 	int32_t lost;		     /* 0, or the error (-EBADMSG) that lost its history */
 	uint32_t reserved;
+	uint32_t prefix_tokens; /* leading tokens shared from the prefix cache at creation */
+	uint32_t filled_tokens; /* tokens in the host history of its least advanced layer
+				   (shared prefix, prefill chunks and decode tokens) */
+	uint64_t shared_blocks; /* of host_blocks, those shared with the prefix cache */
 };
 
 /* Fills *out up to out->size (at least the first two fields; a larger size: the whole struct)
    and sets out->size to the bytes written; for a lost sequence too (lost says so). -EINVAL
    (NULL m or out, out->size smaller than the first two fields), -ENOENT unknown seq. */
 KVT_API int kvt_seq_info(struct kvt_manager *m, uint64_t seq, struct kvt_seq_info *out);
+
+/* ---- Prefix reuse and prefill in pieces ------------------------------------------------ */
+
+/* An engine names a prompt's prefix by a chain of hashes: hashes[i] stands for tokens
+   [0, (i + 1) * hash_tokens) of the prompt (each hash covering all before it, as vLLM's and
+   SGLang's block hashes do, or a Mooncake trace's hash_ids), hash_tokens a multiple of
+   block_tokens. Once every layer of a sequence created with a chain is prefilled, each span
+   of its chain is cached: its host blocks, all layers, become shared with the cache,
+   reference counted and never written again (the history is append-only, and a span is
+   whole within the prompt). A later sequence created on the same leading hashes shares those
+   blocks instead of storing them again and prefills only the rest of its prompt. Spans no
+   live sequence shares stay cached until the host tier needs their room, then are evicted
+   least recently used (the latest spans of a chain first): written to the spill file first
+   when there is a disk tier (a later match reads them back), else dropped. A block a live
+   sequence shares is neither evicted nor spilled. The engine is responsible for its hashes:
+   equal hashes must mean equal tokens (and equal hash_tokens). */
+
+/* How many leading tokens of a prompt with this chain the cache holds: k * hash_tokens into
+   *tokens, k the longest run hashes[0..k) of cached spans of hash_tokens tokens (0 when
+   none; spans in the spill file count). Changes nothing (not even the LRU order), as vLLM's
+   get_num_new_matched_tokens. -EINVAL: NULL m or tokens, NULL hashes with n_hashes > 0,
+   hash_tokens not a positive multiple of block_tokens, or n_hashes * hash_tokens past
+   INT32_MAX. */
+KVT_API int kvt_prefix_match(struct kvt_manager *m, const uint64_t *hashes, uint32_t n_hashes,
+			     uint32_t hash_tokens, uint32_t *tokens);
+
+/* kvt_seq_create with the prompt's hash chain (n_hashes * hash_tokens <= prompt_tokens). The
+   sequence shares the longest cached run, as kvt_prefix_match finds it but never the whole
+   prompt (a span ending at prompt_tokens is not shared: at least one token is prefilled),
+   and *matched_tokens receives its length: every layer then holds positions
+   [0, *matched_tokens) in its host history, and its prefill is of the rest (kvt_prefill_chunk
+   from there, or kvt_prefill_layer with the whole layer's tensors). Spans in the spill file
+   are read back first, in one batch; where that fails (no host room, an I/O or checksum
+   error) the match ends before the span that failed, which is evicted on a checksum error,
+   and the call still succeeds. The rest of the chain is remembered, and cached once all
+   layers are prefilled (spans already cached by another sequence, or with a block in the
+   spill file then, are left out). Errors as kvt_seq_create, and -EINVAL for NULL hashes with
+   n_hashes > 0, NULL matched_tokens, hash_tokens not a positive multiple of block_tokens, or
+   a chain longer than the prompt; nothing changes on an error. */
+KVT_API int kvt_seq_create_prefix(struct kvt_manager *m, uint64_t seq, uint32_t prompt_tokens,
+				  const uint64_t *hashes, uint32_t n_hashes, uint32_t hash_tokens,
+				  uint32_t *matched_tokens);
+
+/* Prefills positions [pos, pos + n) of one layer of seq, n >= 1: chunked prefill, and the
+   prompt's rest after a shared prefix. pos must be the number of the layer's positions in
+   the host history (its shared prefix plus its earlier chunks; kvt_seq_info.prefix_tokens
+   for the first chunk). k and v are [n_kv_heads][pos + n - kv_from][head_dim]: the rows of
+   positions [kv_from, pos + n), kv_from <= pos (kv_from = pos: the chunk alone; 0: the layer
+   from its start, as an engine holds it after kvt_seq_load_kv). The chunk's rows are saved
+   into the host history. The last chunk (pos + n == prompt_tokens) takes q_obs as
+   kvt_prefill_layer does and completes the layer: selection over all the layer's keys, the
+   resident set in device frames, block metadata; rows below kv_from come from the host
+   history in one gather into a transient device buffer of one layer's K and V (outside
+   device_bytes, reused across calls). The result is bit for bit that of kvt_prefill_layer
+   with the whole layer. Until its last chunk a layer is not prefilled (decode, recall and
+   frame reads refuse it; kvt_seq_load_kv reads it). Errors as kvt_prefill_layer, and -EINVAL
+   for n == 0, pos other than the layer's positions so far, pos + n past the prompt, kv_from
+   > pos, NULL k or v, or NULL q_obs on a last chunk that selects; nothing changes on an
+   error. */
+KVT_API int kvt_prefill_chunk(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t pos,
+			      uint32_t n, uint32_t kv_from, const void *k, const void *v,
+			      const void *q_obs, void *stream);
+
+/* Loads the K and V rows of positions [pos, pos + n) of (seq, layer) from the host history
+   into k_out and v_out, [n_kv_heads][n][head_dim] of config.dtype in backend memory (device
+   pointers on the CUDA backend): the matched prefix (and earlier chunks) that the engine's
+   prefill of the rest attends over. One gather queued on stream (FlashH2D on the GPU), after
+   the saves of those rows landed; spilled blocks are read back first. Bit-exact with what was
+   written. -ENOENT; -EINVAL (NULL pointers, n == 0, layer out of range, positions not in its
+   history); -EBADMSG (lost, or a spilled block failed its check); -EIO; -ENOMEM (the host tier
+   cannot hold the blocks); -ENOTSUP is never returned: the model backend times the load. */
+KVT_API int kvt_seq_load_kv(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t pos,
+			    uint32_t n, void *k_out, void *v_out, void *stream);
 
 /* ---- Disk tier ------------------------------------------------------------------------ */
 
