@@ -16,6 +16,7 @@
 #include <strings.h>
 #include <sys/types.h>
 
+#include "hmap.h"
 #include "jsonkey.h"
 #include "simutil.h"
 #include "trace.h"
@@ -83,7 +84,7 @@ struct rd {
 	int64_t base_sec;
 	int32_t base_nsec;
 	struct sim_trace t; /* being built */
-	size_t cap;
+	size_t cap, hash_cap;
 	double prev; /* raw time of the previous request kept */
 	char msg[MSG_MAX];
 };
@@ -261,7 +262,8 @@ static double azure_rel(const struct rd *r, int64_t sec, int32_t nsec)
 
 /* ---- requests -------------------------------------------------------------------------- */
 
-static int add(struct rd *r, double raw, uint32_t in, uint32_t out)
+/* Adds a request whose n_hash ids are the last n_hash of r->t.hash_ids (0: none). */
+static int add(struct rd *r, double raw, uint32_t in, uint32_t out, uint32_t n_hash)
 {
 	struct sim_trace_req *q;
 
@@ -287,6 +289,8 @@ static int add(struct rd *r, double raw, uint32_t in, uint32_t out)
 	q->input_tokens = in;
 	q->output_tokens = out;
 	q->line = r->line;
+	q->n_hash = n_hash;
+	q->hash_first = r->t.n_hash_ids - n_hash;
 	return 0;
 }
 
@@ -322,12 +326,67 @@ static int json_tokens(struct rd *r, json_t *o, const char *key, uint32_t *v)
 	return 0;
 }
 
+/* Appends the hash ids of a line's `hash_ids` (if any) to r->t.hash_ids, those of whole
+   512-token spans of its in-token prompt, their number into *n_kept. On -EINVAL or -ENOMEM
+   nothing is appended. */
+static int json_hashes(struct rd *r, json_t *o, uint32_t in, uint32_t *n_kept)
+{
+	static const char key[] = "hash_ids";
+	json_t *a = json_object_get(o, key);
+	size_t n, keep;
+
+	*n_kept = 0;
+	if (!a)
+		return 0;
+	if (!json_is_array(a))
+		return bad(r, key, "not an array");
+	n = json_array_size(a);
+	/* the last id may stand for a partial block: up to 511 tokens past the prompt */
+	if (n > ((uint64_t)in + SIM_TRACE_HASH_TOKENS - 1) / SIM_TRACE_HASH_TOKENS)
+		return bad(r, key,
+			   "%zu ids of %u tokens cover %llu tokens: more blocks than "
+			   "input_length %u has",
+			   n, SIM_TRACE_HASH_TOKENS, (unsigned long long)n * SIM_TRACE_HASH_TOKENS,
+			   in);
+	for (size_t i = 0; i < n; i++) {
+		json_t *e = json_array_get(a, i);
+
+		if (!json_is_integer(e))
+			return bad(r, key, "element %zu: not an integer", i);
+		if (json_integer_value(e) < 0)
+			return bad(r, key, "element %zu: negative: %lld", i,
+				   (long long)json_integer_value(e));
+	}
+	keep = in / SIM_TRACE_HASH_TOKENS < n ? in / SIM_TRACE_HASH_TOKENS : n;
+	if (r->t.n_hash_ids + keep > r->hash_cap) {
+		size_t cap = r->hash_cap ? 2 * r->hash_cap : 4096;
+		uint64_t *h;
+
+		while (cap < r->t.n_hash_ids + keep)
+			cap *= 2;
+		h = realloc(r->t.hash_ids, cap * sizeof(*h));
+		if (!h) {
+			snprintf(r->msg, sizeof(r->msg), "%s: out of memory at line %u", r->path,
+				 r->line);
+			return -ENOMEM;
+		}
+		r->t.hash_ids = h;
+		r->hash_cap = cap;
+	}
+	for (size_t i = 0; i < keep; i++)
+		r->t.hash_ids[r->t.n_hash_ids + i] =
+			(uint64_t)json_integer_value(json_array_get(a, i));
+	r->t.n_hash_ids += keep;
+	*n_kept = (uint32_t)keep;
+	return 0;
+}
+
 static int line_json(struct rd *r, const char *s, size_t n)
 {
 	const struct fmt_desc *d = &fmts[SIM_TRACE_MOONCAKE];
 	json_error_t je;
 	json_t *o, *ts;
-	uint32_t in = 0, out = 0;
+	uint32_t in = 0, out = 0, nh = 0;
 	double t;
 	int rc;
 
@@ -362,7 +421,12 @@ static int line_json(struct rd *r, const char *s, size_t n)
 	if (!rc)
 		rc = json_tokens(r, o, d->out, &out);
 	if (!rc)
-		rc = add(r, t, in, out);
+		rc = json_hashes(r, o, in, &nh);
+	if (!rc) {
+		rc = add(r, t, in, out, nh);
+		if (rc)
+			r->t.n_hash_ids -= nh;
+	}
 out:
 	json_decref(o);
 	return rc;
@@ -544,7 +608,7 @@ static int line_csv(struct rd *r, char *s)
 		r->t.failed_in_trace++;
 		return 0;
 	}
-	return add(r, t, in, out);
+	return add(r, t, in, out, 0);
 }
 
 /* ---- the reader ------------------------------------------------------------------------ */
@@ -682,11 +746,16 @@ int sim_trace_read(const char *path, enum sim_trace_format fmt, const struct sim
 		goto out;
 	}
 	finish(r);
+	if (!r->t.n_hash_ids) {
+		free(r->t.hash_ids);
+		r->t.hash_ids = NULL;
+	}
 	*out = r->t;
 out:
 	if (rc) {
 		copy_str(err, err_len, r->msg);
 		free(r->t.reqs);
+		free(r->t.hash_ids);
 	}
 	free(buf);
 	if (f)
@@ -700,6 +769,7 @@ void sim_trace_free(struct sim_trace *t)
 	if (!t)
 		return;
 	free(t->reqs);
+	free(t->hash_ids);
 	memset(t, 0, sizeof(*t));
 }
 
@@ -833,6 +903,29 @@ static double pct(const uint32_t *v, size_t n, double p)
 	return v[i] + ((double)v[i + 1] - v[i]) * (k - (double)i);
 }
 
+/* Input tokens of t's requests, by arrival, in the leading run of whole spans whose ids an
+   earlier request had: 0 or -ENOMEM. */
+static int prefix_seen(const struct sim_trace *t, uint64_t *tokens)
+{
+	struct sim_hmap seen = {0};
+	int rc = 0;
+
+	*tokens = 0;
+	for (size_t i = 0; i < t->count && !rc; i++) {
+		const struct sim_trace_req *q = &t->reqs[i];
+		const uint64_t *h = sim_trace_hashes(t, q);
+		uint32_t k = 0;
+
+		while (k < q->n_hash && sim_hmap_get(&seen, h[k]) != SIM_HMAP_NONE)
+			k++;
+		*tokens += (uint64_t)k * SIM_TRACE_HASH_TOKENS;
+		for (uint32_t j = k; j < q->n_hash && !rc; j++)
+			rc = sim_hmap_put(&seen, h[j], 1);
+	}
+	sim_hmap_fini(&seen);
+	return rc;
+}
+
 int sim_trace_stats(const struct sim_trace *t, struct sim_trace_stats *st)
 {
 	struct sim_trace_stats s = {0};
@@ -844,7 +937,7 @@ int sim_trace_stats(const struct sim_trace *t, struct sim_trace_stats *st)
 	n = t->count;
 	in = malloc(n * sizeof(*in));
 	out = malloc(n * sizeof(*out));
-	if (!in || !out) {
+	if (!in || !out || prefix_seen(t, &s.prefix_seen_tokens)) {
 		free(in);
 		free(out);
 		return -ENOMEM;

@@ -6,8 +6,17 @@
  *
  * Formats (CSV columns are found by name, case-insensitively, in any order, extra columns
  * ignored; JSON keys are matched exactly):
- *   mooncake  JSON lines: `timestamp` (ms from start), `input_length`, `output_length`;
- *             `hash_ids` and any other key ignored (kvcache-ai/Mooncake traces).
+ *   mooncake  JSON lines: `timestamp` (ms from start), `input_length`, `output_length`, and
+ *             `hash_ids` when present; any other key ignored (kvcache-ai/Mooncake traces).
+ *             hash_ids is an array of non-negative integers, one per 512-token block of
+ *             the prompt, chained: id i stands for tokens [0, 512 * (i + 1)), so equal ids
+ *             mean an equal prefix. The last block may be partial: the ids may cover up to
+ *             511 tokens past input_length, not more. Only whole spans can be shared, so
+ *             the id of a partial last block is dropped (the request keeps
+ *             floor(input_length / 512) ids at most); fewer ids than that are kept as
+ *             given. An id that is not an integer (a real, a string), a negative one, or
+ *             more ids than the prompt has blocks make the line bad (field 'hash_ids').
+ *             The CSV formats below carry no prefix column: their requests have no ids.
  *   azure     CSV `TIMESTAMP,ContextTokens,GeneratedTokens`; TIMESTAMP absolute, like
  *             `2023-11-16 18:17:03.9799600` (up to 9 decimals, no zone: differences are taken
  *             as if it were UTC) (Azure LLM inference traces, Splitwise).
@@ -51,10 +60,15 @@ const char *sim_trace_format_name(enum sim_trace_format fmt);
 /* The format named `name` (as above, case-insensitive) into *fmt: 0 or -EINVAL. */
 int sim_trace_format_parse(const char *name, enum sim_trace_format *fmt);
 
+/* Tokens one prefix hash id stands for (Mooncake's block). */
+#define SIM_TRACE_HASH_TOKENS 512
+
 struct sim_trace_req {
 	double arrival_s; /* seconds after the first request */
 	uint32_t input_tokens, output_tokens;
-	uint32_t line; /* 1-based line of the source file */
+	uint32_t line;	   /* 1-based line of the source file */
+	uint32_t n_hash;   /* prefix hash ids of its whole 512-token spans (0: none) */
+	size_t hash_first; /* where they start in sim_trace.hash_ids */
 };
 
 struct sim_trace_opts {
@@ -76,6 +90,10 @@ struct sim_trace_opts {
 struct sim_trace {
 	struct sim_trace_req *reqs; /* `count` requests, by arrival; sim_trace_free releases */
 	size_t count;
+	/* The prefix hash ids of every request, one array for all (reqs[i].hash_first,
+	   .n_hash); NULL when no request has any. sim_trace_free releases it. */
+	uint64_t *hash_ids;
+	size_t n_hash_ids;
 	enum sim_trace_format format; /* as read (detected for SIM_TRACE_AUTO) */
 	size_t skipped;		      /* malformed lines skipped (opts.skip_bad_lines) */
 	size_t over_context;	      /* requests with input + output > opts.max_context */
@@ -95,7 +113,9 @@ struct sim_trace {
  * message into err:
  *   -EINVAL  a malformed line without skip_bad_lines ("FILE:LINE: field 'NAME': what is
  *            wrong": missing, not a number, not an integer, negative, overflow, bad timestamp,
- *            duplicate key, or a wrong column count), an empty file, an unknown, incomplete
+ *            duplicate key, a wrong column count, or bad hash_ids: not an array, an element
+ *            not an integer or negative, more ids than the prompt's blocks), an empty file,
+ *            an unknown, incomplete
  *            or ambiguous (duplicate column) header, no requests at all, or bad arguments;
  *   -ENOENT, -EACCES, -EISDIR, -EIO...  opening or reading the file ("FILE: reason");
  *   -EFBIG   more than UINT32_MAX lines;  -ENOMEM.
@@ -103,7 +123,14 @@ struct sim_trace {
 int sim_trace_read(const char *path, enum sim_trace_format fmt, const struct sim_trace_opts *o,
 		   struct sim_trace *out, char *err, size_t err_len);
 
-/* Releases t's requests and zeroes *t. t == NULL does nothing. */
+/* The prefix hash ids of request q of t (q->n_hash of them; NULL when none). */
+static inline const uint64_t *sim_trace_hashes(const struct sim_trace *t,
+					       const struct sim_trace_req *q)
+{
+	return q->n_hash && t->hash_ids ? t->hash_ids + q->hash_first : NULL;
+}
+
+/* Releases t's requests and hash ids and zeroes *t. t == NULL does nothing. */
 void sim_trace_free(struct sim_trace *t);
 
 /*
@@ -129,9 +156,14 @@ struct sim_trace_stats {
 	double input_mean, input_p50, input_p99;
 	double output_mean, output_p50, output_p99;
 	uint32_t input_max, output_max;
+	/* Input tokens of each request's leading run of whole 512-token spans whose hash ids
+	   an earlier request (by arrival) had: what a prefix cache that never evicts would
+	   share (0 without hash ids). */
+	uint64_t prefix_seen_tokens;
 };
 
-/* Fills *st for t: 0, -EINVAL (NULL or empty trace) or -ENOMEM, with *st unchanged. */
+/* Fills *st for t: 0, -EINVAL (NULL or empty trace) or -ENOMEM, with *st unchanged. Work:
+   n log n in the requests, plus linear in the hash ids. */
 int sim_trace_stats(const struct sim_trace *t, struct sim_trace_stats *st);
 
 #endif /* SIM_TRACE_H */

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "hmap.h"
 #include "trace.h"
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
@@ -139,6 +140,46 @@ static void near(const char *file, int line, const char *what, double x, double 
 	}
 }
 
+/* The hash ids each request of a trace keeps (at most 4 in these samples). */
+struct want_hashes {
+	uint32_t n;
+	uint64_t ids[4];
+};
+
+#define CHECK_HASHES(t, w) check_hashes(__FILE__, __LINE__, t, w, N_OF(w))
+static void check_hashes(const char *file, int line, const struct sim_trace *t,
+			 const struct want_hashes *w, size_t n)
+{
+	size_t total = 0;
+
+	if (t->count != n) {
+		print_error("%s:%d: %zu requests, expected %zu\n", file, line, t->count, n);
+		_fail(file, line);
+	}
+	for (size_t i = 0; i < n; i++) {
+		const struct sim_trace_req *q = &t->reqs[i];
+		const uint64_t *h = sim_trace_hashes(t, q);
+
+		total += w[i].n;
+		if (q->n_hash != w[i].n || (w[i].n && !h) ||
+		    (w[i].n && memcmp(h, w[i].ids, w[i].n * sizeof(*h)))) {
+			print_error("%s:%d: request %zu (line %u) keeps %u hash ids, expected %u "
+				    "(or other ids)\n",
+				    file, line, i, q->line, q->n_hash, w[i].n);
+			_fail(file, line);
+		}
+		if (q->n_hash && q->hash_first + q->n_hash > t->n_hash_ids) {
+			print_error("%s:%d: request %zu's ids past the array\n", file, line, i);
+			_fail(file, line);
+		}
+	}
+	if (t->n_hash_ids != total || (total == 0) != (t->hash_ids == NULL)) {
+		print_error("%s:%d: %zu hash ids in all, expected %zu\n", file, line, t->n_hash_ids,
+			    total);
+		_fail(file, line);
+	}
+}
+
 /* ---- good samples -------------------------------------------------------------------- */
 
 /* Blank line, CRLF, keys in any order, spaces, an integral real (512.0), a real timestamp,
@@ -150,6 +191,11 @@ static void test_mooncake_good(void **state)
 		{0.0, 40160, 6, 1},   {0.020, 4294967295u, 1, 5}, {0.040, 512, 4, 3},
 		{0.040, 100, 200, 6}, {1.5005, 7, 0, 4},
 	};
+	/* by arrival: [0, 1, 2] of 40,160 tokens kept whole; [] ; [3] of exactly 512 tokens;
+	   [9] of 100 tokens, a partial block, dropped; no key */
+	static const struct want_hashes hashes[] = {
+		{3, {0, 1, 2}}, {0, {0}}, {1, {3}}, {0, {0}}, {0, {0}},
+	};
 	enum sim_trace_format fmts[] = {SIM_TRACE_AUTO, SIM_TRACE_MOONCAKE};
 	(void)state;
 
@@ -158,6 +204,7 @@ static void test_mooncake_good(void **state)
 
 		READ_OK(sample("mooncake_good.jsonl"), fmts[i], NULL, &t);
 		CHECK_REQS(&t, w);
+		CHECK_HASHES(&t, hashes);
 		assert_int_equal(t.format, SIM_TRACE_MOONCAKE);
 		assert_int_equal(t.out_of_order, 1);
 		assert_int_equal(t.skipped, 0);
@@ -371,6 +418,9 @@ static void test_bad_samples(void **state)
 #define MC(ts, in, out) \
 	"{\"timestamp\": " ts ", \"input_length\": " in ", \"output_length\": " out "}\n"
 #define MC_OK MC("0", "10", "5")
+#define MCH(in, ids)                                                                            \
+	"{\"timestamp\": 1, \"input_length\": " in ", \"output_length\": 1, \"hash_ids\": " ids \
+	"}\n"
 #define AZ_H "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 #define AZ_OK "2023-11-16 18:17:03.9799600,4808,10\n"
 #define BG_H "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
@@ -389,6 +439,28 @@ static const struct bad_case {
 	/* mooncake */
 	{SIM_TRACE_AUTO, MC_OK "{\"input_length\": 1, \"output_length\": 1}\n", 0, true,
 	 ":2: field 'timestamp': missing"},
+	{SIM_TRACE_AUTO, MC_OK MCH("1024", "7"), 0, true, ":2: field 'hash_ids': not an array"},
+	{SIM_TRACE_AUTO, MC_OK MCH("1024", "{\"a\": 1}"), 0, true,
+	 ":2: field 'hash_ids': not an array"},
+	{SIM_TRACE_AUTO, MC_OK MCH("1024", "[1, 2.0]"), 0, true,
+	 ":2: field 'hash_ids': element 1: not an integer"},
+	{SIM_TRACE_AUTO, MC_OK MCH("1024", "[1.5]"), 0, true,
+	 ":2: field 'hash_ids': element 0: not an integer"},
+	{SIM_TRACE_AUTO, MC_OK MCH("1024", "[\"3\"]"), 0, true,
+	 ":2: field 'hash_ids': element 0: not an integer"},
+	{SIM_TRACE_AUTO, MC_OK MCH("1024", "[null]"), 0, true,
+	 ":2: field 'hash_ids': element 0: not an integer"},
+	{SIM_TRACE_AUTO, MC_OK MCH("1024", "[[1]]"), 0, true,
+	 ":2: field 'hash_ids': element 0: not an integer"},
+	{SIM_TRACE_AUTO, MC_OK MCH("1024", "[0, -2]"), 0, true,
+	 ":2: field 'hash_ids': element 1: negative: -2"},
+	/* 1024 tokens are two blocks: a third id is a whole block past the prompt */
+	{SIM_TRACE_AUTO, MC_OK MCH("1024", "[0, 1, 2]"), 0, true,
+	 ":2: field 'hash_ids': 3 ids of 512 tokens cover 1536 tokens: more blocks than "
+	 "input_length 1024 has"},
+	{SIM_TRACE_AUTO, MC_OK MCH("0", "[0]"), 0, true,
+	 ":2: field 'hash_ids': 1 ids of 512 tokens cover 512 tokens: more blocks than "
+	 "input_length 0 has"},
 	{SIM_TRACE_AUTO, MC_OK MC("-1", "1", "1"), 0, true, ":2: field 'timestamp': negative"},
 	{SIM_TRACE_AUTO, MC_OK MC("\"0\"", "1", "1"), 0, true,
 	 ":2: field 'timestamp': not a number"},
@@ -533,6 +605,94 @@ static void bad_file(const char *text, bool line_error, const char *want)
 		READ_FAILS(path, SIM_TRACE_AUTO, &skip, -EINVAL, want);
 	}
 	unlink(path);
+}
+
+/* hash_ids: the ids of whole 512-token spans are kept, a partial last block's dropped (up to
+   511 tokens past the prompt are allowed, not more); a skipped line leaves none of its ids
+   behind; ids follow their request when the file is sorted; the figure of a cache that
+   never evicts counts each request's leading run of ids seen before. */
+static void test_hash_ids(void **state)
+{
+	static const char text[] =
+		"{\"timestamp\": 5, \"input_length\": 1025, \"output_length\": 1, "
+		"\"hash_ids\": [10, 11, 12]}\n"
+		"{\"timestamp\": 6, \"input_length\": 1024, \"output_length\": 1, "
+		"\"hash_ids\": [10, 11, 99, 98]}\n"
+		"{\"timestamp\": 1, \"input_length\": 1535, \"output_length\": 1, "
+		"\"hash_ids\": [10, 13, 14]}\n"
+		"{\"timestamp\": 7, \"input_length\": 2048, \"output_length\": 1, "
+		"\"hash_ids\": [10, 11, 12, 15]}\n"
+		"{\"timestamp\": 8, \"input_length\": 600, \"output_length\": 1, "
+		"\"hash_ids\": [20, 21]}\n";
+	/* by arrival: line 3 (1,535 tokens: 2 whole spans), line 1 (1,025: 2), line 4 (2,048:
+	   4), line 5 (600: 1); line 2 skipped */
+	static const struct want_hashes w[] = {
+		{2, {10, 13}}, {2, {10, 11}}, {4, {10, 11, 12, 15}}, {1, {20}}};
+	struct sim_trace_opts skip = SIM_TRACE_OPTS_INIT;
+	struct sim_trace_stats st;
+	struct sim_trace t;
+	char path[64];
+	FILE *f;
+	(void)state;
+
+	skip.skip_bad_lines = true;
+	snprintf(path, sizeof(path), "/tmp/kvt_trace_hash_%d.jsonl", (int)getpid());
+	f = fopen(path, "wb");
+	assert_non_null(f);
+	fputs(text, f);
+	assert_int_equal(fclose(f), 0);
+	READ_FAILS(path, SIM_TRACE_AUTO, NULL, -EINVAL,
+		   ":2: field 'hash_ids': 4 ids of 512 tokens cover 2048 tokens");
+	READ_OK(path, SIM_TRACE_AUTO, &skip, &t);
+	assert_int_equal(t.skipped, 1);
+	assert_int_equal(t.out_of_order, 1);
+	CHECK_HASHES(&t, w);
+	/* seen before: request 2's [10] (512 of 1,025: 11 is new), request 3's [10, 11] */
+	assert_int_equal(sim_trace_stats(&t, &st), 0);
+	assert_int_equal(st.prefix_seen_tokens, 3 * 512);
+	sim_trace_free(&t);
+	assert_null(t.hash_ids);
+	assert_int_equal(t.n_hash_ids, 0);
+	unlink(path);
+}
+
+/* The map under the prefix figures (sim/hmap.c): 200,000 random puts, replacements and
+   deletions of keys from a small range (long probe runs, deletions inside them) against a
+   plain array, every key checked after each 1,000 operations. */
+static void test_hmap(void **state)
+{
+	enum { KEYS = 4096 };
+	static uint32_t ref[KEYS];
+	struct sim_hmap h = {0};
+	uint64_t x = 7;
+	size_t live = 0;
+	(void)state;
+
+	for (size_t k = 0; k < KEYS; k++)
+		ref[k] = SIM_HMAP_NONE;
+	assert_int_equal(sim_hmap_get(&h, 1), SIM_HMAP_NONE);
+	sim_hmap_del(&h, 1); /* nothing to delete in an empty map */
+	for (uint32_t op = 0; op < 200000; op++) {
+		x = x * 6364136223846793005ull + 1442695040888963407ull;
+		uint64_t key = (x >> 33) % KEYS;
+
+		if ((x >> 20) % 3 == 0) {
+			live -= ref[key] != SIM_HMAP_NONE;
+			sim_hmap_del(&h, key * 0x100000001ull);
+			ref[key] = SIM_HMAP_NONE;
+		} else {
+			live += ref[key] == SIM_HMAP_NONE;
+			assert_int_equal(sim_hmap_put(&h, key * 0x100000001ull, op), 0);
+			ref[key] = op;
+		}
+		assert_int_equal(h.n, live);
+		if (op % 1000 == 0)
+			for (uint64_t k = 0; k < KEYS; k++)
+				assert_int_equal(sim_hmap_get(&h, k * 0x100000001ull), ref[k]);
+	}
+	assert_true(h.n * 2 <= h.cap);
+	sim_hmap_fini(&h);
+	assert_int_equal(h.cap, 0);
 }
 
 /* A key twice in one JSON line is ambiguous: the line is bad and the message names the key,
@@ -689,7 +849,14 @@ static void test_real_mooncake(void **state)
 	assert_int_equal(t.reqs[3992].line, 3993);
 	for (size_t i = 0; i < t.count; i++)
 		big += t.reqs[i].input_tokens >= 8192;
+	/* 121,877 ids in the file, 3,989 of them for a partial last block */
+	assert_int_equal(t.n_hash_ids, 117888);
+	assert_int_equal(t.reqs[0].n_hash, 78); /* 40,160 tokens: ids 0..77 of 0..78 */
+	assert_int_equal(sim_trace_hashes(&t, &t.reqs[0])[77], 77);
 	assert_int_equal(sim_trace_stats(&t, &st), 0);
+	/* 65.0% of the input tokens lie in a prefix an earlier request had (traces/README.md) */
+	assert_int_equal(st.prefix_seen_tokens, 39802880);
+	assert_int_equal(st.total_input_tokens, 61194628);
 	print_message("# mooncake: %.3f s, %.3f req/s, input mean %.1f p50 %.1f p99 %.2f max %u, "
 		      "output p50 %.1f p99 %.2f, %.1f%% >= 8k\n",
 		      st.duration_s, st.rate_rps, st.input_mean, st.input_p50, st.input_p99,
@@ -964,6 +1131,8 @@ int main(void)
 		cmocka_unit_test(test_format_names),
 		cmocka_unit_test(test_bad_samples),
 		cmocka_unit_test(test_bad_lines),
+		cmocka_unit_test(test_hash_ids),
+		cmocka_unit_test(test_hmap),
 		cmocka_unit_test(test_duplicate_json_keys),
 		cmocka_unit_test(test_duplicate_csv_columns),
 		cmocka_unit_test(test_bom),

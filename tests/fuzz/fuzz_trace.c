@@ -78,6 +78,11 @@ static void check_trace(const struct sim_trace *t, enum sim_trace_format asked,
 		CHECK(isfinite(q->arrival_s) && q->arrival_s >= 0.0);
 		CHECK(q->line >= 1);
 		CHECK(t->format != SIM_TRACE_BURSTGPT || q->output_tokens > 0);
+		/* prefix hash ids: whole 512-token spans of the prompt, inside the array */
+		CHECK(q->n_hash == 0 || t->format == SIM_TRACE_MOONCAKE);
+		CHECK((uint64_t)q->n_hash * SIM_TRACE_HASH_TOKENS <= q->input_tokens);
+		CHECK(q->n_hash == 0 ||
+		      (t->hash_ids && q->hash_first + q->n_hash <= t->n_hash_ids));
 		/* By arrival. Equal times keep file order only where the file's times are equal:
 		   times that differ in the file may round to one double once made relative to
 		   the first (azure's absolute times centuries apart), and then they keep the
@@ -86,6 +91,7 @@ static void check_trace(const struct sim_trace *t, enum sim_trace_format asked,
 			CHECK(q->arrival_s >= q[-1].arrival_s && q->line != q[-1].line);
 	}
 	CHECK(t->duration_s == t->reqs[t->count - 1].arrival_s);
+	CHECK((t->n_hash_ids == 0) == (t->hash_ids == NULL));
 	for (size_t i = 0; i < t->n_bad; i++)
 		CHECK(memchr(t->bad[i], '\0', SIM_TRACE_MSG_MAX) != NULL);
 }
@@ -100,6 +106,7 @@ static void check_stats(const struct sim_trace *t)
 	CHECK(st.output_p50 <= st.output_p99 && st.output_p99 <= st.output_max);
 	CHECK(st.input_mean <= st.input_max && st.output_mean <= st.output_max);
 	CHECK(st.rate_rps >= 0.0);
+	CHECK(st.prefix_seen_tokens <= st.total_input_tokens);
 }
 
 static void retime(struct sim_trace *t, double rate, double burstiness, uint64_t seed)
@@ -149,7 +156,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			retime(&t, INFINITY, 1.0, seed);
 			CHECK(t.duration_s == 0.0);
 			sim_trace_free(&t);
-			CHECK(t.reqs == NULL && t.count == 0);
+			CHECK(t.reqs == NULL && t.count == 0 && t.hash_ids == NULL);
 		}
 	}
 	return 0;
