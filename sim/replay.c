@@ -59,6 +59,7 @@ void sim_replay_opts_init(struct sim_replay_opts *o)
 	o->max_requests = 256;
 	o->max_tokens = 8192;
 	o->cpu_time = true;
+	o->prefix_cache = true;
 }
 
 /* A u32 option of the engine: its name, bounds and field. */
@@ -113,6 +114,8 @@ int sim_replay_opt(const char *name, const char *arg, struct sim_replay_opts *o)
 		o->fused = false;
 	else if (!strcmp(name, "no-cpu-time"))
 		o->cpu_time = false;
+	else if (!strcmp(name, "no-prefix-cache"))
+		o->prefix_cache = false;
 	else if (!strcmp(name, "roofline"))
 		o->roofline = true;
 	else if (!strcmp(name, "spill-dir")) {
@@ -429,6 +432,7 @@ static int submit_waiting(struct mrun *mr)
 		}
 		run->rq[i].submitted = true;
 		run->dram_used += need;
+		run->res->prefix_input_tokens += q->input_tokens;
 	}
 }
 
@@ -629,6 +633,8 @@ static uint32_t mrun_prefill(struct mrun *mr, const struct kvt_sched_batch *b,
 			continue;
 		}
 		ir->n_pre++;
+		if (it->layer_end == mr->cfg.n_layers)
+			run->res->prefill_tokens += r->input_tokens;
 		w->prefill_token_layers +=
 			(uint64_t)r->input_tokens * (it->layer_end - it->layer_begin);
 		for (uint32_t l = it->layer_begin; l < it->layer_end; l++)
@@ -1114,6 +1120,9 @@ int sim_replay_run(const struct sim_replay_opts *o_in, const struct sim_trace *t
 	res->mean_batch_size = run.iter ? (double)run.batch_sum / (double)run.iter : 0;
 	res->blocks_loaded_per_iteration = run.iter ? (double)run.loaded_sum / (double)run.iter : 0;
 	res->recall_hit_rate = run.lookups ? (double)run.hits / (double)run.lookups : 0;
+	res->prefix_hit_rate = res->prefix_input_tokens ? (double)res->prefix_hit_tokens /
+								  (double)res->prefix_input_tokens
+							: 0;
 	res->duration_s = 0;
 	for (size_t i = 0; i < t->count; i++)
 		if (res->reqs[i].finish_s > res->duration_s)

@@ -21,7 +21,18 @@
  *                   budget per step by per-block copies, no working-set control (vLLM-SO)
  *   full            every token in HBM, dense attention, paged admission (plain vLLM: blocks
  *                   of 16 tokens, admission while the prompt's blocks fit, the latest
- *                   request preempted and recomputed when a decode finds no free block)
+ *                   request preempted and recomputed when a decode finds no free block),
+ *                   with automatic prefix caching (APC) of the trace's 512-token spans
+ *
+ * Prefix reuse (prefix_cache, on by default; the trace's hash ids, trace.h): a request whose
+ * leading spans a cache holds shares them and prefills only the rest of its prompt, never
+ * the whole prompt (at least one token is computed). full: vLLM's APC in HBM, spans of 32
+ * pages cached once a prefill completes, kept after their requests finish, unreferenced ones
+ * evicted least recently used (the latest span of a chain first) whenever pages are needed,
+ * before any preemption. kvtier and sparse-offload: the library's prefix cache in the host
+ * tier (kvt_seq_create_prefix); per layer the engine loads the shared prefix's K/V from the
+ * host (kvt_seq_load_kv, timed as transfer) and computes the suffix's queries over all the
+ * keys. snapstream: none (it keeps nothing off the GPU to share).
  *
  * DRAM: a request is submitted to the scheduler only while DRAM can hold its whole history
  * (prompt + output), or, with a disk tier, DRAM and the disk together (no limit when the disk
@@ -90,8 +101,10 @@ struct sim_replay_opts {
 	   default, 2048 * n_layers, or chunk * n_layers. kvtier-curve raises it (with T_max)
 	   so that a closed loop's requests are all prefilled before its measured window. */
 	uint64_t max_inject_tokens;
-	bool cpu_time; /* add the measured manager+scheduler CPU time */
-	bool roofline; /* time every class of work at the datasheet peak (sim_gpu_roofline) */
+	bool cpu_time;	   /* add the measured manager+scheduler CPU time */
+	bool prefix_cache; /* share prompt prefixes of equal hash ids; --no-prefix-cache clears it
+			    */
+	bool roofline;	   /* time every class of work at the datasheet peak (sim_gpu_roofline) */
 	/* Disk tier (kvtier, sparse-offload): the manager spills host blocks to a spill file in
 	   this directory (NULL: none), of at most disk_gib (0: no limit), and DRAM admission
 	   counts DRAM plus disk. The model backend writes no file: each I/O batch is timed by
@@ -113,7 +126,7 @@ struct sim_replay_opts {
 /* Defaults for the llama3-8b/h100 presets, policy kvtier: block 32, sink 128, top-K 1024,
    ring 512, r = 8 on 8 sampled layers, recall cache 10% of HBM, w = 12, ws control and fused
    transfers on, layer-segmented prefill, R_max 256, T_max 8192, CPU time counted, DRAM 256 GiB,
-   no disk tier. */
+   no disk tier, prefix cache on. */
 void sim_replay_opts_init(struct sim_replay_opts *o);
 
 /*
@@ -121,8 +134,9 @@ void sim_replay_opts_init(struct sim_replay_opts *o);
  * "--"; arg is NULL for the flags): hbm-gib, dram-gib, max-batch, max-batch-tokens,
  * concurrency, block-tokens, sink, topk, recent, recall, recall-cache-frac, recall-layers,
  * ws-window, sel-keep, sel-revisit, sel-window, chunked-prefill, no-ws-control,
- * no-fused-transfer, no-cpu-time, roofline. Parses arg into *o: 0, -1 for a bad value (*o
- * unchanged), 1 when name is not one of them. A tool accepts those its getopt table lists.
+ * no-fused-transfer, no-cpu-time, no-prefix-cache, roofline, spill-dir, disk-gib. Parses arg into
+ * *o: 0, -1 for a bad value (*o unchanged), 1 when name is not one of them. A tool accepts those
+ * its getopt table lists.
  */
 int sim_replay_opt(const char *name, const char *arg, struct sim_replay_opts *o);
 
@@ -168,6 +182,13 @@ struct sim_replay_result {
 	   (part of t_transfer) */
 	uint64_t disk_blocks_spilled, disk_blocks_fetched;
 	double t_disk;
+	/* Prefix reuse: input tokens of the requests created (each once, at its first
+	   admission), of those the tokens shared from the prefix cache then, and their ratio
+	   (0 when nothing was created); prompt tokens whose prefill was computed (each token
+	   once, not per layer; full counts recomputed prompts again); bytes of shared prefixes
+	   loaded from the host tier (kvt_seq_load_kv; 0 for full, whose cache is HBM). */
+	uint64_t prefix_input_tokens, prefix_hit_tokens, prefill_tokens, prefix_bytes_loaded;
+	double prefix_hit_rate;
 	/* Iteration time split (simulated seconds, summed) */
 	double t_gemm, t_attn_decode, t_attn_prefill, t_kv_write, t_overhead, t_transfer, t_cpu;
 	/* Window figures (iterations after warmup_iterations): simulated time, decode tokens,

@@ -21,6 +21,7 @@
 struct rreq {
 	double last_tok_s;	    /* time of its latest token */
 	struct sim_sel_stream *sel; /* [n_layers * n_kv_heads] once decoding (recall policies) */
+	uint32_t matched;	    /* leading prompt tokens shared from the prefix cache */
 	bool submitted;		    /* its history reserved in DRAM */
 };
 

@@ -110,6 +110,7 @@ int sim_replay_write_json(const struct sim_replay_result *res, const struct sim_
 		{"mean_batch_size", res->mean_batch_size},
 		{"blocks_loaded_per_iteration", res->blocks_loaded_per_iteration},
 		{"recall_hit_rate", res->recall_hit_rate},
+		{"prefix_hit_rate", res->prefix_hit_rate},
 		{"time_gemm_s", res->t_gemm},
 		{"time_attention_decode_s", res->t_attn_decode},
 		{"time_attention_prefill_s", res->t_attn_prefill},
@@ -139,6 +140,14 @@ int sim_replay_write_json(const struct sim_replay_result *res, const struct sim_
 				json_integer((json_int_t)res->disk_blocks_spilled)) ||
 	    json_object_set_new(o, "disk_blocks_fetched",
 				json_integer((json_int_t)res->disk_blocks_fetched)) ||
+	    json_object_set_new(o, "prefix_input_tokens",
+				json_integer((json_int_t)res->prefix_input_tokens)) ||
+	    json_object_set_new(o, "prefix_hit_tokens",
+				json_integer((json_int_t)res->prefix_hit_tokens)) ||
+	    json_object_set_new(o, "prefill_tokens_computed",
+				json_integer((json_int_t)res->prefill_tokens)) ||
+	    json_object_set_new(o, "prefix_bytes_loaded",
+				json_integer((json_int_t)res->prefix_bytes_loaded)) ||
 	    json_object_set_new(o, "policy", json_string(res->policy)) ||
 	    json_object_set_new(o, "model", json_string(res->model)) ||
 	    json_object_set_new(o, "gpu", json_string(res->gpu)))

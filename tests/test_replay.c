@@ -27,8 +27,9 @@
 #include "kvtier.h"
 #include "replay.h"
 #include "report.h"
+#include "test_replay.h"
 
-static void near(double got, double want, double rel, const char *what)
+void near(double got, double want, double rel, const char *what)
 {
 	if (!(fabs(got - want) <= 1e-12 + rel * fabs(want))) {
 		print_error("%s: %.12g, expected %.12g\n", what, got, want);
@@ -37,7 +38,7 @@ static void near(double got, double want, double rel, const char *what)
 }
 
 /* Options with the measured CPU time left out, so runs are deterministic. */
-static void opts(struct sim_replay_opts *o, enum sim_policy p)
+void opts(struct sim_replay_opts *o, enum sim_policy p)
 {
 	sim_replay_opts_init(o);
 	o->policy = p;
@@ -45,7 +46,7 @@ static void opts(struct sim_replay_opts *o, enum sim_policy p)
 }
 
 /* A synthetic trace of n requests (arrival gap seconds apart). */
-static struct sim_trace mk_trace(size_t n, uint32_t in, uint32_t out, double gap)
+struct sim_trace mk_trace(size_t n, uint32_t in, uint32_t out, double gap)
 {
 	struct sim_trace t = {0};
 
@@ -58,8 +59,8 @@ static struct sim_trace mk_trace(size_t n, uint32_t in, uint32_t out, double gap
 	return t;
 }
 
-static void run_ok(const struct sim_replay_opts *o, const struct sim_trace *t,
-		   struct sim_replay_result *res)
+void run_ok(const struct sim_replay_opts *o, const struct sim_trace *t,
+	    struct sim_replay_result *res)
 {
 	char err[256] = "";
 	int rc = sim_replay_run(o, t, res, err, sizeof(err));
@@ -71,7 +72,7 @@ static void run_ok(const struct sim_replay_opts *o, const struct sim_trace *t,
 }
 
 /* Every request read ended completed or failed, consistently with its record. */
-static void check_accounting(const struct sim_replay_result *res)
+void check_accounting(const struct sim_replay_result *res)
 {
 	size_t done = 0, failed = 0;
 
@@ -95,7 +96,7 @@ static void check_accounting(const struct sim_replay_result *res)
 	assert_int_equal(res->completed + res->failed, res->n_reqs);
 }
 
-static const char *bundled(void)
+const char *bundled(void)
 {
 	const char *d = getenv("KVT_BUNDLED_TRACE");
 
@@ -540,6 +541,11 @@ static void test_json_keys(void **state)
 		"time_gemm_s",
 		"time_kv_write_s",
 		"time_overhead_s",
+		"prefix_hit_rate",
+		"prefix_input_tokens",
+		"prefix_hit_tokens",
+		"prefill_tokens_computed",
+		"prefix_bytes_loaded",
 	};
 	struct sim_trace t = mk_trace(8, 8192, 8, 0.05);
 	struct sim_replay_opts o;
@@ -573,6 +579,12 @@ static void test_json_keys(void **state)
 	for (size_t i = 0; i < sizeof(ours) / sizeof(ours[0]); i++)
 		assert_non_null(json_object_get(root, ours[i]));
 	assert_int_equal(json_integer_value(json_object_get(root, "completed")), 8);
+	/* no hash ids: nothing shared, every prompt token computed */
+	assert_int_equal(json_integer_value(json_object_get(root, "prefix_input_tokens")),
+			 8 * 8192);
+	assert_int_equal(json_integer_value(json_object_get(root, "prefill_tokens_computed")),
+			 8 * 8192);
+	assert_int_equal(json_integer_value(json_object_get(root, "prefix_hit_tokens")), 0);
 	assert_string_equal(json_string_value(json_object_get(root, "policy")), "kvtier");
 	assert_string_equal(json_string_value(json_object_get(root, "trace")), "synthetic");
 	json_decref(root);
@@ -791,6 +803,11 @@ int main(void)
 		cmocka_unit_test(test_bad_options),
 		cmocka_unit_test(test_recall_cache_frac),
 		cmocka_unit_test(test_elem_bytes),
+		cmocka_unit_test(test_apc_repeat),
+		cmocka_unit_test(test_apc_lru),
+		cmocka_unit_test(test_apc_referenced),
+		cmocka_unit_test(test_prefix_off_unchanged),
+		cmocka_unit_test(test_prefix_deterministic),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

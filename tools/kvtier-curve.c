@@ -44,7 +44,7 @@ struct series {
 struct point {
 	size_t series;
 	double x;
-	double thr, batch, blocks, tbt_ms, tbt_p99_ms, ttft_ms, hit, wall_s;
+	double thr, batch, blocks, tbt_ms, tbt_p99_ms, ttft_ms, hit, wall_s, prefix_hit;
 	size_t completed, failed;
 };
 
@@ -145,6 +145,9 @@ static void usage(FILE *f)
 	      "  --seed N              selection model and arrival seed (default 1)\n"
 	      "  --no-cpu-time         leave the measured CPU time out of the iteration\n"
 	      "                        times (the results are then deterministic)\n"
+	      "  --no-prefix-cache     no prefix reuse (by default requests of a --trace\n"
+	      "                        with hash_ids share their cached prefixes; a cycled\n"
+	      "                        request is the same prompt again)\n"
 	      "  --roofline            time GPU work at the datasheet peaks (an upper bound)\n"
 	      "  --csv PATH            the CSV (default curve.csv)\n"
 	      "  --plot PATH           the plot, .svg or .png (default: the CSV path with\n"
@@ -168,6 +171,8 @@ static void usage(FILE *f)
 	      "  recall_hit_rate       hits / lookups over the run (0 without recall)\n"
 	      "  completed, failed     requests at the end of the run\n"
 	      "  wall_s                wall-clock seconds of the point\n"
+	      "  prefix_hit_rate       input tokens shared from the prefix cache / input\n"
+	      "                        tokens of the requests created (0 without hash_ids)\n"
 	      "Exit status: 0 on success (also when gnuplot is missing: no plot), 1 on an\n"
 	      "engine, output file or gnuplot error, 2 on bad usage or input (options,\n"
 	      "trace, preset file).\n",
@@ -400,6 +405,7 @@ static int parse_opts(int argc, char **argv, struct curve *c)
 		{"no-fused-transfer", no_argument, NULL, O_ENGINE},
 		{"seed", required_argument, NULL, O_SEED},
 		{"no-cpu-time", no_argument, NULL, O_ENGINE},
+		{"no-prefix-cache", no_argument, NULL, O_ENGINE},
 		{"roofline", no_argument, NULL, O_ENGINE},
 		{"trace", required_argument, NULL, O_TRACE},
 		{"format", required_argument, NULL, O_FORMAT},
@@ -528,12 +534,18 @@ static int make_trace(const struct curve *c, const struct sim_trace *src, size_t
 		return -ENOMEM;
 	t->count = n;
 	t->format = src->count ? src->format : SIM_TRACE_AUTO;
+	t->hash_ids = src->hash_ids; /* shared with src: only t->reqs is the point's */
+	t->n_hash_ids = src->n_hash_ids;
 	for (size_t i = 0; i < n; i++) {
 		struct sim_trace_req *r = &t->reqs[i];
 
 		r->input_tokens = src->count ? src->reqs[i % src->count].input_tokens : c->prompt;
 		r->output_tokens =
 			src->count ? src->reqs[i % src->count].output_tokens : c->output_tokens;
+		if (src->count) {
+			r->n_hash = src->reqs[i % src->count].n_hash;
+			r->hash_first = src->reqs[i % src->count].hash_first;
+		}
 		r->line = (uint32_t)(i + 1);
 	}
 	if (c->rate)
@@ -582,6 +594,7 @@ static int point_figures(const struct sim_replay_result *r, bool open_loop, stru
 	p->blocks = ratio((double)r->win_blocks_loaded, it);
 	p->ttft_ms = 1e3 * ratio(r->win_ttft_sum_s, (double)r->win_ttft_n);
 	p->hit = r->recall_hit_rate;
+	p->prefix_hit = r->prefix_hit_rate;
 	p->completed = r->completed;
 	p->failed = r->failed;
 	return tbt_figures(r, p);
@@ -606,9 +619,10 @@ static void csv_row(FILE *f, const struct curve *c, const struct point *p)
 {
 	const struct series *s = &c->ser[p->series];
 
-	fprintf(f, "%.6g,%s,%s,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%zu,%zu,%.3f\n", p->x,
+	fprintf(f, "%.6g,%s,%s,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%zu,%zu,%.3f,%.6g\n", p->x,
 		sim_policy_name(s->pol), ws_text(s), p->thr, p->batch, p->blocks, p->tbt_ms,
-		p->tbt_p99_ms, p->ttft_ms, p->hit, p->completed, p->failed, p->wall_s);
+		p->tbt_p99_ms, p->ttft_ms, p->hit, p->completed, p->failed, p->wall_s,
+		p->prefix_hit);
 	fflush(f);
 }
 
@@ -706,11 +720,14 @@ static void print_header(const struct curve *c, const struct sim_trace *src)
 		printf("; batch sweep, closed loop, warmup %u + window %u iterations\n", c->warmup,
 		       c->iterations);
 	printf("cache: block %u, sink %u, top-K %u, ring %u; recall r=%u, recall cache %.0f%% of "
-	       "HBM; %s transfers; %s prefill; CPU time %s\n",
+	       "HBM; %s transfers; %s prefill; CPU time %s; prefix cache %s\n",
 	       o->block_tokens, o->sink_tokens, o->topk_tokens, o->recent_tokens, o->recall_blocks,
 	       100 * o->recall_cache_frac, o->fused ? "fused" : "per-block",
 	       o->chunk_tokens ? "chunked" : "layer-segmented",
-	       o->cpu_time ? "counted" : "not counted");
+	       o->cpu_time ? "counted" : "not counted",
+	       !o->prefix_cache ? "off"
+	       : src->hash_ids	? "on"
+				: "on (no hash_ids)");
 	{
 		struct sim_gpu_preset g;
 		char line[400];
@@ -724,18 +741,18 @@ static void print_header(const struct curve *c, const struct sim_trace *src)
 /* The table of every point, aligned, the CSV's columns. */
 static void print_table(const struct curve *c, const struct point *pts, size_t n)
 {
-	printf("%8s %-14s %3s %11s %7s %10s %9s %9s %10s %8s %9s %6s %7s\n", "x", "policy", "ws",
-	       "out_tok/s", "batch", "blk/iter", "tbt_ms", "p99_tbt", "ttft_ms", "hit_rate",
-	       "completed", "failed", "wall_s");
+	printf("%8s %-14s %3s %11s %7s %10s %9s %9s %10s %8s %9s %6s %7s %8s\n", "x", "policy",
+	       "ws", "out_tok/s", "batch", "blk/iter", "tbt_ms", "p99_tbt", "ttft_ms", "hit_rate",
+	       "completed", "failed", "wall_s", "prefix");
 	for (size_t i = 0; i < n; i++) {
 		const struct point *p = &pts[i];
 		const struct series *s = &c->ser[p->series];
 
 		printf("%8g %-14s %3s %11.1f %7.2f %10.2f %9.3f %9.3f %10.1f %8.4f %9zu %6zu "
-		       "%7.2f\n",
+		       "%7.2f %8.4f\n",
 		       p->x, sim_policy_name(s->pol), ws_text(s), p->thr, p->batch, p->blocks,
 		       p->tbt_ms, p->tbt_p99_ms, p->ttft_ms, p->hit, p->completed, p->failed,
-		       p->wall_s);
+		       p->wall_s, p->prefix_hit);
 	}
 }
 
@@ -1022,7 +1039,8 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	fputs("x,policy,ws_control,output_throughput,mean_batch_size,blocks_loaded_per_iteration,"
-	      "mean_tbt_ms,p99_tbt_ms,mean_ttft_ms,recall_hit_rate,completed,failed,wall_s\n",
+	      "mean_tbt_ms,p99_tbt_ms,mean_ttft_ms,recall_hit_rate,completed,failed,wall_s,"
+	      "prefix_hit_rate\n",
 	      csv);
 	print_header(&c, &src);
 	fflush(stdout);

@@ -77,6 +77,10 @@ static void usage(FILE *f)
 		"                        layer-segmented prefill\n"
 		"  --no-cpu-time         leave the measured manager/scheduler CPU time out of the\n"
 		"                        iteration time (deterministic results)\n"
+		"  --no-prefix-cache     no prefix reuse: every prompt is prefilled whole (by\n"
+		"                        default requests share the cached spans of a trace's\n"
+		"                        hash_ids: vLLM's APC in HBM for full, the library's\n"
+		"                        prefix cache in DRAM for kvtier and sparse-offload)\n"
 		"output:\n"
 		"  --json PATH           results as JSON\n"
 		"  --requests-csv PATH   one row per request\n"
@@ -201,6 +205,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		{"no-fused-transfer", no_argument, 0, O_ENGINE},
 		{"chunked-prefill", required_argument, 0, O_ENGINE},
 		{"no-cpu-time", no_argument, 0, O_ENGINE},
+		{"no-prefix-cache", no_argument, 0, O_ENGINE},
 		{"roofline", no_argument, 0, O_ENGINE},
 		{"json", required_argument, 0, O_JSON},
 		{"requests-csv", required_argument, 0, O_REQCSV},
@@ -353,6 +358,11 @@ static void print_summary(const struct opts *o, const struct sim_trace *t,
 	       ts->input_p50, ts->input_p99, ts->input_max);
 	printf("%-40s mean %.0f, p50 %.0f, p99 %.0f, max %u\n", "Output tokens:", ts->output_mean,
 	       ts->output_p50, ts->output_p99, ts->output_max);
+	if (t->hash_ids)
+		printf("%-40s %.4f of the input tokens\n", "Prefix seen before (unbounded cache):",
+		       ts->total_input_tokens
+			       ? (double)ts->prefix_seen_tokens / (double)ts->total_input_tokens
+			       : 0.0);
 	if (t->skipped)
 		printf("%-40s %zu\n", "Malformed lines skipped:", t->skipped);
 	if (t->over_context)
@@ -365,6 +375,15 @@ static void print_summary(const struct opts *o, const struct sim_trace *t,
 	       res->max_batch_size);
 	line("Blocks loaded per iteration:", res->blocks_loaded_per_iteration, 1);
 	line("Recall hit rate:", res->recall_hit_rate, 4);
+	printf("%-40s %.4f (%llu of %llu input tokens shared%s)\n",
+	       "Prefix hit rate:", res->prefix_hit_rate, (unsigned long long)res->prefix_hit_tokens,
+	       (unsigned long long)res->prefix_input_tokens,
+	       !o->r.prefix_cache		      ? "; --no-prefix-cache"
+	       : !t->hash_ids			      ? "; the trace has no hash_ids"
+	       : o->r.policy == SIM_POLICY_SNAPSTREAM ? "; snapstream keeps no prefix"
+						      : "");
+	printf("%-40s %llu\n", "Prefill tokens computed:", (unsigned long long)res->prefill_tokens);
+	printf("%-40s %.3f GB\n", "Prefix bytes loaded (H2D):", 1e-9 * res->prefix_bytes_loaded);
 	printf("%-40s %llu\n", "Preemptions:", (unsigned long long)res->preemptions);
 	if (res->disk_blocks_spilled || res->disk_blocks_fetched)
 		printf("%-40s %llu spilled, %llu fetched, %.1f s of I/O\n",
@@ -411,7 +430,8 @@ static json_t *extra_json(const struct opts *o, const struct sim_trace *t, const
 	    json_object_set_new(x, "recall_blocks", json_integer(o->r.recall_blocks)) ||
 	    json_object_set_new(x, "hbm_gib", json_real(o->r.hbm_gib)) ||
 	    json_object_set_new(x, "dram_gib", json_real(o->r.dram_gib)) ||
-	    json_object_set_new(x, "roofline", json_boolean(o->r.roofline)))
+	    json_object_set_new(x, "roofline", json_boolean(o->r.roofline)) ||
+	    json_object_set_new(x, "prefix_cache", json_boolean(o->r.prefix_cache)))
 		goto fail;
 	{
 		struct sim_gpu_preset g;
