@@ -6,11 +6,13 @@
  * to its right, never of one to its left or beside it (test 'manager-dag', manager/check_dag.py,
  * checks it on the objects' symbols):
  *
- *   manager.c, seq.c -> recall.c -> spill.c -> base.c -> idmap.c, pool.c -> log.c, fault.c
+ *   manager.c, seq.c -> recall.c -> spill.c -> prefix.c -> base.c -> idmap.c, pool.c -> log.c,
+ *   fault.c
  *
  * manager.c creates, destroys and reports; seq.c runs sequences (create, prefill, decode,
  * preempt, resume, reads); recall.c holds block metadata, the recall cache and the working
- * sets (recall.h); spill.c the disk tier (spill.h); base.c the helpers below. Each header
+ * sets (recall.h); spill.c the disk tier (spill.h); prefix.c the prefix cache of shared host
+ * groups (prefix.h); base.c the helpers below. Each header
  * declares the functions of its own file only, so a file's includes say what it may call.
  *
  * A sequence keeps, per layer, three small tables: the device frame groups of its resident
@@ -74,10 +76,11 @@ struct kvt_seq {
 	/* Recall working set: ws_bucket[t % w] counts the blocks whose latest recall happened
 	   at step t, for the last w steps up to ws_step; ws_total is their sum. */
 	uint32_t ws_step, ws_total;
-	uint32_t ws_cur;     /* ws_step % w */
-	uint32_t *ws_bucket; /* [w], NULL until its first recall */
-	uint32_t n_spilled;  /* group table entries (all layers) that are in the spill file */
-	int32_t lost;	     /* -EBADMSG once its history could not be read back, else 0 */
+	uint32_t ws_cur;       /* ws_step % w */
+	uint32_t *ws_bucket;   /* [w], NULL until its first recall */
+	uint32_t n_spilled;    /* group table entries (all layers) that are in the spill file */
+	int32_t lost;	       /* -EBADMSG once its history could not be read back, else 0 */
+	struct kvt_seq_px *px; /* prefix and chunk state (prefix.h), NULL when it has none */
 	struct kvt_seq_layer layers[];
 };
 
@@ -106,6 +109,22 @@ struct kvt_recall_cache {
 
 struct kvt_spill_ref;
 struct kvt_want;
+struct kvt_pspan;
+struct kvt_seq_px;
+struct kvt_disk_io;
+
+/* The prefix cache (prefix.h). */
+struct kvt_prefix {
+	struct kvt_idmap map;			 /* hash -> struct kvt_pspan */
+	struct kvt_pspan *idle_head, *idle_tail; /* spans no sequence holds, LRU first */
+	uint32_t *href; /* [host.n_units] owners beyond the first of each host group (calloc:
+			   zero pages until a group is shared) */
+	uint64_t groups, groups_idle, groups_disk; /* of the cached spans */
+	struct kvt_disk_io *dio;		   /* I/O list of span writes and reads */
+	uint32_t dio_cap;
+	uint32_t *gids; /* host groups of a restore */
+	uint32_t gids_cap;
+};
 
 struct kvt_manager {
 	struct kvt_config cfg;
@@ -175,6 +194,8 @@ struct kvt_manager {
 	uint32_t n_want, want_cap;
 	uint64_t want_stamp;
 	int want_err;
+
+	struct kvt_prefix px;
 
 	struct kvt_stats st;
 	char err[256];

@@ -56,12 +56,9 @@ static void insert(struct kvt_idmap *map, uint64_t key, void *val)
 	map->n++;
 }
 
-int kvt_idmap_put(struct kvt_idmap *map, uint64_t key, void *val)
+int kvt_idmap_reserve(struct kvt_idmap *map, uint32_t more)
 {
-	/* Both callers looked the key up first (a live id is the caller's -EEXIST). */
-	if (NEVER(!val) || NEVER(kvt_idmap_get(map, key) != NULL))
-		return -EINVAL;
-	if (2 * (map->n + 1) > map->cap) {
+	while (2 * ((uint64_t)map->n + more) > map->cap) {
 		struct kvt_idmap old = *map;
 
 		if (old.cap > UINT32_MAX / 2 || alloc_slots(map, old.cap * 2)) {
@@ -75,6 +72,16 @@ int kvt_idmap_put(struct kvt_idmap *map, uint64_t key, void *val)
 		ALWAYS(map->n == old.n);
 		free(old.slots);
 	}
+	return 0;
+}
+
+int kvt_idmap_put(struct kvt_idmap *map, uint64_t key, void *val)
+{
+	/* The callers looked the key up first (a live id is the caller's -EEXIST). */
+	if (NEVER(!val) || NEVER(kvt_idmap_get(map, key) != NULL))
+		return -EINVAL;
+	if (kvt_idmap_reserve(map, 1))
+		return -ENOMEM;
 	insert(map, key, val);
 	return 0;
 }

@@ -34,6 +34,8 @@ void *kvt_idmap_get(const struct kvt_idmap *map, uint64_t key);
 /* Adds key -> val (val not NULL, key absent), doubling the slots when the map would be more
    than half full: 0 or -ENOMEM, and then nothing changed. */
 int kvt_idmap_put(struct kvt_idmap *map, uint64_t key, void *val);
+/* Grows the slots so that `more` puts cannot fail: 0 or -ENOMEM (nothing changed). */
+int kvt_idmap_reserve(struct kvt_idmap *map, uint32_t more);
 /* Removes key; an absent key is no error. */
 void kvt_idmap_del(struct kvt_idmap *map, uint64_t key);
 

@@ -8,6 +8,7 @@
 #include "base.h"
 #include "manager.h"
 #include "policy.h"
+#include "prefix.h"
 #include "recall.h"
 #include "spill.h"
 
@@ -252,6 +253,8 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 	if (!err)
 		err = kvt_idmap_init(&m->seqs);
 	if (!err)
+		err = kvt_prefix_init(m);
+	if (!err)
 		err = kvt_recall_init(m, m->dev_base + (uint64_t)n_dev * m->group_bytes,
 				      (uint32_t)n_rc);
 	if (!err)
@@ -267,6 +270,7 @@ fail_be:
 	if (m->be && m->be->err[0]) /* the other failures logged their own detail */
 		kvt_log(KVT_LOG_WARN, "backend %s: %s", ops->name, m->be->err);
 	kvt_spill_close(m);
+	kvt_prefix_fini(m);
 	kvt_idmap_fini(&m->seqs);
 	kvt_recall_fini(m);
 	kvt_pool_fini(&m->dev);
@@ -340,9 +344,11 @@ KVT_API void kvt_manager_destroy(struct kvt_manager *m)
 		for (uint32_t l = 0; l < m->cfg.n_layers; l++)
 			free_layer_tables(&s->layers[l]);
 		kvt_recall_free_seq(s, m->cfg.n_layers);
+		kvt_seq_px_free(s->px);
 		free(s);
 	}
 	kvt_idmap_fini(&m->seqs);
+	kvt_prefix_fini(m);
 	kvt_spill_close(m); /* the spill file goes with it */
 	kvt_recall_fini(m);
 	kvt_pool_fini(&m->dev);
@@ -397,6 +403,11 @@ KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out
 	st.host_blocks_free = (uint64_t)m->host.n_free * m->cfg.n_kv_heads;
 	st.host_blocks_used = st.host_blocks_total - st.host_blocks_free;
 	st.live_seqs = m->seqs.n;
+	st.prefix_spans = m->px.map.n;
+	st.prefix_blocks = m->px.groups * m->cfg.n_kv_heads;
+	st.prefix_blocks_idle = m->px.groups_idle * m->cfg.n_kv_heads;
+	st.prefix_blocks_disk = m->px.groups_disk * m->cfg.n_kv_heads;
+	st.prefix_blocks_shared = (m->px.groups - m->px.groups_idle) * m->cfg.n_kv_heads;
 	st.recall_frames_total = m->rc.n;
 	st.recall_frames_used = m->rc.n_used;
 	st.model_ns_h2d = m->be->cost[KVT_DIR_H2D].ns;

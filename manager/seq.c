@@ -11,6 +11,7 @@
 
 #include "base.h"
 #include "policy.h"
+#include "prefix.h"
 #include "recall.h"
 #include "seq.h"
 #include "spill.h"
@@ -75,36 +76,62 @@ static void snapkv_params(const struct kvt_manager *m, uint32_t prompt, struct k
 	};
 }
 
-KVT_API int kvt_seq_create(struct kvt_manager *m, uint64_t seq, uint32_t prompt_tokens)
+/* A new sequence's state, zeroed but for its identity and geometry, not yet in the map; NULL
+   with the error recorded. */
+static struct kvt_seq *seq_new(struct kvt_manager *m, uint64_t seq, uint32_t prompt_tokens,
+			       int *err)
 {
 	struct kvt_snapkv sp;
 	struct kvt_seq *s;
 	uint32_t count;
-	int err;
-
-	if (!m)
-		return -EINVAL;
-	if (prompt_tokens == 0 || prompt_tokens > INT32_MAX)
-		return kvt_fail(m, -EINVAL, "sequence %llu: prompt of %u tokens (1..2^31-1)",
-				(unsigned long long)seq, prompt_tokens);
-	if (kvt_seqmap_get(&m->seqs, seq))
-		return kvt_fail(m, -EEXIST, "sequence %llu is already live",
-				(unsigned long long)seq);
-	snapkv_params(m, prompt_tokens, &sp);
-	count = kvt_snapkv_count(&sp);
 	size_t bytes = sizeof(*s) + (size_t)m->cfg.n_layers * sizeof(s->layers[0]);
 
-	s = kvt_aligned_alloc(_Alignof(struct kvt_seq), bytes);
-	if (s)
-		memset(s, 0, bytes);
-	if (!s)
-		return kvt_fail(m, -ENOMEM, "sequence %llu: no memory for its state",
+	if (prompt_tokens == 0 || prompt_tokens > INT32_MAX) {
+		*err = kvt_fail(m, -EINVAL, "sequence %llu: prompt of %u tokens (1..2^31-1)",
+				(unsigned long long)seq, prompt_tokens);
+		return NULL;
+	}
+	if (kvt_seqmap_get(&m->seqs, seq)) {
+		*err = kvt_fail(m, -EEXIST, "sequence %llu is already live",
 				(unsigned long long)seq);
+		return NULL;
+	}
+	snapkv_params(m, prompt_tokens, &sp);
+	count = kvt_snapkv_count(&sp);
+	s = kvt_aligned_alloc(_Alignof(struct kvt_seq), bytes);
+	if (!s) {
+		*err = kvt_fail(m, -ENOMEM, "sequence %llu: no memory for its state",
+				(unsigned long long)seq);
+		return NULL;
+	}
+	memset(s, 0, bytes);
 	s->id = seq;
 	s->rc_head = KVT_NO_ENTRY;
 	s->prompt_tokens = prompt_tokens;
 	s->valid_topk = count;
 	s->n_frames = DIV_UP(m->slots_sr + count, m->cfg.block_tokens);
+	return s;
+}
+
+/* Frees a sequence's state after its tier memory went back (tables, prefix state). */
+static void seq_free(struct kvt_manager *m, struct kvt_seq *s)
+{
+	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
+		free(s->layers[l].groups);
+	kvt_seq_px_free(s->px);
+	free(s);
+}
+
+KVT_API int kvt_seq_create(struct kvt_manager *m, uint64_t seq, uint32_t prompt_tokens)
+{
+	struct kvt_seq *s;
+	int err = 0;
+
+	if (!m)
+		return -EINVAL;
+	s = seq_new(m, seq, prompt_tokens, &err);
+	if (!s)
+		return err;
 	err = kvt_idmap_put(&m->seqs, seq, s);
 	if (err) {
 		free(s);
@@ -112,6 +139,132 @@ KVT_API int kvt_seq_create(struct kvt_manager *m, uint64_t seq, uint32_t prompt_
 				(unsigned long long)seq);
 	}
 	return 0;
+}
+
+/* 0, or -EINVAL recorded when a hash chain's arguments are malformed. */
+static int check_chain(struct kvt_manager *m, const uint64_t *hashes, uint32_t n_hashes,
+		       uint32_t hash_tokens, const char *what)
+{
+	if (n_hashes && !hashes)
+		return kvt_fail(m, -EINVAL, "%s: NULL hashes", what);
+	if (hash_tokens == 0 || (hash_tokens & (m->cfg.block_tokens - 1)))
+		return kvt_fail(m, -EINVAL,
+				"%s: hash_tokens %u is not a positive multiple of block_tokens %u",
+				what, hash_tokens, m->cfg.block_tokens);
+	if ((uint64_t)n_hashes * hash_tokens > INT32_MAX)
+		return kvt_fail(m, -EINVAL, "%s: a chain of %u hashes of %u tokens", what, n_hashes,
+				hash_tokens);
+	return 0;
+}
+
+KVT_API int kvt_prefix_match(struct kvt_manager *m, const uint64_t *hashes, uint32_t n_hashes,
+			     uint32_t hash_tokens, uint32_t *tokens)
+{
+	int err;
+
+	if (!m)
+		return -EINVAL;
+	if (!tokens)
+		return kvt_fail(m, -EINVAL, "prefix match: NULL tokens");
+	err = check_chain(m, hashes, n_hashes, hash_tokens, "prefix match");
+	if (err)
+		return err;
+	*tokens = kvt_prefix_run(m, hashes, n_hashes, hash_tokens, UINT32_MAX) * hash_tokens;
+	return 0;
+}
+
+/* Holds the cached run of s's chain (at most max spans), reading spans on disk back; returns
+   the spans it keeps (held, in the host tier) in px->spans. */
+static uint32_t share_run(struct kvt_manager *m, struct kvt_seq_px *px, uint32_t max)
+{
+	uint32_t k = kvt_prefix_run(m, px->chain, px->n_chain, px->hash_tokens, max), ok;
+	uint64_t disk;
+
+	for (uint32_t i = 0; i < k; i++) {
+		px->spans[i] = kvt_prefix_span(m, px->chain[i]);
+		kvt_prefix_hold(m, px->spans[i]);
+	}
+	disk = kvt_prefix_disk_groups(px->spans, k);
+	/* room for spans on disk (held: no eviction takes them); short of it, the restore
+	   stops at the first of them */
+	if (disk && disk <= UINT32_MAX)
+		kvt_spill_room(m, (uint32_t)disk);
+	ok = kvt_prefix_restore(m, px->spans, k);
+	kvt_prefix_unhold(m, px->spans + ok, k - ok);
+	return ok;
+}
+
+KVT_API int kvt_seq_create_prefix(struct kvt_manager *m, uint64_t seq, uint32_t prompt_tokens,
+				  const uint64_t *hashes, uint32_t n_hashes, uint32_t hash_tokens,
+				  uint32_t *matched_tokens)
+{
+	uint32_t full = 0, per, k, layers_ok = 0;
+	struct kvt_seq_px *px;
+	struct kvt_seq *s;
+	int err = 0;
+
+	if (!m)
+		return -EINVAL;
+	if (!matched_tokens)
+		return kvt_fail(m, -EINVAL, "create: NULL matched_tokens");
+	err = check_chain(m, hashes, n_hashes, hash_tokens, "create");
+	if (err)
+		return err;
+	if ((uint64_t)n_hashes * hash_tokens > prompt_tokens)
+		return kvt_fail(
+			m, -EINVAL,
+			"sequence %llu: a chain of %u hashes of %u tokens is longer than its "
+			"prompt of %u",
+			(unsigned long long)seq, n_hashes, hash_tokens, prompt_tokens);
+	s = seq_new(m, seq, prompt_tokens, &err);
+	if (!s)
+		return err;
+	px = s->px = kvt_seq_px_new(m, n_hashes);
+	if (!px)
+		goto nomem;
+	full = DIV_UP(prompt_tokens, m->cfg.block_tokens);
+	for (; layers_ok < m->cfg.n_layers; layers_ok++) {
+		s->layers[layers_ok].groups = kvt_malloc((size_t)full * sizeof(uint32_t));
+		if (!s->layers[layers_ok].groups)
+			goto nomem;
+		s->layers[layers_ok].cap_groups = full;
+	}
+	if (kvt_idmap_reserve(&m->seqs, 1))
+		goto nomem;
+	if (n_hashes)
+		memcpy(px->chain, hashes, (size_t)n_hashes * sizeof(*hashes));
+	px->n_chain = n_hashes;
+	px->hash_tokens = hash_tokens;
+	/* Nothing can fail from here. The whole prompt is never shared. */
+	k = share_run(m, px, (prompt_tokens - 1) / hash_tokens);
+	px->n_spans = k;
+	px->prefix_tokens = k * hash_tokens;
+	per = hash_tokens >> m->lbt;
+	for (uint32_t l = 0; l < m->cfg.n_layers; l++) {
+		struct kvt_seq_layer *ly = &s->layers[l];
+
+		for (uint32_t i = 0; i < k; i++)
+			for (uint32_t j = 0; j < per; j++) {
+				uint32_t g = px->spans[i]->ids[l * per + j];
+
+				ly->groups[ly->n_groups++] = g;
+				m->px.href[g]++;
+			}
+		px->fill[l] = px->prefix_tokens;
+	}
+	for (uint32_t i = 0; i < k; i++)
+		s->save_ticket = px->spans[i]->ticket > s->save_ticket ? px->spans[i]->ticket
+								       : s->save_ticket;
+	s->stamp = ++m->stamp;
+	ALWAYS(kvt_idmap_put(&m->seqs, seq, s) == 0); /* room reserved above */
+	m->st.prefix_tokens_asked += prompt_tokens;
+	m->st.prefix_tokens_hit += px->prefix_tokens;
+	*matched_tokens = px->prefix_tokens;
+	return 0;
+nomem:
+	seq_free(m, s);
+	return kvt_fail(m, -ENOMEM, "sequence %llu: no memory for its state",
+			(unsigned long long)seq);
 }
 
 /* Returns a layer's tier memory to the pools and frees its tables. */
@@ -122,7 +275,7 @@ static void release_layer(struct kvt_manager *m, struct kvt_seq *s, struct kvt_s
 	if (ly->groups && s->n_spilled)
 		kvt_spill_release_layer(m, s, ly);
 	else if (ly->groups)
-		ALWAYS(kvt_pool_free(&m->host, ly->groups, ly->n_groups) == 0);
+		kvt_host_release(m, ly->groups, ly->n_groups);
 	free(ly->frames);
 	free(ly->groups);
 	free(ly->topk);
@@ -152,8 +305,10 @@ KVT_API int kvt_seq_destroy(struct kvt_manager *m, uint64_t seq)
 	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
 		release_layer(m, s, &s->layers[l]);
 	ALWAYS(s->n_spilled == 0); /* every spilled group was in a table */
+	if (s->px)
+		kvt_prefix_unhold(m, s->px->spans, s->px->n_spans);
 	kvt_idmap_del(&m->seqs, seq);
-	free(s);
+	seq_free(m, s);
 	return 0;
 }
 
@@ -241,21 +396,40 @@ static uint32_t gather_entries_per_head(const struct kvt_manager *m, const struc
 	       (host ? 2 : 1) * DIV_UP(m->cfg.recent_tokens, bt) + 4;
 }
 
-/* One kvt_prefill_layer call: its arguments, and the layer it builds apart from the sequence
-   until every step has succeeded. */
+/* One prefill call (kvt_prefill_layer, kvt_prefill_chunk): its arguments, and the layer it
+   builds apart from the sequence until every step has succeeded. A call prefills positions
+   [pos, pos + n) of the layer; k and v hold the rows of [kv_from, pos + n). The last call of a
+   layer (pos + n == L) completes it: selection, frames, metadata over the whole layer, read
+   from fk and fv ([H][L][D]): the caller's tensors when kv_from == 0, else the backend's
+   scratch buffer, assembled from the host history and the caller's rows. */
 struct prefill {
 	struct kvt_seq *s;
 	uint64_t seq;
 	uint32_t layer;
-	uint32_t L, nb, count; /* prompt tokens, host blocks, top-K positions per head */
+	uint32_t L, nb, count; /* prompt tokens, host blocks after the call, top-K per head */
+	uint32_t pos, n, kv_from;
+	bool last;
 	const void *k, *v, *q_obs;
+	uint64_t fk, fv;
 	void *stream;
 	struct kvt_snapkv sp;
-	struct kvt_seq_layer ly; /* n_groups != 0 once its pool ids are taken */
+	struct kvt_seq_layer ly; /* the layer as the call leaves it */
+	uint32_t had_groups;	 /* host groups the layer held before the call */
+	bool took;		 /* the call's pool ids are taken */
 };
 
-/* The caller's errors: the layer and sequence usable, not prefilled, not preempted, the
-   tensors present. Fills p->s and the sizes. 0 or the error, recorded. */
+/* Positions of a layer in the host history: all its tokens once prefilled, else its shared
+   prefix and prefill chunks so far. */
+static uint32_t layer_filled(const struct kvt_seq *s, uint32_t layer)
+{
+	if (s->layers[layer].n_tokens)
+		return s->layers[layer].n_tokens;
+	return s->px ? s->px->fill[layer] : 0;
+}
+
+/* The caller's errors: the layer and sequence usable, not prefilled, not preempted, the chunk
+   where the layer stands, the tensors present. Fills p->s and the sizes. 0 or the error,
+   recorded. */
 static int prefill_check(struct kvt_manager *m, struct prefill *p)
 {
 	int err = check_layer(m, p->layer);
@@ -271,28 +445,59 @@ static int prefill_check(struct kvt_manager *m, struct prefill *p)
 	if (p->s->preempted)
 		return kvt_fail(m, -EINVAL, "sequence %llu is preempted (resume it first)",
 				(unsigned long long)p->seq);
-	p->count = p->s->valid_topk;
+	p->L = p->s->prompt_tokens;
+	if (p->n == UINT32_MAX) { /* kvt_prefill_layer: the rest of the layer, whole tensors */
+		p->pos = layer_filled(p->s, p->layer);
+		p->n = p->L - p->pos;
+		p->kv_from = 0;
+	}
+	if (p->n == 0 || p->pos != layer_filled(p->s, p->layer) || p->n > p->L - p->pos ||
+	    p->kv_from > p->pos)
+		return kvt_fail(m, -EINVAL,
+				"sequence %llu layer %u: chunk [%u, +%u) with rows from %u: the "
+				"layer holds %u of %u positions",
+				(unsigned long long)p->seq, p->layer, p->pos, p->n, p->kv_from,
+				layer_filled(p->s, p->layer), p->L);
+	p->last = p->pos + p->n == p->L;
+	p->count = p->last ? p->s->valid_topk : 0;
 	if (!p->k || !p->v || (p->count && !p->q_obs))
 		return kvt_fail(m, -EINVAL, "sequence %llu layer %u: NULL %s",
 				(unsigned long long)p->seq, p->layer,
 				!p->k	? "k"
 				: !p->v ? "v"
 					: "q_obs");
-	p->L = p->s->prompt_tokens;
-	p->nb = DIV_UP(p->L, m->cfg.block_tokens);
+	p->nb = DIV_UP(p->pos + p->n, m->cfg.block_tokens);
+	p->ly = p->s->layers[p->layer];
+	p->had_groups = p->ly.n_groups;
 	return 0;
 }
 
-/* Capacity first, so an oversized prompt costs no allocation. The disk tier makes host room
-   from other sequences (this one is stamped as in use). 0 or the error, recorded. */
+/* Rows the last chunk reads from the host history (positions [0, kv_from)) and the block the
+   chunk continues, brought into the host tier and pinned; then room for the new groups (the
+   disk tier makes it from other sequences: this one is stamped as in use) and the frames.
+   0 or the error, recorded. */
 static int prefill_room(struct kvt_manager *m, struct prefill *p)
 {
 	struct kvt_seq *s = p->s;
-	uint32_t nb = p->nb;
+	uint32_t nb = p->nb - p->had_groups, frames = p->last ? s->n_frames : 0;
 	int err;
 
 	s->stamp = ++m->stamp;
-	if (m->dev.n_free >= s->n_frames && m->host.n_free < nb) {
+	if (m->disk && p->had_groups) {
+		if (kvt_spill_want_reserve(m, p->had_groups))
+			return kvt_fail(m, -ENOMEM,
+					"sequence %llu layer %u: no memory for the "
+					"list of blocks",
+					(unsigned long long)p->seq, p->layer);
+		if (p->pos & (m->cfg.block_tokens - 1))
+			kvt_spill_want(m, s, p->layer, p->had_groups - 1);
+		if (p->last)
+			kvt_spill_want_range(m, s, p->layer, 0, p->kv_from);
+		err = kvt_spill_fetch_wanted(m, "prefill");
+		if (err < 0)
+			return err;
+	}
+	if (m->dev.n_free >= frames && m->host.n_free < nb) {
 		err = kvt_spill_room(m, nb);
 		if (err && err != -ENOMEM)
 			return kvt_fail(m, err,
@@ -300,30 +505,59 @@ static int prefill_room(struct kvt_manager *m, struct prefill *p)
 					"before spilling: %s",
 					(unsigned long long)p->seq, p->layer, m->be->err);
 	}
-	if (m->dev.n_free < s->n_frames || m->host.n_free < nb)
+	if (m->dev.n_free < frames || m->host.n_free < nb)
 		return kvt_fail(m, -ENOMEM,
 				"sequence %llu layer %u: %s tier full (%u of %u groups "
 				"free, %u needed)",
 				(unsigned long long)p->seq, p->layer,
-				m->dev.n_free < s->n_frames ? "device" : "host",
-				m->dev.n_free < s->n_frames ? m->dev.n_free : m->host.n_free,
-				m->dev.n_free < s->n_frames ? m->dev.n_units : m->host.n_units,
-				m->dev.n_free < s->n_frames ? s->n_frames : nb);
+				m->dev.n_free < frames ? "device" : "host",
+				m->dev.n_free < frames ? m->dev.n_free : m->host.n_free,
+				m->dev.n_free < frames ? m->dev.n_units : m->host.n_units,
+				m->dev.n_free < frames ? frames : nb);
 	return 0;
 }
 
-/* The layer's tables and the call's scratch (selection, copy list, block metadata): nothing
-   visible changes. 0 or -ENOMEM, recorded; what was allocated stays in p->ly for the caller
-   to free. */
+/* Copy entries a call needs at most: the resident gather, and per block of the layer two for
+   the save, two for the assembly's load and two for its copy. */
+static uint64_t prefill_entries(const struct kvt_manager *m, const struct prefill *p)
+{
+	uint64_t gather = (uint64_t)m->cfg.n_kv_heads * gather_entries_per_head(m, p->s, false);
+	uint64_t lists = 2ull * p->nb + 2;
+
+	return gather > lists ? gather : lists;
+}
+
+/* The layer's tables and the call's scratch (chunk state, selection, copy list, block
+   metadata): nothing visible changes. 0 or -ENOMEM, recorded; what was allocated stays in
+   p->ly for the caller to free. */
 static int prefill_tables(struct kvt_manager *m, struct prefill *p)
 {
 	const struct kvt_config *c = &m->cfg;
 	struct kvt_seq_layer *ly = &p->ly;
+	uint32_t full = DIV_UP(p->L, c->block_tokens);
+	uint64_t need = prefill_entries(m, p);
 	int err = 0;
 
+	if (!p->last && !p->s->px) {
+		p->s->px = kvt_seq_px_new(m, 0);
+		if (!p->s->px)
+			goto nomem;
+	}
+	if (ly->cap_groups < full) {
+		/* the layer's whole table at once; a capacity change is not visible */
+		uint32_t *g = kvt_realloc(ly->groups, (size_t)full * sizeof(*g));
+
+		if (!g)
+			goto nomem;
+		ly->groups = p->s->layers[p->layer].groups = g;
+		ly->cap_groups = p->s->layers[p->layer].cap_groups = full;
+	}
+	if (need > UINT32_MAX ||
+	    kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)need, sizeof(*m->xf)))
+		goto nomem;
+	if (!p->last)
+		return 0;
 	ly->frames = kvt_malloc((size_t)p->s->n_frames * sizeof(*ly->frames));
-	ly->groups = kvt_malloc((size_t)p->nb * sizeof(*ly->groups));
-	ly->cap_groups = p->nb;
 	if (p->count)
 		ly->topk = kvt_malloc((size_t)c->n_kv_heads * p->count * sizeof(*ly->topk));
 	snapkv_params(m, p->L, &p->sp);
@@ -338,41 +572,100 @@ static int prefill_tables(struct kvt_manager *m, struct prefill *p)
 			err = -ENOMEM;
 		}
 	}
-	if (!err) {
-		uint64_t need = (uint64_t)c->n_kv_heads * gather_entries_per_head(m, p->s, false);
-		uint64_t save_entries = 2ull * p->nb;
-
-		need = need > save_entries ? need : save_entries;
-		if (need > UINT32_MAX)
-			err = -ENOMEM;
-		else
-			err = kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)need,
-					  sizeof(*m->xf));
-	}
-	if (!err && m->keep_meta)
-		err = m->cpu_device ? kvt_meta_prefill(m, ly, p->k, p->L)
-				    : kvt_meta_reserve(m, ly, DIV_UP(p->L, c->block_tokens));
-	if (err || !ly->frames || !ly->groups || (p->count && !ly->topk))
-		return kvt_fail(m, -ENOMEM, "sequence %llu layer %u: no memory for its tables",
-				(unsigned long long)p->seq, p->layer);
+	if (!err && m->keep_meta && !m->cpu_device)
+		err = kvt_meta_reserve(m, ly, full);
+	if (err || !ly->frames || (p->count && !ly->topk))
+		goto nomem;
 	return 0;
+nomem:
+	return kvt_fail(m, -ENOMEM, "sequence %llu layer %u: no memory for its tables",
+			(unsigned long long)p->seq, p->layer);
 }
 
-/* Takes the layer's device frame groups and host block groups, which prefill_room found free
-   with nothing run since. 0, or -ENOMEM recorded (a violated invariant) with nothing taken. */
+/* Takes the call's host block groups and, for the last chunk, the layer's device frame
+   groups, which prefill_room found free with nothing run since. 0, or -ENOMEM recorded (a
+   violated invariant) with nothing taken. */
 static int prefill_take(struct kvt_manager *m, struct prefill *p)
 {
-	int err = kvt_pool_alloc(&m->dev, p->s->n_frames, p->ly.frames);
+	uint32_t nb = p->nb - p->had_groups;
+	int err = p->last ? kvt_pool_alloc(&m->dev, p->s->n_frames, p->ly.frames) : 0;
 
 	if (!err) {
-		err = kvt_pool_alloc(&m->host, p->nb, p->ly.groups);
-		if (err)
+		err = kvt_pool_alloc(&m->host, nb, p->ly.groups + p->had_groups);
+		if (err && p->last)
 			ALWAYS(kvt_pool_free(&m->dev, p->ly.frames, p->s->n_frames) == 0);
 	}
 	if (NEVER(err))
 		return kvt_fail(m, err, "sequence %llu layer %u: groups counted free are not",
 				(unsigned long long)p->seq, p->layer);
 	p->ly.n_groups = p->nb;
+	p->took = true;
+	return 0;
+}
+
+/* The whole layer for the last chunk, in fk and fv: the caller's tensors when they hold it,
+   else the backend's scratch buffer, filled with the rows below kv_from from the host history
+   (one gather, after their saves landed) and the caller's rows. 0 or the error, recorded. */
+static int prefill_assemble(struct kvt_manager *m, struct prefill *p)
+{
+	const struct kvt_config *c = &m->cfg;
+	uint32_t H = c->n_kv_heads, bt = c->block_tokens, rows = p->L - p->kv_from, nx = 0;
+	uint64_t head = (uint64_t)p->L * m->row_bytes, base;
+	int err;
+
+	p->fk = ptr_u64(p->k);
+	p->fv = ptr_u64(p->v);
+	if (!p->last || p->kv_from == 0)
+		return 0;
+	err = KVT_XFER(m, scratch, 2 * H * head, &base);
+	if (!err)
+		err = m->ops->save_wait(m->be, p->s->save_ticket);
+	if (err)
+		return kvt_fail(m, err, "sequence %llu layer %u: prefill buffer: %s",
+				(unsigned long long)p->seq, p->layer, m->be->err);
+	p->fk = base;
+	p->fv = base + H * head;
+	for (uint32_t p0 = 0; p0 < p->kv_from; p0 += bt) {
+		uint32_t cnt = p->kv_from - p0 < bt ? p->kv_from - p0 : bt;
+		struct kvt_xfer e = {
+			.src = kvt_host_row(m, &p->ly, 0, p0),
+			.dst = p->fk + (uint64_t)p0 * m->row_bytes,
+			.bytes = cnt * m->row_bytes,
+			.reps = H,
+			.src_stride = m->block_bytes,
+			.dst_stride = head,
+		};
+
+		m->xf[nx++] = e;
+		e.src += m->v_offset;
+		e.dst = p->fv + (uint64_t)p0 * m->row_bytes;
+		m->xf[nx++] = e;
+	}
+	kvt_dev_queue(m);
+	err = KVT_XFER(m, load_h2d, m->xf, nx, p->stream);
+	nx = 0;
+	for (uint32_t r0 = 0; !err && r0 < rows; r0 += bt) {
+		uint32_t cnt = rows - r0 < bt ? rows - r0 : bt;
+		struct kvt_xfer e = {
+			.src = ptr_u64(p->k) + (uint64_t)r0 * m->row_bytes,
+			.dst = p->fk + ((uint64_t)p->kv_from + r0) * m->row_bytes,
+			.bytes = cnt * m->row_bytes,
+			.reps = H,
+			.src_stride = (uint64_t)rows * m->row_bytes,
+			.dst_stride = head,
+		};
+
+		m->xf[nx++] = e;
+		e.src = ptr_u64(p->v) + (uint64_t)r0 * m->row_bytes;
+		e.dst = p->fv + ((uint64_t)p->kv_from + r0) * m->row_bytes;
+		m->xf[nx++] = e;
+	}
+	if (!err)
+		err = KVT_XFER(m, copy_d2d, m->xf, nx, p->stream);
+	if (err)
+		return kvt_fail(m, err, "sequence %llu layer %u: assembling the layer: %s",
+				(unsigned long long)p->seq, p->layer, m->be->err);
+	m->st.bytes_h2d_history += 2ull * H * p->kv_from * m->row_bytes;
 	return 0;
 }
 
@@ -405,23 +698,23 @@ static bool topk_in_order(const struct kvt_manager *m, const struct prefill *p)
 	return true;
 }
 
-/* Select (SnapKV), on the CPU where it can read the tensors, else on the backend's device
-   (the layer's K never leaves it). Without payload there is no data to score: keep the
-   candidates nearest the recent window, which is what a recency prior would keep. Then the
-   block metadata for recall where the device builds it from the layer's K. 0 or the error,
-   recorded. */
+/* Select (SnapKV) over the whole layer, on the CPU where it can read the tensors, else on the
+   backend's device (the layer's K never leaves it). Without payload there is no data to
+   score: keep the candidates nearest the recent window, which is what a recency prior would
+   keep. Then the block metadata for recall. 0 or the error, recorded. */
 static int prefill_select(struct kvt_manager *m, struct prefill *p)
 {
 	const struct kvt_config *c = &m->cfg;
 	struct kvt_seq_layer *ly = &p->ly;
+	const void *fk = (const void *)(uintptr_t)p->fk;
 	uint32_t L = p->L, count = p->count;
 	int err;
 
 	if (count && m->payload) {
 		err = m->cpu_device
-			      ? kvt_snapkv_select(&p->sp, p->k, p->q_obs, ly->topk, m->sel_scratch)
+			      ? kvt_snapkv_select(&p->sp, fk, p->q_obs, ly->topk, m->sel_scratch)
 		      : m->ops->select
-			      ? KVT_XFER(m, select, &p->sp, p->k, p->q_obs, ly->topk, p->stream)
+			      ? KVT_XFER(m, select, &p->sp, fk, p->q_obs, ly->topk, p->stream)
 			      : -ENOTSUP;
 		if (err)
 			return kvt_fail(m, err, "sequence %llu layer %u: selection failed%s%s",
@@ -437,9 +730,12 @@ static int prefill_select(struct kvt_manager *m, struct prefill *p)
 	if (count && NEVER(!topk_in_order(m, p)))
 		return kvt_fail(m, -EIO, "sequence %llu layer %u: selected positions out of order",
 				(unsigned long long)p->seq, p->layer);
+	if (m->keep_meta && m->cpu_device && kvt_meta_prefill(m, ly, fk, L))
+		return kvt_fail(m, -ENOMEM, "sequence %llu layer %u: no memory for its tables",
+				(unsigned long long)p->seq, p->layer);
 	if (m->keep_meta && !m->cpu_device) {
 		err = KVT_XFER(m, block_meta, c->dtype, c->head_dim, c->n_kv_heads, L,
-			       c->block_tokens, p->k, ly->rc->meta, p->stream);
+			       c->block_tokens, fk, ly->rc->meta, p->stream);
 		if (err)
 			return kvt_fail(m, err, "sequence %llu layer %u: block metadata: %s",
 					(unsigned long long)p->seq, p->layer, m->be->err);
@@ -448,13 +744,13 @@ static int prefill_select(struct kvt_manager *m, struct prefill *p)
 	return 0;
 }
 
-/* Gathers the sink, ring and top-K rows of the caller's tensors into the layer's frames. 0
-   or the error, recorded. */
+/* Gathers the sink, ring and top-K rows of the whole layer into the layer's frames. 0 or the
+   error, recorded. */
 static int prefill_gather(struct kvt_manager *m, struct prefill *p)
 {
 	const struct row_src src = {
-		.k = ptr_u64(p->k),
-		.v_minus_k = ptr_u64(p->v) - ptr_u64(p->k), /* K address + this = V address */
+		.k = p->fk,
+		.v_minus_k = p->fv - p->fk, /* K address + this = V address */
 		.head_bytes = (uint64_t)p->L * m->row_bytes,
 	};
 	uint32_t nx = 0;
@@ -471,41 +767,62 @@ static int prefill_gather(struct kvt_manager *m, struct prefill *p)
 	return 0;
 }
 
-/* Saves the whole layer into the host history: per block index, all heads' K rows in one
-   strided entry and their V rows in another. 0 with the save's ticket, or the error,
-   recorded, once no part of the save is still in flight. */
+/* Saves the chunk's rows into the host history: per block, all heads' K rows in one strided
+   entry and their V rows in another. The sources are the caller's tensors, or each head's
+   rows of the chunk when the tensors hold rows before it too. 0 with the save's ticket, or
+   the error, recorded, once no part of the save is still in flight. */
 static int prefill_save(struct kvt_manager *m, struct prefill *p, uint64_t *ticket)
 {
 	const struct kvt_config *c = &m->cfg;
-	uint64_t layer_bytes = (uint64_t)p->L * m->row_bytes;
-	uint32_t nx = 0;
+	uint32_t H = c->n_kv_heads, bt = c->block_tokens, nx = 0, n_src = 0;
+	uint64_t chunk = (uint64_t)p->n * m->row_bytes; /* one head's rows of the chunk */
+	uint64_t held = (uint64_t)(p->pos + p->n - p->kv_from) * m->row_bytes;
+	struct kvt_save_src src1[2], *src = src1;
 	int err;
 
 	if (NEVER(2ull * p->nb > m->xf_cap)) /* prefill_tables reserved the list */
 		return kvt_fail(m, -EIO, "sequence %llu layer %u: save list too short",
 				(unsigned long long)p->seq, p->layer);
-	for (uint32_t b = 0; b < p->nb; b++) {
-		uint32_t p0 = b * c->block_tokens;
-		uint32_t n = p->L - p0 < c->block_tokens ? p->L - p0 : c->block_tokens;
+	if (p->kv_from == p->pos) {
+		src1[0] = (struct kvt_save_src){ptr_u64(p->k), H * chunk};
+		src1[1] = (struct kvt_save_src){ptr_u64(p->v), H * chunk};
+		n_src = 2;
+	} else {
+		src = kvt_malloc(2 * H * sizeof(*src));
+		if (!src)
+			return kvt_fail(m, -ENOMEM,
+					"sequence %llu layer %u: no memory for the save",
+					(unsigned long long)p->seq, p->layer);
+		for (uint32_t t = 0; t < 2; t++)
+			for (uint32_t h = 0; h < H; h++)
+				src[n_src++] = (struct kvt_save_src){
+					ptr_u64(t ? p->v : p->k) + h * held +
+						(uint64_t)(p->pos - p->kv_from) * m->row_bytes,
+					chunk};
+	}
+	for (uint32_t p0 = p->pos; p0 < p->pos + p->n;) {
+		uint32_t end = (p0 / bt + 1) * bt, n;
+
+		end = end < p->pos + p->n ? end : p->pos + p->n;
+		n = end - p0;
 		struct kvt_xfer e = {
-			.src = (uint64_t)p0 * m->row_bytes,
+			.src = (uint64_t)(p0 - p->pos) * m->row_bytes,
 			.dst = kvt_host_row(m, &p->ly, 0, p0),
 			.bytes = n * m->row_bytes,
-			.reps = c->n_kv_heads,
-			.src_stride = layer_bytes,
+			.reps = H,
+			.src_stride = chunk,
 			.dst_stride = m->block_bytes,
 		};
 
 		m->xf[nx++] = e;
-		e.src += c->n_kv_heads * layer_bytes;
+		e.src += H * chunk;
 		e.dst += m->v_offset;
 		m->xf[nx++] = e;
+		p0 = end;
 	}
-	struct kvt_save_src src[2] = {
-		{ptr_u64(p->k), c->n_kv_heads * layer_bytes},
-		{ptr_u64(p->v), c->n_kv_heads * layer_bytes},
-	};
-	err = KVT_XFER(m, save, src, 2, m->xf, nx, p->stream, ticket);
+	err = KVT_XFER(m, save, src, n_src, m->xf, nx, p->stream, ticket);
+	if (src != src1)
+		free(src);
 	if (err) {
 		/* A multi-chunk save may have handed chunks over: let them land before the
 		   blocks return to the pool. */
@@ -516,27 +833,86 @@ static int prefill_save(struct kvt_manager *m, struct prefill *p, uint64_t *tick
 	return 0;
 }
 
-/* Installs the built layer in the sequence and counts the call. */
+/* Installs the built layer in the sequence and counts the call; the last layer of a sequence
+   with a chain caches its spans. */
 static void prefill_commit(struct kvt_manager *m, struct prefill *p, uint64_t ticket)
 {
 	struct kvt_seq_layer *ly = &p->ly;
-	uint32_t L = p->L, resident = (L < m->slots_sr ? L : m->slots_sr) + p->count;
-	uint32_t H = m->cfg.n_kv_heads;
+	struct kvt_seq *s = p->s;
+	uint32_t L = p->L, H = m->cfg.n_kv_heads;
+
+	s->save_ticket = ticket;
+	m->st.saves_submitted++;
+	m->st.tokens_saved += p->n;
+	m->st.bytes_d2h += 2ull * H * p->n * m->row_bytes;
+	if (s->px)
+		s->px->fill[p->layer] = p->pos + p->n;
+	if (!p->last) {
+		s->layers[p->layer] = *ly;
+		return;
+	}
+	uint32_t resident = (L < m->slots_sr ? L : m->slots_sr) + p->count;
 
 	ly->n_tokens = L;
 	ly->ring_slot = kvt_ring_slot(L, m->cfg.sink_tokens, m->cfg.recent_tokens);
 	ly->dev_next = kvt_dev_row(m, ly, 0, ly->ring_slot);
 	ly->host_next = kvt_host_cursor(m, ly);
-	p->s->layers[p->layer] = *ly;
-	p->s->layers_prefilled++;
-	p->s->save_ticket = ticket;
+	s->layers[p->layer] = *ly;
+	s->layers_prefilled++;
 	m->st.prefill_layers++;
-	m->st.saves_submitted++;
 	m->st.tokens_prompt += L;
-	m->st.tokens_saved += L;
 	m->st.tokens_resident += resident;
 	m->st.bytes_d2d += 2ull * resident * m->row_bytes * H;
-	m->st.bytes_d2h += 2ull * H * L * m->row_bytes;
+	if (s->layers_prefilled == m->cfg.n_layers)
+		kvt_prefix_register(m, s);
+}
+
+/* Undoes a failed call: the pool ids it took, the tables it built (the layer's group table
+   keeps its new capacity). */
+static void prefill_undo(struct kvt_manager *m, struct prefill *p)
+{
+	if (p->took) {
+		kvt_dev_quiesce(m); /* a copy into the frames may be queued; see kvt_dev_quiesce */
+		ALWAYS(kvt_pool_free(&m->host, p->ly.groups + p->had_groups,
+				     p->nb - p->had_groups) == 0);
+		if (p->last)
+			ALWAYS(kvt_pool_free(&m->dev, p->ly.frames, p->s->n_frames) == 0);
+	}
+	if (p->s && p->last) {
+		free(p->ly.frames);
+		free(p->ly.topk);
+		if (p->ly.rc != p->s->layers[p->layer].rc)
+			kvt_recall_layer_free(p->ly.rc);
+	}
+}
+
+static int prefill_run(struct kvt_manager *m, struct prefill *p)
+{
+	uint64_t ticket;
+	int err;
+
+	err = prefill_check(m, p);
+	if (!err)
+		err = prefill_room(m, p);
+	if (err)
+		return err;
+	err = prefill_tables(m, p);
+	if (!err)
+		err = prefill_take(m, p);
+	if (!err)
+		err = prefill_assemble(m, p);
+	if (!err && p->last)
+		err = prefill_select(m, p);
+	if (!err && p->last)
+		err = prefill_gather(m, p);
+	if (!err)
+		err = prefill_save(m, p, &ticket);
+	if (err) {
+		prefill_undo(m, p);
+		return err;
+	}
+	prefill_commit(m, p, ticket);
+	return 0;
 }
 
 KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t layer, const void *k,
@@ -545,46 +921,39 @@ KVT_API int kvt_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t laye
 	struct prefill p = {
 		.seq = seq,
 		.layer = layer,
+		.n = UINT32_MAX, /* the rest of the layer */
 		.k = k,
 		.v = v,
 		.q_obs = q_obs,
 		.stream = stream,
 	};
-	uint64_t ticket;
-	int err;
 
 	if (!m)
 		return -EINVAL;
-	err = prefill_check(m, &p);
-	if (!err)
-		err = prefill_room(m, &p);
-	if (err)
-		return err;
-	err = prefill_tables(m, &p);
-	if (!err)
-		err = prefill_take(m, &p);
-	if (!err)
-		err = prefill_select(m, &p);
-	if (!err)
-		err = prefill_gather(m, &p);
-	if (!err)
-		err = prefill_save(m, &p, &ticket);
-	if (err)
-		goto fail;
-	prefill_commit(m, &p, ticket);
-	return 0;
+	return prefill_run(m, &p);
+}
 
-fail:
-	if (p.ly.n_groups) {
-		kvt_dev_quiesce(m); /* a copy into the frames may be queued; see kvt_dev_quiesce */
-		ALWAYS(kvt_pool_free(&m->host, p.ly.groups, p.ly.n_groups) == 0);
-		ALWAYS(kvt_pool_free(&m->dev, p.ly.frames, p.s->n_frames) == 0);
-	}
-	free(p.ly.frames);
-	free(p.ly.groups);
-	free(p.ly.topk);
-	kvt_recall_layer_free(p.ly.rc);
-	return err;
+KVT_API int kvt_prefill_chunk(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t pos,
+			      uint32_t n, uint32_t kv_from, const void *k, const void *v,
+			      const void *q_obs, void *stream)
+{
+	struct prefill p = {
+		.seq = seq,
+		.layer = layer,
+		.pos = pos,
+		.n = n,
+		.kv_from = kv_from,
+		.k = k,
+		.v = v,
+		.q_obs = q_obs,
+		.stream = stream,
+	};
+
+	if (!m)
+		return -EINVAL;
+	if (n == UINT32_MAX)
+		return kvt_fail(m, -EINVAL, "prefill chunk: %u tokens", n);
+	return prefill_run(m, &p);
 }
 
 /* Gives back the host groups that decode pass 2 took for the first n fresh members of the
@@ -867,6 +1236,76 @@ int kvt_seq_read_token_host(struct kvt_manager *m, uint64_t seq, uint32_t layer,
 			    uint32_t pos, void *k_out, void *v_out)
 {
 	return read_token(m, seq, layer, head, pos, k_out, v_out, true);
+}
+
+KVT_API int kvt_seq_load_kv(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t pos,
+			    uint32_t n, void *k_out, void *v_out, void *stream)
+{
+	uint32_t H, bt, nx = 0, filled;
+	struct kvt_seq_layer *ly;
+	struct kvt_seq *s;
+	uint64_t head;
+	int err = 0;
+
+	if (!m)
+		return -EINVAL;
+	if (!k_out || !v_out || n == 0)
+		return kvt_fail(m, -EINVAL, "load: %s", n ? "NULL output" : "no positions");
+	err = check_layer(m, layer);
+	if (err)
+		return err;
+	s = kvt_seq_usable(m, seq, "load", &err);
+	if (!s)
+		return err;
+	ly = &s->layers[layer];
+	filled = layer_filled(s, layer);
+	if (pos > filled || n > filled - pos)
+		return kvt_fail(
+			m, -EINVAL,
+			"load: sequence %llu layer %u: positions [%u, +%u) past the %u in its "
+			"history",
+			(unsigned long long)seq, layer, pos, n, filled);
+	H = m->cfg.n_kv_heads;
+	bt = m->cfg.block_tokens;
+	if (kvt_reserve((void **)&m->xf, &m->xf_cap, 2 * (DIV_UP(n, bt) + 1), sizeof(*m->xf)))
+		return kvt_fail(m, -ENOMEM, "load: no memory for the copy list");
+	s->stamp = ++m->stamp;
+	if (m->disk) {
+		kvt_spill_want_range(m, s, layer, pos, pos + n);
+		err = kvt_spill_fetch_wanted(m, "load");
+		if (err < 0)
+			return err;
+	}
+	err = m->ops->save_wait(m->be, s->save_ticket);
+	if (err)
+		return kvt_fail(m, err, "load: waiting for its saves: %s", m->be->err);
+	head = (uint64_t)n * m->row_bytes;
+	for (uint32_t p0 = pos; p0 < pos + n;) {
+		uint32_t end = (p0 / bt + 1) * bt;
+
+		end = end < pos + n ? end : pos + n;
+		struct kvt_xfer e = {
+			.src = kvt_host_row(m, ly, 0, p0),
+			.dst = ptr_u64(k_out) + (uint64_t)(p0 - pos) * m->row_bytes,
+			.bytes = (end - p0) * m->row_bytes,
+			.reps = H,
+			.src_stride = m->block_bytes,
+			.dst_stride = head,
+		};
+
+		m->xf[nx++] = e;
+		e.src += m->v_offset;
+		e.dst = ptr_u64(v_out) + (uint64_t)(p0 - pos) * m->row_bytes;
+		m->xf[nx++] = e;
+		p0 = end;
+	}
+	kvt_dev_queue(m);
+	err = KVT_XFER(m, load_h2d, m->xf, nx, stream);
+	if (err)
+		return kvt_fail(m, err, "load: sequence %llu layer %u: %s", (unsigned long long)seq,
+				layer, m->be->err);
+	m->st.bytes_h2d_history += 2ull * H * head;
+	return 0;
 }
 
 KVT_API int kvt_seq_tokens(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t *n_out)
@@ -1221,14 +1660,22 @@ KVT_API int kvt_seq_info(struct kvt_manager *m, uint64_t seq, struct kvt_seq_inf
 	in.prompt_tokens = s->prompt_tokens;
 	in.preempted = s->preempted;
 	in.frames_per_layer = s->n_frames * m->cfg.n_kv_heads;
+	in.filled_tokens = UINT32_MAX;
 	for (uint32_t l = 0; l < m->cfg.n_layers; l++) {
 		const struct kvt_seq_layer *ly = &s->layers[l];
+		uint32_t filled = layer_filled(s, l);
 
+		in.filled_tokens = filled < in.filled_tokens ? filled : in.filled_tokens;
+		in.host_blocks += (uint64_t)ly->n_groups * m->cfg.n_kv_heads;
 		if (!ly->n_tokens)
 			continue;
 		in.layers_prefilled++;
 		in.tokens = ly->n_tokens > in.tokens ? ly->n_tokens : in.tokens;
-		in.host_blocks += (uint64_t)ly->n_groups * m->cfg.n_kv_heads;
+	}
+	if (s->px) { /* the groups of the spans it holds, every one shared with the cache */
+		in.prefix_tokens = s->px->prefix_tokens;
+		in.shared_blocks = (uint64_t)s->px->n_spans * (s->px->hash_tokens >> m->lbt) *
+				   m->cfg.n_layers * m->cfg.n_kv_heads;
 	}
 	if (!s->preempted)
 		in.device_frames = (uint64_t)in.layers_prefilled * in.frames_per_layer;

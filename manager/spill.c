@@ -25,6 +25,7 @@
 
 #include "base.h"
 #include "disk.h"
+#include "prefix.h"
 #include "spill.h"
 
 /* Groups written per I/O batch (bounds the scratch lists, not the I/O depth). */
@@ -181,7 +182,8 @@ static void spill_seq(struct kvt_manager *m, struct kvt_seq *s, uint32_t want, b
 		for (uint32_t b = 0; b < end && m->host.n_free < goal; b++) {
 			uint32_t g = ly->groups[b];
 
-			if ((g & KVT_SPILLED) || pinned(m, g))
+			/* a shared group stays: its other owners' tables name it */
+			if ((g & KVT_SPILLED) || pinned(m, g) || kvt_host_shared(m, g))
 				continue;
 			m->dio[n] = (struct kvt_disk_io){.addr = m->host_base +
 								 (uint64_t)g * m->group_bytes};
@@ -204,6 +206,16 @@ static void spill_seq(struct kvt_manager *m, struct kvt_seq *s, uint32_t want, b
 	}
 }
 
+/* Spills the victims' groups, least recently used sequence first, until target groups are free;
+   the last group of each layer (decode's next append) only when the rest is not enough. */
+static void spill_victims(struct kvt_manager *m, const struct victim *v, uint32_t nv,
+			  uint32_t target, int *err)
+{
+	for (int tails = 0; tails < 2 && m->host.n_free < target && *err != -ENOSPC; tails++)
+		for (uint32_t i = 0; i < nv && m->host.n_free < target && *err != -ENOSPC; i++)
+			spill_seq(m, v[i].s, target - m->host.n_free, tails, err);
+}
+
 int kvt_spill_room(struct kvt_manager *m, uint32_t need)
 {
 	struct victim *v;
@@ -213,7 +225,7 @@ int kvt_spill_room(struct kvt_manager *m, uint32_t need)
 
 	if (m->host.n_free >= need)
 		return 0;
-	if (!m->disk || need > m->host.n_units)
+	if (need > m->host.n_units || (!m->disk && !kvt_prefix_idle(m)))
 		return -ENOMEM;
 	/* No queued load may still read a block this frees. */
 	err = kvt_dev_quiesce(m);
@@ -221,6 +233,10 @@ int kvt_spill_room(struct kvt_manager *m, uint32_t need)
 		return err;
 	target = need + m->host.n_units / 64;
 	target = target > m->host.n_units ? m->host.n_units : target;
+	/* Cached prefix spans no sequence holds go first (to disk, or dropped without one). */
+	kvt_prefix_evict(m, target);
+	if (m->host.n_free >= need || !m->disk)
+		return m->host.n_free >= need ? 0 : -ENOMEM;
 	if (reserve_io(m, SPILL_BATCH))
 		return -ENOMEM;
 	v = kvt_malloc((size_t)m->seqs.n * sizeof(*v) + 1);
@@ -230,10 +246,12 @@ int kvt_spill_room(struct kvt_manager *m, uint32_t need)
 		if (!s->lost && host_groups(m, s))
 			v[nv++] = (struct victim){s->stamp, s};
 	qsort(v, nv, sizeof(*v), cmp_victim);
-	/* The last group of each layer (decode's next append) only when the rest is not enough. */
-	for (int tails = 0; tails < 2 && m->host.n_free < target && err != -ENOSPC; tails++)
-		for (uint32_t i = 0; i < nv && m->host.n_free < target && err != -ENOSPC; i++)
-			spill_seq(m, v[i].s, target - m->host.n_free, tails, &err);
+	spill_victims(m, v, nv, target, &err);
+	/* A full spill file gives up the prefix spans it caches before a live history waits. */
+	if (err == -ENOSPC && m->host.n_free < need && kvt_prefix_drop_disk(m)) {
+		err = 0;
+		spill_victims(m, v, nv, target, &err);
+	}
 	free(v);
 	if (err)
 		kvt_log(KVT_LOG_DEBUG, "spilling: %s", kvt_strerror(err));
@@ -401,7 +419,7 @@ void kvt_spill_release_layer(struct kvt_manager *m, struct kvt_seq *s, struct kv
 			if (ALWAYS(s->n_spilled > 0))
 				s->n_spilled--;
 		} else {
-			ALWAYS(kvt_pool_free(&m->host, &g, 1) == 0);
+			kvt_host_release(m, &g, 1);
 		}
 	}
 }

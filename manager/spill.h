@@ -30,11 +30,13 @@ struct kvt_want {
 int kvt_spill_open(struct kvt_manager *m);
 void kvt_spill_close(struct kvt_manager *m);
 
-/* Makes `need` host groups free, spilling groups least recently used sequence first (smallest
-   stamp; the sequences the call names carry the newest), never a group pinned by the call at
-   hand (kvt_spill_want) and each layer's last group only when the others do not suffice.
-   0, -ENOMEM, or the error of waiting for queued device work first (kvt_dev_quiesce; nothing
-   spilled). */
+/* Makes `need` host groups free: first by evicting cached prefix spans no sequence holds (to
+   the spill file, or dropped without a disk tier), then by spilling groups least recently
+   used sequence first (smallest stamp; the sequences the call names carry the newest), never
+   a group pinned by the call at hand (kvt_spill_want) nor one shared with the prefix cache,
+   and each layer's last group only when the others do not suffice; a full spill file first
+   drops the prefix spans it holds. 0, -ENOMEM, or the error of waiting for queued device work
+   first (kvt_dev_quiesce; nothing spilled). Without a disk tier it only evicts spans. */
 int kvt_spill_room(struct kvt_manager *m, uint32_t need);
 
 /* Room for n more entries in the call's list of wanted blocks, so that kvt_spill_want cannot

@@ -50,6 +50,7 @@ struct sreq {
 	uint64_t seq;
 	uint64_t order; /* arrival number: the FCFS key of every list */
 	uint32_t prompt, max_new, generated;
+	uint32_t work;	 /* prompt tokens a layer's prefill computes: past its shared prefix */
 	uint32_t layers; /* layers prefilled, as of the latest kvt_seq_info */
 	uint8_t phase;
 	bool holds;	     /* on `holders` */
@@ -326,6 +327,7 @@ KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new
 	r->seq = seq;
 	r->order = s->next_order;
 	r->prompt = info.prompt_tokens;
+	r->work = info.prompt_tokens - info.prefix_tokens;
 	r->max_new = max_new_tokens;
 	r->phase = PH_WAITING;
 	err = kvt_idmap_put(&s->map, r->seq, r);
@@ -404,7 +406,7 @@ static void admit(struct kvt_sched *s, const struct kvt_stats *st)
 		}
 		if (r->phase != PH_DECODE) {
 			uint32_t left = s->n_layers - r->layers;
-			uint64_t fit = budget / r->prompt;
+			uint64_t fit = budget / r->work;
 
 			k = fit < left ? (uint32_t)fit : left;
 			if (k == 0 && !have_prefill)
@@ -415,7 +417,7 @@ static void admit(struct kvt_sched *s, const struct kvt_stats *st)
 					prefill_open = false;
 				continue;
 			}
-			tok = DIV_UP((uint64_t)r->prompt * k, s->n_layers);
+			tok = DIV_UP((uint64_t)r->work * k, s->n_layers);
 		}
 		if (s->n_plan && tokens + tok > s->cfg.max_tokens)
 			break;
@@ -479,7 +481,7 @@ static void admit(struct kvt_sched *s, const struct kvt_stats *st)
 		host_sum += host;
 		tokens += tok;
 		if (k) {
-			uint64_t used = (uint64_t)k * r->prompt;
+			uint64_t used = (uint64_t)k * r->work;
 
 			budget -= used < budget ? used : budget;
 			have_prefill = true;
@@ -659,7 +661,7 @@ static void emit(struct kvt_sched *s)
 				item->layer_begin = pl->r->layers;
 				item->layer_end = pl->r->layers + pl->k;
 				it->n_prefill++;
-				it->prefill_token_layers += (uint64_t)pl->k * pl->r->prompt;
+				it->prefill_token_layers += (uint64_t)pl->k * pl->r->work;
 			} else {
 				item->decode = 1;
 				it->n_decode++;

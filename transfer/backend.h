@@ -13,7 +13,7 @@
 
 #include "kvtier.h"
 
-#define KVT_BACKEND_OPS_VERSION 3
+#define KVT_BACKEND_OPS_VERSION 4
 
 enum kvt_tier {
 	KVT_TIER_DEVICE = 0,
@@ -119,6 +119,16 @@ struct kvt_backend_ops {
 
 	/* Host blocks -> device frames (FlashH2D on the GPU: one fused gather). */
 	int (*gather_h2d)(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n, void *stream);
+
+	/* Host blocks -> memory outside the arenas (the caller's tensors, the scratch buffer),
+	   as gather_h2d: kvt_seq_load_kv, and the prefix of a chunked prefill's last chunk. */
+	int (*load_h2d)(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n, void *stream);
+
+	/* A device buffer of at least bytes owned by the backend (a chunked prefill assembles
+	   one layer there), reused across calls: *addr is valid until the next scratch call or
+	   destroy. Growing it first waits for the device work that may still use the old one.
+	   0 or -ENOMEM (the old buffer stays). */
+	int (*scratch)(struct kvt_be *b, uint64_t bytes, uint64_t *addr);
 
 	/* Saves device rows into host blocks (FlashD2H): one contiguous copy of the sources into
 	   a staging buffer, then the save threads scatter x (src = offsets into the sources).

@@ -106,6 +106,7 @@ struct cuda_backend {
 	/* Device scratch of the policy ops, from 1 MiB: the first prefill of a longer prompt than
 	   any before grows it without waiting for the whole device. */
 	struct dev_buf io;
+	struct dev_buf layer;  /* the scratch buffer of a chunked prefill's last chunk */
 	void **b_dst, **b_src; /* cudaMemcpyBatchAsync arrays */
 	size_t *b_size;
 	size_t b_cap;
@@ -899,6 +900,7 @@ static void cuda_destroy(struct kvt_be *b)
 		if (cb->stage_done[i])
 			cudaEventDestroy(cb->stage_done[i]);
 	dev_buf_free(&cb->io);
+	dev_buf_free(&cb->layer);
 	pinned_arena_destroy(cb);
 	free(cb->b_dst);
 	free(cb->b_src);
@@ -992,6 +994,31 @@ static int cuda_copy_d2d(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n,
 static int cuda_gather_h2d(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n, void *stream)
 {
 	return copy_list((struct cuda_backend *)b, x, n, true, (cudaStream_t)stream);
+}
+
+/* The scratch buffer: a buffer it outgrew stays allocated until destroy (work queued on it may
+   still run), so growing waits for nothing. */
+static int cuda_scratch(struct kvt_be *b, uint64_t bytes, uint64_t *addr)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	size_t cap;
+	int err;
+
+	if (bytes > cb->layer.cap) {
+		err = bind(cb);
+		if (err)
+			return err;
+		cap = bytes > SIZE_MAX ? 0
+				       : dev_buf_cap(&cb->layer, (size_t)1 << 20, (size_t)bytes);
+		if (!cap || cb->layer.n_old == sizeof(cb->layer.old) / sizeof(cb->layer.old[0]))
+			return be_fail(b, -ENOMEM, "prefill buffer of %llu bytes",
+				       (unsigned long long)bytes);
+		err = dev_buf_grow(cb, &cb->layer, cap, "prefill buffer (cudaMalloc)");
+		if (err)
+			return err;
+	}
+	*addr = (uint64_t)(uintptr_t)cb->layer.p;
+	return 0;
 }
 
 static int cuda_save(struct kvt_be *b, const struct kvt_save_src *src, uint32_t n_src,
@@ -1242,6 +1269,8 @@ const struct kvt_backend_ops kvt_backend_cuda_ops = {
 	.arena_free = cuda_arena_free,
 	.copy_d2d = cuda_copy_d2d,
 	.gather_h2d = cuda_gather_h2d,
+	.load_h2d = cuda_gather_h2d,
+	.scratch = cuda_scratch,
 	.save = cuda_save,
 	.append = cuda_append,
 	.save_wait = cuda_save_wait,

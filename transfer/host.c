@@ -18,6 +18,8 @@ struct host_backend {
 	struct kvt_be base;
 	struct kvt_jarena arena;
 	struct kvt_savepool *sp;
+	void *scratch; /* the scratch buffer (malloc), of scratch_bytes */
+	uint64_t scratch_bytes;
 };
 
 static inline void *ptr(uint64_t a)
@@ -90,6 +92,7 @@ static void host_destroy(struct kvt_be *b)
 {
 	struct host_backend *hb = (struct host_backend *)b;
 
+	free(hb->scratch);
 	kvt_savepool_destroy(hb->sp);
 	kvt_jarena_destroy(&hb->arena);
 	free(hb);
@@ -117,6 +120,24 @@ static void host_arena_free(struct kvt_be *b, enum kvt_tier tier, uint64_t base,
 	(void)tier;
 	(void)bytes;
 	kvt_jarena_free(&((struct host_backend *)b)->arena, ptr(base));
+}
+
+static int host_scratch(struct kvt_be *b, uint64_t bytes, uint64_t *addr)
+{
+	struct host_backend *hb = (struct host_backend *)b;
+
+	if (bytes > hb->scratch_bytes) {
+		void *p = bytes > SIZE_MAX ? NULL : kvt_malloc((size_t)bytes);
+
+		if (!p)
+			return kvt_be_fail(b, -ENOMEM, "scratch buffer of %llu bytes",
+					   (unsigned long long)bytes);
+		free(hb->scratch);
+		hb->scratch = p;
+		hb->scratch_bytes = bytes;
+	}
+	*addr = (uint64_t)(uintptr_t)hb->scratch;
+	return 0;
 }
 
 static void copy_list(const struct kvt_xfer *x, uint32_t n)
@@ -206,6 +227,8 @@ const struct kvt_backend_ops kvt_backend_host_ops = {
 	.arena_free = host_arena_free,
 	.copy_d2d = host_copy,
 	.gather_h2d = host_copy,
+	.load_h2d = host_copy,
+	.scratch = host_scratch,
 	.save = host_save,
 	.append = host_append,
 	.save_wait = host_save_wait,

@@ -47,6 +47,8 @@
 
 /* Where the first arena goes, and the alignment of and gap between arenas. */
 #define MODEL_ARENA_START ((uint64_t)1 << 32)
+/* The scratch buffer's fake address: above any pair of arenas the address space can hold. */
+#define MODEL_SCRATCH_BASE ((uint64_t)1 << 63)
 #define MODEL_ARENA_ALIGN ((uint64_t)2 << 20)
 
 struct model_range {
@@ -59,6 +61,7 @@ struct model_backend {
 	uint64_t staging_bytes;
 	uint64_t ticket;
 	struct model_range arena[2]; /* by enum kvt_tier */
+	struct model_range scratch;  /* the scratch buffer, at MODEL_SCRATCH_BASE */
 };
 
 static inline struct model_backend *mb_of(struct kvt_be *b)
@@ -252,6 +255,7 @@ static void charge_save(struct model_backend *mb, uint64_t calls, uint64_t total
 	       model_ns((double)calls * mb->p.call_ns, total, mb->p.d2h_gbps), total, calls);
 }
 
+/* Copies within the device: into frames (the device arena) or into the scratch buffer. */
 static int model_copy_d2d(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n, void *stream)
 {
 	struct model_backend *mb = mb_of(b);
@@ -261,11 +265,53 @@ static int model_copy_d2d(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n
 	(void)stream;
 	err = sum_list(b, "copy_d2d", x, n, NULL, NULL, &mb->arena[KVT_TIER_DEVICE], "device arena",
 		       &s);
+	if (err && mb->scratch.bytes)
+		err = sum_list(b, "copy_d2d", x, n, NULL, NULL, &mb->scratch, "scratch buffer", &s);
 	if (err)
 		return err;
 	if (s.bytes)
 		charge(b, KVT_DIR_D2D, model_ns(mb->p.launch_ns, s.bytes, mb->p.d2d_gbps), s.bytes,
 		       1);
+	return 0;
+}
+
+/* Charges a gather of host blocks (FlashH2D, or a DMA per piece) of s. */
+static void charge_gather(struct model_backend *mb, const struct list_sum *s)
+{
+	if (!s->bytes)
+		return;
+	if (mb->p.fused)
+		charge(&mb->base, KVT_DIR_H2D,
+		       model_ns(mb->p.launch_ns, s->bytes, mb->p.h2d_gbps * mb->p.fused_eff),
+		       s->bytes, 1);
+	else
+		charge(&mb->base, KVT_DIR_H2D,
+		       model_ns((double)s->pieces * mb->p.call_ns, s->bytes, mb->p.h2d_gbps),
+		       s->bytes, s->pieces);
+}
+
+/* Host blocks into caller tensors or the scratch buffer: sources checked only. */
+static int model_load_h2d(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n, void *stream)
+{
+	struct model_backend *mb = mb_of(b);
+	struct list_sum s = {0};
+	int err;
+
+	(void)stream;
+	err = sum_list(b, "load_h2d", x, n, &mb->arena[KVT_TIER_HOST], "host arena", NULL, NULL,
+		       &s);
+	if (!err)
+		charge_gather(mb, &s);
+	return err;
+}
+
+static int model_scratch(struct kvt_be *b, uint64_t bytes, uint64_t *addr)
+{
+	struct model_backend *mb = mb_of(b);
+
+	if (bytes > mb->scratch.bytes)
+		mb->scratch = (struct model_range){MODEL_SCRATCH_BASE, bytes};
+	*addr = MODEL_SCRATCH_BASE;
 	return 0;
 }
 
@@ -278,17 +324,9 @@ static int model_gather_h2d(struct kvt_be *b, const struct kvt_xfer *x, uint32_t
 	(void)stream;
 	err = sum_list(b, "gather_h2d", x, n, &mb->arena[KVT_TIER_HOST], "host arena",
 		       &mb->arena[KVT_TIER_DEVICE], "device arena", &s);
-	if (err || !s.bytes)
-		return err;
-	if (mb->p.fused)
-		charge(b, KVT_DIR_H2D,
-		       model_ns(mb->p.launch_ns, s.bytes, mb->p.h2d_gbps * mb->p.fused_eff),
-		       s.bytes, 1);
-	else
-		charge(b, KVT_DIR_H2D,
-		       model_ns((double)s.pieces * mb->p.call_ns, s.bytes, mb->p.h2d_gbps), s.bytes,
-		       s.pieces);
-	return 0;
+	if (!err)
+		charge_gather(mb, &s);
+	return err;
 }
 
 static int model_save(struct kvt_be *b, const struct kvt_save_src *src, uint32_t n_src,
@@ -391,6 +429,8 @@ const struct kvt_backend_ops kvt_backend_model_ops = {
 	.arena_free = model_arena_free,
 	.copy_d2d = model_copy_d2d,
 	.gather_h2d = model_gather_h2d,
+	.load_h2d = model_load_h2d,
+	.scratch = model_scratch,
 	.save = model_save,
 	.append = model_append,
 	.save_wait = model_save_wait,

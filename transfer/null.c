@@ -52,6 +52,14 @@ static void null_arena_free(struct kvt_be *b, enum kvt_tier tier, uint64_t base,
 	(void)bytes;
 }
 
+static int null_scratch(struct kvt_be *b, uint64_t bytes, uint64_t *addr)
+{
+	(void)b;
+	(void)bytes;
+	*addr = (uint64_t)3 << 44; /* beside the arenas, never mapped */
+	return 0;
+}
+
 static int null_copy(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n, void *stream)
 {
 	(void)b;
@@ -117,6 +125,8 @@ const struct kvt_backend_ops kvt_backend_null_ops = {
 	.arena_free = null_arena_free,
 	.copy_d2d = null_copy,
 	.gather_h2d = null_copy,
+	.load_h2d = null_copy,
+	.scratch = null_scratch,
 	.save = null_save,
 	.append = null_append,
 	.save_wait = null_save_wait,

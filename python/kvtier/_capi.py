@@ -114,6 +114,12 @@ class Stats(_Struct):
         ("h2d_kernel_launches", c_uint64), ("h2d_dma_batches", c_uint64),
         ("xfer_calibrated", c_uint32), ("xfer_gather_min_4k", c_uint32),
         ("xfer_gather_min_16k", c_uint32), ("xfer_gather_min_64k", c_uint32),
+        ("prefix_spans", c_uint64), ("prefix_blocks", c_uint64),
+        ("prefix_blocks_idle", c_uint64), ("prefix_blocks_disk", c_uint64),
+        ("prefix_blocks_shared", c_uint64), ("prefix_tokens_asked", c_uint64),
+        ("prefix_tokens_hit", c_uint64), ("prefix_spans_evicted", c_uint64),
+        ("prefix_spans_spilled", c_uint64), ("prefix_spans_restored", c_uint64),
+        ("bytes_h2d_history", c_uint64),
     ]
 
 
@@ -127,6 +133,8 @@ class SeqInfo(_Struct):
         ("recall_ws_frames", c_uint64), ("recall_step_frames", c_uint64),
         ("disk_blocks", c_uint64),
         ("lost", c_int32), ("reserved", c_uint32),
+        ("prefix_tokens", c_uint32), ("filled_tokens", c_uint32),
+        ("shared_blocks", c_uint64),
     ]
 
 

@@ -42,6 +42,12 @@ struct t_backend {
 			     uint32_t n, const void *k, const void *v, void *stream);
 	int (*decode_recall)(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
 			     uint32_t n, const void *q, void *stream);
+	int (*prefill_chunk)(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t pos,
+			     uint32_t n, uint32_t kv_from, const void *k, const void *v,
+			     const void *q_obs, void *stream);
+	/* k_out, v_out: host memory here (the fixture reads the device's copy back) */
+	int (*load_kv)(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t pos,
+		       uint32_t n, void *k_out, void *v_out, void *stream);
 	/* Copies n bytes at device address addr (a frame, a recall-view frame) to host dst. */
 	void (*dev_read)(void *dst, uint64_t addr, size_t n);
 };
@@ -74,6 +80,20 @@ static inline int t_decode_recall(struct kvt_manager *m, uint32_t layer, const u
 				  uint32_t n, const void *q, void *stream)
 {
 	return t_be->decode_recall(m, layer, seqs, n, q, stream);
+}
+
+static inline int t_prefill_chunk(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t pos,
+				  uint32_t n, uint32_t kv_from, const void *k, const void *v,
+				  const void *q_obs, void *stream)
+{
+	return t_be->prefill_chunk(m, seq, layer, pos, n, kv_from, k, v, q_obs, stream);
+}
+
+/* kvt_seq_load_kv into host memory k_out, v_out ([n_kv_heads][n][head_dim]). */
+static inline int t_load_kv(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t pos,
+			    uint32_t n, void *k_out, void *v_out, void *stream)
+{
+	return t_be->load_kv(m, seq, layer, pos, n, k_out, v_out, stream);
 }
 
 static inline void t_dev_read(void *dst, uint64_t addr, size_t n)

@@ -127,6 +127,56 @@ static int cu_decode_recall(struct kvt_manager *m, uint32_t layer, const uint64_
 	return rc;
 }
 
+static void cu_dev_read(void *dst, uint64_t addr, size_t n);
+
+static int cu_prefill_chunk(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t pos,
+			    uint32_t n, uint32_t kv_from, const void *k, const void *v,
+			    const void *q_obs, void *stream)
+{
+	struct kvt_config c;
+	size_t row, kv;
+	void *dk, *dv, *dq;
+	int rc;
+
+	if (cu_shape(m, 0, &c, NULL) || kv_from > pos || n > UINT32_MAX - pos)
+		return kvt_prefill_chunk(m, seq, layer, pos, n, kv_from, k, v, q_obs, stream);
+	row = (size_t)c.head_dim * kvt_dtype_size(c.dtype);
+	kv = (size_t)c.n_kv_heads * (pos + n - kv_from) * row;
+	dk = cu_in(k, kv);
+	dv = cu_in(v, kv);
+	dq = cu_in(q_obs, (size_t)c.n_q_heads * c.obs_window * row);
+	rc = kvt_prefill_chunk(m, seq, layer, pos, n, kv_from, dk, dv, dq, stream);
+	cu_drop(dk, k);
+	cu_drop(dv, v);
+	cu_drop(dq, q_obs);
+	return rc;
+}
+
+static int cu_load_kv(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t pos, uint32_t n,
+		      void *k_out, void *v_out, void *stream)
+{
+	struct kvt_config c;
+	size_t bytes;
+	void *dk = NULL, *dv = NULL;
+	int rc;
+
+	if (cu_shape(m, 0, &c, NULL) || !k_out || !v_out || n == 0)
+		return kvt_seq_load_kv(m, seq, layer, pos, n, k_out, v_out, stream);
+	bytes = (size_t)c.n_kv_heads * n * c.head_dim * kvt_dtype_size(c.dtype);
+	if (cudaMalloc(&dk, bytes) != cudaSuccess || cudaMalloc(&dv, bytes) != cudaSuccess) {
+		fprintf(stderr, "test: device buffers of %zu bytes\n", bytes);
+		abort();
+	}
+	rc = kvt_seq_load_kv(m, seq, layer, pos, n, dk, dv, stream);
+	if (!rc) {
+		cu_dev_read(k_out, (uint64_t)(uintptr_t)dk, bytes);
+		cu_dev_read(v_out, (uint64_t)(uintptr_t)dv, bytes);
+	}
+	cudaFree(dk);
+	cudaFree(dv);
+	return rc;
+}
+
 static void cu_dev_read(void *dst, uint64_t addr, size_t n)
 {
 	cudaError_t e = cudaMemcpy(dst, (const void *)(uintptr_t)addr, n, cudaMemcpyDeviceToHost);
@@ -145,6 +195,8 @@ const struct t_backend t_backend_cuda = {
 	.prefill_layer = cu_prefill_layer,
 	.decode_append = cu_decode_append,
 	.decode_recall = cu_decode_recall,
+	.prefill_chunk = cu_prefill_chunk,
+	.load_kv = cu_load_kv,
 	.dev_read = cu_dev_read,
 };
 

@@ -16,6 +16,8 @@ const struct t_backend t_backend_host = {
 	.prefill_layer = kvt_prefill_layer,
 	.decode_append = kvt_decode_append,
 	.decode_recall = kvt_decode_recall,
+	.prefill_chunk = kvt_prefill_chunk,
+	.load_kv = kvt_seq_load_kv,
 	.dev_read = host_dev_read,
 };
 
