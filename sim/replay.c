@@ -12,9 +12,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hmap.h"
 #include "kvtier.h"
 #include "replay_impl.h"
 #include "simutil.h"
+
+/* With prefix reuse, requests are created (and matched against the prefix cache) only while
+   fewer than this many created ones have not begun their prefill: an engine matches a prompt
+   when it is about to prefill it, as vLLM does at admission, not when it is queued. Enough
+   to keep the scheduler's prefill fed: an iteration prefills 2048 tokens of every layer by
+   default, a fraction of one mean Mooncake prompt. */
+#define PREFIX_AHEAD 4
 
 static const char *const policy_names[] = {"kvtier", "snapstream", "sparse-offload", "full"};
 
@@ -358,6 +366,12 @@ struct mrun {
 	size_t *waitq; /* arrived, waiting for DRAM (FCFS) */
 	size_t wq_head, wq_n;
 	uint64_t *layer_tokens; /* prefill tokens through each layer this iteration */
+	/* Prefix reuse (kvt_seq_create_prefix): on for this run, created requests not yet
+	   prefilling, and how many live requests count each hash id as shared (an estimate of
+	   which cached spans are referenced, for DRAM admission) */
+	bool prefix;
+	uint32_t unstarted;
+	struct sim_hmap prefix_live;
 };
 
 static uint64_t groups_of(const struct mrun *mr, const struct sim_trace_req *q)
@@ -367,13 +381,54 @@ static uint64_t groups_of(const struct mrun *mr, const struct sim_trace_req *q)
 	return ((uint64_t)q->input_tokens + q->output_tokens + bt - 1) / bt * mr->cfg.n_layers;
 }
 
+/* Host groups of `tokens` leading prompt tokens (whole blocks: spans are whole blocks). */
+static uint64_t prefix_groups(const struct mrun *mr, uint64_t tokens)
+{
+	return tokens / mr->cfg.block_tokens * mr->cfg.n_layers;
+}
+
+/* Counts request i's hash ids [from, to) as shared by one more (delta 1) or one fewer (-1)
+   live request. 0 or -ENOMEM. */
+static int prefix_count(struct mrun *mr, size_t i, uint32_t from, uint32_t to, int delta)
+{
+	const struct sim_trace_req *tq = &mr->run->t->reqs[i];
+	const uint64_t *ids = sim_trace_hashes(mr->run->t, tq);
+
+	for (uint32_t k = from; k < to; k++) {
+		uint32_t c = sim_hmap_get(&mr->prefix_live, ids[k]);
+
+		c = c == SIM_HMAP_NONE ? 0 : c;
+		if (delta < 0 && c <= 1)
+			sim_hmap_del(&mr->prefix_live, ids[k]);
+		else if (sim_hmap_put(&mr->prefix_live, ids[k], delta < 0 ? c - 1 : c + 1))
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+/* Host groups of the cached spans live sequences share (never evicted), all layers. */
+static uint64_t prefix_live_groups(const struct mrun *mr)
+{
+	struct kvt_stats st = KVT_STATS_INIT;
+
+	if (!mr->prefix)
+		return 0;
+	kvt_manager_stats(mr->m, &st);
+	return (st.prefix_blocks - st.prefix_blocks_idle) / mr->cfg.n_kv_heads;
+}
+
 static void release(struct mrun *mr, size_t i)
 {
 	struct rreq *q = &mr->run->rq[i];
 
 	if (q->submitted) {
-		mr->run->dram_used -= groups_of(mr, &mr->run->t->reqs[i]);
+		mr->run->dram_used -= q->dram_res;
+		q->dram_res = 0;
 		q->submitted = false;
+		if (!q->started)
+			mr->unstarted--;
+		prefix_count(mr, i, 0, q->n_ref, -1); /* only deletes: cannot fail */
+		q->n_ref = 0;
 	}
 	if (q->sel) {
 		for (uint32_t k = 0; k < mr->n_sampled * mr->cfg.n_kv_heads; k++)
@@ -413,14 +468,42 @@ static int submit_waiting(struct mrun *mr)
 		}
 		i = mr->waitq[mr->wq_head];
 		const struct sim_trace_req *q = &run->t->reqs[i];
+		const uint64_t *ids = mr->prefix ? sim_trace_hashes(run->t, q) : NULL;
+		struct rreq *rq = &run->rq[i];
 		uint64_t need = groups_of(mr, q);
+		uint32_t matched = 0, k = 0;
 		int err;
 
-		if (run->dram_groups && run->dram_used + need > run->dram_groups)
+		if (ids && mr->unstarted >= PREFIX_AHEAD)
+			return 0; /* matched when its prefill is near (FCFS) */
+		if (ids) {
+			/* what it adds: its history less the prefix it will share, and the
+			   shared spans no live request holds (idle: free space until now) */
+			err = kvt_prefix_match(mr->m, ids, q->n_hash, SIM_TRACE_HASH_TOKENS,
+					       &matched);
+			if (err) { /* a bug: the trace's ids are whole spans of the prompt */
+				ERRF("kvt_prefix_match: %s (%s)", kvt_strerror(err),
+				     kvt_manager_last_error(mr->m));
+				return err;
+			}
+			if (matched >= q->input_tokens) /* never the whole prompt */
+				matched -= SIM_TRACE_HASH_TOKENS;
+			k = matched / SIM_TRACE_HASH_TOKENS;
+			need -= prefix_groups(mr, matched);
+			for (uint32_t j = 0; j < k; j++)
+				if (sim_hmap_get(&mr->prefix_live, ids[j]) == SIM_HMAP_NONE)
+					need += prefix_groups(mr, SIM_TRACE_HASH_TOKENS);
+		}
+		if (run->dram_groups &&
+		    run->dram_used + prefix_live_groups(mr) + need > run->dram_groups)
 			return 0; /* waits for DRAM (FCFS: later ones wait too) */
 		mr->wq_head = (mr->wq_head + 1) % run->t->count;
 		mr->wq_n--;
-		err = kvt_seq_create(mr->m, i + 1, q->input_tokens);
+		if (ids)
+			err = kvt_seq_create_prefix(mr->m, i + 1, q->input_tokens, ids, q->n_hash,
+						    SIM_TRACE_HASH_TOKENS, &matched);
+		else
+			err = kvt_seq_create(mr->m, i + 1, q->input_tokens);
 		if (!err)
 			err = kvt_sched_submit(mr->s, i + 1, q->output_tokens);
 		if (err) {
@@ -430,9 +513,20 @@ static int submit_waiting(struct mrun *mr)
 						   : "rejected by the manager");
 			continue;
 		}
-		run->rq[i].submitted = true;
-		run->dram_used += need;
+		k = matched / SIM_TRACE_HASH_TOKENS;
+		if (prefix_count(mr, i, 0, k, 1)) {
+			ERRF("out of memory");
+			return -ENOMEM;
+		}
+		rq->n_ref = k;
+		rq->matched = matched;
+		rq->dram_res = groups_of(mr, q) - prefix_groups(mr, matched);
+		rq->submitted = true;
+		rq->started = false;
+		mr->unstarted++;
+		run->dram_used += rq->dram_res;
 		run->res->prefix_input_tokens += q->input_tokens;
+		run->res->prefix_hit_tokens += matched;
 	}
 }
 
@@ -598,9 +692,34 @@ static void fail_running(struct mrun *mr, size_t i)
 	run_fail_req(mr->run, i, "the manager refused its prefill");
 }
 
+/* Once request i's prompt is prefilled in every layer, the library has cached the spans of
+   its chain that no other sequence had: they leave its DRAM reservation for the shared
+   spans' count (prefix_live_groups), and its ids count as live shares. 0 or -ENOMEM. */
+static int prefix_cached(struct mrun *mr, size_t i)
+{
+	struct rreq *q = &mr->run->rq[i];
+	struct kvt_seq_info info = {.size = sizeof(info)};
+	uint64_t now, before = prefix_groups(mr, q->matched);
+
+	if (!mr->prefix || !mr->run->t->reqs[i].n_hash || kvt_seq_info(mr->m, i + 1, &info) ||
+	    info.size < sizeof(info))
+		return 0;
+	now = info.shared_blocks / mr->cfg.n_kv_heads;
+	if (now > before) {
+		mr->run->dram_used -= now - before;
+		q->dram_res -= now - before;
+	}
+	if (prefix_count(mr, i, q->n_ref, mr->run->t->reqs[i].n_hash, 1))
+		return -ENOMEM;
+	q->n_ref = mr->run->t->reqs[i].n_hash;
+	return 0;
+}
+
 /* Prefills the prefill items of batch b (a request the manager refuses fails alone) and lists
    its decode items in dseq[] and dreq[]; adds the prefills to w and ir. Returns the number of
-   decode items. */
+   decode items, UINT32_MAX when out of memory. A request with a shared prefix prefills the
+   rest: L - matched tokens through the linear layers and KV writes, their queries over all L
+   keys in attention. */
 static uint32_t mrun_prefill(struct mrun *mr, const struct kvt_sched_batch *b,
 			     struct sim_iter_work *w, struct iter_rec *ir)
 {
@@ -608,12 +727,16 @@ static uint32_t mrun_prefill(struct mrun *mr, const struct kvt_sched_batch *b,
 	const struct sim_model_preset *mp = &run->o->model;
 	uint32_t nd = 0;
 	double t0;
+	bool nomem = false;
 	int err = 0;
 
 	for (uint32_t k = 0; k < b->n_items; k++) {
 		const struct kvt_sched_item *it = &b->items[k];
 		size_t i = it->seq - 1;
 		struct sim_req_result *r = &run->res->reqs[i];
+		struct rreq *q = &run->rq[i];
+		uint32_t L = r->input_tokens, new_tok = L - q->matched;
+		uint32_t layers = it->layer_end - it->layer_begin;
 
 		if (r->sched_s < 0)
 			r->sched_s = run->now;
@@ -622,10 +745,22 @@ static uint32_t mrun_prefill(struct mrun *mr, const struct kvt_sched_batch *b,
 			mr->dreq[nd++] = (uint32_t)i;
 			continue;
 		}
+		if (!q->started) {
+			q->started = true;
+			mr->unstarted--;
+		}
+		/* per layer: the shared prefix's K/V from the host history (timed as an H2D
+		   gather), then the whole layer's tensors, of which the library saves the rows
+		   past the prefix */
 		t0 = sim_now_s();
-		for (uint32_t l = it->layer_begin; l < it->layer_end && !err; l++)
-			err = kvt_prefill_layer(mr->m, it->seq, l, mr->dummy, mr->dummy, mr->dummy,
-						NULL);
+		for (uint32_t l = it->layer_begin; l < it->layer_end && !err; l++) {
+			if (q->matched)
+				err = kvt_seq_load_kv(mr->m, it->seq, l, 0, q->matched, mr->dummy,
+						      mr->dummy, NULL);
+			if (!err)
+				err = kvt_prefill_layer(mr->m, it->seq, l, mr->dummy, mr->dummy,
+							mr->dummy, NULL);
+		}
 		mr->cpu_s += sim_now_s() - t0;
 		if (err) {
 			fail_running(mr, i);
@@ -633,19 +768,24 @@ static uint32_t mrun_prefill(struct mrun *mr, const struct kvt_sched_batch *b,
 			continue;
 		}
 		ir->n_pre++;
-		if (it->layer_end == mr->cfg.n_layers)
-			run->res->prefill_tokens += r->input_tokens;
-		w->prefill_token_layers +=
-			(uint64_t)r->input_tokens * (it->layer_end - it->layer_begin);
+		if (it->layer_end == mr->cfg.n_layers) {
+			run->res->prefill_tokens += new_tok;
+			if (prefix_cached(mr, i)) {
+				nomem = true;
+				continue;
+			}
+		}
+		/* the suffix passes the linear layers; its queries attend to every key */
+		w->prefill_token_layers += (uint64_t)new_tok * layers;
 		for (uint32_t l = it->layer_begin; l < it->layer_end; l++)
-			mr->layer_tokens[l] += r->input_tokens;
-		w->prefill_attn_s +=
-			sim_prefill_attn_s(&run->o->gpu,
-					   sim_prefill_attn_flops(mp, r->input_tokens,
-								  it->layer_end - it->layer_begin),
-					   r->input_tokens, r->input_tokens);
+			mr->layer_tokens[l] += new_tok;
+		w->prefill_attn_s += sim_prefill_attn_s(
+			&run->o->gpu,
+			sim_prefill_attn_flops(mp, L, layers) -
+				(q->matched ? sim_prefill_attn_flops(mp, q->matched, layers) : 0),
+			new_tok, L);
 	}
-	return nd;
+	return nomem ? UINT32_MAX : nd;
 }
 
 /* Recalls the selections of the nd decode items on the sampled layers, which stand for all:
@@ -711,6 +851,7 @@ static double mrun_transfer_s(struct mrun *mr, double recall_h2d_ns)
 	res->t_disk += 1e-9 * (double)(st.model_ns_disk - mr->st0.model_ns_disk);
 	res->disk_blocks_spilled += st.disk_blocks_spilled - mr->st0.disk_blocks_spilled;
 	res->disk_blocks_fetched += st.disk_blocks_fetched - mr->st0.disk_blocks_fetched;
+	res->prefix_bytes_loaded += st.bytes_h2d_history - mr->st0.bytes_h2d_history;
 	mr->st0 = st;
 	return t;
 }
@@ -765,6 +906,8 @@ static int mrun_iteration(struct mrun *mr)
 	memset(mr->layer_tokens, 0, mr->cfg.n_layers * sizeof(*mr->layer_tokens));
 	w.prefill_layer_tokens = mr->layer_tokens;
 	nd = mrun_prefill(mr, &b, &w, &ir);
+	if (nd == UINT32_MAX)
+		goto nomem;
 	t0 = sim_now_s();
 	for (uint32_t l = 0; nd && l < mr->cfg.n_layers && !err; l++)
 		err = kvt_decode_append(mr->m, l, mr->dseq, nd, mr->dummy, mr->dummy, NULL);
@@ -961,6 +1104,8 @@ static int mrun_loop(struct run *run, double hbm_bytes)
 					   : (mr->cfg.host_bytes + mr->cfg.disk_bytes) / group;
 		run->host_groups = mr->cfg.spill_dir ? mr->cfg.host_bytes / group : 0;
 	}
+	/* snapstream keeps nothing off the GPU to share */
+	mr->prefix = o->prefix_cache && run->t->hash_ids && o->policy != SIM_POLICY_SNAPSTREAM;
 	mr->waitq = malloc(run->t->count * sizeof(*mr->waitq));
 	mr->layer_tokens = calloc(mr->cfg.n_layers, sizeof(*mr->layer_tokens));
 	if (!mr->waitq || !mr->layer_tokens) {
@@ -1003,6 +1148,7 @@ out:
 	free(mr->dseq);
 	free(mr->dreq);
 	free(mr->blocks);
+	sim_hmap_fini(&mr->prefix_live);
 	free(mr);
 	return err;
 }

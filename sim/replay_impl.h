@@ -22,7 +22,11 @@ struct rreq {
 	double last_tok_s;	    /* time of its latest token */
 	struct sim_sel_stream *sel; /* [n_layers * n_kv_heads] once decoding (recall policies) */
 	uint32_t matched;	    /* leading prompt tokens shared from the prefix cache */
+	uint32_t n_ref;		    /* leading hash ids counted as live shares (prefix_live) */
+	uint64_t dram_res;	    /* host groups reserved for it: its history less what it
+				       shares with the prefix cache */
 	bool submitted;		    /* its history reserved in DRAM */
+	bool started;		    /* its first prefill item came */
 };
 
 struct run {

@@ -808,6 +808,8 @@ int main(void)
 		cmocka_unit_test(test_apc_referenced),
 		cmocka_unit_test(test_prefix_off_unchanged),
 		cmocka_unit_test(test_prefix_deterministic),
+		cmocka_unit_test(test_prefix_kvtier_repeat),
+		cmocka_unit_test(test_prefix_dram),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -25,5 +25,7 @@ void test_apc_lru(void **state);
 void test_apc_referenced(void **state);
 void test_prefix_off_unchanged(void **state);
 void test_prefix_deterministic(void **state);
+void test_prefix_kvtier_repeat(void **state);
+void test_prefix_dram(void **state);
 
 #endif /* TEST_REPLAY_H */

@@ -229,8 +229,9 @@ void test_apc_referenced(void **state)
 
 /* With the prefix cache off, the first 200 requests of the bundled trace give the figures
    the replay gave before prefix reuse existed (kvtier-replay --num-prompts 200 --no-cpu-time
-   of 0a32b5c, its --json to 10 digits); a trace without hash ids gives the same with the
-   cache on; with the cache on, the trace's ids make full compute fewer prefill tokens. */
+   of 0a32b5c, its --json to 10 digits), for full and for kvtier on the library; a trace
+   without hash ids gives the same with the cache on; with the cache on, the trace's ids make
+   full compute fewer prefill tokens. */
 void test_prefix_off_unchanged(void **state)
 {
 	static const struct {
@@ -239,6 +240,7 @@ void test_prefix_off_unchanged(void **state)
 		double duration_s, output_throughput, mean_ttft_ms;
 	} before[] = {
 		{SIM_POLICY_FULL, 1319, 1, 116.0066488, 330.7051828, 23149.86561},
+		{SIM_POLICY_KVTIER, 1648, 0, 114.8635017, 333.9964344, 15574.63025},
 	};
 	struct sim_trace t;
 	(void)state;
@@ -277,13 +279,15 @@ void test_prefix_off_unchanged(void **state)
 		run_ok(&o, &plain, &bare);
 		same_run(&off, &bare);
 
-		run_ok(&o, &t, &on);
-		check_accounting(&on);
-		assert_true(on.prefix_hit_tokens > 0);
-		assert_int_equal(on.prefix_input_tokens, off.prefix_input_tokens);
-		assert_true(on.prefill_tokens < off.prefill_tokens);
+		if (before[k].pol == SIM_POLICY_FULL) { /* kvtier's: test_prefix_deterministic */
+			run_ok(&o, &t, &on);
+			check_accounting(&on);
+			assert_true(on.prefix_hit_tokens > 0);
+			assert_int_equal(on.prefix_input_tokens, off.prefix_input_tokens);
+			assert_true(on.prefill_tokens < off.prefill_tokens);
+			sim_replay_result_free(&on);
+		}
 		sim_replay_result_free(&off);
-		sim_replay_result_free(&on);
 		sim_replay_result_free(&bare);
 		free(plain.reqs);
 	}
@@ -291,25 +295,158 @@ void test_prefix_off_unchanged(void **state)
 }
 
 /* With reuse and the measured CPU time left out, two runs of the bundled trace's first 300
-   requests agree to the bit. */
+   requests agree to the bit, for the baseline and for kvtier on the library. And kvtier
+   shares prefixes from its DRAM cache there: fewer prefill tokens computed than without
+   reuse, by the tokens its hit rate counts, and every shared token's K/V of every layer
+   loaded from the host once. */
 void test_prefix_deterministic(void **state)
 {
-	static const enum sim_policy pol[] = {SIM_POLICY_FULL};
+	static const enum sim_policy pol[] = {SIM_POLICY_FULL, SIM_POLICY_KVTIER};
 	struct sim_trace t;
 	(void)state;
 
 	read_bundled(&t, 300);
 	for (size_t p = 0; p < sizeof(pol) / sizeof(pol[0]); p++) {
-		struct sim_replay_result a, b;
+		struct sim_replay_result a, b, off;
 		struct sim_replay_opts o;
 
 		opts(&o, pol[p]);
 		run_ok(&o, &t, &a);
 		run_ok(&o, &t, &b);
+		check_accounting(&a);
 		assert_true(a.prefix_hit_tokens > 0);
 		same_run(&a, &b);
-		sim_replay_result_free(&a);
 		sim_replay_result_free(&b);
+		if (pol[p] != SIM_POLICY_KVTIER) {
+			sim_replay_result_free(&a);
+			continue;
+		}
+		o.prefix_cache = false;
+		run_ok(&o, &t, &off);
+		check_accounting(&off);
+		print_message("# kvtier, 300 requests: prefix hit rate %.4f, prefill tokens %llu "
+			      "(%llu without reuse), %.2f GB loaded\n",
+			      a.prefix_hit_rate, (unsigned long long)a.prefill_tokens,
+			      (unsigned long long)off.prefill_tokens, 1e-9 * a.prefix_bytes_loaded);
+		assert_int_equal(a.completed, off.completed);
+		assert_int_equal(a.prefix_input_tokens, off.prefix_input_tokens);
+		assert_int_equal(off.prefix_hit_tokens, 0);
+		assert_int_equal(a.prefill_tokens + a.prefix_hit_tokens, off.prefill_tokens);
+		assert_true(a.prefill_tokens < off.prefill_tokens);
+		assert_true(a.prefix_bytes_loaded ==
+			    (uint64_t)(a.prefix_hit_tokens * sim_model_kv_token_bytes(&o.model)));
+		near(a.prefix_hit_rate, (double)a.prefix_hit_tokens / (double)a.prefix_input_tokens,
+		     1e-12, "prefix hit rate");
+		sim_replay_result_free(&a);
+		sim_replay_result_free(&off);
 	}
+	sim_trace_free(&t);
+}
+
+/* The library's prefix cache under kvtier (and sparse-offload): the same prompt twice, the
+   second after the first finished, shares its 8 whole spans; per layer it loads their K/V
+   from the host (4,096 tokens of every layer: the bytes loaded, timed as transfer) and
+   prefills 4 tokens whose queries attend to all 4,100 keys. snapstream shares nothing. */
+void test_prefix_kvtier_repeat(void **state)
+{
+	static const uint64_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+	static const enum sim_policy pol[] = {SIM_POLICY_KVTIER, SIM_POLICY_SPARSE_OFFLOAD};
+	struct sim_trace t = mk_trace(2, 4100, 4, 10.0);
+	(void)state;
+
+	set_ids(&t, 0, ids, 8);
+	set_ids(&t, 1, ids, 8);
+	for (size_t p = 0; p < sizeof(pol) / sizeof(pol[0]); p++) {
+		struct sim_replay_result on, off;
+		struct sim_replay_opts o;
+		const struct sim_model_preset *m;
+		double a_whole, a_rest;
+
+		opts(&o, pol[p]);
+		m = &o.model;
+		a_whole = sim_prefill_attn_s(&o.gpu, sim_prefill_attn_flops(m, 4100, m->n_layers),
+					     4100, 4100);
+		a_rest = sim_prefill_attn_s(&o.gpu,
+					    sim_prefill_attn_flops(m, 4100, m->n_layers) -
+						    sim_prefill_attn_flops(m, 4096, m->n_layers),
+					    4, 4100);
+		run_ok(&o, &t, &on);
+		check_accounting(&on);
+		assert_int_equal(on.completed, 2);
+		assert_int_equal(on.prefix_input_tokens, 8200);
+		assert_int_equal(on.prefix_hit_tokens, 4096);
+		assert_int_equal(on.prefill_tokens, 4100 + 4);
+		assert_true(on.prefix_bytes_loaded ==
+			    (uint64_t)(4096 * sim_model_kv_token_bytes(m)));
+		near(on.t_attn_prefill, a_whole + a_rest, 1e-9, "prefill attention");
+		/* kvtier's fused gather loads the prefix in a fraction of its recompute;
+		   sparse-offload's per-block copies (2 us each, 65,536 of them) take longer
+		   than the 4,100-token prefill they save */
+		if (pol[p] == SIM_POLICY_KVTIER)
+			assert_true(on.reqs[1].first_token_s - on.reqs[1].arrival_s <
+				    0.5 * (on.reqs[0].first_token_s - on.reqs[0].arrival_s));
+		else
+			assert_true(on.reqs[1].first_token_s - on.reqs[1].arrival_s >
+				    on.reqs[0].first_token_s - on.reqs[0].arrival_s);
+
+		o.prefix_cache = false;
+		run_ok(&o, &t, &off);
+		assert_int_equal(off.prefix_hit_tokens, 0);
+		assert_int_equal(off.prefill_tokens, 8200);
+		assert_int_equal(off.prefix_bytes_loaded, 0);
+		near(off.t_attn_prefill, 2 * a_whole, 1e-9, "prefill attention, no cache");
+		/* the load is transfer time the run without reuse does not have */
+		assert_true(on.t_transfer > off.t_transfer);
+		assert_true(on.t_gemm < off.t_gemm);
+		sim_replay_result_free(&on);
+		sim_replay_result_free(&off);
+	}
+	{
+		struct sim_replay_result res;
+		struct sim_replay_opts o;
+
+		opts(&o, SIM_POLICY_SNAPSTREAM);
+		run_ok(&o, &t, &res);
+		assert_int_equal(res.prefix_input_tokens, 8200);
+		assert_int_equal(res.prefix_hit_tokens, 0);
+		assert_int_equal(res.prefill_tokens, 8200);
+		sim_replay_result_free(&res);
+	}
+	sim_trace_free(&t);
+}
+
+/* DRAM admission counts what a request adds beyond the prefix it shares: with room for one
+   16,684-token history (2.04 GiB of 2.5), a second request on the same 32 spans, arriving
+   while the first decodes, adds 300 tokens and runs beside it; without the cache it waits
+   for the first to finish. */
+void test_prefix_dram(void **state)
+{
+	struct sim_trace t = mk_trace(2, 16384 + 100, 200, 1.0);
+	struct sim_replay_opts o;
+	struct sim_replay_result res;
+	uint64_t ids[32];
+	(void)state;
+
+	for (uint32_t k = 0; k < 32; k++)
+		ids[k] = 1000 + k;
+	set_ids(&t, 0, ids, 32);
+	set_ids(&t, 1, ids, 32);
+	opts(&o, SIM_POLICY_KVTIER);
+	o.dram_gib = 2.5;
+	run_ok(&o, &t, &res);
+	check_accounting(&res);
+	assert_int_equal(res.completed, 2);
+	assert_int_equal(res.prefix_hit_tokens, 16384);
+	assert_true(res.reqs[1].sched_s < res.reqs[0].finish_s);
+	assert_int_equal(res.max_batch_size, 2);
+	sim_replay_result_free(&res);
+
+	o.prefix_cache = false;
+	run_ok(&o, &t, &res);
+	check_accounting(&res);
+	assert_int_equal(res.completed, 2);
+	assert_true(res.reqs[1].sched_s >= res.reqs[0].finish_s);
+	assert_int_equal(res.max_batch_size, 1);
+	sim_replay_result_free(&res);
 	sim_trace_free(&t);
 }
