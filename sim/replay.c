@@ -372,6 +372,11 @@ struct mrun {
 	bool prefix;
 	uint32_t unstarted;
 	struct sim_hmap prefix_live;
+	/* With a disk tier: live requests, and the host groups the spans of those not yet
+	   prefilled will pin (rreq.pin_future summed) */
+	uint32_t n_live;
+	uint64_t pin_future;
+	uint64_t max_layer_groups; /* one layer of the longest history of the trace */
 };
 
 static uint64_t groups_of(const struct mrun *mr, const struct sim_trace_req *q)
@@ -429,6 +434,9 @@ static void release(struct mrun *mr, size_t i)
 			mr->unstarted--;
 		prefix_count(mr, i, 0, q->n_ref, -1); /* only deletes: cannot fail */
 		q->n_ref = 0;
+		mr->pin_future -= q->pin_future;
+		q->pin_future = 0;
+		mr->n_live--;
 	}
 	if (q->sel) {
 		for (uint32_t k = 0; k < mr->n_sampled * mr->cfg.n_kv_heads; k++)
@@ -436,6 +444,36 @@ static void release(struct mrun *mr, size_t i)
 		free(q->sel);
 		q->sel = NULL;
 	}
+}
+
+/*
+ * How many leading ids of request i's chain to give the library when there is a disk tier.
+ * The spans live sequences share are never spilled, so with DRAM a cache of the histories
+ * they must fit it beside what the calls touch: the chain is cut where its spans, with those
+ * live sequences pin now and those the requests still prefilling will pin, would leave less
+ * than one layer of the longest history the run may hold and the blocks one decode step
+ * appends to (a block of every layer of every live request). Its spans a live request
+ * already shares pin nothing more.
+ * Without a disk tier DRAM admission reserves every history, so the whole chain goes.
+ */
+static uint32_t pin_chain(struct mrun *mr, size_t i)
+{
+	const struct sim_trace_req *q = &mr->run->t->reqs[i];
+	const uint64_t *ids = sim_trace_hashes(mr->run->t, q);
+	uint64_t span = prefix_groups(mr, SIM_TRACE_HASH_TOKENS), host = mr->run->host_groups;
+	uint64_t used = prefix_live_groups(mr) + mr->pin_future + mr->max_layer_groups +
+			(uint64_t)(mr->n_live + 1) * mr->cfg.n_layers;
+	uint32_t c = 0;
+
+	if (!host)
+		return q->n_hash;
+	for (; c < q->n_hash; c++) {
+		if (sim_hmap_get(&mr->prefix_live, ids[c]) == SIM_HMAP_NONE)
+			used += span;
+		if (used > host)
+			break;
+	}
+	return c;
 }
 
 /* Submits waiting requests in arrival order while DRAM holds their histories. */
@@ -471,15 +509,20 @@ static int submit_waiting(struct mrun *mr)
 		const uint64_t *ids = mr->prefix ? sim_trace_hashes(run->t, q) : NULL;
 		struct rreq *rq = &run->rq[i];
 		uint64_t need = groups_of(mr, q);
-		uint32_t matched = 0, k = 0;
+		uint32_t matched = 0, k = 0, n_chain = 0;
 		int err;
 
 		if (ids && mr->unstarted >= PREFIX_AHEAD)
 			return 0; /* matched when its prefill is near (FCFS) */
 		if (ids) {
+			n_chain = pin_chain(mr, i);
+			if (!n_chain)
+				ids = NULL; /* no room to pin any span: created plainly */
+		}
+		if (ids) {
 			/* what it adds: its history less the prefix it will share, and the
 			   shared spans no live request holds (idle: free space until now) */
-			err = kvt_prefix_match(mr->m, ids, q->n_hash, SIM_TRACE_HASH_TOKENS,
+			err = kvt_prefix_match(mr->m, ids, n_chain, SIM_TRACE_HASH_TOKENS,
 					       &matched);
 			if (err) { /* a bug: the trace's ids are whole spans of the prompt */
 				ERRF("kvt_prefix_match: %s (%s)", kvt_strerror(err),
@@ -500,7 +543,7 @@ static int submit_waiting(struct mrun *mr)
 		mr->wq_head = (mr->wq_head + 1) % run->t->count;
 		mr->wq_n--;
 		if (ids)
-			err = kvt_seq_create_prefix(mr->m, i + 1, q->input_tokens, ids, q->n_hash,
+			err = kvt_seq_create_prefix(mr->m, i + 1, q->input_tokens, ids, n_chain,
 						    SIM_TRACE_HASH_TOKENS, &matched);
 		else
 			err = kvt_seq_create(mr->m, i + 1, q->input_tokens);
@@ -519,6 +562,13 @@ static int submit_waiting(struct mrun *mr)
 			return -ENOMEM;
 		}
 		rq->n_ref = k;
+		rq->n_chain = n_chain;
+		rq->pin_future =
+			run->host_groups && n_chain > k
+				? prefix_groups(mr, (uint64_t)(n_chain - k) * SIM_TRACE_HASH_TOKENS)
+				: 0;
+		mr->pin_future += rq->pin_future;
+		mr->n_live++;
 		rq->matched = matched;
 		rq->dram_res = groups_of(mr, q) - prefix_groups(mr, matched);
 		rq->submitted = true;
@@ -701,17 +751,24 @@ static int prefix_cached(struct mrun *mr, size_t i)
 	struct kvt_seq_info info = {.size = sizeof(info)};
 	uint64_t now, before = prefix_groups(mr, q->matched);
 
-	if (!mr->prefix || !mr->run->t->reqs[i].n_hash || kvt_seq_info(mr->m, i + 1, &info) ||
-	    info.size < sizeof(info))
+	mr->pin_future -= q->pin_future; /* pinned now, or never (spilled during its prefill) */
+	q->pin_future = 0;
+	if (!q->n_chain || kvt_seq_info(mr->m, i + 1, &info) || info.size < sizeof(info))
 		return 0;
 	now = info.shared_blocks / mr->cfg.n_kv_heads;
 	if (now > before) {
 		mr->run->dram_used -= now - before;
 		q->dram_res -= now - before;
 	}
-	if (prefix_count(mr, i, q->n_ref, mr->run->t->reqs[i].n_hash, 1))
+	/* every span of its chain is held (matched or registered now): its ids count as live
+	   shares; when some were left out (cached by another sequence, or spilled) which ones
+	   is unknown, and only the matched ones count (admission then counts the others as
+	   spans it adds: the safe side) */
+	if (now != prefix_groups(mr, (uint64_t)q->n_chain * SIM_TRACE_HASH_TOKENS))
+		return 0;
+	if (prefix_count(mr, i, q->n_ref, q->n_chain, 1))
 		return -ENOMEM;
-	q->n_ref = mr->run->t->reqs[i].n_hash;
+	q->n_ref = q->n_chain;
 	return 0;
 }
 
@@ -1106,6 +1163,10 @@ static int mrun_loop(struct run *run, double hbm_bytes)
 	}
 	/* snapstream keeps nothing off the GPU to share */
 	mr->prefix = o->prefix_cache && run->t->hash_ids && o->policy != SIM_POLICY_SNAPSTREAM;
+	for (size_t i = 0; i < run->t->count; i++)
+		if (groups_of(mr, &run->t->reqs[i]) / mr->cfg.n_layers > mr->max_layer_groups &&
+		    !run_static_reject(run, i))
+			mr->max_layer_groups = groups_of(mr, &run->t->reqs[i]) / mr->cfg.n_layers;
 	mr->waitq = malloc(run->t->count * sizeof(*mr->waitq));
 	mr->layer_tokens = calloc(mr->cfg.n_layers, sizeof(*mr->layer_tokens));
 	if (!mr->waitq || !mr->layer_tokens) {

@@ -35,9 +35,12 @@
  * keys. snapstream: none (it keeps nothing off the GPU to share).
  *
  * DRAM: a request is submitted to the scheduler only while DRAM can hold its whole history
- * (prompt + output), or, with a disk tier, DRAM and the disk together (no limit when the disk
- * has none; DRAM then caches the histories, and one layer of a history must fit it); until
- * then it waits in arrival order. Failures, each alone and counted
+ * (prompt + output) less the prefix it shares (spans live requests share counted once, idle
+ * cached spans as free space), or, with a disk tier, DRAM and the disk together (no limit
+ * when the disk has none; DRAM then caches the histories, and one layer of a history must fit
+ * it); until then it waits in arrival order. With prefix reuse it is also created only while
+ * fewer than 4 created requests have not begun their prefill, so that it is matched against
+ * the cache when its prefill is near. Failures, each alone and counted
  * with a reason: input + output beyond the model's context, an empty prompt or no output
  * tokens, a request whose resident set or history could never fit the budgets alone.
  */

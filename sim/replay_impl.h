@@ -23,6 +23,9 @@ struct rreq {
 	struct sim_sel_stream *sel; /* [n_layers * n_kv_heads] once decoding (recall policies) */
 	uint32_t matched;	    /* leading prompt tokens shared from the prefix cache */
 	uint32_t n_ref;		    /* leading hash ids counted as live shares (prefix_live) */
+	uint32_t n_chain;	    /* leading hash ids given to the library (a disk tier may
+				       shorten the chain: live shares stay in DRAM) */
+	uint64_t pin_future;	    /* host groups its spans will pin once prefilled */
 	uint64_t dram_res;	    /* host groups reserved for it: its history less what it
 				       shares with the prefix cache */
 	bool submitted;		    /* its history reserved in DRAM */

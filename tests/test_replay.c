@@ -810,6 +810,7 @@ int main(void)
 		cmocka_unit_test(test_prefix_deterministic),
 		cmocka_unit_test(test_prefix_kvtier_repeat),
 		cmocka_unit_test(test_prefix_dram),
+		cmocka_unit_test(test_prefix_disk_pins),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -27,5 +27,6 @@ void test_prefix_off_unchanged(void **state);
 void test_prefix_deterministic(void **state);
 void test_prefix_kvtier_repeat(void **state);
 void test_prefix_dram(void **state);
+void test_prefix_disk_pins(void **state);
 
 #endif /* TEST_REPLAY_H */

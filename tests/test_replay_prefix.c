@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "exec_model.h"
 #include "kvtier.h"
@@ -267,19 +268,23 @@ void test_prefix_off_unchanged(void **state)
 		/* every prompt whole, and a recomputed one again */
 		assert_true(off.prefill_tokens >= off.prefix_input_tokens);
 
-		plain.hash_ids = NULL;
-		plain.n_hash_ids = 0;
-		plain.reqs = malloc(t.count * sizeof(*t.reqs));
-		assert_non_null(plain.reqs);
-		for (size_t i = 0; i < t.count; i++) {
-			plain.reqs[i] = t.reqs[i];
-			plain.reqs[i].n_hash = 0;
-		}
-		o.prefix_cache = true;
-		run_ok(&o, &plain, &bare);
-		same_run(&off, &bare);
-
-		if (before[k].pol == SIM_POLICY_FULL) { /* kvtier's: test_prefix_deterministic */
+		/* full without the ids, and with them (kvtier: without ids mrun_loop never
+		   turns reuse on; with them, test_prefix_deterministic) */
+		if (before[k].pol == SIM_POLICY_FULL) {
+			plain.hash_ids = NULL;
+			plain.n_hash_ids = 0;
+			plain.reqs = malloc(t.count * sizeof(*t.reqs));
+			assert_non_null(plain.reqs);
+			for (size_t i = 0; i < t.count; i++) {
+				plain.reqs[i] = t.reqs[i];
+				plain.reqs[i].n_hash = 0;
+			}
+			o.prefix_cache = true;
+			run_ok(&o, &plain, &bare);
+			same_run(&off, &bare);
+			sim_replay_result_free(&bare);
+			free(plain.reqs);
+			/* with the ids (kvtier's: test_prefix_deterministic) */
 			run_ok(&o, &t, &on);
 			check_accounting(&on);
 			assert_true(on.prefix_hit_tokens > 0);
@@ -288,13 +293,11 @@ void test_prefix_off_unchanged(void **state)
 			sim_replay_result_free(&on);
 		}
 		sim_replay_result_free(&off);
-		sim_replay_result_free(&bare);
-		free(plain.reqs);
 	}
 	sim_trace_free(&t);
 }
 
-/* With reuse and the measured CPU time left out, two runs of the bundled trace's first 300
+/* With reuse and the measured CPU time left out, two runs of the bundled trace's first 200
    requests agree to the bit, for the baseline and for kvtier on the library. And kvtier
    shares prefixes from its DRAM cache there: fewer prefill tokens computed than without
    reuse, by the tokens its hit rate counts, and every shared token's K/V of every layer
@@ -305,7 +308,7 @@ void test_prefix_deterministic(void **state)
 	struct sim_trace t;
 	(void)state;
 
-	read_bundled(&t, 300);
+	read_bundled(&t, 200);
 	for (size_t p = 0; p < sizeof(pol) / sizeof(pol[0]); p++) {
 		struct sim_replay_result a, b, off;
 		struct sim_replay_opts o;
@@ -324,7 +327,7 @@ void test_prefix_deterministic(void **state)
 		o.prefix_cache = false;
 		run_ok(&o, &t, &off);
 		check_accounting(&off);
-		print_message("# kvtier, 300 requests: prefix hit rate %.4f, prefill tokens %llu "
+		print_message("# kvtier, 200 requests: prefix hit rate %.4f, prefill tokens %llu "
 			      "(%llu without reuse), %.2f GB loaded\n",
 			      a.prefix_hit_rate, (unsigned long long)a.prefill_tokens,
 			      (unsigned long long)off.prefill_tokens, 1e-9 * a.prefix_bytes_loaded);
@@ -449,4 +452,44 @@ void test_prefix_dram(void **state)
 	assert_int_equal(res.max_batch_size, 1);
 	sim_replay_result_free(&res);
 	sim_trace_free(&t);
+}
+
+/* With a disk tier DRAM caches the histories, but spans live requests share are never
+   spilled. On 2 GiB of DRAM (16,384 tokens of every layer), six different 4,096-token prompts
+   run one after another (their spans cached, idle, spilled as DRAM fills), then the six come
+   back together with 400 output tokens: sharing all their spans would pin 24,576 tokens'
+   worth while they decode. The replay gives the library only as much of each chain as DRAM
+   can keep pinned, so every request completes, and the later ones still share. */
+void test_prefix_disk_pins(void **state)
+{
+	struct sim_trace t = mk_trace(12, 4096, 2, 5.0);
+	char dir[] = "/tmp/kvt-replay-pins-XXXXXX";
+	struct sim_replay_opts o;
+	struct sim_replay_result res;
+	(void)state;
+
+	assert_non_null(mkdtemp(dir));
+	for (size_t i = 0; i < 12; i++) {
+		uint64_t ids[8];
+
+		for (uint32_t k = 0; k < 8; k++)
+			ids[k] = 100 * (i % 6) + k;
+		set_ids(&t, i, ids, 8);
+		if (i >= 6) {
+			t.reqs[i].arrival_s = 40;
+			t.reqs[i].input_tokens = 4200;
+			t.reqs[i].output_tokens = 400;
+		}
+	}
+	opts(&o, SIM_POLICY_KVTIER);
+	o.dram_gib = 2;
+	o.spill_dir = dir;
+	run_ok(&o, &t, &res);
+	check_accounting(&res);
+	assert_int_equal(res.completed, 12);
+	assert_true(res.prefix_hit_tokens > 0);
+	assert_true(res.disk_blocks_spilled > 0);
+	sim_replay_result_free(&res);
+	sim_trace_free(&t);
+	assert_int_equal(rmdir(dir), 0); /* the spill file is unlinked: nothing left behind */
 }
