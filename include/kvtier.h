@@ -371,8 +371,10 @@ KVT_API int kvt_seq_destroy(struct kvt_manager *m, uint64_t seq);
    positions; may be NULL when no selection happens: prompt_tokens <= sink + recent or
    topk_tokens == 0, or prompt_tokens <= obs_window). Selects the top-K tokens per kv head
    (SnapKV, docs/design.md), copies sink, top-K and ring tokens into newly allocated device frames
-   and saves the whole layer into the host history. The caller may reuse k, v and q_obs when
-   the call returns (after the work queued on `stream`, for the CUDA backend).
+   and saves the whole layer into the host history; for a layer that already holds positions
+   (a shared prefix, earlier chunks), k and v are still the whole layer and only the positions
+   after those are saved (kvt_prefill_chunk from there, kv_from 0). The caller may reuse k, v
+   and q_obs when the call returns (after the work queued on `stream`, for the CUDA backend).
    Errors: -ENOENT unknown seq; -EINVAL layer out of range, NULL tensors or seq preempted;
    -EEXIST layer already prefilled; -ENOMEM when either tier cannot hold the layer, with a
    disk tier after spilling every other block (nothing is allocated); -EBADMSG when seq was
@@ -568,8 +570,9 @@ KVT_API int kvt_seq_load_kv(struct kvt_manager *m, uint64_t seq, uint32_t layer,
 KVT_API int kvt_seq_fetch(struct kvt_manager *m, const uint64_t *seqs, uint32_t n);
 
 /* Writes every host block of seq to the spill file now and frees them in the host tier (an
-   engine parking a preempted request; tests). Its device frames stay as they are. Nothing to
-   do (0) when it has no host blocks. -ENOENT; -ENOTSUP without a disk tier; -ENOSPC when
+   engine parking a preempted request; tests), but those it shares with the prefix cache
+   (kvt_seq_info.shared_blocks), which stay in the host tier while any sequence holds them.
+   Its device frames stay as they are. Nothing to do (0) when it has no host blocks. -ENOENT; -ENOTSUP without a disk tier; -ENOSPC when
    the spill file cannot grow (disk_bytes, a full file system or quota, the process's file
    size limit); -EIO when a write failed; -ENOMEM; -EBADMSG when it is lost; a device error
    when waiting for the loads queued on the device failed (nothing written). On -ENOSPC, -EIO
