@@ -10,7 +10,8 @@
  *
  * Conventions: every fallible call returns 0 or a negative errno (kvt_strerror names it) and
  * changes nothing visible when it fails (which tier holds a block is not visible: a failing
- * call may have spilled or fetched blocks; kvt_decode_recall states its own exceptions);
+ * call may have spilled or fetched blocks, or evicted cached prefix spans no sequence holds;
+ * kvt_decode_recall states its own exceptions);
  * results come back through out-parameters. Tensors are dense,
  * row-major, of config.dtype, in the backend's memory space: host pointers for the host and
  * model backends (the model backend never reads them), device pointers for the CUDA backend.
@@ -203,9 +204,10 @@ struct kvt_stats {
 	uint64_t bytes_d2d;	  /* rows written into device frames from the caller's tensors */
 	uint64_t tokens_saved;	  /* (layer, token) pairs written to the host history */
 	uint64_t tokens_appended; /* (layer, token) pairs appended by decode */
-	uint64_t tokens_prompt;	  /* (layer, token) pairs of prefilled prompts */
+	uint64_t tokens_prompt;	  /* (layer, token) pairs of prefilled prompts (shared prefixes
+				     included; tokens_saved counts what was written) */
 	uint64_t tokens_resident; /* of those, kept in device frames at prefill (sink+top-K+ring) */
-	uint64_t prefill_layers;  /* successful kvt_prefill_layer calls */
+	uint64_t prefill_layers;  /* layers prefilled (kvt_prefill_layer, or a last chunk) */
 	uint64_t decode_calls;	  /* successful kvt_decode_append calls */
 	uint64_t saves_submitted; /* save jobs handed to the save path */
 	uint32_t live_seqs;
@@ -506,8 +508,9 @@ KVT_API int kvt_prefix_match(struct kvt_manager *m, const uint64_t *hashes, uint
 			     uint32_t hash_tokens, uint32_t *tokens);
 
 /* kvt_seq_create with the prompt's hash chain (n_hashes * hash_tokens <= prompt_tokens). The
-   sequence shares the longest cached run, as kvt_prefix_match finds it but never the whole
-   prompt (a span ending at prompt_tokens is not shared: at least one token is prefilled),
+   sequence shares the longest cached run, as kvt_prefix_match finds it, but always leaves
+   the prompt's last max(1, obs_window) tokens to prefill (only the last token when the
+   prefill selects nothing): the engine computes their queries (q_obs) and the last logits,
    and *matched_tokens receives its length: every layer then holds positions
    [0, *matched_tokens) in its host history, and its prefill is of the rest (kvt_prefill_chunk
    from there, or kvt_prefill_layer with the whole layer's tensors). Spans in the spill file

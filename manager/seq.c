@@ -198,7 +198,7 @@ KVT_API int kvt_seq_create_prefix(struct kvt_manager *m, uint64_t seq, uint32_t 
 				  const uint64_t *hashes, uint32_t n_hashes, uint32_t hash_tokens,
 				  uint32_t *matched_tokens)
 {
-	uint32_t full = 0, per, k, layers_ok = 0;
+	uint32_t full = 0, per, k, rest, layers_ok = 0;
 	struct kvt_seq_px *px;
 	struct kvt_seq *s;
 	int err = 0;
@@ -235,8 +235,10 @@ KVT_API int kvt_seq_create_prefix(struct kvt_manager *m, uint64_t seq, uint32_t 
 		memcpy(px->chain, hashes, (size_t)n_hashes * sizeof(*hashes));
 	px->n_chain = n_hashes;
 	px->hash_tokens = hash_tokens;
-	/* Nothing can fail from here. The whole prompt is never shared. */
-	k = share_run(m, px, (prompt_tokens - 1) / hash_tokens);
+	/* Nothing can fail from here. The whole prompt is never shared, nor, when the prefill
+	   selects, the observation window, whose queries the engine computes with the rest. */
+	rest = s->valid_topk && m->cfg.obs_window > 1 ? m->cfg.obs_window : 1;
+	k = share_run(m, px, (prompt_tokens - rest) / hash_tokens);
 	px->n_spans = k;
 	px->prefix_tokens = k * hash_tokens;
 	per = hash_tokens >> m->lbt;
@@ -951,8 +953,8 @@ KVT_API int kvt_prefill_chunk(struct kvt_manager *m, uint64_t seq, uint32_t laye
 
 	if (!m)
 		return -EINVAL;
-	if (n == UINT32_MAX)
-		return kvt_fail(m, -EINVAL, "prefill chunk: %u tokens", n);
+	if (n > INT32_MAX) /* prompts have at most 2^31 - 1 tokens (UINT32_MAX is internal) */
+		return kvt_fail(m, -EINVAL, "prefill chunk: %u tokens (at most 2^31 - 1)", n);
 	return prefill_run(m, &p);
 }
 

@@ -408,6 +408,14 @@ static void test_prefix_rules_and_errors(void **state)
 	/* the same 64-token prompt again: 48 shared, the last span recomputed */
 	CHECK_RC(kvt_seq_create_prefix(m, 2, 64, h, 4, HT, &got), 0);
 	assert_int_equal(got, 48);
+	/* the observation window (4 tokens) stays to prefill: 66 tokens share 48, not 64 */
+	CHECK_RC(kvt_seq_create_prefix(m, 4, 66, h, 4, HT, &got), 0);
+	assert_int_equal(got, 48);
+	CHECK_RC(kvt_seq_destroy(m, 4), 0);
+	/* a prompt that selects nothing (sink + recent = 24 tokens or fewer) leaves one token */
+	CHECK_RC(kvt_seq_create_prefix(m, 4, 17, h, 1, HT, &got), 0);
+	assert_int_equal(got, 16);
+	CHECK_RC(kvt_seq_destroy(m, 4), 0);
 	/* a chain starting with a later span matches nothing */
 	CHECK_RC(kvt_prefix_match(m, h + 1, 3, HT, &got), 0);
 	assert_int_equal(got, 0);

@@ -354,7 +354,8 @@ class Manager:
         the prompt's chain (ints in [0, 2^64) or a NumPy uint64 array; hashes[i] stands for
         tokens [0, (i + 1) * hash_tokens), hash_tokens a multiple of block_tokens, the chain
         no longer than the prompt). The sequence shares the longest cached run of the chain,
-        never the whole prompt: every layer then holds positions [0, matched) in its history,
+        but never the prompt's last obs_window tokens (the queries the selection needs; the
+        last token only when the prefill selects nothing): every layer then holds positions [0, matched) in its history,
         and its prefill is of the rest (:meth:`prefill_chunk` from `matched`, or
         :meth:`prefill_layer` with the whole layer). Once all its layers are prefilled, its
         own spans are cached for later requests, and stay cached after destroy_seq until the
@@ -378,7 +379,7 @@ class Manager:
         """kvt_prefix_match: how many leading tokens of a prompt with this hash chain the
         prefix cache holds (a multiple of hash_tokens; spans in the spill file count). Changes
         nothing, not even the cache's LRU order: vLLM's get_num_new_matched_tokens. The count
-        create_seq then shares is at most this, and never the whole prompt."""
+        create_seq then shares is at most this, and leaves the observation window."""
         chain, n = _hash_array(hashes)
         tokens = c_uint32()
         self._call(_lib.kvt_prefix_match, chain, n, _uint("hash_tokens", hash_tokens, 32),
