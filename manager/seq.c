@@ -667,8 +667,7 @@ static int prefill_assemble(struct kvt_manager *m, struct prefill *p)
 	if (err)
 		return kvt_fail(m, err, "sequence %llu layer %u: assembling the layer: %s",
 				(unsigned long long)p->seq, p->layer, m->be->err);
-	m->st.bytes_h2d_history += 2ull * H * p->kv_from * m->row_bytes;
-	return 0;
+	return 0; /* its rows are counted when the call commits */
 }
 
 /* End of the top-K candidates of a prompt of L tokens, min(L - recent, L - obs_window) (policy.h;
@@ -847,6 +846,8 @@ static void prefill_commit(struct kvt_manager *m, struct prefill *p, uint64_t ti
 	m->st.saves_submitted++;
 	m->st.tokens_saved += p->n;
 	m->st.bytes_d2h += 2ull * H * p->n * m->row_bytes;
+	if (p->last) /* the rows prefill_assemble loaded from the host history */
+		m->st.bytes_h2d_history += 2ull * H * p->kv_from * m->row_bytes;
 	if (s->px)
 		s->px->fill[p->layer] = p->pos + p->n;
 	if (!p->last) {
