@@ -574,14 +574,14 @@ KVT_API int kvt_seq_fetch(struct kvt_manager *m, const uint64_t *seqs, uint32_t 
 
 /* Writes every host block of seq to the spill file now and frees them in the host tier (an
    engine parking a preempted request; tests), but those it shares with the prefix cache
-   (kvt_seq_info.shared_blocks), which stay in the host tier while any sequence holds them.
-   Its device frames stay as they are. Nothing to do (0) when it has no host blocks. -ENOENT;
-   -ENOTSUP without a disk tier; -ENOSPC when the spill file cannot grow (disk_bytes, a full file
-   system or quota, the process's file size limit); -EIO when a write failed; -ENOMEM; -EBADMSG when
-   it is lost; a device error when waiting for the loads queued on the device failed (nothing
-   written). On -ENOSPC, -EIO or -ENOMEM the blocks written before the failure stay on disk and the
-   others in the host tier (placement only: nothing is lost, and the next call that touches them
-   fetches them). */
+   (kvt_seq_info.shared_blocks), which stay in the host tier while any sequence holds them. Its
+   device frames stay as they are. Nothing to do (0) when it has no host blocks. -ENOENT;
+   -ENOTSUP without a disk tier; -ENOSPC when the spill file cannot grow (disk_bytes, a full
+   file system or quota, the process's file size limit), once it has dropped the prefix spans
+   it held; -EIO when a write failed; -ENOMEM; -EBADMSG when it is lost; a device error
+   when waiting for the loads queued on the device failed (nothing written). On -ENOSPC, -EIO
+   or -ENOMEM the blocks written before the failure stay on disk and the others in the host
+   tier (placement only: nothing is lost, and the next call that touches them fetches them). */
 KVT_API int kvt_seq_spill(struct kvt_manager *m, uint64_t seq);
 
 /* ---- Dynamic recall (decode) --------------------------------------------------------- */

@@ -236,7 +236,9 @@ KVT_API int kvt_seq_create_prefix(struct kvt_manager *m, uint64_t seq, uint32_t 
 	px->n_chain = n_hashes;
 	px->hash_tokens = hash_tokens;
 	/* Nothing can fail from here. The whole prompt is never shared, nor, when the prefill
-	   selects, the observation window, whose queries the engine computes with the rest. */
+	   selects, the observation window, whose queries the engine computes with the rest. A
+	   new stamp: the groups an earlier call pinned may be spilled for the spans' room. */
+	s->stamp = ++m->stamp;
 	rest = s->valid_topk && m->cfg.obs_window > 1 ? m->cfg.obs_window : 1;
 	k = share_run(m, px, (prompt_tokens - rest) / hash_tokens);
 	px->n_spans = k;
@@ -257,7 +259,6 @@ KVT_API int kvt_seq_create_prefix(struct kvt_manager *m, uint64_t seq, uint32_t 
 	for (uint32_t i = 0; i < k; i++)
 		s->save_ticket = px->spans[i]->ticket > s->save_ticket ? px->spans[i]->ticket
 								       : s->save_ticket;
-	s->stamp = ++m->stamp;
 	ALWAYS(kvt_idmap_put(&m->seqs, seq, s) == 0); /* room reserved above */
 	m->st.prefix_tokens_asked += prompt_tokens;
 	m->st.prefix_tokens_hit += px->prefix_tokens;
@@ -1552,7 +1553,7 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 	const struct kvt_config *c;
 	const struct row_src host = {.host = true};
 	uint32_t layers = 0, nx = 0, chunks = 0;
-	uint64_t need, entries, rows = 0;
+	uint64_t need, entries, rows = 0, room;
 	struct kvt_seq *s;
 	int err = 0;
 
@@ -1593,7 +1594,9 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 	}
 	/* Layers in chunks whose resident blocks fit the host tier together (all of them,
 	   unless the history is far larger than the host tier): per chunk, one read of the
-	   spilled ones, then one gather. */
+	   spilled ones, then one gather. What fits is what spilling can free: not the groups
+	   shared with the prefix cache, which no spill takes. */
+	room = m->host.n_units - kvt_prefix_held_groups(m);
 	for (uint32_t l0 = 0, l1; l0 < c->n_layers; l0 = l1) {
 		uint64_t bound = 0;
 
@@ -1601,7 +1604,7 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 		for (l1 = l0; l1 < c->n_layers; l1++) {
 			uint64_t b = resident_blocks_bound(m, s, &s->layers[l1]);
 
-			if (l1 > l0 && bound + b > m->host.n_units)
+			if (l1 > l0 && bound + b > room)
 				break;
 			bound += b;
 		}
