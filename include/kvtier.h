@@ -10,7 +10,8 @@
  *
  * Conventions: every fallible call returns 0 or a negative errno (kvt_strerror names it) and
  * changes nothing visible when it fails (which tier holds a block is not visible: a failing
- * call may have spilled or fetched blocks; kvt_decode_recall states its own exceptions);
+ * call may have spilled or fetched blocks, or evicted cached prefix spans no sequence holds;
+ * kvt_decode_recall states its own exceptions);
  * results come back through out-parameters. Tensors are dense,
  * row-major, of config.dtype, in the backend's memory space: host pointers for the host and
  * model backends (the model backend never reads them), device pointers for the CUDA backend.
@@ -203,9 +204,10 @@ struct kvt_stats {
 	uint64_t bytes_d2d;	  /* rows written into device frames from the caller's tensors */
 	uint64_t tokens_saved;	  /* (layer, token) pairs written to the host history */
 	uint64_t tokens_appended; /* (layer, token) pairs appended by decode */
-	uint64_t tokens_prompt;	  /* (layer, token) pairs of prefilled prompts */
+	uint64_t tokens_prompt;	  /* (layer, token) pairs of prefilled prompts (shared prefixes
+				     included; tokens_saved counts what was written) */
 	uint64_t tokens_resident; /* of those, kept in device frames at prefill (sink+top-K+ring) */
-	uint64_t prefill_layers;  /* successful kvt_prefill_layer calls */
+	uint64_t prefill_layers;  /* layers prefilled (kvt_prefill_layer, or a last chunk) */
 	uint64_t decode_calls;	  /* successful kvt_decode_append calls */
 	uint64_t saves_submitted; /* save jobs handed to the save path */
 	uint32_t live_seqs;
@@ -371,8 +373,10 @@ KVT_API int kvt_seq_destroy(struct kvt_manager *m, uint64_t seq);
    positions; may be NULL when no selection happens: prompt_tokens <= sink + recent or
    topk_tokens == 0, or prompt_tokens <= obs_window). Selects the top-K tokens per kv head
    (SnapKV, docs/design.md), copies sink, top-K and ring tokens into newly allocated device frames
-   and saves the whole layer into the host history. The caller may reuse k, v and q_obs when
-   the call returns (after the work queued on `stream`, for the CUDA backend).
+   and saves the whole layer into the host history; for a layer that already holds positions
+   (a shared prefix, earlier chunks), k and v are still the whole layer and only the positions
+   after those are saved (kvt_prefill_chunk from there, kv_from 0). The caller may reuse k, v
+   and q_obs when the call returns (after the work queued on `stream`, for the CUDA backend).
    Errors: -ENOENT unknown seq; -EINVAL layer out of range, NULL tensors or seq preempted;
    -EEXIST layer already prefilled; -ENOMEM when either tier cannot hold the layer, with a
    disk tier after spilling every other block (nothing is allocated); -EBADMSG when seq was
@@ -504,8 +508,9 @@ KVT_API int kvt_prefix_match(struct kvt_manager *m, const uint64_t *hashes, uint
 			     uint32_t hash_tokens, uint32_t *tokens);
 
 /* kvt_seq_create with the prompt's hash chain (n_hashes * hash_tokens <= prompt_tokens). The
-   sequence shares the longest cached run, as kvt_prefix_match finds it but never the whole
-   prompt (a span ending at prompt_tokens is not shared: at least one token is prefilled),
+   sequence shares the longest cached run, as kvt_prefix_match finds it, but always leaves
+   the prompt's last max(1, obs_window) tokens to prefill (only the last token when the
+   prefill selects nothing): the engine computes their queries (q_obs) and the last logits,
    and *matched_tokens receives its length: every layer then holds positions
    [0, *matched_tokens) in its host history, and its prefill is of the rest (kvt_prefill_chunk
    from there, or kvt_prefill_layer with the whole layer's tensors). Spans in the spill file
@@ -568,10 +573,12 @@ KVT_API int kvt_seq_load_kv(struct kvt_manager *m, uint64_t seq, uint32_t layer,
 KVT_API int kvt_seq_fetch(struct kvt_manager *m, const uint64_t *seqs, uint32_t n);
 
 /* Writes every host block of seq to the spill file now and frees them in the host tier (an
-   engine parking a preempted request; tests). Its device frames stay as they are. Nothing to
-   do (0) when it has no host blocks. -ENOENT; -ENOTSUP without a disk tier; -ENOSPC when
-   the spill file cannot grow (disk_bytes, a full file system or quota, the process's file
-   size limit); -EIO when a write failed; -ENOMEM; -EBADMSG when it is lost; a device error
+   engine parking a preempted request; tests), but those it shares with the prefix cache
+   (kvt_seq_info.shared_blocks), which stay in the host tier while any sequence holds them. Its
+   device frames stay as they are. Nothing to do (0) when it has no host blocks. -ENOENT;
+   -ENOTSUP without a disk tier; -ENOSPC when the spill file cannot grow (disk_bytes, a full
+   file system or quota, the process's file size limit), once it has dropped the prefix spans
+   it held; -EIO when a write failed; -ENOMEM; -EBADMSG when it is lost; a device error
    when waiting for the loads queued on the device failed (nothing written). On -ENOSPC, -EIO
    or -ENOMEM the blocks written before the failure stay on disk and the others in the host
    tier (placement only: nothing is lost, and the next call that touches them fetches them). */

@@ -358,3 +358,12 @@ uint32_t kvt_prefix_drop_disk(struct kvt_manager *m)
 	}
 	return n;
 }
+
+int kvt_prefix_corrupt_span(struct kvt_manager *m, uint64_t hash, uint32_t unit)
+{
+	struct kvt_pspan *sp = kvt_prefix_span(m, hash);
+
+	if (!sp || !sp->on_disk || unit >= sp->n_ids)
+		return -ENOENT;
+	return kvt_disk_corrupt(m->disk, sp->ids[unit]);
+}

@@ -67,6 +67,12 @@ static inline bool kvt_host_shared(const struct kvt_manager *m, uint32_t g)
 	return m->px.href && m->px.href[g] != 0;
 }
 
+/* Host groups of the spans live sequences hold: shared, so no spill frees them. */
+static inline uint64_t kvt_prefix_held_groups(const struct kvt_manager *m)
+{
+	return m->px.groups - m->px.groups_idle;
+}
+
 /* The length k of the run hashes[0..k) of cached spans of hash_tokens (at most max_spans). */
 uint32_t kvt_prefix_run(const struct kvt_manager *m, const uint64_t *hashes, uint32_t n,
 			uint32_t hash_tokens, uint32_t max_spans);
@@ -105,5 +111,11 @@ void kvt_prefix_evict(struct kvt_manager *m, uint32_t target);
 /* Drops every idle span in the spill file (room for spilling live sequences). Returns how many
    went. */
 uint32_t kvt_prefix_drop_disk(struct kvt_manager *m);
+
+/* Test hook: corrupts unit `unit` (layer unit / (hash_tokens / block_tokens), its block in the
+   span) of the cached span of `hash` in the spill file, so its next read fails the CRC check.
+   0, -ENOENT (no such span, not in the spill file, or unit out of range), -ENOTSUP (model
+   backend). */
+int kvt_prefix_corrupt_span(struct kvt_manager *m, uint64_t hash, uint32_t unit);
 
 #endif /* KVT_PREFIX_H */

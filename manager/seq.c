@@ -198,7 +198,7 @@ KVT_API int kvt_seq_create_prefix(struct kvt_manager *m, uint64_t seq, uint32_t 
 				  const uint64_t *hashes, uint32_t n_hashes, uint32_t hash_tokens,
 				  uint32_t *matched_tokens)
 {
-	uint32_t full = 0, per, k, layers_ok = 0;
+	uint32_t full = 0, per, k, rest, layers_ok = 0;
 	struct kvt_seq_px *px;
 	struct kvt_seq *s;
 	int err = 0;
@@ -235,8 +235,12 @@ KVT_API int kvt_seq_create_prefix(struct kvt_manager *m, uint64_t seq, uint32_t 
 		memcpy(px->chain, hashes, (size_t)n_hashes * sizeof(*hashes));
 	px->n_chain = n_hashes;
 	px->hash_tokens = hash_tokens;
-	/* Nothing can fail from here. The whole prompt is never shared. */
-	k = share_run(m, px, (prompt_tokens - 1) / hash_tokens);
+	/* Nothing can fail from here. The whole prompt is never shared, nor, when the prefill
+	   selects, the observation window, whose queries the engine computes with the rest. A
+	   new stamp: the groups an earlier call pinned may be spilled for the spans' room. */
+	s->stamp = ++m->stamp;
+	rest = s->valid_topk && m->cfg.obs_window > 1 ? m->cfg.obs_window : 1;
+	k = share_run(m, px, (prompt_tokens - rest) / hash_tokens);
 	px->n_spans = k;
 	px->prefix_tokens = k * hash_tokens;
 	per = hash_tokens >> m->lbt;
@@ -255,7 +259,6 @@ KVT_API int kvt_seq_create_prefix(struct kvt_manager *m, uint64_t seq, uint32_t 
 	for (uint32_t i = 0; i < k; i++)
 		s->save_ticket = px->spans[i]->ticket > s->save_ticket ? px->spans[i]->ticket
 								       : s->save_ticket;
-	s->stamp = ++m->stamp;
 	ALWAYS(kvt_idmap_put(&m->seqs, seq, s) == 0); /* room reserved above */
 	m->st.prefix_tokens_asked += prompt_tokens;
 	m->st.prefix_tokens_hit += px->prefix_tokens;
@@ -665,8 +668,7 @@ static int prefill_assemble(struct kvt_manager *m, struct prefill *p)
 	if (err)
 		return kvt_fail(m, err, "sequence %llu layer %u: assembling the layer: %s",
 				(unsigned long long)p->seq, p->layer, m->be->err);
-	m->st.bytes_h2d_history += 2ull * H * p->kv_from * m->row_bytes;
-	return 0;
+	return 0; /* its rows are counted when the call commits */
 }
 
 /* End of the top-K candidates of a prompt of L tokens, min(L - recent, L - obs_window) (policy.h;
@@ -845,6 +847,8 @@ static void prefill_commit(struct kvt_manager *m, struct prefill *p, uint64_t ti
 	m->st.saves_submitted++;
 	m->st.tokens_saved += p->n;
 	m->st.bytes_d2h += 2ull * H * p->n * m->row_bytes;
+	if (p->last) /* the rows prefill_assemble loaded from the host history */
+		m->st.bytes_h2d_history += 2ull * H * p->kv_from * m->row_bytes;
 	if (s->px)
 		s->px->fill[p->layer] = p->pos + p->n;
 	if (!p->last) {
@@ -951,8 +955,8 @@ KVT_API int kvt_prefill_chunk(struct kvt_manager *m, uint64_t seq, uint32_t laye
 
 	if (!m)
 		return -EINVAL;
-	if (n == UINT32_MAX)
-		return kvt_fail(m, -EINVAL, "prefill chunk: %u tokens", n);
+	if (n > INT32_MAX) /* prompts have at most 2^31 - 1 tokens (UINT32_MAX is internal) */
+		return kvt_fail(m, -EINVAL, "prefill chunk: %u tokens (at most 2^31 - 1)", n);
 	return prefill_run(m, &p);
 }
 
@@ -1549,7 +1553,7 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 	const struct kvt_config *c;
 	const struct row_src host = {.host = true};
 	uint32_t layers = 0, nx = 0, chunks = 0;
-	uint64_t need, entries, rows = 0;
+	uint64_t need, entries, rows = 0, room;
 	struct kvt_seq *s;
 	int err = 0;
 
@@ -1590,7 +1594,9 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 	}
 	/* Layers in chunks whose resident blocks fit the host tier together (all of them,
 	   unless the history is far larger than the host tier): per chunk, one read of the
-	   spilled ones, then one gather. */
+	   spilled ones, then one gather. What fits is what spilling can free: not the groups
+	   shared with the prefix cache, which no spill takes. */
+	room = m->host.n_units - kvt_prefix_held_groups(m);
 	for (uint32_t l0 = 0, l1; l0 < c->n_layers; l0 = l1) {
 		uint64_t bound = 0;
 
@@ -1598,7 +1604,7 @@ KVT_API int kvt_seq_resume(struct kvt_manager *m, uint64_t seq, void *stream)
 		for (l1 = l0; l1 < c->n_layers; l1++) {
 			uint64_t b = resident_blocks_bound(m, s, &s->layers[l1]);
 
-			if (l1 > l0 && bound + b > m->host.n_units)
+			if (l1 > l0 && bound + b > room)
 				break;
 			bound += b;
 		}

@@ -474,6 +474,11 @@ KVT_API int kvt_seq_spill(struct kvt_manager *m, uint64_t seq)
 		return kvt_fail(m, err, "spill: sequence %llu: waiting for the device: %s",
 				(unsigned long long)seq, m->be->err);
 	spill_seq(m, s, (uint32_t)have, true, &err);
+	/* A full spill file gives up the prefix spans it caches before a live history waits. */
+	if (err == -ENOSPC && kvt_prefix_drop_disk(m)) {
+		err = 0;
+		spill_seq(m, s, (uint32_t)host_groups(m, s), true, &err);
+	}
 	if (err)
 		return kvt_fail(
 			m, err, "spill: sequence %llu: %llu of %llu block groups written (%s)",

@@ -8,9 +8,15 @@
  * layer (in both orders), decodes in batches across block boundaries, recalls (scored and
  * given, evicting other sequences' frames), attends, reads resident and host-only tokens,
  * preempts and resumes, spills and fetches (explicitly, and through reads, decode and
- * resume), runs the scheduler over three requests (it preempts and resumes one), destroys
- * sequences and the manager. Every library call of it is one numbered step whose result is
- * known in advance (0; -ENOTSUP for spill and fetch in a build without the disk tier).
+ * resume), runs the scheduler over three requests (it preempts and resumes one), then works
+ * the prefix cache: a sequence created with a hash chain caches its spans; a second shares
+ * part of them and prefills the rest in chunks (the chunk alone, rows from 0, rows from
+ * halfway; each layer's last chunk assembles the layer from the host history) between loads
+ * of its history; both are spilled (their shared blocks stay) and destroyed, a prefill that
+ * needs host room sends the idle spans to the spill file, and a third sequence's create
+ * reads them back; prefix matches in between. It destroys sequences and the manager. Every
+ * library call of it is one numbered step whose result is known in advance (0; -ENOTSUP for
+ * spill and fetch in a build without the disk tier; the tokens of each prefix match).
  *
  *   1. Counting runs (kvt_fault_arm(mask, 0)) give K, the hits of the whole workload, and the
  *      hits after every step; one run per site class gives the split.
@@ -30,6 +36,11 @@
  *      state is compared with the fault-free end, and attention after a recall of fixed
  *      blocks must match. The ASan build's leak check covers every failure path.
  *      A call may take its fault and succeed only where nothing is lost (see absorbed()).
+ *      The prefix cache is best effort: a fault may cost it a span (a create that could not
+ *      read one back shares less; a span that could not be written to the spill file is
+ *      dropped; a last prefill that could not cache its spans leaves them out), so a later
+ *      match may come out shorter, never longer. The run then prefills from where its match
+ *      ends and is compared at the end by content (CMP_SHORT), not by what sharing saved.
  *
  * Problems are collected (the first of each run) and listed at the end, grouped by the call
  * that took the fault, the site and the kind; the test fails if there is any. Environment:
@@ -47,9 +58,13 @@
 
 #define MAX_PROBLEMS 64
 
-const uint64_t seq_id[N_IDS] = {11, 12, 13, 14, 21, 22, 23};
-const uint32_t seq_prompt[N_IDS] = {48, 40, 20, 64, 32, 44, 16};
+const uint64_t seq_id[N_IDS] = {11, 12, 13, 14, 21, 22, 23, 31, 32, 33, 34};
+const uint32_t seq_prompt[N_IDS] = {48, 40, 20, 64, 32, 44, 16, 56, 60, 52, 96};
 const uint32_t seq_max_new[N_IDS] = {0, 0, 0, 0, 6, 5, 4}; /* scheduler requests */
+/* Prompts that begin with another's tokens: positions below seq_base_len[j] hold those of
+   sequence seq_base[j] (the spans their hash chains share), the rest their own. */
+const uint64_t seq_base[N_IDS] = {[Q] = 31, [R] = 31};
+const uint32_t seq_base_len[N_IDS] = {[Q] = 32, [R] = 48};
 
 static const char *const site_name[KVT_FAULT_SITES + 1] = {"alloc", "xfer",  "io",
 							   "cuda",  "stage", "none"};
@@ -76,6 +91,7 @@ uint32_t g_sched_preempted, g_sched_resumed, g_sched_iters;
 /* figures of the walk */
 uint64_t g_walked[KVT_FAULT_SITES], g_failed, g_absorbed, g_retried, g_placement;
 uint64_t g_tokens, g_lost, g_create_failed, g_log_msgs;
+uint64_t g_short;
 
 struct absorbed g_abs[32];
 uint32_t g_n_abs;
@@ -192,6 +208,12 @@ void attend_q(uint64_t id, uint32_t l, float *q)
 	for (uint32_t g = 0; g < NQ; g++)
 		for (uint32_t d = 0; d < HD; d++)
 			q[g * HD + d] = t_value(id, l, 3000 + g, 0, d, 0);
+}
+
+/* The sequence whose values position pos of sequence j holds. */
+uint64_t data_id(uint32_t j, uint32_t pos)
+{
+	return pos < seq_base_len[j] ? seq_base[j] : seq_id[j];
 }
 
 /* ---- setup ----------------------------------------------------------------------------------- */

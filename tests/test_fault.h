@@ -45,16 +45,21 @@
 #define MAX_STEPS 1024
 
 #define MAX_BATCH 4
+#define MAX_ROWS 96 /* positions of the longest prompt */
 
 #define F_ABSORB (1u << 0)  /* may absorb the fault and succeed (see absorbed()) */
 #define F_VOID (1u << 1)    /* returns nothing */
 #define F_MCREATE (1u << 2) /* kvt_manager_create: *out must stay untouched */
 #define F_SCREATE (1u << 3) /* kvt_sched_create: likewise */
+#define F_CACHE (1u << 4)   /* kvt_seq_create_prefix: the cache may absorb the fault (absorbed()) */
 
 #define M_SENTINEL ((struct kvt_manager *)(uintptr_t)0x5a5a5a50)
 #define S_SENTINEL ((struct kvt_sched *)(uintptr_t)0x5a5a5a60)
 
-enum { A = 0, B, C, D, E, F, G, N_IDS };
+/* A..D: the scripted sequences; E..G: the scheduler's requests; P..S: the prefix cache's (P
+   caches a chain, Q shares part of it and prefills in chunks, R shares all of it after it went
+   to the spill file, S makes the host room that sends it there). */
+enum { A = 0, B, C, D, E, F, G, P, Q, R, S, N_IDS };
 
 struct shead {
 	int res_rc, fr_rc, view_rc;
@@ -112,7 +117,9 @@ struct mseq {
 	uint64_t id;
 	uint32_t L;
 	bool live;
-	uint32_t n[NL]; /* tokens per layer; 0 = not prefilled */
+	uint32_t n[NL];	   /* tokens per layer; 0 = not prefilled */
+	uint32_t fill[NL]; /* positions in the host history (prefix and chunks; n once prefilled) */
+	uint32_t matched;  /* prefix tokens shared at creation */
 };
 
 struct run {
@@ -134,6 +141,8 @@ struct run {
 	struct kvt_manager *m;
 	struct kvt_sched *s;
 	struct mseq q[N_IDS];
+	bool short_match;    /* a prefix match came out shorter than in the fault-free run */
+	uint64_t hist_extra; /* stats.bytes_h2d_history of the checks' own loads (check_tokens) */
 	size_t rb;
 	uint8_t *k, *v, *qo, *qd;
 };
@@ -150,6 +159,9 @@ enum cmp {
 	CMP_END,    /* the end of the workload: as CMP_AFTER, preemption counts aside */
 	CMP_LOOSE,  /* the end of a run whose scheduler batches differed: content only (tokens,
 		       resident sets, tier accounting), not how it was batched or recalled */
+	CMP_SHORT,  /* the end of a run where a prefix match came out shorter (the cache lost a
+		       span to the fault, or a create could not read one back): as CMP_LOOSE, and
+		       not what sharing saved (prefix tokens, shared blocks, rows saved) */
 };
 
 struct diff {
@@ -163,6 +175,8 @@ struct diff {
 extern const uint64_t seq_id[N_IDS];
 extern const uint32_t seq_prompt[N_IDS];
 extern const uint32_t seq_max_new[N_IDS];
+extern const uint64_t seq_base[N_IDS];
+extern const uint32_t seq_base_len[N_IDS];
 extern struct kvt_config g_cfg;
 /* the build has a disk tier (spill does not say -ENOTSUP) */
 extern bool g_disk;
@@ -188,6 +202,7 @@ extern float g_end_att[N_IDS][NL][NQ * HD];
 extern uint32_t g_sched_preempted, g_sched_resumed, g_sched_iters;
 extern uint64_t g_walked[KVT_FAULT_SITES], g_failed, g_absorbed, g_retried, g_placement;
 extern uint64_t g_tokens, g_lost, g_create_failed, g_log_msgs;
+extern uint64_t g_short; /* runs where a prefix match came out shorter after the fault */
 extern struct absorbed g_abs[32];
 extern uint32_t g_n_abs;
 struct errs *count_error(const char *call, int rc);
@@ -200,6 +215,7 @@ uint64_t hits_now(const struct run *r);
 void pause_hook(struct run *r);
 void resume_hook(struct run *r);
 void attend_q(uint64_t id, uint32_t l, float *q);
+uint64_t data_id(uint32_t j, uint32_t pos);
 void log_sink(void *user, enum kvt_log_level level, const char *msg);
 struct kvt_config fault_config(bool disk);
 bool probe_disk(void);

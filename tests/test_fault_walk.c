@@ -72,8 +72,8 @@ void test_fault_walk(void **state)
 			      (unsigned long long)stride, (unsigned long long)g_k);
 	print_message("# fault: %llu sites walked (alloc %llu, xfer %llu, io %llu, cuda %llu), "
 		      "%llu failures returned errors (%llu retried, %llu manager creates), "
-		      "%llu absorbed, %llu moved blocks between host and disk, %llu lost "
-		      "tokens, %llu tokens checked, %.1f s\n",
+		      "%llu absorbed, %llu moved blocks between host and disk, %llu shared a "
+		      "shorter prefix, %llu lost tokens, %llu tokens checked, %.1f s\n",
 		      (unsigned long long)(g_walked[0] + g_walked[1] + g_walked[2] + g_walked[3]),
 		      (unsigned long long)g_walked[KVT_FAULT_ALLOC],
 		      (unsigned long long)g_walked[KVT_FAULT_XFER],
@@ -81,7 +81,8 @@ void test_fault_walk(void **state)
 		      (unsigned long long)g_walked[KVT_FAULT_CUDA], (unsigned long long)g_failed,
 		      (unsigned long long)g_retried, (unsigned long long)g_create_failed,
 		      (unsigned long long)g_absorbed, (unsigned long long)g_placement,
-		      (unsigned long long)g_lost, (unsigned long long)g_tokens, t1 - t0);
+		      (unsigned long long)g_short, (unsigned long long)g_lost,
+		      (unsigned long long)g_tokens, t1 - t0);
 	print_errors();
 	print_problems();
 

@@ -103,6 +103,12 @@ static void after_failure(struct run *r, uint32_t i, int rc, unsigned flags)
      here, so the rest of the run is compared by content only);
    - an I/O error of a spill write that the call made to find host room: the block stays in
      the host tier and others go instead; the error is counted in stats.disk_io_errors;
+   - the prefix cache, which is best effort (kvtier.h): kvt_seq_create_prefix (flag F_CACHE)
+     whose room for the spans on disk or their read back failed shares fewer of them (the
+     caller checks the match, never longer than the fault-free one); a call that had to
+     drop an idle span it would have written to the spill file, or a last prefill that could
+     not cache its spans (fewer spans cached, or more dropped, than without the fault). A
+     later match may then be shorter, and the run goes on unaligned from there;
    - a CUDA error in kvt_sched_commit: the device wait of a completed request's preempt
      failed; the next kvt_sched_step frees its frames, so the run goes on as the fault-free
      one (still compared step by step).
@@ -113,17 +119,21 @@ bool absorbed(struct run *r, uint32_t i, unsigned flags)
 	bool ok = false;
 	uint32_t a;
 
-	if (flags & F_ABSORB) {
+	if (flags & (F_ABSORB | F_CACHE)) {
 		ok = true;
 		if (!strcmp(r->what, "kvt_sched_step"))
 			r->aligned = false;
 	} else if (r->site == KVT_FAULT_CUDA && !strcmp(r->what, "kvt_sched_commit")) {
 		ok = true;
-	} else if (r->site == KVT_FAULT_IO && r->m && r->aligned && g_snap[i]) {
+	} else if (r->m && r->aligned && g_snap[i]) {
+		const struct snap *after =
+			i + 1 < g_steps && !g_snap_gap[i + 1] ? g_snap[i + 1] : NULL;
 		struct kvt_stats st = KVT_STATS_INIT;
 
 		CHECK_RC(kvt_manager_stats(r->m, &st), 0);
-		ok = st.disk_io_errors > g_snap[i]->st.disk_io_errors;
+		ok = r->site == KVT_FAULT_IO && st.disk_io_errors > g_snap[i]->st.disk_io_errors;
+		ok |= after && (st.prefix_spans < after->st.prefix_spans ||
+				st.prefix_spans_evicted > after->st.prefix_spans_evicted);
 	}
 	if (!ok)
 		return false;
@@ -245,16 +255,140 @@ static void w_create(struct run *r, int j)
 		r->q[j].live = true;
 }
 
+/* Rows [from, to) of every head of (j, l), as [NH][to - from][HD], into k and v. */
+static void fill_rows(struct run *r, int j, uint32_t l, uint32_t from, uint32_t to, uint8_t *k,
+		      uint8_t *v)
+{
+	for (uint32_t h = 0; h < NH; h++)
+		for (uint32_t p = from; p < to; p++) {
+			size_t off = ((size_t)h * (to - from) + (p - from)) * r->rb;
+
+			t_fill_row(r->c.dtype, HD, k + off, data_id(j, p), l, h, p, 0);
+			t_fill_row(r->c.dtype, HD, v + off, data_id(j, p), l, h, p, 1);
+		}
+}
+
+/* The observation queries of (j, l) as t_fill_prefill makes them. */
+static void fill_qobs(struct run *r, int j, uint32_t l)
+{
+	uint32_t L = r->q[j].L, obs = r->c.obs_window;
+
+	for (uint32_t g = 0; g < NQ; g++)
+		for (uint32_t i = 0; i < obs; i++)
+			t_fill_row(r->c.dtype, HD, r->qo + ((size_t)g * obs + i) * r->rb,
+				   r->q[j].id, l, 1000 + g, L >= obs ? L - obs + i : i, 0);
+}
+
+/* kvt_prefill_layer: the whole layer's tensors (after a shared prefix, the rest is saved). */
 static void w_prefill(struct run *r, int j, uint32_t l)
 {
 	struct mseq *s = &r->q[j];
 	int rc;
 
-	t_fill_prefill(&r->c, s->id, l, s->L, r->k, r->v, r->qo);
+	fill_rows(r, j, l, 0, s->L, r->k, r->v);
+	fill_qobs(r, j, l);
 	STEP(r, rc, 0, 0, "kvt_prefill_layer",
 	     t_prefill_layer(r->m, s->id, l, r->k, r->v, r->qo, NULL));
 	if (!rc)
-		s->n[l] = s->L;
+		s->n[l] = s->fill[l] = s->L;
+}
+
+/* A prefix match of fault-free length want came out as got: a difference is a problem, but
+   for a shorter one once the fault fired (the cache is best effort; see absorbed()), after
+   which the run goes on unaligned, adapting its prefill to the match. */
+static void match_seen(struct run *r, const char *what, uint32_t got, uint32_t want)
+{
+	if (got == want)
+		return;
+	if (r->mode == MODE_FAULT && r->fired && got < want) {
+		if (!r->short_match)
+			g_short++;
+		r->short_match = true;
+		r->aligned = false;
+		return;
+	}
+	problem(r, "prefix match differs", "%s matched %u tokens, %s %u", what, got,
+		r->mode == MODE_FAULT ? "the fault-free run" : "expected", want);
+}
+
+#define HT 16 /* hash_tokens: two blocks */
+
+static void w_match(struct run *r, const uint64_t *h, uint32_t n, uint32_t want)
+{
+	uint32_t got = UINT32_MAX;
+	int rc;
+
+	STEP(r, rc, 0, 0, "kvt_prefix_match", kvt_prefix_match(r->m, h, n, HT, &got));
+	if (!rc)
+		match_seen(r, "kvt_prefix_match", got, want);
+}
+
+static void w_create_prefix(struct run *r, int j, const uint64_t *h, uint32_t n, uint32_t want)
+{
+	struct mseq *s = &r->q[j];
+	uint32_t got = UINT32_MAX;
+	int rc;
+
+	STEP(r, rc, 0, F_CACHE, "kvt_seq_create_prefix",
+	     kvt_seq_create_prefix(r->m, s->id, s->L, h, n, HT, &got));
+	if (rc)
+		return;
+	s->live = true;
+	s->matched = got;
+	for (uint32_t l = 0; l < NL; l++)
+		s->fill[l] = got;
+	match_seen(r, "kvt_seq_create_prefix", got, want);
+}
+
+/* Where a chunk's tensors start: the chunk alone, the layer from 0, or halfway. */
+enum kv_from { KV_ALONE, KV_ALL, KV_HALF };
+
+/* kvt_prefill_chunk of (j, l) from where its history ends to `end` (nothing when it reaches
+   there already); the last chunk completes the layer. */
+static void w_chunk(struct run *r, int j, uint32_t l, uint32_t end, enum kv_from from)
+{
+	struct mseq *s = &r->q[j];
+	uint32_t pos = s->fill[l], kv = from == KV_ALONE ? pos : from == KV_ALL ? 0 : pos / 2;
+	bool last = end == s->L;
+	int rc;
+
+	if (s->n[l] || end <= pos)
+		return;
+	fill_rows(r, j, l, kv, end, r->k, r->v);
+	if (last)
+		fill_qobs(r, j, l);
+	STEP(r, rc, 0, 0, "kvt_prefill_chunk",
+	     t_prefill_chunk(r->m, s->id, l, pos, end - pos, kv, r->k, r->v, last ? r->qo : NULL,
+			     NULL));
+	if (rc)
+		return;
+	s->fill[l] = end;
+	if (last)
+		s->n[l] = end;
+}
+
+/* kvt_seq_load_kv of positions [pos, pos + n) of (j, l), as far as its history holds them;
+   every row must be the one written. */
+static void w_load(struct run *r, int j, uint32_t l, uint32_t pos, uint32_t n)
+{
+	static uint8_t k[NH * MAX_ROWS * HD * 4], v[NH * MAX_ROWS * HD * 4],
+		ek[NH * MAX_ROWS * HD * 4], ev[NH * MAX_ROWS * HD * 4];
+	struct mseq *s = &r->q[j];
+	uint32_t filled = s->n[l] ? s->n[l] : s->fill[l];
+	int rc;
+
+	n = pos + n <= filled ? n : pos < filled ? filled - pos : 0;
+	if (!n || n > MAX_ROWS)
+		return;
+	STEP(r, rc, 0, 0, "kvt_seq_load_kv", t_load_kv(r->m, s->id, l, pos, n, k, v, NULL));
+	if (rc)
+		return;
+	fill_rows(r, j, l, pos, pos + n, ek, ev);
+	if (memcmp(k, ek, NH * n * r->rb) || memcmp(v, ev, NH * n * r->rb)) {
+		g_lost++;
+		problem(r, "history load wrong", "seq %llu l%u [%u, +%u): bytes differ",
+			(unsigned long long)s->id, l, pos, n);
+	}
 }
 
 /* `steps` decode steps of the batch js (every layer in turn). */
@@ -334,8 +468,8 @@ static void w_read(struct run *r, int j, uint32_t l, uint32_t h, uint32_t pos)
 	     kvt_seq_read_token(r->m, r->q[j].id, l, h, pos, k, v));
 	if (rc)
 		return;
-	t_fill_row(r->c.dtype, HD, ek, r->q[j].id, l, h, pos, 0);
-	t_fill_row(r->c.dtype, HD, ev, r->q[j].id, l, h, pos, 1);
+	t_fill_row(r->c.dtype, HD, ek, data_id(j, pos), l, h, pos, 0);
+	t_fill_row(r->c.dtype, HD, ev, data_id(j, pos), l, h, pos, 1);
 	if (memcmp(k, ek, r->rb) || memcmp(v, ev, r->rb)) {
 		g_lost++;
 		problem(r, "token read wrong", "seq %llu l%u h%u pos %u: bytes differ",
@@ -398,7 +532,9 @@ static void w_destroy(struct run *r, int j)
 	STEP(r, rc, 0, 0, "kvt_seq_destroy", kvt_seq_destroy(r->m, r->q[j].id));
 	if (!rc) {
 		r->q[j].live = false;
+		r->q[j].matched = 0;
 		memset(r->q[j].n, 0, sizeof(r->q[j].n));
+		memset(r->q[j].fill, 0, sizeof(r->q[j].fill));
 	}
 }
 
@@ -490,7 +626,11 @@ static void end_checks(struct run *r)
 		g_end = sn;
 		sn = NULL;
 	} else if (r->mode == MODE_FAULT && g_end) {
-		compare(g_end, sn, r->aligned ? CMP_END : CMP_LOOSE, &d);
+		compare(g_end, sn,
+			r->aligned	 ? CMP_END
+			: r->short_match ? CMP_SHORT
+					 : CMP_LOOSE,
+			&d);
 		if (d.n)
 			problem(r, "end state differs", "at the end: %s", d.buf);
 	}
@@ -535,7 +675,10 @@ static void end_checks(struct run *r)
 
 static void workload(struct run *r)
 {
-	static const int ab[] = {A, B}, ba[] = {B, A}, abc[] = {A, B, C}, ac[] = {A, C}, c_[] = {C};
+	static const int ab[] = {A, B}, ba[] = {B, A}, abc[] = {A, B, C}, ac[] = {A, C}, c_[] = {C},
+			 pq[] = {P, Q};
+	/* P's chain; Q's shares its first two spans, then its own */
+	static const uint64_t hp[] = {0x5100, 0x5101, 0x5102}, hq[] = {0x5100, 0x5101, 0x5202};
 	int rc;
 
 	r->m = M_SENTINEL;
@@ -615,6 +758,51 @@ static void workload(struct run *r)
 	w_resume(r, E);
 	w_attend(r, E, 0);
 	w_destroy(r, F);
+	w_destroy(r, E);
+	w_destroy(r, D); /* device frames for two prompts at a time */
+
+	/* the prefix cache: P caches its chain's three spans; Q shares two of them and prefills
+	   the rest in chunks (the chunk alone, rows from 0, rows from halfway; the last chunk of
+	   each layer assembles it from the host history) between loads of the history */
+	w_match(r, hp, 3, 0);
+	w_create_prefix(r, P, hp, 3, 0);
+	w_prefill(r, P, 0);
+	w_prefill(r, P, 1);
+	w_match(r, hp, 3, 48);
+	w_match(r, hq, 3, 32);
+	w_create_prefix(r, Q, hq, 3, 32);
+	w_load(r, Q, 0, 0, 32);
+	w_chunk(r, Q, 0, 40, KV_ALONE);
+	w_load(r, Q, 0, 16, 24);
+	w_chunk(r, Q, 0, 50, KV_ALL);
+	w_chunk(r, Q, 1, 44, KV_ALONE);
+	w_chunk(r, Q, 0, 60, KV_ALONE); /* rows [0, 50) from the history */
+	w_chunk(r, Q, 1, 60, KV_HALF);	/* rows [0, 22): Q's own span is cached */
+	w_match(r, hq, 3, 48);
+	w_decode(r, pq, 2, 1);
+	w_attend(r, Q, 0);
+
+	/* explicit spills of sequences that share spans (the shared blocks stay); once neither
+	   is live the spans are idle: S's prefill sends the least recently used (P's last) to
+	   the spill file, and R's create reads it back, making room by sending Q's own there */
+	w_spill(r, P);
+	w_spill(r, Q);
+	w_read(r, Q, 1, 1, 40);
+	w_load(r, Q, 1, 24, 30);
+	w_destroy(r, P);
+	w_destroy(r, Q);
+	w_create(r, S);
+	w_prefill(r, S, 0);
+	w_prefill(r, S, 1);
+	w_match(r, hq, 3, 48); /* spans in the spill file count */
+	w_match(r, hp, 3, 48);
+	w_create_prefix(r, R, hp, 3, 48);
+	w_destroy(r, S); /* done: the checks after later faults need not read it back */
+	w_chunk(r, R, 0, 52, KV_ALONE); /* rows [0, 48) from the spans read back */
+	w_prefill(r, R, 1);
+	w_spill(r, R);
+	w_read_host_only(r, R, 0, 1);
+	w_attend(r, R, 1);
 
 	end_checks(r);
 
@@ -637,8 +825,8 @@ void run_once(enum mode mode, uint32_t mask, uint64_t nth)
 	r->site = KVT_FAULT_SITES;
 	r->c = g_cfg;
 	r->rb = (size_t)HD * kvt_dtype_size(g_cfg.dtype);
-	r->k = t_xmalloc((size_t)NH * 64 * r->rb);
-	r->v = t_xmalloc((size_t)NH * 64 * r->rb);
+	r->k = t_xmalloc((size_t)NH * MAX_ROWS * r->rb);
+	r->v = t_xmalloc((size_t)NH * MAX_ROWS * r->rb);
 	r->qo = t_xmalloc((size_t)NQ * g_cfg.obs_window * r->rb);
 	r->qd = t_xmalloc((size_t)MAX_BATCH * NQ * r->rb);
 	for (int j = 0; j < N_IDS; j++) {

@@ -3,29 +3,16 @@
  * prefix: prefill in pieces. A chunked prefill and a prefill of the rest of a prompt after a
  * prefix shared from the cache give what a whole prefill gives, bit for bit (selection, frames,
  * history, recall views); the cache's sharing, eviction and accounting; bad chains and chunks
- * refused with nothing changed.
+ * refused with nothing changed. The helpers here (test_prefix.h) serve the suite's other
+ * files: test_prefix_disk.c (spans in the spill file) and test_prefix_random.c (the seeded
+ * random run).
  */
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <setjmp.h>
-#include <cmocka.h>
+#include "test_prefix.h"
 
-#include "t_check.h"
+#include <dirent.h>
+#include <unistd.h>
 
-#include <errno.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "policy.h"
-#include "t_backend.h"
-#include "t_config.h"
-#include "t_data.h"
-#include "t_manager.h"
-
-#define HT 16 /* hash_tokens: two 8-token blocks */
-
-static struct kvt_config cfg(void)
+struct kvt_config cfg(void)
 {
 	struct kvt_config c = t_small_config();
 
@@ -35,17 +22,8 @@ static struct kvt_config cfg(void)
 	return c;
 }
 
-/* One prompt's tensors, all layers: k, v [layer][H][L][D], q_obs [layer][Hq][obs][D]. Positions
-   below `shared` hold the values of prompt `base`, the rest those of prompt `id`, so two prompts
-   built on one base share that prefix exactly. */
-struct prompt {
-	uint32_t L;
-	size_t lkv, lq; /* bytes per layer */
-	uint8_t *k, *v, *q;
-};
-
-static struct prompt mk_prompt(const struct kvt_config *c, uint64_t id, uint32_t L, uint64_t base,
-			       uint32_t shared)
+struct prompt mk_prompt(const struct kvt_config *c, uint64_t id, uint32_t L, uint64_t base,
+			uint32_t shared)
 {
 	struct prompt p = {.L = L};
 	size_t row = t_rowb(c);
@@ -73,7 +51,7 @@ static struct prompt mk_prompt(const struct kvt_config *c, uint64_t id, uint32_t
 	return p;
 }
 
-static void free_prompt(struct prompt *p)
+void free_prompt(struct prompt *p)
 {
 	free(p->k);
 	free(p->v);
@@ -81,8 +59,8 @@ static void free_prompt(struct prompt *p)
 }
 
 /* Rows [from, to) of every head of layer l of p, as [H][to - from][D], into dst. */
-static void rows_of(const struct kvt_config *c, const struct prompt *p, uint32_t l, uint32_t from,
-		    uint32_t to, const uint8_t *src, uint8_t *dst)
+void rows_of(const struct kvt_config *c, const struct prompt *p, uint32_t l, uint32_t from,
+	     uint32_t to, const uint8_t *src, uint8_t *dst)
 {
 	size_t row = t_rowb(c);
 
@@ -93,9 +71,8 @@ static void rows_of(const struct kvt_config *c, const struct prompt *p, uint32_t
 
 /* Prefills layer l of seq from position `pos` in chunks of `step` tokens (the rest at once when
    0), each chunk's tensors holding rows from `from(pos)`: 0, the chunk's start, or between. */
-static void prefill_pieces(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq,
-			   const struct prompt *p, uint32_t l, uint32_t pos, uint32_t step,
-			   int from_mode)
+void prefill_pieces(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq,
+		    const struct prompt *p, uint32_t l, uint32_t pos, uint32_t step, int from_mode)
 {
 	size_t row = t_rowb(c);
 	uint8_t *k = t_xmalloc(p->lkv), *v = t_xmalloc(p->lkv);
@@ -116,8 +93,8 @@ static void prefill_pieces(struct kvt_manager *m, const struct kvt_config *c, ui
 	free(v);
 }
 
-static void prefill_whole(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq,
-			  const struct prompt *p)
+void prefill_whole(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq,
+		   const struct prompt *p)
 {
 	for (uint32_t l = 0; l < c->n_layers; l++)
 		CHECK_RC(t_prefill_layer(m, seq, l, p->k + l * p->lkv, p->v + l * p->lkv,
@@ -127,8 +104,8 @@ static void prefill_whole(struct kvt_manager *m, const struct kvt_config *c, uin
 
 /* Everything visible of (a, layer l) equals (b, l): resident positions, the frames' rows, the
    whole history, and the recall views after one recall with the same queries. */
-static void check_same(struct kvt_manager *ma, uint64_t a, struct kvt_manager *mb, uint64_t b,
-		       const struct kvt_config *c, const struct prompt *p)
+void check_same(struct kvt_manager *ma, uint64_t a, struct kvt_manager *mb, uint64_t b,
+		const struct kvt_config *c, const struct prompt *p)
 {
 	size_t row = t_rowb(c);
 	uint32_t L = p->L;
@@ -305,10 +282,89 @@ static void test_chunk_errors(void **state)
 
 /* ---- prefix reuse ------------------------------------------------------------------------- */
 
-static void chain_of(uint64_t base, uint32_t n, uint64_t *h)
+void chain_of(uint64_t base, uint32_t n, uint64_t *h)
 {
 	for (uint32_t i = 0; i < n; i++)
 		h[i] = base * 1000 + i;
+}
+
+void check_history(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq,
+		   const struct prompt *p, uint32_t from, uint32_t to)
+{
+	size_t bytes = (size_t)c->n_kv_heads * (to - from) * t_rowb(c);
+	uint8_t *k = t_xmalloc(bytes), *v = t_xmalloc(bytes), *ek = t_xmalloc(bytes),
+		*ev = t_xmalloc(bytes);
+
+	for (uint32_t l = 0; l < c->n_layers; l++) {
+		CHECK_RC(t_load_kv(m, seq, l, from, to - from, k, v, NULL), 0);
+		rows_of(c, p, l, from, to, p->k, ek);
+		rows_of(c, p, l, from, to, p->v, ev);
+		if (memcmp(k, ek, bytes) || memcmp(v, ev, bytes))
+			fail_at(__FILE__, __LINE__, "seq %llu layer %u: history [%u, %u) differs",
+				(unsigned long long)seq, l, from, to);
+	}
+	free(k);
+	free(v);
+	free(ek);
+	free(ev);
+}
+
+/* A fresh directory under $TMPDIR (or /tmp) into dir (PATH_MAX bytes). */
+static void tmpdir_make(char *dir)
+{
+	const char *tmp = getenv("TMPDIR");
+	char tmpl[PATH_MAX];
+
+	snprintf(tmpl, sizeof(tmpl), "%s/kvt-prefix-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	if (!mkdtemp(tmpl) || !realpath(tmpl, dir))
+		fail_at(__FILE__, __LINE__, "mkdtemp %s: %s", tmpl, strerror(errno));
+}
+
+uint32_t tmpdir_entries(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	uint32_t n = 0;
+
+	assert_non_null(d);
+	while ((e = readdir(d)))
+		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+	closedir(d);
+	return n;
+}
+
+/* Removes dir with anything a failed test left in it. */
+static void tmpdir_remove(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	char p[PATH_MAX + 256];
+
+	while (d && (e = readdir(d))) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+		unlink(p);
+	}
+	if (d)
+		closedir(d);
+	rmdir(dir);
+}
+
+int tmpdir_setup(void **state)
+{
+	char *dir = t_xmalloc(PATH_MAX);
+
+	tmpdir_make(dir);
+	*state = dir;
+	return 0;
+}
+
+int tmpdir_teardown(void **state)
+{
+	tmpdir_remove(*state);
+	free(*state);
+	return 0;
 }
 
 /* A sequence created on a cached prefix and prefilled from there (the rest alone, the rest in
@@ -408,6 +464,14 @@ static void test_prefix_rules_and_errors(void **state)
 	/* the same 64-token prompt again: 48 shared, the last span recomputed */
 	CHECK_RC(kvt_seq_create_prefix(m, 2, 64, h, 4, HT, &got), 0);
 	assert_int_equal(got, 48);
+	/* the observation window (4 tokens) stays to prefill: 66 tokens share 48, not 64 */
+	CHECK_RC(kvt_seq_create_prefix(m, 4, 66, h, 4, HT, &got), 0);
+	assert_int_equal(got, 48);
+	CHECK_RC(kvt_seq_destroy(m, 4), 0);
+	/* a prompt that selects nothing (sink + recent = 24 tokens or fewer) leaves one token */
+	CHECK_RC(kvt_seq_create_prefix(m, 4, 17, h, 1, HT, &got), 0);
+	assert_int_equal(got, 16);
+	CHECK_RC(kvt_seq_destroy(m, 4), 0);
 	/* a chain starting with a later span matches nothing */
 	CHECK_RC(kvt_prefix_match(m, h + 1, 3, HT, &got), 0);
 	assert_int_equal(got, 0);
@@ -562,7 +626,26 @@ int main(void)
 		cmocka_unit_test(test_prefix_rules_and_errors),
 		cmocka_unit_test(test_prefix_eviction),
 		cmocka_unit_test(test_sched_counts_the_rest),
+		cmocka_unit_test_setup_teardown(test_prefix_disk_restore, tmpdir_setup,
+						tmpdir_teardown),
+		cmocka_unit_test_setup_teardown(test_prefix_disk_checksum, tmpdir_setup,
+						tmpdir_teardown),
+		cmocka_unit_test_setup_teardown(test_prefix_disk_full, tmpdir_setup,
+						tmpdir_teardown),
+		cmocka_unit_test_setup_teardown(test_prefix_resume_shared, tmpdir_setup,
+						tmpdir_teardown),
+		cmocka_unit_test_setup_teardown(test_prefix_restore_after_pins, tmpdir_setup,
+						tmpdir_teardown),
+		cmocka_unit_test(test_prefix_random_host),
+		cmocka_unit_test_setup_teardown(test_prefix_random_disk, tmpdir_setup,
+						tmpdir_teardown),
+		cmocka_unit_test_setup_teardown(test_prefix_random_disk_limited, tmpdir_setup,
+						tmpdir_teardown),
 	};
 
+	/* failure messages of the random runs name the seed and the operation (t_ops.h) */
+	check_context = t_run_context;
+	t_seed = t_pick_seed();
+	print_message("# prefix: seed %llu\n", (unsigned long long)t_seed);
 	return cmocka_run_group_tests_name("prefix", tests, NULL, NULL);
 }

@@ -126,8 +126,9 @@ struct kvt_backend_ops {
 
 	/* A device buffer of at least bytes owned by the backend (a chunked prefill assembles
 	   one layer there), reused across calls: *addr is valid until the next scratch call or
-	   destroy. Growing it first waits for the device work that may still use the old one.
-	   0 or -ENOMEM (the old buffer stays). */
+	   destroy. A buffer it outgrew must outlive the device work queued on it: the CUDA
+	   backend keeps it until destroy (at most twice the largest request in all), the host
+	   backend, synchronous, frees it at once. 0 or -ENOMEM (the old buffer stays). */
 	int (*scratch)(struct kvt_be *b, uint64_t bytes, uint64_t *addr);
 
 	/* Saves device rows into host blocks (FlashD2H): one contiguous copy of the sources into

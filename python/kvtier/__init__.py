@@ -18,6 +18,17 @@ layer by layer::
         m.decode_recall(layer, [7], q1)         # q1: [1][n_q_heads][head_dim]
         out = m.attend(7, layer, q1[0])         # or the engine's kernel over m.frames()
 
+A request whose prompt starts like an earlier one's shares that prefix: the engine names the
+prompt by a chain of hashes (hashes[i] covers tokens [0, (i + 1) * hash_tokens)), creates the
+sequence with it, loads the matched rows into its own buffer for the attention of the rest,
+and prefills only the rest::
+
+    hit = m.create_seq(8, len(prompt), hashes=chain, hash_tokens=16)   # tokens shared
+    for layer in range(4):
+        k0, v0 = m.load_kv(8, layer, 0, hit)    # the prefix: [n_kv_heads][hit][head_dim]
+        ...                                     # the engine's attention of the rest
+        m.prefill_chunk(8, layer, hit, k_rest, v_rest, q_obs)   # rows [hit, len(prompt))
+
 Tensors are NumPy arrays on the host and model backends, and on the CUDA backend anything with
 ``__cuda_array_interface__`` or ``__dlpack__`` (PyTorch CUDA tensors): their pointers are
 passed through, never copied, on the stream given (``stream=``: a torch.cuda.Stream, an int
@@ -35,6 +46,7 @@ import ctypes
 import enum
 import errno
 import logging
+import operator
 import os
 import sys
 import threading
@@ -195,6 +207,38 @@ class Config:
         return cls(**kw)
 
 
+def _uint(name: str, value: Any, bits: int) -> int:
+    """value as an int in [0, 2^bits), or TypeError/ValueError naming the argument (ctypes
+    would wrap it silently)."""
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an integer, got {type(value).__name__}") from None
+    if v < 0 or v >> bits:
+        raise ValueError(f"{name}: {v} is not an unsigned {bits}-bit integer")
+    return v
+
+
+def _hash_array(hashes: Any) -> Tuple[Any, int]:
+    """(uint64 C array, n) of a hash chain: a sequence of ints in [0, 2^64) or a
+    one-dimensional NumPy integer array of non-negative values, copied into the C array."""
+    if isinstance(hashes, np.ndarray):
+        if hashes.ndim != 1:
+            raise ValueError(f"hashes: expected a one-dimensional array, got shape "
+                             f"{hashes.shape}")
+        if hashes.dtype.kind not in "iu":
+            raise TypeError(f"hashes: expected unsigned 64-bit integers, got dtype "
+                            f"{hashes.dtype}")
+        if hashes.dtype.kind == "i" and hashes.size and hashes.min() < 0:
+            raise ValueError("hashes: hashes are unsigned 64-bit integers; got a negative one")
+        arr = np.ascontiguousarray(hashes, dtype=np.uint64)
+        return (c_uint64 * arr.size).from_buffer_copy(arr), int(arr.size)
+    if isinstance(hashes, (str, bytes)):
+        raise TypeError(f"hashes: expected a sequence of integers, got {type(hashes).__name__}")
+    vals = [_uint("hashes", h, 64) for h in hashes]
+    return (c_uint64 * len(vals))(*vals), len(vals)
+
+
 def _seq_array(seqs: Any) -> Tuple[Any, int]:
     """(uint64 C array, n) for a sequence id, a list of ids or a uint64 NumPy array."""
     if isinstance(seqs, np.ndarray) and seqs.dtype == np.uint64 and seqs.flags.c_contiguous:
@@ -301,9 +345,46 @@ class Manager:
 
     # -- sequences ---------------------------------------------------------------------------
 
-    def create_seq(self, seq: int, prompt_tokens: int) -> None:
-        """kvt_seq_create: registers sequence id `seq` with a prompt of prompt_tokens tokens."""
-        self._call(_lib.kvt_seq_create, seq, prompt_tokens)
+    def create_seq(self, seq: int, prompt_tokens: int, hashes: Any = None,
+                   hash_tokens: Optional[int] = None) -> int:
+        """Registers sequence id `seq` with a prompt of prompt_tokens tokens and returns how
+        many leading tokens it shares from the prefix cache (0 without hashes).
+
+        Without `hashes`: kvt_seq_create. With them: kvt_seq_create_prefix, `hashes` being
+        the prompt's chain (ints in [0, 2^64) or a NumPy uint64 array; hashes[i] stands for
+        tokens [0, (i + 1) * hash_tokens), hash_tokens a multiple of block_tokens, the chain
+        no longer than the prompt). The sequence shares the longest cached run of the chain,
+        but never the prompt's last obs_window tokens (the queries the selection needs; the
+        last token only when the prefill selects nothing): every layer then holds positions [0, matched) in its history,
+        and its prefill is of the rest (:meth:`prefill_chunk` from `matched`, or
+        :meth:`prefill_layer` with the whole layer). Once all its layers are prefilled, its
+        own spans are cached for later requests, and stay cached after destroy_seq until the
+        host tier needs their room."""
+        seq = _uint("seq", seq, 64)
+        prompt_tokens = _uint("prompt_tokens", prompt_tokens, 32)
+        if hashes is None:
+            if hash_tokens is not None:
+                raise ValueError("hash_tokens: given without hashes")
+            self._call(_lib.kvt_seq_create, seq, prompt_tokens)
+            return 0
+        if hash_tokens is None:
+            raise ValueError("hash_tokens: required with hashes")
+        chain, n = _hash_array(hashes)
+        matched = c_uint32()
+        self._call(_lib.kvt_seq_create_prefix, seq, prompt_tokens, chain, n,
+                   _uint("hash_tokens", hash_tokens, 32), byref(matched))
+        return matched.value
+
+    def prefix_match(self, hashes: Any, hash_tokens: int) -> int:
+        """kvt_prefix_match: how many leading tokens of a prompt with this hash chain the
+        prefix cache holds (a multiple of hash_tokens; spans in the spill file count). Changes
+        nothing, not even the cache's LRU order: vLLM's get_num_new_matched_tokens. The count
+        create_seq then shares is at most this, and leaves the observation window."""
+        chain, n = _hash_array(hashes)
+        tokens = c_uint32()
+        self._call(_lib.kvt_prefix_match, chain, n, _uint("hash_tokens", hash_tokens, 32),
+                   byref(tokens))
+        return tokens.value
 
     def destroy_seq(self, seq: int) -> None:
         """kvt_seq_destroy: frees the sequence's device frames and host blocks."""
@@ -326,7 +407,9 @@ class Manager:
         """kvt_prefill_layer: k and v hold [n_kv_heads][prompt_tokens][head_dim] of the layer
         (post-RoPE keys), q_obs [n_q_heads][obs_window][head_dim] post-RoPE queries of the last
         obs_window prompt positions (None when no selection happens). SnapKV selects the
-        top-K tokens, sink/top-K/ring go to device frames, the whole layer to the host tier."""
+        top-K tokens, sink/top-K/ring go to device frames, the whole layer to the host tier.
+        After a shared prefix or earlier chunks (:meth:`prefill_chunk`) it prefills the rest
+        of the layer, still from the whole layer's tensors."""
         st = _tensor.stream_handle(stream)
         with self._lock:
             T = self.info(seq).prompt_tokens
@@ -338,6 +421,72 @@ class Manager:
                 pq, _q = self._t(q_obs, "q_obs", (self._Hq, self.config.obs_window, self._D),
                                  st)
             self._call(_lib.kvt_prefill_layer, seq, layer, pk, pv, pq, st)
+
+    def prefill_chunk(self, seq: int, layer: int, pos: int, k: Any, v: Any, q_obs: Any = None,
+                      kv_from: Optional[int] = None, stream: Any = None) -> int:
+        """kvt_prefill_chunk: prefills positions [pos, pos + n) of one layer and returns n.
+
+        k and v hold [n_kv_heads][rows][head_dim], the rows of positions [kv_from, pos + n):
+        n is rows - (pos - kv_from). kv_from defaults to pos (the chunk alone); 0 passes the
+        layer from its start (the prefix from :meth:`load_kv`, then the rest, as the engine's
+        attention used them). Rows below pos must be those the history holds: the library
+        does not compare them. pos must be the positions the layer holds so far: its shared
+        prefix (create_seq's result, or ``info(seq).prefix_tokens``) plus its earlier
+        chunks. The chunk's rows go to the host history; the last chunk (pos + n ==
+        prompt_tokens) takes q_obs as prefill_layer does and completes the layer bit for bit
+        as prefill_layer with the whole layer would (rows below kv_from come from the host
+        history, gathered into a transient buffer of one layer's K and V). Until then the
+        layer is not prefilled: decode refuses it, load_kv reads it."""
+        st = _tensor.stream_handle(stream)
+        seq = _uint("seq", seq, 64)
+        pos = _uint("pos", pos, 32)
+        kv_from = pos if kv_from is None else _uint("kv_from", kv_from, 32)
+        with self._lock:
+            pk, _k, rows = _tensor.address_rows(k, name="k", shape=(self._H, -1, self._D),
+                                                dtype=self._dt, memory=self._memory,
+                                                stream=st)
+            pv, _v = self._t(v, "v", (self._H, rows, self._D), st)
+            n = rows - (pos - kv_from)
+            if n < 1:
+                raise ValueError(f"k, v: {rows} rows from position {kv_from} hold no position "
+                                 f"at or past pos {pos}")
+            pq, _q = (None, None)
+            if q_obs is not None:
+                pq, _q = self._t(q_obs, "q_obs", (self._Hq, self.config.obs_window, self._D),
+                                 st)
+            self._call(_lib.kvt_prefill_chunk, seq, _uint("layer", layer, 32), pos,
+                       _uint("n", n, 32), kv_from, pk, pv, pq, st)
+        return n
+
+    def load_kv(self, seq: int, layer: int, pos: int, n: int, k_out: Any = None,
+                v_out: Any = None, stream: Any = None) -> Tuple[Any, Any]:
+        """kvt_seq_load_kv: the K and V rows of positions [pos, pos + n) of (seq, layer) from
+        the host history, bit-exact, as [n_kv_heads][n][head_dim] of the manager's dtype:
+        the matched prefix (and earlier chunks) that the engine's prefill of the rest attends
+        over. Returns (k_out, v_out). On the host and model backends they are NumPy arrays,
+        allocated when not given (uint16 bit patterns for bf16; the model backend writes
+        nothing, and they stay zero). On the CUDA backend pass both, dense device tensors (a
+        head's n rows follow one another): the load is one gather queued on `stream`, so read
+        them in stream order."""
+        st = _tensor.stream_handle(stream)
+        seq = _uint("seq", seq, 64)
+        pos, n = _uint("pos", pos, 32), _uint("n", n, 32)
+        if (k_out is None) != (v_out is None):
+            raise ValueError("k_out, v_out: pass both or neither")
+        if k_out is None:
+            if self._memory != _tensor.HOST:
+                raise TypeError("k_out, v_out: the CUDA backend loads into device memory; "
+                                "pass two device tensors of "
+                                f"{self._H}x{n}x{self._D} elements")
+            alloc = np.zeros if self.config.backend == Backend.MODEL else np.empty
+            k_out = alloc((self._H, n, self._D), _tensor.numpy_dtype(self._dt))
+            v_out = alloc((self._H, n, self._D), _tensor.numpy_dtype(self._dt))
+        with self._lock:
+            pk, _k = self._t(k_out, "k_out", (self._H, n, self._D), st, writable=True)
+            pv, _v = self._t(v_out, "v_out", (self._H, n, self._D), st, writable=True)
+            self._call(_lib.kvt_seq_load_kv, seq, _uint("layer", layer, 32), pos, n, pk, pv,
+                       st)
+        return k_out, v_out
 
     def decode_append(self, layer: int, seqs: Any, k: Any, v: Any, stream: Any = None) -> None:
         """kvt_decode_append: appends one token per sequence to `layer`; k and v hold

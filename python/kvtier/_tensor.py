@@ -136,8 +136,32 @@ def address(obj: Any, *, name: str, shape: Tuple[int, ...], dtype: int, memory: 
     prod(shape) elements of kvt_dtype `dtype`, C-contiguous, in `memory` ("host" or "cuda").
     Any shape with that many elements is accepted; `shape` only names the expectation in
     messages. keepalive must outlive the C call."""
-    count = math.prod(shape)
-    want = "x".join(str(s) for s in shape)
+    ptr, keep, _ = _resolve(obj, name, shape, dtype, memory, writable, stream)
+    return ptr, keep
+
+
+def address_rows(obj: Any, *, name: str, shape: Tuple[int, ...], dtype: int, memory: str,
+                 stream: Optional[int] = None) -> Tuple[int, Any, int]:
+    """As :func:`address` for a tensor whose extent along one dimension, the -1 entry of
+    `shape`, is the caller's choice: any multiple of the product of the other entries is
+    accepted (0 included), and that extent comes back as the third item."""
+    if list(shape).count(-1) != 1:
+        raise ValueError("address_rows: shape needs exactly one -1 entry")
+    ptr, keep, count = _resolve(obj, name, shape, dtype, memory, False, stream)
+    return ptr, keep, count // abs(math.prod(shape))
+
+
+def _resolve(obj: Any, name: str, shape: Tuple[int, ...], dtype: int, memory: str,
+             writable: bool, stream: Optional[int]) -> Tuple[int, Any, int]:
+    """(address, keepalive, element count) of `obj`, checked as `address` says; a -1 in
+    `shape` stands for any extent."""
+    free = -1 in shape
+    known = abs(math.prod(shape))  # elements per unit of the free extent, or all of them
+
+    def fits(n: int) -> bool:
+        return n % known == 0 if free else n == known
+
+    want = "x".join("n" if s == -1 else str(s) for s in shape)
     tname = _DTYPES[dtype][0]
     what = f"{name}: expected a C-contiguous {tname} tensor of {want} elements in {memory} memory"
 
@@ -146,13 +170,13 @@ def address(obj: Any, *, name: str, shape: Tuple[int, ...], dtype: int, memory: 
             raise TypeError(f"{what}; got a NumPy array (host memory)")
         if obj.dtype.name not in _DTYPES[dtype][1] or obj.dtype.itemsize != _ITEMSIZE[dtype]:
             raise TypeError(f"{what}; got dtype {obj.dtype}")
-        if obj.size != count:
+        if not fits(obj.size):
             raise ValueError(f"{what}; got shape {obj.shape}")
         if not obj.flags.c_contiguous:
             raise ValueError(f"{what}; got a non-contiguous array")
         if writable and not obj.flags.writeable:
             raise ValueError(f"{name}: the array is read-only")
-        return obj.ctypes.data, obj
+        return obj.ctypes.data, obj, int(obj.size)
 
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
@@ -162,7 +186,8 @@ def address(obj: Any, *, name: str, shape: Tuple[int, ...], dtype: int, memory: 
         ptr, readonly = cai["data"]
         if cai["typestr"] not in _DTYPES[dtype][3]:
             raise TypeError(f"{what}; got typestr {cai['typestr']}")
-        if math.prod(cai["shape"]) != count:
+        count = math.prod(cai["shape"])
+        if not fits(count):
             raise ValueError(f"{what}; got shape {tuple(cai['shape'])}")
         if not _contiguous(cai["shape"], cai.get("strides"), _ITEMSIZE[dtype]):
             raise ValueError(f"{what}; got strides {cai.get('strides')}")
@@ -171,7 +196,7 @@ def address(obj: Any, *, name: str, shape: Tuple[int, ...], dtype: int, memory: 
         producer = cai.get("stream")
         if producer is not None and producer != stream:
             _sync_stream(producer)
-        return int(ptr or 0), obj
+        return int(ptr or 0), obj, count
 
     if hasattr(obj, "__dlpack__"):
         dev_type, _ = obj.__dlpack_device__()
@@ -193,16 +218,17 @@ def address(obj: Any, *, name: str, shape: Tuple[int, ...], dtype: int, memory: 
             raise TypeError(f"{what}; got DLPack dtype code {tensor.dtype.code}, "
                             f"{tensor.dtype.bits} bits x {tensor.dtype.lanes}")
         shp = [tensor.shape[i] for i in range(tensor.ndim)]
-        if math.prod(shp) != count:
+        count = math.prod(shp)
+        if not fits(count):
             raise ValueError(f"{what}; got shape {tuple(shp)}")
         strides = ([tensor.strides[i] for i in range(tensor.ndim)]
                    if tensor.strides else None)
         if not _contiguous(shp, strides, 1):
             raise ValueError(f"{what}; got strides {tuple(strides or ())}")
-        return (tensor.data or 0) + tensor.byte_offset, (obj, capsule)
+        return (tensor.data or 0) + tensor.byte_offset, (obj, capsule), count
 
     if memory == HOST and not writable and isinstance(obj, (list, tuple)):
         arr = np.ascontiguousarray(obj, dtype=numpy_dtype(dtype) if dtype != 2 else np.uint16)
-        return address(arr, name=name, shape=shape, dtype=dtype, memory=memory)
+        return _resolve(arr, name, shape, dtype, memory, writable, stream)
     raise TypeError(f"{what}; got {type(obj).__name__} (pass a NumPy array, an object with "
                     "__cuda_array_interface__, or one with __dlpack__)")
