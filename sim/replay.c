@@ -392,6 +392,17 @@ static uint64_t prefix_groups(const struct mrun *mr, uint64_t tokens)
 	return tokens / mr->cfg.block_tokens * mr->cfg.n_layers;
 }
 
+/* The most tokens kvt_seq_create_prefix shares of a prompt of L tokens (whole spans): never
+   the last token, nor, when the prefill selects top-K tokens, the observation window, whose
+   queries the engine computes with the rest. For a prompt too short to select the library
+   leaves only the last token: this errs by a span at most, on the safe side for admission. */
+static uint32_t prefix_most(const struct mrun *mr, uint32_t L)
+{
+	uint32_t rest = mr->cfg.topk_tokens && mr->cfg.obs_window > 1 ? mr->cfg.obs_window : 1;
+
+	return L > rest ? (L - rest) / SIM_TRACE_HASH_TOKENS * SIM_TRACE_HASH_TOKENS : 0;
+}
+
 /* Counts request i's hash ids [from, to) as shared by one more (delta 1) or one fewer (-1)
    live request. 0 or -ENOMEM. */
 static int prefix_count(struct mrun *mr, size_t i, uint32_t from, uint32_t to, int delta)
@@ -529,8 +540,8 @@ static int submit_waiting(struct mrun *mr)
 				     kvt_manager_last_error(mr->m));
 				return err;
 			}
-			if (matched >= q->input_tokens) /* never the whole prompt */
-				matched -= SIM_TRACE_HASH_TOKENS;
+			if (matched > prefix_most(mr, q->input_tokens))
+				matched = prefix_most(mr, q->input_tokens);
 			k = matched / SIM_TRACE_HASH_TOKENS;
 			need -= prefix_groups(mr, matched);
 			for (uint32_t j = 0; j < k; j++)

@@ -349,12 +349,15 @@ void test_prefix_deterministic(void **state)
 /* The library's prefix cache under kvtier (and sparse-offload): the same prompt twice, the
    second after the first finished, shares its 8 whole spans; per layer it loads their K/V
    from the host (4,096 tokens of every layer: the bytes loaded, timed as transfer) and
-   prefills 4 tokens whose queries attend to all 4,100 keys. snapstream shares nothing. */
+   prefills 104 tokens whose queries attend to all 4,200 keys. A prompt of 4,100 tokens shares
+   7 spans under kvtier: the library leaves the observation window (32 tokens) to prefill when
+   the prefill selects top-K tokens, and sparse-offload selects none. snapstream shares
+   nothing. */
 void test_prefix_kvtier_repeat(void **state)
 {
 	static const uint64_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};
 	static const enum sim_policy pol[] = {SIM_POLICY_KVTIER, SIM_POLICY_SPARSE_OFFLOAD};
-	struct sim_trace t = mk_trace(2, 4100, 4, 10.0);
+	struct sim_trace t = mk_trace(2, 4200, 4, 10.0);
 	(void)state;
 
 	set_ids(&t, 0, ids, 8);
@@ -367,24 +370,24 @@ void test_prefix_kvtier_repeat(void **state)
 
 		opts(&o, pol[p]);
 		m = &o.model;
-		a_whole = sim_prefill_attn_s(&o.gpu, sim_prefill_attn_flops(m, 4100, m->n_layers),
-					     4100, 4100);
+		a_whole = sim_prefill_attn_s(&o.gpu, sim_prefill_attn_flops(m, 4200, m->n_layers),
+					     4200, 4200);
 		a_rest = sim_prefill_attn_s(&o.gpu,
-					    sim_prefill_attn_flops(m, 4100, m->n_layers) -
+					    sim_prefill_attn_flops(m, 4200, m->n_layers) -
 						    sim_prefill_attn_flops(m, 4096, m->n_layers),
-					    4, 4100);
+					    104, 4200);
 		run_ok(&o, &t, &on);
 		check_accounting(&on);
 		assert_int_equal(on.completed, 2);
-		assert_int_equal(on.prefix_input_tokens, 8200);
+		assert_int_equal(on.prefix_input_tokens, 8400);
 		assert_int_equal(on.prefix_hit_tokens, 4096);
-		assert_int_equal(on.prefill_tokens, 4100 + 4);
+		assert_int_equal(on.prefill_tokens, 4200 + 104);
 		assert_true(on.prefix_bytes_loaded ==
 			    (uint64_t)(4096 * sim_model_kv_token_bytes(m)));
 		near(on.t_attn_prefill, a_whole + a_rest, 1e-9, "prefill attention");
 		/* kvtier's fused gather loads the prefix in a fraction of its recompute;
 		   sparse-offload's per-block copies (2 us each, 65,536 of them) take longer
-		   than the 4,100-token prefill they save */
+		   than the 4,096-token prefill they save */
 		if (pol[p] == SIM_POLICY_KVTIER)
 			assert_true(on.reqs[1].first_token_s - on.reqs[1].arrival_s <
 				    0.5 * (on.reqs[0].first_token_s - on.reqs[0].arrival_s));
@@ -395,7 +398,7 @@ void test_prefix_kvtier_repeat(void **state)
 		o.prefix_cache = false;
 		run_ok(&o, &t, &off);
 		assert_int_equal(off.prefix_hit_tokens, 0);
-		assert_int_equal(off.prefill_tokens, 8200);
+		assert_int_equal(off.prefill_tokens, 8400);
 		assert_int_equal(off.prefix_bytes_loaded, 0);
 		near(off.t_attn_prefill, 2 * a_whole, 1e-9, "prefill attention, no cache");
 		/* the load is transfer time the run without reuse does not have */
@@ -403,6 +406,14 @@ void test_prefix_kvtier_repeat(void **state)
 		assert_true(on.t_gemm < off.t_gemm);
 		sim_replay_result_free(&on);
 		sim_replay_result_free(&off);
+
+		/* 4,100 tokens: all 8 spans would leave 4 tokens to prefill */
+		t.reqs[0].input_tokens = t.reqs[1].input_tokens = 4100;
+		o.prefix_cache = true;
+		run_ok(&o, &t, &on);
+		assert_int_equal(on.prefix_hit_tokens, pol[p] == SIM_POLICY_KVTIER ? 3584 : 4096);
+		sim_replay_result_free(&on);
+		t.reqs[0].input_tokens = t.reqs[1].input_tokens = 4200;
 	}
 	{
 		struct sim_replay_result res;
@@ -410,9 +421,9 @@ void test_prefix_kvtier_repeat(void **state)
 
 		opts(&o, SIM_POLICY_SNAPSTREAM);
 		run_ok(&o, &t, &res);
-		assert_int_equal(res.prefix_input_tokens, 8200);
+		assert_int_equal(res.prefix_input_tokens, 8400);
 		assert_int_equal(res.prefix_hit_tokens, 0);
-		assert_int_equal(res.prefill_tokens, 8200);
+		assert_int_equal(res.prefill_tokens, 8400);
 		sim_replay_result_free(&res);
 	}
 	sim_trace_free(&t);
