@@ -51,6 +51,7 @@ void sim_replay_opts_init(struct sim_replay_opts *o)
 	sim_preset_gpu("h100", &o->gpu);
 	o->hbm_gib = 0;
 	o->dram_gib = 256;
+	o->disk_gbps = 6;
 	o->block_tokens = 32;
 	o->sink_tokens = 128;
 	o->topk_tokens = 1024;
@@ -109,6 +110,7 @@ static const struct dbl_opt dbl_opts[] = {
 	{"hbm-gib", 1e-3, 1e6, false, OFF(hbm_gib)},
 	{"dram-gib", 1e-3, 1e7, false, OFF(dram_gib)},
 	{"disk-gib", 0, 1e8, false, OFF(disk_gib)},
+	{"disk-gbps", 1e-3, 1e4, false, OFF(disk_gbps)},
 	{"recall-cache-frac", 0, 0.99, true, OFF(recall_cache_frac)},
 	{"sel-keep", 0, 1, false, OFF(sel.p_keep)},
 	{"sel-revisit", 0, 1, false, OFF(sel.p_revisit)},
@@ -1106,6 +1108,7 @@ static int mrun_loop(struct run *run, double hbm_bytes)
 	if (o->spill_dir && o->policy != SIM_POLICY_SNAPSTREAM) {
 		mr->cfg.spill_dir = o->spill_dir;
 		mr->cfg.disk_bytes = (uint64_t)(o->disk_gib * 1073741824.0);
+		mr->cfg.model_disk_gbps = o->disk_gbps;
 	}
 	if (mr->recall) {
 		/* the library's frame: one block of one (layer, kv head), K and V */
@@ -1242,8 +1245,9 @@ static int check_opts(const struct sim_replay_opts *o, const struct sim_trace *t
 		snprintf(err, len, "budgets must be finite and the DRAM budget positive");
 		return -EINVAL;
 	}
-	if (!(o->disk_gib >= 0) || !isfinite(o->disk_gib)) {
-		snprintf(err, len, "the disk budget must be finite and >= 0");
+	if (!(o->disk_gib >= 0) || !isfinite(o->disk_gib) || !(o->disk_gbps > 0) ||
+	    !isfinite(o->disk_gbps)) {
+		snprintf(err, len, "the disk budget must be finite and >= 0, its bandwidth > 0");
 		return -EINVAL;
 	}
 	if (o->spill_dir) {

@@ -114,6 +114,8 @@ struct sim_replay_opts {
 	   the manager's disk model and added to the iteration's transfer time. */
 	const char *spill_dir;
 	double disk_gib;
+	double disk_gbps; /* the modelled disk's bandwidth, GB/s (default 6: one NVMe drive;
+			     several striped drives give more) */
 	/* Closed loop: keep `concurrency` requests in the system, the next one entering when
 	   one completes (arrival times ignored); 0: open loop by arrival time. */
 	uint32_t concurrency;

@@ -353,6 +353,24 @@ static void test_spill_dir(void **state)
 	assert_true(res.t_disk > 0 && res.t_disk <= res.t_transfer);
 	/* requests waiting on disk let more into the batch than DRAM alone did */
 	assert_true(res.max_batch_size > plain.max_batch_size);
+	/* a disk four times as fast moves a block in less time (each batch also costs its
+	   fixed latency, so not four times less) */
+	{
+		struct sim_replay_result fast;
+
+		o.disk_gbps = 24;
+		run_ok(&o, &t, &fast);
+		double per_fast =
+			fast.t_disk / (double)(fast.disk_blocks_spilled + fast.disk_blocks_fetched);
+		double per =
+			res.t_disk / (double)(res.disk_blocks_spilled + res.disk_blocks_fetched);
+
+		print_message("# disk time per block: %.3g s at 6 GB/s, %.3g s at 24 GB/s\n", per,
+			      per_fast);
+		assert_true(per_fast < per / 2 && per_fast > per / 4);
+		o.disk_gbps = 6;
+		sim_replay_result_free(&fast);
+	}
 	sim_replay_result_free(&res);
 
 	/* a bounded disk: DRAM + disk admission again */

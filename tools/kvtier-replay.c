@@ -55,6 +55,8 @@ static void usage(FILE *f)
 		"                        spill there when DRAM is full, so DRAM no longer limits\n"
 		"                        admission (the model backend times the I/O, writes none)\n"
 		"  --disk-gib X          most the disk tier holds (default 0: no limit)\n"
+		"  --disk-gbps X         the modelled disk's bandwidth in GB/s (default 6, one\n"
+		"                        NVMe drive)\n"
 		"  --max-batch N         R_max, requests per iteration (default 256)\n"
 		"  --max-batch-tokens N  T_max, tokens per iteration (default 8192)\n"
 		"cache and recall:\n"
@@ -187,6 +189,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		{"dram-gib", required_argument, 0, O_ENGINE},
 		{"spill-dir", required_argument, 0, O_ENGINE},
 		{"disk-gib", required_argument, 0, O_ENGINE},
+		{"disk-gbps", required_argument, 0, O_ENGINE},
 		{"max-batch", required_argument, 0, O_ENGINE},
 		{"max-batch-tokens", required_argument, 0, O_ENGINE},
 		{"block-tokens", required_argument, 0, O_ENGINE},
