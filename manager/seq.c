@@ -606,6 +606,35 @@ static int prefill_take(struct kvt_manager *m, struct prefill *p)
 	return 0;
 }
 
+/* Appends the copies of the history rows of positions [pos, pos + n) of a layer into dense
+   tensors at k and v ([n_kv_heads] heads head_stride bytes apart, position pos first): per
+   block, all heads' K rows in one strided entry and their V rows in another. */
+static void emit_history(struct kvt_manager *m, const struct kvt_seq_layer *ly, uint32_t pos,
+			 uint32_t n, uint64_t k, uint64_t v, uint64_t head_stride, uint32_t *nx)
+{
+	uint32_t bt = m->cfg.block_tokens;
+
+	for (uint32_t p0 = pos; p0 < pos + n;) {
+		uint32_t end = (p0 / bt + 1) * bt;
+
+		end = end < pos + n ? end : pos + n;
+		struct kvt_xfer e = {
+			.src = kvt_host_row(m, ly, 0, p0),
+			.dst = k + (uint64_t)(p0 - pos) * m->row_bytes,
+			.bytes = (end - p0) * m->row_bytes,
+			.reps = m->cfg.n_kv_heads,
+			.src_stride = m->block_bytes,
+			.dst_stride = head_stride,
+		};
+
+		m->xf[(*nx)++] = e;
+		e.src += m->v_offset;
+		e.dst = v + (uint64_t)(p0 - pos) * m->row_bytes;
+		m->xf[(*nx)++] = e;
+		p0 = end;
+	}
+}
+
 /* The whole layer for the last chunk, in fk and fv: the caller's tensors when they hold it,
    else the backend's scratch buffer, filled with the rows below kv_from from the host history
    (one gather, after their saves landed) and the caller's rows. 0 or the error, recorded. */
@@ -628,22 +657,7 @@ static int prefill_assemble(struct kvt_manager *m, struct prefill *p)
 				(unsigned long long)p->seq, p->layer, m->be->err);
 	p->fk = base;
 	p->fv = base + H * head;
-	for (uint32_t p0 = 0; p0 < p->kv_from; p0 += bt) {
-		uint32_t cnt = p->kv_from - p0 < bt ? p->kv_from - p0 : bt;
-		struct kvt_xfer e = {
-			.src = kvt_host_row(m, &p->ly, 0, p0),
-			.dst = p->fk + (uint64_t)p0 * m->row_bytes,
-			.bytes = cnt * m->row_bytes,
-			.reps = H,
-			.src_stride = m->block_bytes,
-			.dst_stride = head,
-		};
-
-		m->xf[nx++] = e;
-		e.src += m->v_offset;
-		e.dst = p->fv + (uint64_t)p0 * m->row_bytes;
-		m->xf[nx++] = e;
-	}
+	emit_history(m, &p->ly, 0, p->kv_from, p->fk, p->fv, head, &nx);
 	kvt_dev_queue(m);
 	err = KVT_XFER(m, load_h2d, m->xf, nx, p->stream);
 	nx = 0;
@@ -1284,25 +1298,7 @@ KVT_API int kvt_seq_load_kv(struct kvt_manager *m, uint64_t seq, uint32_t layer,
 	if (err)
 		return kvt_fail(m, err, "load: waiting for its saves: %s", m->be->err);
 	head = (uint64_t)n * m->row_bytes;
-	for (uint32_t p0 = pos; p0 < pos + n;) {
-		uint32_t end = (p0 / bt + 1) * bt;
-
-		end = end < pos + n ? end : pos + n;
-		struct kvt_xfer e = {
-			.src = kvt_host_row(m, ly, 0, p0),
-			.dst = ptr_u64(k_out) + (uint64_t)(p0 - pos) * m->row_bytes,
-			.bytes = (end - p0) * m->row_bytes,
-			.reps = H,
-			.src_stride = m->block_bytes,
-			.dst_stride = head,
-		};
-
-		m->xf[nx++] = e;
-		e.src += m->v_offset;
-		e.dst = ptr_u64(v_out) + (uint64_t)(p0 - pos) * m->row_bytes;
-		m->xf[nx++] = e;
-		p0 = end;
-	}
+	emit_history(m, ly, pos, n, ptr_u64(k_out), ptr_u64(v_out), head, &nx);
 	kvt_dev_queue(m);
 	err = KVT_XFER(m, load_h2d, m->xf, nx, stream);
 	if (err)
