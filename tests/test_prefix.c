@@ -320,19 +320,6 @@ static void tmpdir_make(char *dir)
 		fail_at(__FILE__, __LINE__, "mkdtemp %s: %s", tmpl, strerror(errno));
 }
 
-uint32_t tmpdir_entries(const char *dir)
-{
-	DIR *d = opendir(dir);
-	struct dirent *e;
-	uint32_t n = 0;
-
-	assert_non_null(d);
-	while ((e = readdir(d)))
-		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-	closedir(d);
-	return n;
-}
-
 /* Removes dir with anything a failed test left in it. */
 static void tmpdir_remove(const char *dir)
 {

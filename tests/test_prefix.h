@@ -75,8 +75,6 @@ void check_history(struct kvt_manager *m, const struct kvt_config *c, uint64_t s
    /tmp), its path in *state; removed after the test, with anything a failed test left in it. */
 int tmpdir_setup(void **state);
 int tmpdir_teardown(void **state);
-/* Entries of dir other than . and .. (the spill file is unlinked: none while a manager runs). */
-uint32_t tmpdir_entries(const char *dir);
 
 /* test_prefix_disk.c (each with the tmpdir fixture) */
 void test_prefix_disk_restore(void **state);

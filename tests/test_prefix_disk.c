@@ -137,7 +137,7 @@ void test_prefix_disk_restore(void **state)
 		CHECK_RC(kvt_seq_destroy(m, s), 0);
 	CHECK_TIERS_NONE(m);
 	kvt_manager_destroy(m);
-	CHECK_EQ(tmpdir_entries(dir), 0);
+	CHECK_EQ(t_dir_entries(dir), 0);
 	free_prompt(&pa);
 	free_prompt(&pb);
 }
@@ -212,7 +212,7 @@ void test_prefix_disk_checksum(void **state)
 		CHECK_RC(kvt_seq_destroy(m, s), 0);
 	CHECK_TIERS_NONE(m);
 	kvt_manager_destroy(m);
-	CHECK_EQ(tmpdir_entries(dir), 0);
+	CHECK_EQ(t_dir_entries(dir), 0);
 	free_prompt(&pa);
 	free_prompt(&pb);
 }
@@ -295,7 +295,7 @@ void test_prefix_disk_full(void **state)
 	check_history(m, &c, 2, &pb, 0, pb.L);
 	check_history(m, &c, 3, &pc, 0, pc.L);
 	kvt_manager_destroy(m);
-	CHECK_EQ(tmpdir_entries(dir), 0);
+	CHECK_EQ(t_dir_entries(dir), 0);
 	free_prompt(&pa);
 	free_prompt(&pb);
 	free_prompt(&pc);
@@ -333,7 +333,7 @@ void test_prefix_resume_shared(void **state)
 	check_history(m, &c, 10, &ps, 0, ps.L);
 	check_history(m, &c, 11, &ph, 0, ph.L);
 	kvt_manager_destroy(m);
-	CHECK_EQ(tmpdir_entries(dir), 0);
+	CHECK_EQ(t_dir_entries(dir), 0);
 	free_prompt(&ps);
 	free_prompt(&ph);
 }
@@ -375,7 +375,7 @@ void test_prefix_restore_after_pins(void **state)
 	check_history(m, &c, 12, &px, 0, px.L / 2);
 	check_history(m, &c, 12, &px, px.L / 2, px.L);
 	kvt_manager_destroy(m);
-	CHECK_EQ(tmpdir_entries(dir), 0);
+	CHECK_EQ(t_dir_entries(dir), 0);
 	free(k);
 	free(v);
 	free_prompt(&pa);

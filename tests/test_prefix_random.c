@@ -1133,7 +1133,7 @@ static void run_prefix(uint64_t seed, long ops, uint32_t host_groups, const char
 	CHECK_EQ(st.device_frames_used, 0);
 	kvt_manager_destroy(r->run.m);
 	if (dir)
-		CHECK_EQ(tmpdir_entries(dir), 0);
+		CHECK_EQ(t_dir_entries(dir), 0);
 	t_run_fini(&r->run);
 	free(r->k);
 	free(r->v);

@@ -100,19 +100,6 @@ uint64_t tail_blocks(struct kvt_manager *m, const struct kvt_config *c, uint64_t
 	return n;
 }
 
-uint32_t dir_entries(const char *dir)
-{
-	DIR *d = opendir(dir);
-	struct dirent *e;
-	uint32_t n = 0;
-
-	assert_non_null(d);
-	while ((e = readdir(d)))
-		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-	closedir(d);
-	return n;
-}
-
 /* Open descriptors of this process on files in dir (an unlinked file still shows there, as
    "dir/name (deleted)"); the stat of the last one in *st. */
 uint32_t spill_fds(const char *dir, struct stat *st)

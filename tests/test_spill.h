@@ -55,7 +55,7 @@ void rrun_free(struct rrun *r);
 
 #define CHECK_DIR_EMPTY(dir)                                                                     \
 	do {                                                                                     \
-		uint32_t n_ = dir_entries(dir);                                                  \
+		uint32_t n_ = t_dir_entries(dir);                                                \
 		if (n_)                                                                          \
 			fail_at(__FILE__, __LINE__, "%u file(s) left in the spill directory %s", \
 				n_, dir);                                                        \
@@ -77,7 +77,6 @@ void soft_fail(char *buf, size_t len, const char *fmt, ...) __attribute__((forma
 /* the no-loss run under way, freed by the teardown if it failed */
 extern struct rrun *g_run;
 void fdestroy(struct fix *f);
-uint32_t dir_entries(const char *dir);
 /* Recall of 2 blocks per (layer, kv head) into a cache of `frames` frames, added to the
    device tier. */
 void spill_recall(struct kvt_config *c, uint32_t frames);

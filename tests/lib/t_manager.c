@@ -120,3 +120,16 @@ uint64_t t_rss_bytes(void)
 		fail_at(__FILE__, __LINE__, "cannot read /proc/self/statm");
 	return (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
 }
+
+uint32_t t_dir_entries(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	uint32_t n = 0;
+
+	assert_non_null(d);
+	while ((e = readdir(d)))
+		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+	closedir(d);
+	return n;
+}

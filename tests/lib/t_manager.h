@@ -37,4 +37,8 @@ bool t_kvt_threads_block_signals(uint32_t *n);
    cannot be read. Memory taken (written) and not yet given back shows in it. */
 uint64_t t_rss_bytes(void);
 
+/* Entries of dir other than . and .. (a spill directory: the spill file is unlinked, so none
+   while a manager runs, and none after). Fails the test when dir cannot be read. */
+uint32_t t_dir_entries(const char *dir);
+
 #endif /* KVT_TEST_T_MANAGER_H */
