@@ -27,6 +27,20 @@ def rng():
     return np.random.default_rng(1234)
 
 
+class DLPackOnly:
+    """Hides an array behind the DLPack protocol alone (no NumPy or CUDA array interface), so
+    that the binding must take it, and its shape, through DLPack."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, stream=None):
+        return self.a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
 def prefill(m, seq, T, rng, layers=None):
     """Creates seq with a T-token prompt and prefills every layer with random K/V; returns
     {layer: (k, v)} as written."""

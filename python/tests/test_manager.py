@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import kvtier
-from conftest import SMALL, prefill
+from conftest import SMALL, DLPackOnly, prefill
 
 
 def kept_positions(m, seq, layer, h):
@@ -253,16 +253,6 @@ def test_cuda_tensors_are_refused_by_the_host_backend(mgr, rng):
 
 
 def test_dlpack_host_tensors_are_taken_without_copy(mgr, rng):
-    class DLPackOnly:  # hides the NumPy array behind the DLPack protocol alone
-        def __init__(self, a):
-            self.a = a
-
-        def __dlpack__(self, stream=None):
-            return self.a.__dlpack__()
-
-        def __dlpack_device__(self):
-            return self.a.__dlpack_device__()
-
     T = 120
     mgr.create_seq(2, T)
     k = rng.standard_normal((2, T, 32)).astype(np.float32)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import kvtier
-from conftest import SMALL
+from conftest import SMALL, DLPackOnly
 
 HT = 16  # hash_tokens: one 16-token block per hash
 
@@ -278,16 +278,7 @@ def test_errors_raise_with_the_library_message_and_change_nothing(mgr, rng):
 
 
 def test_load_kv_into_given_outputs_and_dlpack_chunks(mgr, rng):
-    class DLPackOnly:  # the row count comes from the DLPack tensor alone
-        def __init__(self, a):
-            self.a = a
-
-        def __dlpack__(self, stream=None):
-            return self.a.__dlpack__()
-
-        def __dlpack_device__(self):
-            return self.a.__dlpack_device__()
-
+    # the row count comes from the DLPack tensor alone
     T = 70
     p = make_prompt(mgr, rng, T)
     mgr.create_seq(1, T)
