@@ -1,0 +1,342 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Recall regions (region.h): the CPU reference of one recall call on one (sequence, layer)'s
+ * private cache. Everything a call touches lies in the region's own tables (its key table is
+ * about 8 bytes a block and head, its slots 16 bytes each), so a call costs O(lookups) with no
+ * structure shared between sequences; the order list makes each victim O(1).
+ */
+#include <errno.h>
+#include <stddef.h>
+
+#include "region.h"
+
+#define END KVT_REGION_PENDING
+
+/* ---- working set ---- */
+
+void kvt_ws_advance(struct kvt_ws *ws, uint32_t t)
+{
+	uint32_t d, at;
+
+	if (!ws->bucket || t <= ws->step)
+		return;
+	d = t - ws->step < ws->w ? t - ws->step : ws->w;
+	at = ws->cur;
+	for (uint32_t i = 1; i <= d; i++) {
+		at = at + 1 == ws->w ? 0 : at + 1;
+		ws->total -= ws->bucket[at]; /* total is the buckets' sum */
+		ws->bucket[at] = 0;
+	}
+	ws->cur = (uint32_t)((ws->cur + (uint64_t)(t - ws->step)) % ws->w);
+	ws->step = t;
+}
+
+/* Step x is inside the window ending at ws->step. */
+static inline bool in_window(const struct kvt_ws *ws, uint32_t x)
+{
+	return x <= ws->step && ws->step - x < ws->w;
+}
+
+/* Bucket of step x inside the window: cur is step's, so no division. */
+static inline uint32_t bucket_of(const struct kvt_ws *ws, uint32_t x)
+{
+	uint32_t d = ws->step - x;
+
+	return ws->cur >= d ? ws->cur - d : ws->cur + ws->w - d;
+}
+
+void kvt_ws_touch(struct kvt_ws *ws, uint32_t *touched, uint32_t t)
+{
+	kvt_ws_advance(ws, t);
+	if (*touched) {
+		uint32_t p = *touched - 1;
+
+		if (p >= t)
+			return; /* already counted at this step or a later one */
+		if (in_window(ws, p)) {
+			/* the block was counted in the bucket of step p */
+			ws->bucket[bucket_of(ws, p)]--;
+			ws->total--;
+		}
+	}
+	*touched = t + 1;
+	if (in_window(ws, t)) {
+		ws->bucket[bucket_of(ws, t)]++;
+		ws->total++;
+	}
+}
+
+/* ---- the order list: slots in ascending (stamp, rank) ---- */
+
+static inline void unlink_slot(struct kvt_region *rg, uint16_t i)
+{
+	uint16_t p = rg->prev[i], n = rg->next[i];
+
+	if (p != END)
+		rg->next[p] = n;
+	else
+		rg->head = n;
+	if (n != END)
+		rg->prev[n] = p;
+	else
+		rg->tail = p;
+}
+
+static inline void append_slot(struct kvt_region *rg, uint16_t i)
+{
+	rg->prev[i] = rg->tail;
+	rg->next[i] = END;
+	if (rg->tail != END)
+		rg->next[rg->tail] = i;
+	else
+		rg->head = i;
+	rg->tail = i;
+}
+
+/* Puts empty slot i among the empty slots at the front, in index order. */
+static void insert_empty(struct kvt_region *rg, uint16_t i)
+{
+	uint16_t at = rg->head, before = END;
+
+	while (at != END && rg->slot[at].stamp == 0 && at < i) {
+		before = at;
+		at = rg->next[at];
+	}
+	rg->prev[i] = before;
+	rg->next[i] = at;
+	if (before != END)
+		rg->next[before] = i;
+	else
+		rg->head = i;
+	if (at != END)
+		rg->prev[at] = i;
+	else
+		rg->tail = i;
+}
+
+/* Forgets slot i's key and makes it empty (still linked where it was). */
+static bool forget(struct kvt_region *rg, uint32_t i, uint32_t n_heads)
+{
+	struct kvt_region_slot *s = &rg->slot[i];
+	bool had = s->key != KVT_REGION_NONE;
+
+	(void)n_heads;
+	if (had)
+		rg->key[s->key].slot = 0;
+	*s = (struct kvt_region_slot){.key = KVT_REGION_NONE, .rank = i};
+	return had;
+}
+
+void kvt_region_empty(struct kvt_region *rg, uint32_t i, uint32_t n_heads)
+{
+	if (i >= rg->n_slots)
+		return;
+	unlink_slot(rg, (uint16_t)i);
+	forget(rg, i, n_heads);
+	insert_empty(rg, (uint16_t)i);
+}
+
+void kvt_region_clear(struct kvt_region *rg, uint32_t n_heads)
+{
+	rg->head = rg->tail = END;
+	for (uint32_t i = 0; i < rg->n_slots; i++) {
+		forget(rg, i, n_heads);
+		append_slot(rg, (uint16_t)i);
+	}
+}
+
+uint32_t kvt_region_resize(struct kvt_region *rg, uint32_t n, uint32_t n_heads)
+{
+	uint32_t gone = 0;
+
+	if (n > KVT_REGION_MAX_SLOTS)
+		n = KVT_REGION_MAX_SLOTS;
+	if (rg->n_slots == 0 && rg->head == 0 && rg->tail == 0)
+		rg->head = rg->tail = END; /* a zeroed region: an empty list */
+	for (uint32_t i = n; i < rg->n_slots; i++) {
+		unlink_slot(rg, (uint16_t)i);
+		gone += forget(rg, i, n_heads);
+	}
+	for (uint32_t i = rg->n_slots; i < n; i++) {
+		forget(rg, i, n_heads);
+		insert_empty(rg, (uint16_t)i);
+	}
+	rg->n_slots = n;
+	return gone;
+}
+
+/* ---- one call ---- */
+
+int kvt_region_recall(struct kvt_region *rg, const struct kvt_region_geom *g, const uint32_t *sel,
+		      uint32_t r, struct kvt_ws *ws, uint32_t *view, uint32_t *view_n,
+		      struct kvt_region_load *load, uint32_t *n_load, struct kvt_region_tally *t)
+{
+	const uint32_t H = g->n_heads, N = g->n_tokens, bt = 1u << g->lbt;
+	uint32_t c, nl = 0, n_new = 0, hits0 = t->hits;
+	uint16_t v;
+	int err = 0;
+
+	*n_load = 0;
+	if (rg->clock == UINT32_MAX)
+		return -EOVERFLOW; /* 4 billion calls on one region */
+	c = ++rg->clock;
+
+	/* 1. Lookups: hits and reloads keep their slots; misses are listed (their keys marked
+	   pending, so a repeat is seen) and get slots in step 2. */
+	for (uint32_t h = 0; h < H; h++) {
+		const uint32_t *hs = sel + (size_t)h * r;
+		uint32_t *hv = view + (size_t)h * r, vn = 0;
+
+		for (uint32_t j = 0; j < r; j++) {
+			uint32_t b = hs[j], nv, k;
+			struct kvt_region_key *ke;
+
+			if (b == KVT_REGION_NONE)
+				continue;
+			nv = N - (b << g->lbt) < bt ? N - (b << g->lbt) : bt;
+			if (kvt_region_resident(rg, g, h, b, nv))
+				continue;
+			k = b * H + h;
+			ke = &rg->key[k];
+			if (ke->slot == KVT_REGION_PENDING)
+				continue; /* a repeated miss */
+			if (ke->slot) {
+				uint32_t i = ke->slot - 1u;
+				struct kvt_region_slot *s = &rg->slot[i];
+
+				if (s->stamp == c)
+					continue; /* a repeated hit */
+				s->stamp = c;
+				s->rank = h * r + j;
+				if (s->n_valid != nv) { /* the block grew since: reload it */
+					load[nl++] = (struct kvt_region_load){i, k, k, nv};
+					s->n_valid = nv;
+					t->loads++;
+				} else {
+					t->hits++;
+				}
+				hv[vn++] = i;
+			} else {
+				ke->slot = KVT_REGION_PENDING;
+				load[nl] =
+					(struct kvt_region_load){KVT_REGION_NONE, k, h * r + j, nv};
+				hv[vn++] = KVT_REGION_VIEW_MISS | nl++;
+				n_new++;
+			}
+			t->lookups++;
+			if (ws)
+				kvt_ws_touch(ws, &ke->touched, N);
+		}
+		view_n[h] = vn;
+	}
+
+	/* 2. Victims in ascending (stamp, rank), skipping the slots this call used (their
+	   stamp is c, so they sort last: the walk passes at most the call's hits). Every slot
+	   not used by this call is a candidate, so the misses fit when n_new <= n_slots -
+	   used. */
+	if (n_new > rg->n_slots - (nl - n_new) - (t->hits - hits0)) {
+		/* The caller's sizing contract is broken: the misses are dropped (their
+		   pending marks undone, gone from the views), the rest of the call stands. */
+		uint32_t kept = 0;
+
+		for (uint32_t x = 0; x < nl; x++)
+			if (load[x].slot == KVT_REGION_NONE)
+				rg->key[load[x].key].slot = 0;
+			else
+				load[kept++] = load[x];
+		for (uint32_t h = 0; h < H; h++) {
+			uint32_t *hv = view + (size_t)h * r, vn = 0;
+
+			for (uint32_t i = 0; i < view_n[h]; i++)
+				if (!(hv[i] & KVT_REGION_VIEW_MISS))
+					hv[vn++] = hv[i];
+			view_n[h] = vn;
+		}
+		t->lookups -= n_new;
+		nl = kept;
+		err = -ENOSPC;
+	}
+	v = rg->head;
+	for (uint32_t x = 0; !err && x < nl; x++) {
+		struct kvt_region_load *ld = &load[x];
+		struct kvt_region_slot *s;
+		uint32_t rank;
+
+		if (ld->slot != KVT_REGION_NONE)
+			continue;	       /* a reload */
+		while (rg->slot[v].stamp == c) /* the count above: v never runs off the end */
+			v = rg->next[v];
+		s = &rg->slot[v];
+		rank = ld->old;
+		ld->old = s->key;
+		if (s->key != KVT_REGION_NONE) {
+			rg->key[s->key].slot = 0;
+			t->evictions++;
+		}
+		*s = (struct kvt_region_slot){ld->key, ld->n_valid, c, rank};
+		rg->key[ld->key].slot = (uint16_t)(v + 1);
+		ld->slot = v;
+		v = rg->next[v];
+		t->loads++;
+	}
+
+	/* 3. Views get their slots; the slots used move to the back of the order, by rank
+	   (view order is rank order). */
+	for (uint32_t h = 0; h < H; h++) {
+		uint32_t *hv = view + (size_t)h * r;
+
+		for (uint32_t i = 0; i < view_n[h]; i++) {
+			if (hv[i] & KVT_REGION_VIEW_MISS)
+				hv[i] = load[hv[i] & ~KVT_REGION_VIEW_MISS].slot;
+			unlink_slot(rg, (uint16_t)hv[i]);
+			append_slot(rg, (uint16_t)hv[i]);
+		}
+	}
+	*n_load = nl;
+	return err;
+}
+
+/* ---- checks ---- */
+
+static inline bool before(const struct kvt_region_slot *a, const struct kvt_region_slot *b)
+{
+	return a->stamp < b->stamp || (a->stamp == b->stamp && a->rank < b->rank);
+}
+
+int kvt_region_check(const struct kvt_region *rg, uint32_t n_heads)
+{
+	uint32_t seen = 0, keys = 0;
+	uint16_t at = rg->head, last = END;
+
+	if (rg->n_slots > KVT_REGION_MAX_SLOTS)
+		return -1;
+	for (; at != END; last = at, at = rg->next[at]) {
+		const struct kvt_region_slot *s;
+
+		if (at >= rg->n_slots || ++seen > rg->n_slots || rg->prev[at] != last)
+			return -2;
+		s = &rg->slot[at];
+		if (last != END && !before(&rg->slot[last], s))
+			return -3; /* out of (stamp, rank) order */
+		if (s->stamp > rg->clock)
+			return -4;
+		if (s->stamp == 0 && (s->key != KVT_REGION_NONE || s->rank != at))
+			return -5;
+		if (s->key != KVT_REGION_NONE) {
+			if (s->key / n_heads >= rg->cap_blocks || rg->key[s->key].slot != at + 1)
+				return -6;
+			keys++;
+		}
+	}
+	if (seen != rg->n_slots || rg->tail != last)
+		return -7;
+	for (uint64_t k = 0; k < (uint64_t)rg->cap_blocks * n_heads; k++) {
+		uint16_t sl = rg->key[k].slot;
+
+		if (sl &&
+		    (sl == KVT_REGION_PENDING || sl > rg->n_slots || rg->slot[sl - 1].key != k))
+			return -8;
+		keys -= sl != 0;
+	}
+	return keys ? -9 : 0;
+}
