@@ -214,12 +214,12 @@ struct kvt_stats {
 	uint32_t save_threads;
 	uint64_t bytes_read; /* rows copied out of device frames by kvt_seq_read_token */
 	/* recall cache, in single-block frames */
-	uint64_t recall_frames_total, recall_frames_used;
+	uint64_t recall_frames_total, recall_frames_used; /* used: holding a block */
 	uint64_t recall_calls;	   /* successful kvt_decode_recall / kvt_recall_blocks calls */
 	uint64_t recall_lookups;   /* blocks asked for (not fully resident) */
 	uint64_t recall_hits;	   /* of those, already in the recall cache */
 	uint64_t recall_loads;	   /* of those, loaded from the host history (misses) */
-	uint64_t recall_evictions; /* cache frames taken from another block (LRU) */
+	uint64_t recall_evictions; /* blocks dropped from a region (its LRU) */
 	uint64_t preemptions, resumes;
 	/* Modelled transfer time in ns (model backend; 0 on the others), per direction: h2d =
 	   gathers of host blocks (recall loads, resume); d2h = saves to the host history (prefill,
@@ -590,20 +590,22 @@ KVT_API int kvt_seq_spill(struct kvt_manager *m, uint64_t seq);
    q ([n][n_q_heads][head_dim] of config.dtype, backend memory) with the Quest upper bound
    (per-channel key min/max of the block, maximised over the kv head's query heads), and makes
    the top config.recall_blocks blocks per kv head, among blocks not fully resident through
-   sink/top-K/ring, resident in the shared recall cache: hits are reused, misses are loaded in
-   one batched gather, evicting the least recently used frames of any sequence. Ties go to the
-   lower block. Replaces each (sequence, layer)'s recall view. Errors found before anything
-   moves change nothing: -ENOENT, -EINVAL (NULL, n == 0, repeated id, layer not prefilled,
-   sequence preempted, recall disabled), -ENOSPC when the blocks this call needs exceed the
-   cache, -ENOTSUP (backend keeps no block metadata: kvt_decode_recall), -EBADMSG for a lost
+   sink/top-K/ring, resident in the recall cache, in the (sequence, layer)'s own region: hits
+   are reused, misses are loaded in one batched gather, each evicting the least recently used
+   block of its region. The call first sizes its members' regions (towards a part of the cache
+   in proportion to each one's working set; frames may be taken from other regions, whose
+   views then may read as stale: docs/design.md, "Recall regions"). Ties go to the lower
+   block. Replaces each (sequence, layer)'s recall view. Errors found before anything moves
+   change nothing: -ENOENT, -EINVAL (NULL, n == 0, repeated id, layer not prefilled, sequence
+   preempted, recall disabled), -ENOSPC when the blocks this call needs exceed the frames
+   outside its members' regions, -ENOTSUP (backend keeps no block metadata: kvt_decode_recall), -EBADMSG for a lost
    sequence, -ENOMEM (no memory; or, with a disk tier, the blocks
    whose metadata a scored call folds in do not fit the host tier). Spilled blocks the call
    loads are read back after its bookkeeping, in one batch: when that read fails (-EIO,
    -EBADMSG, -ENOMEM when they do not fit the host tier) or the load itself fails (-EIO), the
    views of the named (sequence, layer)s read as stale (-ESTALE) until
-   they are recalled again; frames this call took from other sequences stay taken (their views
-   read as stale, as after any recall that evicts them), and the working-set estimates keep
-   this call's blocks. */
+   they are recalled again; frames this call took from other regions stay taken, and the
+   working-set estimates keep this call's blocks. */
 KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
 			      uint32_t n, const void *q, void *stream);
 
@@ -625,8 +627,8 @@ struct kvt_recall_ref {
 
 /* The recall view of (seq, layer, kv_head) from the latest recall call naming (seq, layer),
    ascending block order; the resident masks are as of now. Count and -ENOSPC as for
-   kvt_seq_resident_positions; -ESTALE when a frame of the view went to another block since
-   (*n_out has the count). -ENOENT unknown seq; -EINVAL NULL m or n_out, NULL out with cap > 0,
+   kvt_seq_resident_positions; -ESTALE when the call that made the view failed, or a frame of
+   the view went to another region since (*n_out has the count). -ENOENT unknown seq; -EINVAL NULL m or n_out, NULL out with cap > 0,
    layer or kv head out of range, layer not prefilled, sequence preempted; -EBADMSG its history
    was lost. */
 KVT_API int kvt_seq_recall_view(struct kvt_manager *m, uint64_t seq, uint32_t layer,

@@ -38,6 +38,7 @@
 #include "idmap.h"
 #include "kvtier.h"
 #include "pool.h"
+#include "region.h"
 #include "util.h"
 
 /* One cache line per layer (the sequence is allocated 64-byte aligned): a decode call touches
@@ -71,40 +72,35 @@ struct kvt_seq {
 	uint32_t valid_topk; /* same for every layer and head: depends on the prompt length */
 	uint32_t n_frames;   /* frame groups per layer */
 	uint32_t layers_prefilled;
-	uint32_t preempted; /* device frames freed (kvt_seq_preempt) */
-	uint32_t rc_head;   /* first of its recall cache entries, KVT_NO_ENTRY when none */
-	/* Recall working set: ws_bucket[t % w] counts the blocks whose latest recall happened
-	   at step t, for the last w steps up to ws_step; ws_total is their sum. */
-	uint32_t ws_step, ws_total;
-	uint32_t ws_cur;       /* ws_step % w */
-	uint32_t *ws_bucket;   /* [w], NULL until its first recall */
+	uint32_t preempted;    /* device frames freed (kvt_seq_preempt) */
 	uint32_t n_spilled;    /* group table entries (all layers) that are in the spill file */
 	int32_t lost;	       /* -EBADMSG once its history could not be read back, else 0 */
 	struct kvt_seq_px *px; /* prefix and chunk state (prefix.h), NULL when it has none */
 	struct kvt_seq_layer layers[];
 };
 
-/* The shared recall cache of single-block device frames (manager/recall.c; its entries and
-   LRU records are declared in recall.h). */
-struct kvt_rc_entry;
-struct kvt_rc_rec;
-
+/* The recall cache (manager/recall.c): n single-block device frames, shared out as one region
+   per (sequence, layer) that recalls (policy/region.h). A call sizes its members' regions:
+   each gets at least what the call needs, and towards a part of the frames in proportion to
+   its working set. */
 struct kvt_recall_cache {
-	uint32_t n, n_used;
-	uint64_t base; /* device address of frame 0; frame i at base + i * block_bytes */
-	struct kvt_rc_entry *e;
-	uint32_t free_head;
-	/* LRU order as a queue of uses, oldest first, with lazy deletion: a record is live
-	   while tick_of its entry is the record's tick. At most n records are live, so
-	   compaction at q_cap >= 2n + 64 records (a power of two) keeps pushes amortised O(1). */
-	struct kvt_rc_rec *q;
-	uint32_t q_cap, q_head, q_len, tick;
-	/* [n] tick of each entry's latest use, 0 while it holds no block (ticks skip 0). Apart
-	   from the entries, so that compaction and eviction, which test a record per step at
-	   random entries, read 4 bytes an entry (a table the size of the last-level cache
-	   for a million frames) instead of the entries themselves. */
-	uint32_t *tick_of;
-	uint64_t call; /* recall calls so far (pin stamps) */
+	uint32_t n;	/* frames */
+	uint64_t base;	/* device address of frame 0; frame i at base + i * block_bytes */
+	uint32_t *free; /* [n] stack of free frames */
+	uint32_t n_free;
+	uint64_t n_regions; /* (sequence, layer) regions holding frames */
+	uint64_t n_held;    /* frames holding a block */
+	uint64_t sum_ws;    /* the working sets of the regions holding frames, as last counted */
+	struct kvt_recall_layer *live_head, *live_tail; /* the regions holding frames */
+	struct kvt_recall_layer *cursor; /* where the last round-robin reclaim stopped */
+	/* per call: each member's slot floor and target, and what each load belongs to */
+	uint32_t *need, *want;
+	uint32_t need_cap, want_cap;
+	uint32_t *xmember, *xslot;
+	uint32_t x_cap, xslot_cap;
+	struct kvt_region_load *ld;
+	uint32_t ld_cap;
+	uint64_t reclaim, deficit; /* regions counted for targets, frames the call lacks */
 };
 
 struct kvt_spill_ref;

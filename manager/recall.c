@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Dynamic recall: block metadata kept as blocks fill, the shared recall cache of single-block
- * device frames (exact LRU across sequences, hit detection through a per-(sequence, layer)
- * table so a cached block is never loaded twice), the recall views kvt_attend reads, and each
- * sequence's recall working set over its last w steps.
+ * Dynamic recall: block metadata kept as blocks fill, the recall cache (a pool of single-block
+ * device frames shared out as one region per (sequence, layer): policy/region.h makes every
+ * decision inside a region), the recall views kvt_attend reads, and each sequence's recall
+ * working set over its last w steps.
  *
- * Costs: a recall call is O(blocks asked for) bookkeeping plus one batched gather of the
- * misses; scoring (kvt_decode_recall) reads every block's metadata of the layer once.
+ * Costs: a recall call is O(blocks asked for) bookkeeping inside its members' own regions, plus
+ * one batched gather of the misses; scoring (kvt_decode_recall) reads every block's metadata of
+ * the layer once.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -21,34 +22,30 @@ int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames)
 {
 	struct kvt_recall_cache *rc = &m->rc;
 
-	*rc = (struct kvt_recall_cache){
-		.n = n_frames,
-		.base = base,
-		.free_head = n_frames ? 0 : KVT_NO_ENTRY,
-	};
+	*rc = (struct kvt_recall_cache){.n = n_frames, .base = base};
 	if (!n_frames)
 		return 0;
-	rc->q_cap = 64; /* a power of two >= 2n + 64, so positions wrap with a mask */
-	while (rc->q_cap < 2ull * n_frames + 64)
-		rc->q_cap *= 2;
-	rc->e = kvt_calloc(n_frames, sizeof(*rc->e));
-	rc->tick_of = kvt_calloc(n_frames, sizeof(*rc->tick_of));
-	rc->q = kvt_malloc((size_t)rc->q_cap * sizeof(*rc->q));
-	if (!rc->e || !rc->tick_of || !rc->q)
-		return -ENOMEM; /* kvt_recall_fini frees what was allocated */
+	rc->free = kvt_malloc((size_t)n_frames * sizeof(*rc->free));
+	if (!rc->free)
+		return -ENOMEM;
+	/* frame 0 on top: a fresh cache hands out frames in ascending order */
 	for (uint32_t i = 0; i < n_frames; i++)
-		rc->e[i].next = i + 1 < n_frames ? i + 1 : KVT_NO_ENTRY;
+		rc->free[i] = n_frames - 1 - i;
+	rc->n_free = n_frames;
 	return 0;
 }
 
 void kvt_recall_fini(struct kvt_manager *m)
 {
-	free(m->rc.e);
-	free(m->rc.tick_of);
-	free(m->rc.q);
-	m->rc.e = NULL;
-	m->rc.tick_of = NULL;
-	m->rc.q = NULL;
+	struct kvt_recall_cache *rc = &m->rc;
+
+	free(rc->free);
+	free(rc->need);
+	free(rc->want);
+	free(rc->xmember);
+	free(rc->xslot);
+	free(rc->ld);
+	*rc = (struct kvt_recall_cache){0};
 }
 
 void kvt_recall_layer_free(struct kvt_recall_layer *rc)
@@ -56,11 +53,14 @@ void kvt_recall_layer_free(struct kvt_recall_layer *rc)
 	if (!rc)
 		return;
 	free(rc->meta);
-	free(rc->slot);
-	free(rc->tk);
+	free(rc->rg.slot);
+	free(rc->rg.key);
+	free(rc->rg.prev);
+	free(rc->rg.next);
+	free(rc->frame);
 	free(rc->view_n);
-	free(rc->view_ent);
-	free(rc->view_gen);
+	free(rc->view);
+	free(rc->ws.bucket);
 	free(rc);
 }
 
@@ -70,8 +70,6 @@ void kvt_recall_free_seq(struct kvt_seq *s, uint32_t n_layers)
 		kvt_recall_layer_free(s->layers[l].rc);
 		s->layers[l].rc = NULL;
 	}
-	free(s->ws_bucket);
-	s->ws_bucket = NULL;
 }
 
 /* Grows one table of n_old to n_new elements of sz bytes, new ones filled with byte `fill`. */
@@ -97,21 +95,40 @@ static int rc_layer_get(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_
 		rc = kvt_calloc(1, sizeof(*rc));
 		if (!rc)
 			return -ENOMEM;
+		rc->rg.head = rc->rg.tail = KVT_REGION_PENDING;
 		ly->rc = rc;
 	}
-	if (n_blocks <= rc->cap_blocks)
+	if (n_blocks <= rc->rg.cap_blocks)
 		return 0;
-	old = rc->cap_blocks;
+	old = rc->rg.cap_blocks;
 	want = old ? old : 8;
 	while (want < n_blocks)
 		want *= 2;
 	if ((m->keep_meta && grow((void **)&rc->meta, old * H, want * H, m->meta_bytes, 0)) ||
-	    grow((void **)&rc->slot, old * H, want * H, sizeof(*rc->slot), 0) ||
-	    grow((void **)&rc->tk, old * H, want * H, sizeof(*rc->tk), 0))
+	    grow((void **)&rc->rg.key, old * H, want * H, sizeof(*rc->rg.key), 0))
 		return -ENOMEM; /* the tables that grew keep their contents: still consistent */
-	for (size_t i = old * H; i < want * H; i++)
-		rc->slot[i].entry = KVT_NO_ENTRY;
-	rc->cap_blocks = (uint32_t)want;
+	rc->rg.cap_blocks = (uint32_t)want;
+	return 0;
+}
+
+/* Room for n slots in the layer's region (capacity only). 0 or -ENOMEM. */
+static int rc_slots_reserve(struct kvt_recall_layer *rc, uint32_t n)
+{
+	uint32_t want;
+
+	if (n <= rc->cap_slots)
+		return 0;
+	want = rc->cap_slots ? rc->cap_slots : 16;
+	while (want < n)
+		want *= 2;
+	if (want > KVT_REGION_MAX_SLOTS)
+		want = KVT_REGION_MAX_SLOTS;
+	if (grow((void **)&rc->rg.slot, rc->cap_slots, want, sizeof(*rc->rg.slot), 0) ||
+	    grow((void **)&rc->rg.prev, rc->cap_slots, want, sizeof(*rc->rg.prev), 0) ||
+	    grow((void **)&rc->rg.next, rc->cap_slots, want, sizeof(*rc->rg.next), 0) ||
+	    grow((void **)&rc->frame, rc->cap_slots, want, sizeof(*rc->frame), 0))
+		return -ENOMEM;
+	rc->cap_slots = want;
 	return 0;
 }
 
@@ -123,26 +140,25 @@ static void tk_count(const struct kvt_manager *m, const struct kvt_seq *s, struc
 
 	for (uint32_t h = 0; h < H; h++)
 		for (uint32_t i = 0; i < s->valid_topk; i++)
-			ly->rc->tk[(size_t)((uint32_t)ly->topk[(size_t)h * s->valid_topk + i] >>
-					    m->lbt) *
-					   H +
-				   h]++;
+			ly->rc->rg
+				.key[(size_t)((uint32_t)ly->topk[(size_t)h * s->valid_topk + i] >>
+					      m->lbt) *
+					     H +
+				     h]
+				.tk++;
 	ly->rc->tk_ready = true;
 }
 
-/* Whether every token of block b (n_valid of them) of head h is resident, in O(1): sink and
-   ring are ranges, and top-K positions (which lie between them) are counted per block. */
-static inline bool fully_resident(const struct kvt_manager *m, const struct kvt_seq_layer *ly,
-				  uint32_t h, uint32_t b, uint32_t n_valid)
+/* The region geometry of a layer holding N tokens. */
+static inline struct kvt_region_geom geom_of(const struct kvt_manager *m, uint32_t N)
 {
-	uint32_t sink = m->cfg.sink_tokens, ring0 = kvt_ring0(m, ly->n_tokens);
-	uint32_t p0 = b << m->lbt, end = p0 + n_valid, cnt = 0;
-
-	if (p0 < sink)
-		cnt += (end < sink ? end : sink) - p0;
-	if (end > ring0)
-		cnt += end - (p0 > ring0 ? p0 : ring0);
-	return cnt + ly->rc->tk[(size_t)b * m->cfg.n_kv_heads + h] == n_valid;
+	return (struct kvt_region_geom){
+		.n_heads = m->cfg.n_kv_heads,
+		.lbt = m->lbt,
+		.n_tokens = N,
+		.sink = m->cfg.sink_tokens,
+		.ring0 = kvt_ring0(m, N),
+	};
 }
 
 int kvt_meta_reserve(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t n_blocks)
@@ -239,233 +255,194 @@ uint64_t kvt_block_resident(const struct kvt_manager *m, const struct kvt_seq *s
 
 /* ---- working set ---- */
 
-/* Moves s's window forward to step t, forgetting the steps that fall out of it. */
-static void ws_advance(const struct kvt_manager *m, struct kvt_seq *s, uint32_t t)
-{
-	uint32_t w = m->cfg.ws_window, d, at;
-
-	if (!s->ws_bucket || t <= s->ws_step)
-		return;
-	d = t - s->ws_step < w ? t - s->ws_step : w;
-	at = s->ws_cur;
-	for (uint32_t i = 1; i <= d; i++) {
-		at = at + 1 == w ? 0 : at + 1;
-		if (ALWAYS(s->ws_total >= s->ws_bucket[at])) /* ws_total is the buckets' sum */
-			s->ws_total -= s->ws_bucket[at];
-		s->ws_bucket[at] = 0;
-	}
-	s->ws_cur = (uint32_t)((s->ws_cur + (uint64_t)(t - s->ws_step)) % w);
-	s->ws_step = t;
-}
-
-/* Step x is inside the window ending at ws_step. */
-static inline bool in_window(const struct kvt_manager *m, const struct kvt_seq *s, uint32_t x)
-{
-	return x <= s->ws_step && s->ws_step - x < m->cfg.ws_window;
-}
-
-/* Bucket of step x inside the window: ws_cur is ws_step's, so no division. */
-static inline uint32_t bucket_of(const struct kvt_manager *m, const struct kvt_seq *s, uint32_t x)
-{
-	uint32_t d = s->ws_step - x;
-
-	return s->ws_cur >= d ? s->ws_cur - d : s->ws_cur + m->cfg.ws_window - d;
-}
-
-/* Records that a block (its touched slot) was recalled at step t. */
-static void ws_touch(const struct kvt_manager *m, struct kvt_seq *s, uint32_t *touched, uint32_t t)
-{
-	ws_advance(m, s, t);
-	if (*touched) {
-		uint32_t p = *touched - 1;
-
-		if (p >= t)
-			return; /* already counted at this step or a later one */
-		if (in_window(m, s, p)) {
-			uint32_t *bucket = &s->ws_bucket[bucket_of(m, s, p)];
-
-			/* the block was counted in the bucket of step p */
-			if (ALWAYS(*bucket > 0 && s->ws_total > 0)) {
-				(*bucket)--;
-				s->ws_total--;
-			}
-		}
-	}
-	*touched = t + 1;
-	if (in_window(m, s, t)) {
-		s->ws_bucket[bucket_of(m, s, t)]++;
-		s->ws_total++;
-	}
-}
-
 uint32_t kvt_ws_frames(struct kvt_manager *m, struct kvt_seq *s, uint32_t t, uint32_t *step_frames)
 {
+	uint32_t total = 0;
+
 	*step_frames = 0;
-	if (!s->ws_bucket)
-		return 0;
-	ws_advance(m, s, t);
-	if (s->ws_step == t)
-		*step_frames = s->ws_bucket[s->ws_cur];
-	return s->ws_total;
+	for (uint32_t l = 0; l < m->cfg.n_layers; l++) {
+		struct kvt_ws *ws = s->layers[l].rc ? &s->layers[l].rc->ws : NULL;
+
+		if (!ws || !ws->bucket)
+			continue;
+		kvt_ws_advance(ws, t);
+		if (ws->step == t)
+			*step_frames += ws->bucket[ws->cur];
+		total += ws->total;
+	}
+	return total;
 }
 
 /* ---- the cache ---- */
 
-/* A prefetch for writing that the compiler keeps: GCC finds a function whose only effect is
-   __builtin_prefetch const and deletes every call of it (inlined or not); the empty volatile
-   asm is an effect it must keep. */
-static inline void prefetch(const void *p)
+/* Whether slot i is in the layer's latest view. */
+static bool view_has(const struct kvt_manager *m, const struct kvt_recall_layer *rc, uint32_t i)
 {
-	__builtin_prefetch(p, 1);
-	__asm__ volatile("");
+	for (uint32_t h = 0; rc->view_n && h < m->cfg.n_kv_heads; h++)
+		for (uint32_t x = 0; x < rc->view_n[h]; x++)
+			if (rc->view[(size_t)h * rc->view_cap + x] == i)
+				return true;
+	return false;
 }
 
-static inline bool rec_live(const struct kvt_recall_cache *rc, struct kvt_rc_rec r)
+/* Shrinks a layer's region to n slots, dropping its least recently used ones (empty ones
+   first; policy/region.h), their frames back to the cache. With `mark`, the view reads as
+   stale when a slot it names was dropped or moved. */
+static void region_shrink(struct kvt_manager *m, struct kvt_recall_layer *rc, uint32_t n, bool mark)
 {
-	return rc->tick_of[r.id] == r.tick;
-}
+	struct kvt_recall_cache *c = &m->rc;
+	uint32_t gone = 0;
 
-/* Prefetches both cache lines entry id may straddle. */
-static inline void prefetch_entry(const struct kvt_recall_cache *rc, uint32_t id)
-{
-	prefetch(&rc->e[id]);
-	prefetch((const char *)&rc->e[id + 1] - 1);
-}
+	if (n >= rc->rg.n_slots)
+		return;
+	if (n == 0 && !mark) {
+		for (uint32_t i = 0; i < rc->rg.n_slots; i++)
+			c->free[c->n_free++] = rc->frame[i];
+		gone = kvt_region_clear(&rc->rg);
+	}
+	while (rc->rg.n_slots > n) {
+		uint32_t dropped, freed;
 
-#define LRU_AHEAD 8u
-
-/* Prefetches the tick of the record k places after the oldest one, and with entry its entry
-   too (eviction reads it). */
-static inline void prefetch_rec(const struct kvt_recall_cache *rc, uint32_t k, bool entry)
-{
-	if (k < rc->q_len) {
-		uint32_t id = rc->q[(rc->q_head + k) & (rc->q_cap - 1)].id;
-
-		prefetch(&rc->tick_of[id]);
-		if (entry)
-			prefetch_entry(rc, id);
+		gone += kvt_region_drop(&rc->rg, rc->frame, &dropped, &freed);
+		c->free[c->n_free++] = freed;
+		if (mark && !rc->view_failed &&
+		    (view_has(m, rc, dropped) || view_has(m, rc, rc->rg.n_slots)))
+			rc->view_failed = true;
+	}
+	m->st.recall_evictions += gone;
+	if (ALWAYS(c->n_held >= gone))
+		c->n_held -= gone;
+	if (n == 0 && ALWAYS(c->n_regions > 0)) {
+		c->n_regions--;
+		c->sum_ws -= rc->ws_counted;
+		rc->ws_counted = 0;
+		if (c->cursor == rc)
+			c->cursor = rc->lnext;
+		if (rc->lprev)
+			rc->lprev->lnext = rc->lnext;
+		else
+			c->live_head = rc->lnext;
+		if (rc->lnext)
+			rc->lnext->lprev = rc->lprev;
+		else
+			c->live_tail = rc->lprev;
+		rc->lprev = rc->lnext = NULL;
 	}
 }
 
-/* Drops the records that no longer name a live use, keeping the order of the others. */
-static void lru_compact(struct kvt_recall_cache *rc)
+/* Grows a layer's region to n slots with free frames (the caller reserved the slots and
+   checked that enough frames are free). */
+static void region_grow(struct kvt_manager *m, struct kvt_recall_layer *rc, uint32_t n)
 {
-	uint32_t w = 0;
+	struct kvt_recall_cache *c = &m->rc;
+	uint32_t had = rc->rg.n_slots;
 
-	for (uint32_t i = 0; i < rc->q_len; i++) {
-		struct kvt_rc_rec r = rc->q[(rc->q_head + i) & (rc->q_cap - 1)];
-
-		prefetch_rec(rc, i + 4 * LRU_AHEAD, false); /* a short loop: further ahead */
-		if (rec_live(rc, r))
-			rc->q[(rc->q_head + w++) & (rc->q_cap - 1)] = r;
+	if (n <= had || NEVER(n - had > c->n_free || n > rc->cap_slots))
+		return;
+	for (uint32_t i = had; i < n; i++)
+		rc->frame[i] = c->free[--c->n_free];
+	kvt_region_grow(&rc->rg, n);
+	if (had == 0) {
+		c->n_regions++;
+		rc->lprev = c->live_tail;
+		rc->lnext = NULL;
+		if (c->live_tail)
+			c->live_tail->lnext = rc;
+		else
+			c->live_head = rc;
+		c->live_tail = rc;
 	}
-	rc->q_len = w;
 }
 
-/* Marks entry id most recently used. */
-static void lru_touch(struct kvt_recall_cache *rc, uint32_t id)
+/* The size a region aims at when `regions` regions hold frames: a part of the cache in
+   proportion to its working set (as last counted), or an equal part while no region has
+   one; at most a slot per block and head of its layer. A new region aims at nothing until
+   its first call counts its working set: it takes what its calls need meanwhile. */
+static uint64_t target_of(const struct kvt_manager *m, const struct kvt_recall_layer *rc,
+			  uint64_t regions)
 {
-	if (rc->q_len == rc->q_cap) {
-		lru_compact(rc);
-		/* at most n live records remain, and q_cap >= 2n + 64: room again */
-		if (NEVER(rc->q_len == rc->q_cap))
-			return;
+	const struct kvt_recall_cache *c = &m->rc;
+	uint64_t ws = rc->ws_counted, t, most = (uint64_t)rc->rg.cap_blocks * m->cfg.n_kv_heads;
+
+	if (!regions)
+		regions = 1;
+	if (!c->sum_ws)
+		t = DIV_UP(c->n, regions);
+	else /* rounded up: the frames rounding down would leave go to the first to grow */
+		t = DIV_UP(ws * c->n, c->sum_ws);
+	if (t > most)
+		t = most;
+	return t > KVT_REGION_MAX_SLOTS ? KVT_REGION_MAX_SLOTS : t;
+}
+
+/* Frames the regions outside the call at hand (stamp) hold. */
+static uint64_t reclaimable(const struct kvt_manager *m, uint64_t stamp)
+{
+	uint64_t n = 0;
+
+	for (const struct kvt_recall_layer *rc = m->rc.live_head; rc; rc = rc->lnext)
+		if (rc->stamp != stamp)
+			n += rc->rg.n_slots;
+	return n;
+}
+
+/* Shrinks regions outside the call at hand (stamp) until want frames are free, each losing its
+   least recently used slots. First those above their target (target_of) down to it, in turn
+   from where the last such walk stopped, at most one lap; then, with `below`, one slot at a
+   time from each region in turn, so the loss is spread. A view naming a slot that went reads
+   as stale. */
+static void reclaim(struct kvt_manager *m, uint64_t stamp, uint64_t regions, uint64_t want,
+		    bool below)
+{
+	struct kvt_recall_cache *c = &m->rc;
+	struct kvt_recall_layer *rc, *next;
+	uint64_t seen = 0, idle = 0;
+
+	rc = c->cursor ? c->cursor : c->live_head;
+	for (; rc && c->n_free < want && seen++ < c->n_regions; rc = next ? next : c->live_head) {
+		uint64_t tg = target_of(m, rc, regions);
+		uint64_t give = rc->rg.n_slots > tg ? rc->rg.n_slots - tg : 0;
+
+		next = rc->lnext; /* before the shrink, which may unlink rc */
+		if (rc->stamp == stamp || !give)
+			continue;
+		if (give > want - c->n_free)
+			give = want - c->n_free;
+		region_shrink(m, rc, rc->rg.n_slots - (uint32_t)give, true);
 	}
-	if (++rc->tick == 0) /* 0 marks an entry holding no block */
-		rc->tick = 1;
-	rc->tick_of[id] = rc->tick;
-	rc->q[(rc->q_head + rc->q_len++) & (rc->q_cap - 1)] = (struct kvt_rc_rec){id, rc->tick};
-}
-
-static void owner_unlink(struct kvt_recall_cache *rc, uint32_t id)
-{
-	struct kvt_rc_entry *e = &rc->e[id];
-
-	if (e->s_prev != KVT_NO_ENTRY)
-		rc->e[e->s_prev].s_next = e->s_next;
-	else
-		e->owner->rc_head = e->s_next;
-	if (e->s_next != KVT_NO_ENTRY)
-		rc->e[e->s_next].s_prev = e->s_prev;
-}
-
-/* Detaches entry id from its block (the owner's table forgets it) and bumps its generation, so
-   views naming it read as stale. Its LRU records go stale too (tick_of 0) and stay queued
-   until popped or compacted away. */
-static void entry_release(struct kvt_manager *m, uint32_t id)
-{
-	struct kvt_rc_entry *e = &m->rc.e[id];
-	struct kvt_recall_layer *lrc = e->owner->layers[e->layer].rc;
-
-	lrc->slot[(size_t)e->block * m->cfg.n_kv_heads + e->head].entry = KVT_NO_ENTRY;
-	owner_unlink(&m->rc, id);
-	e->owner = NULL;
-	e->gen++;
-	m->rc.tick_of[id] = 0;
-}
-
-/* Releases entry id (its LRU records go stale) and puts its frame on the free list. */
-static void entry_free(struct kvt_manager *m, uint32_t id)
-{
-	struct kvt_recall_cache *rc = &m->rc;
-
-	entry_release(m, id);
-	rc->e[id].next = rc->free_head;
-	rc->free_head = id;
-	if (ALWAYS(rc->n_used > 0)) /* it held a block: it was counted */
-		rc->n_used--;
+	/* Round robin; a lap that frees nothing ends it (recall_room counted enough). */
+	while (below && c->n_free < want && rc && idle <= c->n_regions) {
+		next = rc->lnext;
+		if (rc->stamp != stamp && rc->rg.n_slots) {
+			region_shrink(m, rc, rc->rg.n_slots - 1, true);
+			idle = 0;
+		} else {
+			idle++;
+		}
+		rc = next ? next : c->live_head;
+	}
+	c->cursor = rc;
 }
 
 void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
 {
-	while (s->rc_head != KVT_NO_ENTRY)
-		entry_free(m, s->rc_head);
-	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
-		if (s->layers[l].rc && s->layers[l].rc->view_n) {
-			memset(s->layers[l].rc->view_n, 0,
-			       m->cfg.n_kv_heads * sizeof(*s->layers[l].rc->view_n));
-			s->layers[l].rc->view_failed = false;
-		}
-}
+	for (uint32_t l = 0; l < m->cfg.n_layers; l++) {
+		struct kvt_recall_layer *rc = s->layers[l].rc;
 
-/* A frame for a new block: a free one, else the least recently used one not used by this call.
-   KVT_NO_ENTRY when every frame is pinned by this call. */
-static uint32_t take_frame(struct kvt_manager *m)
-{
-	struct kvt_recall_cache *rc = &m->rc;
-	uint32_t id = rc->free_head;
-
-	if (id != KVT_NO_ENTRY) {
-		rc->free_head = rc->e[id].next;
-		ALWAYS(rc->n_used < rc->n); /* a free frame is an unused one */
-		rc->n_used++;
-		return id;
+		if (!rc)
+			continue;
+		region_shrink(m, rc, 0, false);
+		if (rc->view_n)
+			memset(rc->view_n, 0, m->cfg.n_kv_heads * sizeof(*rc->view_n));
+		rc->view_failed = false;
 	}
-	/* The oldest live record names the least recently used entry. If this call pinned it,
-	   this call touched every entry. Records name entries at random: fetching those of the
-	   records a few places on overlaps the misses of the next evictions. */
-	while (rc->q_len && !rec_live(rc, rc->q[rc->q_head])) {
-		rc->q_head = (rc->q_head + 1) & (rc->q_cap - 1);
-		rc->q_len--;
-		prefetch_rec(rc, LRU_AHEAD, true);
-	}
-	if (!rc->q_len)
-		return KVT_NO_ENTRY;
-	id = rc->q[rc->q_head].id;
-	if (rc->e[id].pin == rc->call)
-		return KVT_NO_ENTRY;
-	rc->q_head = (rc->q_head + 1) & (rc->q_cap - 1);
-	rc->q_len--;
-	prefetch_rec(rc, LRU_AHEAD, true);
-	entry_release(m, id);
-	m->st.recall_evictions++;
-	return id;
 }
 
 /* Grows the view arrays of a layer to r entries per head (capacity only). */
 static int view_reserve(struct kvt_manager *m, struct kvt_recall_layer *rc, uint32_t r)
 {
 	size_t H = m->cfg.n_kv_heads;
+	uint32_t *v;
 
 	if (!rc->view_n) {
 		rc->view_n = kvt_calloc(H, sizeof(*rc->view_n));
@@ -475,36 +452,25 @@ static int view_reserve(struct kvt_manager *m, struct kvt_recall_layer *rc, uint
 	if (r <= rc->view_cap)
 		return 0;
 	/* The old view is laid out for the old capacity: re-lay it out per head. */
-	uint32_t *ent = kvt_malloc(H * r * sizeof(*ent)), *gen = kvt_malloc(H * r * sizeof(*gen));
-
-	if (!ent || !gen) {
-		free(ent);
-		free(gen);
+	v = kvt_malloc(H * r * sizeof(*v));
+	if (!v)
 		return -ENOMEM;
-	}
-	for (size_t h = 0; h < H; h++) {
-		if (rc->view_n[h]) {
-			memcpy(ent + h * r, rc->view_ent + h * rc->view_cap,
-			       rc->view_n[h] * sizeof(*ent));
-			memcpy(gen + h * r, rc->view_gen + h * rc->view_cap,
-			       rc->view_n[h] * sizeof(*gen));
-		}
-	}
-	free(rc->view_ent);
-	free(rc->view_gen);
-	rc->view_ent = ent;
-	rc->view_gen = gen;
+	for (size_t h = 0; h < H; h++)
+		if (rc->view_n[h])
+			memcpy(v + h * r, rc->view + h * rc->view_cap, rc->view_n[h] * sizeof(*v));
+	free(rc->view);
+	rc->view = v;
 	rc->view_cap = r;
 	return 0;
 }
 
-/* Distinct blocks of sel (one (sequence, head) list of r) that are not fully resident. The slow
-   path of the capacity check, taken only when the quick upper bound exceeds the cache. */
-static uint64_t exact_need(const struct kvt_manager *m, const struct kvt_seq_layer *ly, uint32_t h,
+/* Distinct blocks of one (sequence, head) list sel[0..r) that are not fully resident: what the
+   call needs of the region for it at least. */
+static uint32_t exact_need(const struct kvt_manager *m, const struct kvt_seq_layer *ly, uint32_t h,
 			   const uint32_t *sel, uint32_t r)
 {
-	uint32_t bt = m->cfg.block_tokens;
-	uint64_t need = 0;
+	struct kvt_region_geom g = geom_of(m, ly->n_tokens);
+	uint32_t bt = m->cfg.block_tokens, need = 0;
 
 	for (uint32_t j = 0; j < r; j++) {
 		uint32_t b = sel[j], nv;
@@ -515,28 +481,30 @@ static uint64_t exact_need(const struct kvt_manager *m, const struct kvt_seq_lay
 		for (uint32_t i = 0; i < j && !dup; i++)
 			dup = sel[i] == b;
 		nv = ly->n_tokens - b * bt < bt ? ly->n_tokens - b * bt : bt;
-		if (!dup && !fully_resident(m, ly, h, b, nv))
+		if (!dup && !kvt_region_resident(&ly->rc->rg, &g, h, b, nv))
 			need++;
 	}
 	return need;
 }
 
 /* Validates a recall batch (pass 1): every sequence live, once, prefilled for layer, resident,
-   every block index inside its history; grows the tables the call will write. Fills
-   m->batch. */
+   every block index inside its history; grows the tables the call will write. Fills m->batch,
+   and rc.need[i] with an upper bound of what member i needs (its entries naming a block). */
 static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
-			   const uint32_t *sel, uint32_t r, uint64_t *upper)
+			   const uint32_t *sel, uint32_t r)
 {
 	uint32_t H = m->cfg.n_kv_heads, bt = m->cfg.block_tokens;
-	uint64_t stamp = ++m->stamp, need = 0;
+	uint64_t stamp = ++m->stamp;
 	int err = 0;
 
-	if (kvt_reserve((void **)&m->batch, &m->batch_cap, n, sizeof(*m->batch)))
+	if (kvt_reserve((void **)&m->batch, &m->batch_cap, n, sizeof(*m->batch)) ||
+	    kvt_reserve((void **)&m->rc.need, &m->rc.need_cap, n, sizeof(*m->rc.need)) ||
+	    kvt_reserve((void **)&m->rc.want, &m->rc.want_cap, n, sizeof(*m->rc.want)))
 		return kvt_fail(m, -ENOMEM, "recall: no memory for a batch of %u", n);
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_seq *s = kvt_batch_member(m, seqs[i], layer, stamp, "recall", &err);
 		struct kvt_seq_layer *ly;
-		uint32_t nb;
+		uint32_t nb, need = 0;
 
 		if (!s)
 			return err;
@@ -555,214 +523,234 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 			need++;
 		}
 		if (rc_layer_get(m, ly, ly->n_groups) || view_reserve(m, ly->rc, r) ||
-		    (!s->ws_bucket &&
-		     !(s->ws_bucket = kvt_calloc(m->cfg.ws_window, sizeof(*s->ws_bucket)))))
+		    (!ly->rc->ws.bucket &&
+		     !(ly->rc->ws.bucket =
+			       kvt_calloc(m->cfg.ws_window, sizeof(*ly->rc->ws.bucket)))))
 			return kvt_fail(m, -ENOMEM,
 					"recall: sequence %llu: no memory for its "
 					"recall tables",
 					(unsigned long long)seqs[i]);
+		ly->rc->ws.w = m->cfg.ws_window;
+		ly->rc->stamp = stamp;
 		if (!ly->rc->tk_ready)
 			tk_count(m, s, ly);
 		m->batch[i] = s;
+		m->rc.need[i] = need;
 	}
-	*upper = need;
 	return 0;
 }
 
-/* Pass 2 of a recall call costs memory latency: a step of 256 sequences x 32 layers reads slot
-   tables, top-K counts and cache entries of over 100 MB, two or three cache misses per block
-   asked for. So while it works on list g (the selection of (sequence g / H, head g % H)), it
-   prefetches the slots and counts of list g + 2, and the cache entries that list g + 1's slots
-   name (those slots were fetched one list earlier). This does one list t: its slots and counts,
-   or with entries the cache entries its slots name. Lists past the batch are ignored. */
-static void prefetch_list(const struct kvt_manager *m, uint32_t layer, const uint32_t *sel,
-			  uint32_t n, uint32_t r, uint64_t t, bool entries)
-{
-	uint64_t H = m->cfg.n_kv_heads;
-
-	if (t >= (uint64_t)n * H)
-		return;
-	const struct kvt_recall_layer *lrc = m->batch[t / H]->layers[layer].rc;
-	const uint32_t *hs = sel + t * r;
-	uint32_t h = (uint32_t)(t % H);
-
-	for (uint32_t j = 0; j < r; j++) {
-		size_t at = (size_t)hs[j] * H + h;
-		uint32_t id;
-
-		if (hs[j] == KVT_NO_ENTRY)
-			continue;
-		if (!entries) {
-			prefetch(&lrc->slot[at]);
-			prefetch(&lrc->tk[at]);
-		} else if ((id = lrc->slot[at].entry) != KVT_NO_ENTRY) {
-			prefetch_entry(&m->rc, id);
-			prefetch(&m->rc.tick_of[id]); /* the LRU touch */
-		}
-	}
-}
-
-/* The exact capacity check of a recall call, taken only when recall_validate's quick upper
-   bound `need` exceeds the cache, then room in m->xf for the loads: 0, or -ENOSPC or -ENOMEM
-   recorded. */
+/* Sizes the regions of a call (before anything changes): member i needs at least need[i] slots
+   and aims at its target (target_of); frames come from the free ones, from members above
+   their target, and when those are not enough from other regions (reclaim). Sets rc.want[i] and
+   reserves the slots, the load list and the working tables. 0, or -ENOSPC or -ENOMEM recorded
+   (nothing changed). */
 static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *sel, uint32_t n,
-		       uint32_t r, uint64_t need)
+		       uint32_t r)
 {
+	struct kvt_recall_cache *c = &m->rc;
 	uint32_t H = m->cfg.n_kv_heads;
+	uint64_t regions = c->n_regions, avail = c->n_free, floor = 0, loads = 0;
+	bool exact = false;
 
-	if (need > m->rc.n) {
-		need = 0;
-		for (uint32_t i = 0; i < n; i++)
+	for (uint32_t i = 0; i < n; i++)
+		regions += m->batch[i]->layers[layer].rc->rg.n_slots == 0;
+	c->reclaim = regions;
+	for (;;) {
+		avail = c->n_free;
+		floor = 0;
+		for (uint32_t i = 0; i < n; i++) {
+			const struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
+			uint64_t want = target_of(m, ly->rc, regions);
+			uint32_t have = ly->rc->rg.n_slots;
+
+			if (want < c->need[i])
+				want = c->need[i];
+			c->want[i] = (uint32_t)want;
+			if (have > want)
+				avail += have - want;
+			if (c->need[i] > have)
+				floor += c->need[i] - have;
+		}
+		if (floor <= avail)
+			break;
+		if (floor <= avail + reclaimable(m, m->stamp))
+			break;
+		if (exact)
+			break;
+		/* The quick bounds do not fit: count what each member really needs. */
+		for (uint32_t i = 0; i < n; i++) {
+			const struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
+
+			c->need[i] = 0;
 			for (uint32_t h = 0; h < H; h++)
-				need += exact_need(m, &m->batch[i]->layers[layer], h,
-						   sel + ((size_t)i * H + h) * r, r);
-		if (need > m->rc.n)
-			return kvt_fail(m, -ENOSPC,
-					"recall: %llu blocks needed at once, the cache holds %u",
-					(unsigned long long)need, m->rc.n);
+				c->need[i] +=
+					exact_need(m, ly, h, sel + ((size_t)i * H + h) * r, r);
+		}
+		exact = true;
 	}
-	if (kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)need, sizeof(*m->xf)) ||
-	    kvt_spill_want_reserve(m, (uint32_t)need))
+	c->deficit = floor > avail ? floor - avail : 0;
+	if (c->deficit && c->deficit > reclaimable(m, m->stamp))
+		return kvt_fail(m, -ENOSPC,
+				"recall: the batch needs %llu more frames at once, %llu can be "
+				"had (%u in the cache)",
+				(unsigned long long)floor, (unsigned long long)avail, c->n);
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvt_recall_layer *rc = m->batch[i]->layers[layer].rc;
+
+		if (c->want[i] > KVT_REGION_MAX_SLOTS || c->need[i] > KVT_REGION_MAX_SLOTS)
+			return kvt_fail(m, -ENOSPC, "recall: more than %u blocks of one layer",
+					KVT_REGION_MAX_SLOTS);
+		if (rc_slots_reserve(rc, c->want[i]))
+			return kvt_fail(m, -ENOMEM, "recall: no memory for a region of %u frames",
+					c->want[i]);
+		loads += (uint64_t)H * r;
+	}
+	if (loads > UINT32_MAX ||
+	    kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)loads, sizeof(*m->xf)) ||
+	    kvt_reserve((void **)&c->xmember, &c->x_cap, (uint32_t)loads, sizeof(*c->xmember)) ||
+	    kvt_reserve((void **)&c->xslot, &c->xslot_cap, (uint32_t)loads, sizeof(*c->xslot)) ||
+	    kvt_reserve((void **)&c->ld, &c->ld_cap, H * r, sizeof(*c->ld)) ||
+	    kvt_spill_want_reserve(m, (uint32_t)loads))
 		return kvt_fail(m, -ENOMEM, "recall: no memory for the load list");
 	return 0;
+}
+
+/* Applies recall_room's sizes: members well above their target give frames back first; those
+   below their floor take what they need (from the other members' excess, then from other
+   regions); then the others grow towards their target, with free frames and those of other
+   regions above their own target, in batch order. */
+static void recall_size(struct kvt_manager *m, uint32_t layer, uint32_t n)
+{
+	struct kvt_recall_cache *c = &m->rc;
+	uint64_t floor = 0, more = 0;
+
+	/* Members shrink to their target only when well above it (a quarter), so that small
+	   swings of the working sets do not drop blocks that are wanted again at once. */
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvt_recall_layer *rc = m->batch[i]->layers[layer].rc;
+
+		if (rc->rg.n_slots > c->want[i] + c->want[i] / 4)
+			region_shrink(m, rc, c->want[i], false);
+		if (c->need[i] > rc->rg.n_slots)
+			floor += c->need[i] - rc->rg.n_slots;
+	}
+	/* recall_room counted every member down to its target, and the other regions */
+	for (uint32_t i = 0; i < n && floor > c->n_free; i++)
+		region_shrink(m, m->batch[i]->layers[layer].rc, c->want[i], false);
+	if (floor > c->n_free)
+		reclaim(m, m->stamp, c->reclaim, floor, true);
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvt_recall_layer *rc = m->batch[i]->layers[layer].rc;
+
+		region_grow(m, rc, c->need[i]);
+		if (c->want[i] > rc->rg.n_slots)
+			more += c->want[i] - rc->rg.n_slots;
+	}
+	if (more > c->n_free)
+		reclaim(m, m->stamp, c->reclaim, more, false);
+	for (uint32_t i = 0; i < n && c->n_free; i++) {
+		struct kvt_recall_layer *rc = m->batch[i]->layers[layer].rc;
+		uint32_t want = c->want[i], have = rc->rg.n_slots;
+
+		if (want > have)
+			region_grow(m, rc, want - have < c->n_free ? want : have + c->n_free);
+	}
 }
 
 /* What pass 2 of a recall call counts. */
 struct recall_tally {
 	uint32_t nx; /* loads queued in m->xf */
-	uint64_t lookups, hits;
+	struct kvt_region_tally r;
 };
 
-/* Takes a frame for block b of (s, layer, head h) holding nv tokens, and links it into s's
-   list of entries and the block's slot. KVT_NO_ENTRY when every frame is pinned by this
-   call. */
-static uint32_t entry_claim(struct kvt_manager *m, struct kvt_seq *s, uint32_t layer, uint32_t h,
-			    uint32_t b, uint32_t nv, struct kvt_rc_slot *slot)
+/* Pass 2 for one member (s, layer) and its selection sel[H][r]: the region's decisions
+   (policy/region.h), its loads queued in m->xf, its view. Nothing fails. Returns whether it
+   queued a load. */
+static bool recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, uint32_t layer,
+			  const uint32_t *sel, uint32_t r, struct recall_tally *t)
 {
-	struct kvt_recall_cache *rc = &m->rc;
-	uint32_t id = take_frame(m);
-	struct kvt_rc_entry *e;
-
-	if (id == KVT_NO_ENTRY)
-		return id;
-	e = &rc->e[id];
-	*e = (struct kvt_rc_entry){
-		.owner = s,
-		.layer = layer,
-		.head = h,
-		.block = b,
-		.n_valid = nv,
-		.gen = e->gen,
-		.s_prev = KVT_NO_ENTRY,
-		.s_next = s->rc_head,
-	};
-	if (s->rc_head != KVT_NO_ENTRY)
-		rc->e[s->rc_head].s_prev = id;
-	s->rc_head = id;
-	slot->entry = id;
-	return id;
-}
-
-/* Pass 2 for one list, the selection hs[0..r) of (s, layer, head h): hits, misses (their
-   loads queued in m->xf), LRU order, the working set, and the head's view. Nothing fails.
-   Returns whether it queued a load. */
-static bool recall_list(struct kvt_manager *m, struct kvt_seq *s, uint32_t layer, uint32_t h,
-			const uint32_t *hs, uint32_t r, struct recall_tally *t)
-{
-	struct kvt_recall_cache *rc = &m->rc;
+	struct kvt_recall_cache *c = &m->rc;
 	struct kvt_seq_layer *ly = &s->layers[layer];
-	struct kvt_recall_layer *lrc = ly->rc;
-	uint32_t H = m->cfg.n_kv_heads, bt = m->cfg.block_tokens, N = ly->n_tokens;
-	uint32_t *vent = lrc->view_ent + (size_t)h * lrc->view_cap;
-	uint32_t *vgen = lrc->view_gen + (size_t)h * lrc->view_cap;
-	uint32_t nv_out = 0;
-	bool loaded = false;
+	struct kvt_recall_layer *rc = ly->rc;
+	struct kvt_region_geom g = geom_of(m, ly->n_tokens);
+	uint32_t H = m->cfg.n_kv_heads, nl = 0;
+	int err;
 
-	if (NEVER(r > lrc->view_cap)) /* recall_validate made room for the view */
+	if (NEVER(r > rc->view_cap)) /* recall_validate made room for the view */
 		return false;
-	for (uint32_t j = 0; j < r; j++) {
-		uint32_t b = hs[j], nv, id;
-		struct kvt_rc_slot *slot;
-		bool load;
-
-		if (b == KVT_NO_ENTRY)
-			continue;
-		nv = N - (b << m->lbt) < bt ? N - (b << m->lbt) : bt;
-		/* Blocks whose every token is resident need no frame. */
-		if (fully_resident(m, ly, h, b, nv))
-			continue;
-		slot = &lrc->slot[(size_t)b * H + h];
-		id = slot->entry;
-		if (id != KVT_NO_ENTRY && rc->e[id].pin == rc->call)
-			continue; /* repeated in this list */
-		t->lookups++;
-		if (id == KVT_NO_ENTRY) {
-			id = entry_claim(m, s, layer, h, b, nv, slot);
-			/* recall_room counted every block this call pins: one is free or unpinned
-			 */
-			if (NEVER(id == KVT_NO_ENTRY))
-				continue;
-			load = true;
-		} else {
-			load = rc->e[id].n_valid != nv; /* the block grew since: reload it */
-			rc->e[id].n_valid = nv;
-			t->hits += !load;
-		}
-		if (load) {
-			/* A spilled block is read back after this pass (src 0 until then); the
-			   others stay pinned in the host tier until the load is queued.
-			   recall_room reserved the list. */
-			ALWAYS(kvt_spill_want(m, s, layer, b) == 0);
-			m->xf[t->nx++] = (struct kvt_xfer){
-				.src = ly->groups[b] & KVT_SPILLED
-					       ? 0
-					       : kvt_host_row(m, ly, h, b << m->lbt),
-				.dst = rc->base + (uint64_t)id * m->block_bytes,
-				.bytes = (uint32_t)m->block_bytes,
-				.reps = 1,
-			};
-			loaded = true;
-		}
-		rc->e[id].pin = rc->call;
-		lru_touch(rc, id);
-		vent[nv_out] = id;
-		vgen[nv_out++] = rc->e[id].gen;
-		ws_touch(m, s, &slot->touched, N);
+	/* views are laid out view_cap apart per head: the region writes r apart, so a call with
+	   r < view_cap spreads them after */
+	err = kvt_region_recall(&rc->rg, &g, sel, r, &rc->ws, rc->view, rc->view_n, c->ld, &nl,
+				&t->r);
+	if (rc->rg.n_slots) { /* a live region: its working set counts */
+		c->sum_ws += rc->ws.total - (uint64_t)rc->ws_counted;
+		rc->ws_counted = rc->ws.total;
 	}
-	lrc->view_n[h] = nv_out;
-	lrc->view_failed = false;
-	return loaded;
+	ALWAYS(err == 0); /* recall_room sized the region for the call */
+	if (r < rc->view_cap)
+		for (uint32_t h = H; h-- > 1;)
+			memmove(rc->view + (size_t)h * rc->view_cap, rc->view + (size_t)h * r,
+				rc->view_n[h] * sizeof(*rc->view));
+	for (uint32_t x = 0; x < nl; x++) {
+		const struct kvt_region_load *ld = &c->ld[x];
+		uint32_t b = ld->key / H, h = ld->key % H;
+
+		/* A spilled block is read back after this pass (src 0 until then); the others
+		   stay pinned in the host tier until the load is queued. recall_room reserved
+		   the list. */
+		ALWAYS(kvt_spill_want(m, s, layer, b) == 0);
+		c->n_held += ld->old == KVT_REGION_NONE;
+		c->xmember[t->nx] = i;
+		c->xslot[t->nx] = ld->slot;
+		m->xf[t->nx++] = (struct kvt_xfer){
+			.src = ly->groups[b] & KVT_SPILLED ? 0
+							   : kvt_host_row(m, ly, h, b << m->lbt),
+			.dst = kvt_slot_frame(m, rc, ld->slot),
+			.bytes = (uint32_t)m->block_bytes,
+			.reps = 1,
+		};
+	}
+	rc->view_failed = false;
+	return nl > 0;
 }
 
-/* After the gather of a recall call failed: the frames meant for its misses hold nothing
-   valid, so they are freed, and the views of the call read as stale (the previous ones were
-   overwritten), so no attention silently runs without its recalled blocks. The cache keeps
-   its hits; frames taken from other sequences stay taken, as any recall may take them; the
-   working sets keep the call's blocks (an estimate, erring high). */
+/* After the gather of a recall call failed: the slots meant for its loads hold nothing valid,
+   so they are emptied, and the views of the call read as stale (the previous ones were
+   overwritten), so no attention silently runs without its recalled blocks. The regions keep
+   their hits and their sizes; the working sets keep the call's blocks (an estimate, erring
+   high). */
 static void recall_undo(struct kvt_manager *m, uint32_t layer, uint32_t n, uint32_t nx)
 {
-	for (uint32_t x = 0; x < nx; x++)
-		entry_free(m, (uint32_t)((m->xf[x].dst - m->rc.base) / m->block_bytes));
+	for (uint32_t x = 0; x < nx; x++) {
+		uint32_t had = kvt_region_empty(&m->batch[m->rc.xmember[x]]->layers[layer].rc->rg,
+						m->rc.xslot[x], m->cfg.n_kv_heads);
+
+		if (ALWAYS(m->rc.n_held >= had))
+			m->rc.n_held -= had;
+	}
 	for (uint32_t i = 0; i < n; i++)
 		m->batch[i]->layers[layer].rc->view_failed = true;
 }
 
 /* Reads back the spilled blocks that pass 2 listed (kvt_spill_want) and points the loads of
    m->xf[0..nx) that wait for them (src 0) at their host rows. 0 or the error, recorded. */
-static int recall_fetch(struct kvt_manager *m, uint32_t nx)
+static int recall_fetch(struct kvt_manager *m, uint32_t layer, uint32_t nx)
 {
+	uint32_t H = m->cfg.n_kv_heads;
 	int err = kvt_spill_fetch_wanted(m, "recall");
 
 	if (err <= 0) /* nothing was on disk, or the error */
 		return err;
 	for (uint32_t x = 0; x < nx; x++) {
-		const struct kvt_rc_entry *e;
+		const struct kvt_seq_layer *ly;
+		uint32_t key;
 
 		if (m->xf[x].src)
 			continue;
-		e = &m->rc.e[(m->xf[x].dst - m->rc.base) / m->block_bytes];
-		m->xf[x].src =
-			kvt_host_row(m, &e->owner->layers[e->layer], e->head, e->block << m->lbt);
+		ly = &m->batch[m->rc.xmember[x]]->layers[layer];
+		key = ly->rc->rg.slot[m->rc.xslot[x]].key;
+		m->xf[x].src = kvt_host_row(m, ly, key % H, (key / H) << m->lbt);
 	}
 	return 0;
 }
@@ -773,7 +761,7 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	struct kvt_recall_cache *rc = &m->rc;
 	struct recall_tally t = {0};
 	uint32_t H = m->cfg.n_kv_heads;
-	uint64_t need = 0, wait = 0;
+	uint64_t wait = 0;
 	int err;
 
 	if (layer >= m->cfg.n_layers)
@@ -781,36 +769,54 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 				m->cfg.n_layers);
 	if (rc->n == 0)
 		return kvt_fail(m, -EINVAL, "recall: no recall cache (config.recall_cache_bytes)");
-	err = recall_validate(m, layer, seqs, n, sel, r, &need);
+	err = recall_validate(m, layer, seqs, n, sel, r);
 	if (!err)
-		err = recall_room(m, layer, sel, n, r, need);
+		err = recall_room(m, layer, sel, n, r);
 	if (err)
 		return err;
 
-	/* Pass 2: hits, misses, LRU order, views. Nothing below fails except the gather. */
-	rc->call++;
-	prefetch_list(m, layer, sel, n, r, 0, false);
-	prefetch_list(m, layer, sel, n, r, 1, false);
-	prefetch_list(m, layer, sel, n, r, 0, true);
+	/* Pass 2: sizes, then each member's region decides. Nothing below fails except the
+	   fetch and the gather. */
+	recall_size(m, layer, n);
+	/* Each member's tables are its own but cold: while member i works, the key entries of
+	   member i + 2 and the slots of member i + 1 (named by entries fetched one member
+	   earlier) come in. */
+	for (uint32_t i = 0; i < 2 && i < n; i++)
+		kvt_region_prefetch(&m->batch[i]->layers[layer].rc->rg, H, sel + (size_t)i * H * r,
+				    r, true);
+	if (n)
+		kvt_region_prefetch(&m->batch[0]->layers[layer].rc->rg, H, sel, r, false);
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_seq *s = m->batch[i];
-		bool loaded = false;
 
-		for (uint32_t h = 0; h < H; h++) {
-			prefetch_list(m, layer, sel, n, r, (uint64_t)i * H + h + 2, false);
-			prefetch_list(m, layer, sel, n, r, (uint64_t)i * H + h + 1, true);
-			loaded |= recall_list(m, s, layer, h, sel + ((size_t)i * H + h) * r, r, &t);
+		if (i + 2 < n)
+			kvt_region_prefetch(&m->batch[i + 2]->layers[layer].rc->rg, H,
+					    sel + (size_t)(i + 2) * H * r, r, true);
+		if (i + 1 < n) {
+			const struct kvt_seq_layer *nl = &m->batch[i + 1]->layers[layer];
+
+			kvt_region_prefetch(&nl->rc->rg, H, sel + (size_t)(i + 1) * H * r, r,
+					    false);
+			/* its group table, which its loads read */
+			for (uint32_t g = 0; g < nl->n_groups; g += 16)
+				__builtin_prefetch(&nl->groups[g]);
 		}
-		if (loaded && s->save_ticket > wait)
+		if (recall_member(m, i, s, layer, sel + (size_t)i * H * r, r, &t) &&
+		    s->save_ticket > wait)
 			wait = s->save_ticket;
 	}
+	m->st.recall_evictions += t.r.evictions;
 
 	/* Spilled blocks come back (one read), and the blocks must have landed in the host
 	   history before the device reads them. */
-	err = recall_fetch(m, t.nx);
+	err = recall_fetch(m, layer, t.nx);
 	if (err) {
+		char why[sizeof(m->err)];
+
 		recall_undo(m, layer, n, t.nx);
-		return err;
+		memcpy(why, m->err, sizeof(why));
+		return kvt_fail(m, err, "recall: layer %u: loading %u blocks: %s", layer, t.nx,
+				why);
 	}
 	err = wait ? m->ops->save_wait(m->be, wait) : 0;
 	if (!err && t.nx)
@@ -822,8 +828,8 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	}
 
 	m->st.recall_calls++;
-	m->st.recall_lookups += t.lookups;
-	m->st.recall_hits += t.hits;
+	m->st.recall_lookups += t.r.lookups;
+	m->st.recall_hits += t.r.hits;
 	m->st.recall_loads += t.nx;
 	m->st.bytes_h2d += (uint64_t)t.nx * m->block_bytes;
 	return 0;
@@ -863,6 +869,8 @@ static int score_seq(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_la
 	qf = m->qf;
 	if (!ly->rc->tk_ready)
 		tk_count(m, s, ly);
+	struct kvt_region_geom g = geom_of(m, N);
+
 	for (uint32_t h = 0; h < H; h++) {
 		uint32_t nc = 0, k;
 
@@ -870,7 +878,7 @@ static int score_seq(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_la
 		for (uint32_t b = 0; b < nb; b++) {
 			uint32_t nv = N - b * bt < bt ? N - b * bt : bt;
 
-			if (fully_resident(m, ly, h, b, nv))
+			if (kvt_region_resident(&ly->rc->rg, &g, h, b, nv))
 				continue;
 			m->score[nc] = kvt_meta_bound(
 				c->dtype, D, ly->rc->meta + ((size_t)b * H + h) * m->meta_bytes, qf,
@@ -1000,7 +1008,7 @@ KVT_API int kvt_seq_recall_view(struct kvt_manager *m, uint64_t seq, uint32_t la
 	lrc = ly->rc;
 	cnt = lrc && lrc->view_n ? lrc->view_n[kv_head] : 0;
 	*n_out = cnt;
-	if (kvt_view_stale(m, lrc, kv_head))
+	if (kvt_view_stale(lrc))
 		return kvt_fail(m, -ESTALE,
 				"recall view: sequence %llu layer %u: a recalled block was evicted "
 				"since (recall again)",
@@ -1008,13 +1016,14 @@ KVT_API int kvt_seq_recall_view(struct kvt_manager *m, uint64_t seq, uint32_t la
 	if (cap < cnt)
 		return kvt_fail(m, -ENOSPC, "recall view: %u needed, room for %u", cnt, cap);
 	for (uint32_t i = 0; i < cnt; i++) {
-		uint32_t id = lrc->view_ent[(size_t)kv_head * lrc->view_cap + i];
-		const struct kvt_rc_entry *e = &m->rc.e[id];
+		uint32_t id = lrc->view[(size_t)kv_head * lrc->view_cap + i];
+		const struct kvt_region_slot *e = &lrc->rg.slot[id];
+		uint32_t block = e->key / m->cfg.n_kv_heads;
 		struct kvt_recall_ref ref = {
-			.frame = m->rc.base + (uint64_t)id * m->block_bytes,
-			.block = e->block,
+			.frame = kvt_slot_frame(m, lrc, id),
+			.block = block,
 			.n_valid = e->n_valid,
-			.resident = kvt_block_resident(m, s, ly, kv_head, e->block, e->n_valid),
+			.resident = kvt_block_resident(m, s, ly, kv_head, block, e->n_valid),
 		};
 		uint32_t j = i;
 

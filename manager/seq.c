@@ -106,7 +106,6 @@ static struct kvt_seq *seq_new(struct kvt_manager *m, uint64_t seq, uint32_t pro
 	}
 	memset(s, 0, bytes);
 	s->id = seq;
-	s->rc_head = KVT_NO_ENTRY;
 	s->prompt_tokens = prompt_tokens;
 	s->valid_topk = count;
 	s->n_frames = DIV_UP(m->slots_sr + count, m->cfg.block_tokens);
@@ -1385,7 +1384,7 @@ KVT_API int kvt_attend(struct kvt_manager *m, uint64_t seq, uint32_t layer, cons
 	rc = ly->rc;
 	/* Every recalled frame must still hold its block. */
 	for (uint32_t h = 0; rc && rc->view_n && h < c->n_kv_heads; h++) {
-		if (kvt_view_stale(m, rc, h))
+		if (kvt_view_stale(rc))
 			return kvt_fail(m, -ESTALE,
 					"attend: sequence %llu layer %u: a recalled block was "
 					"evicted since (recall again)",
@@ -1424,12 +1423,13 @@ KVT_API int kvt_attend(struct kvt_manager *m, uint64_t seq, uint32_t layer, cons
 			};
 		}
 		for (uint32_t i = 0; rc && rc->view_n && i < rc->view_n[h]; i++) {
-			uint32_t id = rc->view_ent[(size_t)h * rc->view_cap + i];
-			const struct kvt_rc_entry *e = &m->rc.e[id];
-			uint64_t mask = kvt_block_resident(m, s, ly, h, e->block, e->n_valid);
+			uint32_t id = rc->view[(size_t)h * rc->view_cap + i];
+			const struct kvt_region_slot *e = &rc->rg.slot[id];
+			uint64_t mask =
+				kvt_block_resident(m, s, ly, h, e->key / c->n_kv_heads, e->n_valid);
 
-			nseg += recall_segments(m, m->rc.base + (uint64_t)id * m->block_bytes,
-						e->n_valid, mask, m->segs + nseg);
+			nseg += recall_segments(m, kvt_slot_frame(m, rc, id), e->n_valid, mask,
+						m->segs + nseg);
 		}
 		m->seg_off[h + 1] = nseg;
 	}

@@ -18,7 +18,7 @@ void kvt_ws_advance(struct kvt_ws *ws, uint32_t t)
 {
 	uint32_t d, at;
 
-	if (!ws->bucket || t <= ws->step)
+	if (!ws->bucket || !ws->w || t <= ws->step)
 		return;
 	d = t - ws->step < ws->w ? t - ws->step : ws->w;
 	at = ws->cur;
@@ -47,6 +47,8 @@ static inline uint32_t bucket_of(const struct kvt_ws *ws, uint32_t x)
 
 void kvt_ws_touch(struct kvt_ws *ws, uint32_t *touched, uint32_t t)
 {
+	if (!ws->bucket || !ws->w)
+		return; /* no working set kept */
 	kvt_ws_advance(ws, t);
 	if (*touched) {
 		uint32_t p = *touched - 1;
@@ -127,45 +129,128 @@ static bool forget(struct kvt_region *rg, uint32_t i, uint32_t n_heads)
 	return had;
 }
 
-void kvt_region_empty(struct kvt_region *rg, uint32_t i, uint32_t n_heads)
+uint32_t kvt_region_empty(struct kvt_region *rg, uint32_t i, uint32_t n_heads)
 {
+	bool had;
+
 	if (i >= rg->n_slots)
-		return;
+		return 0;
 	unlink_slot(rg, (uint16_t)i);
-	forget(rg, i, n_heads);
+	had = forget(rg, i, n_heads);
 	insert_empty(rg, (uint16_t)i);
+	return had;
 }
 
-void kvt_region_clear(struct kvt_region *rg, uint32_t n_heads)
+void kvt_region_grow(struct kvt_region *rg, uint32_t n)
 {
-	rg->head = rg->tail = END;
-	for (uint32_t i = 0; i < rg->n_slots; i++) {
-		forget(rg, i, n_heads);
-		append_slot(rg, (uint16_t)i);
-	}
-}
-
-uint32_t kvt_region_resize(struct kvt_region *rg, uint32_t n, uint32_t n_heads)
-{
-	uint32_t gone = 0;
+	uint16_t at, before = END;
 
 	if (n > KVT_REGION_MAX_SLOTS)
 		n = KVT_REGION_MAX_SLOTS;
-	if (rg->n_slots == 0 && rg->head == 0 && rg->tail == 0)
-		rg->head = rg->tail = END; /* a zeroed region: an empty list */
-	for (uint32_t i = n; i < rg->n_slots; i++) {
-		unlink_slot(rg, (uint16_t)i);
-		gone += forget(rg, i, n_heads);
-	}
+	if (n <= rg->n_slots)
+		return;
+	if (rg->n_slots == 0)
+		rg->head = rg->tail = END;
+	/* The new slots have the highest indices: they go after every empty slot, in order. */
+	for (at = rg->head; at != END && rg->slot[at].stamp == 0; at = rg->next[at])
+		before = at;
 	for (uint32_t i = rg->n_slots; i < n; i++) {
-		forget(rg, i, n_heads);
-		insert_empty(rg, (uint16_t)i);
+		/* new memory: nothing to forget */
+		rg->slot[i] = (struct kvt_region_slot){.key = KVT_REGION_NONE, .rank = i};
+		rg->prev[i] = before;
+		if (before != END)
+			rg->next[before] = (uint16_t)i;
+		else
+			rg->head = (uint16_t)i;
+		before = (uint16_t)i;
 	}
+	rg->next[before] = at;
+	if (at != END)
+		rg->prev[at] = before;
+	else
+		rg->tail = before;
 	rg->n_slots = n;
+}
+
+uint32_t kvt_region_clear(struct kvt_region *rg)
+{
+	uint32_t gone = 0;
+
+	for (uint32_t i = 0; i < rg->n_slots; i++)
+		gone += forget(rg, i, 0);
+	rg->n_slots = 0;
+	rg->head = rg->tail = END;
 	return gone;
 }
 
+uint32_t kvt_region_drop(struct kvt_region *rg, uint32_t *frame, uint32_t *dropped, uint32_t *freed)
+{
+	uint16_t i = rg->head, j;
+	bool had;
+
+	*dropped = i;
+	*freed = frame ? frame[i] : i;
+	unlink_slot(rg, i);
+	had = forget(rg, i, 0);
+	j = (uint16_t)(--rg->n_slots);
+	if (j != i) { /* the last slot moves into i, keeping its place in the order */
+		struct kvt_region_slot s = rg->slot[j];
+		uint16_t p = rg->prev[j], n = rg->next[j];
+
+		rg->slot[i] = s;
+		if (frame)
+			frame[i] = frame[j];
+		if (s.key != KVT_REGION_NONE) {
+			rg->key[s.key].slot = (uint16_t)(i + 1);
+			rg->prev[i] = p;
+			rg->next[i] = n;
+			if (p != END)
+				rg->next[p] = i;
+			else
+				rg->head = i;
+			if (n != END)
+				rg->prev[n] = i;
+			else
+				rg->tail = i;
+		} else { /* an empty slot's rank is its index: it moves among the empty ones */
+			unlink_slot(rg, j);
+			rg->slot[i].rank = i;
+			insert_empty(rg, i);
+		}
+	}
+	if (rg->n_slots == 0)
+		rg->head = rg->tail = END;
+	return had;
+}
+
 /* ---- one call ---- */
+
+/* A prefetch for writing that the compiler keeps: GCC finds a function whose only effect is
+   __builtin_prefetch const and deletes every call of it; the empty volatile asm is an effect
+   it must keep. */
+static inline void prefetch_w(const void *p)
+{
+	__builtin_prefetch(p, 1);
+	__asm__ volatile("");
+}
+
+void kvt_region_prefetch(const struct kvt_region *rg, uint32_t n_heads, const uint32_t *sel,
+			 uint32_t r, bool keys)
+{
+	for (uint32_t h = 0; h < n_heads; h++)
+		for (uint32_t j = 0; j < r; j++) {
+			uint32_t b = sel[(size_t)h * r + j];
+			const struct kvt_region_key *ke;
+
+			if (b == KVT_REGION_NONE || b >= rg->cap_blocks)
+				continue;
+			ke = &rg->key[(size_t)b * n_heads + h];
+			if (keys)
+				prefetch_w(ke);
+			else if (ke->slot && ke->slot <= rg->n_slots)
+				prefetch_w(&rg->slot[ke->slot - 1u]);
+		}
+}
 
 int kvt_region_recall(struct kvt_region *rg, const struct kvt_region_geom *g, const uint32_t *sel,
 		      uint32_t r, struct kvt_ws *ws, uint32_t *view, uint32_t *view_n,

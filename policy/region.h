@@ -84,7 +84,8 @@ struct kvt_region_geom {
 	uint32_t lbt;	   /* log2 of the block's tokens */
 	uint32_t n_tokens; /* N: the layer's tokens; the last block holds N - b * bt */
 	uint32_t sink;	   /* positions [0, sink) are resident */
-	uint32_t ring0;	   /* positions [ring0, N) are resident */
+	uint32_t ring0;	   /* positions [ring0, N) are resident; ring0 >= sink (the ranges and
+			      the top-K positions, which lie between them, never overlap) */
 };
 
 /* One load a call asks for: block `key` (its n_valid tokens) into slot `slot`, whose previous
@@ -113,23 +114,39 @@ static inline bool kvt_region_resident(const struct kvt_region *rg, const struct
 /* One recall call on the region (the rule above). sel is [n_heads][r] block indices, each
    below cap_blocks and below the layer's block count, or KVT_REGION_NONE. Writes per head h
    view_n[h] slots at view[h * r ...], the loads to queue at load[0 .. *n_load) (lookup order,
-   at most n_heads * r), and adds to *t. ws may be NULL (no working set kept). Returns 0, or
-   -ENOSPC when the region lacks slots for the misses: the caller broke the sizing contract;
-   the region stays consistent (the hits are stamped, nothing is loaded). */
+   at most n_heads * r), and adds to *t. ws may be NULL, or have no buckets (no working set
+   kept). Returns 0, or -EOVERFLOW (the clock is spent: nothing changed), or -ENOSPC when the
+   region lacks slots for the misses (the caller broke the sizing contract): the misses are
+   dropped (not looked up, not in the views, though the working set counted them), the hits
+   and reloads stand, and the reloads are in load[] and must be queued as on success. */
 int kvt_region_recall(struct kvt_region *rg, const struct kvt_region_geom *g, const uint32_t *sel,
 		      uint32_t r, struct kvt_ws *ws, uint32_t *view, uint32_t *view_n,
 		      struct kvt_region_load *load, uint32_t *n_load, struct kvt_region_tally *t);
 
-/* Sets the region's slot count to n (<= KVT_REGION_MAX_SLOTS; the slot, prev and next arrays
-   hold n). New slots are empty; slots at n and past are emptied (their keys forgotten; the
-   count of keys forgotten is returned). */
-uint32_t kvt_region_resize(struct kvt_region *rg, uint32_t n, uint32_t n_heads);
+/* Prefetches what kvt_region_recall of sel will read: with keys, the key table entries of its
+   blocks; without, the slots those entries name (fetched by an earlier call with keys). A
+   batch calls it for the regions a few places ahead, so their misses overlap. */
+void kvt_region_prefetch(const struct kvt_region *rg, uint32_t n_heads, const uint32_t *sel,
+			 uint32_t r, bool keys);
 
-/* Empties slot i (its key forgotten), e.g. after its load failed. */
-void kvt_region_empty(struct kvt_region *rg, uint32_t i, uint32_t n_heads);
+/* Grows the region to n slots (<= KVT_REGION_MAX_SLOTS; the slot, prev and next arrays hold n):
+   the new slots are empty. No-op when n <= n_slots. */
+void kvt_region_grow(struct kvt_region *rg, uint32_t n);
 
-/* Empties every slot (the sequence lost its device tier). */
-void kvt_region_clear(struct kvt_region *rg, uint32_t n_heads);
+/* Drops one slot of a region holding at least one: the first in (stamp, rank) order (an empty
+   one, lowest index first, else the least recently used). The last slot then moves into the
+   dropped one's index, frame[] entries with it (frame may be NULL). Writes the dropped slot's
+   index to *dropped and its frame (frame[dropped] before the move) to *freed; returns 1 when a
+   key was forgotten, else 0. A device version makes the same moves. */
+uint32_t kvt_region_drop(struct kvt_region *rg, uint32_t *frame, uint32_t *dropped,
+			 uint32_t *freed);
+
+/* Empties slot i (its key forgotten), e.g. after its load failed. Returns 1 when it held a
+   key, else 0. */
+uint32_t kvt_region_empty(struct kvt_region *rg, uint32_t i, uint32_t n_heads);
+
+/* Drops every slot (the sequence lost its device tier): returns the count of keys forgotten. */
+uint32_t kvt_region_clear(struct kvt_region *rg);
 
 /* Checks every invariant of the region (map and slots agree, the order list is sorted and
    complete): 0, or a negative line-ish code of the first broken one. For tests. */

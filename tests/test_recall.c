@@ -412,25 +412,32 @@ static void test_recall_finds_needle(void **state)
 	kvt_manager_destroy(m);
 }
 
-/* One block per call from sequences A and B into a 4-frame cache: hits are never loaded again,
-   eviction takes the least recently used frame of any sequence, and a view whose frame moved
-   on reads as stale. */
-static void test_recall_lru(void **state)
+/* One block per call from sequences A, B and C into an 8-frame cache, one kv head: each
+   (sequence, layer) has its own region; hits are never loaded again; a region grows towards a
+   share of the cache in proportion to its working set, out of free frames and those other
+   regions hold beyond their own share, and past it evicts its own least recently used block;
+   a call that finds no frame takes another region's least recently used one, and a view
+   naming a slot that went or moved that way reads as stale. */
+static void test_recall_regions(void **state)
 {
 	struct kvt_config c = recall_config(1, 4);
 	struct kvt_manager *m;
-	uint64_t A = 1, B = 2;
+	uint64_t A = 1, B = 2, C = 3;
 	struct kvt_stats s0, s1;
 	float qf[4 * 16], out[4 * 16];
+	struct kvt_recall_ref ref;
+	uint32_t n;
+	enum { EVICTIONS_BEFORE_C = 1 };
 	(void)state;
 
 	c.n_kv_heads = 1;
 	c.n_q_heads = 2;
 	c.n_layers = 1;
-	c.recall_cache_bytes = 4 * 2 * c.block_tokens * t_rowb(&c);
+	c.recall_cache_bytes = 8 * 2 * c.block_tokens * t_rowb(&c);
 	m = t_mk(&c);
 	prefill(m, &c, A, 200); /* blocks 1..21 hold non-resident tokens */
 	prefill(m, &c, B, 200);
+	prefill(m, &c, C, 200);
 	memset(qf, 0, sizeof(qf));
 
 #define RECALL(seq, blk)                                                    \
@@ -439,63 +446,94 @@ static void test_recall_lru(void **state)
 		uint32_t b_ = (blk);                                        \
 		CHECK_RC(kvt_recall_blocks(m, 0, &s_, 1, &b_, 1, NULL), 0); \
 	} while (0)
-#define LOADS() (t_stats_of(m).recall_loads)
+#define LOADS() (t_stats_of(m).recall_loads - s0.recall_loads)
+#define EVICTIONS() (t_stats_of(m).recall_evictions - s0.recall_evictions)
+#define HELD() (t_stats_of(m).recall_frames_used)
 
 	s0 = t_stats_of(m);
-	assert_int_equal(s0.recall_frames_total, 4);
+	assert_int_equal(s0.recall_frames_total, 8);
+	/* A alone: its region may hold the whole cache; repeats are hits */
 	RECALL(A, 5);
 	RECALL(A, 6);
-	assert_int_equal(LOADS() - s0.recall_loads, 2);
+	RECALL(A, 7);
 	RECALL(A, 5);
 	RECALL(A, 6);
-	assert_int_equal(LOADS() - s0.recall_loads, 2); /* hits */
-	RECALL(B, 5);					/* a different sequence's block 5 */
+	RECALL(A, 7);
+	assert_int_equal(LOADS(), 3);
+	assert_int_equal(t_stats_of(m).recall_hits - s0.recall_hits, 3);
+	assert_int_equal(HELD(), 3);
+	/* B's region grows with its working set out of A's unused frames: nothing evicted, and
+	   every block of both stays cached */
+	RECALL(B, 5);
+	RECALL(B, 6);
 	RECALL(B, 7);
-	assert_int_equal(LOADS() - s0.recall_loads, 4);
-	assert_int_equal(t_stats_of(m).recall_frames_used, 4);
-	/* LRU order now (most recent first): B7 B5 A6 A5. Touch A5 -> A5 B7 B5 A6. */
+	assert_int_equal(LOADS(), 6);
 	RECALL(A, 5);
-	assert_int_equal(LOADS() - s0.recall_loads, 4);
-	CHECK_RC(kvt_attend(m, A, 0, qf, out), 0);
-	/* A new block evicts A6 (least recent). */
+	RECALL(A, 6);
+	RECALL(A, 7);
+	RECALL(B, 5);
+	RECALL(B, 6);
+	RECALL(B, 7);
+	assert_int_equal(LOADS(), 6);
+	assert_int_equal(EVICTIONS(), 0);
+	assert_int_equal(HELD(), 6);
+	RECALL(B, 8); /* into A's last spare frame */
+	assert_int_equal(LOADS(), 7);
+	assert_int_equal(EVICTIONS(), 0);
+	/* B's share is reached (4 of 7 working-set blocks, rounded up, of 8 frames): its next
+	   block evicts its own least recently used one, B5 */
+	RECALL(B, 9);
+	assert_int_equal(LOADS(), 8);
+	assert_int_equal(EVICTIONS(), 1);
+	RECALL(B, 6);
+	RECALL(B, 7);
 	RECALL(B, 8);
-	s1 = t_stats_of(m);
-	assert_int_equal(s1.recall_loads - s0.recall_loads, 5);
-	assert_int_equal(s1.recall_evictions - s0.recall_evictions, 1);
-	/* A5 (A's current view) survived: attention still works. */
+	RECALL(B, 9);
+	assert_int_equal(LOADS(), 8);
+	assert_int_equal(HELD(), 7);
+	RECALL(B, 5); /* gone: loaded again, into the free frame (B's share grew with its
+			 working set) */
+	assert_int_equal(LOADS(), 9);
+	assert_int_equal(EVICTIONS(), 1);
 	CHECK_RC(kvt_attend(m, A, 0, qf, out), 0);
-	RECALL(A, 6); /* was evicted: loaded again, evicting B5 */
-	assert_int_equal(LOADS() - s0.recall_loads, 6);
-	RECALL(B, 7); /* still cached */
-	RECALL(B, 8);
-	assert_int_equal(LOADS() - s0.recall_loads, 6);
-	RECALL(B, 5); /* evicted before: loaded, evicting the LRU one, A5 */
-	assert_int_equal(LOADS() - s0.recall_loads, 7);
-	RECALL(A, 6); /* A6 survives (it was more recent than A5) */
-	assert_int_equal(LOADS() - s0.recall_loads, 7);
-	RECALL(A, 5);
-	assert_int_equal(LOADS() - s0.recall_loads, 8);
-	/* B's latest view (block 5) was just evicted? Order before the last call: A6 B5 B8 B7;
-	   A5 took B7's frame. B's view names B5: still valid. */
 	CHECK_RC(kvt_attend(m, B, 0, qf, out), 0);
-	RECALL(A, 9);  /* evicts B8 */
-	RECALL(A, 10); /* evicts B5: B's view is stale now */
+	/* C's first call finds the cache full: another region loses its least recently used
+	   block; B's view named a slot that moved, so it reads as stale until B recalls */
+	RECALL(C, 5);
+	s1 = t_stats_of(m);
+	assert_int_equal(s1.recall_loads - s0.recall_loads, 10);
+	assert_int_equal(s1.recall_evictions - s0.recall_evictions, EVICTIONS_BEFORE_C + 1);
+	assert_int_equal(HELD(), 8);
 	CHECK_RC(kvt_attend(m, B, 0, qf, out), -ESTALE);
-	struct kvt_recall_ref ref;
-	uint32_t n;
-
 	CHECK_RC(kvt_seq_recall_view(m, B, 0, 0, &ref, 1, &n), -ESTALE);
+	CHECK_RC(kvt_attend(m, A, 0, qf, out), 0);
+	CHECK_RC(kvt_attend(m, C, 0, qf, out), 0);
 	RECALL(B, 5); /* recall again: fine */
 	CHECK_RC(kvt_attend(m, B, 0, qf, out), 0);
+	CHECK_RC(kvt_seq_recall_view(m, B, 0, 0, &ref, 1, &n), 0);
+	assert_int_equal(n, 1);
+	assert_int_equal(ref.block, 5);
 
-	/* Destroying a sequence frees its frames. */
-	uint64_t used = t_stats_of(m).recall_frames_used;
+	/* Destroying a sequence gives its frames back. */
+	uint64_t used = HELD();
 
 	CHECK_RC(kvt_seq_destroy(m, A), 0);
-	assert_true(t_stats_of(m).recall_frames_used < used);
+	assert_true(HELD() < used);
+	CHECK_RC(kvt_seq_destroy(m, B), 0);
+	CHECK_RC(kvt_seq_destroy(m, C), 0);
+	assert_int_equal(HELD(), 0);
+	/* and a new region may take the whole cache again */
+	uint64_t D = 4, ids8[1] = {D};
+	uint32_t sel8[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+
+	prefill(m, &c, D, 200);
+	CHECK_RC(kvt_recall_blocks(m, 0, ids8, 1, sel8, 8, NULL), 0);
+	assert_int_equal(HELD(), 8);
 	kvt_manager_destroy(m);
 #undef RECALL
 #undef LOADS
+#undef EVICTIONS
+#undef HELD
 }
 
 /* Errors change nothing: the cache and counters stay as they were. */
@@ -759,7 +797,7 @@ int main(void)
 		cmocka_unit_test(test_topr),
 		cmocka_unit_test(test_recall_all_equals_full),
 		cmocka_unit_test(test_recall_finds_needle),
-		cmocka_unit_test(test_recall_lru),
+		cmocka_unit_test(test_recall_regions),
 		cmocka_unit_test(test_recall_errors),
 		cmocka_unit_test(test_working_set_window),
 		cmocka_unit_test(test_preempt_resume),

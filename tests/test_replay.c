@@ -430,8 +430,8 @@ static void test_closed_loop(void **state)
 }
 
 /* Fixed-batch decode with a recall cache too small for every working set: without
-   working-set control the LRU cache thrashes (loads explode); with it, admission keeps the
-   running working sets inside the cache. */
+   working-set control the regions are squeezed below their working sets (loads rise); with
+   it, admission keeps the running working sets inside the cache. */
 static void run_ws(bool ws, uint32_t layers, struct sim_replay_result *res)
 {
 	struct sim_trace t = mk_trace(96, 32768, 200, 0);
@@ -462,22 +462,31 @@ static void test_ws_control(void **state)
 	double b_on = (double)on.win_batch_sum / (double)on.win_iterations;
 	double b_off = (double)off.win_batch_sum / (double)off.win_iterations;
 
-	print_message("# ws on: batch %.1f, %.0f blocks/iteration; off: batch %.1f, %.0f\n", b_on,
-		      l_on, b_off, l_off);
-	assert_true(b_off > b_on);		      /* control admits fewer ... */
-	assert_true(l_off / b_off > 2 * l_on / b_on); /* ... and loads far less per request */
+	print_message("# ws on: batch %.1f, %.0f blocks/iteration, hit rate %.4f; off: batch %.1f, "
+		      "%.0f, %.4f\n",
+		      b_on, l_on, on.recall_hit_rate, b_off, l_off, off.recall_hit_rate);
+	assert_true(b_off > b_on); /* control admits fewer ... */
+	/* ... and loads less per request: without it the regions are squeezed below their
+	   working sets (each still keeps its own hottest blocks, so this is no collapse) */
+	assert_true(l_off / b_off > 1.25 * l_on / b_on);
+	assert_true(on.recall_hit_rate > off.recall_hit_rate + 0.05);
 	sim_replay_result_free(&on);
 	sim_replay_result_free(&off);
 }
 
-/* Layer sampling stands for the full recall: blocks loaded and hit rate agree. */
+/* Layer sampling stands for the full recall: blocks loaded and hit rate agree, with the
+   working sets admitted to fit the cache (without control the regions of the sampled layers
+   are squeezed in another order than all layers', which the figures then show). */
 static void test_layer_sampling(void **state)
 {
 	struct sim_replay_result all, some;
 	(void)state;
 
-	run_ws(false, 0, &all);
-	run_ws(false, 8, &some);
+	run_ws(true, 0, &all);
+	run_ws(true, 8, &some);
+	print_message("# all layers: %llu loads, hit rate %.4f; 8 sampled: %llu, %.4f\n",
+		      (unsigned long long)all.win_blocks_loaded, all.recall_hit_rate,
+		      (unsigned long long)some.win_blocks_loaded, some.recall_hit_rate);
 	near((double)some.win_blocks_loaded, (double)all.win_blocks_loaded, 0.05, "loads");
 	near(some.recall_hit_rate, all.recall_hit_rate, 0.05, "hit rate");
 	sim_replay_result_free(&all);
