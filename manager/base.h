@@ -93,6 +93,8 @@ struct kvt_recall_cache {
 	uint64_t sum_ws;    /* the working sets of the regions holding frames, as last counted */
 	struct kvt_recall_layer *live_head, *live_tail; /* the regions holding frames */
 	struct kvt_recall_layer *cursor; /* where the last round-robin reclaim stopped */
+	struct kvt_recall_layer *sweep;	 /* where the idle-region sweep stopped */
+	uint64_t *layer_calls;		 /* [n_layers] recall calls per layer */
 	/* per call: each member's slot floor and target, and what each load belongs to */
 	uint32_t *need, *want;
 	uint32_t need_cap, want_cap;
@@ -100,7 +102,7 @@ struct kvt_recall_cache {
 	uint32_t x_cap, xslot_cap;
 	struct kvt_region_load *ld;
 	uint32_t ld_cap;
-	uint64_t reclaim, deficit; /* regions counted for targets, frames the call lacks */
+	uint64_t reclaim; /* regions counted for the targets of the call at hand */
 };
 
 struct kvt_spill_ref;

@@ -26,8 +26,9 @@ int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames)
 	if (!n_frames)
 		return 0;
 	rc->free = kvt_malloc((size_t)n_frames * sizeof(*rc->free));
-	if (!rc->free)
-		return -ENOMEM;
+	rc->layer_calls = kvt_calloc(m->cfg.n_layers, sizeof(*rc->layer_calls));
+	if (!rc->free || !rc->layer_calls)
+		return -ENOMEM; /* kvt_recall_fini frees what was allocated */
 	/* frame 0 on top: a fresh cache hands out frames in ascending order */
 	for (uint32_t i = 0; i < n_frames; i++)
 		rc->free[i] = n_frames - 1 - i;
@@ -40,6 +41,7 @@ void kvt_recall_fini(struct kvt_manager *m)
 	struct kvt_recall_cache *rc = &m->rc;
 
 	free(rc->free);
+	free(rc->layer_calls);
 	free(rc->need);
 	free(rc->want);
 	free(rc->xmember);
@@ -318,6 +320,8 @@ static void region_shrink(struct kvt_manager *m, struct kvt_recall_layer *rc, ui
 		rc->ws_counted = 0;
 		if (c->cursor == rc)
 			c->cursor = rc->lnext;
+		if (c->sweep == rc)
+			c->sweep = rc->lnext;
 		if (rc->lprev)
 			rc->lprev->lnext = rc->lnext;
 		else
@@ -354,6 +358,13 @@ static void region_grow(struct kvt_manager *m, struct kvt_recall_layer *rc, uint
 	}
 }
 
+/* Whether a region's (sequence, layer) was left out of its layer's last ws_window recall calls
+   (a sequence not decoding): it aims at nothing, and its working set stops counting. */
+static inline bool region_idle(const struct kvt_manager *m, const struct kvt_recall_layer *rc)
+{
+	return m->rc.layer_calls[rc->layer] - rc->last_call > m->cfg.ws_window;
+}
+
 /* The size a region aims at when `regions` regions hold frames: a part of the cache in
    proportion to its working set (as last counted), or an equal part while no region has
    one; at most a slot per block and head of its layer. A new region aims at nothing until
@@ -366,6 +377,8 @@ static uint64_t target_of(const struct kvt_manager *m, const struct kvt_recall_l
 
 	if (!regions)
 		regions = 1;
+	if (region_idle(m, rc))
+		return 0;
 	if (!c->sum_ws)
 		t = DIV_UP(c->n, regions);
 	else /* rounded up: the frames rounding down would leave go to the first to grow */
@@ -497,6 +510,7 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 	uint64_t stamp = ++m->stamp;
 	int err = 0;
 
+	m->rc.layer_calls[layer]++;
 	if (kvt_reserve((void **)&m->batch, &m->batch_cap, n, sizeof(*m->batch)) ||
 	    kvt_reserve((void **)&m->rc.need, &m->rc.need_cap, n, sizeof(*m->rc.need)) ||
 	    kvt_reserve((void **)&m->rc.want, &m->rc.want_cap, n, sizeof(*m->rc.want)))
@@ -532,6 +546,8 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 					(unsigned long long)seqs[i]);
 		ly->rc->ws.w = m->cfg.ws_window;
 		ly->rc->stamp = stamp;
+		ly->rc->layer = layer;
+		ly->rc->last_call = m->rc.layer_calls[layer];
 		if (!ly->rc->tk_ready)
 			tk_count(m, s, ly);
 		m->batch[i] = s;
@@ -567,8 +583,8 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 			if (want < c->need[i])
 				want = c->need[i];
 			c->want[i] = (uint32_t)want;
-			if (have > want)
-				avail += have - want;
+			if (have > c->need[i]) /* what a member holds beyond its floor */
+				avail += have - c->need[i];
 			if (c->need[i] > have)
 				floor += c->need[i] - have;
 		}
@@ -589,8 +605,7 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 		}
 		exact = true;
 	}
-	c->deficit = floor > avail ? floor - avail : 0;
-	if (c->deficit && c->deficit > reclaimable(m, m->stamp))
+	if (floor > avail && floor - avail > reclaimable(m, m->stamp))
 		return kvt_fail(m, -ENOSPC,
 				"recall: the batch needs %llu more frames at once, %llu can be "
 				"had (%u in the cache)",
@@ -617,13 +632,23 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 }
 
 /* Applies recall_room's sizes: members well above their target give frames back first; those
-   below their floor take what they need (from the other members' excess, then from other
-   regions); then the others grow towards their target, with free frames and those of other
-   regions above their own target, in batch order. */
+   below their floor take what they need; then the others grow towards their target, with free
+   frames and those of other regions above their own target, in batch order. */
 static void recall_size(struct kvt_manager *m, uint32_t layer, uint32_t n)
 {
 	struct kvt_recall_cache *c = &m->rc;
 	uint64_t floor = 0, more = 0;
+	struct kvt_recall_layer *sw = c->sweep ? c->sweep : c->live_head;
+
+	/* A few regions a call: those gone idle stop counting in the working sets' sum (their
+	   frames go to whoever grows next: they aim at nothing). */
+	for (uint32_t k = 0; k < 8 && sw; k++, sw = sw->lnext ? sw->lnext : c->live_head) {
+		if (sw->ws_counted && region_idle(m, sw)) {
+			c->sum_ws -= sw->ws_counted;
+			sw->ws_counted = 0;
+		}
+	}
+	c->sweep = sw;
 
 	/* Members shrink to their target only when well above it (a quarter), so that small
 	   swings of the working sets do not drop blocks that are wanted again at once. */
@@ -635,9 +660,22 @@ static void recall_size(struct kvt_manager *m, uint32_t layer, uint32_t n)
 		if (c->need[i] > rc->rg.n_slots)
 			floor += c->need[i] - rc->rg.n_slots;
 	}
-	/* recall_room counted every member down to its target, and the other regions */
+	/* Floors first, from (recall_room counted them all): members above their target,
+	   other regions above theirs, members above their floor, then other regions. */
 	for (uint32_t i = 0; i < n && floor > c->n_free; i++)
 		region_shrink(m, m->batch[i]->layers[layer].rc, c->want[i], false);
+	if (floor > c->n_free)
+		reclaim(m, m->stamp, c->reclaim, floor, false);
+	for (uint32_t i = 0; i < n && floor > c->n_free; i++) {
+		struct kvt_recall_layer *rc = m->batch[i]->layers[layer].rc;
+		uint64_t keep = rc->rg.n_slots - (floor - c->n_free);
+
+		if (rc->rg.n_slots > c->need[i])
+			region_shrink(m, rc,
+				      keep > c->need[i] && keep < rc->rg.n_slots ? (uint32_t)keep
+										 : c->need[i],
+				      false);
+	}
 	if (floor > c->n_free)
 		reclaim(m, m->stamp, c->reclaim, floor, true);
 	for (uint32_t i = 0; i < n; i++) {

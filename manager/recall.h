@@ -22,11 +22,13 @@ struct kvt_recall_layer {
 	struct kvt_region rg; /* slots [0, rg.n_slots) hold frames frame[slot] of the cache */
 	uint32_t *frame;      /* [cap_slots] */
 	uint32_t cap_slots;
-	uint32_t meta_n;     /* tokens folded into meta: decode tokens are folded in at the next
-				scoring, from the host history (so a decode append never waits for
-				the device to hand its keys to the CPU) */
-	bool tk_ready;	     /* rg.key[].tk counted from the layer's top-K (at its first recall) */
-	uint64_t stamp;	     /* the latest recall call naming it (m->stamp) */
+	uint32_t meta_n;    /* tokens folded into meta: decode tokens are folded in at the next
+			       scoring, from the host history (so a decode append never waits for
+			       the device to hand its keys to the CPU) */
+	bool tk_ready;	    /* rg.key[].tk counted from the layer's top-K (at its first recall) */
+	uint64_t stamp;	    /* the latest recall call naming it (m->stamp) */
+	uint64_t last_call; /* rc.layer_calls[layer] at that call */
+	uint32_t layer;
 	struct kvt_ws ws;    /* its recall working set; bucket NULL until its first recall */
 	uint32_t ws_counted; /* ws.total as counted in the cache's sum_ws (0 unless live) */
 	/* the cache's list of regions holding frames, oldest first */
