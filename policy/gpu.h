@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * GPU versions of the policy (policy/snapkv.cu, recall.cu, attend.cu), called by the CUDA
- * backend plugin. Each matches its CPU reference in policy.h on the same inputs: selection
- * identical up to ties at the cutoff (f32 sums in another order), block metadata bit-exact,
- * attention within f32 tolerance.
+ * GPU versions of the policy (policy/snapkv.cu, recall.cu, attend.cu, region.cu), called by
+ * the CUDA backend plugin. Each matches its CPU reference in policy.h or region.h on the same
+ * inputs: selection identical up to ties at the cutoff (f32 sums in another order), block
+ * metadata bit-exact, attention within f32 tolerance, recall regions decision for decision.
  *
  * Every function queues its work on `stream` (a cudaStream_t; NULL = the legacy default
  * stream), does not synchronise, allocates nothing, and returns a cudaError_t value as int
@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "policy.h"
+#include "region.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -54,6 +55,84 @@ int kvt_gpu_block_meta(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads, u
 int kvt_gpu_attend(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads, uint32_t g_count,
 		   const struct kvt_attend_rows *seg, const uint32_t *seg_off, const float *q,
 		   float *out, void *stream);
+
+/* ---- recall regions (policy/region.cu; the CPU reference is policy/region.h) ---- */
+
+#define KVT_GPU_REGION_MAX_HEADS 256u /* n_heads of one region */
+
+/* One region of a batch: its state (slot, key, clock, n_slots; frame where the caller keeps
+   one), the sequence's working set, one call's selection and outputs, and the layer's geometry.
+   The descriptors of a batch lie in device memory; every pointer is a device pointer. The
+   regions of one launch must not share state (slot, key, clock, n_slots, frame, ws, outputs
+   other than tally): one launch is one call on each region, as if the reference ran on each in
+   turn. A working set shared by the layers of a sequence is shared across launches (stream
+   order), not inside one. The slot count lives in device memory (*n_slots, the reference's
+   kvt_region.n_slots): grow, drop and clear update it there, so a batch's descriptors stay
+   valid from launch to launch. Grow, drop, empty and clear use slot, key, n_slots and frame
+   only. */
+struct kvt_gpu_region {
+	struct kvt_region_slot *slot; /* [max slots the region may grow to] */
+	struct kvt_region_key *key;   /* [cap_blocks * n_heads]; tk is input */
+	uint32_t *clock;	      /* the region's calls made (kvt_region.clock) */
+	uint32_t *n_slots;	      /* the slots in use (kvt_region.n_slots) */
+	uint32_t *frame;	      /* [as slot]: the frame of each slot, which a drop moves with
+					 its slot (kvt_region_drop's frame[]); NULL: none kept */
+	struct kvt_ws *ws;	      /* the sequence's working set, bucket a device array; NULL,
+					 or no bucket or w == 0: none kept */
+	const uint32_t *sel;	      /* [n_heads][r] block ids or KVT_REGION_NONE */
+	uint32_t *view;		      /* [n_heads][r]: view_n[h] slots at view[h * r ...] */
+	uint32_t *view_n;	      /* [n_heads] */
+	struct kvt_region_load *load; /* [n_heads * r]: *n_load loads, in lookup order */
+	uint32_t *n_load;
+	struct kvt_region_tally *tally; /* added to with atomics: regions may share one */
+	int32_t *err;			/* the call's result (kvt_gpu_region_recall) */
+	uint32_t n_heads, r;
+	uint32_t lbt, n_tokens, sink, ring0; /* kvt_region_geom */
+	uint32_t cap_blocks;
+};
+
+/* One kvt_region_recall on each of the n regions of rg (a device array), one CTA each, with the
+   reference's decisions: the same loads in the same order, views, tallies, slots, key table
+   (slot and touched), working set and clock. Writes each region's *err: 0; -ENOSPC (fewer free
+   slots than misses: the misses are dropped, the hits and reloads stand and the reloads are in
+   load[], to be queued, as the reference); -EOVERFLOW (clock at UINT32_MAX: *n_load = 0,
+   nothing else written); -EINVAL (nothing but *n_load = 0 written) where the reference's
+   contract is broken: n_heads above KVT_GPU_REGION_MAX_HEADS, *n_slots above
+   KVT_REGION_MAX_SLOTS, lbt >= 32, n_heads * r or cap_blocks * n_heads above UINT32_MAX, ring0
+   below sink, a block of sel at or past cap_blocks or past the layer's last block. Entries of
+   view and load past view_n[h] and *n_load are scratch. */
+int kvt_gpu_region_recall(const struct kvt_gpu_region *rg, uint32_t n, void *stream);
+
+/* kvt_region_grow on each of the n regions of rg to n_new[i] slots (device array; clamped to
+   KVT_REGION_MAX_SLOTS; no-op where not above *n_slots): the new slots are empty (their old
+   memory is not read) and *n_slots is set. frame[] is not touched: the caller writes the new
+   slots' frames. */
+int kvt_gpu_region_grow(const struct kvt_gpu_region *rg, const uint32_t *n_new, uint32_t n,
+			void *stream);
+
+/* k[i] successive kvt_region_drop on region i of the n regions of rg (k a device array; the
+   drops stop when the region has no slot left), one CTA each: the same slots dropped, the same
+   slots moved, the same permutation of frame[] (when the descriptor has one), *n_slots lowered.
+   Region i reports its t-th drop at out_off[i] + t (out_off a device array) of dropped (the
+   slot's index, before the move) and freed (its frame before the move; its index when frame is
+   NULL); either may be NULL (out_off too, when both are). gone[i] (may be NULL): the keys
+   forgotten.
+   Each drop is a parallel argmin over the region's slots: O(k * n_slots / 256) a region. */
+int kvt_gpu_region_drop(const struct kvt_gpu_region *rg, const uint32_t *k, const uint32_t *out_off,
+			uint32_t *dropped, uint32_t *freed, uint32_t *gone, uint32_t n,
+			void *stream);
+
+/* kvt_region_empty for each of the n pairs (region index into rg, slot) of pairs [n][2] (device
+   array): a slot at or past its region's *n_slots, or a region index at or past n_regions, is
+   left alone; a pair may repeat. had[x] (may be NULL): 1 when pair x forgot a key, else 0; of
+   the copies of a repeated pair, one (which is not fixed) reports the key. */
+int kvt_gpu_region_empty(const struct kvt_gpu_region *rg, uint32_t n_regions, const uint32_t *pairs,
+			 uint32_t *had, uint32_t n, void *stream);
+
+/* kvt_region_clear on each of the n regions of rg: every slot dropped (its key forgotten, the
+   slot left empty), *n_slots = 0; gone[i] (may be NULL): the keys forgotten. frame[] is not
+   touched: every frame of the region is free afterwards. */
+int kvt_gpu_region_clear(const struct kvt_gpu_region *rg, uint32_t *gone, uint32_t n, void *stream);
 
 #ifdef __cplusplus
 }

@@ -147,10 +147,10 @@ void kvt_region_grow(struct kvt_region *rg, uint32_t n)
 
 	if (n > KVT_REGION_MAX_SLOTS)
 		n = KVT_REGION_MAX_SLOTS;
+	if (rg->n_slots == 0)
+		rg->head = rg->tail = END; /* a zeroed region: an empty list */
 	if (n <= rg->n_slots)
 		return;
-	if (rg->n_slots == 0)
-		rg->head = rg->tail = END;
 	/* The new slots have the highest indices: they go after every empty slot, in order. */
 	for (at = rg->head; at != END && rg->slot[at].stamp == 0; at = rg->next[at])
 		before = at;
@@ -188,6 +188,10 @@ uint32_t kvt_region_drop(struct kvt_region *rg, uint32_t *frame, uint32_t *dropp
 	uint16_t i = rg->head, j;
 	bool had;
 
+	if (rg->n_slots == 0 || i == END) { /* nothing to drop */
+		*dropped = *freed = KVT_REGION_NONE;
+		return 0;
+	}
 	*dropped = i;
 	*freed = frame ? frame[i] : i;
 	unlink_slot(rg, i);

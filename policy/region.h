@@ -133,7 +133,8 @@ void kvt_region_prefetch(const struct kvt_region *rg, uint32_t n_heads, const ui
    the new slots are empty. No-op when n <= n_slots. */
 void kvt_region_grow(struct kvt_region *rg, uint32_t n);
 
-/* Drops one slot of a region holding at least one: the first in (stamp, rank) order (an empty
+/* Drops one slot of a region (none when it holds none: *dropped and *freed are then
+   KVT_REGION_NONE and it returns 0): the first in (stamp, rank) order (an empty
    one, lowest index first, else the least recently used). The last slot then moves into the
    dropped one's index, frame[] entries with it (frame may be NULL). Writes the dropped slot's
    index to *dropped and its frame (frame[dropped] before the move) to *freed; returns 1 when a

@@ -4,11 +4,12 @@
  * launching thread, switched by Boost.Context's fcontext layer (what boost::context::fiber is
  * built on: a switch is a few instructions, where ucontext's also makes a sigprocmask system
  * call, which took nine tenths of the emulator's time). The scheduler runs every ready fiber
- * until it finishes or waits; then, when the whole of a warp waits at a shuffle, it exchanges
- * the values and readies the warp; when every thread of the CTA waits at __syncthreads(), it
- * readies them all; when neither can happen with threads still waiting, the CTA can never
- * finish on a GPU either, and the launch fails with the reason (kemu_last_fault). Round-robin
- * in thread order, so every run is the same.
+ * until it finishes or waits; then, when the whole of a warp waits at a shuffle (or a vote:
+ * ballot, match, __syncwarp), it exchanges the values and readies the warp; when every thread of
+ * the CTA waits at __syncthreads(), it readies them all; when neither can happen with threads still
+ * waiting, the CTA can never finish on a GPU either, and the launch fails with the reason
+ * (kemu_last_fault). Round-robin in the schedule's fixed order (kemu_set_schedule), so every run
+ * is the same.
  *
  * Under ASan the stack switches are announced (__sanitizer_start/finish_switch_fiber), so ASan
  * keeps checking the fibers' stacks and the kernels' accesses.
@@ -59,7 +60,8 @@ struct fiber {
 	char *stack;	      /* KEMU_STACK usable bytes above a guard page */
 	uint3 tid;
 	enum fstate state;
-	/* the pending shuffle */
+	/* the pending shuffle or vote (op 0: a shuffle) */
+	int op;
 	unsigned int mask, arg;
 	int width;
 	bool xor_lanes;
@@ -191,14 +193,33 @@ bool shuffle_warp(fiber *f, uint32_t w0, uint32_t cnt)
 			     w0 / 32, l, x->mask, full);
 			return false;
 		}
-		if (x->xor_lanes != f[w0].xor_lanes || x->width != f[w0].width) {
+		if (x->op != f[w0].op || x->xor_lanes != f[w0].xor_lanes ||
+		    x->width != f[w0].width) {
 			fail("warp %u: lanes at different shuffles", w0 / 32);
 			return false;
 		}
+		if (x->op)
+			continue;
 		if (x->width <= 0 || x->width > 32 || (x->width & (x->width - 1))) {
 			fail("warp %u: shuffle width %d", w0 / 32, x->width);
 			return false;
 		}
+	}
+	if (f[w0].op) { /* a vote */
+		unsigned int ballot = 0;
+
+		for (uint32_t l = 0; l < cnt; l++)
+			ballot |= (f[w0 + l].val != 0 ? 1u : 0u) << l;
+		for (uint32_t l = 0; l < cnt; l++) {
+			fiber *x = &f[w0 + l];
+			unsigned int same = 0;
+
+			for (uint32_t o = 0; o < cnt; o++)
+				same |= (f[w0 + o].val == x->val ? 1u : 0u) << o;
+			x->result = x->op == VOTE_BALLOT ? ballot : x->op == VOTE_MATCH ? same : 0;
+			x->state = READY;
+		}
+		return true;
 	}
 	for (uint32_t l = 0; l < cnt; l++) {
 		fiber *x = &f[w0 + l];
@@ -251,7 +272,11 @@ bool run_cta()
 			do {
 				uint32_t shfl = 0;
 
-				for (uint32_t l = 0; l < cnt; l++) {
+				for (uint32_t x = 0; x < cnt; x++) {
+					uint32_t l = schedule == KEMU_SCHED_LANES_REVERSE
+							     ? cnt - 1 - x
+							     : x;
+
 					if (f[w0 + l].state == READY)
 						switch_to(&f[w0 + l]);
 					if (S->fault)
@@ -262,7 +287,8 @@ bool run_cta()
 				if (again && !shuffle_warp(f, w0, cnt))
 					return false;
 				released |= again;
-			} while (again && schedule != KEMU_SCHED_LOCKSTEP);
+			} while (again && (schedule == KEMU_SCHED_WARPS_FORWARD ||
+					   schedule == KEMU_SCHED_WARPS_REVERSE));
 		}
 		for (uint32_t t = 0; t < n; t++) {
 			live += f[t].state != DONE;
@@ -326,6 +352,7 @@ uint64_t shuffle(unsigned int mask, uint64_t v, unsigned int arg, int width, boo
 {
 	fiber *me = S->running;
 
+	me->op = 0;
 	me->mask = mask;
 	me->val = v;
 	me->arg = arg;
@@ -334,6 +361,21 @@ uint64_t shuffle(unsigned int mask, uint64_t v, unsigned int arg, int width, boo
 	me->state = AT_SHFL;
 	yield();
 	return me->result;
+}
+
+unsigned int vote(unsigned int mask, uint64_t v, enum vote_op op)
+{
+	fiber *me = S->running;
+
+	me->op = op;
+	me->mask = mask;
+	me->val = v;
+	me->arg = 0;
+	me->width = 32;
+	me->xor_lanes = false;
+	me->state = AT_SHFL;
+	yield();
+	return (unsigned int)me->result;
 }
 
 cudaError_t run_grid(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, void (*fn)(void *),
@@ -406,7 +448,7 @@ int kemu_set_schedule(int mode)
 	std::lock_guard<std::recursive_mutex> hold(kemu::launch_mu);
 	int old = kemu::schedule;
 
-	if (mode < KEMU_SCHED_LOCKSTEP || mode > KEMU_SCHED_WARPS_REVERSE)
+	if (mode < KEMU_SCHED_LOCKSTEP || mode > KEMU_SCHED_LANES_REVERSE)
 		return -1;
 	kemu::schedule = mode;
 	return old;

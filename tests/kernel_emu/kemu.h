@@ -6,12 +6,14 @@
  * kemu::launch(grid, block, shmem, stream).run(kernel, args...).
  *
  * The execution model: a launch runs its CTAs one after the other; the threads of a CTA are
- * fibers (kemu.cc) that run until they finish or reach __syncthreads() or a warp shuffle, where
- * they wait until the whole CTA (resp. warp) is there. A CTA whose live threads cannot all meet
- * fails the launch (cudaErrorLaunchFailure) instead of hanging: a __syncthreads() some threads
- * skip or left by return, a shuffle a lane of the warp is absent from, a mask that is not the
- * warp's full one. __shared__ variables are function statics, shared by the CTA's fibers (the
- * CTAs do not overlap). Device memory is host memory, so ASan sees every kernel access.
+ * fibers (kemu.cc) that run until they finish or reach __syncthreads() or a warp shuffle or
+ * vote (__ballot_sync, __match_any_sync, __syncwarp), where they wait until the whole CTA
+ * (resp. warp) is there. A CTA whose live threads cannot all meet fails the launch
+ * (cudaErrorLaunchFailure) instead of hanging: a __syncthreads() some threads skip or left by
+ * return, a shuffle a lane of the warp is absent from, a mask that is not the warp's full one.
+ * __shared__ variables are function statics, shared by the CTA's fibers (the CTAs do not
+ * overlap). Device memory is host memory, so ASan sees every kernel access. Atomics are plain
+ * read-modify-writes: a fiber runs alone until it waits.
  */
 #ifndef KEMU_H
 #define KEMU_H
@@ -75,6 +77,12 @@ void sync_cta();
 /* Exchanges v with the lanes of the warp: returns lane src's value, where src is lane ^ arg for
    xor shuffles and arg otherwise (both modulo width). */
 uint64_t shuffle(unsigned int mask, uint64_t v, unsigned int arg, int width, bool xor_lanes);
+
+/* The warp votes: like a shuffle, a point where the whole warp meets with the warp's full mask.
+   Ballot: bit l of the result is lane l's v != 0; match: the lanes whose v equals the caller's;
+   sync: nothing (__syncwarp). */
+enum vote_op { VOTE_BALLOT = 1, VOTE_MATCH = 2, VOTE_SYNC = 3 };
+unsigned int vote(unsigned int mask, uint64_t v, enum vote_op op);
 
 /* Runs fn(closure) once per thread of every CTA of grid; the launch's cudaError_t. */
 cudaError_t run_grid(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, void (*fn)(void *),
@@ -152,6 +160,59 @@ static inline T __shfl_sync(unsigned int mask, T v, int src_lane, int width = 32
 {
 	return kemu::of_bits<T>(
 		kemu::shuffle(mask, kemu::bits_of(v), (unsigned int)src_lane, width, false));
+}
+
+static inline unsigned int __ballot_sync(unsigned int mask, int pred)
+{
+	return kemu::vote(mask, pred != 0, kemu::VOTE_BALLOT);
+}
+
+template <typename T> static inline unsigned int __match_any_sync(unsigned int mask, T v)
+{
+	return kemu::vote(mask, kemu::bits_of(v), kemu::VOTE_MATCH);
+}
+
+static inline void __syncwarp(unsigned int mask = 0xffffffffu)
+{
+	kemu::vote(mask, 0, kemu::VOTE_SYNC);
+}
+
+static inline int __popc(unsigned int x)
+{
+	return __builtin_popcount(x);
+}
+
+/* Atomics: a fiber runs alone until it waits, so a plain read-modify-write is atomic here. */
+template <typename T> static inline T atomicAdd(T *p, T v)
+{
+	T old = *p;
+
+	*p = old + v;
+	return old;
+}
+
+template <typename T> static inline T atomicSub(T *p, T v)
+{
+	T old = *p;
+
+	*p = old - v;
+	return old;
+}
+
+template <typename T> static inline T atomicExch(T *p, T v)
+{
+	T old = *p;
+
+	*p = v;
+	return old;
+}
+
+template <typename T> static inline T atomicOr(T *p, T v)
+{
+	T old = *p;
+
+	*p = old | v;
+	return old;
 }
 
 static inline float __uint_as_float(unsigned int u)

@@ -42,12 +42,16 @@ void kemu_get_launch_info(struct kemu_launch_info *out);
      WARPS_FORWARD  warp 0 runs alone until it waits at __syncthreads() or ends, its
 		    shuffles resolved at once, then warp 1, and so on;
      WARPS_REVERSE  the same from the last warp: a warp that runs ahead reads and writes
-		    shared memory before the warps below it, which a missing barrier shows.
+		    shared memory before the warps below it, which a missing barrier shows;
+     LANES_REVERSE  as LOCKSTEP, but the lanes of each warp run from the last to the first,
+		    so that lanes of one warp that read what a lower lane writes between two
+		    warp operations (where a GPU's lanes run together) see it unwritten.
    Returns the previous mode, or -1 for an unknown one. */
 enum {
 	KEMU_SCHED_LOCKSTEP = 0,
 	KEMU_SCHED_WARPS_FORWARD = 1,
 	KEMU_SCHED_WARPS_REVERSE = 2,
+	KEMU_SCHED_LANES_REVERSE = 3,
 };
 int kemu_set_schedule(int mode);
 

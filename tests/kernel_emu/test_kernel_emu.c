@@ -512,6 +512,25 @@ static void test_emulator(void **state)
 		assert_true(sum == 256.0f * 255.0f / 2.0f);
 	}
 	assert_int_equal(kemu_set_schedule(7), -1);
+	/* votes and atomics, with the lanes in either order */
+	for (int mode = KEMU_SCHED_LOCKSTEP; mode <= KEMU_SCHED_LANES_REVERSE; mode++) {
+		unsigned int out[3 * 64 + 1];
+
+		kemu_set_schedule(mode);
+		assert_int_equal(kemu_selftest_vote(64, out), 0);
+		for (unsigned int t = 0; t < 64; t++) {
+			unsigned int same = 0, w0 = t / 32 * 32;
+
+			for (unsigned int l = 0; l < 32; l++)
+				same |= ((w0 + l) / 4 % 3 == t / 4 % 3 ? 1u : 0u) << l;
+			assert_int_equal(out[3 * t], 0xaaaaaaaau);
+			assert_int_equal(out[3 * t + 1], same);
+			assert_true(out[3 * t + 2] < 64 * 65 / 2);
+			for (unsigned int o = 0; o < t; o++) /* each saw another count */
+				assert_int_not_equal(out[3 * o + 2], out[3 * t + 2]);
+		}
+		assert_int_equal(out[3 * 64], 64 * 65 / 2);
+	}
 	kemu_set_schedule(KEMU_SCHED_LOCKSTEP);
 	assert_int_equal(kemu_selftest_reduce(96, &sum), 0); /* three warps */
 	assert_true(sum == 96.0f * 95.0f / 2.0f);
@@ -525,11 +544,14 @@ static void test_emulator(void **state)
 	/* a full-mask shuffle a lane has left */
 	assert_int_equal(kemu_selftest_partial_shuffle(), KEMU_ERR_LAUNCH_FAILURE);
 	assert_non_null(strstr(kemu_last_fault(), "lanes at a shuffle"));
+	/* lanes at a ballot and at a shuffle at once */
+	assert_int_equal(kemu_selftest_mixed_vote(), KEMU_ERR_LAUNCH_FAILURE);
+	assert_non_null(strstr(kemu_last_fault(), "lanes at different shuffles"));
 	/* a full mask in a warp of 20 threads */
 	assert_int_equal(kemu_selftest_reduce(20, &sum), KEMU_ERR_LAUNCH_FAILURE);
 	assert_non_null(strstr(kemu_last_fault(), "shuffle mask"));
 	kemu_get_launch_info(&li);
-	assert_int_equal(li.faults, faults + 4);
+	assert_int_equal(li.faults, faults + 5);
 	/* launch limits */
 	assert_int_equal(kemu_selftest_reduce(2048, &sum), KEMU_ERR_INVALID_CONFIGURATION);
 	assert_int_equal(kemu_selftest_reduce(0, &sum), KEMU_ERR_INVALID_CONFIGURATION);
