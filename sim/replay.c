@@ -452,8 +452,7 @@ static void release(struct mrun *mr, size_t i)
 		mr->n_live--;
 	}
 	if (q->sel) {
-		for (uint32_t k = 0; k < mr->n_sampled * mr->cfg.n_kv_heads; k++)
-			sim_sel_stream_fini(&q->sel[k]);
+		sim_sel_group_fini(q->sel, mr->n_sampled * mr->cfg.n_kv_heads);
 		free(q->sel);
 		q->sel = NULL;
 	}
@@ -593,7 +592,8 @@ static int submit_waiting(struct mrun *mr)
 	}
 }
 
-/* Selection streams of request i (lazily, at its first decode). */
+/* Selection streams of request i (lazily, at its first decode): stream k is the one of id
+   i * n + k, (sampled layer, kv head) by layer; one allocation holds them all. 0 or -ENOMEM. */
 static int sel_streams(struct mrun *mr, size_t i)
 {
 	uint32_t n = mr->n_sampled * mr->cfg.n_kv_heads;
@@ -601,14 +601,13 @@ static int sel_streams(struct mrun *mr, size_t i)
 
 	if (q->sel)
 		return 0;
-	q->sel = calloc(n, sizeof(*q->sel));
+	q->sel = malloc(n * sizeof(*q->sel));
 	if (!q->sel)
 		return -ENOMEM;
-	for (uint32_t k = 0; k < n; k++) {
-		int err = sim_sel_stream_init(&mr->sel, (uint64_t)i * n + k, &q->sel[k]);
-
-		if (err)
-			return err;
+	if (sim_sel_group_init(&mr->sel, (uint64_t)i * n, n, q->sel)) {
+		free(q->sel);
+		q->sel = NULL;
+		return -ENOMEM;
 	}
 	return 0;
 }
@@ -696,6 +695,24 @@ static int check_selections(struct mrun *mr)
 	return 0;
 }
 
+/* Starts loading what the selection of decode item d (d < nd) on sampled layer l reads: its
+   streams' headers when ahead is 2, their arrays when 1 (their headers are cached by then). */
+static void sel_prefetch(const struct mrun *mr, uint32_t l, uint32_t d, uint32_t nd, uint32_t ahead)
+{
+	uint32_t H = mr->cfg.n_kv_heads;
+	const struct sim_sel_stream *st;
+
+	if (d >= nd || !mr->run->rq[mr->dreq[d]].sel)
+		return;
+	st = &mr->run->rq[mr->dreq[d]].sel[l / mr->stride * H];
+	for (uint32_t h = 0; h < H; h++) {
+		if (ahead == 2)
+			__builtin_prefetch(&st[h], 0);
+		else
+			sim_sel_prefetch(&mr->sel, &st[h]);
+	}
+}
+
 /* Recalls for the decode items of one layer; on -ENOSPC (the call needs more frames than
    the cache has) retries per sequence. */
 static int recall_layer(struct mrun *mr, uint32_t l, uint32_t nd)
@@ -705,6 +722,11 @@ static int recall_layer(struct mrun *mr, uint32_t l, uint32_t nd)
 	double t0;
 	int err;
 
+	/* a draw touches a few cache lines of its stream, and the streams of the requests lie
+	   apart in memory: an item's are fetched an item or two ahead of its draws */
+	sel_prefetch(mr, l, 0, nd, 2);
+	sel_prefetch(mr, l, 1, nd, 2);
+	sel_prefetch(mr, l, 0, nd, 1);
 	for (uint32_t d = 0; d < nd; d++) {
 		const struct sim_req_result *rr = &run->res->reqs[mr->dreq[d]];
 		struct rreq *q = &run->rq[mr->dreq[d]];
@@ -714,6 +736,8 @@ static int recall_layer(struct mrun *mr, uint32_t l, uint32_t nd)
 				      ? (uint32_t)((tokens - mr->cfg.recent_tokens) / bt)
 				      : 0;
 
+		sel_prefetch(mr, l, d + 2, nd, 2);
+		sel_prefetch(mr, l, d + 1, nd, 1);
 		if (run->o->selections && sim_selfile_has_req(run->o->selections, mr->dreq[d])) {
 			recorded(mr, mr->dreq[d], rr->generated - 1, l,
 				 &mr->blocks[(size_t)d * H * r]);
