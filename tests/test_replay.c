@@ -5,7 +5,8 @@
  * every request ends completed or failed; the plain-vLLM baseline against a hand computation
  * of its iteration times; failures that stay alone, each with its reason; DRAM admission;
  * closed loops; working-set control cutting recall loads; layer sampling agreeing with the
- * full recall; summary percentiles; the JSON keys.
+ * full recall; the selection thread giving the run drawing alone gives; summary percentiles;
+ * the JSON keys.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -131,6 +132,58 @@ static void test_smoke_bundled(void **state)
 		else
 			assert_true(res.blocks_loaded_per_iteration == 0);
 		sim_replay_result_free(&res);
+	}
+	sim_trace_free(&t);
+}
+
+/* Two results are the same run: every request's times and counts, every gap, the figures. */
+static void same_result(const struct sim_replay_result *a, const struct sim_replay_result *b)
+{
+	assert_int_equal(a->n_reqs, b->n_reqs);
+	assert_memory_equal(a->reqs, b->reqs, a->n_reqs * sizeof(*a->reqs));
+	assert_int_equal(a->n_itl, b->n_itl);
+	assert_memory_equal(a->itl_s, b->itl_s, a->n_itl * sizeof(*a->itl_s));
+	assert_int_equal(a->iterations, b->iterations);
+	assert_int_equal(a->preemptions, b->preemptions);
+	assert_true(a->duration_s == b->duration_s);
+	assert_true(a->blocks_loaded_per_iteration == b->blocks_loaded_per_iteration);
+	assert_true(a->recall_hit_rate == b->recall_hit_rate);
+	assert_true(a->t_transfer == b->t_transfer && a->t_attn_decode == b->t_attn_decode);
+	assert_int_equal(a->prefix_hit_tokens, b->prefix_hit_tokens);
+}
+
+/* The selection model drawn on a second thread (without the measured CPU time) gives the run
+   the engine's thread gives drawing it alone: kvtier on 8 sampled layers and on all 32, and
+   sparse-offload (r 44), over the bundled trace's first 150 requests. */
+static void test_sel_thread(void **state)
+{
+	static const struct {
+		enum sim_policy p;
+		uint32_t recall_layers;
+	} cases[] = {
+		{SIM_POLICY_KVTIER, 8}, {SIM_POLICY_KVTIER, 0}, {SIM_POLICY_SPARSE_OFFLOAD, 8}};
+	struct sim_trace_opts to = SIM_TRACE_OPTS_INIT;
+	struct sim_trace t;
+	char err[256];
+	(void)state;
+
+	to.max_context = 131072;
+	CHECK_RC(sim_trace_read(bundled(), SIM_TRACE_AUTO, &to, &t, err, sizeof(err)), 0);
+	t.count = 150;
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		struct sim_replay_opts o;
+		struct sim_replay_result alone, two;
+
+		opts(&o, cases[c].p);
+		o.recall_layers = cases[c].recall_layers;
+		o.sel_thread = false;
+		run_ok(&o, &t, &alone);
+		o.sel_thread = true;
+		run_ok(&o, &t, &two);
+		assert_true(alone.blocks_loaded_per_iteration > 0);
+		same_result(&alone, &two);
+		sim_replay_result_free(&alone);
+		sim_replay_result_free(&two);
 	}
 	sim_trace_free(&t);
 }
@@ -815,6 +868,7 @@ int main(void)
 		cmocka_unit_test(test_ws_control),
 		cmocka_unit_test(test_layer_sampling),
 		cmocka_unit_test(test_summary),
+		cmocka_unit_test(test_sel_thread),
 		cmocka_unit_test(test_json_keys),
 		cmocka_unit_test(test_recorded_selections),
 		cmocka_unit_test(test_selfile_rules),
