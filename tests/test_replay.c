@@ -5,8 +5,8 @@
  * every request ends completed or failed; the plain-vLLM baseline against a hand computation
  * of its iteration times; failures that stay alone, each with its reason; DRAM admission;
  * closed loops; working-set control cutting recall loads; layer sampling agreeing with the
- * full recall; the selection thread giving the run drawing alone gives; summary percentiles;
- * the JSON keys.
+ * full recall; the selection thread giving the run drawing alone gives; summary percentiles
+ * and their sort; the JSON keys.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,6 +28,7 @@
 #include "kvtier.h"
 #include "replay.h"
 #include "report.h"
+#include "simutil.h"
 #include "test_replay.h"
 
 void near(double got, double want, double rel, const char *what)
@@ -539,6 +540,67 @@ static void test_layer_sampling(void **state)
 
 /* Percentiles interpolate between ranks (numpy's default); TPOT leaves out one-token
    requests. */
+/* Mean, median and p99 of the ms values of v[0..n) as the summary had them from qsort: the
+   sum in sorted order, percentiles between ranks. */
+static void qsort_stats(const double *v, size_t n, double out[3])
+{
+	double *w = malloc(n * sizeof(*w)), sum = 0;
+
+	assert_non_null(w);
+	for (size_t i = 0; i < n; i++)
+		w[i] = v[i] * 1e3;
+	qsort(w, n, sizeof(*w), sim_cmp_double);
+	for (size_t i = 0; i < n; i++)
+		sum += w[i];
+	out[0] = sum / (double)n;
+	out[1] = sim_percentile(w, n, 0.5);
+	out[2] = sim_percentile(w, n, 0.99);
+	free(w);
+}
+
+/* The summary's sort gives qsort's order, bit for bit: 200,000 gaps with repeats, zeros of
+   both signs, negatives and a span of magnitudes (summaries of any size use the same sort). */
+static void test_summary_sort(void **state)
+{
+	enum { N = 200000 };
+	double *itl = malloc(N * sizeof(*itl)), want[3], got[3];
+	struct sim_req_result r = {.status = SIM_REQ_DONE, .output_tokens = 1, .finish_s = 1};
+	struct sim_replay_result res = {.n_reqs = 1, .reqs = &r, .completed = 1, .n_itl = N};
+	struct sim_replay_summary s;
+	uint64_t g = 7;
+	(void)state;
+
+	assert_non_null(itl);
+	for (size_t i = 0; i < N; i++) {
+		uint64_t x = sim_splitmix64(&g);
+
+		switch (x % 8) {
+		case 0:
+			itl[i] = 0.0;
+			break;
+		case 1:
+			itl[i] = -0.0;
+			break;
+		case 2:
+			itl[i] = -(double)(x >> 40) * 1e-6;
+			break;
+		case 3:
+			itl[i] = (double)(x % 97) * 0.01; /* many repeats */
+			break;
+		default:
+			itl[i] = ldexp((double)(x >> 11) * 0x1p-53, (int)(x % 61) - 30);
+		}
+	}
+	res.itl_s = itl;
+	qsort_stats(itl, N, want);
+	CHECK_RC(sim_replay_summarize(&res, &s), 0);
+	got[0] = s.mean_itl_ms;
+	got[1] = s.median_itl_ms;
+	got[2] = s.p99_itl_ms;
+	assert_memory_equal(got, want, sizeof(got));
+	free(itl);
+}
+
 static void test_summary(void **state)
 {
 	struct sim_req_result r[4] = {
@@ -868,6 +930,7 @@ int main(void)
 		cmocka_unit_test(test_ws_control),
 		cmocka_unit_test(test_layer_sampling),
 		cmocka_unit_test(test_summary),
+		cmocka_unit_test(test_summary_sort),
 		cmocka_unit_test(test_sel_thread),
 		cmocka_unit_test(test_json_keys),
 		cmocka_unit_test(test_recorded_selections),
