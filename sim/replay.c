@@ -6,6 +6,8 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +70,7 @@ void sim_replay_opts_init(struct sim_replay_opts *o)
 	o->max_requests = 256;
 	o->max_tokens = 8192;
 	o->cpu_time = true;
+	o->sel_thread = true;
 	o->prefix_cache = true;
 }
 
@@ -347,6 +350,29 @@ double run_next_arrival(const struct run *run)
 
 /* ---- kvtier, snapstream, sparse-offload: the manager and scheduler on the model backend */
 
+/*
+ * The selection model's draws of an iteration, a unit per sampled layer (sel_unit). Without
+ * the measured CPU time (cpu_time false, so nothing a thread does can change a result) and
+ * unless the options say otherwise (sel_thread), a second thread draws them from the moment
+ * the batch is known, while the engine's thread prefills, appends and recalls: units are
+ * claimed in order by whichever thread comes first, so the engine's thread draws a unit
+ * itself rather than wait for one nobody has begun, and waits only for one the other thread
+ * is drawing. A stream is its own generator, so the draws are the same whichever thread
+ * makes them. With the CPU time in, the engine's thread draws every unit itself right before
+ * its recall, so that no thread of the replay competes with the calls it times.
+ */
+struct sel_pool {
+	pthread_t thread;
+	bool started; /* the second thread runs (else the engine's thread draws everything) */
+	bool quit;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;	/* a job posted, a unit drawn, or quit */
+	uint32_t gen;		/* the current job: iterations with draws so far */
+	uint32_t nd;		/* its decode items */
+	_Atomic uint64_t claim; /* gen << 32 | the next unit to claim */
+	_Atomic uint32_t *done; /* [n_sampled]: the job each unit was last drawn for */
+};
+
 struct mrun {
 	struct run *run;
 	struct kvt_manager *m;
@@ -359,9 +385,10 @@ struct mrun {
 	double scale;	    /* n_layers / n_sampled */
 	struct sim_sel_params sel;
 	uint64_t *dseq;
-	uint32_t *dreq; /* request index of each decode item */
-	uint32_t *blocks;
+	uint32_t *dreq;	  /* request index of each decode item */
+	uint32_t *blocks; /* the draws: [n_sampled][dcap][n_kv_heads][r] */
 	size_t dcap;
+	struct sel_pool pool;
 	uint8_t dummy[64] __attribute__((aligned(64)));
 	double cpu_s;
 	struct kvt_stats st0;
@@ -452,8 +479,7 @@ static void release(struct mrun *mr, size_t i)
 		mr->n_live--;
 	}
 	if (q->sel) {
-		for (uint32_t k = 0; k < mr->n_sampled * mr->cfg.n_kv_heads; k++)
-			sim_sel_stream_fini(&q->sel[k]);
+		sim_sel_group_fini(q->sel, mr->n_sampled * mr->cfg.n_kv_heads);
 		free(q->sel);
 		q->sel = NULL;
 	}
@@ -593,7 +619,8 @@ static int submit_waiting(struct mrun *mr)
 	}
 }
 
-/* Selection streams of request i (lazily, at its first decode). */
+/* Selection streams of request i (lazily, at its first decode): stream k is the one of id
+   i * n + k, (sampled layer, kv head) by layer; one allocation holds them all. 0 or -ENOMEM. */
 static int sel_streams(struct mrun *mr, size_t i)
 {
 	uint32_t n = mr->n_sampled * mr->cfg.n_kv_heads;
@@ -601,14 +628,13 @@ static int sel_streams(struct mrun *mr, size_t i)
 
 	if (q->sel)
 		return 0;
-	q->sel = calloc(n, sizeof(*q->sel));
+	q->sel = malloc(n * sizeof(*q->sel));
 	if (!q->sel)
 		return -ENOMEM;
-	for (uint32_t k = 0; k < n; k++) {
-		int err = sim_sel_stream_init(&mr->sel, (uint64_t)i * n + k, &q->sel[k]);
-
-		if (err)
-			return err;
+	if (sim_sel_group_init(&mr->sel, (uint64_t)i * n, n, q->sel)) {
+		free(q->sel);
+		q->sel = NULL;
+		return -ENOMEM;
 	}
 	return 0;
 }
@@ -629,7 +655,8 @@ static int grow_decode(struct mrun *mr, size_t n)
 		return -ENOMEM;
 	mr->dreq = b;
 	if (mr->recall) {
-		uint32_t *c = realloc(mr->blocks, cap * mr->cfg.n_kv_heads * mr->r * sizeof(*c));
+		uint32_t *c = realloc(mr->blocks, (size_t)mr->n_sampled * cap * mr->cfg.n_kv_heads *
+							  mr->r * sizeof(*c));
 
 		if (!c)
 			return -ENOMEM;
@@ -696,15 +723,39 @@ static int check_selections(struct mrun *mr)
 	return 0;
 }
 
-/* Recalls for the decode items of one layer; on -ENOSPC (the call needs more frames than
-   the cache has) retries per sequence. */
-static int recall_layer(struct mrun *mr, uint32_t l, uint32_t nd)
+/* Starts loading what the selection of decode item d (d < nd) on sampled layer l reads: its
+   streams' headers when ahead is 2, their arrays when 1 (their headers are cached by then). */
+static void sel_prefetch(const struct mrun *mr, uint32_t l, uint32_t d, uint32_t nd, uint32_t ahead)
+{
+	uint32_t H = mr->cfg.n_kv_heads;
+	const struct sim_sel_stream *st;
+
+	if (d >= nd || !mr->run->rq[mr->dreq[d]].sel)
+		return;
+	st = &mr->run->rq[mr->dreq[d]].sel[l / mr->stride * H];
+	for (uint32_t h = 0; h < H; h++) {
+		if (ahead == 2)
+			__builtin_prefetch(&st[h], 0);
+		else
+			sim_sel_prefetch(&mr->sel, &st[h]);
+	}
+}
+
+/* The draws of unit u of the current job into blocks[u]: the selections of its nd decode
+   items on sampled layer u * stride (recorded ones for the requests a selections file
+   names). Reads the items' streams and lengths, which the engine's thread leaves alone
+   until every unit is drawn. */
+static void sel_unit(struct mrun *mr, uint32_t u, uint32_t nd)
 {
 	struct run *run = mr->run;
-	uint32_t H = mr->cfg.n_kv_heads, r = mr->r, bt = mr->cfg.block_tokens;
-	double t0;
-	int err;
+	uint32_t H = mr->cfg.n_kv_heads, r = mr->r, bt = mr->cfg.block_tokens, l = u * mr->stride;
+	uint32_t *out = &mr->blocks[(size_t)u * mr->dcap * H * r];
 
+	/* a draw touches a few cache lines of its stream, and the streams of the requests lie
+	   apart in memory: an item's are fetched an item or two ahead of its draws */
+	sel_prefetch(mr, l, 0, nd, 2);
+	sel_prefetch(mr, l, 1, nd, 2);
+	sel_prefetch(mr, l, 0, nd, 1);
 	for (uint32_t d = 0; d < nd; d++) {
 		const struct sim_req_result *rr = &run->res->reqs[mr->dreq[d]];
 		struct rreq *q = &run->rq[mr->dreq[d]];
@@ -714,20 +765,172 @@ static int recall_layer(struct mrun *mr, uint32_t l, uint32_t nd)
 				      ? (uint32_t)((tokens - mr->cfg.recent_tokens) / bt)
 				      : 0;
 
+		sel_prefetch(mr, l, d + 2, nd, 2);
+		sel_prefetch(mr, l, d + 1, nd, 1);
 		if (run->o->selections && sim_selfile_has_req(run->o->selections, mr->dreq[d])) {
-			recorded(mr, mr->dreq[d], rr->generated - 1, l,
-				 &mr->blocks[(size_t)d * H * r]);
+			recorded(mr, mr->dreq[d], rr->generated - 1, l, &out[(size_t)d * H * r]);
 			continue;
 		}
 		for (uint32_t h = 0; h < H; h++)
 			sim_sel_next(&mr->sel, &q->sel[l / mr->stride * H + h], lo, hi,
-				     &mr->blocks[((size_t)d * H + h) * r]);
+				     &out[((size_t)d * H + h) * r]);
 	}
+}
+
+/* Claims the next unit of job gen not claimed yet: the unit, or UINT32_MAX when none is
+   left (or gen is no longer the current job). */
+static uint32_t sel_claim(struct sel_pool *p, uint32_t gen, uint32_t n_units)
+{
+	uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
+
+	while ((uint32_t)(c >> 32) == gen && (uint32_t)c < n_units)
+		if (atomic_compare_exchange_weak_explicit(
+			    &p->claim, &c, c + 1, memory_order_acq_rel, memory_order_acquire))
+			return (uint32_t)c;
+	return UINT32_MAX;
+}
+
+/* The second thread: waits for a job, draws the units it claims, tells of each. */
+static void *sel_thread(void *arg)
+{
+	struct mrun *mr = arg;
+	struct sel_pool *p = &mr->pool;
+	uint32_t seen = 0, nd, u;
+
+	for (;;) {
+		pthread_mutex_lock(&p->mu);
+		while (!p->quit && p->gen == seen)
+			pthread_cond_wait(&p->cv, &p->mu);
+		if (p->quit) {
+			pthread_mutex_unlock(&p->mu);
+			return NULL;
+		}
+		seen = p->gen;
+		nd = p->nd;
+		pthread_mutex_unlock(&p->mu);
+		while ((u = sel_claim(p, seen, mr->n_sampled)) != UINT32_MAX) {
+			sel_unit(mr, u, nd);
+			atomic_store_explicit(&p->done[u], seen, memory_order_release);
+			pthread_mutex_lock(&p->mu);
+			pthread_cond_broadcast(&p->cv);
+			pthread_mutex_unlock(&p->mu);
+		}
+	}
+}
+
+/* Sets up the draws of a run: the second thread only for a policy with recall, without the
+   measured CPU time, where the options allow it (sel_thread) and with a second CPU online
+   (otherwise, or if it cannot be started, the engine's thread draws everything). 0 or
+   -ENOMEM. */
+static int sel_pool_init(struct mrun *mr)
+{
+	struct sel_pool *p = &mr->pool;
+
+	p->done = calloc(mr->n_sampled, sizeof(*p->done));
+	if (!p->done)
+		return -ENOMEM;
+	for (uint32_t u = 0; u < mr->n_sampled; u++)
+		atomic_init(&p->done[u], 0);
+	atomic_init(&p->claim, 0);
+	if (!mr->recall || mr->run->o->cpu_time || !mr->run->o->sel_thread ||
+	    sysconf(_SC_NPROCESSORS_ONLN) < 2)
+		return 0;
+	if (pthread_mutex_init(&p->mu, NULL))
+		return 0;
+	if (pthread_cond_init(&p->cv, NULL)) {
+		pthread_mutex_destroy(&p->mu);
+		return 0;
+	}
+	p->started = !pthread_create(&p->thread, NULL, sel_thread, mr);
+	if (!p->started) {
+		pthread_cond_destroy(&p->cv);
+		pthread_mutex_destroy(&p->mu);
+	}
+	return 0;
+}
+
+/* Stops the second thread (after the units it has claimed) and releases the pool. */
+static void sel_pool_fini(struct mrun *mr)
+{
+	struct sel_pool *p = &mr->pool;
+
+	if (p->started) {
+		pthread_mutex_lock(&p->mu);
+		p->quit = true;
+		pthread_cond_broadcast(&p->cv);
+		pthread_mutex_unlock(&p->mu);
+		pthread_join(p->thread, NULL);
+		pthread_cond_destroy(&p->cv);
+		pthread_mutex_destroy(&p->mu);
+		p->started = false;
+	}
+	free(p->done);
+	p->done = NULL;
+}
+
+/* Posts the draws of this iteration's nd decode items (listed in dseq[] and dreq[], their
+   streams made) as a new job. */
+static void sel_post(struct mrun *mr, uint32_t nd)
+{
+	struct sel_pool *p = &mr->pool;
+
+	if (!p->started) {
+		p->gen++;
+		p->nd = nd;
+		atomic_store_explicit(&p->claim, (uint64_t)p->gen << 32, memory_order_release);
+		return;
+	}
+	pthread_mutex_lock(&p->mu);
+	p->gen++;
+	p->nd = nd;
+	atomic_store_explicit(&p->claim, (uint64_t)p->gen << 32, memory_order_release);
+	pthread_cond_broadcast(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+}
+
+/* Unit u of the current job, once drawn: the engine's thread draws the units nobody has
+   claimed (u among them, in order) and waits only for one the second thread is drawing. */
+static const uint32_t *sel_get(struct mrun *mr, uint32_t u)
+{
+	struct sel_pool *p = &mr->pool;
+	uint32_t gen = p->gen;
+
+	while (atomic_load_explicit(&p->done[u], memory_order_acquire) != gen) {
+		uint32_t v = sel_claim(p, gen, mr->n_sampled);
+
+		if (v != UINT32_MAX) {
+			sel_unit(mr, v, p->nd);
+			atomic_store_explicit(&p->done[v], gen, memory_order_release);
+			continue;
+		}
+		/* the other thread has u: a unit takes tens of microseconds, so spin a little
+		   before sleeping */
+		for (int i = 0; i < 4096; i++)
+			if (atomic_load_explicit(&p->done[u], memory_order_acquire) == gen)
+				break;
+		pthread_mutex_lock(&p->mu);
+		while (atomic_load_explicit(&p->done[u], memory_order_acquire) != gen)
+			pthread_cond_wait(&p->cv, &p->mu);
+		pthread_mutex_unlock(&p->mu);
+	}
+	return &mr->blocks[(size_t)u * mr->dcap * mr->cfg.n_kv_heads * mr->r];
+}
+
+/* Recalls the draws of sampled layer l for its nd decode items; on -ENOSPC (the call needs
+   more frames than the cache has) retries per sequence. */
+static int recall_layer(struct mrun *mr, uint32_t l, uint32_t nd)
+{
+	struct run *run = mr->run;
+	uint32_t H = mr->cfg.n_kv_heads, r = mr->r;
+	const uint32_t *blocks = sel_get(mr, l / mr->stride);
+	double t0;
+	int err;
+
 	t0 = sim_now_s();
-	err = kvt_recall_blocks(mr->m, l, mr->dseq, nd, mr->blocks, r, NULL);
+	err = kvt_recall_blocks(mr->m, l, mr->dseq, nd, blocks, r, NULL);
 	for (uint32_t d = 0; err == -ENOSPC && d < nd; d++) {
-		int e = kvt_recall_blocks(mr->m, l, &mr->dseq[d], 1, &mr->blocks[(size_t)d * H * r],
-					  r, NULL);
+		int e = kvt_recall_blocks(mr->m, l, &mr->dseq[d], 1, &blocks[(size_t)d * H * r], r,
+					  NULL);
 
 		if (e && e != -ENOSPC) {
 			mr->cpu_s += sim_now_s() - t0;
@@ -785,17 +988,34 @@ static int prefix_cached(struct mrun *mr, size_t i)
 	return 0;
 }
 
-/* Prefills the prefill items of batch b (a request the manager refuses fails alone) and lists
-   its decode items in dseq[] and dreq[]; adds the prefills to w and ir. Returns the number of
-   decode items, UINT32_MAX when out of memory. A request with a shared prefix prefills the
-   rest: L - matched tokens through the linear layers and KV writes, their queries over all L
-   keys in attention. */
-static uint32_t mrun_prefill(struct mrun *mr, const struct kvt_sched_batch *b,
-			     struct sim_iter_work *w, struct iter_rec *ir)
+/* Lists the decode items of batch b in dseq[] and dreq[] and makes their selection streams
+   (recall policies); returns how many, UINT32_MAX when out of memory. */
+static uint32_t mrun_decodes(struct mrun *mr, const struct kvt_sched_batch *b)
+{
+	uint32_t nd = 0;
+
+	for (uint32_t k = 0; k < b->n_items; k++) {
+		const struct kvt_sched_item *it = &b->items[k];
+
+		if (!it->decode)
+			continue;
+		if (mr->recall && sel_streams(mr, it->seq - 1))
+			return UINT32_MAX;
+		mr->dseq[nd] = it->seq;
+		mr->dreq[nd++] = (uint32_t)(it->seq - 1);
+	}
+	return nd;
+}
+
+/* Prefills the prefill items of batch b (a request the manager refuses fails alone); adds
+   them to w and ir. 0 or -ENOMEM. A request with a shared prefix prefills the rest:
+   L - matched tokens through the linear layers and KV writes, their queries over all L keys
+   in attention. */
+static int mrun_prefill(struct mrun *mr, const struct kvt_sched_batch *b, struct sim_iter_work *w,
+			struct iter_rec *ir)
 {
 	struct run *run = mr->run;
 	const struct sim_model_preset *mp = &run->o->model;
-	uint32_t nd = 0;
 	double t0;
 	bool nomem = false;
 	int err = 0;
@@ -810,11 +1030,8 @@ static uint32_t mrun_prefill(struct mrun *mr, const struct kvt_sched_batch *b,
 
 		if (r->sched_s < 0)
 			r->sched_s = run->now;
-		if (it->decode) {
-			mr->dseq[nd] = it->seq;
-			mr->dreq[nd++] = (uint32_t)i;
+		if (it->decode)
 			continue;
-		}
 		if (!q->started) {
 			q->started = true;
 			mr->unstarted--;
@@ -855,24 +1072,18 @@ static uint32_t mrun_prefill(struct mrun *mr, const struct kvt_sched_batch *b,
 				(q->matched ? sim_prefill_attn_flops(mp, q->matched, layers) : 0),
 			new_tok, L);
 	}
-	return nomem ? UINT32_MAX : nd;
+	return nomem ? -ENOMEM : 0;
 }
 
-/* Recalls the selections of the nd decode items on the sampled layers, which stand for all:
-   their CPU time is scaled here, their modelled H2D time goes to *h2d_ns for the caller to
-   scale. 0, or -errno with the run's message. */
+/* Recalls the selections of the nd decode items (sel_post'ed) on the sampled layers, which
+   stand for all: their CPU time is scaled here, their modelled H2D time goes to *h2d_ns for
+   the caller to scale. 0, or -errno with the run's message. */
 static int mrun_recall(struct mrun *mr, uint32_t nd, double *h2d_ns)
 {
-	struct run *run = mr->run;
 	struct kvt_stats s0 = KVT_STATS_INIT, s1 = KVT_STATS_INIT;
 	double cpu0 = mr->cpu_s;
 	int err;
 
-	for (uint32_t d = 0; d < nd; d++)
-		if (sel_streams(mr, mr->dreq[d])) {
-			ERRF("out of memory");
-			return -ENOMEM;
-		}
 	kvt_manager_stats(mr->m, &s0);
 	for (uint32_t l = 0; l < mr->cfg.n_layers; l += mr->stride) {
 		err = recall_layer(mr, l, nd);
@@ -973,10 +1184,14 @@ static int mrun_iteration(struct mrun *mr)
 	}
 	if (grow_decode(mr, b.n_items))
 		goto nomem;
+	nd = mrun_decodes(mr, &b);
+	if (nd == UINT32_MAX)
+		goto nomem;
+	if (mr->recall && nd)
+		sel_post(mr, nd); /* drawn while the prefills and appends run */
 	memset(mr->layer_tokens, 0, mr->cfg.n_layers * sizeof(*mr->layer_tokens));
 	w.prefill_layer_tokens = mr->layer_tokens;
-	nd = mrun_prefill(mr, &b, &w, &ir);
-	if (nd == UINT32_MAX)
+	if (mrun_prefill(mr, &b, &w, &ir))
 		goto nomem;
 	t0 = sim_now_s();
 	for (uint32_t l = 0; nd && l < mr->cfg.n_layers && !err; l++)
@@ -1183,7 +1398,7 @@ static int mrun_loop(struct run *run, double hbm_bytes)
 			mr->max_layer_groups = groups_of(mr, &run->t->reqs[i]) / mr->cfg.n_layers;
 	mr->waitq = malloc(run->t->count * sizeof(*mr->waitq));
 	mr->layer_tokens = calloc(mr->cfg.n_layers, sizeof(*mr->layer_tokens));
-	if (!mr->waitq || !mr->layer_tokens) {
+	if (!mr->waitq || !mr->layer_tokens || sel_pool_init(mr)) {
 		err = -ENOMEM;
 		goto out;
 	}
@@ -1214,6 +1429,7 @@ static int mrun_loop(struct run *run, double hbm_bytes)
 			goto out;
 	}
 out:
+	sel_pool_fini(mr); /* first: its thread may be drawing from the streams */
 	for (size_t i = 0; i < run->t->count; i++)
 		release(mr, i);
 	kvt_sched_destroy(mr->s);

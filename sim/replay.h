@@ -104,7 +104,12 @@ struct sim_replay_opts {
 	   default, 2048 * n_layers, or chunk * n_layers. kvtier-curve raises it (with T_max)
 	   so that a closed loop's requests are all prefilled before its measured window. */
 	uint64_t max_inject_tokens;
-	bool cpu_time;	   /* add the measured manager+scheduler CPU time */
+	/* Add the measured manager+scheduler CPU time. Without it the results are deterministic,
+	   and (sel_thread) the selection model draws on a second thread, with a second CPU
+	   online, while the engine's thread prefills, appends and recalls: the same draws,
+	   sooner. */
+	bool cpu_time;
+	bool sel_thread;   /* default true; false: the engine's thread draws (the same results) */
 	bool prefix_cache; /* share prompt prefixes of equal hash ids; --no-prefix-cache clears it
 			    */
 	bool roofline;	   /* time every class of work at the datasheet peak (sim_gpu_roofline) */
@@ -130,8 +135,8 @@ struct sim_replay_opts {
 
 /* Defaults for the llama3-8b/h100 presets, policy kvtier: block 32, sink 128, top-K 1024,
    ring 512, r = 8 on 8 sampled layers, recall cache 10% of HBM, w = 12, ws control and fused
-   transfers on, layer-segmented prefill, R_max 256, T_max 8192, CPU time counted, DRAM 256 GiB,
-   no disk tier, prefix cache on. */
+   transfers on, layer-segmented prefill, R_max 256, T_max 8192, CPU time counted (the
+   selection thread allowed when it is not), DRAM 256 GiB, no disk tier, prefix cache on. */
 void sim_replay_opts_init(struct sim_replay_opts *o);
 
 /*

@@ -26,20 +26,38 @@ struct sim_sel_params {
 		.r = 16, .window = 12, .p_keep = 0.80, .p_revisit = 0.45, .seed = 1 \
 	}
 
-/* One (sequence, layer, kv head) stream. */
+/* A dropped block and the step it was dropped at: an entry of a stream's ring. */
+struct sim_sel_drop {
+	uint32_t block, step;
+};
+
+/* One (sequence, layer, kv head) stream. Its selection and its ring lie in one allocation,
+   the ring right after the selection, so that a step touches few cache lines. */
 struct sim_sel_stream {
-	uint32_t *cur;	 /* [r] current selection */
-	uint32_t *drop;	 /* [window * r] ring of dropped blocks */
-	uint32_t *dstep; /* step each was dropped at */
-	uint32_t n_cur, n_drop, drop_head, step;
 	uint64_t rng;
+	uint32_t n_cur, n_drop, drop_head, step;
+	uint32_t *cur;		   /* [r] current selection */
+	struct sim_sel_drop *drop; /* [window * r] ring of the dropped blocks, oldest first */
 };
 
 /* 0, or -EINVAL for bad parameters. */
 int sim_sel_check(const struct sim_sel_params *p);
 /* Allocates a stream (id makes streams independent under one seed). 0 or -ENOMEM. */
 int sim_sel_stream_init(const struct sim_sel_params *p, uint64_t id, struct sim_sel_stream *st);
+/* Releases a stream of sim_sel_stream_init and zeroes it (a zeroed one too). */
 void sim_sel_stream_fini(struct sim_sel_stream *st);
+/* n streams in st[0..n), those of ids first_id .. first_id + n - 1 (each the stream
+   sim_sel_stream_init gives its id), their arrays in one allocation, stream after stream; p
+   passes sim_sel_check, and every later call on them takes the same p. Released with
+   sim_sel_group_fini, not stream by stream. 0, or -ENOMEM with st[] zeroed. */
+int sim_sel_group_init(const struct sim_sel_params *p, uint64_t first_id, uint32_t n,
+		       struct sim_sel_stream *st);
+/* Releases the n streams of sim_sel_group_init and zeroes them (zeroed ones too). */
+void sim_sel_group_fini(struct sim_sel_stream *st, uint32_t n);
+/* Starts loading into the cache what the next sim_sel_next of st reads (its selection and
+   the live part of its ring); changes nothing. A caller that walks many streams calls it a
+   stream or two ahead: it reads st itself, so st should be in the cache by then. */
+void sim_sel_prefetch(const struct sim_sel_params *p, const struct sim_sel_stream *st);
 /* The next step's selection among blocks [lo, hi): min(r, hi - lo) distinct blocks into out
    (UINT32_MAX in the remaining entries). Blocks outside [lo, hi) (the range grew or moved)
    are replaced. */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Request-trace readers and arrival re-timing (trace.h). One pass over the file with
+ * Request-trace readers, tiling and arrival re-timing (trace.h). One pass over the file with
  * getline(): each line is parsed in place (CSV) or by jansson (JSON lines, a maintained parser
  * rather than a hand-written one), and requests grow in one array that is sorted at the end
  * only when the file was out of order. Work is linear in the file size, plus n log n for an
@@ -771,6 +771,80 @@ void sim_trace_free(struct sim_trace *t)
 	free(t->reqs);
 	free(t->hash_ids);
 	memset(t, 0, sizeof(*t));
+}
+
+/* ---- tiling ---------------------------------------------------------------------------- */
+
+int sim_trace_repeat(struct sim_trace *t, uint32_t n, char *err, size_t err_len)
+{
+	struct sim_trace_req *reqs = NULL;
+	uint64_t *ids = NULL, top = 0;
+	size_t count, nh;
+	double shift, prev = 0;
+
+	if (!t || !t->count || !t->reqs || n == 0 || n > SIM_TRACE_REPEAT_MAX) {
+		if (err && err_len)
+			snprintf(err, err_len, "want 1 to %u copies of a non-empty trace",
+				 SIM_TRACE_REPEAT_MAX);
+		return -EINVAL;
+	}
+	if (n == 1)
+		return 0;
+	count = t->count;
+	nh = t->hash_ids ? t->n_hash_ids : 0;
+	if (count > UINT32_MAX / n) {
+		if (err && err_len)
+			snprintf(err, err_len, "%zu requests a copy: more than %u in all", count,
+				 UINT32_MAX);
+		return -EFBIG;
+	}
+	for (size_t j = 0; j < nh; j++)
+		if (t->hash_ids[j] > top)
+			top = t->hash_ids[j];
+	/* the last copy's largest id, (n - 1) * (top + 1) + top, must fit */
+	if (top == UINT64_MAX || (uint64_t)(n - 1) > (UINT64_MAX - top) / (top + 1)) {
+		if (err && err_len)
+			snprintf(err, err_len,
+				 "the last copy's hash ids, offset by %u x (largest id %llu + 1), "
+				 "would exceed 2^64 - 1",
+				 n - 1, (unsigned long long)top);
+		return -EOVERFLOW;
+	}
+	reqs = malloc(count * n * sizeof(*reqs));
+	if (nh)
+		ids = malloc(nh * n * sizeof(*ids));
+	if (!reqs || (nh && !ids)) {
+		free(reqs);
+		free(ids);
+		copy_str(err, err_len, "out of memory");
+		return -ENOMEM;
+	}
+	shift = t->duration_s + (count > 1 ? t->duration_s / (double)(count - 1) : 0.0);
+	for (uint32_t c = 0; c < n; c++) {
+		struct sim_trace_req *to = reqs + (size_t)c * count;
+
+		for (size_t i = 0; i < count; i++) {
+			to[i] = t->reqs[i];
+			to[i].arrival_s = t->reqs[i].arrival_s + (double)c * shift;
+			/* the gap keeps copies apart by far more than rounding: kept sorted anyway
+			 */
+			if (to[i].arrival_s < prev)
+				to[i].arrival_s = prev;
+			prev = to[i].arrival_s;
+			to[i].hash_first += (size_t)c * nh;
+		}
+		for (size_t j = 0; j < nh; j++)
+			ids[(size_t)c * nh + j] = t->hash_ids[j] + (uint64_t)c * (top + 1);
+	}
+	free(t->reqs);
+	free(t->hash_ids);
+	t->reqs = reqs;
+	t->hash_ids = ids;
+	t->n_hash_ids = nh * n;
+	t->count = count * n;
+	t->over_context *= n;
+	t->duration_s = reqs[t->count - 1].arrival_s;
+	return 0;
 }
 
 /* ---- re-timing ------------------------------------------------------------------------- */

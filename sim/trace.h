@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Request-trace readers of the simulator (kvtier-replay, kvtier-curve): public LLM-serving traces
- * read into one array of (arrival, input tokens, output tokens), and the arrivals re-timed the
- * way `vllm bench serve` does (--request-rate, --burstiness).
+ * read into one array of (arrival, input tokens, output tokens), tiled in time (--repeat), and
+ * the arrivals re-timed the way `vllm bench serve` does (--request-rate, --burstiness).
  *
  * Formats (CSV columns are found by name, case-insensitively, in any order, extra columns
  * ignored; JSON keys are matched exactly):
@@ -132,6 +132,26 @@ static inline const uint64_t *sim_trace_hashes(const struct sim_trace *t,
 
 /* Releases t's requests and hash ids and zeroes *t. t == NULL does nothing. */
 void sim_trace_free(struct sim_trace *t);
+
+/* Most copies sim_trace_repeat makes (kvtier-replay's and kvtier-curve's --repeat). */
+#define SIM_TRACE_REPEAT_MAX 10000
+
+/*
+ * Tiles t in time into n copies of its requests, one after the other: copy c (0-based) is the
+ * trace with every arrival c * (duration_s + gap) later, gap being the trace's mean gap
+ * between arrivals, duration_s / (count - 1) (0 for one request), so the tiled trace keeps the
+ * arrival rate and its copies do not overlap. Lengths and source lines are copied. The hash
+ * ids of copy c are the original's plus c * (largest id + 1): each copy shares prefixes
+ * within itself as the trace does, and none with the other copies (a later copy is other
+ * users' prompts, not a replay of the same ones). over_context is multiplied by n; the
+ * counts of the file (skipped, failed_in_trace, out_of_order, bad) are kept.
+ * n == 1 changes nothing. Returns 0, or -errno with *t unchanged and, when err_len > 0, a
+ * message in err (it does not repeat n: the caller names its option and value): -EINVAL (t
+ * NULL or empty, n 0 or above SIM_TRACE_REPEAT_MAX); -EFBIG (more than UINT32_MAX requests in
+ * all); -EOVERFLOW (an offset id past UINT64_MAX); -ENOMEM. Work: linear in the tiled
+ * trace's requests and hash ids.
+ */
+int sim_trace_repeat(struct sim_trace *t, uint32_t n, char *err, size_t err_len);
 
 /*
  * Re-times the arrivals as `vllm bench serve` does, keeping the requests' order and lengths:

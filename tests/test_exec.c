@@ -2,7 +2,8 @@
 /*
  * exec: the simulator's execution-time model (sim/exec_model.c) against hand computations,
  * its JSON overrides, and the decode selection model (sim/selection.c): distinct in-range
- * choices, determinism, and the overlap-versus-window curve it is meant to have.
+ * choices, determinism, the overlap-versus-window curve it is meant to have, and draws equal
+ * to a plain reference of the model.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,6 +25,7 @@
 
 #include "exec_model.h"
 #include "selection.h"
+#include "simutil.h"
 
 static void near(double got, double want, const char *what)
 {
@@ -739,6 +741,157 @@ static void test_selection_overlap(void **state)
 	assert_true(ov[24] - ov[12] < 0.03);	/* then flat */
 }
 
+/* The selection model as first written, plainly: double-valued draws, a ring of blocks and
+   one of steps with % indexing, a linear scan for distinct picks. The library's streams
+   (grouped, prefetched, integer draws, a hash set for large r) must draw the same blocks. */
+struct ref_stream {
+	uint32_t cur[256], drop[64 * 256], dstep[64 * 256];
+	uint32_t n_cur, n_drop, drop_head, step;
+	uint64_t rng;
+};
+
+static double ref_uniform(uint64_t *s)
+{
+	return (double)(sim_splitmix64(s) >> 11) * 0x1.0p-53;
+}
+
+static uint32_t ref_below(uint64_t *s, uint32_t n)
+{
+	return (uint32_t)(((sim_splitmix64(s) >> 32) * n) >> 32);
+}
+
+static bool ref_chosen(const uint32_t *out, uint32_t n, uint32_t b)
+{
+	for (uint32_t i = 0; i < n; i++)
+		if (out[i] == b)
+			return true;
+	return false;
+}
+
+static void ref_push(const struct sim_sel_params *p, struct ref_stream *st, uint32_t b)
+{
+	uint32_t cap = p->window * p->r, at = (st->drop_head + st->n_drop) % cap;
+
+	if (st->n_drop == cap) {
+		st->drop_head = (st->drop_head + 1) % cap;
+		st->n_drop--;
+		at = (st->drop_head + st->n_drop) % cap;
+	}
+	st->drop[at] = b;
+	st->dstep[at] = st->step;
+	st->n_drop++;
+}
+
+static void ref_next(const struct sim_sel_params *p, struct ref_stream *st, uint32_t lo,
+		     uint32_t hi, uint32_t *out)
+{
+	uint32_t span = hi > lo ? hi - lo : 0, k = span < p->r ? span : p->r, n = 0;
+	uint32_t cap = p->window * p->r;
+
+	st->step++;
+	while (st->n_drop && st->step - st->dstep[st->drop_head] > p->window) {
+		st->drop_head = (st->drop_head + 1) % cap;
+		st->n_drop--;
+	}
+	for (uint32_t j = 0; j < k; j++) {
+		uint32_t b = UINT32_MAX;
+
+		if (j < st->n_cur) {
+			uint32_t prev = st->cur[j];
+
+			if (prev >= lo && prev < hi && ref_uniform(&st->rng) < p->p_keep &&
+			    !ref_chosen(out, n, prev))
+				b = prev;
+			else
+				ref_push(p, st, prev);
+		}
+		if (b == UINT32_MAX && st->n_drop && ref_uniform(&st->rng) < p->p_revisit) {
+			uint32_t d =
+				st->drop[(st->drop_head + ref_below(&st->rng, st->n_drop)) % cap];
+
+			if (d >= lo && d < hi && !ref_chosen(out, n, d) &&
+			    !(j < st->n_cur && d == st->cur[j]))
+				b = d;
+		}
+		for (int tries = 0; b == UINT32_MAX && tries < 64; tries++) {
+			uint32_t c = lo + ref_below(&st->rng, span);
+
+			if (!ref_chosen(out, n, c))
+				b = c;
+		}
+		for (uint32_t c = lo; b == UINT32_MAX && c < hi; c++)
+			if (!ref_chosen(out, n, c))
+				b = c;
+		out[n++] = b;
+	}
+	for (uint32_t j = k; j < p->r; j++)
+		out[j] = UINT32_MAX;
+	memcpy(st->cur, out, k * sizeof(*out));
+	st->n_cur = k;
+}
+
+/* Streams of a group and single streams against the reference, step by step, over r from 1
+   to 200 (both sides of the hash set's threshold), windows of 1 to 64, probabilities 0 and 1
+   among others, and ranges that grow, move, shrink below r (the dense corner) and empty. */
+static void test_selection_reference(void **state)
+{
+	static const struct {
+		uint32_t r, window;
+		double keep, revisit;
+		uint32_t steps;
+	} cases[] = {
+		{1, 12, 0.80, 0.45, 3000},  {8, 12, 0.80, 0.45, 3000},	{16, 12, 0.80, 0.45, 3000},
+		{17, 12, 0.80, 0.45, 3000}, {44, 12, 0.80, 0.45, 2000}, {44, 1, 0.5, 1.0, 2000},
+		{8, 64, 0.0, 0.9, 3000},    {8, 3, 1.0, 0.0, 2000},	{200, 64, 0.3, 0.7, 300},
+	};
+	enum { G = 3 };
+	static struct ref_stream ref[G + 1];
+	uint32_t want[256], got[256];
+	(void)state;
+
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		struct sim_sel_params p = SIM_SEL_PARAMS_INIT;
+		struct sim_sel_stream g[G], one;
+
+		p.r = cases[c].r;
+		p.window = cases[c].window;
+		p.p_keep = cases[c].keep;
+		p.p_revisit = cases[c].revisit;
+		p.seed = 5 + c;
+		assert_int_equal(sim_sel_check(&p), 0);
+		assert_int_equal(sim_sel_group_init(&p, 40, G, g), 0);
+		assert_int_equal(sim_sel_stream_init(&p, 40 + G, &one), 0);
+		for (uint32_t k = 0; k <= G; k++) {
+			memset(&ref[k], 0, sizeof(ref[k]));
+			ref[k].rng = p.seed ^ ((40 + k) * 0xd1b54a32d192ed03ull);
+			sim_splitmix64(&ref[k].rng);
+		}
+		for (uint32_t t = 0; t < cases[c].steps; t++) {
+			/* grows from a few blocks, then moves on, then shrinks to a few and none */
+			uint32_t lo = t < cases[c].steps / 2 ? 4 : 4 + t / 3;
+			uint32_t hi = lo + (t % 97 == 0 ? 0 : t % 89 == 0 ? p.r / 2 + 1 : 2 + t);
+
+			for (uint32_t k = 0; k <= G; k++) {
+				struct sim_sel_stream *st = k < G ? &g[k] : &one;
+
+				ref_next(&p, &ref[k], lo, hi, want);
+				if (t & 1)
+					sim_sel_prefetch(&p, st); /* a hint: changes nothing */
+				sim_sel_next(&p, st, lo, hi, got);
+				if (memcmp(want, got, p.r * sizeof(*got))) {
+					print_error("case %zu (r %u), stream %u, step %u [%u, %u): "
+						    "draws differ from the reference\n",
+						    c, p.r, k, t, lo, hi);
+					fail();
+				}
+			}
+		}
+		sim_sel_group_fini(g, G);
+		sim_sel_stream_fini(&one);
+		assert_null(g[0].cur);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -757,6 +910,7 @@ int main(void)
 		cmocka_unit_test(test_eff_far_points),
 		cmocka_unit_test(test_selection_basics),
 		cmocka_unit_test(test_selection_overlap),
+		cmocka_unit_test(test_selection_reference),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

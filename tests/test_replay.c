@@ -5,7 +5,8 @@
  * every request ends completed or failed; the plain-vLLM baseline against a hand computation
  * of its iteration times; failures that stay alone, each with its reason; DRAM admission;
  * closed loops; working-set control cutting recall loads; layer sampling agreeing with the
- * full recall; summary percentiles; the JSON keys.
+ * full recall; the selection thread giving the run drawing alone gives; summary percentiles
+ * and their sort; the JSON keys.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -27,6 +28,7 @@
 #include "kvtier.h"
 #include "replay.h"
 #include "report.h"
+#include "simutil.h"
 #include "test_replay.h"
 
 void near(double got, double want, double rel, const char *what)
@@ -131,6 +133,58 @@ static void test_smoke_bundled(void **state)
 		else
 			assert_true(res.blocks_loaded_per_iteration == 0);
 		sim_replay_result_free(&res);
+	}
+	sim_trace_free(&t);
+}
+
+/* Two results are the same run: every request's times and counts, every gap, the figures. */
+static void same_result(const struct sim_replay_result *a, const struct sim_replay_result *b)
+{
+	assert_int_equal(a->n_reqs, b->n_reqs);
+	assert_memory_equal(a->reqs, b->reqs, a->n_reqs * sizeof(*a->reqs));
+	assert_int_equal(a->n_itl, b->n_itl);
+	assert_memory_equal(a->itl_s, b->itl_s, a->n_itl * sizeof(*a->itl_s));
+	assert_int_equal(a->iterations, b->iterations);
+	assert_int_equal(a->preemptions, b->preemptions);
+	assert_true(a->duration_s == b->duration_s);
+	assert_true(a->blocks_loaded_per_iteration == b->blocks_loaded_per_iteration);
+	assert_true(a->recall_hit_rate == b->recall_hit_rate);
+	assert_true(a->t_transfer == b->t_transfer && a->t_attn_decode == b->t_attn_decode);
+	assert_int_equal(a->prefix_hit_tokens, b->prefix_hit_tokens);
+}
+
+/* The selection model drawn on a second thread (without the measured CPU time) gives the run
+   the engine's thread gives drawing it alone: kvtier on 8 sampled layers and on all 32, and
+   sparse-offload (r 44), over the bundled trace's first 150 requests. */
+static void test_sel_thread(void **state)
+{
+	static const struct {
+		enum sim_policy p;
+		uint32_t recall_layers;
+	} cases[] = {
+		{SIM_POLICY_KVTIER, 8}, {SIM_POLICY_KVTIER, 0}, {SIM_POLICY_SPARSE_OFFLOAD, 8}};
+	struct sim_trace_opts to = SIM_TRACE_OPTS_INIT;
+	struct sim_trace t;
+	char err[256];
+	(void)state;
+
+	to.max_context = 131072;
+	CHECK_RC(sim_trace_read(bundled(), SIM_TRACE_AUTO, &to, &t, err, sizeof(err)), 0);
+	t.count = 150;
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		struct sim_replay_opts o;
+		struct sim_replay_result alone, two;
+
+		opts(&o, cases[c].p);
+		o.recall_layers = cases[c].recall_layers;
+		o.sel_thread = false;
+		run_ok(&o, &t, &alone);
+		o.sel_thread = true;
+		run_ok(&o, &t, &two);
+		assert_true(alone.blocks_loaded_per_iteration > 0);
+		same_result(&alone, &two);
+		sim_replay_result_free(&alone);
+		sim_replay_result_free(&two);
 	}
 	sim_trace_free(&t);
 }
@@ -495,6 +549,67 @@ static void test_layer_sampling(void **state)
 
 /* Percentiles interpolate between ranks (numpy's default); TPOT leaves out one-token
    requests. */
+/* Mean, median and p99 of the ms values of v[0..n) as the summary had them from qsort: the
+   sum in sorted order, percentiles between ranks. */
+static void qsort_stats(const double *v, size_t n, double out[3])
+{
+	double *w = malloc(n * sizeof(*w)), sum = 0;
+
+	assert_non_null(w);
+	for (size_t i = 0; i < n; i++)
+		w[i] = v[i] * 1e3;
+	qsort(w, n, sizeof(*w), sim_cmp_double);
+	for (size_t i = 0; i < n; i++)
+		sum += w[i];
+	out[0] = sum / (double)n;
+	out[1] = sim_percentile(w, n, 0.5);
+	out[2] = sim_percentile(w, n, 0.99);
+	free(w);
+}
+
+/* The summary's sort gives qsort's order, bit for bit: 200,000 gaps with repeats, zeros of
+   both signs, negatives and a span of magnitudes (summaries of any size use the same sort). */
+static void test_summary_sort(void **state)
+{
+	enum { N = 200000 };
+	double *itl = malloc(N * sizeof(*itl)), want[3], got[3];
+	struct sim_req_result r = {.status = SIM_REQ_DONE, .output_tokens = 1, .finish_s = 1};
+	struct sim_replay_result res = {.n_reqs = 1, .reqs = &r, .completed = 1, .n_itl = N};
+	struct sim_replay_summary s;
+	uint64_t g = 7;
+	(void)state;
+
+	assert_non_null(itl);
+	for (size_t i = 0; i < N; i++) {
+		uint64_t x = sim_splitmix64(&g);
+
+		switch (x % 8) {
+		case 0:
+			itl[i] = 0.0;
+			break;
+		case 1:
+			itl[i] = -0.0;
+			break;
+		case 2:
+			itl[i] = -(double)(x >> 40) * 1e-6;
+			break;
+		case 3:
+			itl[i] = (double)(x % 97) * 0.01; /* many repeats */
+			break;
+		default:
+			itl[i] = ldexp((double)(x >> 11) * 0x1p-53, (int)(x % 61) - 30);
+		}
+	}
+	res.itl_s = itl;
+	qsort_stats(itl, N, want);
+	CHECK_RC(sim_replay_summarize(&res, &s), 0);
+	got[0] = s.mean_itl_ms;
+	got[1] = s.median_itl_ms;
+	got[2] = s.p99_itl_ms;
+	assert_memory_equal(got, want, sizeof(got));
+	free(itl);
+}
+
 static void test_summary(void **state)
 {
 	struct sim_req_result r[4] = {
@@ -824,6 +939,8 @@ int main(void)
 		cmocka_unit_test(test_ws_control),
 		cmocka_unit_test(test_layer_sampling),
 		cmocka_unit_test(test_summary),
+		cmocka_unit_test(test_summary_sort),
+		cmocka_unit_test(test_sel_thread),
 		cmocka_unit_test(test_json_keys),
 		cmocka_unit_test(test_recorded_selections),
 		cmocka_unit_test(test_selfile_rules),

@@ -4,7 +4,7 @@
  * data/traces (good files with their edge cases, broken files), on one-error files written
  * here for every kind of malformed line, and on the public traces bundled in traces/
  * (KVT_TRACES_DIR; a missing one fails the test); then the arrival re-timing (gap statistics
- * of the gamma process over 200,000 draws) and the summary figures.
+ * of the gamma process over 200,000 draws), the summary figures and the tiling in time.
  * Expected values are written out by hand from the sample files.
  */
 #include <stdarg.h>
@@ -1121,6 +1121,169 @@ static void test_retime_read_trace(void **state)
 	sim_trace_free(&t);
 }
 
+/* ---- tiling ---------------------------------------------------------------------------- */
+
+/* A trace with hash ids (test_hash_ids' file, its bad line left out; one request over a
+   1,100-token context) tiled 3 times: copy c is the trace c * (span + mean gap) later, with
+   the same lengths and lines and its ids offset by c * (largest id + 1); copies share no
+   prefix. */
+static void test_repeat(void **state)
+{
+	static const char text[] =
+		"{\"timestamp\": 5, \"input_length\": 1025, \"output_length\": 1, "
+		"\"hash_ids\": [10, 11, 12]}\n"
+		"{\"timestamp\": 1, \"input_length\": 1535, \"output_length\": 1, "
+		"\"hash_ids\": [10, 13, 14]}\n"
+		"{\"timestamp\": 7, \"input_length\": 2048, \"output_length\": 1, "
+		"\"hash_ids\": [10, 11, 12, 15]}\n"
+		"{\"timestamp\": 8, \"input_length\": 600, \"output_length\": 3}\n"
+		"{\"timestamp\": 8, \"input_length\": 600, \"output_length\": 1, "
+		"\"hash_ids\": [20, 21]}\n";
+	/* by arrival (ms 1, 5, 7, 8, 8): lines 2, 1, 3, 4, 5 */
+	static const struct want w[] = {{0.000, 1535, 1, 2},
+					{0.004, 1025, 1, 1},
+					{0.006, 2048, 1, 3},
+					{0.007, 600, 3, 4},
+					{0.007, 600, 1, 5}};
+	static const struct want_hashes wh[] = {
+		{2, {10, 13}}, {2, {10, 11}}, {4, {10, 11, 12, 15}}, {0, {0}}, {1, {20}}};
+	const size_t n = N_OF(w);
+	const double shift = 0.007 + 0.007 / 4; /* span + mean gap */
+	struct want w3[3 * N_OF(w)];
+	struct want_hashes wh3[3 * N_OF(w)];
+	struct sim_trace_opts o = SIM_TRACE_OPTS_INIT;
+	struct sim_trace_stats st1, st3;
+	struct sim_trace t, before;
+	char path[64], err[256];
+	FILE *f;
+	(void)state;
+
+	snprintf(path, sizeof(path), "/tmp/kvt_trace_repeat_%d.jsonl", (int)getpid());
+	f = fopen(path, "wb");
+	assert_non_null(f);
+	fputs(text, f);
+	assert_int_equal(fclose(f), 0);
+	o.max_context = 2048; /* line 3's 2,048 + 1 is over it */
+	READ_OK(path, SIM_TRACE_AUTO, &o, &t);
+	unlink(path);
+	CHECK_REQS(&t, w);
+	CHECK_HASHES(&t, wh);
+	assert_int_equal(t.over_context, 1);
+	assert_int_equal(t.out_of_order, 1);
+	assert_int_equal(sim_trace_stats(&t, &st1), 0);
+
+	/* n = 1 changes nothing */
+	before = t;
+	assert_int_equal(sim_trace_repeat(&t, 1, err, sizeof(err)), 0);
+	assert_memory_equal(&t, &before, sizeof(t));
+
+	assert_int_equal(sim_trace_repeat(&t, 3, err, sizeof(err)), 0);
+	for (size_t c = 0; c < 3; c++)
+		for (size_t i = 0; i < n; i++) {
+			w3[c * n + i] = w[i];
+			w3[c * n + i].at = w[i].at + (double)c * shift;
+			wh3[c * n + i] = wh[i];
+			for (uint32_t k = 0; k < wh[i].n; k++)
+				wh3[c * n + i].ids[k] = wh[i].ids[k] + c * 21; /* largest id 20 */
+		}
+	CHECK_REQS(&t, w3); /* arrivals, lengths, lines and duration */
+	CHECK_HASHES(&t, wh3);
+	NEAR(t.duration_s, 2 * shift + 0.007, 1e-15);
+	assert_int_equal(t.over_context, 3);
+	assert_int_equal(t.out_of_order, 1); /* of the file */
+	/* each copy shares within itself what the trace does, and nothing with the others */
+	assert_int_equal(sim_trace_stats(&t, &st3), 0);
+	assert_int_equal(st3.count, 3 * n);
+	assert_int_equal(st3.prefix_seen_tokens, 3 * st1.prefix_seen_tokens);
+	assert_int_equal(st3.total_input_tokens, 3 * st1.total_input_tokens);
+	NEAR(st3.input_mean, st1.input_mean, 1e-9);
+	NEAR(st3.output_mean, st1.output_mean, 1e-9);
+
+	/* bad counts change nothing and say what is wanted */
+	before = t;
+	assert_int_equal(sim_trace_repeat(&t, 0, err, sizeof(err)), -EINVAL);
+	assert_string_equal(err, "want 1 to 10000 copies of a non-empty trace");
+	assert_int_equal(sim_trace_repeat(&t, SIM_TRACE_REPEAT_MAX + 1, err, sizeof(err)), -EINVAL);
+	assert_memory_equal(&t, &before, sizeof(t));
+	assert_int_equal(sim_trace_repeat(NULL, 2, err, sizeof(err)), -EINVAL);
+	t.count = 0;
+	assert_int_equal(sim_trace_repeat(&t, 2, NULL, 0), -EINVAL);
+	t.count = before.count;
+	sim_trace_free(&t);
+}
+
+/* The bundled Mooncake trace tiled 3 times: the 1-hour, 12,000-request workload of the replay's
+   benchmark (docs/replay.md): 11,979 requests over 3 spans and 2 mean gaps, the lengths and
+   the share of prefix seen before of the trace itself. */
+static void test_repeat_bundled(void **state)
+{
+	struct sim_trace_stats st1, st3;
+	struct sim_trace t;
+	char err[256];
+	(void)state;
+
+	READ_OK(bundled("mooncake_synthetic.jsonl"), SIM_TRACE_AUTO, NULL, &t);
+	assert_int_equal(sim_trace_stats(&t, &st1), 0);
+	assert_int_equal(sim_trace_repeat(&t, 3, err, sizeof(err)), 0);
+	assert_int_equal(sim_trace_stats(&t, &st3), 0);
+	assert_int_equal(st3.count, 3 * 3993);
+	NEAR(st3.duration_s, 3 * 1022.025 + 2 * 1022.025 / 3992, 1e-9);
+	NEAR(st3.rate_rps, st1.rate_rps, 1e-3);
+	NEAR(st3.input_mean, 15325, 0.5);
+	NEAR(st3.output_mean, 149, 0.5);
+	assert_int_equal(st3.prefix_seen_tokens, 3 * st1.prefix_seen_tokens);
+	for (size_t i = 1; i < t.count; i++)
+		assert_true(t.reqs[i].arrival_s >= t.reqs[i - 1].arrival_s);
+	/* the first request of the second copy comes one mean gap after the last of the first */
+	NEAR(t.reqs[3993].arrival_s - t.reqs[3992].arrival_s, 1022.025 / 3992, 1e-9);
+	assert_int_equal(t.reqs[3993].line, 1);
+	sim_trace_free(&t);
+}
+
+/* Tiling that cannot be done changes nothing: more than UINT32_MAX requests in all, ids past
+   2^64 - 1 (the boundary exactly), and a one-request trace: every copy at 0. */
+static void test_repeat_limits(void **state)
+{
+	struct sim_trace t = synth(430000), before;
+	uint64_t ids[2] = {(uint64_t)1 << 62, 7};
+	char err[256];
+	(void)state;
+
+	/* 430,000 x 10,000 > 4,294,967,295 */
+	before = t;
+	assert_int_equal(sim_trace_repeat(&t, 10000, err, sizeof(err)), -EFBIG);
+	assert_string_equal(err, "430000 requests a copy: more than 4294967295 in all");
+	assert_memory_equal(&t, &before, sizeof(t));
+	sim_trace_free(&t);
+
+	/* the largest id 2^62: 3 copies end at 2 x (2^62 + 1) + 2^62 < 2^64; 4 would pass it */
+	t = synth(2);
+	t.hash_ids = t_xmalloc(sizeof(ids));
+	memcpy(t.hash_ids, ids, sizeof(ids));
+	t.n_hash_ids = 2;
+	t.reqs[0].n_hash = 1;
+	t.reqs[1].n_hash = 1;
+	t.reqs[1].hash_first = 1;
+	before = t;
+	assert_int_equal(sim_trace_repeat(&t, 4, err, sizeof(err)), -EOVERFLOW);
+	assert_non_null(strstr(err, "would exceed 2^64 - 1"));
+	assert_memory_equal(&t, &before, sizeof(t));
+	assert_int_equal(sim_trace_repeat(&t, 3, err, sizeof(err)), 0);
+	assert_int_equal(t.count, 6);
+	assert_true(sim_trace_hashes(&t, &t.reqs[4])[0] == 3 * ((uint64_t)1 << 62) + 2);
+	assert_true(sim_trace_hashes(&t, &t.reqs[5])[0] == 7 + 2 * (((uint64_t)1 << 62) + 1));
+	sim_trace_free(&t);
+
+	/* one request: no span, no gap */
+	t = synth(1);
+	assert_int_equal(sim_trace_repeat(&t, 5, err, sizeof(err)), 0);
+	assert_int_equal(t.count, 5);
+	for (size_t i = 0; i < 5; i++)
+		assert_true(t.reqs[i].arrival_s == 0.0 && t.reqs[i].line == 2);
+	assert_true(t.duration_s == 0.0);
+	sim_trace_free(&t);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1144,6 +1307,9 @@ int main(void)
 		cmocka_unit_test(test_retime_gamma),
 		cmocka_unit_test(test_retime_semantics),
 		cmocka_unit_test(test_retime_read_trace),
+		cmocka_unit_test(test_repeat),
+		cmocka_unit_test(test_repeat_bundled),
+		cmocka_unit_test(test_repeat_limits),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -58,7 +58,7 @@ struct curve {
 	const char *values, *policies, *ws; /* parsed once --x is known */
 	const char *model, *gpu, *preset_json, *trace_path;
 	enum sim_trace_format fmt;
-	uint32_t prompt, output_tokens, warmup, iterations, requests, seed;
+	uint32_t prompt, output_tokens, warmup, iterations, requests, seed, repeat;
 	bool lengths_set, no_plot, quiet;
 	const char *csv, *plot;
 	char plot_buf[PATH_LEN];
@@ -76,6 +76,7 @@ enum {
 	O_SEED,
 	O_TRACE,
 	O_FORMAT,
+	O_REPEAT,
 	O_PROMPT,
 	O_OUTPUT,
 	O_WARMUP,
@@ -119,6 +120,9 @@ static void usage(FILE *f)
 	      "  --trace FILE          the lengths of a trace instead, in file order, cycled\n"
 	      "                        when more requests are needed (its times unused)\n"
 	      "  --format F            auto (default), mooncake, azure, burstgpt, vidur\n"
+	      "  --repeat N            the trace tiled N times (1..10000) before it is cycled,\n"
+	      "                        each copy with hash ids of its own: N times as many\n"
+	      "                        requests before a prompt comes again (default 1)\n"
 	      "Model and GPU:\n"
 	      "  --model NAME          llama3-8b (default), lwm-7b, llama3-70b\n"
 	      "  --gpu NAME            h100 (default), h200, a100-80g, a100-40g\n"
@@ -277,7 +281,8 @@ out:
 	return rc;
 }
 
-/* One option of the sweep, the workload or the output: 0 or -1 for a bad value. */
+/* One option of the sweep, the workload or the output: 0, -1 for a bad value, or -2 for a bad
+   value already reported (with what the option accepts). */
 static int parse_tool_opt(int opt, char *arg, struct curve *c)
 {
 	switch (opt) {
@@ -309,6 +314,14 @@ static int parse_tool_opt(int opt, char *arg, struct curve *c)
 		return 0;
 	case O_FORMAT:
 		return sim_trace_format_parse(arg, &c->fmt) ? -1 : 0;
+	case O_REPEAT:
+		if (sim_parse_u32(arg, 1, SIM_TRACE_REPEAT_MAX, &c->repeat)) {
+			fprintf(stderr,
+				"%s: bad value for --repeat: '%s' (want an integer in [1, %u])\n",
+				TOOL, arg, SIM_TRACE_REPEAT_MAX);
+			return -2; /* reported */
+		}
+		return 0;
 	case O_PROMPT:
 		c->lengths_set = true;
 		return sim_parse_u32(arg, 1, 1u << 24, &c->prompt);
@@ -367,6 +380,10 @@ static int check_opts(struct curve *c)
 			TOOL);
 		return -1;
 	}
+	if (!c->trace_path && c->repeat > 1) {
+		fprintf(stderr, "%s: --repeat applies only with --trace\n", TOOL);
+		return -1;
+	}
 	if (!c->output_tokens)
 		c->output_tokens = c->rate ? 256 : c->warmup + c->iterations + 1;
 	if (!c->plot) {
@@ -409,6 +426,7 @@ static int parse_opts(int argc, char **argv, struct curve *c)
 		{"roofline", no_argument, NULL, O_ENGINE},
 		{"trace", required_argument, NULL, O_TRACE},
 		{"format", required_argument, NULL, O_FORMAT},
+		{"repeat", required_argument, NULL, O_REPEAT},
 		{"prompt", required_argument, NULL, O_PROMPT},
 		{"output-tokens", required_argument, NULL, O_OUTPUT},
 		{"warmup", required_argument, NULL, O_WARMUP},
@@ -436,6 +454,7 @@ static int parse_opts(int argc, char **argv, struct curve *c)
 	c->iterations = 200;
 	c->requests = 300;
 	c->seed = 1;
+	c->repeat = 1;
 	c->csv = "curve.csv";
 	while ((opt = getopt_long(argc, argv, "h", lo, &li)) != -1) {
 		if (opt == 'h') {
@@ -454,6 +473,8 @@ static int parse_opts(int argc, char **argv, struct curve *c)
 				optarg ? optarg : "", want);
 			return -1;
 		}
+		if (bad == -2)
+			return -1;
 		if (bad)
 			return cli_bad_value(TOOL, lo[li].name, optarg);
 	}
@@ -485,7 +506,8 @@ static int load_presets(struct curve *c)
 	return 0;
 }
 
-/* The trace of --trace into *src (count > 0): 0 or -1 (reported). */
+/* The trace of --trace into *src (count > 0), tiled --repeat times: 0, or the exit status
+   (reported): 2 for a bad trace or --repeat, 1 out of memory. */
 static int load_trace(const struct curve *c, struct sim_trace *src)
 {
 	char err[SIM_TRACE_MSG_MAX + 64];
@@ -493,7 +515,12 @@ static int load_trace(const struct curve *c, struct sim_trace *src)
 
 	if (rc) {
 		fprintf(stderr, "%s: %s\n", TOOL, err);
-		return -1;
+		return 2;
+	}
+	rc = sim_trace_repeat(src, c->repeat, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "%s: %s: --repeat %u: %s\n", TOOL, c->trace_path, c->repeat, err);
+		return rc == -ENOMEM ? 1 : 2;
 	}
 	return 0;
 }
@@ -708,7 +735,10 @@ static void print_header(const struct curve *c, const struct sim_trace *src)
 	printf("%s: model %s on %s, HBM budget %.1f GiB%s, DRAM %.0f GiB; ", TOOL, o->model.name,
 	       o->gpu.name, hbm_budget_gib(o), o->hbm_gib > 0 ? "" : " (GPU less weights)",
 	       o->dram_gib);
-	if (src->count)
+	if (src->count && c->repeat > 1)
+		printf("lengths of %s (%zu requests, %s, %u copies, cycled)", c->trace_path,
+		       src->count, sim_trace_format_name(src->format), c->repeat);
+	else if (src->count)
 		printf("lengths of %s (%zu requests, %s, cycled)", c->trace_path, src->count,
 		       sim_trace_format_name(src->format));
 	else
@@ -1024,8 +1054,11 @@ int main(int argc, char **argv)
 	rc = load_presets(&c);
 	if (rc)
 		goto out;
-	if (c.trace_path && load_trace(&c, &src))
-		goto out;
+	if (c.trace_path) {
+		rc = load_trace(&c, &src);
+		if (rc)
+			goto out;
+	}
 	rc = 1;
 	n = c.n_ser * c.n_x;
 	pts = calloc(n, sizeof(*pts));

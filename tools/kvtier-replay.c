@@ -35,7 +35,10 @@ static void usage(FILE *f)
 		"trace:\n"
 		"  --format F            auto (default), mooncake, azure, burstgpt, vidur\n"
 		"  --skip-bad-lines      skip malformed lines (counted) instead of stopping\n"
-		"  --num-prompts N       replay only the first N requests\n"
+		"  --repeat N            tile the trace N times in time (1..10000): copy c arrives\n"
+		"                        c x (its span + its mean gap) later, with hash ids of its\n"
+		"                        own (copies share no prefix); default 1\n"
+		"  --num-prompts N       replay only the first N requests (of the tiled trace)\n"
 		"  --rate R              re-time arrivals: R requests/s (inf: all at 0); default:\n"
 		"                        the trace's own times\n"
 		"  --burstiness B        gamma shape of the gaps with --rate (1 = Poisson, default)\n"
@@ -99,7 +102,7 @@ struct opts {
 	const char *trace, *json, *req_csv, *iter_csv, *preset_json, *selfile;
 	enum sim_trace_format format;
 	bool skip_bad, quiet;
-	uint32_t num_prompts;
+	uint32_t num_prompts, repeat;
 	double rate, burstiness;
 	uint64_t seed;
 };
@@ -108,6 +111,7 @@ enum {
 	O_FORMAT = 256,
 	O_SKIP,
 	O_NUM,
+	O_REPEAT,
 	O_RATE,
 	O_BURST,
 	O_SEED,
@@ -137,6 +141,14 @@ static int parse_opt(int c, const char *a, const char *name, struct opts *o)
 		break;
 	case O_NUM:
 		bad = sim_parse_u32(a, 1, UINT32_MAX, &o->num_prompts);
+		break;
+	case O_REPEAT:
+		if (sim_parse_u32(a, 1, SIM_TRACE_REPEAT_MAX, &o->repeat)) {
+			fprintf(stderr,
+				"%s: bad value for --repeat: '%s' (want an integer in [1, %u])\n",
+				TOOL, a, SIM_TRACE_REPEAT_MAX);
+			return -1;
+		}
 		break;
 	case O_RATE:
 		bad = sim_parse_double(a, 0, INFINITY, &o->rate) || o->rate == 0;
@@ -177,6 +189,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		{"format", required_argument, 0, O_FORMAT},
 		{"skip-bad-lines", no_argument, 0, O_SKIP},
 		{"num-prompts", required_argument, 0, O_NUM},
+		{"repeat", required_argument, 0, O_REPEAT},
 		{"rate", required_argument, 0, O_RATE},
 		{"burstiness", required_argument, 0, O_BURST},
 		{"seed", required_argument, 0, O_SEED},
@@ -222,6 +235,7 @@ static int parse(int argc, char **argv, struct opts *o)
 	sim_replay_opts_init(&o->r);
 	o->burstiness = 1.0;
 	o->seed = 1;
+	o->repeat = 1;
 	while ((c = getopt_long(argc, argv, "", lo, &idx)) != -1) {
 		const char *name = c >= O_FORMAT ? lo[idx].name : "?";
 
@@ -355,8 +369,12 @@ static void print_summary(const struct opts *o, const struct sim_trace *t,
 		sim_gpu_preset_line(&g, line, sizeof(line));
 		printf("%-40s %s\n", "Execution model:", line);
 	}
-	printf("%-40s %s (%s), %zu requests over %.1f s\n", "Trace:", o->trace,
-	       sim_trace_format_name(t->format), ts->count, ts->duration_s);
+	if (o->repeat > 1)
+		printf("%-40s %s (%s, %u copies), %zu requests over %.1f s\n", "Trace:", o->trace,
+		       sim_trace_format_name(t->format), o->repeat, ts->count, ts->duration_s);
+	else
+		printf("%-40s %s (%s), %zu requests over %.1f s\n", "Trace:", o->trace,
+		       sim_trace_format_name(t->format), ts->count, ts->duration_s);
 	printf("%-40s mean %.0f, p50 %.0f, p99 %.0f, max %u\n", "Input tokens:", ts->input_mean,
 	       ts->input_p50, ts->input_p99, ts->input_max);
 	printf("%-40s mean %.0f, p50 %.0f, p99 %.0f, max %u\n", "Output tokens:", ts->output_mean,
@@ -435,6 +453,9 @@ static json_t *extra_json(const struct opts *o, const struct sim_trace *t, const
 	    json_object_set_new(x, "dram_gib", json_real(o->r.dram_gib)) ||
 	    json_object_set_new(x, "roofline", json_boolean(o->r.roofline)) ||
 	    json_object_set_new(x, "prefix_cache", json_boolean(o->r.prefix_cache)))
+		goto fail;
+	/* a tiled trace says how many copies it is */
+	if (o->repeat > 1 && json_object_set_new(x, "repeat", json_integer(o->repeat)))
 		goto fail;
 	{
 		struct sim_gpu_preset g;
@@ -517,6 +538,13 @@ int main(int argc, char **argv)
 	}
 	for (size_t j = 0; j < t.n_bad; j++)
 		fprintf(stderr, TOOL ": skipped: %s\n", t.bad[j]);
+	rc = sim_trace_repeat(&t, o.repeat, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, TOOL ": %s: --repeat %u: %s\n", o.trace, o.repeat, err);
+		rc = rc == -ENOMEM ? 1 : 2;
+		goto out;
+	}
+	rc = 2;
 	if (o.num_prompts && o.num_prompts < t.count) {
 		t.count = o.num_prompts;
 		t.duration_s = t.reqs[t.count - 1].arrival_s;
