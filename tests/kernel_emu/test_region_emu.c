@@ -818,10 +818,10 @@ static void test_region_random(void **state)
 
 		kemu_set_schedule(mode);
 		random_run(seed, steps);
-		print_message("schedule %d: %u steps, seed %llu: %.2f s\n", mode, steps,
+		print_message("# schedule %d: %u steps, seed %llu: %.2f s\n", mode, steps,
 			      (unsigned long long)seed, t_now_s() - t0);
 		print_message(
-			"  %llu calls (%llu -ENOSPC, %llu -EOVERFLOW, %llu without working set): "
+			"#   %llu calls (%llu -ENOSPC, %llu -EOVERFLOW, %llu without working set): "
 			"%llu misses (%llu evicting; %llu calls past one victim round), %llu "
 			"reloads; entries: %llu resident, %llu repeated, %llu none\n",
 			(unsigned long long)seen.calls, (unsigned long long)seen.enospc,
@@ -831,7 +831,7 @@ static void test_region_random(void **state)
 			(unsigned long long)seen.resident, (unsigned long long)seen.repeats,
 			(unsigned long long)seen.none);
 		print_message(
-			"  %llu grows; %llu drops (%llu forgetting a key; moved: %llu holding "
+			"#   %llu grows; %llu drops (%llu forgetting a key; moved: %llu holding "
 			"a key, %llu empty; %llu asked past the count); %llu empties (%llu "
 			"forgetting a key); %llu clears\n",
 			(unsigned long long)seen.grows, (unsigned long long)seen.drops,
