@@ -102,7 +102,6 @@ struct kvt_recall_cache {
 	uint32_t x_cap, xslot_cap;
 	struct kvt_region_load *ld;
 	uint32_t ld_cap;
-	uint64_t reclaim; /* regions counted for the targets of the call at hand */
 };
 
 struct kvt_spill_ref;

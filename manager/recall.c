@@ -558,20 +558,20 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 
 /* Sizes the regions of a call (before anything changes): member i needs at least need[i] slots
    and aims at its target (target_of); frames come from the free ones, from members above
-   their target, and when those are not enough from other regions (reclaim). Sets rc.want[i] and
-   reserves the slots, the load list and the working tables. 0, or -ENOSPC or -ENOMEM recorded
-   (nothing changed). */
+   their target, and when those are not enough from other regions (reclaim). Sets rc.want[i],
+   *n_regions (the regions the targets count, for recall_size), and reserves the slots, the load
+   list and the working tables. 0, or -ENOSPC or -ENOMEM recorded (nothing changed). */
 static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *sel, uint32_t n,
-		       uint32_t r)
+		       uint32_t r, uint64_t *n_regions)
 {
 	struct kvt_recall_cache *c = &m->rc;
 	uint32_t H = m->cfg.n_kv_heads;
-	uint64_t regions = c->n_regions, avail = c->n_free, floor = 0, loads = 0;
-	bool exact = false;
+	uint64_t regions = c->n_regions, avail = c->n_free, floor = 0, loads = 0, other = 0;
+	bool exact = false, counted = false;
 
 	for (uint32_t i = 0; i < n; i++)
 		regions += m->batch[i]->layers[layer].rc->rg.n_slots == 0;
-	c->reclaim = regions;
+	*n_regions = regions;
 	for (;;) {
 		avail = c->n_free;
 		floor = 0;
@@ -588,11 +588,11 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 			if (c->need[i] > have)
 				floor += c->need[i] - have;
 		}
-		if (floor <= avail)
-			break;
-		if (floor <= avail + reclaimable(m, m->stamp))
-			break;
-		if (exact)
+		if (floor > avail && !counted) { /* the other regions' frames: one walk */
+			other = reclaimable(m, m->stamp);
+			counted = true;
+		}
+		if (floor <= avail + other || exact)
 			break;
 		/* The quick bounds do not fit: count what each member really needs. */
 		for (uint32_t i = 0; i < n; i++) {
@@ -605,7 +605,7 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 		}
 		exact = true;
 	}
-	if (floor > avail && floor - avail > reclaimable(m, m->stamp))
+	if (floor > avail + other)
 		return kvt_fail(m, -ENOSPC,
 				"recall: the batch needs %llu more frames at once, %llu can be "
 				"had (%u in the cache)",
@@ -634,7 +634,7 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 /* Applies recall_room's sizes: members well above their target give frames back first; those
    below their floor take what they need; then the others grow towards their target, with free
    frames and those of other regions above their own target, in batch order. */
-static void recall_size(struct kvt_manager *m, uint32_t layer, uint32_t n)
+static void recall_size(struct kvt_manager *m, uint32_t layer, uint32_t n, uint64_t regions)
 {
 	struct kvt_recall_cache *c = &m->rc;
 	uint64_t floor = 0, more = 0;
@@ -665,7 +665,7 @@ static void recall_size(struct kvt_manager *m, uint32_t layer, uint32_t n)
 	for (uint32_t i = 0; i < n && floor > c->n_free; i++)
 		region_shrink(m, m->batch[i]->layers[layer].rc, c->want[i], false);
 	if (floor > c->n_free)
-		reclaim(m, m->stamp, c->reclaim, floor, false);
+		reclaim(m, m->stamp, regions, floor, false);
 	for (uint32_t i = 0; i < n && floor > c->n_free; i++) {
 		struct kvt_recall_layer *rc = m->batch[i]->layers[layer].rc;
 		uint64_t keep = rc->rg.n_slots - (floor - c->n_free);
@@ -677,7 +677,7 @@ static void recall_size(struct kvt_manager *m, uint32_t layer, uint32_t n)
 				      false);
 	}
 	if (floor > c->n_free)
-		reclaim(m, m->stamp, c->reclaim, floor, true);
+		reclaim(m, m->stamp, regions, floor, true);
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_recall_layer *rc = m->batch[i]->layers[layer].rc;
 
@@ -686,7 +686,7 @@ static void recall_size(struct kvt_manager *m, uint32_t layer, uint32_t n)
 			more += c->want[i] - rc->rg.n_slots;
 	}
 	if (more > c->n_free)
-		reclaim(m, m->stamp, c->reclaim, more, false);
+		reclaim(m, m->stamp, regions, more, false);
 	for (uint32_t i = 0; i < n && c->n_free; i++) {
 		struct kvt_recall_layer *rc = m->batch[i]->layers[layer].rc;
 		uint32_t want = c->want[i], have = rc->rg.n_slots;
@@ -762,7 +762,7 @@ static void recall_undo(struct kvt_manager *m, uint32_t layer, uint32_t n, uint3
 {
 	for (uint32_t x = 0; x < nx; x++) {
 		uint32_t had = kvt_region_empty(&m->batch[m->rc.xmember[x]]->layers[layer].rc->rg,
-						m->rc.xslot[x], m->cfg.n_kv_heads);
+						m->rc.xslot[x]);
 
 		if (ALWAYS(m->rc.n_held >= had))
 			m->rc.n_held -= had;
@@ -799,7 +799,7 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	struct kvt_recall_cache *rc = &m->rc;
 	struct recall_tally t = {0};
 	uint32_t H = m->cfg.n_kv_heads;
-	uint64_t wait = 0;
+	uint64_t wait = 0, regions = 0;
 	int err;
 
 	if (layer >= m->cfg.n_layers)
@@ -809,13 +809,13 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 		return kvt_fail(m, -EINVAL, "recall: no recall cache (config.recall_cache_bytes)");
 	err = recall_validate(m, layer, seqs, n, sel, r);
 	if (!err)
-		err = recall_room(m, layer, sel, n, r);
+		err = recall_room(m, layer, sel, n, r, &regions);
 	if (err)
 		return err;
 
 	/* Pass 2: sizes, then each member's region decides. Nothing below fails except the
 	   fetch and the gather. */
-	recall_size(m, layer, n);
+	recall_size(m, layer, n, regions);
 	/* Each member's tables are its own but cold: while member i works, the key entries of
 	   member i + 2 and the slots of member i + 1 (named by entries fetched one member
 	   earlier) come in. */

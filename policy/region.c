@@ -95,6 +95,21 @@ static inline void append_slot(struct kvt_region *rg, uint16_t i)
 	rg->tail = i;
 }
 
+/* Links slot i between p and n (END: the list's ends). */
+static inline void link_between(struct kvt_region *rg, uint16_t i, uint16_t p, uint16_t n)
+{
+	rg->prev[i] = p;
+	rg->next[i] = n;
+	if (p != END)
+		rg->next[p] = i;
+	else
+		rg->head = i;
+	if (n != END)
+		rg->prev[n] = i;
+	else
+		rg->tail = i;
+}
+
 /* Puts empty slot i among the empty slots at the front, in index order. */
 static void insert_empty(struct kvt_region *rg, uint16_t i)
 {
@@ -104,39 +119,29 @@ static void insert_empty(struct kvt_region *rg, uint16_t i)
 		before = at;
 		at = rg->next[at];
 	}
-	rg->prev[i] = before;
-	rg->next[i] = at;
-	if (before != END)
-		rg->next[before] = i;
-	else
-		rg->head = i;
-	if (at != END)
-		rg->prev[at] = i;
-	else
-		rg->tail = i;
+	link_between(rg, i, before, at);
 }
 
 /* Forgets slot i's key and makes it empty (still linked where it was). */
-static bool forget(struct kvt_region *rg, uint32_t i, uint32_t n_heads)
+static bool forget(struct kvt_region *rg, uint32_t i)
 {
 	struct kvt_region_slot *s = &rg->slot[i];
 	bool had = s->key != KVT_REGION_NONE;
 
-	(void)n_heads;
 	if (had)
 		rg->key[s->key].slot = 0;
 	*s = (struct kvt_region_slot){.key = KVT_REGION_NONE, .rank = i};
 	return had;
 }
 
-uint32_t kvt_region_empty(struct kvt_region *rg, uint32_t i, uint32_t n_heads)
+uint32_t kvt_region_empty(struct kvt_region *rg, uint32_t i)
 {
 	bool had;
 
 	if (i >= rg->n_slots)
 		return 0;
 	unlink_slot(rg, (uint16_t)i);
-	had = forget(rg, i, n_heads);
+	had = forget(rg, i);
 	insert_empty(rg, (uint16_t)i);
 	return had;
 }
@@ -177,7 +182,7 @@ uint32_t kvt_region_clear(struct kvt_region *rg)
 	uint32_t gone = 0;
 
 	for (uint32_t i = 0; i < rg->n_slots; i++)
-		gone += forget(rg, i, 0);
+		gone += forget(rg, i);
 	rg->n_slots = 0;
 	rg->head = rg->tail = END;
 	return gone;
@@ -195,7 +200,7 @@ uint32_t kvt_region_drop(struct kvt_region *rg, uint32_t *frame, uint32_t *dropp
 	*dropped = i;
 	*freed = frame ? frame[i] : i;
 	unlink_slot(rg, i);
-	had = forget(rg, i, 0);
+	had = forget(rg, i);
 	j = (uint16_t)(--rg->n_slots);
 	if (j != i) { /* the last slot moves into i, keeping its place in the order */
 		struct kvt_region_slot s = rg->slot[j];
@@ -206,16 +211,7 @@ uint32_t kvt_region_drop(struct kvt_region *rg, uint32_t *frame, uint32_t *dropp
 			frame[i] = frame[j];
 		if (s.key != KVT_REGION_NONE) {
 			rg->key[s.key].slot = (uint16_t)(i + 1);
-			rg->prev[i] = p;
-			rg->next[i] = n;
-			if (p != END)
-				rg->next[p] = i;
-			else
-				rg->head = i;
-			if (n != END)
-				rg->prev[n] = i;
-			else
-				rg->tail = i;
+			link_between(rg, i, p, n);
 		} else { /* an empty slot's rank is its index: it moves among the empty ones */
 			unlink_slot(rg, j);
 			rg->slot[i].rank = i;

@@ -144,7 +144,7 @@ uint32_t kvt_region_drop(struct kvt_region *rg, uint32_t *frame, uint32_t *dropp
 
 /* Empties slot i (its key forgotten), e.g. after its load failed. Returns 1 when it held a
    key, else 0. */
-uint32_t kvt_region_empty(struct kvt_region *rg, uint32_t i, uint32_t n_heads);
+uint32_t kvt_region_empty(struct kvt_region *rg, uint32_t i);
 
 /* Drops every slot (the sequence lost its device tier): returns the count of keys forgotten. */
 uint32_t kvt_region_clear(struct kvt_region *rg);

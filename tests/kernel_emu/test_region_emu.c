@@ -578,8 +578,7 @@ static void between_calls(uint32_t step)
 				i = N_REGIONS + rnd(3); /* past the batch: left alone */
 			pairs[2 * x] = i;
 			pairs[2 * x + 1] = sl;
-			had[0][x] = i < N_REGIONS ? kvt_region_empty(&regs[i].ref, sl, regs[i].s->H)
-						  : 0;
+			had[0][x] = i < N_REGIONS ? kvt_region_empty(&regs[i].ref, sl) : 0;
 			seen.empties_key += had[0][x];
 		}
 		memset(had[1], CANARY, sizeof(had[1]));
