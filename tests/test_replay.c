@@ -105,6 +105,17 @@ const char *bundled(void)
 	return d ? d : "traces/mooncake_synthetic.jsonl";
 }
 
+void read_bundled(struct sim_trace *t, size_t n)
+{
+	struct sim_trace_opts to = SIM_TRACE_OPTS_INIT;
+	char err[256];
+
+	to.max_context = 131072;
+	CHECK_RC(sim_trace_read(bundled(), SIM_TRACE_AUTO, &to, t, err, sizeof(err)), 0);
+	assert_true(t->count >= n);
+	t->count = n;
+}
+
 static void test_smoke_bundled(void **state)
 {
 	static const enum sim_policy pol[] = {SIM_POLICY_KVTIER, SIM_POLICY_SNAPSTREAM,
@@ -163,14 +174,10 @@ static void test_sel_thread(void **state)
 		uint32_t recall_layers;
 	} cases[] = {
 		{SIM_POLICY_KVTIER, 8}, {SIM_POLICY_KVTIER, 0}, {SIM_POLICY_SPARSE_OFFLOAD, 8}};
-	struct sim_trace_opts to = SIM_TRACE_OPTS_INIT;
 	struct sim_trace t;
-	char err[256];
 	(void)state;
 
-	to.max_context = 131072;
-	CHECK_RC(sim_trace_read(bundled(), SIM_TRACE_AUTO, &to, &t, err, sizeof(err)), 0);
-	t.count = 150;
+	read_bundled(&t, 150);
 	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
 		struct sim_replay_opts o;
 		struct sim_replay_result alone, two;

@@ -18,6 +18,9 @@ void run_ok(const struct sim_replay_opts *o, const struct sim_trace *t,
 void check_accounting(const struct sim_replay_result *res);
 /* The bundled Mooncake trace (KVT_BUNDLED_TRACE). */
 const char *bundled(void);
+/* Reads the bundled trace (the model's context as the tools set it), keeping its first n
+   requests. */
+void read_bundled(struct sim_trace *t, size_t n);
 
 /* test_replay_prefix.c */
 void test_apc_repeat(void **state);

@@ -39,18 +39,6 @@ static void set_ids(struct sim_trace *t, size_t i, const uint64_t *ids, uint32_t
 	t->n_hash_ids += n;
 }
 
-/* The bundled trace's first n requests (the model's context as the tools set it). */
-static void read_bundled(struct sim_trace *t, size_t n)
-{
-	struct sim_trace_opts to = SIM_TRACE_OPTS_INIT;
-	char err[256];
-
-	to.max_context = 131072;
-	CHECK_RC(sim_trace_read(bundled(), SIM_TRACE_AUTO, &to, t, err, sizeof(err)), 0);
-	assert_true(t->count >= n);
-	t->count = n;
-}
-
 /* The figures two runs must agree on to call them the same run. */
 static void same_run(const struct sim_replay_result *a, const struct sim_replay_result *b)
 {
