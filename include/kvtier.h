@@ -165,7 +165,12 @@ struct kvt_config {
 	uint64_t disk_bytes;
 	double model_disk_gbps;
 	uint32_t model_disk_ns;
-	uint32_t reserved; /* must be 0 (-EINVAL otherwise) */
+	/* Threads, the caller's counted, that share the work of one recall call
+	   (kvt_recall_blocks, kvt_decode_recall): each takes a contiguous part of the batch's
+	   sequences, whose recall state is theirs alone, so the decisions, the load list and every
+	   figure are those of one thread. 0 or 1: the calling thread alone; at most 64. A header
+	   before this field had `reserved` here, 0: one thread. */
+	uint32_t recall_threads;
 };
 
 /* Defaults: Llama-3-8B geometry (32 layers, 8 kv heads, 32 q heads, d=128, bf16), 32-token
@@ -174,7 +179,7 @@ struct kvt_config {
    recall cache), a 12-step working-set window; transfer model of an H100 on PCIe Gen5: 53 GB/s
    each way, 1500 GB/s device copies, 2 us per DMA call, 5 us per kernel launch, fused gather
    at 0.8 of the link; no disk tier (64 I/Os in flight when enabled; model disk: 6 GB/s,
-   80 us per batch). */
+   80 us per batch); recall calls on the calling thread alone. */
 #define KVT_CONFIG_INIT                                                                           \
 	{                                                                                         \
 		.size = sizeof(struct kvt_config), .version = KVT_CONFIG_VERSION, .n_layers = 32, \
@@ -188,6 +193,7 @@ struct kvt_config {
 		.model_d2d_gbps = 1500.0, .model_fused_eff = 0.8, .model_call_ns = 2000,          \
 		.model_launch_ns = 5000, .model_fused = 1, .spill_dir = NULL, .disk_bytes = 0,    \
 		.disk_queue_depth = 64, .model_disk_ns = 80000, .model_disk_gbps = 6.0,           \
+		.recall_threads = 1,                                                              \
 	}
 
 struct kvt_manager;
@@ -312,7 +318,7 @@ KVT_API const char *kvt_strerror(int err);
    threads, and opens the disk tier (config.spill_dir). *out is untouched on failure, and why
    is logged (kvt_log_set) at KVT_LOG_WARN. Errors:
    -EINVAL: a NULL pointer; a size that is none of struct kvt_config's (see there), a version
-     other than KVT_CONFIG_VERSION, reserved != 0; a field out of its range (geometry that does
+     other than KVT_CONFIG_VERSION; a field out of its range (geometry that does
      not divide, zero sizes, the SnapStream, thread, staging, recall and queue-depth limits, an
      empty spill_dir, model_* figures when the model backend is asked for, an unknown backend);
      a budget that holds no block group, or more than 2^32 - 2 (the recall cache: 1 .. 2^30 - 1

@@ -100,11 +100,13 @@ struct kvt_recall_cache {
 	uint32_t need_cap, want_cap;
 	uint32_t *xmember, *xslot;
 	uint32_t x_cap, xslot_cap;
-	struct kvt_region_load *ld;
+	struct kvt_region_load *ld; /* [threads][H * r]: each part's scratch */
 	uint32_t ld_cap;
+	struct kvt_par *par; /* config.recall_threads >= 2: the team sharing a call */
 };
 
 struct kvt_spill_ref;
+struct kvt_par;
 struct kvt_want;
 struct kvt_pspan;
 struct kvt_seq_px;

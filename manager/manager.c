@@ -43,7 +43,7 @@ static const size_t config_ends[] = {
 	CFG_END(staging_bytes),	     /* kvtier's first header: the save path */
 	CFG_END(recall_cache_bytes), /* dynamic recall */
 	CFG_END(model_fused),	     /* the model backend */
-	sizeof(struct kvt_config),   /* the disk tier, reserved: this header */
+	sizeof(struct kvt_config),   /* the disk tier, recall_threads: this header */
 };
 /* A field added to struct kvt_config makes a new size: the end of today's last field goes into
    the list above first (checked on LP64, where the sizes are 80, 88, 104, 152 and 184). */
@@ -75,8 +75,6 @@ static int load_config(const struct kvt_config *cfg, struct kvt_config *c)
 	*c = defaults;
 	memcpy(c, cfg, bytes);
 	c->size = sizeof(*c);
-	if (c->reserved)
-		return cfg_error("reserved must be 0");
 
 	if (c->n_layers == 0 || c->n_layers > MAX_LAYERS)
 		return cfg_error("n_layers must be 1..4096");
@@ -102,6 +100,8 @@ static int load_config(const struct kvt_config *cfg, struct kvt_config *c)
 		return cfg_error("pool_kernel must be odd");
 	if (c->save_threads > 64)
 		return cfg_error("save_threads must be at most 64");
+	if (c->recall_threads > 64)
+		return cfg_error("recall_threads must be at most 64");
 	if (c->staging_bytes < 4096 || c->staging_bytes > ((uint64_t)1 << 40))
 		return cfg_error("staging_bytes must be 4 KiB..1 TiB");
 	if (c->ws_window == 0 || c->ws_window > KVT_WS_MAX)

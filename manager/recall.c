@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "base.h"
+#include "par.h"
 #include "policy.h"
 #include "recall.h"
 #include "spill.h"
@@ -33,6 +34,8 @@ int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames)
 	for (uint32_t i = 0; i < n_frames; i++)
 		rc->free[i] = n_frames - 1 - i;
 	rc->n_free = n_frames;
+	if (m->cfg.recall_threads >= 2)
+		return kvt_par_create(m->cfg.recall_threads, &rc->par);
 	return 0;
 }
 
@@ -47,6 +50,7 @@ void kvt_recall_fini(struct kvt_manager *m)
 	free(rc->xmember);
 	free(rc->xslot);
 	free(rc->ld);
+	kvt_par_destroy(rc->par);
 	*rc = (struct kvt_recall_cache){0};
 }
 
@@ -556,6 +560,15 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 	return 0;
 }
 
+/* Pass 2 splits the batch into this many parts, one per thread: a part of a few members costs
+   more to hand over than to run. */
+static uint32_t recall_parts(const struct kvt_manager *m, uint32_t n)
+{
+	uint32_t t = m->rc.par ? m->cfg.recall_threads : 1;
+
+	return n / 8 < t ? (n / 8 ? n / 8 : 1) : t;
+}
+
 /* Sizes the regions of a call (before anything changes): member i needs at least need[i] slots
    and aims at its target (target_of); frames come from the free ones, from members above
    their target, and when those are not enough from other regions (reclaim). Sets rc.want[i],
@@ -625,7 +638,7 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 	    kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)loads, sizeof(*m->xf)) ||
 	    kvt_reserve((void **)&c->xmember, &c->x_cap, (uint32_t)loads, sizeof(*c->xmember)) ||
 	    kvt_reserve((void **)&c->xslot, &c->xslot_cap, (uint32_t)loads, sizeof(*c->xslot)) ||
-	    kvt_reserve((void **)&c->ld, &c->ld_cap, H * r, sizeof(*c->ld)) ||
+	    kvt_reserve((void **)&c->ld, &c->ld_cap, recall_parts(m, n) * H * r, sizeof(*c->ld)) ||
 	    kvt_spill_want_reserve(m, (uint32_t)loads))
 		return kvt_fail(m, -ENOMEM, "recall: no memory for the load list");
 	return 0;
@@ -696,17 +709,31 @@ static void recall_size(struct kvt_manager *m, uint32_t layer, uint32_t n, uint6
 	}
 }
 
-/* What pass 2 of a recall call counts. */
-struct recall_tally {
-	uint32_t nx; /* loads queued in m->xf */
+/* One part of pass 2: members [i0, i1) of the batch. Its loads go to m->xf (and xmember,
+   xslot) from `base` = i0 * H * r on, its scratch is ld; what it counts is its own until
+   recall_core sums the parts. */
+struct recall_part {
+	uint32_t i0, i1, base;
+	uint32_t nx;   /* loads written from base */
+	uint64_t held; /* loads into empty slots (frames newly holding a block) */
+	int64_t ws;    /* change of the working sets' sum */
+	uint64_t wait; /* the latest save ticket of a member that loads */
+	struct kvt_region_load *ld;
 	struct kvt_region_tally r;
 };
 
+struct recall_job {
+	struct kvt_manager *m;
+	uint32_t layer, r, n_parts;
+	const uint32_t *sel;
+	struct recall_part part[KVT_PAR_MAX_THREADS];
+};
+
 /* Pass 2 for one member (s, layer) and its selection sel[H][r]: the region's decisions
-   (policy/region.h), its loads queued in m->xf, its view. Nothing fails. Returns whether it
-   queued a load. */
+   (policy/region.h), its loads written in its part's stretch of m->xf, its view. Touches only
+   the member's own state and the part's. Nothing fails. Returns whether it queued a load. */
 static bool recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, uint32_t layer,
-			  const uint32_t *sel, uint32_t r, struct recall_tally *t)
+			  const uint32_t *sel, uint32_t r, struct recall_part *p)
 {
 	struct kvt_recall_cache *c = &m->rc;
 	struct kvt_seq_layer *ly = &s->layers[layer];
@@ -719,10 +746,10 @@ static bool recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, 
 		return false;
 	/* views are laid out view_cap apart per head: the region writes r apart, so a call with
 	   r < view_cap spreads them after */
-	err = kvt_region_recall(&rc->rg, &g, sel, r, &rc->ws, rc->view, rc->view_n, c->ld, &nl,
-				&t->r);
+	err = kvt_region_recall(&rc->rg, &g, sel, r, &rc->ws, rc->view, rc->view_n, p->ld, &nl,
+				&p->r);
 	if (rc->rg.n_slots) { /* a live region: its working set counts */
-		c->sum_ws += rc->ws.total - (uint64_t)rc->ws_counted;
+		p->ws += (int64_t)rc->ws.total - (int64_t)rc->ws_counted;
 		rc->ws_counted = rc->ws.total;
 	}
 	ALWAYS(err == 0); /* recall_room sized the region for the call */
@@ -731,17 +758,15 @@ static bool recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, 
 			memmove(rc->view + (size_t)h * rc->view_cap, rc->view + (size_t)h * r,
 				rc->view_n[h] * sizeof(*rc->view));
 	for (uint32_t x = 0; x < nl; x++) {
-		const struct kvt_region_load *ld = &c->ld[x];
-		uint32_t b = ld->key / H, h = ld->key % H;
+		const struct kvt_region_load *ld = &p->ld[x];
+		uint32_t b = ld->key / H, h = ld->key % H, at = p->base + p->nx++;
 
-		/* A spilled block is read back after this pass (src 0 until then); the others
-		   stay pinned in the host tier until the load is queued. recall_room reserved
-		   the list. */
-		ALWAYS(kvt_spill_want(m, s, layer, b) == 0);
-		c->n_held += ld->old == KVT_REGION_NONE;
-		c->xmember[t->nx] = i;
-		c->xslot[t->nx] = ld->slot;
-		m->xf[t->nx++] = (struct kvt_xfer){
+		/* A spilled block is read back after this pass (src 0 until then; recall_core
+		   lists it). recall_room reserved the list. */
+		p->held += ld->old == KVT_REGION_NONE;
+		c->xmember[at] = i;
+		c->xslot[at] = ld->slot;
+		m->xf[at] = (struct kvt_xfer){
 			.src = ly->groups[b] & KVT_SPILLED ? 0
 							   : kvt_host_row(m, ly, h, b << m->lbt),
 			.dst = kvt_slot_frame(m, rc, ld->slot),
@@ -750,7 +775,101 @@ static bool recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, 
 		};
 	}
 	rc->view_failed = false;
+	if (nl && s->save_ticket > p->wait)
+		p->wait = s->save_ticket;
 	return nl > 0;
+}
+
+/* Runs pass 2 over one part's members. Each member's tables are its own but cold: while member
+   i works, the key entries of member i + 2 and the slots of member i + 1 (named by entries
+   fetched one member earlier) come in. */
+static void recall_run_part(void *ctx, uint32_t k, uint32_t n_parts)
+{
+	struct recall_job *j = ctx;
+	struct kvt_manager *m = j->m;
+	struct recall_part *p = &j->part[k];
+	uint32_t H = m->cfg.n_kv_heads, r = j->r, layer = j->layer;
+	const uint32_t *sel = j->sel;
+
+	if (k >= j->n_parts || n_parts < j->n_parts)
+		return; /* a team larger than the call's parts: nothing for this thread */
+	for (uint32_t i = p->i0; i < p->i0 + 2 && i < p->i1; i++)
+		kvt_region_prefetch(&m->batch[i]->layers[layer].rc->rg, H, sel + (size_t)i * H * r,
+				    r, true);
+	if (p->i0 < p->i1)
+		kvt_region_prefetch(&m->batch[p->i0]->layers[layer].rc->rg, H,
+				    sel + (size_t)p->i0 * H * r, r, false);
+	for (uint32_t i = p->i0; i < p->i1; i++) {
+		if (i + 2 < p->i1)
+			kvt_region_prefetch(&m->batch[i + 2]->layers[layer].rc->rg, H,
+					    sel + (size_t)(i + 2) * H * r, r, true);
+		if (i + 1 < p->i1) {
+			const struct kvt_seq_layer *nl = &m->batch[i + 1]->layers[layer];
+
+			kvt_region_prefetch(&nl->rc->rg, H, sel + (size_t)(i + 1) * H * r, r,
+					    false);
+			/* its group table, which its loads read */
+			for (uint32_t g = 0; g < nl->n_groups; g += 16)
+				__builtin_prefetch(&nl->groups[g]);
+		}
+		recall_member(m, i, m->batch[i], layer, sel + (size_t)i * H * r, r, p);
+	}
+}
+
+/* Pass 2 of a call of n members: the parts run (on the team when there is more than one), then
+   their loads are joined in batch order, so the list, and everything after, is what one thread
+   makes. Returns the loads listed; sums the parts' counts into *t and *wait. */
+static uint32_t recall_pass2(struct kvt_manager *m, struct recall_job *j, uint32_t n,
+			     struct kvt_region_tally *t, uint64_t *wait)
+{
+	struct kvt_recall_cache *c = &m->rc;
+	uint32_t H = m->cfg.n_kv_heads, nx = 0;
+	int64_t ws = 0;
+
+	j->n_parts = recall_parts(m, n);
+	for (uint32_t k = 0; k < j->n_parts; k++) {
+		struct recall_part *p = &j->part[k];
+
+		*p = (struct recall_part){
+			.i0 = (uint32_t)((uint64_t)n * k / j->n_parts),
+			.i1 = (uint32_t)((uint64_t)n * (k + 1) / j->n_parts),
+			.ld = c->ld + (size_t)k * H * j->r,
+		};
+		p->base = p->i0 * H * j->r;
+	}
+	if (j->n_parts > 1)
+		kvt_par_run(c->par, recall_run_part, j);
+	else
+		recall_run_part(j, 0, 1);
+	for (uint32_t k = 0; k < j->n_parts; k++) {
+		const struct recall_part *p = &j->part[k];
+
+		if (p->base != nx && p->nx) { /* close the gap left by the parts before */
+			memmove(m->xf + nx, m->xf + p->base, p->nx * sizeof(*m->xf));
+			memmove(c->xmember + nx, c->xmember + p->base, p->nx * sizeof(*c->xmember));
+			memmove(c->xslot + nx, c->xslot + p->base, p->nx * sizeof(*c->xslot));
+		}
+		nx += p->nx;
+		c->n_held += p->held;
+		ws += p->ws;
+		t->lookups += p->r.lookups;
+		t->hits += p->r.hits;
+		t->loads += p->r.loads;
+		t->evictions += p->r.evictions;
+		if (p->wait > *wait)
+			*wait = p->wait;
+	}
+	ALWAYS(ws >= 0 || c->sum_ws >= (uint64_t)-ws);
+	c->sum_ws += (uint64_t)ws;
+	/* The spilled blocks to read back, and the others pinned in the host tier until the
+	   gather is queued, in load order (the spill tier's lists are not the parts'). */
+	for (uint32_t x = 0; m->disk && x < nx; x++) {
+		const struct kvt_seq_layer *ly = &m->batch[c->xmember[x]]->layers[j->layer];
+
+		ALWAYS(kvt_spill_want(m, m->batch[c->xmember[x]], j->layer,
+				      ly->rc->rg.slot[c->xslot[x]].key / H) == 0);
+	}
+	return nx;
 }
 
 /* After the gather of a recall call failed: the slots meant for its loads hold nothing valid,
@@ -797,9 +916,10 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 		       const uint32_t *sel, uint32_t r, void *stream)
 {
 	struct kvt_recall_cache *rc = &m->rc;
-	struct recall_tally t = {0};
-	uint32_t H = m->cfg.n_kv_heads;
+	struct recall_job j = {.m = m, .layer = layer, .r = r, .sel = sel};
+	struct kvt_region_tally t = {0};
 	uint64_t wait = 0, regions = 0;
+	uint32_t nx;
 	int err;
 
 	if (layer >= m->cfg.n_layers)
@@ -816,60 +936,33 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	/* Pass 2: sizes, then each member's region decides. Nothing below fails except the
 	   fetch and the gather. */
 	recall_size(m, layer, n, regions);
-	/* Each member's tables are its own but cold: while member i works, the key entries of
-	   member i + 2 and the slots of member i + 1 (named by entries fetched one member
-	   earlier) come in. */
-	for (uint32_t i = 0; i < 2 && i < n; i++)
-		kvt_region_prefetch(&m->batch[i]->layers[layer].rc->rg, H, sel + (size_t)i * H * r,
-				    r, true);
-	if (n)
-		kvt_region_prefetch(&m->batch[0]->layers[layer].rc->rg, H, sel, r, false);
-	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_seq *s = m->batch[i];
-
-		if (i + 2 < n)
-			kvt_region_prefetch(&m->batch[i + 2]->layers[layer].rc->rg, H,
-					    sel + (size_t)(i + 2) * H * r, r, true);
-		if (i + 1 < n) {
-			const struct kvt_seq_layer *nl = &m->batch[i + 1]->layers[layer];
-
-			kvt_region_prefetch(&nl->rc->rg, H, sel + (size_t)(i + 1) * H * r, r,
-					    false);
-			/* its group table, which its loads read */
-			for (uint32_t g = 0; g < nl->n_groups; g += 16)
-				__builtin_prefetch(&nl->groups[g]);
-		}
-		if (recall_member(m, i, s, layer, sel + (size_t)i * H * r, r, &t) &&
-		    s->save_ticket > wait)
-			wait = s->save_ticket;
-	}
-	m->st.recall_evictions += t.r.evictions;
+	nx = recall_pass2(m, &j, n, &t, &wait);
+	m->st.recall_evictions += t.evictions;
 
 	/* Spilled blocks come back (one read), and the blocks must have landed in the host
 	   history before the device reads them. */
-	err = recall_fetch(m, layer, t.nx);
+	err = recall_fetch(m, layer, nx);
 	if (err) {
 		char why[sizeof(m->err)];
 
-		recall_undo(m, layer, n, t.nx);
+		recall_undo(m, layer, n, nx);
 		memcpy(why, m->err, sizeof(why));
-		return kvt_fail(m, err, "recall: layer %u: loading %u blocks: %s", layer, t.nx,
-				why);
+		return kvt_fail(m, err, "recall: layer %u: loading %u blocks: %s", layer, nx, why);
 	}
 	err = wait ? m->ops->save_wait(m->be, wait) : 0;
-	if (!err && t.nx)
-		err = kvt_dev_gather(m, t.nx, stream);
+	if (!err && nx)
+		err = kvt_dev_gather(m, nx, stream);
 	if (err) {
-		recall_undo(m, layer, n, t.nx);
-		return kvt_fail(m, err, "recall: layer %u: loading %u blocks: %s", layer, t.nx,
+		recall_undo(m, layer, n, nx);
+		return kvt_fail(m, err, "recall: layer %u: loading %u blocks: %s", layer, nx,
 				m->be->err);
 	}
 
 	m->st.recall_calls++;
-	m->st.recall_lookups += t.r.lookups;
-	m->st.recall_hits += t.r.hits;
-	m->st.recall_loads += t.nx;
-	m->st.bytes_h2d += (uint64_t)t.nx * m->block_bytes;
+	m->st.recall_lookups += t.lookups;
+	m->st.recall_hits += t.hits;
+	m->st.recall_loads += nx;
+	m->st.bytes_h2d += (uint64_t)nx * m->block_bytes;
 	return 0;
 }
 

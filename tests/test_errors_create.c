@@ -100,16 +100,16 @@ void test_create_size_version(void **state)
 	CREATE_WITH(version, 0, -EINVAL);
 	CREATE_WITH(version, KVT_CONFIG_VERSION + 1, -EINVAL);
 	CREATE_WITH(version, UINT32_MAX, -EINVAL);
-	/* reserved must be 0 ... */
-	CREATE_WITH(reserved, 1, -EINVAL);
-	CREATE_WITH(reserved, UINT32_MAX, -EINVAL);
+	/* recall_threads must be at most 64 ... */
+	CREATE_WITH(recall_threads, 65, -EINVAL);
+	CREATE_WITH(recall_threads, UINT32_MAX, -EINVAL);
 	/* ... where the caller's struct has it: an older one's memory past its end is not read. */
 	{
 		struct kvt_config c = t_small_config();
 
 		c.size = known[3];
-		c.reserved = 1;
-		EXPECT_CREATE(&c, 0, "reserved past an older caller's struct");
+		c.recall_threads = 65;
+		EXPECT_CREATE(&c, 0, "recall_threads past an older caller's struct");
 	}
 }
 
@@ -254,7 +254,7 @@ void test_create_older_caller(void **state)
 	c.disk_queue_depth = 0;
 	c.spill_dir = "/no/such/spill/dir";
 	c.disk_bytes = 1;
-	c.reserved = 9;
+	c.recall_threads = 1000;
 
 	/* The design contract's fields alone: save_threads lies in its padding. */
 	c.size = known[0];
@@ -266,7 +266,7 @@ void test_create_older_caller(void **state)
 	assert_int_equal(got.staging_bytes, defaults.staging_bytes);
 	assert_int_equal(got.recall_blocks, defaults.recall_blocks);
 	assert_null(got.spill_dir);
-	assert_int_equal(got.reserved, 0);
+	assert_int_equal(got.recall_threads, defaults.recall_threads);
 	/* The fields inside .size are the caller's. */
 	assert_int_equal(got.n_layers, c.n_layers);
 	assert_int_equal(got.head_dim, c.head_dim);

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "t_backend.h"
 #include "t_config.h"
@@ -790,6 +791,156 @@ static void test_preempt_resume(void **state)
 	kvt_manager_destroy(m);
 }
 
+/* ---- config.recall_threads -------------------------------------------------------------- */
+
+#define TW_SEQS 24
+#define TW_R 3
+
+/* Every view of seq's layer in both managers: the same result, blocks, frames (as offsets from
+   the first frame each manager showed: its recall cache lies elsewhere) and masks. */
+static void twin_views(struct kvt_manager *const mm[2], const struct kvt_config *c, uint64_t seq,
+		       uint32_t layer, uint64_t origin[2])
+{
+	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
+		struct kvt_recall_ref ref[2][TW_R];
+		uint32_t n[2] = {0, 0};
+		int rc[2];
+
+		memset(ref, 0, sizeof(ref));
+		for (int k = 0; k < 2; k++)
+			rc[k] = kvt_seq_recall_view(mm[k], seq, layer, h, ref[k], TW_R, &n[k]);
+		CHECK_EQ(rc[0], rc[1]);
+		CHECK_EQ(n[0], n[1]);
+		for (uint32_t i = 0; rc[0] == 0 && i < n[0]; i++) {
+			if (!origin[0]) {
+				origin[0] = ref[0][i].frame;
+				origin[1] = ref[1][i].frame;
+			}
+			CHECK_EQ(ref[0][i].frame - origin[0], ref[1][i].frame - origin[1]);
+			CHECK_EQ(ref[0][i].block, ref[1][i].block);
+			CHECK_EQ(ref[0][i].n_valid, ref[1][i].n_valid);
+			CHECK_EQ(ref[0][i].resident, ref[1][i].resident);
+		}
+	}
+}
+
+/* config.recall_threads changes who does a call's work, never what is done: two managers, one
+   thread and three (parts of unequal size), run the same random calls (batches of 1 to 24
+   sequences in random order, repeated and empty entries, decode appends, preempt/resume,
+   destroy and prefill again, a host tier small enough that recalls read spilled blocks back
+   from the disk tier, a recall cache small enough to evict and to refuse) and agree after
+   every call: its result, every counter, the views of its sequences (frames included) and
+   attention over them. */
+static void test_recall_threads_same(void **state)
+{
+	struct kvt_config c = recall_config(TW_R, 72);
+	struct kvt_manager *mm[2];
+	char dir[] = "/tmp/kvt-recall-XXXXXX";
+	uint64_t seed = t_pick_seed(), ids[TW_SEQS], batch[TW_SEQS], origin[2] = {0, 0};
+	bool live[TW_SEQS], pre[TW_SEQS];
+	uint32_t sel[TW_SEQS * 2 * TW_R], calls = 0, split = 0, refused = 0;
+	long ops = t_pick_ops(1200);
+	(void)state;
+
+	print_message("# recall threads: seed %llu\n", (unsigned long long)seed);
+	t_rng_seed(seed);
+	assert_non_null(mkdtemp(dir));
+	c.spill_dir = dir;
+	c.host_bytes = t_budget(&c, 300); /* about a third of the histories */
+	c.device_bytes = t_budget(&c, 400) + c.recall_cache_bytes;
+	for (int k = 0; k < 2; k++) {
+		c.recall_threads = k ? 3 : 1;
+		mm[k] = t_mk(&c);
+	}
+	for (uint32_t i = 0; i < TW_SEQS; i++) {
+		ids[i] = 100 + i;
+		for (int k = 0; k < 2; k++)
+			prefill(mm[k], &c, ids[i], 60 + 7 * i);
+		live[i] = true;
+		pre[i] = false;
+	}
+	for (long op = 0; op < ops; op++) {
+		uint32_t what = t_rng_below(100), i = t_rng_below(TW_SEQS), n = 0;
+		int rc[2];
+
+		if (what < 70) { /* a recall call over live sequences in random order */
+			uint32_t layer = t_rng_below(c.n_layers), want = 1 + t_rng_below(TW_SEQS);
+
+			for (uint32_t x = 0; x < TW_SEQS && n < want; x++) {
+				uint32_t y = (i + x * 7) % TW_SEQS;
+
+				if (live[y] && !pre[y])
+					batch[n++] = ids[y];
+			}
+			if (!n)
+				continue;
+			for (uint32_t m = 0; m < n; m++) {
+				uint32_t nb =
+					DIV_UP(t_tokens_of(mm[0], batch[m], layer), c.block_tokens);
+
+				for (uint32_t j = 0; j < c.n_kv_heads * TW_R; j++) {
+					uint32_t *e = &sel[m * c.n_kv_heads * TW_R + j];
+
+					*e = t_rng_below(10) == 0	? NONE
+					     : j && t_rng_below(6) == 0 ? e[-1]
+									: t_rng_below(nb);
+				}
+			}
+			for (int k = 0; k < 2; k++)
+				rc[k] = kvt_recall_blocks(mm[k], layer, batch, n, sel, TW_R, NULL);
+			CHECK_EQ(rc[0], rc[1]);
+			calls++;
+			split += n >= 16;
+			refused += rc[0] != 0;
+			for (uint32_t m = 0; m < n; m++)
+				twin_views(mm, &c, batch[m], layer, origin);
+			if (rc[0] == 0) {
+				float q[4 * 16], o[2][4 * 16];
+
+				for (uint32_t x = 0; x < 4 * 16; x++)
+					q[x] = (float)((int)(t_mix(op * 64 + x) % 100) - 50) /
+					       50.0f;
+				for (int k = 0; k < 2; k++)
+					CHECK_RC(kvt_attend(mm[k], batch[0], layer, q, o[k]), 0);
+				assert_memory_equal(o[0], o[1], sizeof(o[0]));
+			}
+		} else if (what < 85 && live[i] && !pre[i]) { /* a decode step of one sequence */
+			for (int k = 0; k < 2; k++)
+				decode(mm[k], &c, ids[i], 1);
+		} else if (what < 93 && live[i]) { /* preempt or resume */
+			for (int k = 0; k < 2; k++)
+				rc[k] = pre[i] ? kvt_seq_resume(mm[k], ids[i], NULL)
+					       : kvt_seq_preempt(mm[k], ids[i]);
+			CHECK_EQ(rc[0], rc[1]);
+			if (rc[0] == 0)
+				pre[i] = !pre[i];
+		} else if (live[i]) { /* destroy, and prefill again */
+			for (int k = 0; k < 2; k++) {
+				CHECK_RC(kvt_seq_destroy(mm[k], ids[i]), 0);
+				prefill(mm[k], &c, ids[i], 40 + t_mix(op) % 150);
+			}
+			pre[i] = false;
+		}
+		struct kvt_stats a = t_stats_of(mm[0]), b = t_stats_of(mm[1]);
+
+		CHECK_STATS_EQUAL(&a, &b);
+	}
+	struct kvt_stats a = t_stats_of(mm[0]);
+
+	print_message("# recall threads: %u calls (%u of 16+ sequences, %u refused), %llu loads, "
+		      "%llu evictions, %llu disk reads\n",
+		      calls, split, refused, (unsigned long long)a.recall_loads,
+		      (unsigned long long)a.recall_evictions,
+		      (unsigned long long)a.disk_blocks_fetched);
+	/* the walk reached what it is about */
+	assert_true(split > 0);
+	assert_true(a.recall_evictions > 0);
+	assert_true(a.disk_blocks_fetched > 0);
+	for (int k = 0; k < 2; k++)
+		kvt_manager_destroy(mm[k]);
+	rmdir(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -801,6 +952,7 @@ int main(void)
 		cmocka_unit_test(test_recall_errors),
 		cmocka_unit_test(test_working_set_window),
 		cmocka_unit_test(test_preempt_resume),
+		cmocka_unit_test(test_recall_threads_same),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -20,7 +20,7 @@
 #include "kvtier.h"
 
 struct ropts {
-	uint32_t seqs, layers, prompt, steps, r, churn_pct, cache_pct;
+	uint32_t seqs, layers, prompt, steps, r, churn_pct, cache_pct, threads;
 	const char *csv;
 };
 
@@ -39,6 +39,7 @@ static void usage(FILE *f)
 		"  --steps N      decode steps measured (default 64)\n"
 		"  --churn P      percent of selected blocks replaced each step (default 10)\n"
 		"  --cache P      recall cache size, percent of one step's blocks (default 150)\n"
+		"  --threads N    config.recall_threads: threads sharing each call (default 1)\n"
 		"  --csv FILE     one line per step: step,ns,loads,hits\n"
 		"  -h, --help     this text\n"
 		"Exit status: 0 on success, 1 on a library error, 2 on bad usage.\n");
@@ -47,15 +48,21 @@ static void usage(FILE *f)
 static int parse(int argc, char **argv, struct ropts *o)
 {
 	static const struct option lo[] = {
-		{"seqs", required_argument, NULL, 's'},	  {"layers", required_argument, NULL, 'l'},
-		{"prompt", required_argument, NULL, 'p'}, {"r", required_argument, NULL, 'r'},
-		{"steps", required_argument, NULL, 'n'},  {"churn", required_argument, NULL, 'u'},
-		{"cache", required_argument, NULL, 'k'},  {"csv", required_argument, NULL, 'c'},
-		{"help", no_argument, NULL, 'h'},	  {NULL, 0, NULL, 0},
+		{"seqs", required_argument, NULL, 's'},
+		{"layers", required_argument, NULL, 'l'},
+		{"prompt", required_argument, NULL, 'p'},
+		{"r", required_argument, NULL, 'r'},
+		{"steps", required_argument, NULL, 'n'},
+		{"churn", required_argument, NULL, 'u'},
+		{"cache", required_argument, NULL, 'k'},
+		{"csv", required_argument, NULL, 'c'},
+		{"threads", required_argument, NULL, 't'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
 	};
 	int c, bad, li = 0;
 
-	*o = (struct ropts){256, 32, 8192, 64, 16, 10, 150, NULL};
+	*o = (struct ropts){256, 32, 8192, 64, 16, 10, 150, 1, NULL};
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", lo, &li)) != -1) {
 		bad = 0;
@@ -83,6 +90,9 @@ static int parse(int argc, char **argv, struct ropts *o)
 			break;
 		case 'c':
 			o->csv = optarg;
+			break;
+		case 't':
+			bad = sim_parse_u32(optarg, 1, 64, &o->threads);
 			break;
 		case 'h':
 			usage(stdout);
@@ -116,6 +126,7 @@ int bench_recall(int argc, char **argv)
 	c.n_layers = o.layers;
 	c.backend = KVT_BACKEND_HOST;
 	c.save_threads = 0;
+	c.recall_threads = o.threads;
 
 	uint32_t H = c.n_kv_heads, bt = c.block_tokens;
 	uint64_t row = (uint64_t)c.head_dim * 2, block = 2ull * bt * row, group = H * block;

@@ -78,7 +78,7 @@ class CConfig(_Struct):
         ("disk_bytes", c_uint64),
         ("model_disk_gbps", c_double),
         ("model_disk_ns", c_uint32),
-        ("reserved", c_uint32),
+        ("recall_threads", c_uint32),
     ]
 
 

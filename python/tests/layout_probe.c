@@ -59,7 +59,7 @@ int main(void)
 	FIELD(struct kvt_config, disk_bytes);
 	FIELD(struct kvt_config, model_disk_gbps);
 	FIELD(struct kvt_config, model_disk_ns);
-	FIELD(struct kvt_config, reserved);
+	FIELD(struct kvt_config, recall_threads);
 	printf("]}");
 	struct_begin("kvt_stats", sizeof(struct kvt_stats), 1);
 	first = 0;
@@ -192,7 +192,7 @@ int main(void)
 	       "\"model_h2d_gbps\": %.17g, \"model_d2h_gbps\": %.17g, \"model_d2d_gbps\": %.17g, "
 	       "\"model_fused_eff\": %.17g, \"model_call_ns\": %u, \"model_launch_ns\": %u, "
 	       "\"model_fused\": %u, \"disk_queue_depth\": %u, \"disk_bytes\": %llu, "
-	       "\"model_disk_gbps\": %.17g, \"model_disk_ns\": %u}",
+	       "\"model_disk_gbps\": %.17g, \"model_disk_ns\": %u, \"recall_threads\": %u}",
 	       c.n_layers, c.n_kv_heads, c.n_q_heads, c.head_dim, c.block_tokens, (int)c.dtype,
 	       c.sink_tokens, c.recent_tokens, c.topk_tokens, c.obs_window, c.pool_kernel,
 	       (unsigned long long)c.device_bytes, (unsigned long long)c.host_bytes, (int)c.backend,
@@ -200,7 +200,7 @@ int main(void)
 	       (unsigned long long)c.recall_cache_bytes, c.model_h2d_gbps, c.model_d2h_gbps,
 	       c.model_d2d_gbps, c.model_fused_eff, c.model_call_ns, c.model_launch_ns,
 	       c.model_fused, c.disk_queue_depth, (unsigned long long)c.disk_bytes,
-	       c.model_disk_gbps, c.model_disk_ns);
+	       c.model_disk_gbps, c.model_disk_ns, c.recall_threads);
 	printf(",\n\"sched_config_init\": {\"max_requests\": %u, \"max_tokens\": %u, "
 	       "\"max_inject_tokens\": %llu, \"ws_control\": %u}",
 	       sc.max_requests, sc.max_tokens, (unsigned long long)sc.max_inject_tokens,
