@@ -98,6 +98,8 @@ struct kvt_recall_cache {
 	/* per call: each member's slot floor and target, and what each load belongs to */
 	uint32_t *need, *want;
 	uint32_t need_cap, want_cap;
+	struct kvt_recall_layer **mrc; /* each member's region (the layer's recall state) */
+	uint32_t mrc_cap;
 	uint32_t *xmember, *xslot;
 	uint32_t x_cap, xslot_cap;
 	struct kvt_region_load *ld; /* [threads][H * r]: each part's scratch */

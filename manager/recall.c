@@ -47,6 +47,7 @@ void kvt_recall_fini(struct kvt_manager *m)
 	free(rc->layer_calls);
 	free(rc->need);
 	free(rc->want);
+	free(rc->mrc);
 	free(rc->xmember);
 	free(rc->xslot);
 	free(rc->ld);
@@ -517,7 +518,8 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 	m->rc.layer_calls[layer]++;
 	if (kvt_reserve((void **)&m->batch, &m->batch_cap, n, sizeof(*m->batch)) ||
 	    kvt_reserve((void **)&m->rc.need, &m->rc.need_cap, n, sizeof(*m->rc.need)) ||
-	    kvt_reserve((void **)&m->rc.want, &m->rc.want_cap, n, sizeof(*m->rc.want)))
+	    kvt_reserve((void **)&m->rc.want, &m->rc.want_cap, n, sizeof(*m->rc.want)) ||
+	    kvt_reserve((void **)&m->rc.mrc, &m->rc.mrc_cap, n, sizeof(*m->rc.mrc)))
 		return kvt_fail(m, -ENOMEM, "recall: no memory for a batch of %u", n);
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_seq *s = kvt_batch_member(m, seqs[i], layer, stamp, "recall", &err);
@@ -555,6 +557,7 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 		if (!ly->rc->tk_ready)
 			tk_count(m, s, ly);
 		m->batch[i] = s;
+		m->rc.mrc[i] = ly->rc;
 		m->rc.need[i] = need;
 	}
 	return 0;
@@ -583,15 +586,19 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 	bool exact = false, counted = false;
 
 	for (uint32_t i = 0; i < n; i++)
-		regions += m->batch[i]->layers[layer].rc->rg.n_slots == 0;
+		regions += c->mrc[i]->rg.n_slots == 0;
 	*n_regions = regions;
 	for (;;) {
 		avail = c->n_free;
 		floor = 0;
 		for (uint32_t i = 0; i < n; i++) {
-			const struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
-			uint64_t want = target_of(m, ly->rc, regions);
-			uint32_t have = ly->rc->rg.n_slots;
+			const struct kvt_recall_layer *rc = c->mrc[i];
+			uint64_t want, have;
+
+			if (i + 4 < n) /* the fields below, of a member further on */
+				__builtin_prefetch(&c->mrc[i + 4]->ws_counted);
+			want = target_of(m, rc, regions);
+			have = rc->rg.n_slots;
 
 			if (want < c->need[i])
 				want = c->need[i];
@@ -624,7 +631,7 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 				"had (%u in the cache)",
 				(unsigned long long)floor, (unsigned long long)avail, c->n);
 	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_recall_layer *rc = m->batch[i]->layers[layer].rc;
+		struct kvt_recall_layer *rc = c->mrc[i];
 
 		if (c->want[i] > KVT_REGION_MAX_SLOTS || c->need[i] > KVT_REGION_MAX_SLOTS)
 			return kvt_fail(m, -ENOSPC, "recall: more than %u blocks of one layer",
@@ -646,8 +653,9 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 
 /* Applies recall_room's sizes: members well above their target give frames back first; those
    below their floor take what they need; then the others grow towards their target, with free
-   frames and those of other regions above their own target, in batch order. */
-static void recall_size(struct kvt_manager *m, uint32_t layer, uint32_t n, uint64_t regions)
+   frames and, when well below it, those of other regions above their own target, in batch
+   order. */
+static void recall_size(struct kvt_manager *m, uint32_t n, uint64_t regions)
 {
 	struct kvt_recall_cache *c = &m->rc;
 	uint64_t floor = 0, more = 0;
@@ -666,7 +674,7 @@ static void recall_size(struct kvt_manager *m, uint32_t layer, uint32_t n, uint6
 	/* Members shrink to their target only when well above it (a quarter), so that small
 	   swings of the working sets do not drop blocks that are wanted again at once. */
 	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_recall_layer *rc = m->batch[i]->layers[layer].rc;
+		struct kvt_recall_layer *rc = c->mrc[i];
 
 		if (rc->rg.n_slots > c->want[i] + c->want[i] / 4)
 			region_shrink(m, rc, c->want[i], false);
@@ -676,11 +684,11 @@ static void recall_size(struct kvt_manager *m, uint32_t layer, uint32_t n, uint6
 	/* Floors first, from (recall_room counted them all): members above their target,
 	   other regions above theirs, members above their floor, then other regions. */
 	for (uint32_t i = 0; i < n && floor > c->n_free; i++)
-		region_shrink(m, m->batch[i]->layers[layer].rc, c->want[i], false);
+		region_shrink(m, c->mrc[i], c->want[i], false);
 	if (floor > c->n_free)
 		reclaim(m, m->stamp, regions, floor, false);
 	for (uint32_t i = 0; i < n && floor > c->n_free; i++) {
-		struct kvt_recall_layer *rc = m->batch[i]->layers[layer].rc;
+		struct kvt_recall_layer *rc = c->mrc[i];
 		uint64_t keep = rc->rg.n_slots - (floor - c->n_free);
 
 		if (rc->rg.n_slots > c->need[i])
@@ -692,16 +700,19 @@ static void recall_size(struct kvt_manager *m, uint32_t layer, uint32_t n, uint6
 	if (floor > c->n_free)
 		reclaim(m, m->stamp, regions, floor, true);
 	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_recall_layer *rc = m->batch[i]->layers[layer].rc;
+		struct kvt_recall_layer *rc = c->mrc[i];
 
 		region_grow(m, rc, c->need[i]);
-		if (c->want[i] > rc->rg.n_slots)
+		/* Frames of other regions only for a member well below its aim (an eighth):
+		   each costs another region a block, and small swings of the working sets
+		   would move frames back and forth. Free frames go to any member below it. */
+		if (rc->rg.n_slots < c->want[i] - c->want[i] / 8)
 			more += c->want[i] - rc->rg.n_slots;
 	}
 	if (more > c->n_free)
 		reclaim(m, m->stamp, regions, more, false);
 	for (uint32_t i = 0; i < n && c->n_free; i++) {
-		struct kvt_recall_layer *rc = m->batch[i]->layers[layer].rc;
+		struct kvt_recall_layer *rc = c->mrc[i];
 		uint32_t want = c->want[i], have = rc->rg.n_slots;
 
 		if (want > have)
@@ -794,15 +805,14 @@ static void recall_run_part(void *ctx, uint32_t k, uint32_t n_parts)
 	if (k >= j->n_parts || n_parts < j->n_parts)
 		return; /* a team larger than the call's parts: nothing for this thread */
 	for (uint32_t i = p->i0; i < p->i0 + 2 && i < p->i1; i++)
-		kvt_region_prefetch(&m->batch[i]->layers[layer].rc->rg, H, sel + (size_t)i * H * r,
-				    r, true);
+		kvt_region_prefetch(&m->rc.mrc[i]->rg, H, sel + (size_t)i * H * r, r, true);
 	if (p->i0 < p->i1)
-		kvt_region_prefetch(&m->batch[p->i0]->layers[layer].rc->rg, H,
-				    sel + (size_t)p->i0 * H * r, r, false);
+		kvt_region_prefetch(&m->rc.mrc[p->i0]->rg, H, sel + (size_t)p->i0 * H * r, r,
+				    false);
 	for (uint32_t i = p->i0; i < p->i1; i++) {
 		if (i + 2 < p->i1)
-			kvt_region_prefetch(&m->batch[i + 2]->layers[layer].rc->rg, H,
-					    sel + (size_t)(i + 2) * H * r, r, true);
+			kvt_region_prefetch(&m->rc.mrc[i + 2]->rg, H, sel + (size_t)(i + 2) * H * r,
+					    r, true);
 		if (i + 1 < p->i1) {
 			const struct kvt_seq_layer *nl = &m->batch[i + 1]->layers[layer];
 
@@ -935,7 +945,7 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 
 	/* Pass 2: sizes, then each member's region decides. Nothing below fails except the
 	   fetch and the gather. */
-	recall_size(m, layer, n, regions);
+	recall_size(m, n, regions);
 	nx = recall_pass2(m, &j, n, &t, &wait);
 	m->st.recall_evictions += t.evictions;
 
