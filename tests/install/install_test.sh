@@ -22,7 +22,7 @@ echo "pkg-config: $flags"
 cc -std=c11 -Wall -Werror "$src/tests/install/hello.c" $flags -o "$stage/hello"
 LD_LIBRARY_PATH="$stage$libdir" "$stage/hello"
 
-for tool in kvtier-demo kvtier-bench kvtier-replay kvtier-curve; do
+for tool in kvtier-demo kvtier-bench kvtier-replay kvtier-curve kvtier-trace; do
 	[ -x "$stage$prefix/bin/$tool" ] || fail "$tool not installed"
 	LD_LIBRARY_PATH="$stage$libdir" "$stage$prefix/bin/$tool" --help >/dev/null
 done
