@@ -137,7 +137,7 @@ int kvt_gpu_region_clear(const struct kvt_gpu_region *rg, uint32_t *gone, uint32
 
 /* ---- Quest selection (policy/quest.cu; the CPU reference is kvt_quest_select, policy.h) ---- */
 
-#define KVT_GPU_QUEST_MAX_R 64u	     /* r */
+#define KVT_GPU_QUEST_MAX_R 256u     /* r */
 #define KVT_GPU_QUEST_MAX_QDIM 4096u /* g_count * head_dim: a head's queries, in shared memory */
 
 /* One (sequence, layer) of a batch: kvt_quest_select's per-sequence inputs. The descriptors lie

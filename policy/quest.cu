@@ -11,11 +11,10 @@
  *
  * Scores. A thread per block: kvt_meta_bound's sums are sequential in d, so the reference's
  * rounding can only be had by one thread walking d in order; __fmul_rn and __fadd_rn keep nvcc
- * from contracting them into FMAs (the C reference is built without contraction: c_std=c11 is
- * ISO mode, where GCC does not contract). The thread runs four query heads' sums side by side
- * (each still in d order, so the same bits) to share the metadata loads and hide the adds'
- * latency; the maximum over the heads is taken in head order, NaN of head 0 kept, as the
- * reference does.
+ * from contracting them into FMAs (the C side, reference included, is built with
+ * -ffp-contract=off). The thread runs four query heads' sums side by side (each still in d
+ * order, so the same bits) to share the metadata loads and hide the adds' latency; the maximum
+ * over the heads is taken in head order, NaN of head 0 kept, as the reference does.
  *
  * Top r. A score maps to a 32-bit key whose unsigned order is kvt_topr's (NaN = 1 below every
  * number, -0 as +0, 0 = not a candidate), so "higher key, then lower block" is the reference's
@@ -25,7 +24,7 @@
  * digits, a shared histogram per digit) finds the r-th key T and the count `need` of keys equal
  * to T that make r; the new carry is every key above T and the first `need` equal to T in array
  * order (the lowest blocks: the tie rule), compacted in order by ballots and per-warp counts.
- * Any block count works in a fixed 34 KB of shared memory; a chunk of 4,096 costs 48 barriers.
+ * Any block count works in a fixed 36 KB of shared memory; a chunk of 4,096 costs 48 barriers.
  */
 #include <math.h>
 #include <stdint.h>
@@ -257,7 +256,7 @@ static __global__ void __launch_bounds__(QS_THREADS)
 				gt_all += sm.n_gt[w];
 				eq_all += sm.n_eq[w];
 			}
-			/* to below r <= QS_MAXR: only the first tile reads there, before its
+			/* at <= p: a place this tile or an earlier one has read, before its
 			   barrier */
 			if (gt || (eq && eq_below < need)) {
 				uint32_t at = gt_below + (eq_below < need ? eq_below : need);

@@ -7,8 +7,8 @@
  * A seeded random run of batches of 1 to 4 entries (each its own token count, sink, ring and
  * top-K counts, and its own kind of data), over f32, f16 and bf16, kv heads 1 to 8, query
  * groups of 1, 3, 4, 5 and 8 (3 and 5 leave part of the kernel's four side-by-side sums
- * unused), head_dim 64 and 128 (and 8 and 40 now and then), r from 1 to 64, layers from no
- * token to 4,096 blocks, where the emulator's build ranks 320 blocks at a time (many chunks,
+ * unused), head_dim 64 and 128 (and 8 and 40 now and then), r from 1 to 256, layers from no
+ * token to 4,096 blocks, where the emulator's build ranks 384 blocks at a time (many chunks,
  * and a carry across them). The kinds of data:
  *  - random: full-precision values, so scores rarely tie;
  *  - pool: each block's metadata one of a few rows, queries on a coarse grid: many exactly
@@ -22,10 +22,10 @@
  * Sinks, rings and top-K counts leave blocks fully resident (skipped) or partly resident
  * (scored), here and there or in alternate runs of up to 100 blocks (chunks whose first warp
  * has no candidate, and a carry that fills late); some layers have fewer candidates than r
- * (padding), some none. Two fixed layers of 4,096 and 16,384 blocks follow, and a small case whose
- * answer is known independently of the reference. Every launch runs under each of the emulator's
- * schedules (the three that reorder warps, which a missing barrier shows, and the one that runs
- * each warp's lanes last to first): each batch is launched once per schedule.
+ * (padding), some none. Two fixed layers of 4,096 and 16,384 blocks follow, and a small case
+ * whose answer is known independently of the reference. Each batch is launched under each of
+ * the emulator's schedules (the three that reorder warps, which a missing barrier shows, and
+ * the one that runs each warp's lanes last to first).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -236,7 +236,7 @@ static void count_entry(const struct shape *s, const struct entry *e, const void
 	uint8_t *taken = t_xmalloc(e->nb);
 
 	seen.entries++;
-	seen.chunks2 += e->nb > 320;
+	seen.chunks2 += e->nb > 384;
 	for (uint32_t h = 0; h < H; h++) {
 		uint32_t nc = 0;
 		float worst_in = INFINITY, best_out = -INFINITY;
@@ -392,7 +392,7 @@ static void random_run(uint64_t seed, uint32_t batches)
 		uint32_t n = 1 + rnd(MAX_BATCH);
 		char what[32];
 
-		switch (rnd(6)) {
+		switch (rnd(8)) {
 		case 0:
 			s.r = 1;
 			break;
@@ -401,6 +401,9 @@ static void random_run(uint64_t seed, uint32_t batches)
 			break;
 		case 2:
 			s.r = 64;
+			break;
+		case 3:
+			s.r = chance(50) ? KVT_GPU_QUEST_MAX_R : 65 + rnd(KVT_GPU_QUEST_MAX_R - 65);
 			break;
 		default:
 			s.r = 1 + rnd(64);
@@ -458,8 +461,8 @@ static void test_quest_random(void **state)
 		      (unsigned long long)seen.inf_cand);
 }
 
-/* Long layers: 4,096 blocks of 32 tokens (128K tokens) and 16,384 of 8, r = 64, with the
-   tie-heavy and the rounding-decided data. */
+/* Long layers: 4,096 blocks of 32 tokens (128K tokens), r = 64, and 16,384 of 8, r = 256, with
+   the tie-heavy and the rounding-decided data. */
 static void test_quest_long(void **state)
 {
 	struct shape s = {KVT_DTYPE_BF16, 2, 4, 128, 5, 64};
@@ -475,7 +478,7 @@ static void test_quest_long(void **state)
 	check_batch(&s, e, 2, "4,096 blocks", false);
 	free_entries(e, 2);
 
-	s = (struct shape){KVT_DTYPE_F32, 1, 8, 64, 3, 64};
+	s = (struct shape){KVT_DTYPE_F32, 1, 8, 64, 3, KVT_GPU_QUEST_MAX_R};
 	e[0] = (struct entry){.N = (16384u << 3) - 3, .kind = K_PERM};
 	fill_entry(&s, &e[0]);
 	check_batch(&s, e, 1, "16,384 blocks", false);
@@ -541,13 +544,13 @@ static void test_quest_known(void **state)
 
 static void test_quest_invalid(void **state)
 {
-	uint16_t meta[2 * 8] = {0}, q[4 * 8] = {0};
+	uint16_t meta[2 * 2 * 8] = {0}, q[4 * 8] = {0}; /* one block of two heads */
 	struct kvt_region_key key[2] = {{0}};
 	struct kvt_gpu_quest desc = {meta, key, 4, 0, 4};
-	uint32_t sel[2 * 65];
+	uint32_t sel[2 * KVT_GPU_QUEST_MAX_R + 1];
 
 	(void)state;
-	for (size_t x = 0; x < 2 * 65; x++)
+	for (size_t x = 0; x < sizeof(sel) / sizeof(sel[0]); x++)
 		sel[x] = GUARD;
 	/* n == 0: nothing to do, whatever else */
 	assert_int_equal(
@@ -586,18 +589,19 @@ static void test_quest_invalid(void **state)
 	assert_int_equal(
 		kvt_gpu_quest_select(KVT_DTYPE_F16, 8, 2, 2, 2, 1, &desc, q, NULL, 1, NULL),
 		KEMU_ERR_INVALID_VALUE);
-	for (size_t x = 0; x < 2 * 65; x++)
+	for (size_t x = 0; x < sizeof(sel) / sizeof(sel[0]); x++)
 		assert_int_equal(sel[x], GUARD);
-	/* at the limits it runs: r = 64 of a layer with one block per head, all zero scores */
+	/* at the limits it runs: r = KVT_GPU_QUEST_MAX_R of a layer with one block per head */
 	assert_int_equal(kvt_gpu_quest_select(KVT_DTYPE_F16, 8, 2, 2, 2, KVT_GPU_QUEST_MAX_R, &desc,
 					      q, sel, 1, NULL),
 			 0);
 	for (uint32_t h = 0; h < 2; h++) {
-		assert_int_equal(sel[h * 64], 0);
-		assert_int_equal(sel[h * 64 + 1], KVT_REGION_NONE);
-		assert_int_equal(sel[h * 64 + 63], KVT_REGION_NONE);
+		assert_int_equal(sel[h * KVT_GPU_QUEST_MAX_R], 0);
+		assert_int_equal(sel[h * KVT_GPU_QUEST_MAX_R + 1], KVT_REGION_NONE);
+		assert_int_equal(sel[h * KVT_GPU_QUEST_MAX_R + KVT_GPU_QUEST_MAX_R - 1],
+				 KVT_REGION_NONE);
 	}
-	assert_int_equal(sel[128], GUARD);
+	assert_int_equal(sel[2 * KVT_GPU_QUEST_MAX_R], GUARD);
 }
 
 int main(void)
