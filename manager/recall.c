@@ -992,15 +992,14 @@ KVT_API int kvt_recall_blocks(struct kvt_manager *m, uint32_t layer, const uint6
 	return recall_core(m, layer, seqs, n, blocks, r, stream);
 }
 
-/* Quest scoring of one (sequence, layer): the top-r blocks per kv head, among blocks not fully
-   resident, into sel[h][r] (KVT_NO_ENTRY where fewer exist). q: the sequence's
-   [n_q_heads][head_dim] queries. */
+/* Quest scoring of one (sequence, layer) by kvt_quest_select: the top-r blocks per kv head,
+   among blocks not fully resident, into sel[h][r] (KVT_NO_ENTRY where fewer exist). q: the
+   sequence's [n_q_heads][head_dim] queries. */
 static int score_seq(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_layer *ly,
 		     const uint8_t *q, uint32_t r, uint32_t *sel)
 {
 	const struct kvt_config *c = &m->cfg;
-	uint32_t H = c->n_kv_heads, G = m->group_q, D = c->head_dim, bt = c->block_tokens;
-	uint32_t N = ly->n_tokens, nb = DIV_UP(N, bt);
+	uint32_t G = m->group_q, D = c->head_dim, N = ly->n_tokens, nb = DIV_UP(N, c->block_tokens);
 	float *qf;
 
 	if (kvt_reserve((void **)&m->score, &m->score_cap, nb, sizeof(*m->score)) ||
@@ -1012,24 +1011,8 @@ static int score_seq(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_la
 		tk_count(m, s, ly);
 	struct kvt_region_geom g = geom_of(m, N);
 
-	for (uint32_t h = 0; h < H; h++) {
-		uint32_t nc = 0, k;
-
-		kvt_to_f32(c->dtype, q + (size_t)h * G * m->row_bytes, qf, (size_t)G * D);
-		for (uint32_t b = 0; b < nb; b++) {
-			uint32_t nv = N - b * bt < bt ? N - b * bt : bt;
-
-			if (kvt_region_resident(&ly->rc->rg, &g, h, b, nv))
-				continue;
-			m->score[nc] = kvt_meta_bound(
-				c->dtype, D, ly->rc->meta + ((size_t)b * H + h) * m->meta_bytes, qf,
-				G, qf + (size_t)G * D);
-			m->cand[nc++] = b;
-		}
-		k = kvt_topr(m->score, m->cand, nc, r, sel + (size_t)h * r, m->cand + nb);
-		for (; k < r; k++)
-			sel[(size_t)h * r + k] = KVT_NO_ENTRY;
-	}
+	kvt_quest_select(c->dtype, D, G, &ly->rc->rg, &g, ly->rc->meta, q, r, sel, m->score,
+			 m->cand, qf);
 	return 0;
 }
 

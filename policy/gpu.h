@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * GPU versions of the policy (policy/snapkv.cu, recall.cu, attend.cu, region.cu), called by
- * the CUDA backend plugin. Each matches its CPU reference in policy.h or region.h on the same
- * inputs: selection identical up to ties at the cutoff (f32 sums in another order), block
- * metadata bit-exact, attention within f32 tolerance, recall regions decision for decision.
+ * GPU versions of the policy (policy/snapkv.cu, recall.cu, attend.cu, region.cu, quest.cu),
+ * called by the CUDA backend plugin. Each matches its CPU reference in policy.h or region.h on
+ * the same inputs: SnapKV selection identical up to ties at the cutoff (f32 sums in another
+ * order), block metadata bit-exact, attention within f32 tolerance, recall regions and the
+ * Quest selection decision for decision.
  *
  * Every function queues its work on `stream` (a cudaStream_t; NULL = the legacy default
  * stream), does not synchronise, allocates nothing, and returns a cudaError_t value as int
@@ -133,6 +134,31 @@ int kvt_gpu_region_empty(const struct kvt_gpu_region *rg, uint32_t n_regions, co
    slot left empty), *n_slots = 0; gone[i] (may be NULL): the keys forgotten. frame[] is not
    touched: every frame of the region is free afterwards. */
 int kvt_gpu_region_clear(const struct kvt_gpu_region *rg, uint32_t *gone, uint32_t n, void *stream);
+
+/* ---- Quest selection (policy/quest.cu; the CPU reference is kvt_quest_select, policy.h) ---- */
+
+#define KVT_GPU_QUEST_MAX_R 256u     /* r */
+#define KVT_GPU_QUEST_MAX_QDIM 4096u /* g_count * head_dim: a head's queries, in shared memory */
+
+/* One (sequence, layer) of a batch: kvt_quest_select's per-sequence inputs. The descriptors lie
+   in device memory; the pointers are device pointers. */
+struct kvt_gpu_quest {
+	const void *meta;		  /* [nb][n_heads][2][head_dim] of the dtype */
+	const struct kvt_region_key *key; /* [nb * n_heads]: tk read (the region's key table) */
+	uint32_t n_tokens, sink, ring0;	  /* kvt_region_geom */
+};
+
+/* kvt_quest_select on each of the n entries of qs (a device array) with the layer's n_heads,
+   lbt, g_count, head_dim and dt: entry i's queries are q + i * n_heads * g_count * head_dim
+   elements of dt, its selection goes to sel[i * n_heads * r ...], block for block the
+   reference's (the same f32 sums in the same order, no contraction). One CTA per (entry, kv
+   head). Any n_tokens works (the blocks are ranked in chunks of shared memory); limits beyond
+   the reference's (cudaErrorInvalidValue, nothing launched): 1 <= r <= KVT_GPU_QUEST_MAX_R,
+   g_count * head_dim <= KVT_GPU_QUEST_MAX_QDIM (both >= 1), lbt < 32, n * n_heads <= INT32_MAX
+   (n_heads >= 1), dt f32, f16 or bf16. Build without --use_fast_math or -ftz (subnormals). */
+int kvt_gpu_quest_select(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads, uint32_t g_count,
+			 uint32_t lbt, uint32_t r, const struct kvt_gpu_quest *qs, const void *q,
+			 uint32_t *sel, uint32_t n, void *stream);
 
 #ifdef __cplusplus
 }

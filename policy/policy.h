@@ -116,6 +116,22 @@ float kvt_meta_bound(enum kvt_dtype dt, uint32_t head_dim, const void *meta, con
 uint32_t kvt_topr(const float *score, const uint32_t *id, uint32_t n, uint32_t r, uint32_t *out,
 		  uint32_t *heap);
 
+struct kvt_region;
+struct kvt_region_geom;
+
+/* Quest selection of one (sequence, layer), the decision kvt_decode_recall makes and every
+   device version must make (policy/quest.cu): for each kv head h of g->n_heads, the blocks of
+   the layer (g->n_tokens tokens in blocks of 1 << g->lbt) that are not fully resident
+   (kvt_region_resident, which reads rg->key only), scored by kvt_meta_bound with the head's
+   g_count query heads, the best r of them by kvt_topr (ties to the lower block, NaN last) in
+   sel[h * r ...], ascending, then KVT_REGION_NONE up to r. meta: [nb][n_heads][2][head_dim] of
+   dt (kvt_meta_build's layout per (block, head)); q: [n_heads * g_count][head_dim] of dt.
+   Scratch: score nb floats, cand nb + r uint32, qf (g_count + 2) * head_dim floats. */
+void kvt_quest_select(enum kvt_dtype dt, uint32_t head_dim, uint32_t g_count,
+		      const struct kvt_region *rg, const struct kvt_region_geom *g,
+		      const void *meta, const void *q, uint32_t r, uint32_t *sel, float *score,
+		      uint32_t *cand, float *qf);
+
 #ifdef __cplusplus
 }
 #endif

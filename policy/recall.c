@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "policy.h"
+#include "region.h"
 
 /* Order-preserving key of an IEEE-like 16-bit pattern (sign-magnitude to unsigned). */
 static inline uint16_t ord16(uint16_t u)
@@ -151,4 +152,33 @@ uint32_t kvt_topr(const float *score, const uint32_t *id, uint32_t n, uint32_t r
 		out[j] = v;
 	}
 	return k;
+}
+
+void kvt_quest_select(enum kvt_dtype dt, uint32_t head_dim, uint32_t g_count,
+		      const struct kvt_region *rg, const struct kvt_region_geom *g,
+		      const void *meta, const void *q, uint32_t r, uint32_t *sel, float *score,
+		      uint32_t *cand, float *qf)
+{
+	uint32_t H = g->n_heads, G = g_count, D = head_dim, bt = 1u << g->lbt;
+	uint32_t N = g->n_tokens, nb = (uint32_t)(((uint64_t)N + bt - 1) >> g->lbt);
+	size_t row = (size_t)D * kvt_dtype_size(dt);
+
+	for (uint32_t h = 0; h < H; h++) {
+		uint32_t nc = 0, k;
+
+		kvt_to_f32(dt, (const uint8_t *)q + (size_t)h * G * row, qf, (size_t)G * D);
+		for (uint32_t b = 0; b < nb; b++) {
+			uint32_t nv = N - b * bt < bt ? N - b * bt : bt;
+
+			if (kvt_region_resident(rg, g, h, b, nv))
+				continue;
+			score[nc] = kvt_meta_bound(
+				dt, D, (const uint8_t *)meta + ((size_t)b * H + h) * 2 * row, qf, G,
+				qf + (size_t)G * D);
+			cand[nc++] = b;
+		}
+		k = kvt_topr(score, cand, nc, r, sel + (size_t)h * r, cand + nb);
+		for (; k < r; k++)
+			sel[(size_t)h * r + k] = KVT_REGION_NONE;
+	}
 }

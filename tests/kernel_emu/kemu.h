@@ -225,6 +225,18 @@ static inline unsigned int __float_as_uint(float f)
 	return (unsigned int)kemu::bits_of(f);
 }
 
+/* f32 add and multiply rounded once each, never fused: the emulator is built with
+   -ffp-contract=off, so the host's own operations are exactly these. */
+static inline float __fadd_rn(float a, float b)
+{
+	return a + b;
+}
+
+static inline float __fmul_rn(float a, float b)
+{
+	return a * b;
+}
+
 /* CUDA's integer min/max overloads that the kernels use. */
 static inline unsigned int min(unsigned int a, unsigned int b)
 {
