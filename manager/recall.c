@@ -393,17 +393,6 @@ static uint64_t target_of(const struct kvt_manager *m, const struct kvt_recall_l
 	return t > KVT_REGION_MAX_SLOTS ? KVT_REGION_MAX_SLOTS : t;
 }
 
-/* Frames the regions outside the call at hand (stamp) hold. */
-static uint64_t reclaimable(const struct kvt_manager *m, uint64_t stamp)
-{
-	uint64_t n = 0;
-
-	for (const struct kvt_recall_layer *rc = m->rc.live_head; rc; rc = rc->lnext)
-		if (rc->stamp != stamp)
-			n += rc->rg.n_slots;
-	return n;
-}
-
 /* Shrinks regions outside the call at hand (stamp) until want frames are free, each losing its
    least recently used slots. First those above their target (target_of) down to it, in turn
    from where the last such walk stopped, at most one lap; then, with `below`, one slot at a
@@ -582,12 +571,18 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 {
 	struct kvt_recall_cache *c = &m->rc;
 	uint32_t H = m->cfg.n_kv_heads;
-	uint64_t regions = c->n_regions, avail = c->n_free, floor = 0, loads = 0, other = 0;
-	bool exact = false, counted = false;
+	uint64_t regions = c->n_regions, avail = c->n_free, floor = 0, loads = 0, other = 0,
+		 mine = 0;
+	bool exact = false;
 
-	for (uint32_t i = 0; i < n; i++)
+	for (uint32_t i = 0; i < n; i++) {
 		regions += c->mrc[i]->rg.n_slots == 0;
+		mine += c->mrc[i]->rg.n_slots;
+	}
 	*n_regions = regions;
+	/* Every frame is free or held by a live region: the other regions hold the rest. */
+	if (ALWAYS(c->n - c->n_free >= mine))
+		other = c->n - c->n_free - mine;
 	for (;;) {
 		avail = c->n_free;
 		floor = 0;
@@ -607,10 +602,6 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 				avail += have - c->need[i];
 			if (c->need[i] > have)
 				floor += c->need[i] - have;
-		}
-		if (floor > avail && !counted) { /* the other regions' frames: one walk */
-			other = reclaimable(m, m->stamp);
-			counted = true;
 		}
 		if (floor <= avail + other || exact)
 			break;
@@ -744,7 +735,8 @@ struct recall_job {
    (policy/region.h), its loads written in its part's stretch of m->xf, its view. Touches only
    the member's own state and the part's. Nothing fails. Returns whether it queued a load. */
 static bool recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, uint32_t layer,
-			  const uint32_t *sel, uint32_t r, struct recall_part *p)
+			  const uint32_t *sel, uint32_t r, struct recall_part *p,
+			  const struct kvt_region_ahead *ahead)
 {
 	struct kvt_recall_cache *c = &m->rc;
 	struct kvt_seq_layer *ly = &s->layers[layer];
@@ -757,8 +749,8 @@ static bool recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, 
 		return false;
 	/* views are laid out view_cap apart per head: the region writes r apart, so a call with
 	   r < view_cap spreads them after */
-	err = kvt_region_recall(&rc->rg, &g, sel, r, &rc->ws, rc->view, rc->view_n, p->ld, &nl,
-				&p->r);
+	err = kvt_region_recall_ahead(&rc->rg, &g, sel, r, &rc->ws, rc->view, rc->view_n, p->ld,
+				      &nl, &p->r, ahead);
 	if (rc->rg.n_slots) { /* a live region: its working set counts */
 		p->ws += (int64_t)rc->ws.total - (int64_t)rc->ws_counted;
 		rc->ws_counted = rc->ws.total;
@@ -810,19 +802,22 @@ static void recall_run_part(void *ctx, uint32_t k, uint32_t n_parts)
 		kvt_region_prefetch(&m->rc.mrc[p->i0]->rg, H, sel + (size_t)p->i0 * H * r, r,
 				    false);
 	for (uint32_t i = p->i0; i < p->i1; i++) {
-		if (i + 2 < p->i1)
-			kvt_region_prefetch(&m->rc.mrc[i + 2]->rg, H, sel + (size_t)(i + 2) * H * r,
-					    r, true);
+		struct kvt_region_ahead ahead = {0};
+
+		if (i + 2 < p->i1) {
+			ahead.keys = &m->rc.mrc[i + 2]->rg;
+			ahead.keys_sel = sel + (size_t)(i + 2) * H * r;
+		}
 		if (i + 1 < p->i1) {
 			const struct kvt_seq_layer *nl = &m->batch[i + 1]->layers[layer];
 
-			kvt_region_prefetch(&nl->rc->rg, H, sel + (size_t)(i + 1) * H * r, r,
-					    false);
+			ahead.slots = &m->rc.mrc[i + 1]->rg;
+			ahead.slots_sel = sel + (size_t)(i + 1) * H * r;
 			/* its group table, which its loads read */
 			for (uint32_t g = 0; g < nl->n_groups; g += 16)
 				__builtin_prefetch(&nl->groups[g]);
 		}
-		recall_member(m, i, m->batch[i], layer, sel + (size_t)i * H * r, r, p);
+		recall_member(m, i, m->batch[i], layer, sel + (size_t)i * H * r, r, p, &ahead);
 	}
 }
 

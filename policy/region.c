@@ -234,27 +234,42 @@ static inline void prefetch_w(const void *p)
 	__asm__ volatile("");
 }
 
+/* Head h's part of kvt_region_prefetch. */
+static inline void prefetch_head(const struct kvt_region *rg, uint32_t n_heads, uint32_t h,
+				 const uint32_t *hs, uint32_t r, bool keys)
+{
+	for (uint32_t j = 0; j < r; j++) {
+		uint32_t b = hs[j];
+		const struct kvt_region_key *ke;
+
+		if (b == KVT_REGION_NONE || b >= rg->cap_blocks)
+			continue;
+		ke = &rg->key[(size_t)b * n_heads + h];
+		if (keys)
+			prefetch_w(ke);
+		else if (ke->slot && ke->slot <= rg->n_slots)
+			prefetch_w(&rg->slot[ke->slot - 1u]);
+	}
+}
+
 void kvt_region_prefetch(const struct kvt_region *rg, uint32_t n_heads, const uint32_t *sel,
 			 uint32_t r, bool keys)
 {
 	for (uint32_t h = 0; h < n_heads; h++)
-		for (uint32_t j = 0; j < r; j++) {
-			uint32_t b = sel[(size_t)h * r + j];
-			const struct kvt_region_key *ke;
-
-			if (b == KVT_REGION_NONE || b >= rg->cap_blocks)
-				continue;
-			ke = &rg->key[(size_t)b * n_heads + h];
-			if (keys)
-				prefetch_w(ke);
-			else if (ke->slot && ke->slot <= rg->n_slots)
-				prefetch_w(&rg->slot[ke->slot - 1u]);
-		}
+		prefetch_head(rg, n_heads, h, sel + (size_t)h * r, r, keys);
 }
 
 int kvt_region_recall(struct kvt_region *rg, const struct kvt_region_geom *g, const uint32_t *sel,
 		      uint32_t r, struct kvt_ws *ws, uint32_t *view, uint32_t *view_n,
 		      struct kvt_region_load *load, uint32_t *n_load, struct kvt_region_tally *t)
+{
+	return kvt_region_recall_ahead(rg, g, sel, r, ws, view, view_n, load, n_load, t, NULL);
+}
+
+int kvt_region_recall_ahead(struct kvt_region *rg, const struct kvt_region_geom *g,
+			    const uint32_t *sel, uint32_t r, struct kvt_ws *ws, uint32_t *view,
+			    uint32_t *view_n, struct kvt_region_load *load, uint32_t *n_load,
+			    struct kvt_region_tally *t, const struct kvt_region_ahead *ahead)
 {
 	const uint32_t H = g->n_heads, N = g->n_tokens, bt = 1u << g->lbt;
 	uint32_t c, nl = 0, n_new = 0, hits0 = t->hits;
@@ -271,6 +286,13 @@ int kvt_region_recall(struct kvt_region *rg, const struct kvt_region_geom *g, co
 	for (uint32_t h = 0; h < H; h++) {
 		const uint32_t *hs = sel + (size_t)h * r;
 		uint32_t *hv = view + (size_t)h * r, vn = 0;
+
+		/* the memory of the calls ahead comes in while this head's lookups run */
+		if (ahead && ahead->keys)
+			prefetch_head(ahead->keys, H, h, ahead->keys_sel + (size_t)h * r, r, true);
+		if (ahead && ahead->slots)
+			prefetch_head(ahead->slots, H, h, ahead->slots_sel + (size_t)h * r, r,
+				      false);
 
 		for (uint32_t j = 0; j < r; j++) {
 			uint32_t b = hs[j], nv, k;

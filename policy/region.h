@@ -123,6 +123,22 @@ int kvt_region_recall(struct kvt_region *rg, const struct kvt_region_geom *g, co
 		      uint32_t r, struct kvt_ws *ws, uint32_t *view, uint32_t *view_n,
 		      struct kvt_region_load *load, uint32_t *n_load, struct kvt_region_tally *t);
 
+/* What kvt_region_recall_ahead prefetches while it works, head by head, so that the memory of
+   the calls after it overlaps its lookups: the key entries that `keys`'s call of keys_sel will
+   read, and the slots that `slots`'s call of slots_sel will read (named by key entries
+   prefetched earlier). Either region may be NULL; both have the call's n_heads and r. */
+struct kvt_region_ahead {
+	const struct kvt_region *keys, *slots;
+	const uint32_t *keys_sel, *slots_sel;
+};
+
+/* kvt_region_recall, prefetching for the calls ahead (NULL: none) as it goes. The same
+   decisions. */
+int kvt_region_recall_ahead(struct kvt_region *rg, const struct kvt_region_geom *g,
+			    const uint32_t *sel, uint32_t r, struct kvt_ws *ws, uint32_t *view,
+			    uint32_t *view_n, struct kvt_region_load *load, uint32_t *n_load,
+			    struct kvt_region_tally *t, const struct kvt_region_ahead *ahead);
+
 /* Prefetches what kvt_region_recall of sel will read: with keys, the key table entries of its
    blocks; without, the slots those entries name (fetched by an earlier call with keys). A
    batch calls it for the regions a few places ahead, so their misses overlap. */
