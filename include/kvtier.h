@@ -40,9 +40,9 @@
  *   its own save threads, io_uring and spill file).
  * - Any thread, any time: kvt_version, kvt_strerror, kvt_log_set, kvt_log_set_level, the last
  *   two from inside a log callback as well. A log callback may be called from the owner's
- *   thread or from a save thread, of several managers at once and with no library lock held, so
- *   it must be thread-safe; it must not call back into the manager, nor wait for a thread that
- *   is inside kvt_log_set (which may be waiting for that callback to return).
+ *   thread or from a save or recall thread, of several managers at once and with no library
+ *   lock held, so it must be thread-safe; it must not call back into the manager, nor wait for
+ *   a thread that is inside kvt_log_set (which may be waiting for that callback to return).
  * - Internal threads: config.save_threads threads per manager scatter the rows of saves (the
  *   second half of FlashD2H) from a staging buffer into host blocks. They touch nothing but
  *   staging buffers and the host blocks named by the save, never the bookkeeping. Every call
@@ -53,6 +53,9 @@
  *   then every wait that covers it fails with -EIO, detail in the last error (the reads,
  *   recalls, resumes and spills of sequences saved since, kvt_manager_sync), while what was
  *   saved before it stays readable. A device that failed once fails those calls anyway.
+ * - With config.recall_threads = T >= 2, T - 1 more threads per manager ("kvt-par") share the
+ *   work of a recall call with the calling thread, each on its own part of the call's
+ *   sequences, and sleep between calls; the call returns only when all are done.
  * - The disk tier runs no thread: its io_uring batches are submitted and their completions
  *   reaped by the owner's thread inside the call that needs them, which returns only when the
  *   batch is done (spills free host blocks only after their write completed).

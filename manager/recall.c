@@ -733,8 +733,8 @@ struct recall_job {
 
 /* Pass 2 for one member (s, layer) and its selection sel[H][r]: the region's decisions
    (policy/region.h), its loads written in its part's stretch of m->xf, its view. Touches only
-   the member's own state and the part's. Nothing fails. Returns whether it queued a load. */
-static bool recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, uint32_t layer,
+   the member's own state and the part's. Nothing fails. */
+static void recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, uint32_t layer,
 			  const uint32_t *sel, uint32_t r, struct recall_part *p,
 			  const struct kvt_region_ahead *ahead)
 {
@@ -746,7 +746,7 @@ static bool recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, 
 	int err;
 
 	if (NEVER(r > rc->view_cap)) /* recall_validate made room for the view */
-		return false;
+		return;
 	/* views are laid out view_cap apart per head: the region writes r apart, so a call with
 	   r < view_cap spreads them after */
 	err = kvt_region_recall_ahead(&rc->rg, &g, sel, r, &rc->ws, rc->view, rc->view_n, p->ld,
@@ -780,7 +780,6 @@ static bool recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, 
 	rc->view_failed = false;
 	if (nl && s->save_ticket > p->wait)
 		p->wait = s->save_ticket;
-	return nl > 0;
 }
 
 /* Runs pass 2 over one part's members. Each member's tables are its own but cold: while member
@@ -987,28 +986,45 @@ KVT_API int kvt_recall_blocks(struct kvt_manager *m, uint32_t layer, const uint6
 	return recall_core(m, layer, seqs, n, blocks, r, stream);
 }
 
-/* Quest scoring of one (sequence, layer) by kvt_quest_select: the top-r blocks per kv head,
-   among blocks not fully resident, into sel[h][r] (KVT_NO_ENTRY where fewer exist). q: the
-   sequence's [n_q_heads][head_dim] queries. */
-static int score_seq(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_layer *ly,
-		     const uint8_t *q, uint32_t r, uint32_t *sel)
+/* Quest scoring of a recall call's members (m->batch[i]; NULL: left alone): member i's top-r
+   blocks per kv head, among blocks not fully resident, into sel[i][h][r] (KVT_NO_ENTRY where
+   fewer exist), from its queries ([n_q_heads][head_dim] at q + i * qstride). The batch is
+   split into parts as pass 2 is; each part has its own scratch in m->score (stride floats),
+   m->cand (stride + r) and m->qf ((G + 2) * D floats). */
+struct score_job {
+	struct kvt_manager *m;
+	uint32_t layer, r, n, n_parts;
+	const uint8_t *q;
+	uint64_t qstride;
+	uint32_t *sel;
+	size_t stride; /* the most blocks of a member's layer */
+};
+
+static void score_part(void *ctx, uint32_t k, uint32_t n_parts)
 {
+	struct score_job *j = ctx;
+	struct kvt_manager *m = j->m;
 	const struct kvt_config *c = &m->cfg;
-	uint32_t G = m->group_q, D = c->head_dim, N = ly->n_tokens, nb = DIV_UP(N, c->block_tokens);
-	float *qf;
+	uint32_t H = c->n_kv_heads, G = m->group_q, D = c->head_dim;
+	uint32_t i0 = (uint32_t)((uint64_t)j->n * k / j->n_parts);
+	uint32_t i1 = (uint32_t)((uint64_t)j->n * (k + 1) / j->n_parts);
+	float *score = m->score + k * j->stride, *qf = m->qf + (size_t)k * (G + 2) * D;
+	uint32_t *cand = m->cand + k * (j->stride + j->r);
 
-	if (kvt_reserve((void **)&m->score, &m->score_cap, nb, sizeof(*m->score)) ||
-	    kvt_reserve((void **)&m->cand, &m->cand_cap, nb + r, sizeof(*m->cand)) ||
-	    kvt_reserve((void **)&m->qf, &m->qf_cap, (G + 2) * D, sizeof(*m->qf)))
-		return -ENOMEM;
-	qf = m->qf;
-	if (!ly->rc->tk_ready)
-		tk_count(m, s, ly);
-	struct kvt_region_geom g = geom_of(m, N);
+	if (k >= j->n_parts || n_parts < j->n_parts)
+		return; /* a team larger than the call's parts: nothing for this thread */
+	for (uint32_t i = i0; i < i1; i++) {
+		const struct kvt_seq *s = m->batch[i];
+		const struct kvt_seq_layer *ly = s ? &s->layers[j->layer] : NULL;
+		struct kvt_region_geom g;
 
-	kvt_quest_select(c->dtype, D, G, &ly->rc->rg, &g, ly->rc->meta, q, r, sel, m->score,
-			 m->cand, qf);
-	return 0;
+		if (!s)
+			continue;
+		g = geom_of(m, ly->n_tokens);
+		kvt_quest_select(c->dtype, D, G, &ly->rc->rg, &g, ly->rc->meta,
+				 j->q + i * j->qstride, j->r, j->sel + (size_t)i * H * j->r, score,
+				 cand, qf);
+	}
 }
 
 /* The sequence id of a recall call when it can be scored for layer (recall_core reports the
@@ -1045,7 +1061,7 @@ static int catch_up_fetch(struct kvt_manager *m, uint32_t layer, const uint64_t 
 KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
 			      uint32_t n, const void *q, void *stream)
 {
-	uint32_t H, r;
+	uint32_t H, r, nb = 1;
 	uint64_t qstride;
 	int err;
 
@@ -1079,23 +1095,50 @@ KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint6
 	err = catch_up_fetch(m, layer, seqs, n);
 	if (err)
 		return err;
+	/* Metadata caught up and top-K counted here, then the scoring, shared by the recall
+	   threads: each member's is its own. */
+	if (kvt_reserve((void **)&m->batch, &m->batch_cap, n, sizeof(*m->batch)))
+		return kvt_fail(m, -ENOMEM, "recall: no memory for a batch of %u", n);
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_seq *s = scorable(m, seqs[i], layer);
 		struct kvt_seq_layer *ly = s ? &s->layers[layer] : NULL;
 
+		m->batch[i] = s;
 		/* recall_core reports every invalid sequence; score only valid ones. */
 		if (!s) {
-			for (size_t j = 0; j < (size_t)H * r; j++)
-				m->sel[(size_t)i * H * r + j] = KVT_NO_ENTRY;
+			for (size_t x = 0; x < (size_t)H * r; x++)
+				m->sel[(size_t)i * H * r + x] = KVT_NO_ENTRY;
 			continue;
 		}
 		err = kvt_meta_catch_up(m, s, ly);
 		if (err)
 			return err;
-		if (score_seq(m, s, ly, (const uint8_t *)q + i * qstride, r,
-			      m->sel + (size_t)i * H * r))
-			return kvt_fail(m, -ENOMEM, "recall: no memory for scoring");
+		if (!ly->rc->tk_ready)
+			tk_count(m, s, ly);
+		if (DIV_UP(ly->n_tokens, m->cfg.block_tokens) > nb)
+			nb = DIV_UP(ly->n_tokens, m->cfg.block_tokens);
 	}
+	struct score_job j = {.m = m,
+			      .layer = layer,
+			      .r = r,
+			      .n = n,
+			      .q = q,
+			      .qstride = qstride,
+			      .sel = m->sel,
+			      .stride = nb,
+			      .n_parts = recall_parts(m, n)};
+	size_t qf_n = (size_t)(m->group_q + 2) * m->cfg.head_dim;
+
+	if ((uint64_t)j.n_parts * (nb + r) > UINT32_MAX ||
+	    (uint64_t)j.n_parts * qf_n > UINT32_MAX ||
+	    kvt_reserve((void **)&m->score, &m->score_cap, j.n_parts * nb, sizeof(*m->score)) ||
+	    kvt_reserve((void **)&m->cand, &m->cand_cap, j.n_parts * (nb + r), sizeof(*m->cand)) ||
+	    kvt_reserve((void **)&m->qf, &m->qf_cap, (uint32_t)(j.n_parts * qf_n), sizeof(*m->qf)))
+		return kvt_fail(m, -ENOMEM, "recall: no memory for scoring");
+	if (j.n_parts > 1)
+		kvt_par_run(m->rc.par, score_part, &j);
+	else
+		score_part(&j, 0, 1);
 	return recall_core(m, layer, seqs, n, m->sel, r, stream);
 }
 

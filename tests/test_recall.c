@@ -826,11 +826,11 @@ static void twin_views(struct kvt_manager *const mm[2], const struct kvt_config 
 
 /* config.recall_threads changes who does a call's work, never what is done: two managers, one
    thread and three (parts of unequal size), run the same random calls (batches of 1 to 24
-   sequences in random order, repeated and empty entries, decode appends, preempt/resume,
-   destroy and prefill again, a host tier small enough that recalls read spilled blocks back
-   from the disk tier, a recall cache small enough to evict and to refuse) and agree after
-   every call: its result, every counter, the views of its sequences (frames included) and
-   attention over them. */
+   sequences in random order; given selections with repeated and empty entries, or Quest's
+   from the managers' own scoring; decode appends, preempt/resume, destroy and prefill again;
+   a host tier small enough that recalls read spilled blocks back from the disk tier; a recall
+   cache small enough to evict and to refuse) and agree after every call: its result, every
+   counter, the views of its sequences (frames included) and attention over them. */
 static void test_recall_threads_same(void **state)
 {
 	struct kvt_config c = recall_config(TW_R, 72);
@@ -838,7 +838,7 @@ static void test_recall_threads_same(void **state)
 	char dir[] = "/tmp/kvt-recall-XXXXXX";
 	uint64_t seed = t_pick_seed(), ids[TW_SEQS], batch[TW_SEQS], origin[2] = {0, 0};
 	bool live[TW_SEQS], pre[TW_SEQS];
-	uint32_t sel[TW_SEQS * 2 * TW_R], calls = 0, split = 0, refused = 0;
+	uint32_t sel[TW_SEQS * 2 * TW_R], calls = 0, split = 0, refused = 0, scored = 0;
 	long ops = t_pick_ops(1200);
 	(void)state;
 
@@ -886,8 +886,24 @@ static void test_recall_threads_same(void **state)
 									: t_rng_below(nb);
 				}
 			}
-			for (int k = 0; k < 2; k++)
-				rc[k] = kvt_recall_blocks(mm[k], layer, batch, n, sel, TW_R, NULL);
+			if (t_rng_below(3) == 0) { /* Quest: the managers score */
+				size_t qs = (size_t)c.n_q_heads * t_rowb(&c);
+				uint8_t *qq = t_xmalloc(n * qs);
+				float *qf =
+					t_xmalloc((size_t)c.n_q_heads * c.head_dim * sizeof(*qf));
+
+				for (uint32_t m = 0; m < n; m++)
+					make_query(&c, batch[m], (uint32_t)op, qq + m * qs, qf);
+				for (int k = 0; k < 2; k++)
+					rc[k] = kvt_decode_recall(mm[k], layer, batch, n, qq, NULL);
+				scored++;
+				free(qq);
+				free(qf);
+			} else {
+				for (int k = 0; k < 2; k++)
+					rc[k] = kvt_recall_blocks(mm[k], layer, batch, n, sel, TW_R,
+								  NULL);
+			}
 			CHECK_EQ(rc[0], rc[1]);
 			calls++;
 			split += n >= 16;
@@ -927,13 +943,14 @@ static void test_recall_threads_same(void **state)
 	}
 	struct kvt_stats a = t_stats_of(mm[0]);
 
-	print_message("# recall threads: %u calls (%u of 16+ sequences, %u refused), %llu loads, "
-		      "%llu evictions, %llu disk reads\n",
-		      calls, split, refused, (unsigned long long)a.recall_loads,
-		      (unsigned long long)a.recall_evictions,
-		      (unsigned long long)a.disk_blocks_fetched);
+	print_message(
+		"# recall threads: %u calls (%u scored, %u of 16+ sequences, %u refused), %llu "
+		"loads, %llu evictions, %llu disk reads\n",
+		calls, scored, split, refused, (unsigned long long)a.recall_loads,
+		(unsigned long long)a.recall_evictions, (unsigned long long)a.disk_blocks_fetched);
 	/* the walk reached what it is about */
 	assert_true(split > 0);
+	assert_true(scored > 0);
 	assert_true(a.recall_evictions > 0);
 	assert_true(a.disk_blocks_fetched > 0);
 	for (int k = 0; k < 2; k++)
