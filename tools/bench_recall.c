@@ -21,6 +21,7 @@
 
 struct ropts {
 	uint32_t seqs, layers, prompt, steps, r, churn_pct, cache_pct, threads;
+	bool quest;
 	const char *csv;
 };
 
@@ -40,6 +41,10 @@ static void usage(FILE *f)
 		"  --churn P      percent of selected blocks replaced each step (default 10)\n"
 		"  --cache P      recall cache size, percent of one step's blocks (default 150)\n"
 		"  --threads N    config.recall_threads: threads sharing each call (default 1)\n"
+		"  --quest        time kvt_decode_recall instead: Quest scoring of real block\n"
+		"                 metadata and the recall, host backend (its memory is real: keep\n"
+		"                 seqs x layers x prompt small), no top-K (every block outside the\n"
+		"                 sink and ring is a candidate), random queries each step\n"
 		"  --csv FILE     one line per step: step,ns,loads,hits\n"
 		"  -h, --help     this text\n"
 		"Exit status: 0 on success, 1 on a library error, 2 on bad usage.\n");
@@ -48,21 +53,16 @@ static void usage(FILE *f)
 static int parse(int argc, char **argv, struct ropts *o)
 {
 	static const struct option lo[] = {
-		{"seqs", required_argument, NULL, 's'},
-		{"layers", required_argument, NULL, 'l'},
-		{"prompt", required_argument, NULL, 'p'},
-		{"r", required_argument, NULL, 'r'},
-		{"steps", required_argument, NULL, 'n'},
-		{"churn", required_argument, NULL, 'u'},
-		{"cache", required_argument, NULL, 'k'},
-		{"csv", required_argument, NULL, 'c'},
-		{"threads", required_argument, NULL, 't'},
-		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
+		{"seqs", required_argument, NULL, 's'},	   {"layers", required_argument, NULL, 'l'},
+		{"prompt", required_argument, NULL, 'p'},  {"r", required_argument, NULL, 'r'},
+		{"steps", required_argument, NULL, 'n'},   {"churn", required_argument, NULL, 'u'},
+		{"cache", required_argument, NULL, 'k'},   {"csv", required_argument, NULL, 'c'},
+		{"threads", required_argument, NULL, 't'}, {"quest", no_argument, NULL, 'Q'},
+		{"help", no_argument, NULL, 'h'},	   {NULL, 0, NULL, 0},
 	};
 	int c, bad, li = 0;
 
-	*o = (struct ropts){256, 32, 8192, 64, 16, 10, 150, 1, NULL};
+	*o = (struct ropts){256, 32, 8192, 64, 16, 10, 150, 1, false, NULL};
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", lo, &li)) != -1) {
 		bad = 0;
@@ -94,6 +94,9 @@ static int parse(int argc, char **argv, struct ropts *o)
 		case 't':
 			bad = sim_parse_u32(optarg, 1, 64, &o->threads);
 			break;
+		case 'Q':
+			o->quest = true;
+			break;
 		case 'h':
 			usage(stdout);
 			exit(0);
@@ -107,6 +110,105 @@ static int parse(int argc, char **argv, struct ropts *o)
 	if (cli_no_extra("kvtier-bench", argc, argv))
 		return -1;
 	return 0;
+}
+
+/* --quest: kvt_decode_recall on the host backend. Prefill writes real rows (a value pattern
+   of the token's coordinates), so the block metadata and the scores are real; the top-K is off
+   so that prefill runs no SnapKV. Each step appends a token to every layer, then times one
+   kvt_decode_recall per layer with fresh random queries. */
+static int bench_quest(const struct ropts *o)
+{
+	struct kvt_config c = KVT_CONFIG_INIT;
+	struct kvt_manager *m = NULL;
+	uint64_t *ids = NULL, rng = 7;
+	uint16_t *k = NULL, *q = NULL, *kd = NULL;
+	double *t = NULL;
+	int err = 0, rc = 1;
+
+	c.n_layers = o->layers;
+	c.backend = KVT_BACKEND_HOST;
+	c.save_threads = 0;
+	c.topk_tokens = 0;
+	c.recall_blocks = o->r;
+	c.recall_threads = o->threads;
+
+	uint32_t H = c.n_kv_heads, Hq = c.n_q_heads, D = c.head_dim, bt = c.block_tokens;
+	uint64_t row = (uint64_t)D * 2, block = 2ull * bt * row, group = H * block;
+	uint64_t frames = (c.sink_tokens + c.recent_tokens) / bt + 2;
+	uint64_t blocks = (o->prompt + o->steps + bt - 1) / bt + 1;
+	uint64_t per_step = (uint64_t)o->seqs * o->layers * H * o->r;
+	size_t krow = (size_t)H * o->prompt * D;
+
+	c.recall_cache_bytes = per_step * o->cache_pct / 100 * block;
+	c.device_bytes = group * frames * o->layers * o->seqs + c.recall_cache_bytes;
+	c.host_bytes = group * blocks * o->layers * o->seqs;
+	err = kvt_manager_create(&c, &m);
+	if (err) {
+		fprintf(stderr, "kvtier-bench: cannot create the manager: %s\n", kvt_strerror(err));
+		return 1;
+	}
+	ids = calloc(o->seqs, sizeof(*ids));
+	k = malloc(krow * sizeof(*k));
+	q = malloc((size_t)o->seqs * Hq * D * sizeof(*q));
+	kd = calloc((size_t)o->seqs * H * D, sizeof(*kd));
+	t = calloc(o->steps, sizeof(*t));
+	if (!ids || !k || !q || !kd || !t) {
+		fprintf(stderr, "kvtier-bench: out of memory\n");
+		goto out;
+	}
+	for (size_t x = 0; x < krow; x++) /* bf16 values in about [-2, 2) */
+		k[x] = (uint16_t)(0x3c00u + (sim_splitmix64(&rng) & 0x7fu) +
+				  ((sim_splitmix64(&rng) & 1u) << 15));
+	for (uint32_t i = 0; i < o->seqs && !err; i++) {
+		ids[i] = 9000 + (uint64_t)i;
+		err = kvt_seq_create(m, ids[i], o->prompt);
+		for (uint32_t l = 0; !err && l < o->layers; l++)
+			err = kvt_prefill_layer(m, ids[i], l, k, k, k, NULL);
+	}
+	if (err) {
+		fprintf(stderr, "kvtier-bench: setup: %s\n", kvt_manager_last_error(m));
+		goto out;
+	}
+	for (uint32_t s = 0; s < o->steps; s++) {
+		double t0;
+
+		for (uint32_t l = 0; l < o->layers && !err; l++)
+			err = kvt_decode_append(m, l, ids, o->seqs, kd, kd, NULL);
+		for (size_t x = 0; x < (size_t)o->seqs * Hq * D; x++)
+			q[x] = (uint16_t)(0x3c00u + (sim_splitmix64(&rng) & 0xffu) +
+					  ((sim_splitmix64(&rng) & 1u) << 15));
+		t0 = sim_now_s();
+		for (uint32_t l = 0; l < o->layers && !err; l++)
+			err = kvt_decode_recall(m, l, ids, o->seqs, q, NULL);
+		t[s] = sim_now_s() - t0;
+		if (err) {
+			fprintf(stderr, "kvtier-bench: step %u: %s\n", s,
+				kvt_manager_last_error(m));
+			goto out;
+		}
+	}
+	qsort(t + 1, o->steps - 1, sizeof(*t), sim_cmp_double);
+
+	double med = t[1 + (o->steps - 1) / 2];
+	struct kvt_stats st = KVT_STATS_INIT;
+
+	kvt_manager_stats(m, &st);
+	printf("kvtier-bench recall --quest: host backend, %u sequences x %u layers x 8 kv heads "
+	       "(32 q heads, d=128, bf16), prompt %u, r = %u, %u recall thread(s), %u steps "
+	       "(first excluded)\n",
+	       o->seqs, o->layers, o->prompt, o->r, o->threads, o->steps);
+	printf("per step: median %.2f ms; per (sequence, layer) %.1f us; hit rate %.3f\n",
+	       med * 1e3, med * 1e6 / ((double)o->seqs * o->layers),
+	       (double)st.recall_hits / (double)(st.recall_lookups ? st.recall_lookups : 1));
+	rc = 0;
+out:
+	kvt_manager_destroy(m);
+	free(ids);
+	free(k);
+	free(q);
+	free(kd);
+	free(t);
+	return rc;
 }
 
 int bench_recall(int argc, char **argv)
@@ -123,6 +225,8 @@ int bench_recall(int argc, char **argv)
 
 	if (parse(argc, argv, &o))
 		return 2;
+	if (o.quest)
+		return bench_quest(&o);
 	c.n_layers = o.layers;
 	c.backend = KVT_BACKEND_HOST;
 	c.save_threads = 0;
