@@ -182,7 +182,7 @@ struct kvt_config {
    recall cache), a 12-step working-set window; transfer model of an H100 on PCIe Gen5: 53 GB/s
    each way, 1500 GB/s device copies, 2 us per DMA call, 5 us per kernel launch, fused gather
    at 0.8 of the link; no disk tier (64 I/Os in flight when enabled; model disk: 6 GB/s,
-   80 us per batch); recall calls on the calling thread alone. */
+   80 us per batch); recall calls on the calling thread alone (recall_threads 0). */
 #define KVT_CONFIG_INIT                                                                           \
 	{                                                                                         \
 		.size = sizeof(struct kvt_config), .version = KVT_CONFIG_VERSION, .n_layers = 32, \
@@ -196,7 +196,6 @@ struct kvt_config {
 		.model_d2d_gbps = 1500.0, .model_fused_eff = 0.8, .model_call_ns = 2000,          \
 		.model_launch_ns = 5000, .model_fused = 1, .spill_dir = NULL, .disk_bytes = 0,    \
 		.disk_queue_depth = 64, .model_disk_ns = 80000, .model_disk_gbps = 6.0,           \
-		.recall_threads = 1,                                                              \
 	}
 
 struct kvt_manager;

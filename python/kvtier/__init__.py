@@ -172,7 +172,7 @@ class Config:
     disk_bytes: int = 0
     model_disk_gbps: float = 6.0
     model_disk_ns: int = 80000
-    recall_threads: int = 1
+    recall_threads: int = 0
 
     def __post_init__(self) -> None:
         self.dtype = _as_enum(DType, self.dtype, _DTYPE_NAMES)
