@@ -38,6 +38,7 @@
 #include <cuda_runtime.h>
 
 #include "gpu.h"
+#include "warp.cuh"
 #include "region.h"
 
 #define RG_THREADS 256
@@ -73,23 +74,6 @@ struct rg_smem {
 static __device__ __forceinline__ uint32_t rg_min(uint32_t a, uint32_t b)
 {
 	return a < b ? a : b;
-}
-
-static __device__ __forceinline__ uint32_t lanes_below(uint32_t lane)
-{
-	return (1u << lane) - 1u;
-}
-
-/* Inclusive sum over the lanes up to this one. */
-static __device__ __forceinline__ uint32_t warp_scan(uint32_t v, uint32_t lane)
-{
-	for (uint32_t d = 1; d < 32; d *= 2) {
-		uint32_t o = __shfl_sync(FULL, v, lane >= d ? lane - d : lane);
-
-		if (lane >= d)
-			v += o;
-	}
-	return v;
 }
 
 /* The victim order: a slot's (stamp, rank). */
@@ -461,25 +445,8 @@ static __global__ void __launch_bounds__(RG_THREADS)
 					atomicAdd(&sm.hist[(o >> shift) & 255], 1u);
 			}
 			__syncthreads();
-			if (warp == 0) { /* the digit's bin holding the want-th */
-				uint32_t part = 0, incl;
-
-				for (uint32_t b = 0; b < 8; b++)
-					part += sm.hist[lane * 8 + b];
-				incl = warp_scan(part, lane);
-				if (incl - part < want && want <= incl) {
-					uint32_t below = incl - part;
-
-					for (uint32_t b = lane * 8;; b++) {
-						if (below + sm.hist[b] >= want) {
-							sm.bin = b;
-							sm.below = below;
-							break;
-						}
-						below += sm.hist[b];
-					}
-				}
-			}
+			if (warp == 0) /* the digit's bin holding the want-th */
+				warp_hist_find(sm.hist, want, lane, &sm.bin, &sm.below);
 			__syncthreads();
 			want_key |= (unsigned long long)sm.bin << shift;
 			want -= sm.below;
