@@ -34,7 +34,7 @@
 
 #include "dtype.cuh"
 #include "gpu.h"
-#include "warp.cuh"
+#include "shared.cuh"
 #include "region.h"
 
 #define QS_THREADS 256
@@ -58,20 +58,6 @@ struct qs_smem {
 	uint32_t n_gt[QS_WARPS], n_eq[QS_WARPS];
 	uint32_t m, bin, below;
 };
-
-/* The reference's kvt_region_resident. */
-static __device__ __forceinline__ bool qs_resident(const struct kvt_region_key *key, uint32_t H,
-						   uint32_t lbt, uint32_t sink, uint32_t ring0,
-						   uint32_t h, uint32_t b, uint32_t nv)
-{
-	uint32_t p0 = b << lbt, end = p0 + nv, cnt = 0;
-
-	if (p0 < sink)
-		cnt += (end < sink ? end : sink) - p0;
-	if (end > ring0)
-		cnt += end - (p0 > ring0 ? p0 : ring0);
-	return cnt + key[(uint64_t)b * H + h].tk == nv;
-}
 
 /* kvt_meta_bound of the block whose min and max rows are mn and mx (D elements each), against
    the G query heads q [G][D] (shared): the same products and sums, in the same order. */
@@ -157,7 +143,7 @@ static __global__ void __launch_bounds__(QS_THREADS)
 				uint32_t b = (uint32_t)(c0 + i), left = N - (b << lbt);
 				uint32_t nv = left < bt ? left : bt;
 
-				if (!qs_resident(key, H, lbt, sink, ring0, h, b, nv)) {
+				if (!dev_resident(key, H, lbt, sink, ring0, h, b, nv)) {
 					const T *mb = meta + ((size_t)b * H + h) * 2 * D;
 
 					k = qs_key(qs_bound<T>(mb, mb + D, sm.q, D, G));

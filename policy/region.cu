@@ -38,7 +38,7 @@
 #include <cuda_runtime.h>
 
 #include "gpu.h"
-#include "warp.cuh"
+#include "shared.cuh"
 #include "region.h"
 
 #define RG_THREADS 256
@@ -80,20 +80,6 @@ static __device__ __forceinline__ uint32_t rg_min(uint32_t a, uint32_t b)
 static __device__ __forceinline__ unsigned long long slot_order(const struct kvt_region_slot *s)
 {
 	return (unsigned long long)s->stamp << 32 | s->rank;
-}
-
-/* The reference's kvt_region_resident. */
-static __device__ __forceinline__ bool resident(const struct kvt_region_key *key, uint32_t H,
-						uint32_t lbt, uint32_t sink, uint32_t ring0,
-						uint32_t h, uint32_t b, uint32_t nv)
-{
-	uint32_t p0 = b << lbt, end = p0 + nv, cnt = 0;
-
-	if (p0 < sink)
-		cnt += (end < sink ? end : sink) - p0;
-	if (end > ring0)
-		cnt += end - (p0 > ring0 ? p0 : ring0);
-	return cnt + key[(uint64_t)b * H + h].tk == nv;
 }
 
 /* Tokens of block b in a layer of N tokens (b below its block count). */
@@ -208,7 +194,7 @@ static __global__ void __launch_bounds__(RG_THREADS)
 
 			if (b != KVT_REGION_NONE) {
 				nv = block_tokens(N, lbt, b);
-				cand = !resident(key, H, lbt, R->sink, R->ring0, h, b, nv);
+				cand = !dev_resident(key, H, lbt, R->sink, R->ring0, h, b, nv);
 			}
 			/* the same block earlier in these 32: a repeat */
 			same = __match_any_sync(FULL, cand ? b : KVT_REGION_NONE);

@@ -1,15 +1,33 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Warp-level helpers shared by the policy kernels (region.cu, quest.cu): lane masks, an
- * inclusive scan over a warp, and the step of a radix select that finds which bin of a
- * 256-bin histogram holds a given rank. Built by nvcc and by the kernel emulator alike.
+ * Device helpers shared by the policy kernels (region.cu, quest.cu): the resident test of a
+ * block, lane masks, an inclusive scan over a warp, and the step of a radix select that finds
+ * which bin of a 256-bin histogram holds a given rank. Built by nvcc and by the kernel
+ * emulator alike.
  */
-#ifndef KVT_WARP_CUH
-#define KVT_WARP_CUH
+#ifndef KVT_SHARED_CUH
+#define KVT_SHARED_CUH
 
 #include <stdint.h>
 
+#include "region.h"
+
 #define KVT_WARP_FULL 0xffffffffu
+
+/* The reference's kvt_region_resident (policy/region.h): whether all nv tokens of block b of
+   head h are resident (sink and ring ranges, and the top-K count of its key entry). */
+static __device__ __forceinline__ bool dev_resident(const struct kvt_region_key *key, uint32_t H,
+						    uint32_t lbt, uint32_t sink, uint32_t ring0,
+						    uint32_t h, uint32_t b, uint32_t nv)
+{
+	uint32_t p0 = b << lbt, end = p0 + nv, cnt = 0;
+
+	if (p0 < sink)
+		cnt += (end < sink ? end : sink) - p0;
+	if (end > ring0)
+		cnt += end - (p0 > ring0 ? p0 : ring0);
+	return cnt + key[(uint64_t)b * H + h].tk == nv;
+}
 
 /* The lanes below this one, as a mask. */
 static __device__ __forceinline__ uint32_t lanes_below(uint32_t lane)
@@ -56,4 +74,4 @@ static __device__ __forceinline__ void warp_hist_find(const uint32_t *hist, uint
 	}
 }
 
-#endif /* KVT_WARP_CUH */
+#endif /* KVT_SHARED_CUH */
