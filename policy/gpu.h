@@ -49,6 +49,16 @@ int kvt_gpu_snapkv_scores(const struct kvt_snapkv *p, const void *k, const void 
 int kvt_gpu_block_meta(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads, uint32_t L,
 		       uint32_t block_tokens, const void *k, void *meta, void *stream);
 
+/* Folds one decode token's key rows per sequence into block metadata, as kvt_meta_init (a token
+   that starts its block) or kvt_meta_add per kv head: k [n][n_heads][head_dim] of dt (the
+   append's key tensor); meta[i] (a device array of n) is the device address of sequence i's
+   entry (block, kv head 0) of its metadata ([n_heads][2][head_dim] of dt from there, head h at
+   + h * 2 * head_dim elements), with bit 0 set when the token starts the block (init); 0 = no
+   metadata: sequence i is skipped. Entries of different sequences must not overlap. Bit-exact
+   with the reference, NaN, infinities, signed zeros and subnormals included. */
+int kvt_gpu_meta_fold(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads, uint32_t n,
+		      const void *k, const uint64_t *meta, void *stream);
+
 /* Reference decode attention for n_heads kv heads at once (as kvt_attend_rows per head): head
    h uses segments seg[seg_off[h] .. seg_off[h + 1]) (device arrays; the segments' k and v are
    device addresses), q [n_heads * g_count][head_dim] f32 and out likewise. A head without
@@ -152,10 +162,12 @@ struct kvt_gpu_quest {
    lbt, g_count, head_dim and dt: entry i's queries are q + i * n_heads * g_count * head_dim
    elements of dt, its selection goes to sel[i * n_heads * r ...], block for block the
    reference's (the same f32 sums in the same order, no contraction). One CTA per (entry, kv
-   head). Any n_tokens works (the blocks are ranked in chunks of shared memory); limits beyond
-   the reference's (cudaErrorInvalidValue, nothing launched): 1 <= r <= KVT_GPU_QUEST_MAX_R,
-   g_count * head_dim <= KVT_GPU_QUEST_MAX_QDIM (both >= 1), lbt < 32, n * n_heads <= INT32_MAX
-   (n_heads >= 1), dt f32, f16 or bf16. Build without --use_fast_math or -ftz (subnormals). */
+   head). Any n_tokens works (the blocks are ranked in chunks of shared memory); an entry with
+   n_tokens == 0 gets KVT_REGION_NONE throughout, its meta and key not read (they may be NULL;
+   its queries are read all the same). Limits beyond the reference's (cudaErrorInvalidValue,
+   nothing launched): 1 <= r <= KVT_GPU_QUEST_MAX_R, g_count * head_dim <=
+   KVT_GPU_QUEST_MAX_QDIM (both >= 1), lbt < 32, n * n_heads <= INT32_MAX (n_heads >= 1), dt
+   f32, f16 or bf16. Build without --use_fast_math or -ftz (subnormals). */
 int kvt_gpu_quest_select(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads, uint32_t g_count,
 			 uint32_t lbt, uint32_t r, const struct kvt_gpu_quest *qs, const void *q,
 			 uint32_t *sel, uint32_t n, void *stream);

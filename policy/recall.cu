@@ -12,6 +12,11 @@
  * 16-bit key, which orders NaN patterns beyond the infinities and -0 below +0 exactly as
  * kvt_meta_add does. Consecutive threads take consecutive channels, so the row reads and the
  * metadata writes are coalesced.
+ *
+ * kvt_gpu_meta_fold is the decode step's part: each sequence's new key row folded into the
+ * metadata of the block it goes to, kvt_meta_init or kvt_meta_add per kv head, one thread per
+ * (sequence, head, channel) with the same comparisons. A channel's min and max are written
+ * only when they change, so an add that changes nothing writes nothing.
  */
 #include <stdint.h>
 
@@ -113,5 +118,63 @@ extern "C" int kvt_gpu_block_meta(enum kvt_dtype dt, uint32_t head_dim, uint32_t
 		meta_kernel<uint16_t><<<grid, META_THREADS, 0, st>>>((const uint16_t *)k, head_dim,
 								     n_heads, L, block_tokens,
 								     total, (uint16_t *)meta);
+	return cudaGetLastError();
+}
+
+/* total = n * H * D threads' work; entry i = (s * H + h) * D + d: sequence s's key element
+   k[i] folded into channel d of head h of the entry at meta[s] (bit 0: init; 0: none). */
+template <typename U>
+static __global__ void __launch_bounds__(META_THREADS)
+	fold_kernel(const U *__restrict__ k, const uint64_t *__restrict__ meta, uint32_t D,
+		    uint32_t H, size_t total)
+{
+	for (size_t i = blockIdx.x * (size_t)META_THREADS + threadIdx.x; i < total;
+	     i += (size_t)gridDim.x * META_THREADS) {
+		size_t d = i % D, sh = i / D;
+		size_t h = sh % H, s = sh / H;
+		uint64_t at = meta[s];
+		U v, *mn, *mx;
+
+		if (at == 0)
+			continue;
+		v = k[i];
+		mn = (U *)(uintptr_t)(at & ~(uint64_t)1) + h * 2 * D + d;
+		mx = mn + D;
+		if (at & 1) {
+			*mn = v;
+			*mx = v;
+			continue;
+		}
+		if (meta_lt(v, *mn))
+			*mn = v;
+		if (meta_lt(*mx, v))
+			*mx = v;
+	}
+}
+
+extern "C" int kvt_gpu_meta_fold(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads, uint32_t n,
+				 const void *k, const uint64_t *meta, void *stream)
+{
+	cudaStream_t st = (cudaStream_t)stream;
+	size_t total, blocks;
+	unsigned int grid;
+
+	if (!kvt_dtype_size(dt))
+		return cudaErrorInvalidValue;
+	if (n == 0 || n_heads == 0 || head_dim == 0)
+		return cudaSuccess; /* no row: nothing to fold */
+	if (!k || !meta)
+		return cudaErrorInvalidValue;
+	if ((uint64_t)n * n_heads > SIZE_MAX / 4 / head_dim)
+		return cudaErrorInvalidValue; /* more than any address space holds */
+	total = (size_t)n * n_heads * head_dim;
+	blocks = (total + META_THREADS - 1) / META_THREADS;
+	grid = blocks < META_GRID_MAX ? (unsigned int)blocks : META_GRID_MAX;
+	if (dt == KVT_DTYPE_F32)
+		fold_kernel<uint32_t><<<grid, META_THREADS, 0, st>>>((const uint32_t *)k, meta,
+								     head_dim, n_heads, total);
+	else
+		fold_kernel<uint16_t><<<grid, META_THREADS, 0, st>>>((const uint16_t *)k, meta,
+								     head_dim, n_heads, total);
 	return cudaGetLastError();
 }

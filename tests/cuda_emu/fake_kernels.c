@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * CPU stand-ins for the CUDA backend plugin's kernels (transfer/cuda_gather.cu, cuda_calib.cu,
- * policy/snapkv.cu, recall.cu, attend.cu), linked into the emulated plugin in their place. Each
- * keeps its GPU version's contract (gather.h, policy/gpu.h): the same argument checks and
- * cudaError_t results, device pointers in, device pointers out. Each launch is checked as CUDA
+ * policy/snapkv.cu, recall.cu, attend.cu, quest.cu), linked into the emulated plugin in their
+ * place. Each keeps its GPU version's contract (gather.h, policy/gpu.h): the same argument checks
+ * and cudaError_t results, device pointers in, device pointers out. Each launch is checked as CUDA
  * checks it and handed to the fake runtime with a copy of its arguments (fake_cuda_launch); its
  * work, done when the runtime runs it (at once, or in the asynchronous fake when a wait needs it),
  * is the policy's CPU reference (policy.h) over the host views the fake runtime gives of device
@@ -331,6 +331,69 @@ int kvt_gpu_block_meta(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads, u
 	return fake_cuda_launch(stream, "kvt_gpu_block_meta", meta_work, &a, sizeof(a), NULL, 0);
 }
 
+struct fold_args {
+	enum kvt_dtype dt;
+	uint32_t head_dim, n_heads, n;
+	const void *k;
+	const uint64_t *meta;
+};
+
+static void fold_work(void *args)
+{
+	const struct fold_args *a = args;
+	size_t row = (size_t)a->head_dim * kvt_dtype_size(a->dt);
+	size_t entry = (size_t)a->n_heads * 2 * row; /* a sequence's heads */
+	size_t k_bytes = (size_t)a->n * a->n_heads * row, m_bytes = (size_t)a->n * sizeof(uint64_t);
+	const uint64_t *at = VIEW(a->meta, m_bytes, "meta fold: entry addresses");
+	const char *hk = VIEW(a->k, k_bytes, "meta fold: k");
+	struct fake_range *fr = malloc(((size_t)a->n + 2) * sizeof(*fr));
+	size_t nw = 0;
+
+	if (!fr)
+		fake_cuda_die("meta fold: no memory for %u sequences", a->n);
+	for (uint32_t i = 0; i < a->n; i++) {
+		if (!at[i])
+			continue;
+		VIEW(at[i] & ~(uint64_t)1, entry, "meta fold: entry");
+		fr[nw++] = RANGE(at[i] & ~(uint64_t)1, entry);
+	}
+	fr[nw] = RANGE(a->k, k_bytes);
+	fr[nw + 1] = RANGE(a->meta, m_bytes);
+	fake_cuda_check_footprint(fr, nw, fr + nw, 2, "kvt_gpu_meta_fold");
+	for (uint32_t i = 0; i < a->n; i++) {
+		char *m;
+
+		if (!at[i])
+			continue;
+		m = VIEW(at[i] & ~(uint64_t)1, entry, "meta fold: entry");
+		for (uint32_t h = 0; h < a->n_heads; h++) {
+			const char *x = hk + ((size_t)i * a->n_heads + h) * row;
+
+			if (at[i] & 1)
+				kvt_meta_init(a->dt, a->head_dim, m + h * 2 * row, x);
+			else
+				kvt_meta_add(a->dt, a->head_dim, m + h * 2 * row, x);
+		}
+	}
+	free(fr);
+}
+
+int kvt_gpu_meta_fold(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads, uint32_t n,
+		      const void *k, const uint64_t *meta, void *stream)
+{
+	struct fold_args a = {dt, head_dim, n_heads, n, k, meta};
+
+	if (!kvt_dtype_size(dt))
+		return cudaErrorInvalidValue;
+	if (n == 0 || n_heads == 0 || head_dim == 0)
+		return cudaSuccess; /* no row: nothing to fold */
+	if (!k || !meta)
+		return cudaErrorInvalidValue;
+	if ((uint64_t)n * n_heads > SIZE_MAX / 4 / head_dim)
+		return cudaErrorInvalidValue;
+	return fake_cuda_launch(stream, "kvt_gpu_meta_fold", fold_work, &a, sizeof(a), NULL, 0);
+}
+
 struct attend_args {
 	enum kvt_dtype dt;
 	uint32_t head_dim, n_heads, g_count;
@@ -401,4 +464,93 @@ int kvt_gpu_attend(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads, uint3
 	if (ctas > INT32_MAX || !seg_off || !q || !out)
 		return cudaErrorInvalidValue;
 	return fake_cuda_launch(stream, "kvt_gpu_attend", attend_work, &a, sizeof(a), NULL, 0);
+}
+
+/* ---- policy/gpu.h: Quest selection ----------------------------------------------------------- */
+
+struct quest_args {
+	enum kvt_dtype dt;
+	uint32_t head_dim, n_heads, g_count, lbt, r, n;
+	const struct kvt_gpu_quest *qs;
+	const void *q;
+	uint32_t *sel;
+};
+
+/* Entry e's blocks, and the bytes of its metadata and key table. */
+static uint32_t quest_bytes(const struct quest_args *a, const struct kvt_gpu_quest *e, size_t *meta,
+			    size_t *key)
+{
+	size_t row = (size_t)a->head_dim * kvt_dtype_size(a->dt);
+	size_t nb = (size_t)(((uint64_t)e->n_tokens + (1u << a->lbt) - 1) >> a->lbt);
+
+	*meta = nb * a->n_heads * 2 * row;
+	*key = nb * a->n_heads * sizeof(struct kvt_region_key);
+	return (uint32_t)nb;
+}
+
+/* An entry without tokens reads neither its metadata nor its key table (they may be NULL): its
+   views are empty, and its selection is KVT_REGION_NONE throughout, as the kernel's. */
+static void quest_work(void *args)
+{
+	const struct quest_args *a = args;
+	size_t qb = (size_t)a->n_heads * a->g_count * a->head_dim * kvt_dtype_size(a->dt);
+	size_t sb = (size_t)a->n_heads * a->r * sizeof(uint32_t), mb, kb;
+	const struct kvt_gpu_quest *qs =
+		VIEW(a->qs, (size_t)a->n * sizeof(*qs), "quest: descriptors");
+	const char *q = VIEW(a->q, a->n * qb, "quest: queries");
+	uint32_t *sel = VIEW(a->sel, a->n * sb, "quest: selection");
+	struct fake_range *rd = malloc((2 * (size_t)a->n + 2) * sizeof(*rd));
+
+	if (!rd)
+		fake_cuda_die("quest: no memory for %u entries", a->n);
+	/* reads: each entry's metadata and key table, the queries and the descriptors; writes:
+	   the selection */
+	for (uint32_t i = 0; i < a->n; i++) {
+		quest_bytes(a, &qs[i], &mb, &kb);
+		VIEW(qs[i].meta, mb, "quest: metadata");
+		VIEW(qs[i].key, kb, "quest: key table");
+		rd[2 * i] = RANGE(qs[i].meta, mb);
+		rd[2 * i + 1] = RANGE(qs[i].key, kb);
+	}
+	rd[2 * (size_t)a->n] = RANGE(a->q, a->n * qb);
+	rd[2 * (size_t)a->n + 1] = RANGE(a->qs, (size_t)a->n * sizeof(*qs));
+	fake_cuda_check_footprint(&RANGE(a->sel, a->n * sb), 1, rd, 2 * (size_t)a->n + 2,
+				  "kvt_gpu_quest_select");
+	for (uint32_t i = 0; i < a->n; i++) {
+		const struct kvt_gpu_quest *e = &qs[i];
+		struct kvt_region_geom g = {a->n_heads, a->lbt, e->n_tokens, e->sink, e->ring0};
+		struct kvt_region rg = {0};
+		uint32_t nb = quest_bytes(a, e, &mb, &kb);
+		const void *meta = VIEW(e->meta, mb, "quest: metadata");
+		float *score = malloc(((size_t)nb + 1) * sizeof(*score));
+		uint32_t *cand = malloc(((size_t)nb + a->r) * sizeof(*cand));
+		float *qf = malloc(((size_t)a->g_count + 2) * a->head_dim * sizeof(*qf));
+
+		if (!score || !cand || !qf)
+			fake_cuda_die("quest: no memory for the scratch of %u blocks", nb);
+		rg.key = VIEW(e->key, kb, "quest: key table");
+		rg.cap_blocks = nb;
+		kvt_quest_select(a->dt, a->head_dim, a->g_count, &rg, &g, meta, q + i * qb, a->r,
+				 sel + (size_t)i * a->n_heads * a->r, score, cand, qf);
+		free(qf);
+		free(cand);
+		free(score);
+	}
+	free(rd);
+}
+
+int kvt_gpu_quest_select(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads, uint32_t g_count,
+			 uint32_t lbt, uint32_t r, const struct kvt_gpu_quest *qs, const void *q,
+			 uint32_t *sel, uint32_t n, void *stream)
+{
+	struct quest_args a = {dt, head_dim, n_heads, g_count, lbt, r, n, qs, q, sel};
+
+	if (n == 0)
+		return cudaSuccess;
+	if (!qs || !q || !sel || head_dim == 0 || g_count == 0 || n_heads == 0 || lbt >= 32 ||
+	    r == 0 || r > KVT_GPU_QUEST_MAX_R ||
+	    (uint64_t)g_count * head_dim > KVT_GPU_QUEST_MAX_QDIM ||
+	    (uint64_t)n * n_heads > INT32_MAX || !kvt_dtype_size(dt))
+		return cudaErrorInvalidValue;
+	return fake_cuda_launch(stream, "kvt_gpu_quest_select", quest_work, &a, sizeof(a), NULL, 0);
 }

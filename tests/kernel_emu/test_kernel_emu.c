@@ -6,6 +6,8 @@
  *   - the gather and the decode append: every destination byte bit-exact, nothing else written,
  *     for each of the kernel's copy widths, and the CTA bound (<= 16 by default);
  *   - block metadata: bit-exact with kvt_meta_build, NaN, infinities and signed zeros included;
+ *   - the decode fold of block metadata: bit-exact with kvt_meta_init/kvt_meta_add, sequences
+ *     without metadata untouched, and folds token by token equal to kvt_meta_build;
  *   - SnapKV: pooled scores within f32 rounding of kvt_snapkv_scores, the selection identical up
  *     to ties at the cutoff (a differing position must score within 1e-4 of the cutoff);
  *   - decode attention: within f32 tolerance of kvt_attend_rows, heads without rows zeroed;
@@ -229,6 +231,190 @@ static void test_block_meta(void **state)
 			 KEMU_ERR_INVALID_VALUE);
 	assert_int_equal(kvt_gpu_block_meta((enum kvt_dtype)7, 64, 2, 16, 16, NULL, NULL, NULL),
 			 KEMU_ERR_INVALID_VALUE);
+}
+
+/* ---- decode metadata fold ---------------------------------------------------------------- */
+
+/* Folds the reference's way what kvt_gpu_meta_fold is asked to: at[i] names sequence i's entry
+   in buf (an address inside the test's copy got, mapped to want), bit 0 = init. */
+static void fold_want(enum kvt_dtype dt, uint32_t D, uint32_t H, uint32_t n, const uint8_t *k,
+		      const uint64_t *at, const uint8_t *got, uint8_t *want)
+{
+	size_t row = (size_t)D * kvt_dtype_size(dt);
+
+	for (uint32_t i = 0; i < n; i++) {
+		uint8_t *e;
+
+		if (!at[i])
+			continue;
+		e = want + ((const uint8_t *)(uintptr_t)(at[i] & ~(uint64_t)1) - got);
+		for (uint32_t h = 0; h < H; h++) {
+			const uint8_t *x = k + ((size_t)i * H + h) * row;
+
+			if (at[i] & 1)
+				kvt_meta_init(dt, D, e + h * 2 * row, x);
+			else
+				kvt_meta_add(dt, D, e + h * 2 * row, x);
+		}
+	}
+}
+
+/* One fold of n sequences, each entry (H heads) in its own slot of a buffer, the slots in a
+   shuffled order with a gap between them: a random mix of init, add and skipped sequences,
+   the existing metadata and k with a special value in about 1 of `special_every`. The whole
+   buffer must equal the reference's: a skipped entry, the gaps and the tail keep their
+   sentinel bytes. */
+static void fold_case(enum kvt_dtype dt, uint32_t D, uint32_t H, uint32_t n, uint32_t special_every)
+{
+	uint32_t es = kvt_dtype_size(dt), kinds[3] = {0, 0, 0};
+	size_t row = (size_t)D * es, entry = (size_t)H * 2 * row, slot = entry + 4 * es;
+	size_t all = (size_t)n * slot + 8;
+	uint8_t *k = rand_tensor(dt, (size_t)n * H * D, special_every);
+	uint8_t *old = rand_tensor(dt, (size_t)n * H * 2 * D, special_every);
+	uint8_t *got = t_xmalloc(all), *want = t_xmalloc(all);
+	uint64_t *at = t_xmalloc(n * sizeof(*at));
+	uint32_t *perm = t_xmalloc(n * sizeof(*perm));
+
+	for (uint32_t i = 0; i < n; i++)
+		perm[i] = i;
+	for (uint32_t i = n; i > 1; i--) {
+		uint32_t j = (uint32_t)(t_rng_next() % i), t = perm[i - 1];
+
+		perm[i - 1] = perm[j];
+		perm[j] = t;
+	}
+	memset(got, 0x5a, all);
+	for (uint32_t i = 0; i < n; i++) {
+		uint8_t *e = got + perm[i] * slot;
+		uint32_t kind = i < 3 ? i : (uint32_t)(t_rng_next() % 3); /* every kind, n >= 3 */
+
+		kinds[kind]++;
+		at[i] = 0; /* skipped: its slot keeps the sentinel */
+		if (kind == 0)
+			continue;
+		memcpy(e, old + i * entry, entry);
+		at[i] = (uint64_t)(uintptr_t)e | (kind == 1);
+	}
+	memcpy(want, got, all);
+	fold_want(dt, D, H, n, k, at, got, want);
+	assert_int_equal(kvt_gpu_meta_fold(dt, D, H, n, k, at, NULL), 0);
+	assert_memory_equal(got, want, all);
+	assert_true(n < 3 || (kinds[0] && kinds[1] && kinds[2]));
+	free(perm);
+	free(at);
+	free(want);
+	free(got);
+	free(old);
+	free(k);
+}
+
+/* Every ordered pair of special values against every special key: sequence i folds special i
+   into head h's metadata (min special h) channel d (max special d), as an add; then again with
+   every sequence starting its block, so the specials are copied as they are. */
+static void fold_specials(enum kvt_dtype dt)
+{
+	uint32_t es = kvt_dtype_size(dt);
+	size_t entry = 10 * 2 * 10 * (size_t)es, all = 10 * entry;
+	uint8_t *k = t_xmalloc(all / 2), *got = t_xmalloc(all), *want = t_xmalloc(all);
+	uint64_t at[10];
+
+	for (uint32_t i = 0; i < 10; i++)
+		for (uint32_t h = 0; h < 10; h++)
+			for (uint32_t d = 0; d < 10; d++) {
+				uint8_t *e = got + i * entry + h * 2 * 10 * (size_t)es;
+
+				put_special(dt, k + ((i * 10 + h) * 10 + d) * (size_t)es, i);
+				put_special(dt, e + d * (size_t)es, h);
+				put_special(dt, e + (10 + d) * (size_t)es, d);
+			}
+	for (int init = 0; init <= 1; init++) {
+		for (uint32_t i = 0; i < 10; i++)
+			at[i] = (uint64_t)(uintptr_t)(got + i * entry) | (uint64_t)init;
+		memcpy(want, got, all);
+		fold_want(dt, 10, 10, 10, k, at, got, want);
+		assert_int_equal(kvt_gpu_meta_fold(dt, 10, 10, 10, k, at, NULL), 0);
+		assert_memory_equal(got, want, all);
+	}
+	free(want);
+	free(got);
+	free(k);
+}
+
+/* A block built token by token: n sequences, sequence i folds m[i] rows (random, up to
+   max_rows), one launch per step, the first with the init bit, none past m[i] (address 0);
+   each entry must then equal kvt_meta_build over the sequence's rows. */
+static void fold_steps(enum kvt_dtype dt, uint32_t D, uint32_t H, uint32_t n, uint32_t max_rows,
+		       uint32_t special_every)
+{
+	uint32_t es = kvt_dtype_size(dt);
+	size_t row = (size_t)D * es, entry = (size_t)H * 2 * row, step = (size_t)n * H * row;
+	uint8_t *k = rand_tensor(dt, (size_t)max_rows * n * H * D, special_every);
+	uint8_t *got = t_xmalloc((size_t)n * entry), *want = t_xmalloc(entry);
+	uint64_t *at = t_xmalloc(n * sizeof(*at));
+	uint32_t *m = t_xmalloc(n * sizeof(*m));
+
+	memset(got, 0x5a, (size_t)n * entry);
+	for (uint32_t i = 0; i < n; i++)
+		m[i] = i == 0 ? max_rows : 1 + (uint32_t)(t_rng_next() % max_rows);
+	for (uint32_t t = 0; t < max_rows; t++) {
+		for (uint32_t i = 0; i < n; i++)
+			at[i] = t < m[i] ? (uint64_t)(uintptr_t)(got + i * entry) | (t == 0) : 0;
+		assert_int_equal(kvt_gpu_meta_fold(dt, D, H, n, k + t * step, at, NULL), 0);
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		for (uint32_t h = 0; h < H; h++)
+			kvt_meta_build(dt, D, want + h * 2 * row, k + ((size_t)i * H + h) * row,
+				       step, m[i]);
+		assert_memory_equal(got + i * entry, want, entry);
+	}
+	free(m);
+	free(at);
+	free(want);
+	free(got);
+	free(k);
+}
+
+static void test_meta_fold(void **state)
+{
+	static const uint32_t heads[] = {1, 3, 8}, dims[] = {1, 7, 128};
+	struct kemu_launch_info li;
+	uint64_t launches;
+	uint16_t k16[2] = {0, 0};
+	uint64_t at = 0;
+
+	(void)state;
+	t_rng_seed(11);
+	for (int dt = KVT_DTYPE_F32; dt <= KVT_DTYPE_BF16; dt++) {
+		for (int h = 0; h < 3; h++)
+			for (int d = 0; d < 3; d++) {
+				fold_case((enum kvt_dtype)dt, dims[d], heads[h], 9, 0);
+				fold_case((enum kvt_dtype)dt, dims[d], heads[h], 5, 3);
+			}
+		fold_case((enum kvt_dtype)dt, 128, 8, 1, 4);
+		fold_case((enum kvt_dtype)dt, 7, 1, 300, 5); /* more threads than a CTA */
+		fold_specials((enum kvt_dtype)dt);
+		fold_steps((enum kvt_dtype)dt, 128, 8, 4, 16, 0);
+		fold_steps((enum kvt_dtype)dt, 7, 3, 6, 12, 3);
+		fold_steps((enum kvt_dtype)dt, 1, 1, 3, 20, 2);
+	}
+	/* the argument checks: nothing launched */
+	kemu_get_launch_info(&li);
+	launches = li.launches;
+	assert_int_equal(kvt_gpu_meta_fold((enum kvt_dtype)7, 8, 2, 1, k16, &at, NULL),
+			 KEMU_ERR_INVALID_VALUE);
+	assert_int_equal(kvt_gpu_meta_fold(KVT_DTYPE_F16, 8, 2, 1, NULL, &at, NULL),
+			 KEMU_ERR_INVALID_VALUE);
+	assert_int_equal(kvt_gpu_meta_fold(KVT_DTYPE_F16, 8, 2, 1, k16, NULL, NULL),
+			 KEMU_ERR_INVALID_VALUE);
+	assert_int_equal(kvt_gpu_meta_fold(KVT_DTYPE_F16, 8, 2, 0, NULL, NULL, NULL), 0);
+	assert_int_equal(kvt_gpu_meta_fold(KVT_DTYPE_F32, 8, 0, 4, NULL, NULL, NULL), 0);
+	assert_int_equal(kvt_gpu_meta_fold(KVT_DTYPE_BF16, 0, 2, 4, NULL, NULL, NULL), 0);
+	kemu_get_launch_info(&li);
+	assert_int_equal(li.launches, launches);
+	/* every sequence skipped: launched, nothing written */
+	assert_int_equal(kvt_gpu_meta_fold(KVT_DTYPE_F16, 1, 2, 1, k16, &at, NULL), 0);
+	kemu_get_launch_info(&li);
+	assert_int_equal(li.launches, launches + 1);
 }
 
 /* ---- SnapKV ------------------------------------------------------------------------------ */
@@ -560,10 +746,10 @@ static void test_emulator(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_emulator), cmocka_unit_test(test_gather),
-		cmocka_unit_test(test_append),	 cmocka_unit_test(test_block_meta),
-		cmocka_unit_test(test_snapkv),	 cmocka_unit_test(test_snapkv_args),
-		cmocka_unit_test(test_attend),
+		cmocka_unit_test(test_emulator),    cmocka_unit_test(test_gather),
+		cmocka_unit_test(test_append),	    cmocka_unit_test(test_block_meta),
+		cmocka_unit_test(test_meta_fold),   cmocka_unit_test(test_snapkv),
+		cmocka_unit_test(test_snapkv_args), cmocka_unit_test(test_attend),
 	};
 
 	return cmocka_run_group_tests_name("kernel-emu", tests, NULL, NULL);
