@@ -113,6 +113,7 @@ struct kvt_want;
 struct kvt_pspan;
 struct kvt_seq_px;
 struct kvt_disk_io;
+struct kvt_gpu_quest;
 
 /* The prefix cache (prefix.h). */
 struct kvt_prefix {
@@ -166,12 +167,15 @@ struct kvt_manager {
 	bool keep_meta;	     /* block metadata maintained (recall_blocks > 0, and the device tier is
 				CPU-readable or the backend builds metadata itself) */
 	uint32_t meta_bytes; /* 2 * row_bytes */
+	bool dev_meta;	     /* metadata kept and scored on the backend's device (recall.h) */
 	struct kvt_recall_cache rc;
 	uint32_t *sel; /* [n][H][r] selection of the current recall call */
 	uint32_t sel_cap;
 	float *score; /* scoring scratch */
 	uint32_t *cand;
 	uint32_t score_cap, cand_cap;
+	struct kvt_gpu_quest *dq; /* descriptors of a scoring on the device (dev_meta) */
+	uint32_t dq_cap;
 	float *qf; /* queries of one sequence in f32, and bound scratch */
 	uint32_t qf_cap;
 	/* Host copy of a caller's device tensor the CPU policy needs (decode keys for block

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base.h"
+#include "gpu.h"
 #include "manager.h"
 #include "policy.h"
 #include "prefix.h"
@@ -263,6 +264,11 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 		goto fail_be;
 	m->meta_bytes = 2 * m->row_bytes;
 	m->keep_meta = c.recall_blocks > 0 && (m->cpu_device || (m->payload && ops->block_meta));
+	/* Metadata on the device and Quest scoring there, within the kernel's limits; the CPU
+	   keeps and scores it otherwise. */
+	m->dev_meta = m->keep_meta && !m->cpu_device && ops->meta_build && ops->quest &&
+		      c.recall_blocks <= KVT_GPU_QUEST_MAX_R &&
+		      (uint64_t)m->group_q * c.head_dim <= KVT_GPU_QUEST_MAX_QDIM;
 	m->st.save_threads = c.save_threads;
 	*out = m;
 	return 0;
@@ -343,7 +349,7 @@ KVT_API void kvt_manager_destroy(struct kvt_manager *m)
 	for (uint32_t pos = 0; (s = kvt_idmap_next(&m->seqs, &pos));) {
 		for (uint32_t l = 0; l < m->cfg.n_layers; l++)
 			free_layer_tables(&s->layers[l]);
-		kvt_recall_free_seq(s, m->cfg.n_layers);
+		kvt_recall_free_seq(m, s);
 		kvt_seq_px_free(s->px);
 		free(s);
 	}
@@ -366,6 +372,7 @@ KVT_API void kvt_manager_destroy(struct kvt_manager *m)
 	free(m->score);
 	free(m->cand);
 	free(m->qf);
+	free(m->dq);
 	free(m->hcopy);
 	free(m->seg_off);
 	free(m);

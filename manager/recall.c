@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "base.h"
+#include "gpu.h"
 #include "par.h"
 #include "policy.h"
 #include "recall.h"
@@ -55,10 +56,12 @@ void kvt_recall_fini(struct kvt_manager *m)
 	*rc = (struct kvt_recall_cache){0};
 }
 
-void kvt_recall_layer_free(struct kvt_recall_layer *rc)
+void kvt_recall_layer_free(struct kvt_manager *m, struct kvt_recall_layer *rc)
 {
 	if (!rc)
 		return;
+	if (rc->dmeta)
+		m->ops->dmem_free(m->be, rc->dmeta);
 	free(rc->meta);
 	free(rc->rg.slot);
 	free(rc->rg.key);
@@ -71,10 +74,10 @@ void kvt_recall_layer_free(struct kvt_recall_layer *rc)
 	free(rc);
 }
 
-void kvt_recall_free_seq(struct kvt_seq *s, uint32_t n_layers)
+void kvt_recall_free_seq(struct kvt_manager *m, struct kvt_seq *s)
 {
-	for (uint32_t l = 0; l < n_layers; l++) {
-		kvt_recall_layer_free(s->layers[l].rc);
+	for (uint32_t l = 0; l < m->cfg.n_layers; l++) {
+		kvt_recall_layer_free(m, s->layers[l].rc);
 		s->layers[l].rc = NULL;
 	}
 }
@@ -91,9 +94,53 @@ static int grow(void **p, size_t n_old, size_t n_new, size_t sz, int fill)
 	return 0;
 }
 
+/* Capacity for n blocks, doubling from cap (8 when none). */
+static size_t cap_for(size_t cap, uint32_t n)
+{
+	cap = cap ? cap : 8;
+	while (cap < n)
+		cap *= 2;
+	return cap;
+}
+
+/* The device copy of the layer's metadata and key table with room for n_blocks blocks: a new
+   one takes the old one's contents on stream (the old one goes back to the backend once the
+   device is done with it). 0 or -ENOMEM, nothing changed. */
+static int dmeta_grow(struct kvt_manager *m, struct kvt_recall_layer *rc, uint32_t n_blocks,
+		      void *stream)
+{
+	uint64_t H = m->cfg.n_kv_heads, mb = m->meta_bytes, kb = sizeof(struct kvt_region_key);
+	uint64_t want = cap_for(rc->dcap, n_blocks), addr, old_key;
+	int err;
+
+	if (n_blocks <= rc->dcap)
+		return 0;
+	if (want > UINT32_MAX)
+		return kvt_be_fail(m->be, -ENOMEM, "block metadata of %u blocks", n_blocks);
+	err = m->ops->dmem_alloc(m->be, want * H * (mb + kb), stream, &addr);
+	if (err)
+		return err;
+	if (rc->dmeta) {
+		old_key = kvt_dkey(m, rc);
+		err = m->ops->dmem_copy(m->be, addr, rc->dmeta, NULL, rc->dcap * H * mb, stream);
+		if (!err)
+			err = m->ops->dmem_copy(m->be, addr + want * H * mb, old_key, NULL,
+						rc->dcap * H * kb, stream);
+		if (err) {
+			m->ops->dmem_free(m->be, addr);
+			return err;
+		}
+		m->ops->dmem_free(m->be, rc->dmeta);
+	}
+	rc->dmeta = addr;
+	rc->dcap = (uint32_t)want;
+	return 0;
+}
+
 /* The layer's recall state with room for n_blocks blocks (capacity only: nothing a caller can
-   see changes). 0 or -ENOMEM. */
-static int rc_layer_get(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t n_blocks)
+   see changes); a device copy of its metadata grows on stream. 0 or -ENOMEM. */
+static int rc_layer_get(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t n_blocks,
+			void *stream)
 {
 	struct kvt_recall_layer *rc = ly->rc;
 	size_t H = m->cfg.n_kv_heads, old, want;
@@ -105,13 +152,18 @@ static int rc_layer_get(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_
 		rc->rg.head = rc->rg.tail = KVT_REGION_PENDING;
 		ly->rc = rc;
 	}
+	if (m->dev_meta) {
+		int err = dmeta_grow(m, rc, n_blocks, stream);
+
+		if (err)
+			return err;
+	}
 	if (n_blocks <= rc->rg.cap_blocks)
 		return 0;
 	old = rc->rg.cap_blocks;
-	want = old ? old : 8;
-	while (want < n_blocks)
-		want *= 2;
-	if ((m->keep_meta && grow((void **)&rc->meta, old * H, want * H, m->meta_bytes, 0)) ||
+	want = cap_for(old, n_blocks);
+	if ((m->keep_meta && !m->dev_meta &&
+	     grow((void **)&rc->meta, old * H, want * H, m->meta_bytes, 0)) ||
 	    grow((void **)&rc->rg.key, old * H, want * H, sizeof(*rc->rg.key), 0))
 		return -ENOMEM; /* the tables that grew keep their contents: still consistent */
 	rc->rg.cap_blocks = (uint32_t)want;
@@ -168,16 +220,17 @@ static inline struct kvt_region_geom geom_of(const struct kvt_manager *m, uint32
 	};
 }
 
-int kvt_meta_reserve(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t n_blocks)
+int kvt_meta_reserve(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t n_blocks,
+		     void *stream)
 {
-	return rc_layer_get(m, ly, n_blocks);
+	return rc_layer_get(m, ly, n_blocks, stream);
 }
 
 int kvt_meta_prefill(struct kvt_manager *m, struct kvt_seq_layer *ly, const void *k, uint32_t L)
 {
 	const struct kvt_config *c = &m->cfg;
 	uint32_t nb = DIV_UP(L, c->block_tokens);
-	int err = rc_layer_get(m, ly, nb);
+	int err = rc_layer_get(m, ly, nb, NULL);
 
 	if (err)
 		return err;
@@ -531,7 +584,7 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 						(unsigned long long)seqs[i], layer, b, nb);
 			need++;
 		}
-		if (rc_layer_get(m, ly, ly->n_groups) || view_reserve(m, ly->rc, r) ||
+		if (rc_layer_get(m, ly, ly->n_groups, NULL) || view_reserve(m, ly->rc, r) ||
 		    (!ly->rc->ws.bucket &&
 		     !(ly->rc->ws.bucket =
 			       kvt_calloc(m->cfg.ws_window, sizeof(*ly->rc->ws.bucket)))))
@@ -1034,8 +1087,60 @@ static struct kvt_seq *scorable(struct kvt_manager *m, uint64_t id, uint32_t lay
 	struct kvt_seq *s = kvt_seqmap_get(&m->seqs, id);
 	const struct kvt_seq_layer *ly = s ? &s->layers[layer] : NULL;
 
-	return !s || s->lost || !ly->n_tokens || s->preempted || !ly->rc || !ly->rc->meta ? NULL
-											  : s;
+	return !s || s->lost || !ly->n_tokens || s->preempted || !ly->rc ||
+			       !(m->dev_meta ? ly->rc->dmeta : (uint64_t)(uintptr_t)ly->rc->meta)
+		       ? NULL
+		       : s;
+}
+
+/* kvt_decode_recall's scoring on the backend's device (dev_meta): each member's top-K counts
+   go there at its first recall, then one Quest selection of the whole batch writes m->sel.
+   Members that cannot be scored get no entries (recall_core reports them). 0 or the error,
+   recorded; nothing a caller sees changes. */
+static int score_dev(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
+		     const void *q, void *stream)
+{
+	const struct kvt_config *c = &m->cfg;
+	uint32_t H = c->n_kv_heads, r = c->recall_blocks;
+	int err;
+
+	if (kvt_reserve((void **)&m->dq, &m->dq_cap, n, sizeof(*m->dq)))
+		return kvt_fail(m, -ENOMEM, "recall: no memory for a batch of %u", n);
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvt_seq *s = scorable(m, seqs[i], layer);
+		struct kvt_seq_layer *ly = s ? &s->layers[layer] : NULL;
+		struct kvt_recall_layer *rc = ly ? ly->rc : NULL;
+
+		m->dq[i] = (struct kvt_gpu_quest){0};
+		if (!s)
+			continue;
+		if (!rc->tk_ready)
+			tk_count(m, s, ly);
+		if (!rc->dtk) {
+			/* The prompt's blocks: later ones hold no top-K position (tk 0, as the
+			   device table was zero-filled). */
+			uint64_t bytes = (uint64_t)DIV_UP(ly->n_tokens, c->block_tokens) * H *
+					 sizeof(*rc->rg.key);
+
+			err = KVT_XFER(m, dmem_copy, kvt_dkey(m, rc), 0, rc->rg.key, bytes, stream);
+			if (err)
+				return kvt_fail(m, err, "recall: sequence %llu: top-K counts: %s",
+						(unsigned long long)seqs[i], m->be->err);
+			rc->dtk = true;
+		}
+		m->dq[i] = (struct kvt_gpu_quest){
+			.meta = (const void *)(uintptr_t)rc->dmeta,
+			.key = (const struct kvt_region_key *)(uintptr_t)kvt_dkey(m, rc),
+			.n_tokens = ly->n_tokens,
+			.sink = c->sink_tokens,
+			.ring0 = kvt_ring0(m, ly->n_tokens),
+		};
+	}
+	err = KVT_XFER(m, quest, c->dtype, c->head_dim, H, m->group_q, m->lbt, r, m->dq, n, q,
+		       m->sel, stream);
+	if (err)
+		return kvt_fail(m, err, "recall: scoring on the device: %s", m->be->err);
+	return 0;
 }
 
 /* Brings back the spilled host blocks that kvt_meta_catch_up of the batch will read, in one
@@ -1083,6 +1188,10 @@ KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint6
 	    kvt_reserve((void **)&m->sel, &m->sel_cap, n * H * r, sizeof(*m->sel)))
 		return kvt_fail(m, -ENOMEM, "recall: no memory for the selection of %u sequences",
 				n);
+	if (m->dev_meta) {
+		err = score_dev(m, layer, seqs, n, q, stream);
+		return err ? err : recall_core(m, layer, seqs, n, m->sel, r, stream);
+	}
 	qstride = (uint64_t)m->cfg.n_q_heads * m->row_bytes;
 	if (!m->cpu_device) { /* the scoring runs on the CPU: the queries come over first */
 		err = kvt_host_copy(m, q, n * qstride, stream);

@@ -22,10 +22,17 @@ struct kvt_recall_layer {
 	struct kvt_region rg; /* slots [0, rg.n_slots) hold frames frame[slot] of the cache */
 	uint32_t *frame;      /* [cap_slots] */
 	uint32_t cap_slots;
-	uint32_t meta_n;    /* tokens folded into meta: decode tokens are folded in at the next
-			       scoring, from the host history (so a decode append never waits for
-			       the device to hand its keys to the CPU) */
-	bool tk_ready;	    /* rg.key[].tk counted from the layer's top-K (at its first recall) */
+	uint32_t meta_n; /* tokens folded into meta: decode tokens are folded in at the next
+			    scoring, from the host history (so a decode append never waits for
+			    the device to hand its keys to the CPU) */
+	bool tk_ready;	 /* rg.key[].tk counted from the layer's top-K (at its first recall) */
+	/* Device copy, on a backend with device metadata (m->dev_meta), instead of meta: the
+	   metadata [dcap][H][2][head_dim] at dmeta, then the key table [dcap * H] (only its top-K
+	   counts are read: kvt_gpu_quest) at kvt_dkey(); 0 until the layer's prefill. Decode
+	   appends fold their keys in on the device, so it is always current. */
+	uint64_t dmeta;
+	uint32_t dcap;
+	bool dtk;	    /* the top-K counts are on the device */
 	uint64_t stamp;	    /* the latest recall call naming it (m->stamp) */
 	uint64_t last_call; /* rc.layer_calls[layer] at that call */
 	uint32_t layer;
@@ -60,14 +67,23 @@ static inline uint64_t kvt_slot_frame(const struct kvt_manager *m,
 
 /* Returns every region frame of s to the cache and empties its views (preempt, destroy). */
 void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s);
-/* Frees one layer's recall state (NULL is a no-op). */
-void kvt_recall_layer_free(struct kvt_recall_layer *rc);
+/* The device key table of a layer's recall state (dev_meta). */
+static inline uint64_t kvt_dkey(const struct kvt_manager *m, const struct kvt_recall_layer *rc)
+{
+	return rc->dmeta + (uint64_t)rc->dcap * m->cfg.n_kv_heads * m->meta_bytes;
+}
+
+/* Frees one layer's recall state (NULL is a no-op), its device copy through the backend. */
+void kvt_recall_layer_free(struct kvt_manager *m, struct kvt_recall_layer *rc);
 /* Frees the recall state of every layer of s (destroy). */
-void kvt_recall_free_seq(struct kvt_seq *s, uint32_t n_layers);
+void kvt_recall_free_seq(struct kvt_manager *m, struct kvt_seq *s);
 /* Block metadata of a prefilled layer from the caller's K tensor ([H][L][D]): 0 or -ENOMEM. */
 int kvt_meta_prefill(struct kvt_manager *m, struct kvt_seq_layer *ly, const void *k, uint32_t L);
-/* Makes room for the metadata of block index b of ly (decode boundary): 0 or -ENOMEM. */
-int kvt_meta_reserve(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t n_blocks);
+/* Makes room for the metadata of n_blocks blocks of ly (prefill, decode boundary); a device copy
+   grows on stream (its contents copied there). 0 or -ENOMEM (nothing a caller sees changed;
+   the backend's detail in m->be->err for a device copy). */
+int kvt_meta_reserve(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t n_blocks,
+		     void *stream);
 /* Brings the block metadata of (s, layer ly) up to its tokens: folds the keys of positions
    [meta_n, n_tokens) in from the host history, after waiting for its saves; the caller has
    brought those blocks into the host tier (kvt_spill_want). 0 or the error, recorded. */

@@ -303,7 +303,7 @@ KVT_API int kvt_seq_destroy(struct kvt_manager *m, uint64_t seq)
 		return kvt_fail(m, err, "destroy: sequence %llu: waiting for the device: %s",
 				(unsigned long long)seq, m->be->err);
 	kvt_recall_drop_seq(m, s);
-	kvt_recall_free_seq(s, m->cfg.n_layers);
+	kvt_recall_free_seq(m, s);
 	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
 		release_layer(m, s, &s->layers[l]);
 	ALWAYS(s->n_spilled == 0); /* every spilled group was in a table */
@@ -575,7 +575,7 @@ static int prefill_tables(struct kvt_manager *m, struct prefill *p)
 		}
 	}
 	if (!err && m->keep_meta && !m->cpu_device)
-		err = kvt_meta_reserve(m, ly, full);
+		err = kvt_meta_reserve(m, ly, full, p->stream);
 	if (err || !ly->frames || (p->count && !ly->topk))
 		goto nomem;
 	return 0;
@@ -749,8 +749,10 @@ static int prefill_select(struct kvt_manager *m, struct prefill *p)
 		return kvt_fail(m, -ENOMEM, "sequence %llu layer %u: no memory for its tables",
 				(unsigned long long)p->seq, p->layer);
 	if (m->keep_meta && !m->cpu_device) {
-		err = KVT_XFER(m, block_meta, c->dtype, c->head_dim, c->n_kv_heads, L,
-			       c->block_tokens, fk, ly->rc->meta, p->stream);
+		err = m->dev_meta ? KVT_XFER(m, meta_build, c->dtype, c->head_dim, c->n_kv_heads, L,
+					     c->block_tokens, fk, ly->rc->dmeta, p->stream)
+				  : KVT_XFER(m, block_meta, c->dtype, c->head_dim, c->n_kv_heads, L,
+					     c->block_tokens, fk, ly->rc->meta, p->stream);
 		if (err)
 			return kvt_fail(m, err, "sequence %llu layer %u: block metadata: %s",
 					(unsigned long long)p->seq, p->layer, m->be->err);
@@ -899,7 +901,7 @@ static void prefill_undo(struct kvt_manager *m, struct prefill *p)
 		free(p->ly.frames);
 		free(p->ly.topk);
 		if (p->ly.rc != p->s->layers[p->layer].rc)
-			kvt_recall_layer_free(p->ly.rc);
+			kvt_recall_layer_free(m, p->ly.rc);
 	}
 }
 
@@ -1047,7 +1049,7 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 						(unsigned long long)seqs[i]);
 			ly->cap_groups = cap;
 		}
-		if (m->keep_meta && kvt_meta_reserve(m, ly, ly->n_groups + 1))
+		if (m->keep_meta && kvt_meta_reserve(m, ly, ly->n_groups + 1, stream))
 			return kvt_fail(m, -ENOMEM,
 					"decode: sequence %llu: no memory for block metadata",
 					(unsigned long long)seqs[i]);
@@ -1091,7 +1093,20 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 		ly->n_groups++;
 		m->ap[i].host = kvt_host_row(m, ly, 0, ly->n_tokens);
 	}
-	g = (struct kvt_append_geom){m->cfg.n_kv_heads, m->row_bytes, m->block_bytes, m->v_offset};
+	/* Each token's block metadata entry on the device, where it is kept there (folded in
+	   behind the ring write); the tables grew in pass 1. */
+	for (uint32_t i = 0; i < n; i++) {
+		const struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
+
+		m->ap[i].meta =
+			m->dev_meta && ly->rc && ly->rc->dmeta
+				? (ly->rc->dmeta + (uint64_t)(ly->n_tokens >> m->lbt) *
+							   m->cfg.n_kv_heads * m->meta_bytes) |
+					  !(ly->n_tokens & bt_mask)
+				: 0;
+	}
+	g = (struct kvt_append_geom){m->cfg.n_kv_heads, m->row_bytes, m->block_bytes,
+				     m->v_offset,	m->cfg.dtype, m->cfg.head_dim};
 	kvt_dev_queue(m);
 	err = KVT_XFER(m, append, ptr_u64(k), ptr_u64(v), n, m->ap, &g, stream, &ticket);
 	if (err) {

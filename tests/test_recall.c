@@ -895,7 +895,7 @@ static void test_recall_threads_same(void **state)
 				for (uint32_t m = 0; m < n; m++)
 					make_query(&c, batch[m], (uint32_t)op, qq + m * qs, qf);
 				for (int k = 0; k < 2; k++)
-					rc[k] = kvt_decode_recall(mm[k], layer, batch, n, qq, NULL);
+					rc[k] = t_decode_recall(mm[k], layer, batch, n, qq, NULL);
 				scored++;
 				free(qq);
 				free(qf);

@@ -13,7 +13,7 @@
 
 #include "kvtier.h"
 
-#define KVT_BACKEND_OPS_VERSION 4
+#define KVT_BACKEND_OPS_VERSION 5
 
 enum kvt_tier {
 	KVT_TIER_DEVICE = 0,
@@ -31,14 +31,21 @@ struct kvt_xfer {
 
 /* One sequence of a decode append: where head 0's K row goes in the ring slot's device frame
    and in the host history block. Head h is at + h * head_stride in both tiers; the V row at
-   + v_offset from its K row. The source rows are k[i][h], v[i][h] of the batch tensors. */
+   + v_offset from its K row. The source rows are k[i][h], v[i][h] of the batch tensors.
+   meta (backends with meta_build only; 0 = none): the device address of the block metadata
+   entry (block, kv head 0) the token goes to, bit 0 set when the token starts its block: the
+   backend folds the token's K rows into it (kvt_meta_init when bit 0 is set, else
+   kvt_meta_add, per kv head; head h's entry at + h * 2 * row_bytes), behind the ring write. */
 struct kvt_append {
 	uint64_t dev, host;
+	uint64_t meta;
 };
 
 struct kvt_append_geom {
 	uint32_t n_heads, row_bytes;
 	uint64_t head_stride, v_offset;
+	enum kvt_dtype dtype; /* of the rows (the metadata fold's) */
+	uint32_t head_dim;
 };
 
 /* A source of a save: bytes at addr in device memory (caller's tensors). */
@@ -65,6 +72,7 @@ struct kvt_be_stats {
 
 struct kvt_snapkv;
 struct kvt_attend_rows;
+struct kvt_gpu_quest;
 
 struct kvt_backend_params {
 	uint32_t save_threads;
@@ -179,6 +187,36 @@ struct kvt_backend_ops {
 	int (*attend)(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads,
 		      uint32_t g_count, const struct kvt_attend_rows *seg, const uint32_t *seg_off,
 		      const float *q, float *out);
+
+	/* ---- Optional (NULL), all five or none: block metadata kept on the backend's device and
+	   Quest scoring there (the CUDA backend). The manager then keeps each (sequence, layer)'s
+	   metadata and top-K counts in device memory of dmem_alloc, builds it with meta_build at
+	   prefill, folds decode tokens in through append's meta, and scores with quest. Device
+	   addresses are uint64_t. ---- */
+
+	/* bytes of device memory (256-byte aligned), zero-filled on stream before any work queued
+	   there after the call. 0 or -ENOMEM. */
+	int (*dmem_alloc)(struct kvt_be *b, uint64_t bytes, void *stream, uint64_t *addr);
+	/* Gives back what dmem_alloc returned (0: nothing), once the device's work queued so far
+	   (on any stream) is done; does not wait for it. Cannot fail. */
+	void (*dmem_free)(struct kvt_be *b, uint64_t addr);
+	/* Copies bytes to device memory at dst on stream: from device memory at src, or, when
+	   src_host is not NULL, from host memory src_host (any memory; reusable when the call
+	   returns). */
+	int (*dmem_copy)(struct kvt_be *b, uint64_t dst, uint64_t src, const void *src_host,
+			 uint64_t bytes, void *stream);
+	/* Block metadata of one prefill layer, as block_meta, into device memory at meta (queued
+	   on stream; no wait). */
+	int (*meta_build)(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads,
+			  uint32_t L, uint32_t block_tokens, const void *k, uint64_t meta,
+			  void *stream);
+	/* Quest selection of n (sequence, layer)s, as kvt_gpu_quest_select over the descriptors qs
+	   (host array; device pointers) and the queries q (device): sel ([n][n_heads][r], host
+	   memory) holds the result when the call returns (it waits for stream). Within the
+	   kernel's limits (policy/gpu.h), which the manager checks at create. */
+	int (*quest)(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads,
+		     uint32_t g_count, uint32_t lbt, uint32_t r, const struct kvt_gpu_quest *qs,
+		     uint32_t n, const void *q, uint32_t *sel, void *stream);
 
 	/* Transfer figures for kvt_stats. */
 	void (*stats)(struct kvt_be *b, struct kvt_be_stats *out);

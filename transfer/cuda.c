@@ -113,7 +113,15 @@ struct cuda_backend {
 
 	struct kvt_cuda_calib calib;
 	uint64_t kernel_launches, dma_batches;
+
+	/* Policy tables given back by dmem_free: work still queued may read them, so they are
+	   freed (cudaFree, which waits for the whole device) at the next device-wide wait of
+	   sync, when an allocation fails, when GRAVE_MAX have gathered, or at destroy. */
+	void **grave;
+	size_t n_grave, cap_grave;
 };
+
+#define GRAVE_MAX 4096
 
 /* ---- Errors ----------------------------------------------------------------------------- */
 
@@ -794,6 +802,7 @@ static uint32_t env_u32(const char *name, uint32_t dflt, uint32_t lo, uint32_t h
 }
 
 static void cuda_destroy(struct kvt_be *b);
+static void grave_flush(struct cuda_backend *cb);
 
 static int cuda_create(const struct kvt_backend_params *p, struct kvt_be **out)
 {
@@ -901,6 +910,8 @@ static void cuda_destroy(struct kvt_be *b)
 			cudaEventDestroy(cb->stage_done[i]);
 	dev_buf_free(&cb->io);
 	dev_buf_free(&cb->layer);
+	grave_flush(cb);
+	free(cb->grave);
 	pinned_arena_destroy(cb);
 	free(cb->b_dst);
 	free(cb->b_src);
@@ -1044,13 +1055,17 @@ static int cuda_append(struct kvt_be *b, uint64_t k, uint64_t v, uint32_t n,
 	struct cuda_backend *cb = (struct cuda_backend *)b;
 	struct list_slot *s;
 	uint64_t *dev;
+	bool fold = false;
 	int err = bind(cb);
 
 	if (err)
 		return err;
+	for (uint32_t i = 0; i < n && !fold; i++)
+		fold = a[i].meta != 0;
 	/* The list slot first and the save second: once the save is submitted, only a launch
-	   failure (a broken context) can still fail the call. */
-	err = slot_get(cb, (size_t)n * sizeof(uint64_t), &s);
+	   failure (a broken context) can still fail the call. With metadata to fold, the slot
+	   holds the ring addresses, then the metadata entries. */
+	err = slot_get(cb, (size_t)n * (fold ? 2 : 1) * sizeof(uint64_t), &s);
 	if (err)
 		return err;
 	cb->save_stream = (cudaStream_t)stream;
@@ -1062,9 +1077,22 @@ static int cuda_append(struct kvt_be *b, uint64_t k, uint64_t v, uint32_t n,
 		return err;
 	}
 	dev = s->host;
-	for (uint32_t i = 0; i < n; i++)
+	for (uint32_t i = 0; i < n; i++) {
 		dev[i] = dev_addr(cb, a[i].dev);
-	err = slot_upload(cb, s, (size_t)n * sizeof(uint64_t), (cudaStream_t)stream);
+		if (fold)
+			dev[n + i] = a[i].meta;
+	}
+	err = slot_upload(cb, s, (size_t)n * (fold ? 2 : 1) * sizeof(uint64_t),
+			  (cudaStream_t)stream);
+	/* The fold first: when the ring write's launch fails after it, the metadata holds keys of
+	   tokens that were not appended, which the same call made again folds in again to the
+	   same values (min and max are idempotent); a failed fold launch leaves everything. */
+	if (!err && fold)
+		err = CU(cb,
+			 (cudaError_t)kvt_gpu_meta_fold(g->dtype, g->head_dim, g->n_heads, n,
+							(const void *)(uintptr_t)k,
+							(const uint64_t *)s->dev.p + n, stream),
+			 "append: block metadata launch");
 	if (!err)
 		err = CU(cb,
 			 (cudaError_t)kvt_append_launch(k, v, n, s->dev.p, g->n_heads, g->row_bytes,
@@ -1133,7 +1161,10 @@ static int cuda_sync(struct kvt_be *b, void *stream)
 		return err;
 	if (stream)
 		return CU(cb, cudaStreamSynchronize((cudaStream_t)stream), "stream synchronize");
-	return CU(cb, cudaDeviceSynchronize(), "device synchronize");
+	err = CU(cb, cudaDeviceSynchronize(), "device synchronize");
+	if (!err)
+		grave_flush(cb); /* nothing queued can read them now: the frees wait for nothing */
+	return err;
 }
 
 /* ---- The policy on the device ------------------------------------------------------------- */
@@ -1248,6 +1279,134 @@ static int cuda_attend(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, u
 	return err;
 }
 
+/* ---- Block metadata on the device (dmem_*, meta_build, quest) ----------------------------- */
+
+/* Frees the tables dmem_free gave back (the first cudaFree waits for the whole device). */
+static void grave_flush(struct cuda_backend *cb)
+{
+	for (size_t i = 0; i < cb->n_grave; i++)
+		cudaFree(cb->grave[i]);
+	cb->n_grave = 0;
+}
+
+static int cuda_dmem_alloc(struct kvt_be *b, uint64_t bytes, void *stream, uint64_t *addr)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	void *p = NULL;
+	cudaError_t e;
+	int err = bind(cb);
+
+	if (err)
+		return err;
+	if (bytes == 0 || bytes > SIZE_MAX)
+		return be_fail(b, -EINVAL, "device table of %llu bytes", (unsigned long long)bytes);
+	if (kvt_cuda_host->fault(KVT_FAULT_CUDA))
+		return be_fail(b, -ENOMEM, "device table of %llu bytes: injected fault",
+			       (unsigned long long)bytes);
+	e = cudaMalloc(&p, (size_t)bytes);
+	if (e == cudaErrorMemoryAllocation && cb->n_grave) {
+		grave_flush(cb); /* what waits to be freed may make the room */
+		e = cudaMalloc(&p, (size_t)bytes);
+	}
+	if (e != cudaSuccess)
+		return be_fail(b, -ENOMEM, "device table of %llu bytes: %s",
+			       (unsigned long long)bytes, cudaGetErrorString(e));
+	err = CU(cb, cudaMemsetAsync(p, 0, (size_t)bytes, (cudaStream_t)stream),
+		 "device table: zero fill");
+	if (err) {
+		cudaFree(p);
+		return err;
+	}
+	*addr = (uint64_t)(uintptr_t)p;
+	return 0;
+}
+
+static void cuda_dmem_free(struct kvt_be *b, uint64_t addr)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	void *p = (void *)(uintptr_t)addr;
+
+	if (!p)
+		return;
+	cudaSetDevice(cb->device); /* the frees' (a failure shows at the next call's bind) */
+	if (cb->n_grave >= GRAVE_MAX)
+		grave_flush(cb);
+	if (cb->n_grave == cb->cap_grave) {
+		size_t cap = cb->cap_grave ? 2 * cb->cap_grave : 64;
+		void **g = realloc(cb->grave, cap * sizeof(*g));
+
+		if (!g) { /* no room to defer it: free it now, after the device */
+			cudaFree(p);
+			return;
+		}
+		cb->grave = g;
+		cb->cap_grave = cap;
+	}
+	cb->grave[cb->n_grave++] = p;
+}
+
+static int cuda_dmem_copy(struct kvt_be *b, uint64_t dst, uint64_t src, const void *src_host,
+			  uint64_t bytes, void *stream)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	int err = bind(cb);
+
+	if (err || bytes == 0)
+		return err;
+	return CU(cb,
+		  cudaMemcpyAsync((void *)(uintptr_t)dst,
+				  src_host ? src_host : (const void *)(uintptr_t)src, (size_t)bytes,
+				  src_host ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice,
+				  (cudaStream_t)stream),
+		  src_host ? "device table: upload" : "device table: copy");
+}
+
+static int cuda_meta_build(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads,
+			   uint32_t L, uint32_t block_tokens, const void *k, uint64_t meta,
+			   void *stream)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	int err = bind(cb);
+
+	if (err)
+		return err;
+	return CU(cb,
+		  (cudaError_t)kvt_gpu_block_meta(dt, head_dim, n_heads, L, block_tokens, k,
+						  (void *)(uintptr_t)meta, stream),
+		  "block metadata: launch");
+}
+
+static int cuda_quest(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads,
+		      uint32_t g_count, uint32_t lbt, uint32_t r, const struct kvt_gpu_quest *qs,
+		      uint32_t n, const void *q, uint32_t *sel, void *stream)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	size_t d_bytes = (size_t)n * sizeof(*qs), s_bytes = (size_t)n * n_heads * r * sizeof(*sel);
+	cudaStream_t st = (cudaStream_t)stream;
+	struct list_slot *ls;
+	int err = bind(cb);
+
+	if (err || n == 0)
+		return err;
+	err = io_reserve(cb, s_bytes);
+	if (!err)
+		err = slot_get(cb, d_bytes, &ls);
+	if (err)
+		return err;
+	memcpy(ls->host, qs, d_bytes);
+	err = slot_upload(cb, ls, d_bytes, st);
+	if (!err)
+		err = CU(cb,
+			 (cudaError_t)kvt_gpu_quest_select(dt, head_dim, n_heads, g_count, lbt, r,
+							   ls->dev.p, q, cb->io.p, n, stream),
+			 "Quest selection: launch");
+	if (!err)
+		err = CU(cb, cudaMemcpyAsync(sel, cb->io.p, s_bytes, cudaMemcpyDeviceToHost, st),
+			 "Quest selection: copy the blocks back");
+	slot_done(cb, ls, st); /* the wait below covers a failure of this */
+	return stream_finish(cb, err, st, "Quest selection: wait");
+}
+
 static void cuda_stats(struct kvt_be *b, struct kvt_be_stats *out)
 {
 	struct cuda_backend *cb = (struct cuda_backend *)b;
@@ -1279,6 +1438,11 @@ const struct kvt_backend_ops kvt_backend_cuda_ops = {
 	.select = cuda_select,
 	.block_meta = cuda_block_meta,
 	.attend = cuda_attend,
+	.dmem_alloc = cuda_dmem_alloc,
+	.dmem_free = cuda_dmem_free,
+	.dmem_copy = cuda_dmem_copy,
+	.meta_build = cuda_meta_build,
+	.quest = cuda_quest,
 	.stats = cuda_stats,
 };
 
