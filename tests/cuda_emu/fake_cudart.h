@@ -39,6 +39,10 @@ struct fake_range {
 int fake_cuda_launch(void *stream, const char *kernel, fake_cuda_work fn, const void *args,
 		     size_t size, const struct fake_range *reads, size_t n_reads);
 
+/* Seconds the launches' CPU work (fake_cuda_launch's fn) has taken in this process so far, on
+   every thread: what a benchmark of the host side subtracts, since a GPU would do that work. */
+double fake_cuda_work_seconds(void);
+
 /* What the n bytes at device-accessible address addr will hold once the work queued so far
    has run, where the fake can tell without running it: the memory itself when no queued
    operation writes it, the pinned source of the queued copy that last writes all of it;

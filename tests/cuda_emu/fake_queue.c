@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda_runtime_api.h>
 
@@ -80,7 +81,8 @@ struct skey fake_key_of(cudaStream_t s)
 }
 
 static pthread_mutex_t dev_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct op **pend; /* queued, not yet run, in the order queued (dev_lock) */
+static atomic_uint_fast64_t work_ns; /* fake_cuda_work_seconds */
+static struct op **pend;	     /* queued, not yet run, in the order queued (dev_lock) */
 static size_t n_pend, cap_pend;
 static uint64_t *need; /* run_deps' streams (dev_lock) */
 static size_t cap_need;
@@ -228,9 +230,16 @@ static void op_run(struct op *o)
 		if (d.kind == DEVICE)
 			fake_tsan_hide(false);
 		break;
-	case OP_WORK:
+	case OP_WORK: {
+		struct timespec t0, t1;
+
+		clock_gettime(CLOCK_MONOTONIC, &t0);
 		o->fn(o->args);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		atomic_fetch_add(&work_ns, (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000LL +
+						      (t1.tv_nsec - t0.tv_nsec)));
 		break;
+	}
 	case OP_MARK:
 		break;
 	}
@@ -419,6 +428,11 @@ int fake_cuda_launch(void *stream, const char *kernel, fake_cuda_work fn, const 
 	op_queue(o);
 	pthread_mutex_unlock(&dev_lock);
 	return cudaSuccess;
+}
+
+double fake_cuda_work_seconds(void)
+{
+	return 1e-9 * (double)atomic_load(&work_ns);
 }
 
 const void *fake_cuda_peek(uint64_t addr, size_t n)
