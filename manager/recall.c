@@ -148,7 +148,7 @@ static int rc_layer_get(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_
 	if (!rc) {
 		rc = kvt_calloc(1, sizeof(*rc));
 		if (!rc)
-			return -ENOMEM;
+			return kvt_be_fail(m->be, -ENOMEM, "no memory for the recall state");
 		rc->rg.head = rc->rg.tail = KVT_REGION_PENDING;
 		ly->rc = rc;
 	}
@@ -165,7 +165,9 @@ static int rc_layer_get(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_
 	if ((m->keep_meta && !m->dev_meta &&
 	     grow((void **)&rc->meta, old * H, want * H, m->meta_bytes, 0)) ||
 	    grow((void **)&rc->rg.key, old * H, want * H, sizeof(*rc->rg.key), 0))
-		return -ENOMEM; /* the tables that grew keep their contents: still consistent */
+		/* the tables that grew keep their contents: still consistent */
+		return kvt_be_fail(m->be, -ENOMEM, "no memory for the tables of %u blocks",
+				   n_blocks);
 	rc->rg.cap_blocks = (uint32_t)want;
 	return 0;
 }

@@ -576,6 +576,9 @@ static int prefill_tables(struct kvt_manager *m, struct prefill *p)
 	}
 	if (!err && m->keep_meta && !m->cpu_device)
 		err = kvt_meta_reserve(m, ly, full, p->stream);
+	if (err && err != -ENOMEM)
+		return kvt_fail(m, err, "sequence %llu layer %u: block metadata: %s",
+				(unsigned long long)p->seq, p->layer, m->be->err);
 	if (err || !ly->frames || (p->count && !ly->topk))
 		goto nomem;
 	return 0;
@@ -1049,10 +1052,9 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 						(unsigned long long)seqs[i]);
 			ly->cap_groups = cap;
 		}
-		if (m->keep_meta && kvt_meta_reserve(m, ly, ly->n_groups + 1, stream))
-			return kvt_fail(m, -ENOMEM,
-					"decode: sequence %llu: no memory for block metadata",
-					(unsigned long long)seqs[i]);
+		if (m->keep_meta && (err = kvt_meta_reserve(m, ly, ly->n_groups + 1, stream)))
+			return kvt_fail(m, err, "decode: sequence %llu: block metadata: %s",
+					(unsigned long long)seqs[i], m->be->err);
 		m->fresh[n_fresh++] = i;
 	}
 
