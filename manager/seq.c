@@ -381,8 +381,13 @@ static uint32_t emit_resident(struct kvt_manager *m, const struct kvt_seq_layer 
 		emit_run(m, ly, nx, src, h, p, slot, n);
 		p += n;
 	}
-	for (uint32_t i = 0; i < count; i++)
-		emit_run(m, ly, nx, src, h, (uint32_t)t[i], m->slots_sr + i, 1);
+	/* Consecutive positions go to consecutive slots: one run each (emit_run splits and
+	   merges as it would position by position). */
+	for (uint32_t i = 0, j; i < count; i = j) {
+		for (j = i + 1; j < count && t[j] == t[j - 1] + 1;)
+			j++;
+		emit_run(m, ly, nx, src, h, (uint32_t)t[i], m->slots_sr + i, j - i);
+	}
 	return n_sink + count + (N > r0 ? N - r0 : 0);
 }
 
