@@ -1100,8 +1100,8 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 		ly->n_groups++;
 		m->ap[i].host = kvt_host_row(m, ly, 0, ly->n_tokens);
 	}
-	/* Each token's block metadata entry on the device, where it is kept there (folded in
-	   behind the ring write); the tables grew in pass 1. */
+	/* Each token's block metadata entry on the device, where it is kept there (the backend
+	   folds the token in on the append's stream); the tables grew in pass 1. */
 	for (uint32_t i = 0; i < n; i++) {
 		const struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
 

@@ -49,6 +49,24 @@ int kvt_gpu_snapkv_scores(const struct kvt_snapkv *p, const void *k, const void 
 int kvt_gpu_block_meta(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads, uint32_t L,
 		       uint32_t block_tokens, const void *k, void *meta, void *stream);
 
+/* kvt_gpu_block_meta's argument checks, which its CPU stand-in (tests/cuda_emu) shares: 1 =
+   launch, 0 = nothing to do (cudaSuccess), -1 = cudaErrorInvalidValue. */
+static inline int kvt_gpu_block_meta_args(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads,
+					  uint32_t L, uint32_t block_tokens, const void *k,
+					  const void *meta)
+{
+	size_t nb;
+
+	if (!kvt_dtype_size(dt) || block_tokens == 0)
+		return -1;
+	if (L == 0 || n_heads == 0 || head_dim == 0)
+		return 0; /* no block: nothing to write */
+	if (!k || !meta)
+		return -1;
+	nb = ((size_t)L + block_tokens - 1) / block_tokens;
+	return nb * n_heads > SIZE_MAX / 4 / head_dim ? -1 : 1; /* past any address space */
+}
+
 /* Folds one decode token's key rows per sequence into block metadata, as kvt_meta_init (a token
    that starts its block) or kvt_meta_add per kv head: k [n][n_heads][head_dim] of dt (the
    append's key tensor); meta[i] (a device array of n) is the device address of sequence i's
@@ -58,6 +76,19 @@ int kvt_gpu_block_meta(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads, u
    with the reference, NaN, infinities, signed zeros and subnormals included. */
 int kvt_gpu_meta_fold(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads, uint32_t n,
 		      const void *k, const uint64_t *meta, void *stream);
+
+/* kvt_gpu_meta_fold's argument checks, shared as kvt_gpu_block_meta_args's. */
+static inline int kvt_gpu_meta_fold_args(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads,
+					 uint32_t n, const void *k, const uint64_t *meta)
+{
+	if (!kvt_dtype_size(dt))
+		return -1;
+	if (n == 0 || n_heads == 0 || head_dim == 0)
+		return 0; /* no row: nothing to fold */
+	if (!k || !meta)
+		return -1;
+	return (uint64_t)n * n_heads > SIZE_MAX / 4 / head_dim ? -1 : 1;
+}
 
 /* Reference decode attention for n_heads kv heads at once (as kvt_attend_rows per head): head
    h uses segments seg[seg_off[h] .. seg_off[h + 1]) (device arrays; the segments' k and v are

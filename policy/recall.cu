@@ -95,18 +95,13 @@ extern "C" int kvt_gpu_block_meta(enum kvt_dtype dt, uint32_t head_dim, uint32_t
 				  void *stream)
 {
 	cudaStream_t st = (cudaStream_t)stream;
+	int ok = kvt_gpu_block_meta_args(dt, head_dim, n_heads, L, block_tokens, k, meta);
 	size_t nb, total, blocks;
 	unsigned int grid;
 
-	if (!kvt_dtype_size(dt) || block_tokens == 0)
-		return cudaErrorInvalidValue;
-	if (L == 0 || n_heads == 0 || head_dim == 0)
-		return cudaSuccess; /* no block: nothing to write */
-	if (!k || !meta)
-		return cudaErrorInvalidValue;
+	if (ok <= 0)
+		return ok ? cudaErrorInvalidValue : cudaSuccess;
 	nb = ((size_t)L + block_tokens - 1) / block_tokens;
-	if (nb * n_heads > SIZE_MAX / 4 / head_dim)
-		return cudaErrorInvalidValue; /* more than any address space holds */
 	total = nb * n_heads * head_dim;
 	blocks = (total + META_THREADS - 1) / META_THREADS;
 	grid = blocks < META_GRID_MAX ? (unsigned int)blocks : META_GRID_MAX;
@@ -156,17 +151,12 @@ extern "C" int kvt_gpu_meta_fold(enum kvt_dtype dt, uint32_t head_dim, uint32_t 
 				 const void *k, const uint64_t *meta, void *stream)
 {
 	cudaStream_t st = (cudaStream_t)stream;
+	int ok = kvt_gpu_meta_fold_args(dt, head_dim, n_heads, n, k, meta);
 	size_t total, blocks;
 	unsigned int grid;
 
-	if (!kvt_dtype_size(dt))
-		return cudaErrorInvalidValue;
-	if (n == 0 || n_heads == 0 || head_dim == 0)
-		return cudaSuccess; /* no row: nothing to fold */
-	if (!k || !meta)
-		return cudaErrorInvalidValue;
-	if ((uint64_t)n * n_heads > SIZE_MAX / 4 / head_dim)
-		return cudaErrorInvalidValue; /* more than any address space holds */
+	if (ok <= 0)
+		return ok ? cudaErrorInvalidValue : cudaSuccess;
 	total = (size_t)n * n_heads * head_dim;
 	blocks = (total + META_THREADS - 1) / META_THREADS;
 	grid = blocks < META_GRID_MAX ? (unsigned int)blocks : META_GRID_MAX;

@@ -35,7 +35,9 @@ struct kvt_xfer {
    meta (backends with meta_build only; 0 = none): the device address of the block metadata
    entry (block, kv head 0) the token goes to, bit 0 set when the token starts its block: the
    backend folds the token's K rows into it (kvt_meta_init when bit 0 is set, else
-   kvt_meta_add, per kv head; head h's entry at + h * 2 * row_bytes), behind the ring write. */
+   kvt_meta_add, per kv head; head h's entry at + h * 2 * row_bytes), on the append's stream,
+   before the ring write (a failed launch after the fold leaves it repeatable: min and max are
+   idempotent). */
 struct kvt_append {
 	uint64_t dev, host;
 	uint64_t meta;

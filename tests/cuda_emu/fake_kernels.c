@@ -317,17 +317,10 @@ int kvt_gpu_block_meta(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads, u
 		       uint32_t block_tokens, const void *k, void *meta, void *stream)
 {
 	struct meta_args a = {dt, head_dim, n_heads, L, block_tokens, k, meta};
-	size_t nb;
+	int ok = kvt_gpu_block_meta_args(dt, head_dim, n_heads, L, block_tokens, k, meta);
 
-	if (!kvt_dtype_size(dt) || block_tokens == 0)
-		return cudaErrorInvalidValue;
-	if (L == 0 || n_heads == 0 || head_dim == 0)
-		return cudaSuccess; /* no block: nothing to write */
-	if (!k || !meta)
-		return cudaErrorInvalidValue;
-	nb = ((size_t)L + block_tokens - 1) / block_tokens;
-	if (nb * n_heads > SIZE_MAX / 4 / head_dim)
-		return cudaErrorInvalidValue;
+	if (ok <= 0)
+		return ok ? cudaErrorInvalidValue : cudaSuccess;
 	return fake_cuda_launch(stream, "kvt_gpu_block_meta", meta_work, &a, sizeof(a), NULL, 0);
 }
 
@@ -382,15 +375,10 @@ int kvt_gpu_meta_fold(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads, ui
 		      const void *k, const uint64_t *meta, void *stream)
 {
 	struct fold_args a = {dt, head_dim, n_heads, n, k, meta};
+	int ok = kvt_gpu_meta_fold_args(dt, head_dim, n_heads, n, k, meta);
 
-	if (!kvt_dtype_size(dt))
-		return cudaErrorInvalidValue;
-	if (n == 0 || n_heads == 0 || head_dim == 0)
-		return cudaSuccess; /* no row: nothing to fold */
-	if (!k || !meta)
-		return cudaErrorInvalidValue;
-	if ((uint64_t)n * n_heads > SIZE_MAX / 4 / head_dim)
-		return cudaErrorInvalidValue;
+	if (ok <= 0)
+		return ok ? cudaErrorInvalidValue : cudaSuccess;
 	return fake_cuda_launch(stream, "kvt_gpu_meta_fold", fold_work, &a, sizeof(a), NULL, 0);
 }
 
