@@ -13,10 +13,11 @@
  *     positions [q head][obs_window][dim], then call kvt_prefill_layer. kvtier keeps the sink,
  *     the SnapKV top-K and the recent tokens on the device, and writes every token through to
  *     the host history. The engine computes its own dense causal attention for the prompt.
- *   decode step at position p:
+ *   decode step at position p (kvt_step_begin over the batch, here one sequence, before the
+ *   first layer; kvt_step_end after the last):
  *     q, k, v of the new token, with RoPE at p
- *     kvt_decode_append(k, v)   the token goes into the ring and the host history
- *     kvt_decode_recall(q)      the recall_blocks host blocks per kv head with the highest
+ *     kvt_step_append(k, v)     the token goes into the ring and the host history
+ *     kvt_step_recall(q)        the recall_blocks host blocks per kv head with the highest
  *                               Quest bound become resident in the recall cache
  *     kvt_attend(q) -> out      attention over resident plus recalled tokens; `out` feeds
  *                               the rest of the layer
@@ -404,8 +405,8 @@ static int decode_layer(struct ctx *c, uint32_t l, uint32_t p, float *x, struct 
 		memcpy(c->gv + at, v + h * HD, HD * sizeof(float));
 	}
 	t0 = now_s();
-	KVT_TRY(c->m, kvt_decode_append(c->m, l, &c->seq, 1, k, v, NULL), out);
-	KVT_TRY(c->m, kvt_decode_recall(c->m, l, &c->seq, 1, q, NULL), out);
+	KVT_TRY(c->m, kvt_step_append(c->m, l, k, v, NULL), out);
+	KVT_TRY(c->m, kvt_step_recall(c->m, l, q, NULL), out);
 	KVT_TRY(c->m, kvt_attend(c->m, c->seq, l, q, attn), out);
 	c->t_kvt += now_s() - t0;
 	err = check_layer(c, l, p, q, attn, sc);
@@ -674,9 +675,11 @@ int main(int argc, char **argv)
 
 		tok = next_token(&c, xd, tok);
 		memcpy(xd, c.emb + (size_t)tok * D_MODEL, sizeof(xd));
+		KVT_TRY(c.m, kvt_step_begin(c.m, &c.seq, 1), out);
 		for (uint32_t l = 0; l < L; l++)
 			if (decode_layer(&c, l, p, xd, &sc))
 				goto out;
+		KVT_TRY(c.m, kvt_step_end(c.m), out);
 		agree += sc.ok && sc.compressed;
 		if (c.o.quiet && sc.ok && sc.compressed)
 			continue;

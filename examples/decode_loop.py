@@ -21,10 +21,12 @@ Where an engine calls kvtier, per layer of its forward pass:
             with a shared prefix: m.load_kv(seq, layer, 0, matched) gives the prefix's K, V;
             the engine computes q, k, v of the rest only and its attention over prefix + rest;
             m.prefill_chunk(seq, layer, matched, k, v, q_obs, kv_from=0) stores the rest
-  decode    m.decode_append(layer, seqs, k, v)         the new token's K, V (ring + host)
-            m.decode_recall(layer, seqs, q)            score host blocks, load the top ones
+  decode    m.step_begin(seqs)                         once per step: the batch, validated
+            m.step_append(layer, k, v)                 the new token's K, V (ring + host)
+            m.step_recall(layer, q)                    score host blocks, load the top ones
             m.attend(seq, layer, q)                    or the engine's kernel over
                                                        m.frames() and m.recall_view()
+            m.step_end()                               after the last layer
   done      m.destroy_seq(seq)                         its prefix spans stay cached
 Run: GLIBC_TUNABLES=glibc.rtld.optional_static_tls=4096 python3 examples/decode_loop.py
 (with KVTIER_LIBRARY=build/libkvtier.so and PYTHONPATH=python in a source tree).
@@ -187,12 +189,13 @@ def decode(m, net, a, seq, K, V, T, h_last, token):
         token = net.next_token(h_last, token)
         x1 = net.emb[token][None, :]
         worst, mass, kept_sum, recalled_sum, max_kept = 0.0, 0.0, 0, 0, 0
+        m.step_begin([seq])
         for layer in range(a.layers):
             q, k, v = net.qkv(layer, x1, [p])
             q1 = np.ascontiguousarray(q[:, 0])  # [N_Q][D]
-            m.decode_append(layer, [seq], k.transpose(1, 0, 2), v.transpose(1, 0, 2))
+            m.step_append(layer, k.transpose(1, 0, 2), v.transpose(1, 0, 2))
             K[layer, :, p], V[layer, :, p] = k[:, 0], v[:, 0]
-            m.decode_recall(layer, [seq], q1[None])
+            m.step_recall(layer, q1[None])
             out = m.attend(seq, layer, q1)  # [N_Q][D] float32
             for h in range(N_KV):
                 idx, recalled = kept_tokens(m, seq, layer, h)
@@ -206,6 +209,7 @@ def decode(m, net, a, seq, K, V, T, h_last, token):
                     # for information: the share of full attention's weight kvtier kept
                     mass += softmax_weights(q1[g], K[layer, h, :p + 1])[idx].sum()
             x1 = x1 + out.reshape(1, -1) @ net.wo[layer]
+        m.step_end()
         h_last = x1[0]
         # once p + 1 exceeds what resident and recalled slots hold, fewer tokens are kept
         compressed = p + 1 <= KEPT_MAX or max_kept < p + 1

@@ -653,6 +653,44 @@ KVT_API int kvt_seq_recall_view(struct kvt_manager *m, uint64_t seq, uint32_t la
 KVT_API int kvt_seq_frames(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t kv_head,
 			   uint64_t *frames, uint32_t cap, uint32_t *n_frames, uint32_t *n_slots);
 
+/* ---- Decode steps -------------------------------------------------------------------- */
+
+/* An engine's decode step names its batch once: kvt_step_begin, then per layer
+   kvt_step_append and kvt_step_recall (or kvt_step_recall_blocks), then kvt_step_end. The
+   per-layer calls are kvt_decode_append, kvt_decode_recall and kvt_recall_blocks on the step's
+   batch, in its order (row i of every tensor is member i), with the same results and errors,
+   but they look no sequence up by id: a step costs O(layers) library calls and O(batch)
+   lookups. One step is open per manager at a time; the plain calls stay usable beside it (on
+   any batch). A member destroyed while the step is open fails the step's next call with
+   -ENOENT, one preempted with -EINVAL, as the plain call would; the step stays open (end it
+   and begin one without that member). */
+
+/* Opens a decode step over the n sequences seqs (copied), closing the one open, if any. Each
+   must be live, named once and not preempted. With a disk tier the blocks the step's appends
+   write (each layer's last block) are read back from the spill file here, in one read
+   (kvt_seq_fetch). Errors leave the open step, if any, as it was: -EINVAL (NULL m or seqs,
+   n == 0, a repeated id, a preempted sequence), -ENOENT (not live), -EBADMSG (lost), -ENOMEM
+   (no memory for the batch), and kvt_seq_fetch's (-ENOMEM, -EIO, -EBADMSG: blocks read stay
+   placed). */
+KVT_API int kvt_step_begin(struct kvt_manager *m, const uint64_t *seqs, uint32_t n);
+
+/* kvt_decode_append(m, layer, <the step's batch>, k, v, stream); -EINVAL also when no step is
+   open. */
+KVT_API int kvt_step_append(struct kvt_manager *m, uint32_t layer, const void *k, const void *v,
+			    void *stream);
+
+/* kvt_decode_recall(m, layer, <the step's batch>, q, stream); -EINVAL also when no step is
+   open. */
+KVT_API int kvt_step_recall(struct kvt_manager *m, uint32_t layer, const void *q, void *stream);
+
+/* kvt_recall_blocks(m, layer, <the step's batch>, blocks, r, stream); -EINVAL also when no
+   step is open. */
+KVT_API int kvt_step_recall_blocks(struct kvt_manager *m, uint32_t layer, const uint32_t *blocks,
+				   uint32_t r, void *stream);
+
+/* Closes the open step: 0; -EALREADY when none is open; -EINVAL on a NULL m. */
+KVT_API int kvt_step_end(struct kvt_manager *m);
+
 /* ---- Scheduler (SparseServe Algorithm 1) ---------------------------------------------- */
 
 /* The scheduler decides, each iteration, which requests run: it reads the manager's memory

@@ -6,14 +6,15 @@
  * to its right, never of one to its left or beside it (test 'manager-dag', manager/check_dag.py,
  * checks it on the objects' symbols):
  *
- *   manager.c, seq.c -> recall.c -> spill.c -> prefix.c -> base.c -> idmap.c, pool.c -> log.c,
- *   fault.c
+ *   step.c -> manager.c, seq.c -> recall.c -> spill.c -> prefix.c -> base.c -> idmap.c, pool.c
+ *   -> log.c, fault.c
  *
- * manager.c creates, destroys and reports; seq.c runs sequences (create, prefill, decode,
- * preempt, resume, reads); recall.c holds block metadata, the recall cache and the working
- * sets (recall.h); spill.c the disk tier (spill.h); prefix.c the prefix cache of shared host
- * groups (prefix.h); base.c the helpers below. Each header
- * declares the functions of its own file only, so a file's includes say what it may call.
+ * step.c runs decode steps on a batch named once (kvt_step_*); manager.c creates, destroys and
+ * reports; seq.c runs sequences (create, prefill, decode, preempt, resume, reads); recall.c holds
+ * block metadata, the recall cache and the working sets (recall.h); spill.c the disk tier
+ * (spill.h); prefix.c the prefix cache of shared host groups (prefix.h); base.c the helpers below.
+ * Each header declares the functions of its own file only, so a file's includes say what it may
+ * call.
  *
  * A sequence keeps, per layer, three small tables: the device frame groups of its resident
  * slot space, the host block groups of its history, and its top-K positions per kv head. A
@@ -146,6 +147,21 @@ struct kvt_manager {
 	struct kvt_pool dev, host;
 	struct kvt_idmap seqs; /* id -> struct kvt_seq (kvt_seqmap_get) */
 	uint64_t stamp;
+	/* sequence states freed and created so far: a step's members resolve again */
+	uint64_t seq_frees, seq_creates;
+	/* The open decode step (manager/step.c): its members named once at kvt_step_begin and
+	   resolved to their states, so that its per-layer calls look nothing up by id. */
+	struct kvt_step {
+		uint64_t *ids;	     /* [n] the members, as named */
+		struct kvt_seq **of; /* [n] their states (NULL: no longer live) */
+		uint64_t *next_ids;  /* the same for a kvt_step_begin until it succeeds */
+		struct kvt_seq **next_of;
+		uint32_t n, cap;
+		uint32_t missing;	 /* entries of of[] that are NULL */
+		uint64_t frees, creates; /* seq_frees and seq_creates when of[] was resolved */
+		bool open;
+		bool active; /* a step call runs: batch lookups read of[] (kvt_member) */
+	} step;
 
 	/* scratch reused across calls (never shrinks) */
 	struct kvt_xfer *xf;
@@ -301,13 +317,24 @@ int kvt_dev_gather(struct kvt_manager *m, uint32_t nx, void *stream);
    for every call but destroy and info. `what` prefixes the message (may be NULL). */
 struct kvt_seq *kvt_seq_usable(struct kvt_manager *m, uint64_t id, const char *what, int *err);
 
-/* Looks up member id of a batch call (decode, recall; `what` prefixes the error): live, not
-   named before in this batch (stamp), resident, with `layer` prefilled. NULL with the error
-   recorded in *err otherwise. Inline: it runs once per sequence of every decode call. */
-static inline struct kvt_seq *kvt_batch_member(struct kvt_manager *m, uint64_t id, uint32_t layer,
-					       uint64_t stamp, const char *what, int *err)
+/* The state of member i of a batch call naming ids[]: during a step call (ids is the step's)
+   the one resolved at kvt_step_begin, else looked up by id. NULL when not live. */
+static inline struct kvt_seq *kvt_member(const struct kvt_manager *m, const uint64_t *ids,
+					 uint32_t i)
 {
-	struct kvt_seq *s = kvt_seqmap_get(&m->seqs, id);
+	return m->step.active ? m->step.of[i] : kvt_seqmap_get(&m->seqs, ids[i]);
+}
+
+/* Looks up member i of a batch call naming ids[] (decode, recall; `what` prefixes the error):
+   live, not named before in this batch (stamp), resident, with `layer` prefilled. NULL with
+   the error recorded in *err otherwise. Inline: it runs once per sequence of every decode
+   call. */
+static inline struct kvt_seq *kvt_batch_member(struct kvt_manager *m, const uint64_t *ids,
+					       uint32_t i, uint32_t layer, uint64_t stamp,
+					       const char *what, int *err)
+{
+	uint64_t id = ids[i];
+	struct kvt_seq *s = kvt_member(m, ids, i);
 
 	if (!s) {
 		*err = kvt_fail(m, -ENOENT, "%s: sequence %llu is not live", what,

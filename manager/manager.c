@@ -366,6 +366,10 @@ KVT_API void kvt_manager_destroy(struct kvt_manager *m)
 	free(m->ap);
 	free(m->fresh);
 	free(m->batch);
+	free(m->step.ids);
+	free(m->step.of);
+	free(m->step.next_ids);
+	free(m->step.next_of);
 	free(m->sel_scratch);
 	free(m->segs);
 	free(m->sel);

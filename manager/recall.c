@@ -566,7 +566,7 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 	    kvt_reserve((void **)&m->rc.mrc, &m->rc.mrc_cap, n, sizeof(*m->rc.mrc)))
 		return kvt_fail(m, -ENOMEM, "recall: no memory for a batch of %u", n);
 	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_seq *s = kvt_batch_member(m, seqs[i], layer, stamp, "recall", &err);
+		struct kvt_seq *s = kvt_batch_member(m, seqs, i, layer, stamp, "recall", &err);
 		struct kvt_seq_layer *ly;
 		uint32_t nb, need = 0;
 
@@ -1082,11 +1082,12 @@ static void score_part(void *ctx, uint32_t k, uint32_t n_parts)
 	}
 }
 
-/* The sequence id of a recall call when it can be scored for layer (recall_core reports the
-   others), else NULL. */
-static struct kvt_seq *scorable(struct kvt_manager *m, uint64_t id, uint32_t layer)
+/* Member i of a recall call naming ids[] when it can be scored for layer (recall_core reports
+   the others), else NULL. */
+static struct kvt_seq *scorable(struct kvt_manager *m, const uint64_t *ids, uint32_t i,
+				uint32_t layer)
 {
-	struct kvt_seq *s = kvt_seqmap_get(&m->seqs, id);
+	struct kvt_seq *s = kvt_member(m, ids, i);
 	const struct kvt_seq_layer *ly = s ? &s->layers[layer] : NULL;
 
 	return !s || s->lost || !ly->n_tokens || s->preempted || !ly->rc ||
@@ -1109,7 +1110,7 @@ static int score_dev(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs
 	if (kvt_reserve((void **)&m->dq, &m->dq_cap, n, sizeof(*m->dq)))
 		return kvt_fail(m, -ENOMEM, "recall: no memory for a batch of %u", n);
 	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_seq *s = scorable(m, seqs[i], layer);
+		struct kvt_seq *s = scorable(m, seqs, i, layer);
 		struct kvt_seq_layer *ly = s ? &s->layers[layer] : NULL;
 		struct kvt_recall_layer *rc = ly ? ly->rc : NULL;
 
@@ -1155,7 +1156,7 @@ static int catch_up_fetch(struct kvt_manager *m, uint32_t layer, const uint64_t 
 		return 0;
 	++m->stamp;
 	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_seq *s = scorable(m, seqs[i], layer);
+		struct kvt_seq *s = scorable(m, seqs, i, layer);
 		struct kvt_seq_layer *ly = s ? &s->layers[layer] : NULL;
 
 		if (s && ly->rc->meta_n < ly->n_tokens)
@@ -1211,7 +1212,7 @@ KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint6
 	if (kvt_reserve((void **)&m->batch, &m->batch_cap, n, sizeof(*m->batch)))
 		return kvt_fail(m, -ENOMEM, "recall: no memory for a batch of %u", n);
 	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_seq *s = scorable(m, seqs[i], layer);
+		struct kvt_seq *s = scorable(m, seqs, i, layer);
 		struct kvt_seq_layer *ly = s ? &s->layers[layer] : NULL;
 
 		m->batch[i] = s;

@@ -119,6 +119,7 @@ static void seq_free(struct kvt_manager *m, struct kvt_seq *s)
 		free(s->layers[l].groups);
 	kvt_seq_px_free(s->px);
 	free(s);
+	m->seq_frees++;
 }
 
 KVT_API int kvt_seq_create(struct kvt_manager *m, uint64_t seq, uint32_t prompt_tokens)
@@ -137,6 +138,7 @@ KVT_API int kvt_seq_create(struct kvt_manager *m, uint64_t seq, uint32_t prompt_
 		return kvt_fail(m, err, "sequence %llu: cannot grow the sequence table",
 				(unsigned long long)seq);
 	}
+	m->seq_creates++;
 	return 0;
 }
 
@@ -259,6 +261,7 @@ KVT_API int kvt_seq_create_prefix(struct kvt_manager *m, uint64_t seq, uint32_t 
 		s->save_ticket = px->spans[i]->ticket > s->save_ticket ? px->spans[i]->ticket
 								       : s->save_ticket;
 	ALWAYS(kvt_idmap_put(&m->seqs, seq, s) == 0); /* room reserved above */
+	m->seq_creates++;
 	m->st.prefix_tokens_asked += prompt_tokens;
 	m->st.prefix_tokens_hit += px->prefix_tokens;
 	*matched_tokens = px->prefix_tokens;
@@ -1020,7 +1023,7 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 	   capacity of tables changes here (invisible). */
 	stamp = ++m->stamp;
 	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_seq *s = kvt_batch_member(m, seqs[i], layer, stamp, "decode", &err);
+		struct kvt_seq *s = kvt_batch_member(m, seqs, i, layer, stamp, "decode", &err);
 		struct kvt_seq_layer *ly;
 
 		if (!s)

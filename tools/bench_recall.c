@@ -21,7 +21,7 @@
 
 struct ropts {
 	uint32_t seqs, layers, prompt, steps, r, churn_pct, cache_pct, threads;
-	bool quest;
+	bool quest, step;
 	const char *csv;
 };
 
@@ -45,6 +45,8 @@ static void usage(FILE *f)
 		"                 metadata and the recall, host backend (its memory is real: keep\n"
 		"                 seqs x layers x prompt small), no top-K (every block outside the\n"
 		"                 sink and ring is a candidate), random queries each step\n"
+		"  --step         through the step API: kvt_step_begin, kvt_step_recall_blocks per\n"
+		"                 layer, kvt_step_end (all timed), instead of kvt_recall_blocks\n"
 		"  --csv FILE     one line per step: step,ns,loads,hits\n"
 		"  -h, --help     this text\n"
 		"Exit status: 0 on success, 1 on a library error, 2 on bad usage.\n");
@@ -53,16 +55,23 @@ static void usage(FILE *f)
 static int parse(int argc, char **argv, struct ropts *o)
 {
 	static const struct option lo[] = {
-		{"seqs", required_argument, NULL, 's'},	   {"layers", required_argument, NULL, 'l'},
-		{"prompt", required_argument, NULL, 'p'},  {"r", required_argument, NULL, 'r'},
-		{"steps", required_argument, NULL, 'n'},   {"churn", required_argument, NULL, 'u'},
-		{"cache", required_argument, NULL, 'k'},   {"csv", required_argument, NULL, 'c'},
-		{"threads", required_argument, NULL, 't'}, {"quest", no_argument, NULL, 'Q'},
-		{"help", no_argument, NULL, 'h'},	   {NULL, 0, NULL, 0},
+		{"seqs", required_argument, NULL, 's'},
+		{"layers", required_argument, NULL, 'l'},
+		{"prompt", required_argument, NULL, 'p'},
+		{"r", required_argument, NULL, 'r'},
+		{"steps", required_argument, NULL, 'n'},
+		{"churn", required_argument, NULL, 'u'},
+		{"cache", required_argument, NULL, 'k'},
+		{"csv", required_argument, NULL, 'c'},
+		{"threads", required_argument, NULL, 't'},
+		{"quest", no_argument, NULL, 'Q'},
+		{"step", no_argument, NULL, 'S'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
 	};
 	int c, bad, li = 0;
 
-	*o = (struct ropts){256, 32, 8192, 64, 16, 10, 150, 1, false, NULL};
+	*o = (struct ropts){256, 32, 8192, 64, 16, 10, 150, 1, false, false, NULL};
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", lo, &li)) != -1) {
 		bad = 0;
@@ -96,6 +105,9 @@ static int parse(int argc, char **argv, struct ropts *o)
 			break;
 		case 'Q':
 			o->quest = true;
+			break;
+		case 'S':
+			o->step = true;
 			break;
 		case 'h':
 			usage(stdout);
@@ -297,9 +309,19 @@ int bench_recall(int argc, char **argv)
 				sel[x] = lo_b + (uint32_t)(sim_splitmix64(&rng) % (hi_b - lo_b));
 		kvt_manager_stats(m, &a);
 		t0 = 1e9 * sim_now_s();
-		for (uint32_t l = 0; l < o.layers && !err; l++)
-			err = kvt_recall_blocks(m, l, ids, o.seqs,
-						sel + (size_t)l * o.seqs * H * o.r, o.r, NULL);
+		if (o.step) {
+			err = kvt_step_begin(m, ids, o.seqs);
+			for (uint32_t l = 0; l < o.layers && !err; l++)
+				err = kvt_step_recall_blocks(
+					m, l, sel + (size_t)l * o.seqs * H * o.r, o.r, NULL);
+			if (!err)
+				err = kvt_step_end(m);
+		} else {
+			for (uint32_t l = 0; l < o.layers && !err; l++)
+				err = kvt_recall_blocks(m, l, ids, o.seqs,
+							sel + (size_t)l * o.seqs * H * o.r, o.r,
+							NULL);
+		}
 		t[s] = 1e9 * sim_now_s() - t0;
 		kvt_manager_stats(m, &b);
 		loads[s] = (double)(b.recall_loads - a.recall_loads);
@@ -333,8 +355,8 @@ int bench_recall(int argc, char **argv)
 	double med = t[1 + n / 2], p90 = t[1 + n * 9 / 10];
 
 	printf("kvtier-bench recall: null backend (bookkeeping only), %u sequences x %u layers "
-	       "x 8 kv heads, r = %u, prompt %u, %u steps (first excluded), churn %u%%\n",
-	       o.seqs, o.layers, o.r, o.prompt, o.steps, o.churn_pct);
+	       "x 8 kv heads, r = %u, prompt %u, %u steps (first excluded), churn %u%%%s\n",
+	       o.seqs, o.layers, o.r, o.prompt, o.steps, o.churn_pct, o.step ? ", step API" : "");
 	printf("recall cache %llu frames (%u%% of the %llu blocks one step asks for)\n",
 	       (unsigned long long)(per_step * o.cache_pct / 100), o.cache_pct,
 	       (unsigned long long)per_step);

@@ -277,6 +277,7 @@ class Manager:
         c0 = self.config
         self._H, self._Hq, self._D = c0.n_kv_heads, c0.n_q_heads, c0.head_dim
         self._dt = int(c0.dtype)
+        self._step_n = 0  # members of the open decode step (step_begin), 0: none
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -521,6 +522,67 @@ class Manager:
         r = b.size // (n * self._H)
         self._call(_lib.kvt_recall_blocks, layer, ids, n, b.ctypes.data, r, st)
 
+    # -- decode steps ------------------------------------------------------------------------
+
+    def step_begin(self, seqs: Any) -> None:
+        """kvt_step_begin: opens a decode step over the batch seqs (validated once, its
+        spilled last blocks read back), closing the open one; step_append, step_recall and
+        step_recall_blocks then take tensors whose row i is member i. A failure leaves the
+        open step as it was."""
+        ids, n = _seq_array(seqs)
+        with self._lock:
+            self._call(_lib.kvt_step_begin, ids, n)
+            self._step_n = n
+
+    def step_end(self) -> None:
+        """kvt_step_end: closes the open step (Error EALREADY when none is)."""
+        with self._lock:
+            self._call(_lib.kvt_step_end)
+            self._step_n = 0
+
+    def step(self, seqs: Any) -> "_Step":
+        """A decode step as a context manager: ``with m.step(ids): m.step_append(...)``
+        begins it and ends it on leaving (also on an exception)."""
+        return _Step(self, seqs)
+
+    def step_append(self, layer: int, k: Any, v: Any, stream: Any = None) -> None:
+        """kvt_step_append: decode_append on the open step's batch; k and v hold
+        [n][n_kv_heads][head_dim]."""
+        st = _tensor.stream_handle(stream)
+        with self._lock:
+            n = self._step_n
+            if not n:  # the library says why
+                self._call(_lib.kvt_step_append, layer, None, None, st)
+            pk, _k = self._t(k, "k", (n, self._H, self._D), st)
+            pv, _v = self._t(v, "v", (n, self._H, self._D), st)
+            self._call(_lib.kvt_step_append, layer, pk, pv, st)
+
+    def step_recall(self, layer: int, q: Any, stream: Any = None) -> None:
+        """kvt_step_recall: decode_recall on the open step's batch; q holds
+        [n][n_q_heads][head_dim]."""
+        st = _tensor.stream_handle(stream)
+        with self._lock:
+            n = self._step_n
+            if not n:
+                self._call(_lib.kvt_step_recall, layer, None, st)
+            pq, _q = self._t(q, "q", (n, self._Hq, self._D), st)
+            self._call(_lib.kvt_step_recall, layer, pq, st)
+
+    def step_recall_blocks(self, layer: int, blocks: Any, stream: Any = None) -> None:
+        """kvt_step_recall_blocks: recall_blocks on the open step's batch; blocks is
+        [n][n_kv_heads][r] host block indices."""
+        st = _tensor.stream_handle(stream)
+        with self._lock:
+            n = self._step_n
+            if not n:
+                self._call(_lib.kvt_step_recall_blocks, layer, None, 1, st)
+            b = np.ascontiguousarray(blocks, dtype=np.uint32)
+            if b.size == 0 or b.size % (n * self._H):
+                raise ValueError(f"blocks: expected [{n}][{self._H}][r] block indices, "
+                                 f"got shape {b.shape}")
+            self._call(_lib.kvt_step_recall_blocks, layer, b.ctypes.data,
+                       b.size // (n * self._H), st)
+
     def _counted(self, fn: Any, ctype: Any, args: Tuple[Any, ...], tail: Tuple[Any, ...] = ()
                  ) -> Any:
         """A `fn(m, *args, out, cap, n_out, *tail)` query: once for the count, then, when it
@@ -627,6 +689,23 @@ class Batch:
     @property
     def decodes(self) -> List[SchedItem]:
         return [i for i in self.items if i.decode]
+
+
+class _Step:
+    """Manager.step's context manager: kvt_step_begin on entering, kvt_step_end on leaving."""
+
+    def __init__(self, m: Manager, seqs: Any) -> None:
+        self._m, self._seqs = m, seqs
+
+    def __enter__(self) -> Manager:
+        self._m.step_begin(self._seqs)
+        return self._m
+
+    def __exit__(self, *exc: Any) -> None:
+        with self._m._lock:
+            if self._m._step_n and self._m._m is not None:
+                _lib.kvt_step_end(self._m._m)
+                self._m._step_n = 0
 
 
 class Scheduler:

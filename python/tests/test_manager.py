@@ -201,6 +201,81 @@ def test_recall_blocks_given_selection(mgr, rng):
         mgr.recall_blocks(0, [5], np.zeros((1, 3), np.uint32))
 
 
+def test_decode_step_is_the_plain_calls_on_its_batch(rng):
+    """A step (begin, per layer append and recall, end) leaves a manager exactly where the
+    plain calls on the same batch leave a twin: tokens, views, counters."""
+    ms = [kvtier.Manager(**SMALL) for _ in range(2)]
+    try:
+        c = ms[0].config
+        for m in ms:
+            for seq, T in ((1, 300), (2, 180), (3, 240)):
+                prefill(m, seq, T, np.random.default_rng(seq))
+        batch = [3, 1, 2]
+        for step in range(4):
+            ks = rng.standard_normal((c.n_layers, 3, c.n_kv_heads, c.head_dim))
+            qs = rng.standard_normal((c.n_layers, 3, c.n_q_heads, c.head_dim))
+            ks, qs = ks.astype(np.float32), qs.astype(np.float32)
+            for layer in range(c.n_layers):
+                ms[0].decode_append(layer, batch, ks[layer], ks[layer])
+                ms[0].decode_recall(layer, batch, qs[layer])
+            with ms[1].step(batch):
+                for layer in range(c.n_layers):
+                    ms[1].step_append(layer, ks[layer], ks[layer])
+                    ms[1].step_recall(layer, qs[layer])
+        sel = np.zeros((3, c.n_kv_heads, 2), np.uint32)
+        sel[:, :, 1] = 5
+        ms[0].recall_blocks(0, batch, sel)
+        ms[1].step_begin(batch)
+        ms[1].step_recall_blocks(0, sel)
+        ms[1].step_end()
+        for seq in batch:
+            for layer in range(c.n_layers):
+                assert ms[0].tokens(seq, layer) == ms[1].tokens(seq, layer)
+                for h in range(c.n_kv_heads):
+                    a = [(r.block, r.n_valid) for r in ms[0].recall_view(seq, layer, h)]
+                    b = [(r.block, r.n_valid) for r in ms[1].recall_view(seq, layer, h)]
+                    assert a == b and a
+        a, b = ms[0].stats(), ms[1].stats()
+        diff = {f: (getattr(a, f), getattr(b, f)) for f, _t in a._fields_
+                if getattr(a, f) != getattr(b, f)}
+        assert not diff
+    finally:
+        for m in ms:
+            m.close()
+
+
+def test_decode_step_errors(mgr, rng):
+    prefill(mgr, 1, 100, rng)
+    prefill(mgr, 2, 100, rng)
+    k = np.zeros((2, 2, 32), np.float32)
+    with pytest.raises(kvtier.Error) as e:
+        mgr.step_append(0, k, k)
+    assert e.value.errno == errno.EINVAL and "no step" in e.value.detail
+    with pytest.raises(kvtier.Error) as e:
+        mgr.step_end()
+    assert e.value.errno == errno.EALREADY
+    mgr.step_begin([1, 2])
+    with pytest.raises(kvtier.Error) as e:
+        mgr.step_begin([1, 1])
+    assert e.value.errno == errno.EINVAL
+    with pytest.raises(kvtier.Error) as e:
+        mgr.step_begin([1, 9])
+    assert e.value.errno == errno.ENOENT
+    with pytest.raises(ValueError, match="2x2x32"):  # the open step's batch is still [1, 2]
+        mgr.step_append(0, k[:1], k[:1])
+    mgr.step_append(0, k, k)
+    assert mgr.tokens(1, 0) == 101 and mgr.tokens(2, 0) == 101
+    mgr.step_end()
+    with pytest.raises(RuntimeError):
+        with mgr.step([2]):
+            mgr.step_append(1, k[:1], k[:1])
+            raise RuntimeError("engine failed")
+    assert mgr.tokens(2, 1) == 101
+    with pytest.raises(kvtier.Error) as e:  # the context manager ended the step
+        mgr.step_end()
+    assert e.value.errno == errno.EALREADY
+
+
 def test_errors_carry_errno_text_and_detail_and_change_nothing(mgr, rng):
     T = 100
     prefill(mgr, 1, T, rng)

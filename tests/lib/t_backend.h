@@ -15,12 +15,12 @@
  *     A binary linked with it exits 77 (skipped) where the CUDA backend cannot run.
  *
  * So a test creates its managers with t_manager_create (or t_mk) and passes tensors through
- * t_prefill_layer, t_decode_append and t_decode_recall; it reads frames (kvt_seq_frames,
- * kvt_seq_recall_view addresses) with t_dev_read and names the backend its managers report as
- * t_be->kind. Calls that take no tensors go to kvtier's API directly. A configuration that names
- * another backend than host (model, an explicit CUDA one) or a call on a manager that is NULL or
- * not on the CUDA backend passes through unchanged, so it fails on its own checks as it does on
- * the host backend.
+ * t_prefill_layer, t_decode_append, t_decode_recall, t_step_append and t_step_recall; it reads
+ * frames (kvt_seq_frames, kvt_seq_recall_view addresses) with t_dev_read and names the backend its
+ * managers report as t_be->kind. Calls that take no tensors go to kvtier's API directly. A
+ * configuration that names another backend than host (model, an explicit CUDA one) or a call on a
+ * manager that is NULL or not on the CUDA backend passes through unchanged, so it fails on its own
+ * checks as it does on the host backend.
  */
 #ifndef KVT_TEST_T_BACKEND_H
 #define KVT_TEST_T_BACKEND_H
@@ -48,6 +48,11 @@ struct t_backend {
 	/* k_out, v_out: host memory here (the fixture reads the device's copy back) */
 	int (*load_kv)(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t pos,
 		       uint32_t n, void *k_out, void *v_out, void *stream);
+	/* kvt_step_append and kvt_step_recall; n: the step's batch size (the tensors' rows) */
+	int (*step_append)(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *k,
+			   const void *v, void *stream);
+	int (*step_recall)(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *q,
+			   void *stream);
 	/* Copies n bytes at device address addr (a frame, a recall-view frame) to host dst. */
 	void (*dev_read)(void *dst, uint64_t addr, size_t n);
 };
@@ -74,6 +79,18 @@ static inline int t_decode_append(struct kvt_manager *m, uint32_t layer, const u
 				  uint32_t n, const void *k, const void *v, void *stream)
 {
 	return t_be->decode_append(m, layer, seqs, n, k, v, stream);
+}
+
+static inline int t_step_append(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *k,
+				const void *v, void *stream)
+{
+	return t_be->step_append(m, layer, n, k, v, stream);
+}
+
+static inline int t_step_recall(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *q,
+				void *stream)
+{
+	return t_be->step_recall(m, layer, n, q, stream);
 }
 
 static inline int t_decode_recall(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,

@@ -127,6 +127,40 @@ static int cu_decode_recall(struct kvt_manager *m, uint32_t layer, const uint64_
 	return rc;
 }
 
+static int cu_step_append(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *k,
+			  const void *v, void *stream)
+{
+	struct kvt_config c;
+	size_t bytes;
+	void *dk, *dv;
+	int rc;
+
+	if (cu_shape(m, 0, &c, NULL))
+		return kvt_step_append(m, layer, k, v, stream);
+	bytes = (size_t)n * c.n_kv_heads * c.head_dim * kvt_dtype_size(c.dtype);
+	dk = cu_in(k, bytes);
+	dv = cu_in(v, bytes);
+	rc = kvt_step_append(m, layer, dk, dv, stream);
+	cu_drop(dk, k);
+	cu_drop(dv, v);
+	return rc;
+}
+
+static int cu_step_recall(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *q,
+			  void *stream)
+{
+	struct kvt_config c;
+	void *dq;
+	int rc;
+
+	if (cu_shape(m, 0, &c, NULL))
+		return kvt_step_recall(m, layer, q, stream);
+	dq = cu_in(q, (size_t)n * c.n_q_heads * c.head_dim * kvt_dtype_size(c.dtype));
+	rc = kvt_step_recall(m, layer, dq, stream);
+	cu_drop(dq, q);
+	return rc;
+}
+
 static void cu_dev_read(void *dst, uint64_t addr, size_t n);
 
 static int cu_prefill_chunk(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t pos,
@@ -195,6 +229,8 @@ const struct t_backend t_backend_cuda = {
 	.prefill_layer = cu_prefill_layer,
 	.decode_append = cu_decode_append,
 	.decode_recall = cu_decode_recall,
+	.step_append = cu_step_append,
+	.step_recall = cu_step_recall,
 	.prefill_chunk = cu_prefill_chunk,
 	.load_kv = cu_load_kv,
 	.dev_read = cu_dev_read,

@@ -9,6 +9,20 @@ static void host_dev_read(void *dst, uint64_t addr, size_t n)
 	memcpy(dst, (const void *)(uintptr_t)addr, n);
 }
 
+static int host_step_append(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *k,
+			    const void *v, void *stream)
+{
+	(void)n;
+	return kvt_step_append(m, layer, k, v, stream);
+}
+
+static int host_step_recall(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *q,
+			    void *stream)
+{
+	(void)n;
+	return kvt_step_recall(m, layer, q, stream);
+}
+
 const struct t_backend t_backend_host = {
 	.name = "host",
 	.kind = KVT_BACKEND_HOST,
@@ -16,6 +30,8 @@ const struct t_backend t_backend_host = {
 	.prefill_layer = kvt_prefill_layer,
 	.decode_append = kvt_decode_append,
 	.decode_recall = kvt_decode_recall,
+	.step_append = host_step_append,
+	.step_recall = host_step_recall,
 	.prefill_chunk = kvt_prefill_chunk,
 	.load_kv = kvt_seq_load_kv,
 	.dev_read = host_dev_read,

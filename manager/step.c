@@ -1,0 +1,170 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Decode steps (kvtier.h, "Decode steps"): an engine names its decode batch once per step,
+ * kvt_step_begin validates it and resolves each member's state, and the step's per-layer calls
+ * (append, recall) are kvt_decode_append, kvt_decode_recall and kvt_recall_blocks on that batch
+ * with no lookup by id: base.h's kvt_member reads the resolved states while a step call runs.
+ *
+ * A sequence freed meanwhile (kvt_seq_destroy) would leave a resolved state dangling, so every
+ * free counts in m->seq_frees, and a step call that sees the count moved resolves its members
+ * again by id first: a destroyed member then fails the call as it would fail the plain call
+ * (-ENOENT), and the step stays open for the engine to end and begin again without it. A
+ * member created again under its id (m->seq_creates moved) is found by the next call.
+ * Everything else a plain call checks per member (lost, preempted, prefilled, its tables) the
+ * step calls check too: they are the plain calls.
+ */
+#include <errno.h>
+
+#include "base.h"
+#include "kvtier.h"
+
+/* Makes the step's members the resolved states of the calls that follow (kvt_member), after
+   resolving them again when a sequence was freed since. 0, or -EINVAL recorded when no step is
+   open. */
+static int step_enter(struct kvt_manager *m, const char *what)
+{
+	struct kvt_step *st = &m->step;
+
+	if (!st->open)
+		return kvt_fail(m, -EINVAL, "%s: no step begun (kvt_step_begin)", what);
+	if (st->frees != m->seq_frees || (st->missing && st->creates != m->seq_creates)) {
+		st->missing = 0;
+		for (uint32_t i = 0; i < st->n; i++) {
+			st->of[i] = kvt_seqmap_get(&m->seqs, st->ids[i]);
+			st->missing += !st->of[i];
+		}
+		st->frees = m->seq_frees;
+		st->creates = m->seq_creates;
+	}
+	st->active = true;
+	return 0;
+}
+
+/* Grows the step's arrays (both sets) to n members, keeping what they hold. 0 or -ENOMEM. */
+static int step_reserve(struct kvt_step *st, uint32_t n)
+{
+	uint32_t c1 = st->cap, c2 = st->cap, c3 = st->cap, c4 = st->cap;
+
+	if (n <= st->cap)
+		return 0;
+	/* each array keeps its contents when another's growth fails; cap is the least */
+	if (kvt_reserve((void **)&st->ids, &c1, n, sizeof(*st->ids)) ||
+	    kvt_reserve((void **)&st->of, &c2, n, sizeof(*st->of)) ||
+	    kvt_reserve((void **)&st->next_ids, &c3, n, sizeof(*st->next_ids)) ||
+	    kvt_reserve((void **)&st->next_of, &c4, n, sizeof(*st->next_of)))
+		return -ENOMEM;
+	st->cap = c1 < c2 ? c1 : c2;
+	st->cap = st->cap < c3 ? st->cap : c3;
+	st->cap = st->cap < c4 ? st->cap : c4;
+	return 0;
+}
+
+KVT_API int kvt_step_begin(struct kvt_manager *m, const uint64_t *seqs, uint32_t n)
+{
+	struct kvt_step *st;
+	uint64_t stamp, *ids;
+	struct kvt_seq **of;
+	int err = 0;
+
+	if (!m)
+		return -EINVAL;
+	st = &m->step;
+	if (!seqs || n == 0)
+		return kvt_fail(m, -EINVAL, "step: %s", n == 0 ? "empty batch" : "NULL pointer");
+	if (step_reserve(st, n))
+		return kvt_fail(m, -ENOMEM, "step: no memory for a batch of %u", n);
+	/* The new batch goes to the spare arrays: the open step is untouched until it is
+	   valid. */
+	stamp = ++m->stamp;
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvt_seq *s = kvt_seq_usable(m, seqs[i], "step", &err);
+
+		if (!s)
+			return err;
+		if (s->stamp == stamp)
+			return kvt_fail(m, -EINVAL,
+					"step: sequence %llu appears twice in the batch",
+					(unsigned long long)seqs[i]);
+		s->stamp = stamp;
+		if (s->preempted)
+			return kvt_fail(m, -EINVAL,
+					"step: sequence %llu: preempted (resume it first)",
+					(unsigned long long)seqs[i]);
+		st->next_ids[i] = seqs[i];
+		st->next_of[i] = s;
+	}
+	/* The blocks the step's appends write come back from the spill file now, in one read,
+	   rather than layer by layer. */
+	if (m->disk) {
+		err = kvt_seq_fetch(m, seqs, n);
+		if (err)
+			return err;
+	}
+	ids = st->ids;
+	of = st->of;
+	st->ids = st->next_ids;
+	st->of = st->next_of;
+	st->next_ids = ids;
+	st->next_of = of;
+	st->n = n;
+	st->missing = 0;
+	st->frees = m->seq_frees;
+	st->creates = m->seq_creates;
+	st->open = true;
+	return 0;
+}
+
+KVT_API int kvt_step_append(struct kvt_manager *m, uint32_t layer, const void *k, const void *v,
+			    void *stream)
+{
+	int err;
+
+	if (!m)
+		return -EINVAL;
+	err = step_enter(m, "decode");
+	if (err)
+		return err;
+	err = kvt_decode_append(m, layer, m->step.ids, m->step.n, k, v, stream);
+	m->step.active = false;
+	return err;
+}
+
+KVT_API int kvt_step_recall(struct kvt_manager *m, uint32_t layer, const void *q, void *stream)
+{
+	int err;
+
+	if (!m)
+		return -EINVAL;
+	err = step_enter(m, "recall");
+	if (err)
+		return err;
+	err = kvt_decode_recall(m, layer, m->step.ids, m->step.n, q, stream);
+	m->step.active = false;
+	return err;
+}
+
+KVT_API int kvt_step_recall_blocks(struct kvt_manager *m, uint32_t layer, const uint32_t *blocks,
+				   uint32_t r, void *stream)
+{
+	int err;
+
+	if (!m)
+		return -EINVAL;
+	err = step_enter(m, "recall");
+	if (err)
+		return err;
+	err = kvt_recall_blocks(m, layer, m->step.ids, m->step.n, blocks, r, stream);
+	m->step.active = false;
+	return err;
+}
+
+KVT_API int kvt_step_end(struct kvt_manager *m)
+{
+	if (!m)
+		return -EINVAL;
+	if (!m->step.open)
+		return kvt_fail(m, -EALREADY, "step: none begun");
+	m->step.open = false;
+	m->step.n = 0;
+	return 0;
+}

@@ -1,0 +1,406 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * step: decode steps (manager/step.c): a batch named once by kvt_step_begin, then the per-layer
+ * kvt_step_append / kvt_step_recall / kvt_step_recall_blocks, then kvt_step_end. They must be
+ * the plain calls on that batch: two managers, one driven by the plain calls and one by steps,
+ * agree after every call. And their own contract: what begin refuses, what no open step
+ * refuses, members destroyed or preempted while a step is open.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "t_check.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "t_backend.h"
+#include "t_config.h"
+#include "t_data.h"
+#include "t_manager.h"
+#include "util.h"
+
+#define NONE UINT32_MAX
+#define SEQS 16
+#define R 3
+
+/* t_small_config with recall: bt 8, d 16, f16 (2 layers, 2 kv heads, 4 query heads). */
+static struct kvt_config step_config(uint64_t cache_frames)
+{
+	struct kvt_config c = t_small_config();
+
+	c.recall_blocks = R;
+	c.recall_cache_bytes = cache_frames * 2 * c.block_tokens * t_rowb(&c);
+	c.device_bytes += c.recall_cache_bytes;
+	return c;
+}
+
+static void prefill(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq, uint32_t L)
+{
+	size_t row = t_rowb(c);
+	void *k = t_xmalloc((size_t)c->n_kv_heads * L * row);
+	void *v = t_xmalloc((size_t)c->n_kv_heads * L * row);
+	void *q = t_xmalloc((size_t)c->n_q_heads * c->obs_window * row);
+
+	CHECK_RC(kvt_seq_create(m, seq, L), 0);
+	for (uint32_t l = 0; l < c->n_layers; l++) {
+		t_fill_prefill(c, seq, l, L, k, v, q);
+		CHECK_RC(t_prefill_layer(m, seq, l, k, v, q, NULL), 0);
+	}
+	free(k);
+	free(v);
+	free(q);
+}
+
+/* The decode tokens of a batch for layer (generator rows at each member's next position);
+   members that are not live or not prefilled get position 0 (the call refuses them). */
+static void batch_tokens(struct kvt_manager *m, const struct kvt_config *c, const uint64_t *batch,
+			 uint32_t n, uint32_t layer, void *k, void *v)
+{
+	uint32_t pos[SEQS];
+
+	for (uint32_t i = 0; i < n; i++)
+		if (kvt_seq_tokens(m, batch[i], layer, &pos[i]))
+			pos[i] = 0;
+	t_fill_decode(c, batch, pos, n, layer, k, v);
+}
+
+/* Every view of (seq, layer) in both managers: the same result, blocks, frames (as offsets from
+   the first frame each showed) and masks. */
+static void same_views(struct kvt_manager *const mm[2], const struct kvt_config *c, uint64_t seq,
+		       uint32_t layer, uint64_t origin[2])
+{
+	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
+		struct kvt_recall_ref ref[2][R];
+		uint32_t n[2] = {0, 0};
+		int rc[2];
+
+		memset(ref, 0, sizeof(ref));
+		for (int k = 0; k < 2; k++)
+			rc[k] = kvt_seq_recall_view(mm[k], seq, layer, h, ref[k], R, &n[k]);
+		CHECK_EQ(rc[0], rc[1]);
+		CHECK_EQ(n[0], n[1]);
+		for (uint32_t i = 0; rc[0] == 0 && i < n[0]; i++) {
+			if (!origin[0]) {
+				origin[0] = ref[0][i].frame;
+				origin[1] = ref[1][i].frame;
+			}
+			CHECK_EQ(ref[0][i].frame - origin[0], ref[1][i].frame - origin[1]);
+			CHECK_EQ(ref[0][i].block, ref[1][i].block);
+			CHECK_EQ(ref[0][i].n_valid, ref[1][i].n_valid);
+			CHECK_EQ(ref[0][i].resident, ref[1][i].resident);
+		}
+	}
+}
+
+static void same_stats(struct kvt_manager *const mm[2])
+{
+	struct kvt_stats a = t_stats_of(mm[0]), b = t_stats_of(mm[1]);
+
+	CHECK_STATS_EQUAL(&a, &b);
+}
+
+/* Steps are the plain calls: manager 0 runs each decode step as kvt_seq_fetch of the batch (what
+   kvt_step_begin reads back) and, per layer, kvt_decode_append and kvt_decode_recall or
+   kvt_recall_blocks on the batch; manager 1 as kvt_step_begin, kvt_step_append,
+   kvt_step_recall or kvt_step_recall_blocks, kvt_step_end. Random batches in random order, a
+   host tier a third of the histories (the disk tier reads blocks back), a recall cache small
+   enough to evict; between steps preempt, resume, destroy and prefill again; inside a step a
+   member destroyed (and sometimes created and prefilled again under its id: the step must
+   find the new one, not the freed state) or preempted. After every call: the same result,
+   every counter, the views of the batch and attention over them. */
+static void test_step_same_as_plain(void **state)
+{
+	struct kvt_config c = step_config(72);
+	struct kvt_manager *mm[2];
+	char dir[] = "/tmp/kvt-step-XXXXXX";
+	uint64_t seed = t_pick_seed(), ids[SEQS], batch[SEQS], origin[2] = {0, 0};
+	bool live[SEQS], pre[SEQS];
+	uint32_t sel[SEQS * 2 * R], steps = 0, unbegun = 0, scored = 0, broken = 0, reborn = 0,
+				    refused = 0;
+	size_t row = t_rowb(&c), qs = (size_t)c.n_q_heads * row;
+	uint8_t *k = t_xmalloc(SEQS * c.n_kv_heads * row),
+		*v = t_xmalloc(SEQS * c.n_kv_heads * row);
+	uint8_t *q = t_xmalloc(SEQS * qs);
+	long ops = t_pick_ops(1600);
+	(void)state;
+
+	print_message("# step: seed %llu\n", (unsigned long long)seed);
+	t_rng_seed(seed);
+	assert_non_null(mkdtemp(dir));
+	c.spill_dir = dir;
+	c.host_bytes = t_budget(&c, 220);
+	c.device_bytes = t_budget(&c, 300) + c.recall_cache_bytes;
+	for (int m = 0; m < 2; m++)
+		mm[m] = t_mk(&c);
+	for (uint32_t i = 0; i < SEQS; i++) {
+		ids[i] = 500 + i;
+		for (int m = 0; m < 2; m++)
+			prefill(mm[m], &c, ids[i], 60 + 9 * i);
+		live[i] = true;
+		pre[i] = false;
+	}
+	for (long op = 0; op < ops; op++) {
+		uint32_t what = t_rng_below(100), i = t_rng_below(SEQS), n = 0;
+		int rc[2];
+
+		if (what < 75) { /* a decode step over live sequences in random order */
+			uint32_t want = 1 + t_rng_below(SEQS), hit = NONE;
+
+			for (uint32_t x = 0; x < SEQS && n < want; x++) {
+				uint32_t y = (i + x * 5) % SEQS;
+
+				if (live[y] && !pre[y])
+					batch[n++] = ids[y];
+			}
+			if (!n)
+				continue;
+			rc[0] = kvt_seq_fetch(mm[0], batch, n);
+			rc[1] = kvt_step_begin(mm[1], batch, n);
+			CHECK_EQ(rc[0], rc[1]);
+			if (rc[1]) {
+				unbegun++;
+				continue;
+			}
+			steps++;
+			if (t_rng_below(8) == 0)
+				hit = t_rng_below(n); /* a member goes away inside the step */
+			for (uint32_t l = 0; l < c.n_layers; l++) {
+				if (hit != NONE && l == 1) {
+					uint32_t y = (uint32_t)(batch[hit] - 500);
+					bool kill = pre[y] || t_rng_below(2);
+
+					broken++;
+					for (int m = 0; m < 2; m++)
+						CHECK_RC(kill ? kvt_seq_destroy(mm[m], batch[hit])
+							      : kvt_seq_preempt(mm[m], batch[hit]),
+							 0);
+					live[y] = !kill;
+					pre[y] = !kill;
+					if (!live[y] && t_rng_below(2)) { /* back under its id */
+						for (int m = 0; m < 2; m++)
+							prefill(mm[m], &c, batch[hit],
+								50 + op % 90);
+						live[y] = true;
+						reborn++;
+					}
+				}
+				batch_tokens(mm[0], &c, batch, n, l, k, v);
+				rc[0] = t_decode_append(mm[0], l, batch, n, k, v, NULL);
+				rc[1] = t_step_append(mm[1], l, n, k, v, NULL);
+				CHECK_EQ(rc[0], rc[1]);
+				same_stats(mm);
+				if (t_rng_below(2)) { /* Quest: the managers score */
+					for (uint32_t x = 0; x < n; x++)
+						for (uint32_t g = 0; g < c.n_q_heads; g++)
+							t_fill_row(c.dtype, c.head_dim,
+								   q + x * qs + g * row, batch[x],
+								   77, 2000 + g, (uint32_t)op, 0);
+					rc[0] = t_decode_recall(mm[0], l, batch, n, q, NULL);
+					rc[1] = t_step_recall(mm[1], l, n, q, NULL);
+					scored++;
+				} else {
+					for (uint32_t x = 0; x < n; x++) {
+						uint32_t tok = 0, nb;
+
+						if (kvt_seq_tokens(mm[0], batch[x], l, &tok))
+							tok = 0;
+						nb = DIV_UP(tok, c.block_tokens);
+						for (uint32_t j = 0; j < c.n_kv_heads * R; j++)
+							sel[x * c.n_kv_heads * R + j] =
+								!nb || t_rng_below(10) == 0
+									? NONE
+									: t_rng_below(nb);
+					}
+					rc[0] = kvt_recall_blocks(mm[0], l, batch, n, sel, R, NULL);
+					rc[1] = kvt_step_recall_blocks(mm[1], l, sel, R, NULL);
+				}
+				CHECK_EQ(rc[0], rc[1]);
+				refused += rc[0] != 0;
+				same_stats(mm);
+				for (uint32_t x = 0; x < n; x++)
+					same_views(mm, &c, batch[x], l, origin);
+				if (rc[0] == 0) {
+					float qa[4 * 16], o[2][4 * 16];
+
+					for (uint32_t x = 0; x < 4 * 16; x++)
+						qa[x] = (float)((int)(t_mix(op * 64 + x) % 100) -
+								50) /
+							50.0f;
+					for (int m = 0; m < 2; m++)
+						CHECK_RC(kvt_attend(mm[m], batch[0], l, qa, o[m]),
+							 0);
+					assert_memory_equal(o[0], o[1], sizeof(o[0]));
+				}
+			}
+			CHECK_RC(kvt_step_end(mm[1]), 0);
+		} else if (what < 90 && live[i]) { /* preempt or resume */
+			for (int m = 0; m < 2; m++)
+				rc[m] = pre[i] ? kvt_seq_resume(mm[m], ids[i], NULL)
+					       : kvt_seq_preempt(mm[m], ids[i]);
+			CHECK_EQ(rc[0], rc[1]);
+			if (rc[0] == 0)
+				pre[i] = !pre[i];
+		} else if (live[i]) { /* destroy, and prefill again */
+			for (int m = 0; m < 2; m++) {
+				CHECK_RC(kvt_seq_destroy(mm[m], ids[i]), 0);
+				prefill(mm[m], &c, ids[i], 40 + t_mix(op) % 120);
+			}
+			pre[i] = false;
+		} else { /* a sequence destroyed inside a step comes back */
+			for (int m = 0; m < 2; m++)
+				prefill(mm[m], &c, ids[i], 40 + t_mix(op) % 120);
+			live[i] = true;
+			pre[i] = false;
+		}
+		same_stats(mm);
+	}
+	struct kvt_stats a = t_stats_of(mm[0]);
+
+	print_message("# step: %u steps (%u refused at begin; %u recalls scored, %u with a member "
+		      "gone, %u reborn, %u calls refused), %llu recall loads, %llu evictions, %llu "
+		      "disk reads\n",
+		      steps, unbegun, scored, broken, reborn, refused,
+		      (unsigned long long)a.recall_loads, (unsigned long long)a.recall_evictions,
+		      (unsigned long long)a.disk_blocks_fetched);
+	/* the walk reached what it is about */
+	assert_true(steps > 0 && scored > 0 && broken > 0 && refused > 0);
+	assert_true(a.recall_evictions > 0);
+	assert_true(a.disk_blocks_fetched > 0);
+	for (int m = 0; m < 2; m++)
+		kvt_manager_destroy(mm[m]);
+	free(k);
+	free(v);
+	free(q);
+	rmdir(dir);
+}
+
+/* Tokens of (seq, layer 0). */
+static uint32_t toks(struct kvt_manager *m, uint64_t seq)
+{
+	return t_tokens_of(m, seq, 0);
+}
+
+/* The step's own contract: what needs an open step, what begin refuses (leaving the open step
+   as it was), a begin replacing the open step, members destroyed, re-created or preempted
+   while it is open. */
+static void test_step_contract(void **state)
+{
+	struct kvt_config c = step_config(64);
+	struct kvt_manager *m = t_mk(&c);
+	uint64_t a[2] = {1, 2}, b[2] = {3, 1}, dup[2] = {1, 1}, unk[2] = {1, 99};
+	size_t row = t_rowb(&c);
+	uint8_t *k = t_xmalloc(2 * c.n_kv_heads * row), *v = t_xmalloc(2 * c.n_kv_heads * row);
+	uint8_t *q = t_xmalloc(2 * c.n_q_heads * row);
+	uint32_t sel[2 * 2 * R];
+	struct kvt_stats s0, s1;
+	(void)state;
+
+	for (uint32_t i = 0; i < 2 * 2 * R; i++)
+		sel[i] = i % 3 ? 0 : NONE;
+	memset(q, 0, 2 * c.n_q_heads * row);
+	for (uint64_t id = 1; id <= 4; id++)
+		prefill(m, &c, id, 64);
+
+	/* NULL manager */
+	CHECK_RC(kvt_step_begin(NULL, a, 2), -EINVAL);
+	CHECK_RC(kvt_step_append(NULL, 0, k, v, NULL), -EINVAL);
+	CHECK_RC(kvt_step_recall(NULL, 0, q, NULL), -EINVAL);
+	CHECK_RC(kvt_step_recall_blocks(NULL, 0, sel, R, NULL), -EINVAL);
+	CHECK_RC(kvt_step_end(NULL), -EINVAL);
+
+	/* no step open: nothing runs, nothing changes */
+	s0 = t_stats_of(m);
+	CHECK_RC(t_step_append(m, 0, 2, k, v, NULL), -EINVAL);
+	assert_non_null(strstr(kvt_manager_last_error(m), "no step begun"));
+	CHECK_RC(t_step_recall(m, 0, 2, q, NULL), -EINVAL);
+	CHECK_RC(kvt_step_recall_blocks(m, 0, sel, R, NULL), -EINVAL);
+	CHECK_RC(kvt_step_end(m), -EALREADY);
+	s1 = t_stats_of(m);
+	CHECK_STATS_EQUAL(&s0, &s1);
+	CHECK_EQ(toks(m, 1), 64);
+
+	/* begin's refusals leave the open step (a) as it was */
+	CHECK_RC(kvt_step_begin(m, a, 2), 0);
+	CHECK_RC(kvt_step_begin(m, NULL, 2), -EINVAL);
+	CHECK_RC(kvt_step_begin(m, a, 0), -EINVAL);
+	CHECK_RC(kvt_step_begin(m, dup, 2), -EINVAL);
+	assert_non_null(strstr(kvt_manager_last_error(m), "twice"));
+	CHECK_RC(kvt_step_begin(m, unk, 2), -ENOENT);
+	CHECK_RC(kvt_seq_preempt(m, 4), 0);
+	uint64_t pre[2] = {3, 4};
+
+	CHECK_RC(kvt_step_begin(m, pre, 2), -EINVAL);
+	assert_non_null(strstr(kvt_manager_last_error(m), "preempted"));
+	t_fill_decode(&c, a, (uint32_t[]){64, 64}, 2, 0, k, v);
+	CHECK_RC(t_step_append(m, 0, 2, k, v, NULL), 0);
+	CHECK_EQ(toks(m, 1), 65);
+	CHECK_EQ(toks(m, 2), 65);
+	CHECK_EQ(toks(m, 3), 64);
+	CHECK_RC(kvt_step_recall_blocks(m, 0, sel, R, NULL), 0);
+	CHECK_RC(t_step_recall(m, 0, 2, q, NULL), 0);
+
+	/* a begin replaces the open step, in its order: row 0 is sequence 3 now */
+	CHECK_RC(kvt_step_begin(m, b, 2), 0);
+	t_fill_decode(&c, b, (uint32_t[]){64, 65}, 2, 0, k, v);
+	CHECK_RC(t_step_append(m, 0, 2, k, v, NULL), 0);
+	CHECK_EQ(toks(m, 1), 66);
+	CHECK_EQ(toks(m, 2), 65);
+	CHECK_EQ(toks(m, 3), 65);
+	{
+		uint8_t got[2][64], want[2][64];
+
+		assert_true(row <= sizeof(got[0]));
+		CHECK_RC(kvt_seq_read_token(m, 3, 0, 0, 64, got[0], got[1]), 0);
+		t_fill_row(c.dtype, c.head_dim, want[0], 3, 0, 0, 64, 0);
+		t_fill_row(c.dtype, c.head_dim, want[1], 3, 0, 0, 64, 1);
+		assert_memory_equal(got[0], want[0], row);
+		assert_memory_equal(got[1], want[1], row);
+	}
+
+	/* a member destroyed while the step is open: the next call fails as the plain one
+	   would, and changes nothing; re-created under its id, the step finds the new one */
+	CHECK_RC(kvt_seq_destroy(m, 3), 0);
+	s0 = t_stats_of(m);
+	CHECK_RC(t_step_append(m, 1, 2, k, v, NULL), -ENOENT);
+	CHECK_RC(t_step_recall(m, 1, 2, q, NULL), -ENOENT);
+	s1 = t_stats_of(m);
+	CHECK_STATS_EQUAL(&s0, &s1);
+	CHECK_EQ(t_tokens_of(m, 1, 1), 64);
+	prefill(m, &c, 3, 40);
+	t_fill_decode(&c, b, (uint32_t[]){40, 64}, 2, 1, k, v);
+	CHECK_RC(t_step_append(m, 1, 2, k, v, NULL), 0);
+	CHECK_EQ(t_tokens_of(m, 3, 1), 41);
+	CHECK_EQ(t_tokens_of(m, 1, 1), 65);
+
+	/* preempted while open: -EINVAL, as the plain call; resumed, the step goes on */
+	CHECK_RC(kvt_seq_preempt(m, 1), 0);
+	CHECK_RC(t_step_recall(m, 1, 2, q, NULL), -EINVAL);
+	CHECK_RC(kvt_seq_resume(m, 1, NULL), 0);
+	CHECK_RC(t_step_recall(m, 1, 2, q, NULL), 0);
+	CHECK_RC(kvt_step_end(m), 0);
+	CHECK_RC(kvt_step_end(m), -EALREADY);
+	CHECK_RC(t_step_append(m, 0, 2, k, v, NULL), -EINVAL);
+
+	kvt_manager_destroy(m);
+	free(k);
+	free(v);
+	free(q);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_step_contract),
+		cmocka_unit_test(test_step_same_as_plain),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
