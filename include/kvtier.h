@@ -281,6 +281,10 @@ struct kvt_stats {
 	uint64_t prefix_spans_restored; /* spans read back from the spill file by a match */
 	uint64_t bytes_h2d_history;	/* rows loaded from the host history into caller tensors
 					   and prefill buffers (kvt_seq_load_kv, kvt_prefill_chunk) */
+	/* Device memory outside device_bytes that the block metadata tables take now (the CUDA
+	   backend with recall keeps them on the device: about 1/block_tokens of each history's
+	   K and V bytes; 0 on the other backends) */
+	uint64_t device_meta_bytes;
 };
 
 #define KVT_STATS_INIT                                                         \

@@ -149,6 +149,7 @@ struct kvt_manager {
 	uint64_t stamp;
 	/* sequence states freed and created so far: a step's members resolve again */
 	uint64_t seq_frees, seq_creates;
+	uint64_t dmeta_bytes; /* device metadata tables held (kvt_stats.device_meta_bytes) */
 	/* The open decode step (manager/step.c): its members named once at kvt_step_begin and
 	   resolved to their states, so that its per-layer calls look nothing up by id. */
 	struct kvt_step {

@@ -421,6 +421,7 @@ KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out
 	st.prefix_blocks_shared = (m->px.groups - m->px.groups_idle) * m->cfg.n_kv_heads;
 	st.recall_frames_total = m->rc.n;
 	st.recall_frames_used = m->rc.n_held;
+	st.device_meta_bytes = m->dmeta_bytes;
 	st.model_ns_h2d = m->be->cost[KVT_DIR_H2D].ns;
 	st.model_ns_d2h = m->be->cost[KVT_DIR_D2H].ns;
 	st.model_ns_d2d = m->be->cost[KVT_DIR_D2D].ns;

@@ -56,12 +56,20 @@ void kvt_recall_fini(struct kvt_manager *m)
 	*rc = (struct kvt_recall_cache){0};
 }
 
+/* Bytes of a device metadata table of cap blocks: the metadata, then the key table. */
+static uint64_t dmeta_size(const struct kvt_manager *m, uint64_t cap)
+{
+	return cap * m->cfg.n_kv_heads * (m->meta_bytes + sizeof(struct kvt_region_key));
+}
+
 void kvt_recall_layer_free(struct kvt_manager *m, struct kvt_recall_layer *rc)
 {
 	if (!rc)
 		return;
-	if (rc->dmeta)
+	if (rc->dmeta) {
 		m->ops->dmem_free(m->be, rc->dmeta);
+		m->dmeta_bytes -= dmeta_size(m, rc->dcap);
+	}
 	free(rc->meta);
 	free(rc->rg.slot);
 	free(rc->rg.key);
@@ -117,7 +125,7 @@ static int dmeta_grow(struct kvt_manager *m, struct kvt_recall_layer *rc, uint32
 		return 0;
 	if (want > UINT32_MAX)
 		return kvt_be_fail(m->be, -ENOMEM, "block metadata of %u blocks", n_blocks);
-	err = m->ops->dmem_alloc(m->be, want * H * (mb + kb), stream, &addr);
+	err = m->ops->dmem_alloc(m->be, dmeta_size(m, want), stream, &addr);
 	if (err)
 		return err;
 	if (rc->dmeta) {
@@ -131,7 +139,9 @@ static int dmeta_grow(struct kvt_manager *m, struct kvt_recall_layer *rc, uint32
 			return err;
 		}
 		m->ops->dmem_free(m->be, rc->dmeta);
+		m->dmeta_bytes -= dmeta_size(m, rc->dcap);
 	}
+	m->dmeta_bytes += dmeta_size(m, want);
 	rc->dmeta = addr;
 	rc->dcap = (uint32_t)want;
 	return 0;

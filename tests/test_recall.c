@@ -958,6 +958,33 @@ static void test_recall_threads_same(void **state)
 	rmdir(dir);
 }
 
+/* kvt_stats.device_meta_bytes: the device metadata tables of the CUDA backend (per layer
+   [cap][H] metadata entries of 2 rows and key entries, cap doubling from 8 blocks), outside
+   device_bytes; 0 on the host backend, which keeps them in host memory. */
+static void test_device_meta_bytes(void **state)
+{
+	struct kvt_config c = recall_config(3, 64);
+	struct kvt_manager *m = t_mk(&c);
+	bool dev = t_be->kind == KVT_BACKEND_CUDA;
+	uint64_t per_block = (uint64_t)c.n_kv_heads * (2 * t_rowb(&c) + 8);
+	(void)state;
+
+	CHECK_EQ(t_stats_of(m).device_meta_bytes, 0);
+	prefill(m, &c, 1, 60); /* 8 blocks: a table of 8 per layer */
+	CHECK_EQ(t_stats_of(m).device_meta_bytes, dev ? c.n_layers * 8 * per_block : 0);
+	decode(m, &c, 1, 4); /* 64 tokens: still 8 blocks */
+	CHECK_EQ(t_stats_of(m).device_meta_bytes, dev ? c.n_layers * 8 * per_block : 0);
+	decode(m, &c, 1, 1); /* block 8 opens: each layer's table doubles */
+	CHECK_EQ(t_stats_of(m).device_meta_bytes, dev ? c.n_layers * 16 * per_block : 0);
+	prefill(m, &c, 2, 100); /* 13 blocks: 16 */
+	CHECK_EQ(t_stats_of(m).device_meta_bytes, dev ? c.n_layers * 32 * per_block : 0);
+	CHECK_RC(kvt_seq_destroy(m, 1), 0);
+	CHECK_EQ(t_stats_of(m).device_meta_bytes, dev ? c.n_layers * 16 * per_block : 0);
+	CHECK_RC(kvt_seq_destroy(m, 2), 0);
+	CHECK_EQ(t_stats_of(m).device_meta_bytes, 0);
+	kvt_manager_destroy(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -970,6 +997,7 @@ int main(void)
 		cmocka_unit_test(test_working_set_window),
 		cmocka_unit_test(test_preempt_resume),
 		cmocka_unit_test(test_recall_threads_same),
+		cmocka_unit_test(test_device_meta_bytes),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -119,7 +119,7 @@ class Stats(_Struct):
         ("prefix_blocks_shared", c_uint64), ("prefix_tokens_asked", c_uint64),
         ("prefix_tokens_hit", c_uint64), ("prefix_spans_evicted", c_uint64),
         ("prefix_spans_spilled", c_uint64), ("prefix_spans_restored", c_uint64),
-        ("bytes_h2d_history", c_uint64),
+        ("bytes_h2d_history", c_uint64), ("device_meta_bytes", c_uint64),
     ]
 
 
