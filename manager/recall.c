@@ -605,6 +605,12 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 					"recall tables",
 					(unsigned long long)seqs[i]);
 		ly->rc->ws.w = m->cfg.ws_window;
+		/* the working set its previous call left, counted now (recall_member) */
+		if (ly->rc->rg.n_slots && ly->rc->ws_next != ly->rc->ws_counted) {
+			m->rc.sum_ws += ly->rc->ws_next;
+			m->rc.sum_ws -= ly->rc->ws_counted;
+			ly->rc->ws_counted = ly->rc->ws_next;
+		}
 		ly->rc->stamp = stamp;
 		ly->rc->layer = layer;
 		ly->rc->last_call = m->rc.layer_calls[layer];
@@ -816,10 +822,15 @@ static void recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, 
 	   r < view_cap spreads them after */
 	err = kvt_region_recall_ahead(&rc->rg, &g, sel, r, &rc->ws, rc->view, rc->view_n, p->ld,
 				      &nl, &p->r, ahead);
-	if (rc->rg.n_slots) { /* a live region: its working set counts */
-		p->ws += (int64_t)rc->ws.total - (int64_t)rc->ws_counted;
-		rc->ws_counted = rc->ws.total;
+	/* A live region's working set counts from its next call on (recall_validate): a device
+	   doing this call's lookups reports the total a step late. Until it has one counted, it
+	   counts as all its call can look up, so that a new region aims at a part of the cache
+	   at once. */
+	if (rc->rg.n_slots && !rc->ws_counted) {
+		p->ws += (int64_t)m->cfg.n_kv_heads * r;
+		rc->ws_counted = m->cfg.n_kv_heads * r;
 	}
+	rc->ws_next = rc->ws.total;
 	ALWAYS(err == 0); /* recall_room sized the region for the call */
 	if (r < rc->view_cap)
 		for (uint32_t h = H; h-- > 1;)

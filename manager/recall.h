@@ -37,7 +37,10 @@ struct kvt_recall_layer {
 	uint64_t last_call; /* rc.layer_calls[layer] at that call */
 	uint32_t layer;
 	struct kvt_ws ws;    /* its recall working set; bucket NULL until its first recall */
-	uint32_t ws_counted; /* ws.total as counted in the cache's sum_ws (0 unless live) */
+	uint32_t ws_counted; /* its working set as counted in the cache's sum_ws (0 unless live):
+				n_kv_heads * r at its first call, then ws_next at each later one */
+	uint32_t ws_next;    /* ws.total after its latest call, counted at its next call (a
+				device keeping the working set hands it back a step late) */
 	/* the cache's list of regions holding frames, oldest first */
 	struct kvt_recall_layer *lprev, *lnext;
 	/* view of the latest recall call naming this (sequence, layer): per head view_n[h]
