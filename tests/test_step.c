@@ -25,6 +25,7 @@
 #include "t_config.h"
 #include "t_data.h"
 #include "t_manager.h"
+#include "fault.h"
 #include "util.h"
 
 #define NONE UINT32_MAX
@@ -395,11 +396,79 @@ static void test_step_contract(void **state)
 	free(q);
 }
 
+/* kvt_step_begin reading a spilled member's block back: every allocation and disk I/O of the
+   call failed in turn (a walk over its fault sites) fails it with -ENOMEM or -EIO and leaves
+   the open step as it was (its next append goes to its own members); the walk ends with the
+   begin succeeding, and the new step's append goes to the new members. */
+static void test_step_begin_faults(void **state)
+{
+	struct kvt_config c = step_config(64);
+	struct kvt_manager *m;
+	char dir[] = "/tmp/kvt-step-f-XXXXXX";
+	uint64_t a[2] = {1, 2}, b[2] = {3, 1};
+	uint32_t tok[4] = {0, 61, 61, 61}, walked = 0, eio = 0;
+	size_t row = t_rowb(&c);
+	uint8_t *k = t_xmalloc(2 * c.n_kv_heads * row), *v = t_xmalloc(2 * c.n_kv_heads * row);
+	(void)state;
+
+	assert_non_null(mkdtemp(dir));
+	c.spill_dir = dir;
+	m = t_mk(&c);
+	for (uint64_t id = 1; id <= 3; id++)
+		prefill(m, &c, id, 61);
+	CHECK_RC(kvt_step_begin(m, a, 2), 0);
+	for (uint64_t nth = 1;; nth++) {
+		int rc;
+
+		CHECK_RC(kvt_seq_spill(m, 3), 0); /* its last blocks must come back */
+		assert_true(t_info_of(m, 3).disk_blocks > 0);
+		CHECK_RC(kvt_fault_arm((1u << KVT_FAULT_ALLOC) | (1u << KVT_FAULT_IO), nth), 0);
+		rc = kvt_step_begin(m, b, 2);
+		kvt_fault_disarm();
+		if (rc == 0)
+			break;
+		walked++;
+		eio += rc == -EIO;
+		assert_true(rc == -ENOMEM || rc == -EIO);
+		/* the open step is still a: its append goes to 1 and 2 */
+		t_fill_decode(&c, a, (uint32_t[]){tok[1], tok[2]}, 2, 0, k, v);
+		CHECK_RC(t_step_append(m, 0, 2, k, v, NULL), 0);
+		tok[1]++;
+		tok[2]++;
+		for (uint64_t id = 1; id <= 3; id++)
+			CHECK_EQ(toks(m, id), tok[id]);
+		assert_true(nth < 1000);
+	}
+	print_message("# step begin faults: %u failed begins walked (%u -EIO)\n", walked, eio);
+	assert_true(walked > eio && eio > 0); /* both kinds of site */
+	t_fill_decode(&c, b, (uint32_t[]){tok[3], tok[1]}, 2, 0, k, v);
+	CHECK_RC(t_step_append(m, 0, 2, k, v, NULL), 0);
+	tok[3]++;
+	tok[1]++;
+	for (uint64_t id = 1; id <= 3; id++)
+		CHECK_EQ(toks(m, id), tok[id]);
+	for (uint32_t p = 0; p < tok[3]; p += 7) { /* 3's history read back intact */
+		uint8_t got[2][64], want[2][64];
+
+		CHECK_RC(kvt_seq_read_token(m, 3, 0, 1, p, got[0], got[1]), 0);
+		t_fill_row(c.dtype, c.head_dim, want[0], 3, 0, 1, p, 0);
+		t_fill_row(c.dtype, c.head_dim, want[1], 3, 0, 1, p, 1);
+		assert_memory_equal(got[0], want[0], row);
+		assert_memory_equal(got[1], want[1], row);
+	}
+	CHECK_RC(kvt_step_end(m), 0);
+	kvt_manager_destroy(m);
+	free(k);
+	free(v);
+	rmdir(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_step_contract),
 		cmocka_unit_test(test_step_same_as_plain),
+		cmocka_unit_test(test_step_begin_faults),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
