@@ -35,6 +35,9 @@ static size_t table_bytes(uint32_t n_units)
 	return stack_bytes(n_units) + ((size_t)n_units + 63) / 64 * sizeof(uint64_t);
 }
 
+/* How many ids ahead a loop over ids fetches their bitmap words. */
+#define POOL_AHEAD 16
+
 static void set_used(struct kvt_pool *p, uint32_t id, bool used)
 {
 	uint64_t bit = (uint64_t)1 << (id & 63);
@@ -105,6 +108,9 @@ int kvt_pool_alloc(struct kvt_pool *p, uint32_t n, uint32_t *ids)
 		ids[i] = p->fresh++;
 	p->n_free -= n;
 	for (i = 0; i < n; i++) {
+		/* returned ids lie anywhere in the bitmap: their words come in a few ids ahead */
+		if (i + POOL_AHEAD < n)
+			__builtin_prefetch(&p->in_use[ids[i + POOL_AHEAD] >> 6], 1);
 		set_used(p, ids[i], true);
 		poison_unit(p, ids[i], false);
 	}

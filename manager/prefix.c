@@ -69,10 +69,22 @@ void kvt_seq_px_free(struct kvt_seq_px *px)
 	free(px);
 }
 
+/* How many ids ahead kvt_host_release fetches what it reads of a group: the groups of a
+   history or span lie anywhere in the tier, so each is a miss of its own. */
+#define RELEASE_AHEAD 16
+
 void kvt_host_release(struct kvt_manager *m, const uint32_t *ids, uint32_t n)
 {
 	for (uint32_t i = 0; i < n; i++) {
 		uint32_t g = ids[i];
+
+		if (i + RELEASE_AHEAD < n) {
+			uint32_t a = ids[i + RELEASE_AHEAD];
+
+			if (m->px.href && a < m->host.n_units)
+				__builtin_prefetch(&m->px.href[a]);
+			kvt_pool_prefetch(&m->host, a);
+		}
 
 		if (m->px.href && m->px.href[g])
 			m->px.href[g]--;
@@ -237,6 +249,13 @@ uint32_t kvt_prefix_restore(struct kvt_manager *m, struct kvt_pspan *const *sp, 
 	return ok_spans;
 }
 
+/* Starts loading the span counts of host groups g[0 .. n). */
+static void prefetch_hrefs(const struct kvt_manager *m, const uint32_t *g, uint32_t n)
+{
+	for (uint32_t j = 0; j < n; j++)
+		__builtin_prefetch(&m->px.href[g[j]], 1);
+}
+
 void kvt_prefix_register(struct kvt_manager *m, struct kvt_seq *s)
 {
 	struct kvt_seq_px *px = s->px;
@@ -272,13 +291,19 @@ void kvt_prefix_register(struct kvt_manager *m, struct kvt_seq *s)
 			free(sp);
 			return;
 		}
-		for (uint32_t l = 0; l < m->cfg.n_layers; l++)
+		/* the groups lie anywhere in the tier: a layer's counts come in while the layer
+		   before raises its own */
+		prefetch_hrefs(m, s->layers[0].groups + i * per, per);
+		for (uint32_t l = 0; l < m->cfg.n_layers; l++) {
+			if (l + 1 < m->cfg.n_layers)
+				prefetch_hrefs(m, s->layers[l + 1].groups + i * per, per);
 			for (uint32_t j = 0; j < per; j++) {
 				uint32_t g = s->layers[l].groups[i * per + j];
 
 				sp->ids[l * per + j] = g;
 				m->px.href[g]++;
 			}
+		}
 		m->px.groups += n_ids;
 		px->spans[px->n_spans++] = sp;
 	}

@@ -73,8 +73,7 @@ void kvt_recall_layer_free(struct kvt_manager *m, struct kvt_recall_layer *rc)
 	free(rc->meta);
 	free(rc->rg.slot);
 	free(rc->rg.key);
-	free(rc->rg.prev);
-	free(rc->rg.next);
+	free(rc->rg.link);
 	free(rc->frame);
 	free(rc->view_n);
 	free(rc->view);
@@ -195,8 +194,7 @@ static int rc_slots_reserve(struct kvt_recall_layer *rc, uint32_t n)
 	if (want > KVT_REGION_MAX_SLOTS)
 		want = KVT_REGION_MAX_SLOTS;
 	if (grow((void **)&rc->rg.slot, rc->cap_slots, want, sizeof(*rc->rg.slot), 0) ||
-	    grow((void **)&rc->rg.prev, rc->cap_slots, want, sizeof(*rc->rg.prev), 0) ||
-	    grow((void **)&rc->rg.next, rc->cap_slots, want, sizeof(*rc->rg.next), 0) ||
+	    grow((void **)&rc->rg.link, rc->cap_slots, want, sizeof(*rc->rg.link), 0) ||
 	    grow((void **)&rc->frame, rc->cap_slots, want, sizeof(*rc->frame), 0))
 		return -ENOMEM;
 	rc->cap_slots = want;
@@ -836,6 +834,13 @@ static void recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, 
 		for (uint32_t h = H; h-- > 1;)
 			memmove(rc->view + (size_t)h * rc->view_cap, rc->view + (size_t)h * r,
 				rc->view_n[h] * sizeof(*rc->view));
+	/* The group entries and frames the loads read, all requested before the first is used: a
+	   call loads a few blocks, so fetching the member's whole group table ahead would bring
+	   in far more lines than it reads. */
+	for (uint32_t x = 0; x < nl; x++) {
+		__builtin_prefetch(&ly->groups[p->ld[x].key / H]);
+		__builtin_prefetch(&rc->frame[p->ld[x].slot]);
+	}
 	for (uint32_t x = 0; x < nl; x++) {
 		const struct kvt_region_load *ld = &p->ld[x];
 		uint32_t b = ld->key / H, h = ld->key % H, at = p->base + p->nx++;
@@ -884,13 +889,8 @@ static void recall_run_part(void *ctx, uint32_t k, uint32_t n_parts)
 			ahead.keys_sel = sel + (size_t)(i + 2) * H * r;
 		}
 		if (i + 1 < p->i1) {
-			const struct kvt_seq_layer *nl = &m->batch[i + 1]->layers[layer];
-
 			ahead.slots = &m->rc.mrc[i + 1]->rg;
 			ahead.slots_sel = sel + (size_t)(i + 1) * H * r;
-			/* its group table, which its loads read */
-			for (uint32_t g = 0; g < nl->n_groups; g += 16)
-				__builtin_prefetch(&nl->groups[g]);
 		}
 		recall_member(m, i, m->batch[i], layer, sel + (size_t)i * H * r, r, p, &ahead);
 	}

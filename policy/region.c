@@ -45,11 +45,12 @@ static inline uint32_t bucket_of(const struct kvt_ws *ws, uint32_t x)
 	return ws->cur >= d ? ws->cur - d : ws->cur + ws->w - d;
 }
 
-void kvt_ws_touch(struct kvt_ws *ws, uint32_t *touched, uint32_t t)
+/* kvt_ws_touch of a working set that is kept (buckets and a window), inlined in the recall
+   loop: after its first lookup the window is at t already, so the move costs one test. */
+static inline void ws_touch(struct kvt_ws *ws, uint32_t *touched, uint32_t t)
 {
-	if (!ws->bucket || !ws->w)
-		return; /* no working set kept */
-	kvt_ws_advance(ws, t);
+	if (t > ws->step)
+		kvt_ws_advance(ws, t);
 	if (*touched) {
 		uint32_t p = *touched - 1;
 
@@ -68,28 +69,35 @@ void kvt_ws_touch(struct kvt_ws *ws, uint32_t *touched, uint32_t t)
 	}
 }
 
+void kvt_ws_touch(struct kvt_ws *ws, uint32_t *touched, uint32_t t)
+{
+	if (!ws->bucket || !ws->w)
+		return; /* no working set kept */
+	ws_touch(ws, touched, t);
+}
+
 /* ---- the order list: slots in ascending (stamp, rank) ---- */
 
 static inline void unlink_slot(struct kvt_region *rg, uint16_t i)
 {
-	uint16_t p = rg->prev[i], n = rg->next[i];
+	struct kvt_region_link l = rg->link[i];
+	uint16_t p = l.prev, n = l.next;
 
 	if (p != END)
-		rg->next[p] = n;
+		rg->link[p].next = n;
 	else
 		rg->head = n;
 	if (n != END)
-		rg->prev[n] = p;
+		rg->link[n].prev = p;
 	else
 		rg->tail = p;
 }
 
 static inline void append_slot(struct kvt_region *rg, uint16_t i)
 {
-	rg->prev[i] = rg->tail;
-	rg->next[i] = END;
+	rg->link[i] = (struct kvt_region_link){rg->tail, END};
 	if (rg->tail != END)
-		rg->next[rg->tail] = i;
+		rg->link[rg->tail].next = i;
 	else
 		rg->head = i;
 	rg->tail = i;
@@ -98,14 +106,13 @@ static inline void append_slot(struct kvt_region *rg, uint16_t i)
 /* Links slot i between p and n (END: the list's ends). */
 static inline void link_between(struct kvt_region *rg, uint16_t i, uint16_t p, uint16_t n)
 {
-	rg->prev[i] = p;
-	rg->next[i] = n;
+	rg->link[i] = (struct kvt_region_link){p, n};
 	if (p != END)
-		rg->next[p] = i;
+		rg->link[p].next = i;
 	else
 		rg->head = i;
 	if (n != END)
-		rg->prev[n] = i;
+		rg->link[n].prev = i;
 	else
 		rg->tail = i;
 }
@@ -117,9 +124,33 @@ static void insert_empty(struct kvt_region *rg, uint16_t i)
 
 	while (at != END && rg->slot[at].stamp == 0 && at < i) {
 		before = at;
-		at = rg->next[at];
+		at = rg->link[at].next;
 	}
 	link_between(rg, i, before, at);
+}
+
+/* After insert_empty(rg, i): the hint of the last empty slot, when i is now that one. */
+static void note_empty(struct kvt_region *rg, uint16_t i)
+{
+	uint16_t n = rg->link[i].next;
+
+	if (n == END || rg->slot[n].stamp != 0)
+		rg->empty_end = (uint16_t)(i + 1);
+}
+
+/* The last empty slot of the order list (END: none), from the hint or by a walk over the
+   empty ones. */
+static uint16_t last_empty(const struct kvt_region *rg)
+{
+	uint16_t at, before = END;
+
+	if (rg->empty_end == END)
+		return END;
+	if (rg->empty_end)
+		return (uint16_t)(rg->empty_end - 1);
+	for (at = rg->head; at != END && rg->slot[at].stamp == 0; at = rg->link[at].next)
+		before = at;
+	return before;
 }
 
 /* Forgets slot i's key and makes it empty (still linked where it was). */
@@ -143,6 +174,7 @@ uint32_t kvt_region_empty(struct kvt_region *rg, uint32_t i)
 	unlink_slot(rg, (uint16_t)i);
 	had = forget(rg, i);
 	insert_empty(rg, (uint16_t)i);
+	note_empty(rg, (uint16_t)i);
 	return had;
 }
 
@@ -152,29 +184,32 @@ void kvt_region_grow(struct kvt_region *rg, uint32_t n)
 
 	if (n > KVT_REGION_MAX_SLOTS)
 		n = KVT_REGION_MAX_SLOTS;
-	if (rg->n_slots == 0)
-		rg->head = rg->tail = END; /* a zeroed region: an empty list */
+	if (rg->n_slots == 0) { /* a zeroed region: an empty list */
+		rg->head = rg->tail = END;
+		rg->empty_end = END;
+	}
 	if (n <= rg->n_slots)
 		return;
 	/* The new slots have the highest indices: they go after every empty slot, in order. */
-	for (at = rg->head; at != END && rg->slot[at].stamp == 0; at = rg->next[at])
-		before = at;
+	before = last_empty(rg);
+	at = before != END ? rg->link[before].next : rg->head;
 	for (uint32_t i = rg->n_slots; i < n; i++) {
 		/* new memory: nothing to forget */
 		rg->slot[i] = (struct kvt_region_slot){.key = KVT_REGION_NONE, .rank = i};
-		rg->prev[i] = before;
+		rg->link[i].prev = before;
 		if (before != END)
-			rg->next[before] = (uint16_t)i;
+			rg->link[before].next = (uint16_t)i;
 		else
 			rg->head = (uint16_t)i;
 		before = (uint16_t)i;
 	}
-	rg->next[before] = at;
+	rg->link[before].next = at;
 	if (at != END)
-		rg->prev[at] = before;
+		rg->link[at].prev = before;
 	else
 		rg->tail = before;
 	rg->n_slots = n;
+	rg->empty_end = (uint16_t)n; /* 1 + the last new slot */
 }
 
 uint32_t kvt_region_clear(struct kvt_region *rg)
@@ -185,6 +220,7 @@ uint32_t kvt_region_clear(struct kvt_region *rg)
 		gone += forget(rg, i);
 	rg->n_slots = 0;
 	rg->head = rg->tail = END;
+	rg->empty_end = END;
 	return gone;
 }
 
@@ -201,10 +237,12 @@ uint32_t kvt_region_drop(struct kvt_region *rg, uint32_t *frame, uint32_t *dropp
 	*freed = frame ? frame[i] : i;
 	unlink_slot(rg, i);
 	had = forget(rg, i);
+	if (rg->empty_end == i + 1) /* the head was the last empty slot: none is left */
+		rg->empty_end = END;
 	j = (uint16_t)(--rg->n_slots);
 	if (j != i) { /* the last slot moves into i, keeping its place in the order */
 		struct kvt_region_slot s = rg->slot[j];
-		uint16_t p = rg->prev[j], n = rg->next[j];
+		uint16_t p = rg->link[j].prev, n = rg->link[j].next;
 
 		rg->slot[i] = s;
 		if (frame)
@@ -215,11 +253,16 @@ uint32_t kvt_region_drop(struct kvt_region *rg, uint32_t *frame, uint32_t *dropp
 		} else { /* an empty slot's rank is its index: it moves among the empty ones */
 			unlink_slot(rg, j);
 			rg->slot[i].rank = i;
+			if (rg->empty_end == j + 1)
+				rg->empty_end = 0; /* unknown, unless i is the last now */
 			insert_empty(rg, i);
+			note_empty(rg, i);
 		}
 	}
-	if (rg->n_slots == 0)
+	if (rg->n_slots == 0) {
 		rg->head = rg->tail = END;
+		rg->empty_end = END;
+	}
 	return had;
 }
 
@@ -247,8 +290,11 @@ static inline void prefetch_head(const struct kvt_region *rg, uint32_t n_heads, 
 		ke = &rg->key[(size_t)b * n_heads + h];
 		if (keys)
 			prefetch_w(ke);
-		else if (ke->slot && ke->slot <= rg->n_slots)
+		else if (ke->slot && ke->slot <= rg->n_slots) {
+			/* the slot, and its place in the order list, which step 3 moves */
 			prefetch_w(&rg->slot[ke->slot - 1u]);
+			prefetch_w(&rg->link[ke->slot - 1u]);
+		}
 	}
 }
 
@@ -280,6 +326,8 @@ int kvt_region_recall_ahead(struct kvt_region *rg, const struct kvt_region_geom 
 	if (rg->clock == UINT32_MAX)
 		return -EOVERFLOW; /* 4 billion calls on one region */
 	c = ++rg->clock;
+	if (ws && (!ws->bucket || !ws->w))
+		ws = NULL; /* no working set kept: kvt_ws_touch would do nothing */
 
 	/* 1. Lookups: hits and reloads keep their slots; misses are listed (their keys marked
 	   pending, so a repeat is seen) and get slots in step 2. */
@@ -332,7 +380,7 @@ int kvt_region_recall_ahead(struct kvt_region *rg, const struct kvt_region_geom 
 			}
 			t->lookups++;
 			if (ws)
-				kvt_ws_touch(ws, &ke->touched, N);
+				ws_touch(ws, &ke->touched, N);
 		}
 		view_n[h] = vn;
 	}
@@ -372,8 +420,10 @@ int kvt_region_recall_ahead(struct kvt_region *rg, const struct kvt_region_geom 
 		if (ld->slot != KVT_REGION_NONE)
 			continue;	       /* a reload */
 		while (rg->slot[v].stamp == c) /* the count above: v never runs off the end */
-			v = rg->next[v];
+			v = rg->link[v].next;
 		s = &rg->slot[v];
+		if (rg->empty_end == v + 1u) /* the empty slots lead: this was the last one */
+			rg->empty_end = END;
 		rank = ld->old;
 		ld->old = s->key;
 		if (s->key != KVT_REGION_NONE) {
@@ -383,7 +433,7 @@ int kvt_region_recall_ahead(struct kvt_region *rg, const struct kvt_region_geom 
 		*s = (struct kvt_region_slot){ld->key, ld->n_valid, c, rank};
 		rg->key[ld->key].slot = (uint16_t)(v + 1);
 		ld->slot = v;
-		v = rg->next[v];
+		v = rg->link[v].next;
 		t->loads++;
 	}
 
@@ -417,10 +467,10 @@ int kvt_region_check(const struct kvt_region *rg, uint32_t n_heads)
 
 	if (rg->n_slots > KVT_REGION_MAX_SLOTS)
 		return -1;
-	for (; at != END; last = at, at = rg->next[at]) {
+	for (; at != END; last = at, at = rg->link[at].next) {
 		const struct kvt_region_slot *s;
 
-		if (at >= rg->n_slots || ++seen > rg->n_slots || rg->prev[at] != last)
+		if (at >= rg->n_slots || ++seen > rg->n_slots || rg->link[at].prev != last)
 			return -2;
 		s = &rg->slot[at];
 		if (last != END && !before(&rg->slot[last], s))
@@ -437,6 +487,17 @@ int kvt_region_check(const struct kvt_region *rg, uint32_t n_heads)
 	}
 	if (seen != rg->n_slots || rg->tail != last)
 		return -7;
+	if (rg->empty_end && rg->n_slots && rg->empty_end != END) {
+		uint16_t e = (uint16_t)(rg->empty_end - 1), n;
+
+		if (e >= rg->n_slots || rg->slot[e].stamp != 0)
+			return -10; /* the hint names no empty slot */
+		n = rg->link[e].next;
+		if (n != END && rg->slot[n].stamp == 0)
+			return -10; /* an empty slot follows the one it names */
+	} else if (rg->empty_end == END && rg->n_slots && rg->slot[rg->head].stamp == 0) {
+		return -10; /* an empty slot where it says there is none */
+	}
 	for (uint64_t k = 0; k < (uint64_t)rg->cap_blocks * n_heads; k++) {
 		uint16_t sl = rg->key[k].slot;
 

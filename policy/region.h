@@ -54,7 +54,13 @@ struct kvt_region_slot {
 	uint32_t rank;	  /* rank of its first use in that call; its index when empty */
 };
 
-/* The region. slot and key are the state a device copy holds too; prev/next/head/tail keep the
+/* A slot's neighbours in the order list (KVT_REGION_PENDING: none), side by side so that moving
+   a slot reads one cache line of its own. */
+struct kvt_region_link {
+	uint16_t prev, next;
+};
+
+/* The region. slot and key are the state a device copy holds too; link/head/tail keep the
    slots in ascending (stamp, rank) order on the CPU, so a victim costs O(1). */
 struct kvt_region {
 	uint32_t n_slots; /* slots in use, <= KVT_REGION_MAX_SLOTS */
@@ -62,8 +68,11 @@ struct kvt_region {
 	struct kvt_region_slot *slot;
 	struct kvt_region_key *key; /* [cap_blocks * n_heads] */
 	uint32_t cap_blocks;
-	uint16_t *prev, *next; /* [n_slots]: the order list, KVT_REGION_PENDING ends it */
+	struct kvt_region_link *link; /* [n_slots]: the order list */
 	uint16_t head, tail;
+	/* 1 + the last empty slot (the empty ones lead the order list), KVT_REGION_PENDING when
+	   none is empty, 0 when not known (found by a walk): a grow costs O(new slots). */
+	uint16_t empty_end;
 };
 
 /* A sequence's recall working set over its last w steps: bucket[i] counts the blocks whose
@@ -145,7 +154,7 @@ int kvt_region_recall_ahead(struct kvt_region *rg, const struct kvt_region_geom 
 void kvt_region_prefetch(const struct kvt_region *rg, uint32_t n_heads, const uint32_t *sel,
 			 uint32_t r, bool keys);
 
-/* Grows the region to n slots (<= KVT_REGION_MAX_SLOTS; the slot, prev and next arrays hold n):
+/* Grows the region to n slots (<= KVT_REGION_MAX_SLOTS; the slot and link arrays hold n):
    the new slots are empty. No-op when n <= n_slots. */
 void kvt_region_grow(struct kvt_region *rg, uint32_t n);
 

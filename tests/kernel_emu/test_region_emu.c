@@ -191,14 +191,14 @@ static void setup(void)
 			g->off[d] = i % 2 ? (struct kvt_ws){NULL, 4, 3, 1, 9}
 					  : (struct kvt_ws){s->has_ws ? s->ws[d].bucket : NULL, 0,
 							    3, 0, 9};
-		g->ref = (struct kvt_region){.slot = g->side[0].slot,
-					     .key = g->side[0].key,
-					     .clock = clock,
-					     .cap_blocks = s->cap_blocks,
-					     .prev = t_xmalloc(CAP_SLOTS * sizeof(uint16_t)),
-					     .next = t_xmalloc(CAP_SLOTS * sizeof(uint16_t)),
-					     .head = KVT_REGION_PENDING, /* an empty list */
-					     .tail = KVT_REGION_PENDING};
+		g->ref = (struct kvt_region){
+			.slot = g->side[0].slot,
+			.key = g->side[0].key,
+			.clock = clock,
+			.cap_blocks = s->cap_blocks,
+			.link = t_xmalloc(CAP_SLOTS * sizeof(struct kvt_region_link)),
+			.head = KVT_REGION_PENDING, /* an empty list */
+			.tail = KVT_REGION_PENDING};
 	}
 }
 
@@ -215,8 +215,7 @@ static void teardown(void)
 			free(g->side[d].load);
 			free(g->side[d].frame);
 		}
-		free(g->ref.prev);
-		free(g->ref.next);
+		free(g->ref.link);
 		free(g->sel);
 		free(g->prev_sel);
 	}
@@ -945,7 +944,7 @@ static void ws_restart_case(void)
 	enum { H = 2, R = 40, CAP = 64, SLOTS = 80, W = 8 };
 	static struct kvt_region_slot slot[2][SLOTS];
 	static struct kvt_region_key key[2][CAP * H];
-	static uint16_t prev[SLOTS], next[SLOTS];
+	static struct kvt_region_link link[SLOTS];
 	uint32_t sel[H * R], view[2][H * R], view_n[2][H], n_load[2], clock = 0, n_slots = 0;
 	uint32_t bucket[2][W], grow = SLOTS;
 	struct kvt_region_load load[2][H * R];
@@ -954,8 +953,7 @@ static void ws_restart_case(void)
 	struct kvt_region rg = {.slot = slot[0],
 				.key = key[0],
 				.cap_blocks = CAP,
-				.prev = prev,
-				.next = next,
+				.link = link,
 				.head = KVT_REGION_PENDING,
 				.tail = KVT_REGION_PENDING};
 	int32_t err = 0;
