@@ -41,23 +41,6 @@ static struct kvt_config recall_config(uint32_t r, uint64_t cache_frames)
 	return c;
 }
 
-static void prefill(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq, uint32_t L)
-{
-	size_t row = t_rowb(c);
-	void *k = t_xmalloc((size_t)c->n_kv_heads * L * row);
-	void *v = t_xmalloc((size_t)c->n_kv_heads * L * row);
-	void *q = t_xmalloc((size_t)c->n_q_heads * c->obs_window * row);
-
-	CHECK_RC(kvt_seq_create(m, seq, L), 0);
-	for (uint32_t l = 0; l < c->n_layers; l++) {
-		t_fill_prefill(c, seq, l, L, k, v, q);
-		CHECK_RC(t_prefill_layer(m, seq, l, k, v, q, NULL), 0);
-	}
-	free(k);
-	free(v);
-	free(q);
-}
-
 /* Appends `steps` tokens to seq on every layer (positions from its current length). */
 static void decode(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq, uint32_t steps)
 {
@@ -252,7 +235,7 @@ static void test_recall_all_equals_full(void **state)
 	uint32_t L = 203, N, nb;
 	(void)state;
 
-	prefill(m, &c, seq, L);
+	t_prefill_seq(m, &c, seq, L);
 	decode(m, &c, seq, 37); /* the ring has moved past prompt tokens */
 	CHECK_RC(kvt_seq_tokens(m, seq, 0, &N), 0);
 	assert_int_equal(N, L + 37);
@@ -436,9 +419,9 @@ static void test_recall_regions(void **state)
 	c.n_layers = 1;
 	c.recall_cache_bytes = 8 * 2 * c.block_tokens * t_rowb(&c);
 	m = t_mk(&c);
-	prefill(m, &c, A, 200); /* blocks 1..21 hold non-resident tokens */
-	prefill(m, &c, B, 200);
-	prefill(m, &c, C, 200);
+	t_prefill_seq(m, &c, A, 200); /* blocks 1..21 hold non-resident tokens */
+	t_prefill_seq(m, &c, B, 200);
+	t_prefill_seq(m, &c, C, 200);
 	memset(qf, 0, sizeof(qf));
 
 #define RECALL(seq, blk)                                                    \
@@ -527,7 +510,7 @@ static void test_recall_regions(void **state)
 	uint64_t D = 4, ids8[1] = {D};
 	uint32_t sel8[8] = {1, 2, 3, 4, 5, 6, 7, 8};
 
-	prefill(m, &c, D, 200);
+	t_prefill_seq(m, &c, D, 200);
 	CHECK_RC(kvt_recall_blocks(m, 0, ids8, 1, sel8, 8, NULL), 0);
 	assert_int_equal(HELD(), 8);
 	kvt_manager_destroy(m);
@@ -549,8 +532,8 @@ static void test_recall_errors(void **state)
 	struct kvt_stats s0, s1;
 	(void)state;
 
-	prefill(m, &c, 1, 120);
-	prefill(m, &c, 2, 120);
+	t_prefill_seq(m, &c, 1, 120);
+	t_prefill_seq(m, &c, 2, 120);
 	for (uint32_t i = 0; i < 16; i++)
 		sel[i] = 2 + i % 4; /* blocks 2..5, not resident (sink 8, ring 104..119) */
 	s0 = t_stats_of(m);
@@ -583,7 +566,7 @@ static void test_recall_errors(void **state)
 	/* recall disabled / no cache */
 	c = t_small_config();
 	m = t_mk(&c);
-	prefill(m, &c, 1, 120);
+	t_prefill_seq(m, &c, 1, 120);
 	CHECK_RC(t_decode_recall(m, 0, seqs, 1, q, NULL), -EINVAL);
 	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 1, sel, 4, NULL), -EINVAL);
 	assert_int_equal(t_stats_of(m).recall_frames_total, 0);
@@ -614,7 +597,7 @@ static void test_working_set_window(void **state)
 	c.ws_window = 3;
 	c.n_layers = 1;
 	m = t_mk(&c);
-	prefill(m, &c, seq, 300);
+	t_prefill_seq(m, &c, seq, 300);
 	CHECK_RC(kvt_seq_info(m, seq, &in), 0);
 	assert_int_equal(in.recall_ws_frames, 0);
 	assert_int_equal(in.prompt_tokens, 300);
@@ -696,9 +679,9 @@ static void test_preempt_resume(void **state)
 
 	c.host_bytes = 64u << 20; /* the device tier fills first below */
 	m = t_mk(&c);
-	prefill(m, &c, seq, 150);
+	t_prefill_seq(m, &c, seq, 150);
 	decode(m, &c, seq, 29); /* ring wrapped */
-	prefill(m, &c, other, 60);
+	t_prefill_seq(m, &c, other, 60);
 	uint32_t sel[4] = {3, 4, 3, 5};
 
 	CHECK_RC(kvt_recall_blocks(m, 1, &seq, 1, sel, 2, NULL), 0);
@@ -796,34 +779,6 @@ static void test_preempt_resume(void **state)
 #define TW_SEQS 24
 #define TW_R 3
 
-/* Every view of seq's layer in both managers: the same result, blocks, frames (as offsets from
-   the first frame each manager showed: its recall cache lies elsewhere) and masks. */
-static void twin_views(struct kvt_manager *const mm[2], const struct kvt_config *c, uint64_t seq,
-		       uint32_t layer, uint64_t origin[2])
-{
-	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
-		struct kvt_recall_ref ref[2][TW_R];
-		uint32_t n[2] = {0, 0};
-		int rc[2];
-
-		memset(ref, 0, sizeof(ref));
-		for (int k = 0; k < 2; k++)
-			rc[k] = kvt_seq_recall_view(mm[k], seq, layer, h, ref[k], TW_R, &n[k]);
-		CHECK_EQ(rc[0], rc[1]);
-		CHECK_EQ(n[0], n[1]);
-		for (uint32_t i = 0; rc[0] == 0 && i < n[0]; i++) {
-			if (!origin[0]) {
-				origin[0] = ref[0][i].frame;
-				origin[1] = ref[1][i].frame;
-			}
-			CHECK_EQ(ref[0][i].frame - origin[0], ref[1][i].frame - origin[1]);
-			CHECK_EQ(ref[0][i].block, ref[1][i].block);
-			CHECK_EQ(ref[0][i].n_valid, ref[1][i].n_valid);
-			CHECK_EQ(ref[0][i].resident, ref[1][i].resident);
-		}
-	}
-}
-
 /* config.recall_threads changes who does a call's work, never what is done: two managers, one
    thread and three (parts of unequal size), run the same random calls (batches of 1 to 24
    sequences in random order; given selections with repeated and empty entries, or Quest's
@@ -855,7 +810,7 @@ static void test_recall_threads_same(void **state)
 	for (uint32_t i = 0; i < TW_SEQS; i++) {
 		ids[i] = 100 + i;
 		for (int k = 0; k < 2; k++)
-			prefill(mm[k], &c, ids[i], 60 + 7 * i);
+			t_prefill_seq(mm[k], &c, ids[i], 60 + 7 * i);
 		live[i] = true;
 		pre[i] = false;
 	}
@@ -909,7 +864,7 @@ static void test_recall_threads_same(void **state)
 			split += n >= 16;
 			refused += rc[0] != 0;
 			for (uint32_t m = 0; m < n; m++)
-				twin_views(mm, &c, batch[m], layer, origin);
+				t_same_views(mm, &c, batch[m], layer, TW_R, origin);
 			if (rc[0] == 0) {
 				float q[4 * 16], o[2][4 * 16];
 
@@ -933,7 +888,7 @@ static void test_recall_threads_same(void **state)
 		} else if (live[i]) { /* destroy, and prefill again */
 			for (int k = 0; k < 2; k++) {
 				CHECK_RC(kvt_seq_destroy(mm[k], ids[i]), 0);
-				prefill(mm[k], &c, ids[i], 40 + t_mix(op) % 150);
+				t_prefill_seq(mm[k], &c, ids[i], 40 + t_mix(op) % 150);
 			}
 			pre[i] = false;
 		}
@@ -970,13 +925,13 @@ static void test_device_meta_bytes(void **state)
 	(void)state;
 
 	CHECK_EQ(t_stats_of(m).device_meta_bytes, 0);
-	prefill(m, &c, 1, 60); /* 8 blocks: a table of 8 per layer */
+	t_prefill_seq(m, &c, 1, 60); /* 8 blocks: a table of 8 per layer */
 	CHECK_EQ(t_stats_of(m).device_meta_bytes, dev ? c.n_layers * 8 * per_block : 0);
 	decode(m, &c, 1, 4); /* 64 tokens: still 8 blocks */
 	CHECK_EQ(t_stats_of(m).device_meta_bytes, dev ? c.n_layers * 8 * per_block : 0);
 	decode(m, &c, 1, 1); /* block 8 opens: each layer's table doubles */
 	CHECK_EQ(t_stats_of(m).device_meta_bytes, dev ? c.n_layers * 16 * per_block : 0);
-	prefill(m, &c, 2, 100); /* 13 blocks: 16 */
+	t_prefill_seq(m, &c, 2, 100); /* 13 blocks: 16 */
 	CHECK_EQ(t_stats_of(m).device_meta_bytes, dev ? c.n_layers * 32 * per_block : 0);
 	CHECK_RC(kvt_seq_destroy(m, 1), 0);
 	CHECK_EQ(t_stats_of(m).device_meta_bytes, dev ? c.n_layers * 16 * per_block : 0);

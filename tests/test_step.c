@@ -43,23 +43,6 @@ static struct kvt_config step_config(uint64_t cache_frames)
 	return c;
 }
 
-static void prefill(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq, uint32_t L)
-{
-	size_t row = t_rowb(c);
-	void *k = t_xmalloc((size_t)c->n_kv_heads * L * row);
-	void *v = t_xmalloc((size_t)c->n_kv_heads * L * row);
-	void *q = t_xmalloc((size_t)c->n_q_heads * c->obs_window * row);
-
-	CHECK_RC(kvt_seq_create(m, seq, L), 0);
-	for (uint32_t l = 0; l < c->n_layers; l++) {
-		t_fill_prefill(c, seq, l, L, k, v, q);
-		CHECK_RC(t_prefill_layer(m, seq, l, k, v, q, NULL), 0);
-	}
-	free(k);
-	free(v);
-	free(q);
-}
-
 /* The decode tokens of a batch for layer (generator rows at each member's next position);
    members that are not live or not prefilled get position 0 (the call refuses them). */
 static void batch_tokens(struct kvt_manager *m, const struct kvt_config *c, const uint64_t *batch,
@@ -71,34 +54,6 @@ static void batch_tokens(struct kvt_manager *m, const struct kvt_config *c, cons
 		if (kvt_seq_tokens(m, batch[i], layer, &pos[i]))
 			pos[i] = 0;
 	t_fill_decode(c, batch, pos, n, layer, k, v);
-}
-
-/* Every view of (seq, layer) in both managers: the same result, blocks, frames (as offsets from
-   the first frame each showed) and masks. */
-static void same_views(struct kvt_manager *const mm[2], const struct kvt_config *c, uint64_t seq,
-		       uint32_t layer, uint64_t origin[2])
-{
-	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
-		struct kvt_recall_ref ref[2][R];
-		uint32_t n[2] = {0, 0};
-		int rc[2];
-
-		memset(ref, 0, sizeof(ref));
-		for (int k = 0; k < 2; k++)
-			rc[k] = kvt_seq_recall_view(mm[k], seq, layer, h, ref[k], R, &n[k]);
-		CHECK_EQ(rc[0], rc[1]);
-		CHECK_EQ(n[0], n[1]);
-		for (uint32_t i = 0; rc[0] == 0 && i < n[0]; i++) {
-			if (!origin[0]) {
-				origin[0] = ref[0][i].frame;
-				origin[1] = ref[1][i].frame;
-			}
-			CHECK_EQ(ref[0][i].frame - origin[0], ref[1][i].frame - origin[1]);
-			CHECK_EQ(ref[0][i].block, ref[1][i].block);
-			CHECK_EQ(ref[0][i].n_valid, ref[1][i].n_valid);
-			CHECK_EQ(ref[0][i].resident, ref[1][i].resident);
-		}
-	}
 }
 
 static void same_stats(struct kvt_manager *const mm[2])
@@ -144,7 +99,7 @@ static void test_step_same_as_plain(void **state)
 	for (uint32_t i = 0; i < SEQS; i++) {
 		ids[i] = 500 + i;
 		for (int m = 0; m < 2; m++)
-			prefill(mm[m], &c, ids[i], 60 + 9 * i);
+			t_prefill_seq(mm[m], &c, ids[i], 60 + 9 * i);
 		live[i] = true;
 		pre[i] = false;
 	}
@@ -187,8 +142,8 @@ static void test_step_same_as_plain(void **state)
 					pre[y] = !kill;
 					if (!live[y] && t_rng_below(2)) { /* back under its id */
 						for (int m = 0; m < 2; m++)
-							prefill(mm[m], &c, batch[hit],
-								50 + op % 90);
+							t_prefill_seq(mm[m], &c, batch[hit],
+								      50 + op % 90);
 						live[y] = true;
 						reborn++;
 					}
@@ -227,7 +182,7 @@ static void test_step_same_as_plain(void **state)
 				refused += rc[0] != 0;
 				same_stats(mm);
 				for (uint32_t x = 0; x < n; x++)
-					same_views(mm, &c, batch[x], l, origin);
+					t_same_views(mm, &c, batch[x], l, R, origin);
 				if (rc[0] == 0) {
 					float qa[4 * 16], o[2][4 * 16];
 
@@ -252,12 +207,12 @@ static void test_step_same_as_plain(void **state)
 		} else if (live[i]) { /* destroy, and prefill again */
 			for (int m = 0; m < 2; m++) {
 				CHECK_RC(kvt_seq_destroy(mm[m], ids[i]), 0);
-				prefill(mm[m], &c, ids[i], 40 + t_mix(op) % 120);
+				t_prefill_seq(mm[m], &c, ids[i], 40 + t_mix(op) % 120);
 			}
 			pre[i] = false;
 		} else { /* a sequence destroyed inside a step comes back */
 			for (int m = 0; m < 2; m++)
-				prefill(mm[m], &c, ids[i], 40 + t_mix(op) % 120);
+				t_prefill_seq(mm[m], &c, ids[i], 40 + t_mix(op) % 120);
 			live[i] = true;
 			pre[i] = false;
 		}
@@ -308,7 +263,7 @@ static void test_step_contract(void **state)
 		sel[i] = i % 3 ? 0 : NONE;
 	memset(q, 0, 2 * c.n_q_heads * row);
 	for (uint64_t id = 1; id <= 4; id++)
-		prefill(m, &c, id, 64);
+		t_prefill_seq(m, &c, id, 64);
 
 	/* NULL manager */
 	CHECK_RC(kvt_step_begin(NULL, a, 2), -EINVAL);
@@ -375,7 +330,7 @@ static void test_step_contract(void **state)
 	s1 = t_stats_of(m);
 	CHECK_STATS_EQUAL(&s0, &s1);
 	CHECK_EQ(t_tokens_of(m, 1, 1), 64);
-	prefill(m, &c, 3, 40);
+	t_prefill_seq(m, &c, 3, 40);
 	t_fill_decode(&c, b, (uint32_t[]){40, 64}, 2, 1, k, v);
 	CHECK_RC(t_step_append(m, 1, 2, k, v, NULL), 0);
 	CHECK_EQ(t_tokens_of(m, 3, 1), 41);
@@ -415,7 +370,7 @@ static void test_step_begin_faults(void **state)
 	c.spill_dir = dir;
 	m = t_mk(&c);
 	for (uint64_t id = 1; id <= 3; id++)
-		prefill(m, &c, id, 61);
+		t_prefill_seq(m, &c, id, 61);
 	CHECK_RC(kvt_step_begin(m, a, 2), 0);
 	for (uint64_t nth = 1;; nth++) {
 		int rc;

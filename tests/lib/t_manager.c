@@ -8,11 +8,14 @@
 #include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "t_backend.h"
 #include "t_check.h"
+#include "t_config.h"
+#include "t_data.h"
 #include "t_manager.h"
 
 struct kvt_manager *t_mk(const struct kvt_config *c)
@@ -22,6 +25,55 @@ struct kvt_manager *t_mk(const struct kvt_config *c)
 	CHECK_RC(t_manager_create(c, &m), 0);
 	assert_non_null(m);
 	return m;
+}
+
+void t_prefill_seq(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq, uint32_t L)
+{
+	size_t row = t_rowb(c);
+	void *k = t_xmalloc((size_t)c->n_kv_heads * L * row);
+	void *v = t_xmalloc((size_t)c->n_kv_heads * L * row);
+	void *q = t_xmalloc((size_t)c->n_q_heads * c->obs_window * row);
+
+	CHECK_RC(kvt_seq_create(m, seq, L), 0);
+	for (uint32_t l = 0; l < c->n_layers; l++) {
+		t_fill_prefill(c, seq, l, L, k, v, q);
+		CHECK_RC(t_prefill_layer(m, seq, l, k, v, q, NULL), 0);
+	}
+	free(k);
+	free(v);
+	free(q);
+}
+
+void t_same_views(struct kvt_manager *const mm[2], const struct kvt_config *c, uint64_t seq,
+		  uint32_t layer, uint32_t r, uint64_t origin[2])
+{
+	struct kvt_recall_ref *ref[2];
+
+	for (int k = 0; k < 2; k++)
+		ref[k] = t_xmalloc(r * sizeof(*ref[k]));
+	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
+		uint32_t n[2] = {0, 0};
+		int rc[2];
+
+		for (int k = 0; k < 2; k++) {
+			memset(ref[k], 0, r * sizeof(*ref[k]));
+			rc[k] = kvt_seq_recall_view(mm[k], seq, layer, h, ref[k], r, &n[k]);
+		}
+		CHECK_EQ(rc[0], rc[1]);
+		CHECK_EQ(n[0], n[1]);
+		for (uint32_t i = 0; rc[0] == 0 && i < n[0]; i++) {
+			if (!origin[0]) {
+				origin[0] = ref[0][i].frame;
+				origin[1] = ref[1][i].frame;
+			}
+			CHECK_EQ(ref[0][i].frame - origin[0], ref[1][i].frame - origin[1]);
+			CHECK_EQ(ref[0][i].block, ref[1][i].block);
+			CHECK_EQ(ref[0][i].n_valid, ref[1][i].n_valid);
+			CHECK_EQ(ref[0][i].resident, ref[1][i].resident);
+		}
+	}
+	free(ref[0]);
+	free(ref[1]);
 }
 
 struct kvt_stats t_stats_of(const struct kvt_manager *m)

@@ -15,6 +15,17 @@
 /* A manager of configuration c on the backend under test (t_manager_create); fails the test
    unless it is created. */
 struct kvt_manager *t_mk(const struct kvt_config *c);
+/* Creates seq with an L-token prompt and prefills every layer of it with the generator's rows
+   (t_fill_prefill, through t_prefill_layer); fails the test unless every call succeeds. */
+void t_prefill_seq(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq, uint32_t L);
+
+/* Every recall view of (seq, layer) in two managers of configuration c (views of at most r
+   blocks): the same result, count, blocks, valid counts, resident masks, and frames as offsets
+   from the first frame each manager showed (origin, set by the first call that sees one; their
+   recall caches lie elsewhere). Fails the test where they differ. */
+void t_same_views(struct kvt_manager *const mm[2], const struct kvt_config *c, uint64_t seq,
+		  uint32_t layer, uint32_t r, uint64_t origin[2]);
+
 /* kvt_manager_stats, which must succeed. */
 struct kvt_stats t_stats_of(const struct kvt_manager *m);
 /* kvt_seq_info of a live sequence, which must succeed. */
