@@ -155,8 +155,6 @@ struct kvt_manager {
 	struct kvt_step {
 		uint64_t *ids;	     /* [n] the members, as named */
 		struct kvt_seq **of; /* [n] their states (NULL: no longer live) */
-		uint64_t *next_ids;  /* the same for a kvt_step_begin until it succeeds */
-		struct kvt_seq **next_of;
 		uint32_t n, cap;
 		uint32_t missing;	 /* entries of of[] that are NULL */
 		uint64_t frees, creates; /* seq_frees and seq_creates when of[] was resolved */

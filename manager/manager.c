@@ -368,8 +368,6 @@ KVT_API void kvt_manager_destroy(struct kvt_manager *m)
 	free(m->batch);
 	free(m->step.ids);
 	free(m->step.of);
-	free(m->step.next_ids);
-	free(m->step.next_of);
 	free(m->sel_scratch);
 	free(m->segs);
 	free(m->sel);

@@ -14,6 +14,7 @@
  * step calls check too: they are the plain calls.
  */
 #include <errno.h>
+#include <string.h>
 
 #include "base.h"
 #include "kvtier.h"
@@ -40,30 +41,23 @@ static int step_enter(struct kvt_manager *m, const char *what)
 	return 0;
 }
 
-/* Grows the step's arrays (both sets) to n members, keeping what they hold. 0 or -ENOMEM. */
+/* Grows the step's arrays to n members, keeping what they hold (the open step). 0 or
+   -ENOMEM. */
 static int step_reserve(struct kvt_step *st, uint32_t n)
 {
-	uint32_t c1 = st->cap, c2 = st->cap, c3 = st->cap, c4 = st->cap;
+	uint32_t c_ids = st->cap, c_of = st->cap;
 
-	if (n <= st->cap)
-		return 0;
-	/* each array keeps its contents when another's growth fails; cap is the least */
-	if (kvt_reserve((void **)&st->ids, &c1, n, sizeof(*st->ids)) ||
-	    kvt_reserve((void **)&st->of, &c2, n, sizeof(*st->of)) ||
-	    kvt_reserve((void **)&st->next_ids, &c3, n, sizeof(*st->next_ids)) ||
-	    kvt_reserve((void **)&st->next_of, &c4, n, sizeof(*st->next_of)))
+	if (kvt_reserve((void **)&st->ids, &c_ids, n, sizeof(*st->ids)) ||
+	    kvt_reserve((void **)&st->of, &c_of, n, sizeof(*st->of)))
 		return -ENOMEM;
-	st->cap = c1 < c2 ? c1 : c2;
-	st->cap = st->cap < c3 ? st->cap : c3;
-	st->cap = st->cap < c4 ? st->cap : c4;
+	st->cap = c_ids < c_of ? c_ids : c_of;
 	return 0;
 }
 
 KVT_API int kvt_step_begin(struct kvt_manager *m, const uint64_t *seqs, uint32_t n)
 {
 	struct kvt_step *st;
-	uint64_t stamp, *ids;
-	struct kvt_seq **of;
+	uint64_t stamp;
 	int err = 0;
 
 	if (!m)
@@ -71,10 +65,11 @@ KVT_API int kvt_step_begin(struct kvt_manager *m, const uint64_t *seqs, uint32_t
 	st = &m->step;
 	if (!seqs || n == 0)
 		return kvt_fail(m, -EINVAL, "step: %s", n == 0 ? "empty batch" : "NULL pointer");
-	if (step_reserve(st, n))
+	if (step_reserve(st, n) ||
+	    kvt_reserve((void **)&m->batch, &m->batch_cap, n, sizeof(*m->batch)))
 		return kvt_fail(m, -ENOMEM, "step: no memory for a batch of %u", n);
-	/* The new batch goes to the spare arrays: the open step is untouched until it is
-	   valid. */
+	/* The members are checked into the batch scratch: the open step is untouched until the
+	   new one is valid. */
 	stamp = ++m->stamp;
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_seq *s = kvt_seq_usable(m, seqs[i], "step", &err);
@@ -90,8 +85,7 @@ KVT_API int kvt_step_begin(struct kvt_manager *m, const uint64_t *seqs, uint32_t
 			return kvt_fail(m, -EINVAL,
 					"step: sequence %llu: preempted (resume it first)",
 					(unsigned long long)seqs[i]);
-		st->next_ids[i] = seqs[i];
-		st->next_of[i] = s;
+		m->batch[i] = s;
 	}
 	/* The blocks the step's appends write come back from the spill file now, in one read,
 	   rather than layer by layer. */
@@ -100,12 +94,8 @@ KVT_API int kvt_step_begin(struct kvt_manager *m, const uint64_t *seqs, uint32_t
 		if (err)
 			return err;
 	}
-	ids = st->ids;
-	of = st->of;
-	st->ids = st->next_ids;
-	st->of = st->next_of;
-	st->next_ids = ids;
-	st->next_of = of;
+	memcpy(st->ids, seqs, n * sizeof(*st->ids));
+	memcpy(st->of, m->batch, n * sizeof(*st->of));
 	st->n = n;
 	st->missing = 0;
 	st->frees = m->seq_frees;

@@ -515,12 +515,17 @@ class Manager:
         [n][n_kv_heads][r] host block indices (host memory; NO_BLOCK entries are ignored)."""
         st = _tensor.stream_handle(stream)
         ids, n = _seq_array(seqs)
+        b, r = self._blocks(blocks, n)
+        self._call(_lib.kvt_recall_blocks, layer, ids, n, b.ctypes.data, r, st)
+
+    def _blocks(self, blocks: Any, n: int) -> Tuple[Any, int]:
+        """A selection of n sequences as a contiguous uint32 array [n][n_kv_heads][r], and
+        its r; ValueError for any other size."""
         b = np.ascontiguousarray(blocks, dtype=np.uint32)
         if b.size == 0 or b.size % (n * self._H):
             raise ValueError(f"blocks: expected [{n}][{self._H}][r] block indices, "
                              f"got shape {b.shape}")
-        r = b.size // (n * self._H)
-        self._call(_lib.kvt_recall_blocks, layer, ids, n, b.ctypes.data, r, st)
+        return b, b.size // (n * self._H)
 
     # -- decode steps ------------------------------------------------------------------------
 
@@ -576,12 +581,8 @@ class Manager:
             n = self._step_n
             if not n:
                 self._call(_lib.kvt_step_recall_blocks, layer, None, 1, st)
-            b = np.ascontiguousarray(blocks, dtype=np.uint32)
-            if b.size == 0 or b.size % (n * self._H):
-                raise ValueError(f"blocks: expected [{n}][{self._H}][r] block indices, "
-                                 f"got shape {b.shape}")
-            self._call(_lib.kvt_step_recall_blocks, layer, b.ctypes.data,
-                       b.size // (n * self._H), st)
+            b, r = self._blocks(blocks, n)
+            self._call(_lib.kvt_step_recall_blocks, layer, b.ctypes.data, r, st)
 
     def _counted(self, fn: Any, ctype: Any, args: Tuple[Any, ...], tail: Tuple[Any, ...] = ()
                  ) -> Any:
