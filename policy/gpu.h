@@ -128,6 +128,10 @@ struct kvt_gpu_region {
 	uint32_t *n_load;
 	struct kvt_region_tally *tally; /* added to with atomics: regions may share one */
 	int32_t *err;			/* the call's result (kvt_gpu_region_recall) */
+	uint32_t *stale;		/* set to 1 by a drop that takes or moves a slot the view
+					   names (kvt_gpu_region_drop); NULL: not checked */
+	const uint64_t *group;		/* [cap_blocks]: device-accessible address of block b's
+					   host group, 0 when not in DRAM (kvt_gpu_region_gather) */
 	uint32_t n_heads, r;
 	uint32_t lbt, n_tokens, sink, ring0; /* kvt_region_geom */
 	uint32_t cap_blocks;
@@ -147,10 +151,12 @@ int kvt_gpu_region_recall(const struct kvt_gpu_region *rg, uint32_t n, void *str
 
 /* kvt_region_grow on each of the n regions of rg to n_new[i] slots (device array; clamped to
    KVT_REGION_MAX_SLOTS; no-op where not above *n_slots): the new slots are empty (their old
-   memory is not read) and *n_slots is set. frame[] is not touched: the caller writes the new
-   slots' frames. */
-int kvt_gpu_region_grow(const struct kvt_gpu_region *rg, const uint32_t *n_new, uint32_t n,
-			void *stream);
+   memory is not read) and *n_slots is set. With a free-frame stack (stack and in_off device
+   arrays, and the region a frame[]), region i's new slots had + t (had its *n_slots before)
+   take stack[in_off[i] - 1 - t], popped from the top as the reference's free[--n_free];
+   without (both NULL), frame[] is not touched: the caller writes the new slots' frames. */
+int kvt_gpu_region_grow(const struct kvt_gpu_region *rg, const uint32_t *n_new,
+			const uint32_t *stack, const uint32_t *in_off, uint32_t n, void *stream);
 
 /* k[i] successive kvt_region_drop on region i of the n regions of rg (k a device array; the
    drops stop when the region has no slot left), one CTA each: the same slots dropped, the same
@@ -158,7 +164,9 @@ int kvt_gpu_region_grow(const struct kvt_gpu_region *rg, const uint32_t *n_new, 
    Region i reports its t-th drop at out_off[i] + t (out_off a device array) of dropped (the
    slot's index, before the move) and freed (its frame before the move; its index when frame is
    NULL); either may be NULL (out_off too, when both are). gone[i] (may be NULL): the keys
-   forgotten.
+   forgotten. A region with a stale flag gets *stale = 1 when a drop takes a slot its view
+   (view_n[h] entries at view[h * r ...]) names, or moves the last slot, named there, into the
+   dropped one's place (the reference's region_shrink with `mark`); the view is not changed.
    Each drop is a parallel argmin over the region's slots: O(k * n_slots / 256) a region. */
 int kvt_gpu_region_drop(const struct kvt_gpu_region *rg, const uint32_t *k, const uint32_t *out_off,
 			uint32_t *dropped, uint32_t *freed, uint32_t *gone, uint32_t n,
@@ -173,8 +181,24 @@ int kvt_gpu_region_empty(const struct kvt_gpu_region *rg, uint32_t n_regions, co
 
 /* kvt_region_clear on each of the n regions of rg: every slot dropped (its key forgotten, the
    slot left empty), *n_slots = 0; gone[i] (may be NULL): the keys forgotten. frame[] is not
-   touched: every frame of the region is free afterwards. */
-int kvt_gpu_region_clear(const struct kvt_gpu_region *rg, uint32_t *gone, uint32_t n, void *stream);
+   touched: every frame of the region is free afterwards. With freed (and out_off, device
+   arrays; both NULL or neither), region i writes frame[s] of each slot s it had, in index
+   order, to freed[out_off[i] + s] (pushed on a free-frame stack as the reference pushes them);
+   a region without frame[] writes s. */
+int kvt_gpu_region_clear(const struct kvt_gpu_region *rg, uint32_t *gone, const uint32_t *out_off,
+			 uint32_t *freed, uint32_t n, void *stream);
+
+/* FlashH2D of recall regions: after kvt_gpu_region_recall on the same descriptors, copies each
+   load of each of the n regions, block_bytes from the block's host row to its slot's frame:
+   from group[key / n_heads] + (key % n_heads) * block_bytes (device-accessible host memory,
+   mapped pinned) to frame_base + frame[slot] * block_bytes (device memory); every load of
+   load[0 .. *n_load) whatever its n_valid (the block's unused rows are copied too), as the
+   host path's gather. A load whose group entry is 0 (its block is not in DRAM) is not copied:
+   the region's *stale is set to 1 (when it has one) and *missing (may be NULL) counts it.
+   ctas: CTAs the copy is spread over (0: the FlashH2D default); block_bytes a multiple of 16,
+   addresses 16-byte aligned. */
+int kvt_gpu_region_gather(const struct kvt_gpu_region *rg, uint32_t n, uint64_t block_bytes,
+			  uint64_t frame_base, uint32_t ctas, uint32_t *missing, void *stream);
 
 /* ---- Quest selection (policy/quest.cu; the CPU reference is kvt_quest_select, policy.h) ---- */
 

@@ -681,12 +681,15 @@ extern "C" int kvt_gpu_region_recall(const struct kvt_gpu_region *rg, uint32_t n
 }
 
 extern "C" int kvt_gpu_region_grow(const struct kvt_gpu_region *rg, const uint32_t *n_new,
-				   uint32_t n, void *stream)
+				   const uint32_t *stack, const uint32_t *in_off, uint32_t n,
+				   void *stream)
 {
 	if (n == 0)
 		return cudaSuccess;
-	if (!rg || !n_new || n > 0x7fffffffu)
+	if (!rg || !n_new || n > 0x7fffffffu || !stack != !in_off)
 		return cudaErrorInvalidValue;
+	if (stack)
+		return cudaErrorInvalidValue; /* not yet */
 	region_grow_kernel<<<n, RG_THREADS, 0, (cudaStream_t)stream>>>(rg, n_new);
 	return cudaGetLastError();
 }
@@ -704,13 +707,16 @@ extern "C" int kvt_gpu_region_drop(const struct kvt_gpu_region *rg, const uint32
 	return cudaGetLastError();
 }
 
-extern "C" int kvt_gpu_region_clear(const struct kvt_gpu_region *rg, uint32_t *gone, uint32_t n,
+extern "C" int kvt_gpu_region_clear(const struct kvt_gpu_region *rg, uint32_t *gone,
+				    const uint32_t *out_off, uint32_t *freed, uint32_t n,
 				    void *stream)
 {
 	if (n == 0)
 		return cudaSuccess;
-	if (!rg || n > 0x7fffffffu)
+	if (!rg || n > 0x7fffffffu || !out_off != !freed)
 		return cudaErrorInvalidValue;
+	if (freed)
+		return cudaErrorInvalidValue; /* not yet */
 	region_clear_kernel<<<n, RG_THREADS, 0, (cudaStream_t)stream>>>(rg, gone);
 	return cudaGetLastError();
 }

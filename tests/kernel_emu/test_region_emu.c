@@ -436,7 +436,7 @@ static void grow_batch(const uint32_t *idx, const uint32_t *want, uint32_t n)
 			g->side[0].frame[i] = g->side[1].frame[i] = next_frame++;
 		kvt_region_grow(&g->ref, want[x]);
 	}
-	assert_int_equal(kvt_gpu_region_grow(d, want, n, NULL), 0);
+	assert_int_equal(kvt_gpu_region_grow(d, want, NULL, NULL, n, NULL), 0);
 	seen.grows += n;
 }
 
@@ -621,7 +621,8 @@ static void between_calls(uint32_t step)
 			d[x] = desc_of(&regs[ci[x]], NULL);
 			gone[x] = 0xdeadbeefu;
 		}
-		assert_int_equal(kvt_gpu_region_clear(d, chance(10) ? NULL : gone, nc, NULL), 0);
+		assert_int_equal(
+			kvt_gpu_region_clear(d, chance(10) ? NULL : gone, NULL, NULL, nc, NULL), 0);
 		for (uint32_t x = 0; x < nc; x++) {
 			uint32_t ref_gone = kvt_region_clear(&regs[ci[x]].ref);
 
@@ -982,7 +983,7 @@ static void ws_restart_case(void)
 	for (uint32_t x = 0; x < H * R; x++)
 		sel[x] = x % R;
 	kvt_region_grow(&rg, SLOTS);
-	assert_int_equal(kvt_gpu_region_grow(&d, &grow, 1, NULL), 0);
+	assert_int_equal(kvt_gpu_region_grow(&d, &grow, NULL, NULL, 1, NULL), 0);
 	for (uint32_t N = 200; N <= 202; N += 2) {
 		struct kvt_region_geom geo = {H, 2, N, 0, N};
 
@@ -1032,8 +1033,10 @@ static void test_region_invalid(void **state)
 	/* the wrappers */
 	assert_int_equal(kvt_gpu_region_recall(NULL, 1, NULL), KEMU_ERR_INVALID_VALUE);
 	assert_int_equal(kvt_gpu_region_recall(NULL, 0, NULL), 0);
-	assert_int_equal(kvt_gpu_region_grow(&d, NULL, 1, NULL), KEMU_ERR_INVALID_VALUE);
-	assert_int_equal(kvt_gpu_region_grow(NULL, &n, 1, NULL), KEMU_ERR_INVALID_VALUE);
+	assert_int_equal(kvt_gpu_region_grow(&d, NULL, NULL, NULL, 1, NULL),
+			 KEMU_ERR_INVALID_VALUE);
+	assert_int_equal(kvt_gpu_region_grow(NULL, &n, NULL, NULL, 1, NULL),
+			 KEMU_ERR_INVALID_VALUE);
 	assert_int_equal(kvt_gpu_region_drop(&d, NULL, NULL, NULL, NULL, NULL, 1, NULL),
 			 KEMU_ERR_INVALID_VALUE);
 	assert_int_equal(kvt_gpu_region_drop(&d, &n, NULL, &out, NULL, NULL, 1, NULL),
@@ -1042,7 +1045,8 @@ static void test_region_invalid(void **state)
 			 KEMU_ERR_INVALID_VALUE);
 	assert_int_equal(kvt_gpu_region_drop(NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL), 0);
 	assert_int_equal(kvt_gpu_region_empty(&d, 1, NULL, NULL, 1, NULL), KEMU_ERR_INVALID_VALUE);
-	assert_int_equal(kvt_gpu_region_clear(NULL, NULL, 1, NULL), KEMU_ERR_INVALID_VALUE);
+	assert_int_equal(kvt_gpu_region_clear(NULL, NULL, NULL, NULL, 1, NULL),
+			 KEMU_ERR_INVALID_VALUE);
 }
 
 int main(void)
