@@ -84,6 +84,13 @@ struct kvt_seq {
    per (sequence, layer) that recalls (policy/region.h). A call sizes its members' regions:
    each gets at least what the call needs, and towards a part of the frames in proportion to
    its working set. */
+/* A region's part of a call's sizing (struct kvt_recall_cache). */
+struct kvt_size_op {
+	struct kvt_recall_layer *rc;
+	uint32_t n;   /* drops; slots before the grow */
+	uint32_t off; /* stack offset: its first frame pushed; the stack's height before its pops */
+};
+
 struct kvt_recall_cache {
 	uint32_t n;	/* frames */
 	uint64_t base;	/* device address of frame 0; frame i at base + i * block_bytes */
@@ -106,6 +113,21 @@ struct kvt_recall_cache {
 	struct kvt_region_load *ld; /* [threads][H * r]: each part's scratch */
 	uint32_t ld_cap;
 	struct kvt_par *par; /* config.recall_threads >= 2: the team sharing a call */
+	/* The frames a call's sizing (recall_size) moves, applied when it ends so that a device
+	   can replay them as one launch of drops and one of grows: every region's freed frames
+	   pushed together, regions in the order of their first drop, then every grown region's
+	   new slots given frames popped from the top, regions in the order of their first grow.
+	   While sizing, top is the stack's height (n_free counts the frames promised away too)
+	   and push_tag[p] names the region that pushed free[p] (its index in drop). */
+	bool sizing;
+	uint32_t top, seg0;	  /* free[seg0, top): pushed by the sizing under way */
+	uint32_t *push_tag;	  /* [n] */
+	uint32_t *tmp;		  /* [n] scratch of the regrouping */
+	struct kvt_size_op *drop; /* regions that dropped, first drop first: their drops
+				     (then, after frames_commit, where their frames went) */
+	struct kvt_size_op *grow; /* regions that grew, first grow first: their slots before
+				     (then where their frames came from) */
+	uint32_t n_drop, drop_cap, n_grow, grow_cap;
 };
 
 struct kvt_spill_ref;

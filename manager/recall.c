@@ -28,13 +28,15 @@ int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames)
 	if (!n_frames)
 		return 0;
 	rc->free = kvt_malloc((size_t)n_frames * sizeof(*rc->free));
+	rc->push_tag = kvt_malloc((size_t)n_frames * sizeof(*rc->push_tag));
+	rc->tmp = kvt_malloc((size_t)n_frames * sizeof(*rc->tmp));
 	rc->layer_calls = kvt_calloc(m->cfg.n_layers, sizeof(*rc->layer_calls));
-	if (!rc->free || !rc->layer_calls)
+	if (!rc->free || !rc->push_tag || !rc->tmp || !rc->layer_calls)
 		return -ENOMEM; /* kvt_recall_fini frees what was allocated */
 	/* frame 0 on top: a fresh cache hands out frames in ascending order */
 	for (uint32_t i = 0; i < n_frames; i++)
 		rc->free[i] = n_frames - 1 - i;
-	rc->n_free = n_frames;
+	rc->n_free = rc->top = n_frames;
 	if (m->cfg.recall_threads >= 2)
 		return kvt_par_create(m->cfg.recall_threads, &rc->par);
 	return 0;
@@ -45,6 +47,10 @@ void kvt_recall_fini(struct kvt_manager *m)
 	struct kvt_recall_cache *rc = &m->rc;
 
 	free(rc->free);
+	free(rc->push_tag);
+	free(rc->tmp);
+	free(rc->drop);
+	free(rc->grow);
 	free(rc->layer_calls);
 	free(rc->need);
 	free(rc->want);
@@ -361,20 +367,36 @@ static bool view_has(const struct kvt_manager *m, const struct kvt_recall_layer 
 static void region_shrink(struct kvt_manager *m, struct kvt_recall_layer *rc, uint32_t n, bool mark)
 {
 	struct kvt_recall_cache *c = &m->rc;
-	uint32_t gone = 0;
+	uint32_t gone = 0, tag = 0;
 
 	if (n >= rc->rg.n_slots)
 		return;
-	if (n == 0 && !mark) {
+	if (n == 0 && !mark && !c->sizing) { /* outside a call: frames pushed in index order */
 		for (uint32_t i = 0; i < rc->rg.n_slots; i++)
-			c->free[c->n_free++] = rc->frame[i];
+			c->free[c->top++] = rc->frame[i];
+		c->n_free += rc->rg.n_slots;
 		gone = kvt_region_clear(&rc->rg);
+	}
+	if (c->sizing && rc->rg.n_slots > n) {
+		/* A region that grew in this sizing has no frames yet: it never shrinks after
+		   (recall_size grows members last; reclaim leaves them alone). */
+		if (NEVER(rc->grow_stamp == m->stamp))
+			return;
+		if (rc->drop_stamp != m->stamp) {
+			rc->drop_stamp = m->stamp;
+			rc->drop_tag = c->n_drop;
+			c->drop[c->n_drop++] = (struct kvt_size_op){.rc = rc};
+		}
+		tag = rc->drop_tag;
+		c->drop[tag].n += rc->rg.n_slots - n;
 	}
 	while (rc->rg.n_slots > n) {
 		uint32_t dropped, freed;
 
 		gone += kvt_region_drop(&rc->rg, rc->frame, &dropped, &freed);
-		c->free[c->n_free++] = freed;
+		c->push_tag[c->top] = tag;
+		c->free[c->top++] = freed;
+		c->n_free++;
 		if (mark && !rc->view_failed &&
 		    (view_has(m, rc, dropped) || view_has(m, rc, rc->rg.n_slots)))
 			rc->view_failed = true;
@@ -409,10 +431,14 @@ static void region_grow(struct kvt_manager *m, struct kvt_recall_layer *rc, uint
 	struct kvt_recall_cache *c = &m->rc;
 	uint32_t had = rc->rg.n_slots;
 
-	if (n <= had || NEVER(n - had > c->n_free || n > rc->cap_slots))
+	if (n <= had || NEVER(n - had > c->n_free || n > rc->cap_slots) || NEVER(!c->sizing))
 		return;
-	for (uint32_t i = had; i < n; i++)
-		rc->frame[i] = c->free[--c->n_free];
+	/* frames_commit gives the new slots their frames when the sizing ends */
+	if (rc->grow_stamp != m->stamp) {
+		rc->grow_stamp = m->stamp;
+		c->grow[c->n_grow++] = (struct kvt_size_op){.rc = rc, .n = had};
+	}
+	c->n_free -= n - had;
 	kvt_region_grow(&rc->rg, n);
 	if (had == 0) {
 		c->n_regions++;
@@ -506,6 +532,43 @@ void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
 			memset(rc->view_n, 0, m->cfg.n_kv_heads * sizeof(*rc->view_n));
 		rc->view_failed = false;
 	}
+}
+
+int kvt_recall_check(const struct kvt_manager *m)
+{
+	const struct kvt_recall_cache *c = &m->rc;
+	uint64_t regions = 0, held = 0, ws = 0;
+	uint8_t *seen;
+	int err = 0;
+
+	if (c->sizing || c->top != c->n_free || c->n_free > c->n)
+		return -1;
+	seen = kvt_calloc(c->n ? c->n : 1, 1);
+	if (!seen)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < c->n_free && !err; i++)
+		if (c->free[i] >= c->n || seen[c->free[i]]++)
+			err = -2; /* a frame free twice, or not a frame */
+	for (const struct kvt_recall_layer *rc = c->live_head; rc && !err; rc = rc->lnext) {
+		if (++regions > c->n_regions || !rc->rg.n_slots ||
+		    (rc->lnext ? rc->lnext->lprev != rc : c->live_tail != rc))
+			err = -3; /* the live list */
+		else if (kvt_region_check(&rc->rg, m->cfg.n_kv_heads))
+			err = -4;
+		for (uint32_t i = 0; i < rc->rg.n_slots && !err; i++) {
+			if (rc->frame[i] >= c->n || seen[rc->frame[i]]++)
+				err = -5; /* a frame held twice, or held and free */
+			held += rc->rg.slot[i].key != KVT_REGION_NONE;
+		}
+		ws += rc->ws_counted;
+	}
+	for (uint32_t i = 0; i < c->n && !err; i++)
+		if (!seen[i])
+			err = -6; /* a frame lost */
+	if (!err && (regions != c->n_regions || held != c->n_held || ws != c->sum_ws))
+		err = -7;
+	free(seen);
+	return err;
 }
 
 /* Grows the view arrays of a layer to r entries per head (capacity only). */
@@ -701,6 +764,13 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 					c->want[i]);
 		loads += (uint64_t)H * r;
 	}
+	/* the sizing's logs (recall_size): any live region and any member may drop, a member
+	   may grow */
+	if (c->n_regions + n > UINT32_MAX ||
+	    kvt_reserve((void **)&c->drop, &c->drop_cap, (uint32_t)(c->n_regions + n),
+			sizeof(*c->drop)) ||
+	    kvt_reserve((void **)&c->grow, &c->grow_cap, n, sizeof(*c->grow)))
+		return kvt_fail(m, -ENOMEM, "recall: no memory for the sizing");
 	if (loads > UINT32_MAX ||
 	    kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)loads, sizeof(*m->xf)) ||
 	    kvt_reserve((void **)&c->xmember, &c->x_cap, (uint32_t)loads, sizeof(*c->xmember)) ||
@@ -715,11 +785,56 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
    below their floor take what they need; then the others grow towards their target, with free
    frames and, when well below it, those of other regions above their own target, in batch
    order. */
+/* Ends a sizing: the frames its drops pushed are regrouped region by region (in the order of
+   their first drop, each region's in its drop order), then the grown regions' new slots take
+   frames from the top, region by region in the order of their first grow. */
+static void frames_commit(struct kvt_manager *m)
+{
+	struct kvt_recall_cache *c = &m->rc;
+	uint32_t at = c->seg0;
+
+	for (uint32_t t = 0; t < c->n_drop; t++) {
+		uint32_t k = c->drop[t].n;
+
+		c->drop[t].n = at; /* where its frames go, for now */
+		at += k;
+	}
+	if (NEVER(at != c->top))
+		return;
+	if (c->n_drop > 1) {
+		for (uint32_t p = c->seg0; p < c->top; p++)
+			c->tmp[c->drop[c->push_tag[p]].n++] = c->free[p];
+		memcpy(c->free + c->seg0, c->tmp + c->seg0,
+		       (size_t)(c->top - c->seg0) * sizeof(*c->free));
+	}
+	for (uint32_t t = 0, off = c->seg0; t < c->n_drop; t++) {
+		uint32_t end = c->n_drop > 1 ? c->drop[t].n : c->top;
+
+		c->drop[t].n = end - off; /* its drops again */
+		c->drop[t].off = off;
+		off = end;
+	}
+	for (uint32_t t = 0; t < c->n_grow; t++) {
+		struct kvt_recall_layer *rc = c->grow[t].rc;
+
+		c->grow[t].off = c->top;
+		for (uint32_t i = c->grow[t].n; i < rc->rg.n_slots; i++)
+			rc->frame[i] = c->free[--c->top];
+	}
+	ALWAYS(c->top == c->n_free);
+	c->sizing = false;
+}
+
 static void recall_size(struct kvt_manager *m, uint32_t n, uint64_t regions)
 {
 	struct kvt_recall_cache *c = &m->rc;
 	uint64_t floor = 0, more = 0;
 	struct kvt_recall_layer *sw = c->sweep ? c->sweep : c->live_head;
+
+	ALWAYS(c->top == c->n_free);
+	c->sizing = true;
+	c->seg0 = c->top;
+	c->n_drop = c->n_grow = 0;
 
 	/* A few regions a call: those gone idle stop counting in the working sets' sum (their
 	   frames go to whoever grows next: they aim at nothing). */
@@ -778,6 +893,7 @@ static void recall_size(struct kvt_manager *m, uint32_t n, uint64_t regions)
 		if (want > have)
 			region_grow(m, rc, want - have < c->n_free ? want : have + c->n_free);
 	}
+	frames_commit(m);
 }
 
 /* One part of pass 2: members [i0, i1) of the batch. Its loads go to m->xf (and xmember,

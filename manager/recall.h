@@ -32,9 +32,11 @@ struct kvt_recall_layer {
 	   appends fold their keys in on the device, so it is always current. */
 	uint64_t dmeta;
 	uint32_t dcap;
-	bool dtk;	    /* the top-K counts are on the device */
-	uint64_t stamp;	    /* the latest recall call naming it (m->stamp) */
-	uint64_t last_call; /* rc.layer_calls[layer] at that call */
+	bool dtk;			 /* the top-K counts are on the device */
+	uint64_t stamp;			 /* the latest recall call naming it (m->stamp) */
+	uint64_t drop_stamp, grow_stamp; /* the latest sizing it dropped, grew in (m->stamp) */
+	uint32_t drop_tag;		 /* its index in rc.drop in that sizing */
+	uint64_t last_call;		 /* rc.layer_calls[layer] at that call */
 	uint32_t layer;
 	struct kvt_ws ws;    /* its recall working set; bucket NULL until its first recall */
 	uint32_t ws_counted; /* its working set as counted in the cache's sum_ws (0 unless live):
@@ -70,6 +72,12 @@ static inline uint64_t kvt_slot_frame(const struct kvt_manager *m,
 
 /* Returns every region frame of s to the cache and empties its views (preempt, destroy). */
 void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s);
+
+/* Checks the recall cache's invariants: every frame is free (once) or held by one slot of one
+   live region; the live list, the region count, n_held and sum_ws agree with the regions; each
+   region passes kvt_region_check. 0, or a negative code of the first broken one. For tests:
+   O(frames + the regions' key tables). */
+int kvt_recall_check(const struct kvt_manager *m);
 /* The device key table of a layer's recall state (dev_meta). */
 static inline uint64_t kvt_dkey(const struct kvt_manager *m, const struct kvt_recall_layer *rc)
 {

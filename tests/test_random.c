@@ -34,6 +34,7 @@
 #include "t_data.h"
 #include "t_manager.h"
 #include "t_ops.h"
+#include "recall.h"
 #include "seq.h"
 #include "policy.h"
 #include "util.h"
@@ -548,6 +549,7 @@ static void op_recall(struct t_run *r)
 		 (after.recall_hits - before.recall_hits) +
 			 (after.recall_loads - before.recall_loads));
 	assert_true(after.recall_frames_used <= after.recall_frames_total);
+	CHECK_RC(kvt_recall_check(md->run.m), 0); /* frames conserved, regions consistent */
 }
 
 /* Calls that must fail and change nothing. */

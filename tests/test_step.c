@@ -26,6 +26,7 @@
 #include "t_data.h"
 #include "t_manager.h"
 #include "fault.h"
+#include "recall.h"
 #include "util.h"
 
 #define NONE UINT32_MAX
@@ -217,6 +218,9 @@ static void test_step_same_as_plain(void **state)
 			pre[i] = false;
 		}
 		same_stats(mm);
+		/* frames conserved, regions consistent (the sizing regroups their frames) */
+		for (int m = 0; m < 2; m++)
+			CHECK_RC(kvt_recall_check(mm[m]), 0);
 	}
 	struct kvt_stats a = t_stats_of(mm[0]);
 
