@@ -620,11 +620,30 @@ static uint32_t exact_need(const struct kvt_manager *m, const struct kvt_seq_lay
 	return need;
 }
 
+/* What a Quest selection of one (sequence, layer) needs of its region at least: per head, its
+   r best blocks among those not fully resident, all distinct, so min(r, such blocks). Equal to
+   exact_need of the selection, without reading it (a device's selection stays there). */
+static uint32_t quest_need(const struct kvt_manager *m, const struct kvt_seq_layer *ly, uint32_t r)
+{
+	struct kvt_region_geom g = geom_of(m, ly->n_tokens);
+	uint32_t bt = m->cfg.block_tokens, nb = DIV_UP(ly->n_tokens, bt), need = 0;
+
+	for (uint32_t h = 0; h < m->cfg.n_kv_heads; h++) {
+		uint32_t cand = 0;
+
+		for (uint32_t b = 0; b < nb && cand < r; b++)
+			cand += !kvt_region_resident(&ly->rc->rg, &g, h, b,
+						     b + 1 < nb ? bt : ly->n_tokens - b * bt);
+		need += cand;
+	}
+	return need;
+}
+
 /* Validates a recall batch (pass 1): every sequence live, once, prefilled for layer, resident,
    every block index inside its history; grows the tables the call will write. Fills m->batch,
    and rc.need[i] with an upper bound of what member i needs (its entries naming a block). */
 static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
-			   const uint32_t *sel, uint32_t r)
+			   const uint32_t *sel, bool quest, uint32_t r)
 {
 	uint32_t H = m->cfg.n_kv_heads, bt = m->cfg.block_tokens;
 	uint64_t stamp = ++m->stamp;
@@ -677,6 +696,14 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 		ly->rc->last_call = m->rc.layer_calls[layer];
 		if (!ly->rc->tk_ready)
 			tk_count(m, s, ly);
+		/* A Quest selection's floor is known without reading it (a device's stays
+		   there); the two agree. */
+		if (quest) {
+			uint32_t q = quest_need(m, ly, r);
+
+			(void)NEVER(q != need);
+			need = q;
+		}
 		m->batch[i] = s;
 		m->rc.mrc[i] = ly->rc;
 		m->rc.need[i] = need;
@@ -698,8 +725,8 @@ static uint32_t recall_parts(const struct kvt_manager *m, uint32_t n)
    their target, and when those are not enough from other regions (reclaim). Sets rc.want[i],
    *n_regions (the regions the targets count, for recall_size), and reserves the slots, the load
    list and the working tables. 0, or -ENOSPC or -ENOMEM recorded (nothing changed). */
-static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *sel, uint32_t n,
-		       uint32_t r, uint64_t *n_regions)
+static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *sel, bool quest,
+		       uint32_t n, uint32_t r, uint64_t *n_regions)
 {
 	struct kvt_recall_cache *c = &m->rc;
 	uint32_t H = m->cfg.n_kv_heads;
@@ -737,7 +764,10 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 		}
 		if (floor <= avail + other || exact)
 			break;
-		/* The quick bounds do not fit: count what each member really needs. */
+		/* The quick bounds do not fit: count what each member really needs (a Quest
+		   selection's is exact already). */
+		if (quest)
+			break;
 		for (uint32_t i = 0; i < n; i++) {
 			const struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
 
@@ -1109,7 +1139,7 @@ static int recall_fetch(struct kvt_manager *m, uint32_t layer, uint32_t nx)
 }
 
 static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
-		       const uint32_t *sel, uint32_t r, void *stream)
+		       const uint32_t *sel, bool quest, uint32_t r, void *stream)
 {
 	struct kvt_recall_cache *rc = &m->rc;
 	struct recall_job j = {.m = m, .layer = layer, .r = r, .sel = sel};
@@ -1123,9 +1153,9 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 				m->cfg.n_layers);
 	if (rc->n == 0)
 		return kvt_fail(m, -EINVAL, "recall: no recall cache (config.recall_cache_bytes)");
-	err = recall_validate(m, layer, seqs, n, sel, r);
+	err = recall_validate(m, layer, seqs, n, sel, quest, r);
 	if (!err)
-		err = recall_room(m, layer, sel, n, r, &regions);
+		err = recall_room(m, layer, sel, quest, n, r, &regions);
 	if (err)
 		return err;
 
@@ -1175,7 +1205,7 @@ KVT_API int kvt_recall_blocks(struct kvt_manager *m, uint32_t layer, const uint6
 	if ((uint64_t)n * m->cfg.n_kv_heads * r > UINT32_MAX)
 		return kvt_fail(m, -EINVAL, "recall: selection of %u x %u x %u is too large", n,
 				m->cfg.n_kv_heads, r);
-	return recall_core(m, layer, seqs, n, blocks, r, stream);
+	return recall_core(m, layer, seqs, n, blocks, false, r, stream);
 }
 
 /* Quest scoring of a recall call's members (m->batch[i]; NULL: left alone): member i's top-r
@@ -1330,7 +1360,7 @@ KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint6
 				n);
 	if (m->dev_meta) {
 		err = score_dev(m, layer, seqs, n, q, stream);
-		return err ? err : recall_core(m, layer, seqs, n, m->sel, r, stream);
+		return err ? err : recall_core(m, layer, seqs, n, m->sel, true, r, stream);
 	}
 	qstride = (uint64_t)m->cfg.n_q_heads * m->row_bytes;
 	if (!m->cpu_device) { /* the scoring runs on the CPU: the queries come over first */
@@ -1388,7 +1418,7 @@ KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint6
 		kvt_par_run(m->rc.par, score_part, &j);
 	else
 		score_part(&j, 0, 1);
-	return recall_core(m, layer, seqs, n, m->sel, r, stream);
+	return recall_core(m, layer, seqs, n, m->sel, true, r, stream);
 }
 
 KVT_API int kvt_seq_recall_view(struct kvt_manager *m, uint64_t seq, uint32_t layer,
