@@ -152,9 +152,11 @@ int kvt_gpu_region_recall(const struct kvt_gpu_region *rg, uint32_t n, void *str
 /* kvt_region_grow on each of the n regions of rg to n_new[i] slots (device array; clamped to
    KVT_REGION_MAX_SLOTS; no-op where not above *n_slots): the new slots are empty (their old
    memory is not read) and *n_slots is set. With a free-frame stack (stack and in_off device
-   arrays, and the region a frame[]), region i's new slots had + t (had its *n_slots before)
-   take stack[in_off[i] - 1 - t], popped from the top as the reference's free[--n_free];
-   without (both NULL), frame[] is not touched: the caller writes the new slots' frames. */
+   arrays; both NULL or neither), region i's new slots had + t (had its *n_slots before) take
+   stack[in_off[i] - 1 - t], popped from the top as the reference's free[--n_free]: in_off[i]
+   is at least the count of its new slots. The stack is not written. A region without frame[],
+   or one that does not grow, reads neither in_off[i] nor the stack. Without a stack, frame[]
+   is not touched: the caller writes the new slots' frames. */
 int kvt_gpu_region_grow(const struct kvt_gpu_region *rg, const uint32_t *n_new,
 			const uint32_t *stack, const uint32_t *in_off, uint32_t n, void *stream);
 
@@ -166,8 +168,10 @@ int kvt_gpu_region_grow(const struct kvt_gpu_region *rg, const uint32_t *n_new,
    NULL); either may be NULL (out_off too, when both are). gone[i] (may be NULL): the keys
    forgotten. A region with a stale flag gets *stale = 1 when a drop takes a slot its view
    (view_n[h] entries at view[h * r ...]) names, or moves the last slot, named there, into the
-   dropped one's place (the reference's region_shrink with `mark`); the view is not changed.
-   Each drop is a parallel argmin over the region's slots: O(k * n_slots / 256) a region. */
+   dropped one's place (the reference's region_shrink with `mark`); *stale is never cleared,
+   the view not changed, and view and view_n are read only where a stale flag is given. Each
+   drop is a parallel argmin over the region's slots: O(k * n_slots / 256) a region, plus
+   O(n_heads * r / 256) for the view. */
 int kvt_gpu_region_drop(const struct kvt_gpu_region *rg, const uint32_t *k, const uint32_t *out_off,
 			uint32_t *dropped, uint32_t *freed, uint32_t *gone, uint32_t n,
 			void *stream);

@@ -2,7 +2,8 @@
 /*
  * Recall regions on the GPU (gpu.h): kvt_gpu_region_recall runs kvt_region_recall
  * (policy/region.c) on a batch of regions, one CTA per region, with the reference's decisions;
- * grow, drop, empty and clear are the reference's too. The device keeps no order list: the
+ * grow, drop, empty and clear are the reference's too, and keep the caller's free-frame stack
+ * and stale flag as the manager does (manager/recall.c). The device keeps no order list: the
  * victim order is ascending (stamp, rank), a pair unique to each slot (an empty slot has stamp
  * 0 and rank = its index), which is the order the reference's list keeps.
  *
@@ -509,6 +510,15 @@ static __global__ void __launch_bounds__(RG_THREADS)
 	}
 }
 
+/* Words of the drop's bitmap of the slots a view names: one bit per possible slot. */
+#define RG_NAMED_WORDS ((KVT_REGION_MAX_SLOTS + 31) / 32)
+
+/* Bit s of the first nw words of bits (0 past them). */
+static __device__ __forceinline__ bool named(const uint32_t *bits, uint32_t nw, uint32_t s)
+{
+	return s / 32 < nw && (bits[s / 32] >> s % 32 & 1);
+}
+
 /* Forgets slot i's key and empties it (the reference's forget); false if it held none. */
 static __device__ __forceinline__ bool forget(const struct kvt_gpu_region *R, uint32_t i)
 {
@@ -523,15 +533,24 @@ static __device__ __forceinline__ bool forget(const struct kvt_gpu_region *R, ui
 
 /* Grow of region blockIdx.x to n_new[blockIdx.x] slots: the reference's kvt_region_grow without
    the order list, whose place for the new slots (after the empty ones, in index order) is their
-   (stamp, rank) = (0, index). */
+   (stamp, rank) = (0, index). With a stack, new slot old + t takes the frame t places below
+   the region's top, in_off[blockIdx.x]: the manager's region_grow pops free[--n_free] for
+   slots old, old + 1, ... in turn. The stack is read only where the region grows and keeps
+   frames. */
 static __global__ void __launch_bounds__(RG_THREADS)
-	region_grow_kernel(const struct kvt_gpu_region *rgs, const uint32_t *n_new)
+	region_grow_kernel(const struct kvt_gpu_region *rgs, const uint32_t *n_new,
+			   const uint32_t *stack, const uint32_t *in_off)
 {
 	const struct kvt_gpu_region *R = &rgs[blockIdx.x];
 	const uint32_t old = *R->n_slots, n = rg_min(n_new[blockIdx.x], KVT_REGION_MAX_SLOTS);
+	const bool pop = stack && R->frame && n > old;
+	const uint32_t top = pop ? in_off[blockIdx.x] : 0;
 
-	for (uint32_t i = old + threadIdx.x; i < n; i += RG_THREADS)
+	for (uint32_t i = old + threadIdx.x; i < n; i += RG_THREADS) {
 		R->slot[i] = kvt_region_slot{KVT_REGION_NONE, 0, 0, i};
+		if (pop)
+			R->frame[i] = stack[top - 1 - (i - old)];
+	}
 	__syncthreads(); /* every thread has read the old count */
 	if (threadIdx.x == 0 && n > old)
 		*R->n_slots = n;
@@ -543,7 +562,10 @@ static __global__ void __launch_bounds__(RG_THREADS)
    unique in its call), by an argmin over the slots, then thread 0 drops it and moves the last
    slot into its index. A moved slot holding a key keeps its (stamp, rank), as it keeps its
    place in the reference's list; an empty one takes its new index as rank, as the reference
-   re-inserts it among the empty ones. */
+   re-inserts it among the empty ones.
+   With a stale flag, the slots the view names (below the count: no other is dropped or moved)
+   are first marked in a shared bitmap, so each drop tests its dropped and its last slot in
+   O(1): the manager's region_shrink with mark, view_has(dropped) || view_has(last). */
 static __global__ void __launch_bounds__(RG_THREADS)
 	region_drop_kernel(const struct kvt_gpu_region *rgs, const uint32_t *k,
 			   const uint32_t *out_off, uint32_t *dropped, uint32_t *freed,
@@ -551,12 +573,34 @@ static __global__ void __launch_bounds__(RG_THREADS)
 {
 	__shared__ unsigned long long sm_order[RG_WARPS];
 	__shared__ uint32_t sm_at[RG_WARPS];
+	__shared__ uint32_t sm_named[RG_NAMED_WORDS]; /* bit s: the view names slot s */
 	const struct kvt_gpu_region *R = &rgs[blockIdx.x];
 	const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
 	struct kvt_region_slot *slot = R->slot;
 	uint32_t n = *R->n_slots, cnt = rg_min(k[blockIdx.x], n), n_gone = 0;
 	const uint32_t off = dropped || freed ? out_off[blockIdx.x] : 0;
+	const bool check = R->stale && cnt; /* the same in every thread: barriers below */
+	const uint32_t nw = check ? rg_min((n + 31) / 32, RG_NAMED_WORDS) : 0;
+	bool stale = false;
 
+	if (check) {
+		const uint32_t H = R->n_heads, r = R->r;
+
+		for (uint32_t w = tid; w < nw; w += RG_THREADS)
+			sm_named[w] = 0;
+		__syncthreads();
+		for (uint32_t h = warp; h < H; h += RG_WARPS) {
+			const uint32_t *hv = R->view + (size_t)h * r, vn = rg_min(R->view_n[h], r);
+
+			for (uint32_t x = lane; x < vn; x += 32) {
+				uint32_t s = hv[x];
+
+				if (s < n && s / 32 < nw) /* else never dropped nor moved */
+					atomicOr(&sm_named[s / 32], 1u << s % 32);
+			}
+		}
+		/* the first drop's barrier publishes the bits before thread 0 reads them */
+	}
 	for (uint32_t t = 0; t < cnt; t++, n--) {
 		unsigned long long best = ~0ull, mine; /* above every slot's order */
 		uint32_t at = 0;
@@ -591,6 +635,8 @@ static __global__ void __launch_bounds__(RG_THREADS)
 					at = sm_at[w];
 				}
 			i = at;
+			if (named(sm_named, nw, i) || named(sm_named, nw, j))
+				stale = true;
 			fr = R->frame ? R->frame[i] : i;
 			n_gone += forget(R, i);
 			if (j != i) { /* the last slot moves into i */
@@ -616,23 +662,32 @@ static __global__ void __launch_bounds__(RG_THREADS)
 			*R->n_slots = n;
 		if (gone)
 			gone[blockIdx.x] = n_gone;
+		if (stale)
+			*R->stale = 1;
 	}
 }
 
-/* Clear of region blockIdx.x: every slot emptied, none left. */
+/* Clear of region blockIdx.x: every slot emptied, none left; with freed, slot i's frame (i
+   without frames) at freed[out_off[blockIdx.x] + i], as the manager pushes them in index
+   order. */
 static __global__ void __launch_bounds__(RG_THREADS)
-	region_clear_kernel(const struct kvt_gpu_region *rgs, uint32_t *gone)
+	region_clear_kernel(const struct kvt_gpu_region *rgs, uint32_t *gone,
+			    const uint32_t *out_off, uint32_t *freed)
 {
 	__shared__ uint32_t sm_gone;
 	const struct kvt_gpu_region *R = &rgs[blockIdx.x];
 	const uint32_t n = *R->n_slots;
+	uint32_t *const out = freed ? freed + out_off[blockIdx.x] : nullptr;
 	uint32_t cnt = 0;
 
 	if (threadIdx.x == 0)
 		sm_gone = 0;
 	__syncthreads();
-	for (uint32_t i = threadIdx.x; i < n; i += RG_THREADS)
+	for (uint32_t i = threadIdx.x; i < n; i += RG_THREADS) {
+		if (out)
+			out[i] = R->frame ? R->frame[i] : i;
 		cnt += forget(R, i);
+	}
 	if (cnt)
 		atomicAdd(&sm_gone, cnt);
 	__syncthreads(); /* the counts added, and every thread has read the old count */
@@ -688,9 +743,7 @@ extern "C" int kvt_gpu_region_grow(const struct kvt_gpu_region *rg, const uint32
 		return cudaSuccess;
 	if (!rg || !n_new || n > 0x7fffffffu || !stack != !in_off)
 		return cudaErrorInvalidValue;
-	if (stack)
-		return cudaErrorInvalidValue; /* not yet */
-	region_grow_kernel<<<n, RG_THREADS, 0, (cudaStream_t)stream>>>(rg, n_new);
+	region_grow_kernel<<<n, RG_THREADS, 0, (cudaStream_t)stream>>>(rg, n_new, stack, in_off);
 	return cudaGetLastError();
 }
 
@@ -715,9 +768,7 @@ extern "C" int kvt_gpu_region_clear(const struct kvt_gpu_region *rg, uint32_t *g
 		return cudaSuccess;
 	if (!rg || n > 0x7fffffffu || !out_off != !freed)
 		return cudaErrorInvalidValue;
-	if (freed)
-		return cudaErrorInvalidValue; /* not yet */
-	region_clear_kernel<<<n, RG_THREADS, 0, (cudaStream_t)stream>>>(rg, gone);
+	region_clear_kernel<<<n, RG_THREADS, 0, (cudaStream_t)stream>>>(rg, gone, out_off, freed);
 	return cudaGetLastError();
 }
 

@@ -6,6 +6,13 @@
  * past n_slots too), slot count, frame array (all of it), key table (touched, slot, and tk and
  * pad untouched), clock, tally, result, load list, views and view counts, each sequence's
  * working set (buckets, step, cur, total, w), and what grow, drop, empty and clear report.
+ * Frames live on a free-frame stack kept as the manager keeps it (manager/recall.c): grows pop
+ * the new slots' frames from its top (the device's by the kernel, from a copy of the stack at
+ * offsets, or written by the test as a caller), drops and clears push the frames they free,
+ * a clear's read back from the kernel's `freed` in index order; every frame is on the stack or
+ * in one slot. A drop's stale flag is checked against region_shrink's rule over a random view
+ * (none, the last slot only, a few slots, many; entries past the count), from 0 and from 1,
+ * or not asked for; the view stays as it was.
  *
  * A seeded random run: sequences of 1, 2, 8 or 37 kv heads (more heads than the CTA has warps,
  * and than one warp scans at once), r from 1 to 32 (and past 32, where a head's selection spans
@@ -85,13 +92,18 @@ struct reg {
 static struct seq seqs[N_SEQS];
 static struct reg regs[N_REGIONS];
 static struct kvt_region_tally shared_tally[2]; /* the launches where all regions share one */
-static uint32_t next_frame;			/* the frame a grow gives its next new slot */
+static uint32_t next_frame; /* frames made: a grow short of free ones pushes fresh ones */
+/* The free frames, as the manager's free[] and n_free: pushed and popped at the top. */
+#define STACK_CAP (N_REGIONS * CAP_SLOTS)
+static uint32_t free_stack[STACK_CAP], n_free;
 
 /* What a run went through, so that a run that stops reaching a case shows. */
 static struct {
 	uint64_t calls, enospc, eoverflow, ws_off, lookups, hits, reloads, misses, evictions;
 	uint64_t rounds2, resident, repeats, none, grows, drops, drops_key, moves_key, moves_empty;
 	uint64_t overdrops, empties, empties_key, clears;
+	uint64_t grows_stack, popped, stale_drop, stale_moved, stale_set, stale_moved_only;
+	uint64_t stale_kept, stale_null, clears_freed, pushed_clear;
 } seen;
 
 static uint32_t rnd(uint32_t n)
@@ -132,6 +144,7 @@ static void setup(void)
 
 	memset(shared_tally, 0, sizeof(shared_tally));
 	next_frame = 0;
+	n_free = 0;
 	for (uint32_t i = 0; i < N_SEQS; i++) {
 		struct seq *s = &seqs[i];
 
@@ -273,9 +286,48 @@ static void cmp_bytes(const void *a, const void *b, size_t n, const char *what, 
 			differ(what, step, g, i);
 }
 
+/* Pushes frame f on the free-frame stack (the manager's free[n_free++] = f). */
+static void push_frame(uint32_t f)
+{
+	assert_true(n_free < STACK_CAP);
+	free_stack[n_free++] = f;
+}
+
+/* The test's own bookkeeping: every frame made is either free (once on the stack) or held by
+   one slot of a region that keeps frames. */
+static void check_frames(uint32_t step)
+{
+	static uint8_t where[STACK_CAP];
+	uint32_t count = n_free;
+
+	assert_true(next_frame <= STACK_CAP);
+	memset(where, 0, next_frame);
+	for (uint32_t x = 0; x < n_free; x++) {
+		if (free_stack[x] >= next_frame || where[free_stack[x]]++)
+			fail_msg("step %u: free frame %u twice or unknown", step, free_stack[x]);
+	}
+	for (uint32_t i = 0; i < N_REGIONS; i++) {
+		const struct reg *g = &regs[i];
+
+		if (!g->has_frame)
+			continue;
+		for (uint32_t s = 0; s < g->ref.n_slots; s++) {
+			uint32_t f = g->side[0].frame[s];
+
+			if (f >= next_frame || where[f]++)
+				fail_msg(
+					"step %u, region %u: frame %u of slot %u held twice or free",
+					step, i, f, s);
+		}
+		count += g->ref.n_slots;
+	}
+	assert_int_equal(count, next_frame);
+}
+
 /* Every region's state and every sequence's working set; the reference's invariants too. */
 static void compare_state(uint32_t step)
 {
+	check_frames(step);
 	for (uint32_t i = 0; i < N_REGIONS; i++) {
 		struct reg *g = &regs[i];
 
@@ -422,22 +474,96 @@ static void next_call(struct reg *g)
 			g->sel[x] = nb - 1;
 }
 
-/* Grows the regions idx[0 .. n) to want[] slots: both sides, one device launch. The new slots'
-   frames (a caller's part) are fresh numbers. */
+/* Grows the regions idx[0 .. n) to want[] slots: both sides, one device launch. The new slots
+   of a region keeping frames pop theirs from the free-frame stack (fresh frames pushed first
+   when it runs short), in batch order, as the manager's region_grow: the reference's side by
+   the test, the device's by the kernel from a copy of the stack (the region's offset its top
+   when its pops begin), or, without a stack, by the test as a caller. The offsets of the
+   regions that pop nothing are left at 0, whose read would be out of bounds. */
 static void grow_batch(const uint32_t *idx, const uint32_t *want, uint32_t n)
 {
+	static uint32_t dstack[STACK_CAP];
 	struct kvt_gpu_region d[N_REGIONS];
+	uint32_t in_off[N_REGIONS], need = 0, had_free;
+	const bool with_stack = chance(70);
 
+	for (uint32_t x = 0; x < n; x++) {
+		const struct reg *g = &regs[idx[x]];
+
+		assert_true(want[x] <= CAP_SLOTS);
+		if (g->has_frame && want[x] > g->ref.n_slots)
+			need += want[x] - g->ref.n_slots;
+	}
+	while (n_free < need)
+		push_frame(next_frame++);
+	had_free = n_free;
+	memcpy(dstack, free_stack, n_free * sizeof(uint32_t));
 	for (uint32_t x = 0; x < n; x++) {
 		struct reg *g = &regs[idx[x]];
 
 		d[x] = desc_of(g, NULL);
-		for (uint32_t i = g->ref.n_slots; i < want[x] && i < CAP_SLOTS; i++)
-			g->side[0].frame[i] = g->side[1].frame[i] = next_frame++;
+		in_off[x] = 0;
+		if (g->has_frame && want[x] > g->ref.n_slots) {
+			in_off[x] = n_free;
+			for (uint32_t i = g->ref.n_slots; i < want[x]; i++) {
+				g->side[0].frame[i] = free_stack[--n_free];
+				if (!with_stack)
+					g->side[1].frame[i] = g->side[0].frame[i];
+			}
+			seen.grows_stack += with_stack;
+		}
 		kvt_region_grow(&g->ref, want[x]);
 	}
-	assert_int_equal(kvt_gpu_region_grow(d, want, NULL, NULL, n, NULL), 0);
+	assert_int_equal(kvt_gpu_region_grow(d, want, with_stack ? dstack : NULL,
+					     with_stack ? in_off : NULL, n, NULL),
+			 0);
+	assert_memory_equal(dstack, free_stack, had_free * sizeof(uint32_t)); /* only read */
+	seen.popped += with_stack ? had_free - n_free : 0;
 	seen.grows += n;
+}
+
+/* Whether the view of region g (the reference's copy) names slot i: the manager's view_has. */
+static bool view_has(const struct reg *g, uint32_t i)
+{
+	for (uint32_t h = 0; h < g->s->H; h++)
+		for (uint32_t x = 0; x < g->side[0].view_n[h]; x++)
+			if (g->side[0].view[(size_t)h * g->s->r + x] == i)
+				return true;
+	return false;
+}
+
+/* Names slot i in head h of region g's view (the reference's copy), a place or two past its
+   last entry (the skipped one names a slot past the count), if the head has room. */
+static void view_add(struct reg *g, uint32_t h, uint32_t i)
+{
+	uint32_t *vn = &g->side[0].view_n[h], at = *vn + rnd(2);
+
+	if (at >= g->s->r)
+		return;
+	if (at > *vn)
+		g->side[0].view[(size_t)h * g->s->r + *vn] = g->ref.n_slots + 1;
+	g->side[0].view[(size_t)h * g->s->r + at] = i;
+	*vn = at + 1;
+}
+
+/* A random view of region g on both sides for a drop's stale check: no entry, the last slot
+   only, a few slots, or up to r per head, slots below the count or just past it. The entries
+   past view_n[h] name slots as well, which the check must ignore. */
+static void random_view(struct reg *g)
+{
+	const uint32_t H = g->s->H, n = g->ref.n_slots, q = rnd(100);
+	struct side *a = &g->side[0], *b = &g->side[1];
+
+	for (size_t x = 0; x < n_entries(g); x++)
+		a->view[x] = rnd(n + 2);
+	for (uint32_t h = 0; h < H; h++)
+		a->view_n[h] = q < 75 ? 0 : rnd(g->s->r + 1);
+	if (n && q >= 15 && q < 45)
+		view_add(g, rnd(H), n - 1);
+	for (uint32_t c = q >= 45 && q < 75 ? 1 + rnd(3) : 0; c; c--)
+		view_add(g, rnd(H), rnd(n + 1));
+	memcpy(b->view, a->view, n_entries(g) * sizeof(uint32_t));
+	memcpy(b->view_n, a->view_n, H * sizeof(uint32_t));
 }
 
 /* k[x] drops of each region idx[0 .. n) (past its slots: as many as it has), both sides, one
@@ -447,14 +573,21 @@ static void drop_batch(const uint32_t *idx, const uint32_t *k, uint32_t n, uint3
 	enum { CAP = N_REGIONS * (CAP_SLOTS + 4) };
 	static uint32_t dropped[2][CAP + 1], freed[2][CAP + 1];
 	struct kvt_gpu_region d[N_REGIONS];
-	uint32_t off[N_REGIONS], gone[N_REGIONS], total = 0, q = rnd(100);
+	uint32_t off[N_REGIONS], gone[N_REGIONS], total = 0, q = rnd(100), stale[2][N_REGIONS];
+	uint32_t stale_in[N_REGIONS];
 	bool no_out = q < 10, no_gone = q >= 5 && q < 15;
 
 	for (uint32_t x = 0; x < n; x++) {
-		d[x] = desc_of(&regs[idx[x]], NULL);
+		struct reg *g = &regs[idx[x]];
+
+		d[x] = desc_of(g, NULL);
 		off[x] = total;
 		total += k[x];
 		gone[x] = 0xdeadbeefu;
+		random_view(g);
+		stale_in[x] = stale[0][x] = stale[1][x] = chance(10); /* set before: stays set */
+		if (chance(90))
+			d[x].stale = &stale[1][x];
 	}
 	assert_true(total <= CAP);
 	memset(dropped, CANARY, sizeof(dropped));
@@ -467,11 +600,25 @@ static void drop_batch(const uint32_t *idx, const uint32_t *k, uint32_t n, uint3
 		struct reg *g = &regs[idx[x]];
 		uint32_t *fr = g->has_frame ? g->side[0].frame : NULL, ref_gone = 0, t;
 
+		bool moved_only = true; /* every drop that marks the view marks it by a move */
+
 		for (t = 0; t < k[x] && g->ref.n_slots; t++) {
 			uint32_t last = g->ref.n_slots - 1, had;
+			bool by_drop, by_move;
 
 			had = kvt_region_drop(&g->ref, fr, &dropped[0][off[x] + t],
 					      &freed[0][off[x] + t]);
+			if (fr)
+				push_frame(freed[0][off[x] + t]);
+			/* region_shrink's mark: the dropped slot, or the last one (n_slots now) */
+			by_drop = view_has(g, dropped[0][off[x] + t]);
+			by_move = view_has(g, g->ref.n_slots);
+			if (by_drop || by_move) {
+				seen.stale_drop += by_drop;
+				seen.stale_moved += !by_drop;
+				moved_only &= !by_drop;
+				stale[0][x] = 1;
+			}
 			ref_gone += had;
 			seen.drops++;
 			seen.drops_key += had;
@@ -487,6 +634,20 @@ static void drop_batch(const uint32_t *idx, const uint32_t *k, uint32_t n, uint3
 		if (!no_gone && gone[x] != ref_gone)
 			fail_msg("step %u, region %u: drops forgot %u keys, reference %u", step,
 				 idx[x], gone[x], ref_gone);
+		if (!d[x].stale) {
+			seen.stale_null += t > 0;
+		} else if (t > 0 && !stale_in[x]) {
+			seen.stale_set += stale[0][x];
+			seen.stale_moved_only += stale[0][x] && moved_only;
+			seen.stale_kept += !stale[0][x];
+		}
+		if (d[x].stale && stale[1][x] != stale[0][x])
+			fail_msg("step %u, region %u: stale %u after %u drops, reference %u", step,
+				 idx[x], stale[1][x], t, stale[0][x]);
+		cmp_bytes(g->side[0].view, g->side[1].view, n_entries(g) * sizeof(uint32_t),
+			  "view after drops", step, idx[x]);
+		cmp_bytes(g->side[0].view_n, g->side[1].view_n, g->s->H * sizeof(uint32_t),
+			  "view counts after drops", step, idx[x]);
 		if (no_out)
 			continue;
 		for (uint32_t y = 0; y < k[x]; y++) {
@@ -606,9 +767,12 @@ static void between_calls(uint32_t step)
 			differ("empty output guard", step, 0, np);
 		compare_state(step);
 	}
-	if (chance(4)) { /* clears, in one batch */
+	if (chance(8)) { /* clears, in one batch */
+		enum { FREED = 3 * (CAP_SLOTS + 2) + 3 };
 		struct kvt_gpu_region d[3];
-		uint32_t ci[3], gone[3], nc = 1 + rnd(3);
+		uint32_t ci[3], gone[3], nc = 1 + rnd(3), out_off[3], end = rnd(3);
+		uint32_t freed[2][FREED + 1]; /* the reference's, the device's; a guard after */
+		const bool with_freed = chance(75);
 
 		for (uint32_t x = 0; x < nc; x++) {
 			uint32_t y;
@@ -620,16 +784,35 @@ static void between_calls(uint32_t step)
 			} while (y < x);
 			d[x] = desc_of(&regs[ci[x]], NULL);
 			gone[x] = 0xdeadbeefu;
+			out_off[x] = end; /* the slots it has, and a gap of 0 to 2 */
+			end += regs[ci[x]].ref.n_slots + rnd(3);
 		}
-		assert_int_equal(
-			kvt_gpu_region_clear(d, chance(10) ? NULL : gone, NULL, NULL, nc, NULL), 0);
+		assert_true(end <= FREED);
+		memset(freed, CANARY, sizeof(freed));
+		assert_int_equal(kvt_gpu_region_clear(d, chance(10) ? NULL : gone,
+						      with_freed ? out_off : NULL,
+						      with_freed ? freed[1] : NULL, nc, NULL),
+				 0);
 		for (uint32_t x = 0; x < nc; x++) {
-			uint32_t ref_gone = kvt_region_clear(&regs[ci[x]].ref);
+			struct reg *g = &regs[ci[x]];
+			uint32_t ref_gone;
 
+			/* the manager's kvt_recall_drop_seq: frame[0 .. n_slots) pushed in order */
+			for (uint32_t s = 0; s < g->ref.n_slots; s++) {
+				freed[0][out_off[x] + s] = g->has_frame ? g->side[0].frame[s] : s;
+				if (g->has_frame)
+					push_frame(g->side[0].frame[s]);
+			}
+			seen.pushed_clear += g->has_frame ? g->ref.n_slots : 0;
+			ref_gone = kvt_region_clear(&g->ref);
 			if (gone[x] != 0xdeadbeefu && gone[x] != ref_gone)
 				fail_msg("step %u, region %u: clear forgot %u keys, reference %u",
 					 step, ci[x], gone[x], ref_gone);
 		}
+		if (with_freed) /* canaries in the gaps and after */
+			cmp_bytes(freed[0], freed[1], sizeof(freed[0]), "frames a clear freed",
+				  step, ci[0]);
+		seen.clears_freed += with_freed ? nc : 0;
 		seen.clears += nc;
 		compare_state(step);
 	}
@@ -838,6 +1021,23 @@ static void test_region_random(void **state)
 			(unsigned long long)seen.moves_empty, (unsigned long long)seen.overdrops,
 			(unsigned long long)seen.empties, (unsigned long long)seen.empties_key,
 			(unsigned long long)seen.clears);
+		print_message(
+			"#   %llu grows popping the stack on the device (%llu frames); stale: %llu "
+			"drops of a slot in the view, %llu moves of one; drops from 0: %llu marked "
+			"(%llu by moves only), %llu not; %llu without a flag; %llu clears with freed "
+			"(%llu frames pushed by clears)\n",
+			(unsigned long long)seen.grows_stack, (unsigned long long)seen.popped,
+			(unsigned long long)seen.stale_drop, (unsigned long long)seen.stale_moved,
+			(unsigned long long)seen.stale_set,
+			(unsigned long long)seen.stale_moved_only,
+			(unsigned long long)seen.stale_kept, (unsigned long long)seen.stale_null,
+			(unsigned long long)seen.clears_freed,
+			(unsigned long long)seen.pushed_clear);
+		/* the frequent cases (tens a run of 120 steps; clears are too rare to count on:
+		   frames_case has them) */
+		if (steps >= 100)
+			assert_true(seen.grows_stack && seen.stale_drop && seen.stale_moved_only &&
+				    seen.stale_kept && seen.stale_null);
 	}
 	kemu_set_schedule(KEMU_SCHED_LOCKSTEP);
 }
@@ -1019,6 +1219,141 @@ static void test_region_ws_restart(void **state)
 	kemu_set_schedule(KEMU_SCHED_LOCKSTEP);
 }
 
+/* The free-frame stack, the stale flag and a clear's freed frames on three small regions, worked
+   out by hand. Every slot stays empty (rank = index), so each drop takes slot 0 and moves the
+   last slot into it. Region 0 and 1 keep frames, region 2 none. */
+static void frames_case(void)
+{
+	enum { H = 2, R = 3, CAP = 8, C = 0xa5a5a5a5u };
+	static struct kvt_region_slot slot[3][CAP];
+	static struct kvt_region_key key[3][4 * H];
+	uint32_t frame[2][CAP], n_slots[3] = {0}, clock[3] = {0}, view[3][H * R], view_n[3][H];
+	uint32_t stale[3] = {0, 1, 0}, stack[6] = {10, 11, 12, 13, 14, 99}, in_off[3] = {5, 2, 0};
+	uint32_t want[3] = {3, 2, 6}, k[3] = {1, 1, 1}, off[3] = {0, 1, 2}, freed[8], gone[3];
+	uint32_t view_was[3][H * R], view_n_was[3][H];
+	struct kvt_gpu_region d[3];
+
+	memset(slot, 0, sizeof(slot));
+	memset(key, 0, sizeof(key));
+	memset(frame, 0xee, sizeof(frame));
+	for (uint32_t i = 0; i < 3; i++)
+		d[i] = (struct kvt_gpu_region){.slot = slot[i],
+					       .key = key[i],
+					       .clock = &clock[i],
+					       .n_slots = &n_slots[i],
+					       .frame = i < 2 ? frame[i] : NULL,
+					       .view = view[i],
+					       .view_n = view_n[i],
+					       .stale = &stale[i],
+					       .n_heads = H,
+					       .r = R,
+					       .lbt = 2,
+					       .cap_blocks = 4};
+	/* a stack without offsets, offsets without a stack: nothing done */
+	assert_int_equal(kvt_gpu_region_grow(d, want, stack, NULL, 3, NULL),
+			 KEMU_ERR_INVALID_VALUE);
+	assert_int_equal(kvt_gpu_region_grow(d, want, NULL, in_off, 3, NULL),
+			 KEMU_ERR_INVALID_VALUE);
+	assert_int_equal(n_slots[0], 0);
+	/* region 0 pops 14, 13, 12 for slots 0, 1, 2; region 1 then 11, 10; region 2 has no
+	   frames: its offset (0) is not read */
+	assert_int_equal(kvt_gpu_region_grow(d, want, stack, in_off, 3, NULL), 0);
+	assert_int_equal(n_slots[0], 3);
+	assert_int_equal(n_slots[1], 2);
+	assert_int_equal(n_slots[2], 6);
+	assert_int_equal(frame[0][0], 14);
+	assert_int_equal(frame[0][1], 13);
+	assert_int_equal(frame[0][2], 12);
+	assert_int_equal(frame[0][3], 0xeeeeeeeeu);
+	assert_int_equal(frame[1][0], 11);
+	assert_int_equal(frame[1][1], 10);
+	assert_int_equal(frame[1][2], 0xeeeeeeeeu);
+	assert_int_equal(stack[5], 99);
+
+	/* One drop each. Region 0's view names only its last slot (2, head 1), which moves into
+	   slot 0: stale. Region 1's view is empty, its flag set before: it stays set. Region 2's
+	   names slot 1 (the entries past view_n name 0 and 5): slot 0 dropped, 5 moved, stale
+	   stays 0. */
+	memset(view, 0, sizeof(view));
+	memset(view_n, 0, sizeof(view_n));
+	view[0][R] = 2;
+	view_n[0][1] = 1;
+	view[2][0] = 1;
+	view[2][1] = 0;
+	view[2][R] = 5;
+	view_n[2][0] = 1;
+	memcpy(view_was, view, sizeof(view));
+	memcpy(view_n_was, view_n, sizeof(view_n));
+	memset(freed, CANARY, sizeof(freed));
+	assert_int_equal(kvt_gpu_region_drop(d, k, off, NULL, freed, gone, 3, NULL), 0);
+	assert_int_equal(stale[0], 1);
+	assert_int_equal(stale[1], 1);
+	assert_int_equal(stale[2], 0);
+	assert_int_equal(freed[0], 14);
+	assert_int_equal(freed[1], 11);
+	assert_int_equal(freed[2], 0); /* no frames: the slot */
+	assert_int_equal(frame[0][0], 12);
+	assert_int_equal(frame[1][0], 10);
+	assert_memory_equal(view, view_was, sizeof(view));
+	assert_memory_equal(view_n, view_n_was, sizeof(view_n));
+
+	/* Region 2 (5 slots) again, its view naming slot 0 (head 1): the dropped slot, the last
+	   (4) not named: stale. Region 0 (slots 0, 1: frames 12, 13) without a flag. */
+	view[2][R] = 0;
+	view_n[2][0] = 0;
+	view_n[2][1] = 1;
+	d[0].stale = NULL;
+	stale[0] = 0;
+	assert_int_equal(kvt_gpu_region_drop(d, k, NULL, NULL, NULL, NULL, 3, NULL), 0);
+	assert_int_equal(stale[0], 0);
+	assert_int_equal(stale[2], 1);
+	assert_int_equal(frame[0][0], 13);
+	assert_int_equal(n_slots[0], 1);
+	assert_int_equal(n_slots[1], 0);
+	assert_int_equal(n_slots[2], 4);
+
+	/* Region 2 (4 slots), two drops, its view naming slot 2 (head 1, behind an entry past
+	   the count): the first drop takes 0 and moves 3, the second takes 0 and moves 2 into it:
+	   stale by the second drop's move only. */
+	view[2][R] = 4;
+	view[2][R + 1] = 2;
+	view_n[2][1] = 2;
+	stale[2] = 0;
+	k[2] = 2;
+	assert_int_equal(kvt_gpu_region_drop(&d[2], &k[2], NULL, NULL, NULL, NULL, 1, NULL), 0);
+	assert_int_equal(stale[2], 1);
+	assert_int_equal(n_slots[2], 2);
+
+	/* A clear of the three: region 0's frame 13 at 1, region 2's slots 0 and 1 at 4 and 5,
+	   region 1 (no slot) nothing; the rest untouched. Freed without offsets, offsets without
+	   freed: nothing done. */
+	off[0] = 1, off[1] = 3, off[2] = 4;
+	memset(freed, CANARY, sizeof(freed));
+	assert_int_equal(kvt_gpu_region_clear(d, gone, NULL, freed, 3, NULL),
+			 KEMU_ERR_INVALID_VALUE);
+	assert_int_equal(kvt_gpu_region_clear(d, gone, off, NULL, 3, NULL), KEMU_ERR_INVALID_VALUE);
+	assert_int_equal(n_slots[0], 1);
+	assert_int_equal(kvt_gpu_region_clear(d, gone, off, freed, 3, NULL), 0);
+	{
+		const uint32_t want_freed[8] = {C, 13, C, C, 0, 1, C, C};
+
+		assert_memory_equal(freed, want_freed, sizeof(freed));
+	}
+	assert_int_equal(n_slots[0], 0);
+	assert_int_equal(n_slots[2], 0);
+	assert_int_equal(frame[0][0], 13); /* not touched */
+}
+
+static void test_region_frames(void **state)
+{
+	(void)state;
+	for (int mode = KEMU_SCHED_LOCKSTEP; mode <= KEMU_SCHED_LANES_REVERSE; mode++) {
+		kemu_set_schedule(mode);
+		frames_case();
+	}
+	kemu_set_schedule(KEMU_SCHED_LOCKSTEP);
+}
+
 static void test_region_invalid(void **state)
 {
 	struct kvt_gpu_region d = {0};
@@ -1054,6 +1389,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_region_invalid),
 		cmocka_unit_test(test_region_ws_restart),
+		cmocka_unit_test(test_region_frames),
 		cmocka_unit_test(test_region_random),
 	};
 
