@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * GPU versions of the policy (policy/snapkv.cu, recall.cu, attend.cu, region.cu, quest.cu),
- * called by the CUDA backend plugin. Each matches its CPU reference in policy.h or region.h on
- * the same inputs: SnapKV selection identical up to ties at the cutoff (f32 sums in another
- * order), block metadata bit-exact, attention within f32 tolerance, recall regions and the
- * Quest selection decision for decision.
+ * GPU versions of the policy (policy/snapkv.cu, recall.cu, attend.cu, region.cu,
+ * region_gather.cu, quest.cu), called by the CUDA backend plugin. Each matches its CPU
+ * reference in policy.h or region.h on the same inputs: SnapKV selection identical up to ties
+ * at the cutoff (f32 sums in another order), block metadata bit-exact, attention within f32
+ * tolerance, recall regions and the Quest selection decision for decision.
  *
  * Every function queues its work on `stream` (a cudaStream_t; NULL = the legacy default
  * stream), does not synchronise, allocates nothing, and returns a cudaError_t value as int
@@ -192,15 +192,20 @@ int kvt_gpu_region_empty(const struct kvt_gpu_region *rg, uint32_t n_regions, co
 int kvt_gpu_region_clear(const struct kvt_gpu_region *rg, uint32_t *gone, const uint32_t *out_off,
 			 uint32_t *freed, uint32_t n, void *stream);
 
-/* FlashH2D of recall regions: after kvt_gpu_region_recall on the same descriptors, copies each
-   load of each of the n regions, block_bytes from the block's host row to its slot's frame:
-   from group[key / n_heads] + (key % n_heads) * block_bytes (device-accessible host memory,
-   mapped pinned) to frame_base + frame[slot] * block_bytes (device memory); every load of
-   load[0 .. *n_load) whatever its n_valid (the block's unused rows are copied too), as the
-   host path's gather. A load whose group entry is 0 (its block is not in DRAM) is not copied:
-   the region's *stale is set to 1 (when it has one) and *missing (may be NULL) counts it.
-   ctas: CTAs the copy is spread over (0: the FlashH2D default); block_bytes a multiple of 16,
-   addresses 16-byte aligned. */
+/* FlashH2D of recall regions (policy/region_gather.cu): after kvt_gpu_region_recall on the
+   same descriptors, copies each load of each of the n regions, block_bytes from the block's
+   host row to its slot's frame: from group[key / n_heads] + (key % n_heads) * block_bytes
+   (device-accessible host memory, mapped pinned) to frame_base + frame[slot] * block_bytes
+   (device memory); every load of load[0 .. *n_load) whatever its n_valid (the block's unused
+   rows are copied too), as the host path's gather. A load whose group entry is 0 (its block is
+   not in DRAM), or whose block is at or past cap_blocks, is not copied: the region's *stale is
+   set to 1 (when it has one) and *missing (may be NULL) counts it. A region without frame[]
+   copies to frame index = slot; one without group has no block in DRAM. The loads of one
+   launch must name distinct frames. ctas: CTAs the copy is spread over (0: the FlashH2D
+   default, KVT_GATHER_CTAS_DEFAULT of transfer/gather.h; clamped to KVT_GATHER_CTAS_MAX);
+   group entries 16-byte aligned. Returns cudaErrorInvalidValue, nothing launched, for rg NULL,
+   n above INT32_MAX, block_bytes 0, above UINT32_MAX or not a multiple of 16, frame_base 0 or
+   not 16-byte aligned; n == 0 launches nothing. */
 int kvt_gpu_region_gather(const struct kvt_gpu_region *rg, uint32_t n, uint64_t block_bytes,
 			  uint64_t frame_base, uint32_t ctas, uint32_t *missing, void *stream);
 
