@@ -201,13 +201,16 @@ int kvt_gpu_region_clear(const struct kvt_gpu_region *rg, uint32_t *gone, const 
    not in DRAM), or whose block is at or past cap_blocks, is not copied: the region's *stale is
    set to 1 (when it has one) and *missing (may be NULL) counts it. A region without frame[]
    copies to frame index = slot; one without group has no block in DRAM. The loads of one
-   launch must name distinct frames. ctas: CTAs the copy is spread over (0: the FlashH2D
+   launch must name distinct frames. *fresh (may be NULL) counts the loads into empty slots
+   (old KVT_REGION_NONE: slots that hold a block now), copied or not. ctas: CTAs the copy is
+   spread over (0: the FlashH2D
    default, KVT_GATHER_CTAS_DEFAULT of transfer/gather.h; clamped to KVT_GATHER_CTAS_MAX);
    group entries 16-byte aligned. Returns cudaErrorInvalidValue, nothing launched, for rg NULL,
    n above INT32_MAX, block_bytes 0, above UINT32_MAX or not a multiple of 16, frame_base 0 or
    not 16-byte aligned; n == 0 launches nothing. */
 int kvt_gpu_region_gather(const struct kvt_gpu_region *rg, uint32_t n, uint64_t block_bytes,
-			  uint64_t frame_base, uint32_t ctas, uint32_t *missing, void *stream);
+			  uint64_t frame_base, uint32_t ctas, uint32_t *missing, uint32_t *fresh,
+			  void *stream);
 
 /* ---- Quest selection (policy/quest.cu; the CPU reference is kvt_quest_select, policy.h) ---- */
 

@@ -66,7 +66,8 @@ static __device__ uint32_t rgg_count(const struct kvt_gpu_region *g)
 static __device__ __forceinline__ void rgg_unit(const struct kvt_gpu_region *rg, uint32_t m,
 						const uint32_t *first, uint32_t q, uint64_t chunk,
 						uint32_t lane, uint64_t vecs, uint64_t block_bytes,
-						uint64_t frame_base, uint32_t *missing)
+						uint64_t frame_base, uint32_t *missing,
+						uint32_t *fresh)
 {
 	uint32_t lo = 0, hi = m - 1;
 
@@ -86,6 +87,8 @@ static __device__ __forceinline__ void rgg_unit(const struct kvt_gpu_region *rg,
 	uint32_t H = g->n_heads, b = ld.key / H, h = ld.key % H; /* H > 0: the region has loads */
 	uint64_t src = b < g->cap_blocks && g->group ? g->group[b] : 0;
 
+	if (fresh && ld.old == KVT_REGION_NONE && chunk == 0 && lane == 0)
+		atomicAdd(fresh, 1u); /* its slot holds a block now, copied or not */
 	if (src == 0) {
 		if (chunk == 0 && lane == 0) {
 			if (g->stale)
@@ -115,7 +118,7 @@ static __device__ __forceinline__ void rgg_unit(const struct kvt_gpu_region *rg,
 
 static __global__ void __launch_bounds__(RGG_THREADS)
 	region_gather_kernel(const struct kvt_gpu_region *rg, uint32_t n, uint64_t block_bytes,
-			     uint64_t frame_base, uint32_t *missing)
+			     uint64_t frame_base, uint32_t *missing, uint32_t *fresh)
 {
 	__shared__ struct rgg_smem sm;
 	uint32_t t = threadIdx.x, lane = t % 32, warp = t / 32;
@@ -146,7 +149,7 @@ static __global__ void __launch_bounds__(RGG_THREADS)
 		   first unit of all */
 		for (uint64_t u = (w + W - base % W) % W; u < units; u += W)
 			rgg_unit(rg + w0, m, sm.first, (uint32_t)(u / per_load), u % per_load, lane,
-				 vecs, block_bytes, frame_base, missing);
+				 vecs, block_bytes, frame_base, missing, fresh);
 		/* No barrier before the next window: its first writes (warp_sum) come after every
 		   read of warp_sum here (before the barrier above), and first[] is written only
 		   after two more barriers, which a warp still copying holds up. */
@@ -156,7 +159,7 @@ static __global__ void __launch_bounds__(RGG_THREADS)
 
 extern "C" int kvt_gpu_region_gather(const struct kvt_gpu_region *rg, uint32_t n,
 				     uint64_t block_bytes, uint64_t frame_base, uint32_t ctas,
-				     uint32_t *missing, void *stream)
+				     uint32_t *missing, uint32_t *fresh, void *stream)
 {
 	if (n == 0)
 		return cudaSuccess;
@@ -167,7 +170,7 @@ extern "C" int kvt_gpu_region_gather(const struct kvt_gpu_region *rg, uint32_t n
 		ctas = KVT_GATHER_CTAS_DEFAULT;
 	if (ctas > KVT_GATHER_CTAS_MAX)
 		ctas = KVT_GATHER_CTAS_MAX;
-	region_gather_kernel<<<ctas, RGG_THREADS, 0, (cudaStream_t)stream>>>(rg, n, block_bytes,
-									     frame_base, missing);
+	region_gather_kernel<<<ctas, RGG_THREADS, 0, (cudaStream_t)stream>>>(
+		rg, n, block_bytes, frame_base, missing, fresh);
 	return cudaGetLastError();
 }

@@ -759,7 +759,7 @@ int kvt_gpu_region_clear(const struct kvt_gpu_region *rg, uint32_t *gone, const 
 struct gather_args {
 	const struct kvt_gpu_region *rg;
 	uint64_t block_bytes, frame_base;
-	uint32_t *missing;
+	uint32_t *missing, *fresh;
 	uint32_t n;
 };
 
@@ -770,10 +770,11 @@ static uint64_t gather_src(const struct kvt_gpu_region *R, const struct kvt_regi
 	uint32_t b;
 	uint64_t g;
 
-	if (!R->n_heads || ld->key / R->n_heads >= R->cap_blocks)
-		fake_cuda_die("%s: region %u: load of key %u past its %u blocks of %u heads", what,
-			      ri, ld->key, R->cap_blocks, R->n_heads);
+	if (!R->n_heads)
+		fake_cuda_die("%s: region %u: a load without heads", what, ri);
 	b = ld->key / R->n_heads;
+	if (b >= R->cap_blocks || !R->group)
+		return 0; /* past the table, or no table: not in DRAM (gpu.h) */
 	g = *(const uint64_t *)VIEW(R->group + b, sizeof(uint64_t), what);
 	if (g % 16)
 		fake_cuda_die("%s: region %u: block %u's group %#llx is not 16-byte aligned", what,
@@ -822,7 +823,8 @@ static void gather_work(void *args)
 		for (uint32_t x = 0; x < nl; x++) {
 			uint64_t src = gather_src(R, &ld[x], bb, what, i);
 
-			add(&r, R->group + ld[x].key / R->n_heads, sizeof(uint64_t));
+			if (R->group && ld[x].key / R->n_heads < R->cap_blocks)
+				add(&r, R->group + ld[x].key / R->n_heads, sizeof(uint64_t));
 			if (R->frame)
 				add(&r, R->frame + ld[x].slot, sizeof(uint32_t));
 			if (!src) {
@@ -844,6 +846,10 @@ static void gather_work(void *args)
 		VIEW(a->missing, sizeof(uint32_t), what);
 		add(&r, a->missing, sizeof(uint32_t));
 	}
+	if (a->fresh) { /* likewise */
+		VIEW(a->fresh, sizeof(uint32_t), what);
+		add(&r, a->fresh, sizeof(uint32_t));
+	}
 	check(&w, &r, what);
 
 	for (uint32_t i = 0; i < a->n; i++) {
@@ -854,6 +860,8 @@ static void gather_work(void *args)
 		for (uint32_t x = 0; x < nl; x++) {
 			uint64_t src = gather_src(R, &ld[x], bb, what, i), dst;
 
+			if (a->fresh && ld[x].old == KVT_REGION_NONE)
+				++*(uint32_t *)VIEW(a->fresh, sizeof(uint32_t), what);
 			if (!src) { /* not in DRAM: the view is stale */
 				if (R->stale)
 					*(uint32_t *)VIEW(R->stale, sizeof(uint32_t), what) = 1;
@@ -869,9 +877,10 @@ static void gather_work(void *args)
 }
 
 int kvt_gpu_region_gather(const struct kvt_gpu_region *rg, uint32_t n, uint64_t block_bytes,
-			  uint64_t frame_base, uint32_t ctas, uint32_t *missing, void *stream)
+			  uint64_t frame_base, uint32_t ctas, uint32_t *missing, uint32_t *fresh,
+			  void *stream)
 {
-	struct gather_args a = {rg, block_bytes, frame_base, missing, n};
+	struct gather_args a = {rg, block_bytes, frame_base, missing, fresh, n};
 	const struct kvt_gpu_region *D;
 	struct ranges rd = {0};
 	int err;
@@ -879,7 +888,8 @@ int kvt_gpu_region_gather(const struct kvt_gpu_region *rg, uint32_t n, uint64_t 
 	(void)ctas;
 	if (n == 0)
 		return cudaSuccess;
-	if (!rg || block_bytes % 16)
+	if (!rg || n > 0x7fffffffu || block_bytes == 0 || block_bytes % 16 ||
+	    block_bytes > UINT32_MAX || frame_base == 0 || frame_base % 16)
 		return cudaErrorInvalidValue;
 	/* the host rows, watched while the launch is queued, where the loads and groups can be
 	   told now (no kernel queued before it writes them) */

@@ -354,14 +354,15 @@ struct rgt {
 static struct {
 	struct rgt g[RG_N];
 	struct kvt_region_tally tally;
-	uint32_t stack[RG_FRAMES], n_free, missing; /* the free-frame stack: free[], n_free */
-	unsigned char pool[RG_FRAMES * RG_BB];	    /* the device frames, as they should be */
-	bool ws_off;				    /* region 2's descriptor has no ws */
+	uint32_t stack[RG_FRAMES], n_free, missing,
+		fresh;			       /* the free-frame stack: free[], n_free */
+	unsigned char pool[RG_FRAMES * RG_BB]; /* the device frames, as they should be */
+	bool ws_off;			       /* region 2's descriptor has no ws */
 	cudaStream_t st;
 	/* device: */
 	struct kvt_region_tally *tally_d;
 	struct kvt_gpu_region *desc;
-	uint32_t *stack_d, *missing_d, *arg, *arg2, *out, *gone, *had;
+	uint32_t *stack_d, *missing_d, *fresh_d, *arg, *arg2, *out, *gone, *had;
 	unsigned char *pool_d;
 	void *mem[64];
 	int n_mem;
@@ -469,7 +470,7 @@ static int rg_compare(uint32_t step)
 {
 	struct kvt_region_tally tally;
 	static unsigned char pool[RG_FRAMES * RG_BB];
-	uint32_t stack[RG_FRAMES], missing;
+	uint32_t stack[RG_FRAMES], missing, fresh;
 
 	if (cudaStreamSynchronize(T.st))
 		return rg_fail(step, "stream synchronize");
@@ -515,7 +516,8 @@ static int rg_compare(uint32_t step)
 			return rg_fail(step, "working sets differ");
 	}
 	if (get(&tally, T.tally_d, sizeof(tally)) || get(stack, T.stack_d, sizeof(stack)) ||
-	    get(pool, T.pool_d, sizeof(pool)) || get(&missing, T.missing_d, 4))
+	    get(pool, T.pool_d, sizeof(pool)) || get(&missing, T.missing_d, 4) ||
+	    get(&fresh, T.fresh_d, 4))
 		return rg_fail(step, "copy back");
 	if (memcmp(&tally, &T.tally, sizeof(tally)))
 		return rg_fail(step, "tallies differ");
@@ -525,6 +527,8 @@ static int rg_compare(uint32_t step)
 		return rg_fail(step, "frame pools differ");
 	if (missing != T.missing)
 		return rg_fail(step, "missing counts differ");
+	if (fresh != T.fresh)
+		return rg_fail(step, "counts of loads into empty slots differ");
 	return 0;
 }
 
@@ -536,6 +540,7 @@ static int rg_setup(void)
 	T.desc = rg_alloc(RG_N * sizeof(*T.desc));
 	T.stack_d = rg_alloc(sizeof(T.stack));
 	T.missing_d = rg_alloc(4);
+	T.fresh_d = rg_alloc(4);
 	T.arg = rg_alloc(4 * RG_N);
 	T.arg2 = rg_alloc(4 * RG_N);
 	T.out = rg_alloc(sizeof(T.stack));
@@ -555,7 +560,8 @@ static int rg_setup(void)
 	for (size_t x = 0; x < sizeof(T.pool); x++)
 		T.pool[x] = (unsigned char)rnd();
 	if (put(T.tally_d, &T.tally, sizeof(T.tally)) || put(T.stack_d, T.stack, sizeof(T.stack)) ||
-	    put(T.pool_d, T.pool, sizeof(T.pool)) || put(T.missing_d, &T.missing, 4))
+	    put(T.pool_d, T.pool, sizeof(T.pool)) || put(T.missing_d, &T.missing, 4) ||
+	    put(T.fresh_d, &T.fresh, 4))
 		return rg_fail(0, "upload");
 	for (int i = 0; i < RG_N; i++) {
 		struct rgt *g = &T.g[i];
@@ -643,12 +649,13 @@ static bool ref_view_has(const struct rgt *g, uint32_t s)
 /* FlashH2D of the loads of regions [lo, lo + n), after their recall. */
 static int op_gather(uint32_t step, uint32_t lo, uint32_t n)
 {
-	bool count = chance(70);
+	bool count = chance(70), fresh = chance(70);
 
 	T.missing = 0;
-	if (put(T.missing_d, &T.missing, 4) ||
+	T.fresh = 7;
+	if (put(T.missing_d, &T.missing, 4) || put(T.fresh_d, &T.fresh, 4) ||
 	    kvt_gpu_region_gather(T.desc + lo, n, RG_BB, (uint64_t)(uintptr_t)T.pool_d, 0,
-				  count ? T.missing_d : NULL, T.st))
+				  count ? T.missing_d : NULL, fresh ? T.fresh_d : NULL, T.st))
 		return rg_fail(step, "gather");
 	for (uint32_t i = lo; i < lo + n; i++) {
 		struct rgt *g = &T.g[i];
@@ -656,6 +663,8 @@ static int op_gather(uint32_t step, uint32_t lo, uint32_t n)
 		for (uint32_t x = 0; x < g->n_load; x++) {
 			const struct kvt_region_load *ld = &g->load[x];
 			uint32_t b = ld->key / RG_H, h = ld->key % RG_H;
+
+			T.fresh += fresh && ld->old == KVT_REGION_NONE; /* copied or not */
 
 			if (!g->group[b]) {
 				g->stale |= g->has_stale;
@@ -1006,7 +1015,7 @@ static int rg_args(void)
 	    kvt_gpu_region_drop(NULL, NULL, NULL, a, a, NULL, 0, NULL) ||
 	    kvt_gpu_region_empty(NULL, 0, NULL, NULL, 0, NULL) ||
 	    kvt_gpu_region_clear(NULL, NULL, a, NULL, 0, NULL) ||
-	    kvt_gpu_region_gather(NULL, 0, 8, 0, 0, NULL, NULL))
+	    kvt_gpu_region_gather(NULL, 0, 8, 0, 0, NULL, NULL, NULL))
 		return rg_fail(0, "n == 0 does not succeed");
 	if (kvt_gpu_region_recall(NULL, 1, NULL) != inval ||
 	    kvt_gpu_region_recall(rg, 0x80000000u, NULL) != inval ||
@@ -1026,9 +1035,9 @@ static int rg_args(void)
 	    kvt_gpu_region_clear(rg, NULL, a, NULL, 1, NULL) != inval ||
 	    kvt_gpu_region_clear(rg, NULL, NULL, a, 1, NULL) != inval ||
 	    kvt_gpu_region_clear(rg, NULL, NULL, NULL, 0x80000000u, NULL) != inval ||
-	    kvt_gpu_region_gather(NULL, 1, 16, 0, 0, NULL, NULL) != inval ||
-	    kvt_gpu_region_gather(rg, 1, 8, 0, 0, NULL, NULL) != inval ||
-	    kvt_gpu_region_gather(rg, 1, 24, 0, 0, NULL, NULL) != inval)
+	    kvt_gpu_region_gather(NULL, 1, 16, 0, 0, NULL, NULL, NULL) != inval ||
+	    kvt_gpu_region_gather(rg, 1, 8, 0, 0, NULL, NULL, NULL) != inval ||
+	    kvt_gpu_region_gather(rg, 1, 24, 0, 0, NULL, NULL, NULL) != inval)
 		return rg_fail(0, "argument checks");
 	return 0;
 }

@@ -179,6 +179,7 @@ static void check_launch(struct pool *p, struct greg *rs, uint32_t n, uint32_t c
 {
 	struct kvt_gpu_region *d = t_xmalloc(n * sizeof(*d));
 	uint32_t missing0 = (uint32_t)t_rng_next() >> 1, missing = missing0, want_missing;
+	uint32_t fresh0 = (uint32_t)t_rng_next() >> 1, fresh = fresh0, want_fresh = 0;
 	uint32_t want_grid = ctas == 0			  ? KVT_GATHER_CTAS_DEFAULT
 			     : ctas > KVT_GATHER_CTAS_MAX ? KVT_GATHER_CTAS_MAX
 							  : ctas;
@@ -188,9 +189,13 @@ static void check_launch(struct pool *p, struct greg *rs, uint32_t n, uint32_t c
 		rs[i].stale0 = rs[i].stale;
 		d[i] = desc_of(&rs[i]);
 	}
+	for (uint32_t i = 0; i < n; i++) /* loads into empty slots, copied or not */
+		for (uint32_t x = 0; d[i].load && x < *d[i].n_load; x++)
+			want_fresh += d[i].load[x].old == KVT_REGION_NONE;
 	want_missing = ref_gather(p, rs, n);
 	assert_int_equal(kvt_gpu_region_gather(d, n, p->bb, frame_base(p), ctas,
-					       with_missing ? &missing : NULL, NULL),
+					       with_missing ? &missing : NULL,
+					       with_missing ? &fresh : NULL, NULL),
 			 0);
 	kemu_get_launch_info(&li);
 	assert_int_equal(li.grid[0], want_grid);
@@ -198,6 +203,9 @@ static void check_launch(struct pool *p, struct greg *rs, uint32_t n, uint32_t c
 	pool_compare(p, what);
 	if (with_missing && missing != missing0 + want_missing)
 		fail_msg("%s: missing %u, want %u", what, missing - missing0, want_missing);
+	if (with_missing && fresh != fresh0 + want_fresh)
+		fail_msg("%s: loads into empty slots %u, want %u", what, fresh - fresh0,
+			 want_fresh);
 	for (uint32_t i = 0; i < n; i++) {
 		uint32_t want = rs[i].missing ? 1 : rs[i].stale0;
 
@@ -565,30 +573,30 @@ static void test_gather_invalid(void **state)
 	(void)state;
 	kemu_get_launch_info(&li);
 	launches = li.launches;
-	assert_int_equal(kvt_gpu_region_gather(NULL, 0, 16, base, 0, &missing, NULL), 0);
-	assert_int_equal(kvt_gpu_region_gather(&d, 0, 0, 0, 0, &missing, NULL), 0);
-	assert_int_equal(kvt_gpu_region_gather(NULL, 1, 16, base, 0, &missing, NULL),
+	assert_int_equal(kvt_gpu_region_gather(NULL, 0, 16, base, 0, &missing, NULL, NULL), 0);
+	assert_int_equal(kvt_gpu_region_gather(&d, 0, 0, 0, 0, &missing, NULL, NULL), 0);
+	assert_int_equal(kvt_gpu_region_gather(NULL, 1, 16, base, 0, &missing, NULL, NULL),
 			 KEMU_ERR_INVALID_VALUE);
-	assert_int_equal(kvt_gpu_region_gather(&d, 1, 0, base, 0, &missing, NULL),
+	assert_int_equal(kvt_gpu_region_gather(&d, 1, 0, base, 0, &missing, NULL, NULL),
 			 KEMU_ERR_INVALID_VALUE);
-	assert_int_equal(kvt_gpu_region_gather(&d, 1, 8, base, 0, &missing, NULL),
+	assert_int_equal(kvt_gpu_region_gather(&d, 1, 8, base, 0, &missing, NULL, NULL),
 			 KEMU_ERR_INVALID_VALUE);
-	assert_int_equal(kvt_gpu_region_gather(&d, 1, 24, base, 0, &missing, NULL),
+	assert_int_equal(kvt_gpu_region_gather(&d, 1, 24, base, 0, &missing, NULL, NULL),
 			 KEMU_ERR_INVALID_VALUE);
-	assert_int_equal(kvt_gpu_region_gather(&d, 1, 1ull << 32, base, 0, &missing, NULL),
+	assert_int_equal(kvt_gpu_region_gather(&d, 1, 1ull << 32, base, 0, &missing, NULL, NULL),
 			 KEMU_ERR_INVALID_VALUE);
-	assert_int_equal(kvt_gpu_region_gather(&d, 1, 16, 0, 0, &missing, NULL),
+	assert_int_equal(kvt_gpu_region_gather(&d, 1, 16, 0, 0, &missing, NULL, NULL),
 			 KEMU_ERR_INVALID_VALUE);
-	assert_int_equal(kvt_gpu_region_gather(&d, 1, 16, base + 8, 0, &missing, NULL),
+	assert_int_equal(kvt_gpu_region_gather(&d, 1, 16, base + 8, 0, &missing, NULL, NULL),
 			 KEMU_ERR_INVALID_VALUE);
-	assert_int_equal(kvt_gpu_region_gather(&d, 0x80000000u, 16, base, 0, &missing, NULL),
+	assert_int_equal(kvt_gpu_region_gather(&d, 0x80000000u, 16, base, 0, &missing, NULL, NULL),
 			 KEMU_ERR_INVALID_VALUE);
 	kemu_get_launch_info(&li);
 	assert_int_equal(li.launches, launches); /* nothing launched */
 	assert_int_equal(missing, 5);
 	assert_int_equal(stale, 0);
 	/* the same call with valid arguments launches, and counts the load without a group */
-	assert_int_equal(kvt_gpu_region_gather(&d, 1, 16, base, 0, &missing, NULL), 0);
+	assert_int_equal(kvt_gpu_region_gather(&d, 1, 16, base, 0, &missing, NULL, NULL), 0);
 	kemu_get_launch_info(&li);
 	assert_int_equal(li.launches, launches + 1);
 	assert_int_equal(missing, 6);
