@@ -212,6 +212,13 @@ int kvt_gpu_region_gather(const struct kvt_gpu_region *rg, uint32_t n, uint64_t 
 			  uint64_t frame_base, uint32_t ctas, uint32_t *missing, uint32_t *fresh,
 			  void *stream);
 
+/* Writes n entries of regions' group tables (struct kvt_gpu_region.group) in one launch:
+   *(uint64_t *)at[i] = val[i] (at, val: device arrays of n; the addresses 8-byte aligned and
+   distinct), so a batch's new blocks reach the device without a copy per region. Returns
+   cudaErrorInvalidValue, nothing launched, for at or val NULL or n above INT32_MAX; n == 0
+   launches nothing. (policy/region_gather.cu) */
+int kvt_gpu_region_groups(const uint64_t *at, const uint64_t *val, uint32_t n, void *stream);
+
 /* ---- Quest selection (policy/quest.cu; the CPU reference is kvt_quest_select, policy.h) ---- */
 
 #define KVT_GPU_QUEST_MAX_R 256u     /* r */

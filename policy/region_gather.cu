@@ -174,3 +174,23 @@ extern "C" int kvt_gpu_region_gather(const struct kvt_gpu_region *rg, uint32_t n
 		rg, n, block_bytes, frame_base, missing, fresh);
 	return cudaGetLastError();
 }
+
+/* kvt_gpu_region_groups: one thread per entry. */
+static __global__ void region_groups_kernel(const uint64_t *at, const uint64_t *val, uint32_t n)
+{
+	uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+
+	if (i < n)
+		*(uint64_t *)(uintptr_t)at[i] = val[i];
+}
+
+extern "C" int kvt_gpu_region_groups(const uint64_t *at, const uint64_t *val, uint32_t n,
+				     void *stream)
+{
+	if (n == 0)
+		return cudaSuccess;
+	if (!at || !val || n > 0x7fffffffu)
+		return cudaErrorInvalidValue;
+	region_groups_kernel<<<(n + 255) / 256, 256, 0, (cudaStream_t)stream>>>(at, val, n);
+	return cudaGetLastError();
+}

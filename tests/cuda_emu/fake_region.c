@@ -921,3 +921,44 @@ int kvt_gpu_region_gather(const struct kvt_gpu_region *rg, uint32_t n, uint64_t 
 	free(rd.r);
 	return err;
 }
+
+/* ---- kvt_gpu_region_groups ------------------------------------------------------------------ */
+
+struct groups_args {
+	const uint64_t *at, *val;
+	uint32_t n;
+};
+
+static void groups_work(void *args)
+{
+	const struct groups_args *a = args;
+	const char *what = "kvt_gpu_region_groups";
+	const uint64_t *at = VIEW(a->at, (size_t)a->n * sizeof(*at), what);
+	const uint64_t *val = VIEW(a->val, (size_t)a->n * sizeof(*val), what);
+	struct ranges w = {0}, r = {0};
+
+	add(&r, a->at, (size_t)a->n * sizeof(*at));
+	add(&r, a->val, (size_t)a->n * sizeof(*val));
+	for (uint32_t i = 0; i < a->n; i++) {
+		if (at[i] % 8)
+			fake_cuda_die("%s: entry %u's address %#llx is not 8-byte aligned", what, i,
+				      (unsigned long long)at[i]);
+		VIEW(at[i], sizeof(uint64_t), what);
+		add(&w, (const void *)(uintptr_t)at[i], sizeof(uint64_t));
+	}
+	check(&w, &r, what); /* two entries at one address collide */
+	for (uint32_t i = 0; i < a->n; i++)
+		*(uint64_t *)VIEW(at[i], sizeof(uint64_t), what) = val[i];
+}
+
+int kvt_gpu_region_groups(const uint64_t *at, const uint64_t *val, uint32_t n, void *stream)
+{
+	struct groups_args a = {at, val, n};
+
+	if (n == 0)
+		return cudaSuccess;
+	if (!at || !val || n > 0x7fffffffu)
+		return cudaErrorInvalidValue;
+	return fake_cuda_launch(stream, "kvt_gpu_region_groups", groups_work, &a, sizeof(a), NULL,
+				0);
+}

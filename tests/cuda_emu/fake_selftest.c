@@ -1037,9 +1037,43 @@ static int rg_args(void)
 	    kvt_gpu_region_clear(rg, NULL, NULL, NULL, 0x80000000u, NULL) != inval ||
 	    kvt_gpu_region_gather(NULL, 1, 16, 0, 0, NULL, NULL, NULL) != inval ||
 	    kvt_gpu_region_gather(rg, 1, 8, 0, 0, NULL, NULL, NULL) != inval ||
-	    kvt_gpu_region_gather(rg, 1, 24, 0, 0, NULL, NULL, NULL) != inval)
+	    kvt_gpu_region_gather(rg, 1, 24, 0, 0, NULL, NULL, NULL) != inval ||
+	    kvt_gpu_region_groups(NULL, (const uint64_t *)a, 1, NULL) != inval ||
+	    kvt_gpu_region_groups((const uint64_t *)a, NULL, 1, NULL) != inval ||
+	    kvt_gpu_region_groups(NULL, NULL, 0, NULL))
 		return rg_fail(0, "argument checks");
 	return 0;
+}
+
+/* kvt_gpu_region_groups writes its entries (distinct places of a table, a random order), and
+   nothing else. */
+static int rg_groups(void)
+{
+	enum { TABLE = 64, NG = 40 };
+	uint64_t table[TABLE], want[TABLE], at[NG], val[NG], got[TABLE];
+	uint64_t *table_d = rg_alloc(sizeof(table)), *at_d = rg_alloc(sizeof(at)),
+		 *val_d = rg_alloc(sizeof(val));
+	uint32_t perm[TABLE];
+
+	if (T.oom)
+		return rg_fail(0, "allocation");
+	for (uint32_t i = 0; i < TABLE; i++) {
+		table[i] = want[i] = ((uint64_t)rnd() << 32) | rnd();
+		perm[i] = i;
+	}
+	for (uint32_t i = 0; i < NG; i++) {
+		uint32_t j = i + rnd() % (TABLE - i), x = perm[i];
+
+		perm[i] = perm[j];
+		perm[j] = x;
+		at[i] = (uint64_t)(uintptr_t)(table_d + perm[i]);
+		val[i] = want[perm[i]] = ((uint64_t)rnd() << 32) | rnd();
+	}
+	if (put(table_d, table, sizeof(table)) || put(at_d, at, sizeof(at)) ||
+	    put(val_d, val, sizeof(val)) || kvt_gpu_region_groups(at_d, val_d, NG, T.st) ||
+	    get(got, table_d, sizeof(got)))
+		return rg_fail(0, "groups");
+	return memcmp(got, want, sizeof(got)) ? rg_fail(0, "group tables differ") : 0;
 }
 
 /* A grow past KVT_REGION_MAX_SLOTS stops there; a region without frame[] reports slot indices
@@ -1083,7 +1117,7 @@ static int regions(void)
 {
 	int rc = 0;
 
-	if (rg_setup() || rg_args())
+	if (rg_setup() || rg_args() || rg_groups())
 		rc = 1;
 	for (uint32_t step = 1; !rc && step <= RG_STEPS; step++) {
 		uint32_t op = rnd() % 100, lo = rnd() % RG_N, n = 1 + rnd() % (RG_N - lo);

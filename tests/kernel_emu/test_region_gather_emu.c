@@ -603,13 +603,63 @@ static void test_gather_invalid(void **state)
 	assert_int_equal(stale, 1);
 }
 
+/* kvt_gpu_region_groups: entries written at distinct random places of a table, the rest
+   untouched; argument checks launch nothing. */
+static void test_groups(void **state)
+{
+	enum { TABLE = 4096 };
+	static const uint32_t ns[] = {0, 1, 255, 256, 257, 1000, TABLE};
+	uint64_t *table = t_xmalloc(TABLE * sizeof(*table)),
+		 *want = t_xmalloc(TABLE * sizeof(*want));
+	uint64_t *at = t_xmalloc(TABLE * sizeof(*at)), *val = t_xmalloc(TABLE * sizeof(*val));
+	uint32_t *perm = t_xmalloc(TABLE * sizeof(*perm));
+	struct kemu_launch_info li;
+	uint64_t launches;
+
+	(void)state;
+	for (size_t c = 0; c < sizeof(ns) / sizeof(ns[0]); c++) {
+		uint32_t n = ns[c];
+
+		for (uint32_t i = 0; i < TABLE; i++) {
+			table[i] = want[i] = t_rng_next();
+			perm[i] = i;
+		}
+		for (uint32_t i = 0; i < n; i++) { /* n distinct places, in a random order */
+			uint32_t j = i + (uint32_t)(t_rng_next() % (TABLE - i)), x = perm[i];
+
+			perm[i] = perm[j];
+			perm[j] = x;
+			at[i] = (uint64_t)(uintptr_t)&table[perm[i]];
+			val[i] = want[perm[i]] = t_rng_next();
+		}
+		kemu_get_launch_info(&li);
+		launches = li.launches;
+		assert_int_equal(kvt_gpu_region_groups(at, val, n, NULL), 0);
+		kemu_get_launch_info(&li);
+		assert_int_equal(li.launches, launches + (n > 0));
+		assert_memory_equal(table, want, TABLE * sizeof(*table));
+	}
+	kemu_get_launch_info(&li);
+	launches = li.launches;
+	assert_int_equal(kvt_gpu_region_groups(NULL, val, 1, NULL), KEMU_ERR_INVALID_VALUE);
+	assert_int_equal(kvt_gpu_region_groups(at, NULL, 1, NULL), KEMU_ERR_INVALID_VALUE);
+	assert_int_equal(kvt_gpu_region_groups(at, val, 0x80000000u, NULL), KEMU_ERR_INVALID_VALUE);
+	assert_int_equal(kvt_gpu_region_groups(NULL, NULL, 0, NULL), 0);
+	kemu_get_launch_info(&li);
+	assert_int_equal(li.launches, launches);
+	free(table);
+	free(want);
+	free(at);
+	free(val);
+	free(perm);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_gather_invalid),
-		cmocka_unit_test(test_gather_single),
-		cmocka_unit_test(test_gather_batches),
-		cmocka_unit_test(test_gather_recall),
+		cmocka_unit_test(test_gather_invalid), cmocka_unit_test(test_gather_single),
+		cmocka_unit_test(test_gather_batches), cmocka_unit_test(test_gather_recall),
+		cmocka_unit_test(test_groups),
 	};
 
 	return cmocka_run_group_tests_name("region-gather-emu", tests, NULL, NULL);
