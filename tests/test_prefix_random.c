@@ -1078,6 +1078,12 @@ static void run_prefix(uint64_t seed, long ops, uint32_t host_groups, const char
 	CHECK_EQ(t_stats_of(r->run.m).host_blocks_total, host_groups * r->H);
 	check_cheap(r);
 	t_run_loop(&r->run, ops, &prefix_mix, after_op);
+	/* A run may end before its limited file was ever full when a spill came: it goes on
+	   (a few hundred operations at a time) until one is refused, which is what it is for. */
+	for (int more = 0; r->limited && ops >= 1000 && !r->enospc && more < 16; more++) {
+		t_run_loop(&r->run, 500, &prefix_mix, after_op);
+		ops += 500;
+	}
 
 	t_what = "final read back";
 	for (uint32_t i = 0; i < r->run.n_live; i++)
