@@ -11,6 +11,7 @@
 #ifndef KVT_FAKE_CUDART_H
 #define KVT_FAKE_CUDART_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -42,6 +43,11 @@ int fake_cuda_launch(void *stream, const char *kernel, fake_cuda_work fn, const 
 /* Seconds the launches' CPU work (fake_cuda_launch's fn) has taken in this process so far, on
    every thread: what a benchmark of the host side subtracts, since a GPU would do that work. */
 double fake_cuda_work_seconds(void);
+
+/* Whether this is the asynchronous fake (FAKE_CUDA_ASYNC): work queued runs later, on its own
+   thread. A stand-in that only prepares for that (watching what its queued work will read)
+   skips it otherwise. */
+bool fake_cuda_async(void);
 
 /* What the n bytes at device-accessible address addr will hold once the work queued so far
    has run, where the fake can tell without running it: the memory itself when no queued

@@ -430,6 +430,11 @@ int fake_cuda_launch(void *stream, const char *kernel, fake_cuda_work fn, const 
 	return cudaSuccess;
 }
 
+bool fake_cuda_async(void)
+{
+	return fake_async_on; /* set by a constructor */
+}
+
 double fake_cuda_work_seconds(void)
 {
 	return 1e-9 * (double)atomic_load(&work_ns);

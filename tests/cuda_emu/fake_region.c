@@ -891,9 +891,11 @@ int kvt_gpu_region_gather(const struct kvt_gpu_region *rg, uint32_t n, uint64_t 
 	if (!rg || n > 0x7fffffffu || block_bytes == 0 || block_bytes % 16 ||
 	    block_bytes > UINT32_MAX || frame_base == 0 || frame_base % 16)
 		return cudaErrorInvalidValue;
-	/* the host rows, watched while the launch is queued, where the loads and groups can be
-	   told now (no kernel queued before it writes them) */
-	D = fake_cuda_peek((uint64_t)(uintptr_t)rg, (size_t)n * sizeof(*D));
+	/* the host rows, watched while the launch is queued (the asynchronous fake; the other
+	   runs it now), where the loads and groups can be told now (no kernel queued before it
+	   writes them) */
+	D = fake_cuda_async() ? fake_cuda_peek((uint64_t)(uintptr_t)rg, (size_t)n * sizeof(*D))
+			      : NULL;
 	for (uint32_t i = 0; D && i < n; i++) {
 		const uint32_t *nl = fake_cuda_peek((uint64_t)(uintptr_t)D[i].n_load, sizeof(*nl));
 		const struct kvt_region_load *ld =
