@@ -263,7 +263,10 @@ struct kvt_stats {
 	   xfer_gather_min_* pieces of that size (<= 4 KiB, <= 16 KiB, larger) runs as the kernel,
 	   a smaller one as DMA (UINT32_MAX: DMA always; 0: the kernel always). Loads on the NULL
 	   stream always use the kernel (cudaMemcpyBatchAsync refuses the legacy stream). The
-	   calibration's own runs are not counted. */
+	   calibration's own runs are not counted. Recall calls on a CUDA backend that keeps the
+	   recall regions on the device (no disk tier) load through the regions' own fused kernel,
+	   whose load list never leaves the device: one launch a call, counted in
+	   h2d_kernel_launches even when the call loads nothing. */
 	uint64_t h2d_kernel_launches, h2d_dma_batches;
 	uint32_t xfer_calibrated; /* 1: measured; 0: not (the kernel always) */
 	uint32_t xfer_gather_min_4k, xfer_gather_min_16k, xfer_gather_min_64k;
@@ -281,9 +284,11 @@ struct kvt_stats {
 	uint64_t prefix_spans_restored; /* spans read back from the spill file by a match */
 	uint64_t bytes_h2d_history;	/* rows loaded from the host history into caller tensors
 					   and prefill buffers (kvt_seq_load_kv, kvt_prefill_chunk) */
-	/* Device memory outside device_bytes that the block metadata tables take now (the CUDA
-	   backend with recall keeps them on the device: about 1/block_tokens of each history's
-	   K and V bytes; 0 on the other backends) */
+	/* Device memory outside device_bytes that the recall state takes now on the CUDA backend
+	   with recall: the block metadata tables (about 1/block_tokens of each history's K and V
+	   bytes), and, with the recall regions on the device (no disk tier), the regions' slots,
+	   frames and views, the blocks' host addresses, the free-frame stack and a call's
+	   program buffer; 0 on the other backends */
 	uint64_t device_meta_bytes;
 };
 
@@ -610,14 +615,16 @@ KVT_API int kvt_seq_spill(struct kvt_manager *m, uint64_t seq);
    block. Replaces each (sequence, layer)'s recall view. Errors found before anything moves
    change nothing: -ENOENT, -EINVAL (NULL, n == 0, repeated id, layer not prefilled, sequence
    preempted, recall disabled), -ENOSPC when the blocks this call needs exceed the frames
-   outside its members' regions, -ENOTSUP (backend keeps no block metadata: kvt_decode_recall), -EBADMSG for a lost
-   sequence, -ENOMEM (no memory; or, with a disk tier, the blocks
-   whose metadata a scored call folds in do not fit the host tier). Spilled blocks the call
-   loads are read back after its bookkeeping, in one batch: when that read fails (-EIO,
-   -EBADMSG, -ENOMEM when they do not fit the host tier) or the load itself fails (-EIO), the
-   views of the named (sequence, layer)s read as stale (-ESTALE) until
-   they are recalled again; frames this call took from other regions stay taken, and the
-   working-set estimates keep this call's blocks. */
+   outside its members' regions, -ENOTSUP (backend keeps no block metadata: kvt_decode_recall),
+   -EBADMSG for a lost sequence, -ENOMEM (no memory; or, with a disk tier, the blocks whose metadata
+   a scored call folds in do not fit the host tier). Spilled blocks the call loads are read back
+   after its bookkeeping, in one batch: when that read fails (-EIO, -EBADMSG, -ENOMEM when they do
+   not fit the host tier) or the load itself fails (-EIO), the views of the named (sequence, layer)s
+   read as stale (-ESTALE) until they are recalled again; frames this call took from other regions
+   stay taken, and the working-set estimates keep this call's blocks. On the CUDA backend without a
+   disk tier the regions are kept on the device and the call runs there (docs/design.md, "Recall on
+   the device"), with the same decisions and errors; it waits for `stream` to read its counts back,
+   and a device failure while loading has the effect just described. */
 KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
 			      uint32_t n, const void *q, void *stream);
 
@@ -640,9 +647,11 @@ struct kvt_recall_ref {
 /* The recall view of (seq, layer, kv_head) from the latest recall call naming (seq, layer),
    ascending block order; the resident masks are as of now. Count and -ENOSPC as for
    kvt_seq_resident_positions; -ESTALE when the call that made the view failed, or a frame of
-   the view went to another region since (*n_out has the count). -ENOENT unknown seq; -EINVAL NULL m or n_out, NULL out with cap > 0,
-   layer or kv head out of range, layer not prefilled, sequence preempted; -EBADMSG its history
-   was lost. */
+   the view went to another region since (*n_out has the count). -ENOENT unknown seq; -EINVAL NULL m
+   or n_out, NULL out with cap > 0, layer or kv head out of range, layer not prefilled, sequence
+   preempted; -EBADMSG its history was lost. With the regions on the device, a view changed there
+   since it was last read is read back first (a wait for the device), and that read's error is
+   returned. */
 KVT_API int kvt_seq_recall_view(struct kvt_manager *m, uint64_t seq, uint32_t layer,
 				uint32_t kv_head, struct kvt_recall_ref *out, uint32_t cap,
 				uint32_t *n_out);

@@ -89,6 +89,7 @@ struct kvt_size_op {
 	struct kvt_recall_layer *rc;
 	uint32_t n;   /* drops; slots before the grow */
 	uint32_t off; /* stack offset: its first frame pushed; the stack's height before its pops */
+	bool mark;    /* its drops make a view naming the slots stale (reclaim) */
 };
 
 struct kvt_recall_cache {
@@ -128,6 +129,13 @@ struct kvt_recall_cache {
 	struct kvt_size_op *grow; /* regions that grew, first grow first: their slots before
 				     (then where their frames came from) */
 	uint32_t n_drop, drop_cap, n_grow, grow_cap;
+	/* On the device (dev_regions): the free-frame stack (dstack, [n], set up at the first
+	   call), a call's program (dcall, dcall_cap bytes, its upload part written at hblob) */
+	uint64_t dstack, dcall, dcall_cap;
+	bool dstack_ready;
+	uint8_t *hblob;
+	uint32_t hblob_cap;
+	int dbroken; /* a program failed (the device's state is unknown): every later call's */
 };
 
 struct kvt_spill_ref;
@@ -137,6 +145,7 @@ struct kvt_pspan;
 struct kvt_seq_px;
 struct kvt_disk_io;
 struct kvt_gpu_quest;
+struct kvt_dcopy;
 
 /* The prefix cache (prefix.h). */
 struct kvt_prefix {
@@ -205,6 +214,7 @@ struct kvt_manager {
 				CPU-readable or the backend builds metadata itself) */
 	uint32_t meta_bytes; /* 2 * row_bytes */
 	bool dev_meta;	     /* metadata kept and scored on the backend's device (recall.h) */
+	bool dev_regions;    /* recall regions kept and run there too (recall.c) */
 	struct kvt_recall_cache rc;
 	uint32_t *sel; /* [n][H][r] selection of the current recall call */
 	uint32_t sel_cap;

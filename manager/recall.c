@@ -10,6 +10,7 @@
  * the layer once.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,6 +47,11 @@ void kvt_recall_fini(struct kvt_manager *m)
 {
 	struct kvt_recall_cache *rc = &m->rc;
 
+	if (m->be && rc->dstack)
+		m->ops->dmem_free(m->be, rc->dstack);
+	if (m->be && rc->dcall)
+		m->ops->dmem_free(m->be, rc->dcall);
+	free(rc->hblob);
 	free(rc->free);
 	free(rc->push_tag);
 	free(rc->tmp);
@@ -62,10 +68,32 @@ void kvt_recall_fini(struct kvt_manager *m)
 	*rc = (struct kvt_recall_cache){0};
 }
 
-/* Bytes of a device metadata table of cap blocks: the metadata, then the key table. */
+/* Bytes of a device metadata table of cap blocks: the metadata, then the key table, then (with
+   the regions on the device) the group table. */
 static uint64_t dmeta_size(const struct kvt_manager *m, uint64_t cap)
 {
-	return cap * m->cfg.n_kv_heads * (m->meta_bytes + sizeof(struct kvt_region_key));
+	return cap * m->cfg.n_kv_heads * (m->meta_bytes + sizeof(struct kvt_region_key)) +
+	       (m->dev_regions ? cap * sizeof(uint64_t) : 0);
+}
+
+/* Where a region kept on the device has its parts, at capacities of scap slots and vcap view
+   entries per head (16-byte aligned). */
+struct dreg_layout {
+	uint64_t slot, frame, view_n, view, bytes;
+};
+
+#define ALIGN16(x) (((x) + 15) & ~(uint64_t)15)
+
+static struct dreg_layout dreg_layout(const struct kvt_manager *m, uint64_t scap, uint64_t vcap)
+{
+	uint64_t H = m->cfg.n_kv_heads;
+	struct dreg_layout l = {.slot = 0};
+
+	l.frame = scap * sizeof(struct kvt_region_slot);
+	l.view_n = ALIGN16(l.frame + scap * sizeof(uint32_t));
+	l.view = ALIGN16(l.view_n + H * sizeof(uint32_t));
+	l.bytes = l.view + H * vcap * sizeof(uint32_t);
+	return l;
 }
 
 void kvt_recall_layer_free(struct kvt_manager *m, struct kvt_recall_layer *rc)
@@ -75,6 +103,10 @@ void kvt_recall_layer_free(struct kvt_manager *m, struct kvt_recall_layer *rc)
 	if (rc->dmeta) {
 		m->ops->dmem_free(m->be, rc->dmeta);
 		m->dmeta_bytes -= dmeta_size(m, rc->dcap);
+	}
+	if (rc->dreg) {
+		m->ops->dmem_free(m->be, rc->dreg);
+		m->dmeta_bytes -= dreg_layout(m, rc->dscap, rc->dvcap).bytes;
 	}
 	free(rc->meta);
 	free(rc->rg.slot);
@@ -139,6 +171,10 @@ static int dmeta_grow(struct kvt_manager *m, struct kvt_recall_layer *rc, uint32
 		if (!err)
 			err = m->ops->dmem_copy(m->be, addr + want * H * mb, old_key, NULL,
 						rc->dcap * H * kb, stream);
+		if (!err && m->dev_regions)
+			err = m->ops->dmem_copy(m->be, addr + want * H * (mb + kb),
+						kvt_dgroup(m, rc), NULL,
+						rc->dcap * sizeof(uint64_t), stream);
 		if (err) {
 			m->ops->dmem_free(m->be, addr);
 			return err;
@@ -205,6 +241,195 @@ static int rc_slots_reserve(struct kvt_recall_layer *rc, uint32_t n)
 		return -ENOMEM;
 	rc->cap_slots = want;
 	return 0;
+}
+
+/* The device copy of a region kept there with room for scap slots and vcap view entries per
+   head: a new one takes the old one's parts on stream. 0 or the error (nothing changed). */
+static int dreg_reserve(struct kvt_manager *m, struct kvt_recall_layer *rc, uint32_t scap,
+			uint32_t vcap, void *stream)
+{
+	struct dreg_layout o, l;
+	uint64_t addr, H = m->cfg.n_kv_heads;
+	int err;
+
+	if (scap <= rc->dscap && vcap <= rc->dvcap)
+		return 0;
+	scap = scap > rc->dscap ? scap : rc->dscap;
+	vcap = vcap > rc->dvcap ? vcap : rc->dvcap;
+	o = dreg_layout(m, rc->dscap, rc->dvcap);
+	l = dreg_layout(m, scap, vcap);
+	err = m->ops->dmem_alloc(m->be, l.bytes, stream, &addr);
+	if (err)
+		return err;
+	if (rc->dreg) {
+		err = m->ops->dmem_copy(m->be, addr + l.slot, rc->dreg + o.slot, NULL,
+					(uint64_t)rc->dscap * sizeof(struct kvt_region_slot),
+					stream);
+		if (!err)
+			err = m->ops->dmem_copy(m->be, addr + l.frame, rc->dreg + o.frame, NULL,
+						(uint64_t)rc->dscap * sizeof(uint32_t), stream);
+		if (!err) /* view_n and the view, laid out the same (the stride is a call's r) */
+			err = m->ops->dmem_copy(m->be, addr + l.view_n, rc->dreg + o.view_n, NULL,
+						o.bytes - o.view_n, stream);
+		if (err) {
+			m->ops->dmem_free(m->be, addr);
+			return err;
+		}
+		m->ops->dmem_free(m->be, rc->dreg);
+		m->dmeta_bytes -= o.bytes;
+	}
+	(void)H;
+	m->dmeta_bytes += l.bytes;
+	rc->dreg = addr;
+	rc->dscap = scap;
+	rc->dvcap = vcap;
+	return 0;
+}
+
+/* ---- regions on the device (dev_regions) ---- */
+
+/* A region's counts and working set as a call's program carries them (struct kvt_gpu_region's
+   clock, n_slots, n_load, err, tally and ws point here): written by the host, run on, and
+   read back. */
+struct dcell {
+	uint32_t clock, n_slots, n_load;
+	int32_t err;
+	struct kvt_region_tally tally;
+	struct kvt_ws ws; /* bucket: the cell's buckets in the program */
+};
+
+/* Where a program of n members, nc cells (members first, then the other regions that drop),
+   nd drops, ng grows, r entries per head and H heads has its parts: [0, rd) is read back,
+   [0, up) uploaded (with the selection when host_sel), the rest is the device's. */
+struct prog_layout {
+	uint64_t cell, bucket, gone, stale, missing, fresh, rd; /* read back */
+	uint64_t rg, drg, grg, qs, drop_k, drop_off, grow_n, grow_off, gat, gval, up;
+	uint64_t sel, load, pairs, bytes;
+};
+
+static struct prog_layout prog_layout(const struct kvt_manager *m, uint64_t n, uint64_t nc,
+				      uint64_t nd, uint64_t ng, uint64_t r, uint64_t gup)
+{
+	uint64_t H = m->cfg.n_kv_heads, w = m->cfg.ws_window;
+	struct prog_layout l = {.cell = 0};
+
+	l.bucket = ALIGN16(nc * sizeof(struct dcell));
+	l.gone = ALIGN16(l.bucket + nc * w * sizeof(uint32_t));
+	l.stale = ALIGN16(l.gone + nd * sizeof(uint32_t));
+	l.missing = ALIGN16(l.stale + nd * sizeof(uint32_t));
+	l.fresh = l.missing + sizeof(uint32_t);
+	l.rd = ALIGN16(l.fresh + sizeof(uint32_t));
+	l.rg = l.rd;
+	l.drg = ALIGN16(l.rg + n * sizeof(struct kvt_gpu_region));
+	l.grg = ALIGN16(l.drg + nd * sizeof(struct kvt_gpu_region));
+	l.qs = ALIGN16(l.grg + ng * sizeof(struct kvt_gpu_region));
+	l.drop_k = ALIGN16(l.qs + n * sizeof(struct kvt_gpu_quest));
+	l.drop_off = ALIGN16(l.drop_k + nd * sizeof(uint32_t));
+	l.grow_n = ALIGN16(l.drop_off + nd * sizeof(uint32_t));
+	l.grow_off = ALIGN16(l.grow_n + ng * sizeof(uint32_t));
+	l.gat = ALIGN16(l.grow_off + ng * sizeof(uint32_t));
+	l.gval = l.gat + gup * sizeof(uint64_t);
+	l.up = ALIGN16(l.gval + gup * sizeof(uint64_t));
+	l.sel = l.up;
+	l.load = ALIGN16(l.sel + n * H * r * sizeof(uint32_t));
+	l.pairs = ALIGN16(l.load + n * H * r * sizeof(struct kvt_region_load));
+	l.bytes = ALIGN16(l.pairs + n * H * r * 2 * sizeof(uint32_t));
+	return l;
+}
+
+/* Room for the program of a call of n members among at most nx regions that may drop (its
+   device buffer, its host upload of gup group addresses and more, and the stack, set up at
+   the first call), before the sizing changes anything. 0 or the error, recorded. */
+static int prog_reserve(struct kvt_manager *m, uint32_t n, uint32_t nx, uint32_t r, bool host_sel,
+			uint64_t gup, void *stream)
+{
+	struct kvt_recall_cache *c = &m->rc;
+	struct prog_layout l = prog_layout(m, n, n + (uint64_t)nx, nx, n, r, gup);
+	uint64_t up = l.bytes, addr; /* the host side holds all (dev_undo reads the loads) */
+	int err;
+
+	(void)host_sel;
+	if (!c->dstack_ready) {
+		if (!c->dstack) {
+			err = KVT_XFER(m, dmem_alloc, (uint64_t)c->n * sizeof(*c->free), stream,
+				       &c->dstack);
+			if (err)
+				return kvt_fail(m, err,
+						"recall: no device memory for the free "
+						"frames: %s",
+						m->be->err);
+			m->dmeta_bytes += (uint64_t)c->n * sizeof(*c->free);
+		}
+		err = KVT_XFER(m, dmem_copy, c->dstack, 0, c->free,
+			       (uint64_t)c->n_free * sizeof(*c->free), stream);
+		if (err)
+			return kvt_fail(m, err, "recall: the free frames: %s", m->be->err);
+		c->dstack_ready = true;
+	}
+	if (l.bytes < (uint64_t)m->cfg.n_layers * 256 + 256) /* dev_drop_seq's clears */
+		l.bytes = (uint64_t)m->cfg.n_layers * 256 + 256;
+	if (l.bytes > c->dcall_cap) {
+		uint64_t cap = c->dcall_cap ? c->dcall_cap : 1 << 16;
+
+		while (cap < l.bytes)
+			cap *= 2;
+		err = KVT_XFER(m, dmem_alloc, cap, stream, &addr);
+		if (err)
+			return kvt_fail(m, err, "recall: no device memory for a call's program: %s",
+					m->be->err);
+		m->ops->dmem_free(m->be, c->dcall);
+		m->dmeta_bytes += cap - c->dcall_cap;
+		c->dcall = addr;
+		c->dcall_cap = cap;
+	}
+	/* and room for dev_drop_seq's clears of one sequence */
+	if (up < (uint64_t)m->cfg.n_layers * 256 + 256)
+		up = (uint64_t)m->cfg.n_layers * 256 + 256;
+	if (up > UINT32_MAX || gup > UINT32_MAX ||
+	    kvt_reserve((void **)&c->hblob, &c->hblob_cap, (uint32_t)up, 1))
+		return kvt_fail(m, -ENOMEM, "recall: no memory for a call's program");
+	return 0;
+}
+
+/* The descriptor of region rc in a program: its state, its cell x's counts and working set
+   (ws: a member's), member i's selection and loads (i < n), view stride vr. */
+static struct kvt_gpu_region dev_desc(const struct kvt_manager *m,
+				      const struct kvt_recall_layer *rc,
+				      const struct prog_layout *l, uint32_t x, uint32_t i,
+				      uint32_t n, uint32_t vr, uint32_t r)
+{
+	struct dreg_layout g = dreg_layout(m, rc->dscap, rc->dvcap);
+	uint64_t H = m->cfg.n_kv_heads, cell = m->rc.dcall + l->cell + x * sizeof(struct dcell);
+	uint32_t N = m->batch && i < n ? m->batch[i]->layers[rc->layer].n_tokens : 0;
+
+#define DEV(t, a) ((t)(uintptr_t)(a))
+	return (struct kvt_gpu_region){
+		.slot = DEV(struct kvt_region_slot *, rc->dreg + g.slot),
+		.key = DEV(struct kvt_region_key *, kvt_dkey(m, rc)),
+		.clock = DEV(uint32_t *, cell + offsetof(struct dcell, clock)),
+		.n_slots = DEV(uint32_t *, cell + offsetof(struct dcell, n_slots)),
+		.frame = DEV(uint32_t *, rc->dreg + g.frame),
+		.ws = i < n ? DEV(struct kvt_ws *, cell + offsetof(struct dcell, ws)) : NULL,
+		.sel = i < n ? DEV(const uint32_t *, m->rc.dcall + l->sel + i * H * r * 4) : NULL,
+		.view = DEV(uint32_t *, rc->dreg + g.view),
+		.view_n = DEV(uint32_t *, rc->dreg + g.view_n),
+		.load = i < n ? DEV(struct kvt_region_load *,
+				    m->rc.dcall + l->load +
+					    i * H * r * sizeof(struct kvt_region_load))
+			      : NULL,
+		.n_load = DEV(uint32_t *, cell + offsetof(struct dcell, n_load)),
+		.tally = DEV(struct kvt_region_tally *, cell + offsetof(struct dcell, tally)),
+		.err = DEV(int32_t *, cell + offsetof(struct dcell, err)),
+		.group = DEV(const uint64_t *, kvt_dgroup(m, rc)),
+		.n_heads = (uint32_t)H,
+		.r = vr,
+		.lbt = m->lbt,
+		.n_tokens = N,
+		.sink = m->cfg.sink_tokens,
+		.ring0 = kvt_ring0(m, N),
+		.cap_blocks = rc->dcap,
+	};
+#undef DEV
 }
 
 /* Counts the layer's top-K positions per (block, head) once, so "is this block fully
@@ -361,15 +586,29 @@ static bool view_has(const struct kvt_manager *m, const struct kvt_recall_layer 
 	return false;
 }
 
+static void region_unlink(struct kvt_manager *m, struct kvt_recall_layer *rc);
+
+/* On the device (dev_regions), the slot count a region had before the sizing under way first
+   changed it: the program's drops and grows start from there. */
+static void note_n0(struct kvt_manager *m, struct kvt_recall_layer *rc)
+{
+	if (rc->dn0_stamp != m->stamp) {
+		rc->dn0_stamp = m->stamp;
+		rc->dn0 = rc->rg.n_slots;
+	}
+}
+
 /* Shrinks a layer's region to n slots, dropping its least recently used ones (empty ones
    first; policy/region.h), their frames back to the cache. With `mark`, the view reads as
-   stale when a slot it names was dropped or moved. */
+   stale when a slot it names was dropped or moved. On the device (dev_regions, inside a
+   sizing only) the drops are counted here and made by the call's program (dev_run), which
+   reports the keys forgotten and the views gone stale. */
 static void region_shrink(struct kvt_manager *m, struct kvt_recall_layer *rc, uint32_t n, bool mark)
 {
 	struct kvt_recall_cache *c = &m->rc;
 	uint32_t gone = 0, tag = 0;
 
-	if (n >= rc->rg.n_slots)
+	if (n >= rc->rg.n_slots || NEVER(m->dev_regions && !c->sizing))
 		return;
 	if (n == 0 && !mark && !c->sizing) { /* outside a call: frames pushed in index order */
 		for (uint32_t i = 0; i < rc->rg.n_slots; i++)
@@ -385,10 +624,17 @@ static void region_shrink(struct kvt_manager *m, struct kvt_recall_layer *rc, ui
 		if (rc->drop_stamp != m->stamp) {
 			rc->drop_stamp = m->stamp;
 			rc->drop_tag = c->n_drop;
-			c->drop[c->n_drop++] = (struct kvt_size_op){.rc = rc};
+			c->drop[c->n_drop++] = (struct kvt_size_op){.rc = rc, .mark = mark};
 		}
 		tag = rc->drop_tag;
 		c->drop[tag].n += rc->rg.n_slots - n;
+	}
+	if (m->dev_regions) {
+		note_n0(m, rc);
+		c->top += rc->rg.n_slots - n;
+		c->n_free += rc->rg.n_slots - n;
+		rc->rg.n_slots = n;
+		rc->dirty = true;
 	}
 	while (rc->rg.n_slots > n) {
 		uint32_t dropped, freed;
@@ -404,7 +650,16 @@ static void region_shrink(struct kvt_manager *m, struct kvt_recall_layer *rc, ui
 	m->st.recall_evictions += gone;
 	if (ALWAYS(c->n_held >= gone))
 		c->n_held -= gone;
-	if (n == 0 && ALWAYS(c->n_regions > 0)) {
+	if (n == 0)
+		region_unlink(m, rc);
+}
+
+/* A region that holds no slot any more leaves the cache's list of live regions. */
+static void region_unlink(struct kvt_manager *m, struct kvt_recall_layer *rc)
+{
+	struct kvt_recall_cache *c = &m->rc;
+
+	if (ALWAYS(c->n_regions > 0)) {
 		c->n_regions--;
 		c->sum_ws -= rc->ws_counted;
 		rc->ws_counted = 0;
@@ -439,7 +694,13 @@ static void region_grow(struct kvt_manager *m, struct kvt_recall_layer *rc, uint
 		c->grow[c->n_grow++] = (struct kvt_size_op){.rc = rc, .n = had};
 	}
 	c->n_free -= n - had;
-	kvt_region_grow(&rc->rg, n);
+	if (m->dev_regions) {
+		note_n0(m, rc);
+		rc->rg.n_slots = n;
+		rc->dirty = true;
+	} else {
+		kvt_region_grow(&rc->rg, n);
+	}
 	if (had == 0) {
 		c->n_regions++;
 		rc->lprev = c->live_tail;
@@ -520,8 +781,98 @@ static void reclaim(struct kvt_manager *m, uint64_t stamp, uint64_t regions, uin
 	c->cursor = rc;
 }
 
+/* kvt_recall_drop_seq on the device: one program clears the sequence's regions, their frames
+   pushed on the stack in slot order as the host's clear pushes them. A failure leaves the
+   device's state unknown (dbroken); the host's counts go on as if it had worked. */
+static void dev_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
+{
+	struct kvt_recall_cache *c = &m->rc;
+	uint32_t L = m->cfg.n_layers, k = 0;
+	uint64_t cells = 0, gone_at = ALIGN16(L * sizeof(struct dcell)), rd = gone_at + L * 4,
+		 descs = ALIGN16(rd), offs = ALIGN16(descs + L * sizeof(struct kvt_gpu_region)),
+		 up = offs + L * 4;
+	struct kvt_dcopy cp, back;
+	struct kvt_region_run run;
+	uint32_t done;
+	struct prog_layout pl = {.cell = cells};
+	uint64_t gone = 0;
+	int err = c->dbroken;
+
+	for (uint32_t l = 0; l < L; l++)
+		k += s->layers[l].rc && s->layers[l].rc->rg.n_slots;
+	if (!k)
+		return;
+	if (!err && (up > c->hblob_cap || up > c->dcall_cap))
+		err = -ENOMEM; /* prog_reserve keeps room for this */
+	if (!err) {
+		struct dcell *cell = (struct dcell *)c->hblob;
+		uint32_t *gn = (uint32_t *)(c->hblob + gone_at), j = 0, top = c->top;
+
+		memset(c->hblob, 0, up);
+		for (uint32_t l = 0; l < L; l++) {
+			struct kvt_recall_layer *rc = s->layers[l].rc;
+			struct kvt_gpu_region *g = (struct kvt_gpu_region *)(c->hblob + descs) + j;
+
+			if (!rc || !rc->rg.n_slots)
+				continue;
+			cell[j].n_slots = rc->rg.n_slots;
+			*g = dev_desc(m, rc, &pl, j, 1, 0, rc->dview_r, 0);
+			((uint32_t *)(c->hblob + offs))[j] = top;
+			top += rc->rg.n_slots;
+			j++;
+		}
+		cp = (struct kvt_dcopy){.dev = c->dcall, .host = c->hblob, .bytes = up};
+		back = (struct kvt_dcopy){.dev = c->dcall, .host = c->hblob, .bytes = rd};
+		run = (struct kvt_region_run){
+			.up = &cp,
+			.n_up = 1,
+			.clear_rg = c->dcall + descs,
+			.clear_gone = c->dcall + gone_at,
+			.clear_off = c->dcall + offs,
+			.n_clear = k,
+			.stack = c->dstack,
+			.rd = &back,
+			.n_rd = 1,
+		};
+		/* A stage that failed is queued again, once, from where it stopped (uploads and
+		   reads may repeat; the clear runs once). */
+		for (int tries = 0; tries < 2; tries++) {
+			done = run.start;
+			err = KVT_XFER(m, region_run, &run, NULL, &done);
+			if (!err)
+				break;
+			run.start = done < KVT_RS_END ? done : KVT_RS_READ;
+		}
+		for (uint32_t x = 0; !err && x < k; x++)
+			gone += gn[x];
+	}
+	if (err) {
+		c->dbroken = err;
+		kvt_log(KVT_LOG_WARN,
+			"recall: giving back the regions of sequence %llu on the "
+			"device failed: %s",
+			(unsigned long long)s->id, m->be->err);
+	}
+	for (uint32_t l = 0; l < L; l++) {
+		struct kvt_recall_layer *rc = s->layers[l].rc;
+
+		if (!rc || !rc->rg.n_slots)
+			continue;
+		c->n_free += rc->rg.n_slots;
+		c->top += rc->rg.n_slots;
+		rc->rg.n_slots = 0;
+		rc->dirty = false;
+		region_unlink(m, rc);
+	}
+	m->st.recall_evictions += gone;
+	if (ALWAYS(c->n_held >= gone))
+		c->n_held -= gone;
+}
+
 void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
 {
+	if (m->dev_regions)
+		dev_drop_seq(m, s);
 	for (uint32_t l = 0; l < m->cfg.n_layers; l++) {
 		struct kvt_recall_layer *rc = s->layers[l].rc;
 
@@ -531,18 +882,107 @@ void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
 		if (rc->view_n)
 			memset(rc->view_n, 0, m->cfg.n_kv_heads * sizeof(*rc->view_n));
 		rc->view_failed = false;
+		rc->dirty = false; /* no slot, no view: nothing on the device to read */
 	}
 }
 
-int kvt_recall_check(const struct kvt_manager *m)
+struct order_key {
+	uint64_t key; /* (stamp, rank) */
+	uint32_t i;
+};
+
+static int order_cmp(const void *a, const void *b)
 {
-	const struct kvt_recall_cache *c = &m->rc;
+	const struct order_key *x = a, *y = b;
+
+	return x->key < y->key ? -1 : x->key > y->key;
+}
+
+int kvt_recall_pull(struct kvt_manager *m, struct kvt_recall_layer *rc)
+{
+	uint32_t H = m->cfg.n_kv_heads, n, nb;
+	struct order_key *ok = NULL;
+	struct dreg_layout g;
+	uint8_t *tmp;
+	int err;
+
+	if (!m->dev_regions || !rc || !rc->dirty)
+		return 0;
+	if (m->rc.dbroken)
+		return kvt_fail(
+			m, m->rc.dbroken,
+			"recall: an earlier call failed on the device: its regions' state is "
+			"unknown");
+	g = dreg_layout(m, rc->dscap, rc->dvcap);
+	n = rc->rg.n_slots;
+	nb = rc->dcap < rc->rg.cap_blocks ? rc->dcap : rc->rg.cap_blocks;
+	tmp = kvt_malloc(g.bytes);
+	ok = kvt_malloc((n ? n : 1) * sizeof(*ok));
+	if (!tmp || !ok) {
+		free(tmp);
+		free(ok);
+		return kvt_fail(m, -ENOMEM, "recall: no memory to read a region");
+	}
+	err = KVT_XFER(m, read_d2h, tmp, rc->dreg, g.bytes, NULL);
+	if (!err)
+		err = KVT_XFER(m, read_d2h, rc->rg.key, kvt_dkey(m, rc),
+			       (uint64_t)nb * H * sizeof(*rc->rg.key), NULL);
+	if (err) {
+		free(tmp);
+		free(ok);
+		return kvt_fail(m, err, "recall: reading a region from the device: %s", m->be->err);
+	}
+	memcpy(rc->rg.slot, tmp + g.slot, (size_t)n * sizeof(*rc->rg.slot));
+	memcpy(rc->frame, tmp + g.frame, (size_t)n * sizeof(*rc->frame));
+	if (rc->view_n) {
+		memcpy(rc->view_n, tmp + g.view_n, H * sizeof(*rc->view_n));
+		for (uint32_t h = 0; h < H; h++)
+			if (NEVER(rc->view_n[h] > rc->view_cap))
+				rc->view_n[h] = 0;
+			else
+				memcpy(rc->view + (size_t)h * rc->view_cap,
+				       tmp + g.view + (size_t)h * rc->dview_r * 4,
+				       rc->view_n[h] * sizeof(*rc->view));
+	}
+	/* the order list the device keeps no copy of: ascending (stamp, rank) */
+	for (uint32_t i = 0; i < n; i++)
+		ok[i] = (struct order_key){
+			(uint64_t)rc->rg.slot[i].stamp << 32 | rc->rg.slot[i].rank, i};
+	qsort(ok, n, sizeof(*ok), order_cmp);
+	rc->rg.head = rc->rg.tail = KVT_REGION_PENDING;
+	for (uint32_t x = 0; x < n; x++) {
+		uint16_t i = (uint16_t)ok[x].i;
+
+		rc->rg.link[i].prev = x ? (uint16_t)ok[x - 1].i : KVT_REGION_PENDING;
+		rc->rg.link[i].next = x + 1 < n ? (uint16_t)ok[x + 1].i : KVT_REGION_PENDING;
+	}
+	if (n) {
+		rc->rg.head = (uint16_t)ok[0].i;
+		rc->rg.tail = (uint16_t)ok[n - 1].i;
+	}
+	rc->rg.empty_end = 0; /* not known: found by a walk */
+	free(tmp);
+	free(ok);
+	rc->dirty = false;
+	return 0;
+}
+
+int kvt_recall_check(struct kvt_manager *m)
+{
+	struct kvt_recall_cache *c = &m->rc;
 	uint64_t regions = 0, held = 0, ws = 0;
 	uint8_t *seen;
 	int err = 0;
 
 	if (c->sizing || c->top != c->n_free || c->n_free > c->n)
 		return -1;
+	if (m->dev_regions && c->dstack_ready) { /* the device's state, read */
+		if (KVT_XFER(m, read_d2h, c->free, c->dstack, (uint64_t)c->n_free * 4, NULL))
+			return -11;
+		for (struct kvt_recall_layer *rc = c->live_head; rc; rc = rc->lnext)
+			if (kvt_recall_pull(m, rc))
+				return -12;
+	}
 	seen = kvt_calloc(c->n ? c->n : 1, 1);
 	if (!seen)
 		return -ENOMEM;
@@ -664,7 +1104,7 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 			return err;
 		ly = &s->layers[layer];
 		nb = DIV_UP(ly->n_tokens, bt);
-		for (size_t j = 0; j < (size_t)H * r; j++) {
+		for (size_t j = 0; sel && j < (size_t)H * r; j++) {
 			uint32_t b = sel[((size_t)i * H) * r + j];
 
 			if (b == KVT_NO_ENTRY)
@@ -701,8 +1141,18 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 		if (quest) {
 			uint32_t q = quest_need(m, ly, r);
 
-			(void)NEVER(q != need);
+			if (sel)
+				(void)NEVER(q != need);
 			need = q;
+		}
+		/* On the device, the region's resident test reads the top-K counts there. */
+		if (m->dev_regions && !ly->rc->dtk) {
+			err = KVT_XFER(m, dmem_copy, kvt_dkey(m, ly->rc), 0, ly->rc->rg.key,
+				       (uint64_t)nb * H * sizeof(*ly->rc->rg.key), NULL);
+			if (err)
+				return kvt_fail(m, err, "recall: sequence %llu: top-K counts: %s",
+						(unsigned long long)seqs[i], m->be->err);
+			ly->rc->dtk = true;
 		}
 		m->batch[i] = s;
 		m->rc.mrc[i] = ly->rc;
@@ -726,12 +1176,12 @@ static uint32_t recall_parts(const struct kvt_manager *m, uint32_t n)
    *n_regions (the regions the targets count, for recall_size), and reserves the slots, the load
    list and the working tables. 0, or -ENOSPC or -ENOMEM recorded (nothing changed). */
 static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *sel, bool quest,
-		       uint32_t n, uint32_t r, uint64_t *n_regions)
+		       uint32_t n, uint32_t r, uint64_t *n_regions, void *stream)
 {
 	struct kvt_recall_cache *c = &m->rc;
 	uint32_t H = m->cfg.n_kv_heads;
 	uint64_t regions = c->n_regions, avail = c->n_free, floor = 0, loads = 0, other = 0,
-		 mine = 0;
+		 mine = 0, gup = 0;
 	bool exact = false;
 
 	for (uint32_t i = 0; i < n; i++) {
@@ -792,7 +1242,31 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 		if (rc_slots_reserve(rc, c->want[i]))
 			return kvt_fail(m, -ENOMEM, "recall: no memory for a region of %u frames",
 					c->want[i]);
+		/* on the device, room for what two calls can look up at first: each growth
+		   there is an allocation and a copy on the device */
+		if (m->dev_regions && dreg_reserve(m, rc,
+						   rc->dreg || rc->cap_slots >= 2 * H * r
+							   ? rc->cap_slots
+							   : (2 * H * r < KVT_REGION_MAX_SLOTS
+								      ? 2 * H * r
+								      : KVT_REGION_MAX_SLOTS),
+						   rc->view_cap, stream))
+			return kvt_fail(m, -ENOMEM, "recall: no device memory for a region: %s",
+					m->be->err);
+		if (m->dev_regions) {
+			uint32_t nb =
+				DIV_UP(m->batch[i]->layers[layer].n_tokens, m->cfg.block_tokens);
+
+			gup += nb - (rc->dgroups < nb ? rc->dgroups : nb - 1);
+		}
 		loads += (uint64_t)H * r;
+	}
+	if (m->dev_regions) {
+		int err = prog_reserve(m, n, (uint32_t)(c->n_regions + n), r, sel != NULL, gup,
+				       stream);
+
+		if (err)
+			return err;
 	}
 	/* the sizing's logs (recall_size): any live region and any member may drop, a member
 	   may grow */
@@ -823,6 +1297,20 @@ static void frames_commit(struct kvt_manager *m)
 	struct kvt_recall_cache *c = &m->rc;
 	uint32_t at = c->seg0;
 
+	if (m->dev_regions) { /* the offsets only: the program moves the frames */
+		for (uint32_t t = 0; t < c->n_drop; t++) {
+			c->drop[t].off = at;
+			at += c->drop[t].n;
+		}
+		ALWAYS(at == c->top);
+		for (uint32_t t = 0; t < c->n_grow; t++) {
+			c->grow[t].off = c->top;
+			c->top -= c->grow[t].rc->rg.n_slots - c->grow[t].n;
+		}
+		ALWAYS(c->top == c->n_free);
+		c->sizing = false;
+		return;
+	}
 	for (uint32_t t = 0; t < c->n_drop; t++) {
 		uint32_t k = c->drop[t].n;
 
@@ -1098,6 +1586,287 @@ static uint32_t recall_pass2(struct kvt_manager *m, struct recall_job *j, uint32
 	return nx;
 }
 
+/* What a program of a call of n members read back (cells, drops' reports) into the host's
+   counts, working sets and the call's tally *t and load count *nx. With `failed`, its loads
+   were undone (dev_undo: nl of them, fresh into empty slots): the views read as stale, and
+   the slots the loads took hold nothing. */
+static void dev_apply(struct kvt_manager *m, uint32_t layer, uint32_t n, uint32_t r,
+		      const struct prog_layout *l, bool failed, uint32_t nl, uint32_t fresh,
+		      struct kvt_region_tally *t, uint32_t *nx)
+{
+	struct kvt_recall_cache *c = &m->rc;
+	const struct dcell *cell = (const struct dcell *)(c->hblob + l->cell);
+	const uint32_t *bkt = (const uint32_t *)(c->hblob + l->bucket),
+		       *gone = (const uint32_t *)(c->hblob + l->gone),
+		       *stale = (const uint32_t *)(c->hblob + l->stale);
+	uint32_t H = m->cfg.n_kv_heads, w = m->cfg.ws_window;
+	uint64_t lost = 0;
+
+	*nx = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvt_recall_layer *rc = c->mrc[i];
+		const struct dcell *e = &cell[i];
+
+		NEVER(e->err != 0 || e->n_slots != rc->rg.n_slots); /* sized for the call */
+		rc->rg.clock = e->clock;
+		rc->ws.step = e->ws.step;
+		rc->ws.cur = e->ws.cur;
+		rc->ws.total = e->ws.total;
+		memcpy(rc->ws.bucket, bkt + (size_t)i * w, (size_t)w * sizeof(*bkt));
+		t->lookups += e->tally.lookups;
+		t->hits += e->tally.hits;
+		t->loads += e->tally.loads;
+		t->evictions += e->tally.evictions;
+		*nx += e->n_load;
+		/* as recall_member */
+		if (rc->rg.n_slots && !rc->ws_counted) {
+			c->sum_ws += (uint64_t)H * r;
+			rc->ws_counted = H * r;
+		}
+		rc->ws_next = rc->ws.total;
+		rc->view_failed = failed;
+		rc->dview_r = r;
+		rc->dirty = true;
+		rc->dgroups = DIV_UP(m->batch[i]->layers[layer].n_tokens, m->cfg.block_tokens);
+	}
+	for (uint32_t d = 0; d < c->n_drop; d++) {
+		lost += gone[d];
+		if (stale[d])
+			c->drop[d].rc->view_failed = true;
+	}
+	if (!failed) {
+		fresh = *(const uint32_t *)(c->hblob + l->fresh);
+		nl = 0; /* every load holds its block */
+		/* no disk tier: every block a load reads is in host memory */
+		NEVER(*(const uint32_t *)(c->hblob + l->missing) != 0);
+	}
+	m->st.recall_evictions += lost;
+	/* frames holding a block: less those the drops emptied, plus those loads filled,
+	   less, after an undo, every load's (each held its block, and holds nothing now) */
+	if (ALWAYS(c->n_held + fresh >= lost + nl))
+		c->n_held = c->n_held + fresh - lost - nl;
+}
+
+/* After a call's program failed at stage `done` (enum kvt_region_stage): its decisions are
+   made all the same (the stages before the gather it had not queued run now), then the slots
+   its loads took are emptied, as the host's recall_undo does, and dev_apply reports it
+   failed. 0, or the error when the device did not take even that (its state unknown). */
+static int dev_undo(struct kvt_manager *m, uint32_t layer, uint32_t n, uint32_t r,
+		    const struct prog_layout *l, const struct kvt_region_run *run, uint32_t done,
+		    void *stream, struct kvt_region_tally *t, uint32_t *nx)
+{
+	struct kvt_recall_cache *c = &m->rc;
+	uint64_t H = m->cfg.n_kv_heads;
+	const struct dcell *cell = (const struct dcell *)(c->hblob + l->cell);
+	const struct kvt_region_load *ld = (const struct kvt_region_load *)(c->hblob + l->load);
+	uint32_t *pairs = (uint32_t *)(c->hblob + l->pairs), np = 0, fresh = 0, dd;
+	struct kvt_dcopy back[2] = {
+		{.dev = c->dcall, .host = c->hblob, .bytes = l->rd},
+		{.dev = c->dcall + l->load,
+		 .host = c->hblob + l->load,
+		 .bytes = n * H * r * sizeof(struct kvt_region_load)},
+	};
+	struct kvt_dcopy up;
+	struct kvt_region_run u;
+	int err = 0;
+
+	if (done < KVT_RS_GATHER) {
+		u = *run;
+		u.start = done;
+		u.stop = KVT_RS_GATHER;
+		err = KVT_XFER(m, region_run, &u, stream, &dd);
+	}
+	if (!err)
+		err = KVT_XFER(
+			m, region_run,
+			&(struct kvt_region_run){
+				.rd = back, .n_rd = 2, .start = KVT_RS_READ, .stop = KVT_RS_END},
+			stream, &dd);
+	if (err)
+		return err;
+	for (uint32_t i = 0; i < n; i++)
+		for (uint32_t x = 0; x < cell[i].n_load && ALWAYS(x < H * r); x++) {
+			const struct kvt_region_load *e = &ld[(size_t)i * H * r + x];
+
+			pairs[2 * np] = i;
+			pairs[2 * np + 1] = e->slot;
+			np++;
+			fresh += e->old == KVT_REGION_NONE;
+		}
+	up = (struct kvt_dcopy){.dev = c->dcall + l->pairs, .host = pairs, .bytes = np * 8ull};
+	if (np)
+		err = KVT_XFER(m, region_run,
+			       &(struct kvt_region_run){.up = &up,
+							.n_up = 1,
+							.empty_rg = run->rg,
+							.n_empty_rg = n,
+							.empty_pairs = c->dcall + l->pairs,
+							.n_empty = np,
+							.start = KVT_RS_UPLOAD,
+							.stop = KVT_RS_READ},
+			       stream, &dd);
+	if (err)
+		return err;
+	dev_apply(m, layer, n, r, l, true, np, fresh, t, nx);
+	return 0;
+}
+
+/* Pass 2 on the device: one program (struct kvt_region_run) makes the sizing's drops and
+   grows, the members' selection (sel uploaded, or Quest's of the device queries q), their
+   recall and their gather; what it reads back goes into the host's counts, working sets and
+   figures. *t and *nx as recall_pass2's. 0 or the error, recorded. */
+static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint32_t *sel,
+		   const void *q, uint32_t r, void *stream, struct kvt_region_tally *t,
+		   uint32_t *nx)
+{
+	struct kvt_recall_cache *c = &m->rc;
+	const struct kvt_config *cf = &m->cfg;
+	uint32_t H = cf->n_kv_heads, w = cf->ws_window, nc = n, nd = c->n_drop, ng = c->n_grow;
+	uint32_t n_g = 0, gup = 0;
+	uint64_t stamp = m->stamp, wait = 0, *gat, *gval;
+	struct prog_layout l;
+	struct dcell *cell;
+	uint32_t *bkt;
+	struct kvt_region_run run;
+	struct kvt_dcopy rd, up;
+	char why[sizeof(m->err)];
+	uint32_t done;
+	int err;
+
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t nb = DIV_UP(m->batch[i]->layers[layer].n_tokens, cf->block_tokens);
+
+		c->mrc[i]->cell = i;
+		c->mrc[i]->cell_stamp = stamp;
+		if (m->batch[i]->save_ticket > wait)
+			wait = m->batch[i]->save_ticket;
+		gup += nb - (c->mrc[i]->dgroups < nb ? c->mrc[i]->dgroups : nb - 1);
+	}
+	for (uint32_t d = 0; d < nd; d++)
+		if (c->drop[d].rc->cell_stamp != stamp) {
+			c->drop[d].rc->cell = nc++;
+			c->drop[d].rc->cell_stamp = stamp;
+		}
+	l = prog_layout(m, n, nc, nd, ng, r, gup);
+	memset(c->hblob, 0, l.up);
+	cell = (struct dcell *)(c->hblob + l.cell);
+	bkt = (uint32_t *)(c->hblob + l.bucket);
+	gat = (uint64_t *)(c->hblob + l.gat);
+	gval = (uint64_t *)(c->hblob + l.gval);
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvt_recall_layer *rc = c->mrc[i];
+		const struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
+		uint32_t nb = DIV_UP(ly->n_tokens, cf->block_tokens), from;
+
+		cell[i].clock = rc->rg.clock;
+		cell[i].n_slots = rc->dn0_stamp == stamp ? rc->dn0 : rc->rg.n_slots;
+		cell[i].ws = rc->ws;
+		cell[i].ws.bucket =
+			(uint32_t *)(uintptr_t)(c->dcall + l.bucket + (uint64_t)i * w * 4);
+		memcpy(bkt + (size_t)i * w, rc->ws.bucket, (size_t)w * sizeof(*bkt));
+		((struct kvt_gpu_region *)(c->hblob + l.rg))[i] =
+			dev_desc(m, rc, &l, i, i, n, r, r);
+		if (q)
+			((struct kvt_gpu_quest *)(c->hblob + l.qs))[i] = (struct kvt_gpu_quest){
+				.meta = (const void *)(uintptr_t)rc->dmeta,
+				.key = (const struct kvt_region_key *)(uintptr_t)kvt_dkey(m, rc),
+				.n_tokens = ly->n_tokens,
+				.sink = cf->sink_tokens,
+				.ring0 = kvt_ring0(m, ly->n_tokens),
+			};
+		/* the blocks' host groups the device has not seen, and the last block's (a
+		   shared one may have been copied for this sequence's appends since) */
+		from = rc->dgroups < nb ? rc->dgroups : nb - 1;
+		for (uint32_t b = from; b < nb; b++, n_g++) {
+			gat[n_g] = kvt_dgroup(m, rc) + (uint64_t)b * sizeof(uint64_t);
+			gval[n_g] =
+				ly->groups[b] & KVT_SPILLED
+					? 0
+					: m->host_base + (uint64_t)ly->groups[b] * m->group_bytes;
+		}
+	}
+	ALWAYS(n_g == gup);
+	for (uint32_t d = 0; d < nd; d++) {
+		struct kvt_recall_layer *rc = c->drop[d].rc;
+		struct kvt_gpu_region *g = (struct kvt_gpu_region *)(c->hblob + l.drg) + d;
+
+		if (rc->cell >= n) /* not a member: its count is carried by its own cell */
+			cell[rc->cell].n_slots = rc->dn0;
+		*g = dev_desc(m, rc, &l, rc->cell, n, n, rc->dview_r, r);
+		if (c->drop[d].mark)
+			g->stale = (uint32_t *)(uintptr_t)(c->dcall + l.stale + (uint64_t)d * 4);
+		((uint32_t *)(c->hblob + l.drop_k))[d] = c->drop[d].n;
+		((uint32_t *)(c->hblob + l.drop_off))[d] = c->drop[d].off;
+	}
+	for (uint32_t k = 0; k < ng; k++) {
+		struct kvt_recall_layer *rc = c->grow[k].rc;
+
+		((struct kvt_gpu_region *)(c->hblob + l.grg))[k] =
+			dev_desc(m, rc, &l, rc->cell, n, n, r, r);
+		((uint32_t *)(c->hblob + l.grow_n))[k] = rc->rg.n_slots;
+		((uint32_t *)(c->hblob + l.grow_off))[k] = c->grow[k].off;
+	}
+	if (sel)
+		memcpy(c->hblob + l.sel, sel, (size_t)n * H * r * sizeof(*sel));
+	up = (struct kvt_dcopy){.dev = c->dcall, .host = c->hblob, .bytes = sel ? l.load : l.up};
+	rd = (struct kvt_dcopy){.dev = c->dcall, .host = c->hblob, .bytes = l.rd};
+	run = (struct kvt_region_run){
+		.up = &up,
+		.n_up = 1,
+		.group_at = c->dcall + l.gat,
+		.group_val = c->dcall + l.gval,
+		.n_groups = gup,
+		.drop_rg = c->dcall + l.drg,
+		.drop_k = c->dcall + l.drop_k,
+		.drop_off = c->dcall + l.drop_off,
+		.drop_gone = c->dcall + l.gone,
+		.n_drop = nd,
+		.grow_rg = c->dcall + l.grg,
+		.grow_n = c->dcall + l.grow_n,
+		.grow_off = c->dcall + l.grow_off,
+		.n_grow = ng,
+		.stack = c->dstack,
+		.rg = c->dcall + l.rg,
+		.qs = q ? c->dcall + l.qs : 0,
+		.sel = c->dcall + l.sel,
+		.missing = c->dcall + l.missing,
+		.fresh = c->dcall + l.fresh,
+		.n = n,
+		.q = q,
+		.dt = cf->dtype,
+		.head_dim = cf->head_dim,
+		.g_count = m->group_q,
+		.n_heads = H,
+		.lbt = m->lbt,
+		.r = r,
+		.block_bytes = m->block_bytes,
+		.frame_base = c->base,
+		.rd = &rd,
+		.n_rd = 1,
+	};
+	/* the blocks a load reads must have landed in the host history */
+	done = KVT_RS_UPLOAD;
+	err = wait ? m->ops->save_wait(m->be, wait) : 0;
+	if (!err)
+		err = KVT_XFER(m, region_run, &run, stream, &done);
+	if (!err) {
+		dev_apply(m, layer, n, r, &l, false, 0, 0, t, nx);
+		return 0;
+	}
+	snprintf(why, sizeof(why), "%s", m->be->err);
+	if (dev_undo(m, layer, n, r, &l, &run, done, stream, t, nx)) {
+		/* the device's state cannot be told: every later call fails */
+		c->dbroken = err;
+		for (uint32_t i = 0; i < n; i++)
+			c->mrc[i]->view_failed = true;
+		return kvt_fail(m, err,
+				"recall: layer %u on the device: %s; then, finishing the "
+				"call without its loads: %s",
+				layer, why, m->be->err);
+	}
+	return kvt_fail(m, err, "recall: layer %u: loading on the device: %s", layer, why);
+}
+
 /* After the gather of a recall call failed: the slots meant for its loads hold nothing valid,
    so they are emptied, and the views of the call read as stale (the previous ones were
    overwritten), so no attention silently runs without its recalled blocks. The regions keep
@@ -1138,14 +1907,16 @@ static int recall_fetch(struct kvt_manager *m, uint32_t layer, uint32_t nx)
 	return 0;
 }
 
+/* One recall call: the selection sel ([n][H][r], host memory) or, on the device (dev_regions,
+   sel NULL), the Quest selection of the device queries q; quest: sel is Quest's. */
 static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
-		       const uint32_t *sel, bool quest, uint32_t r, void *stream)
+		       const uint32_t *sel, bool quest, uint32_t r, const void *q, void *stream)
 {
 	struct kvt_recall_cache *rc = &m->rc;
 	struct recall_job j = {.m = m, .layer = layer, .r = r, .sel = sel};
 	struct kvt_region_tally t = {0};
 	uint64_t wait = 0, regions = 0;
-	uint32_t nx;
+	uint32_t nx = 0;
 	int err;
 
 	if (layer >= m->cfg.n_layers)
@@ -1153,15 +1924,27 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 				m->cfg.n_layers);
 	if (rc->n == 0)
 		return kvt_fail(m, -EINVAL, "recall: no recall cache (config.recall_cache_bytes)");
+	if (m->dev_regions && rc->dbroken)
+		return kvt_fail(
+			m, rc->dbroken,
+			"recall: an earlier call failed on the device: its regions' state is "
+			"unknown");
 	err = recall_validate(m, layer, seqs, n, sel, quest, r);
 	if (!err)
-		err = recall_room(m, layer, sel, quest, n, r, &regions);
+		err = recall_room(m, layer, sel, quest, n, r, &regions, stream);
 	if (err)
 		return err;
 
 	/* Pass 2: sizes, then each member's region decides. Nothing below fails except the
 	   fetch and the gather. */
 	recall_size(m, n, regions);
+	if (m->dev_regions) {
+		err = dev_run(m, layer, n, sel, q, r, stream, &t, &nx);
+		m->st.recall_evictions += t.evictions; /* as the host's, failed or not */
+		if (err)
+			return err;
+		goto done;
+	}
 	nx = recall_pass2(m, &j, n, &t, &wait);
 	m->st.recall_evictions += t.evictions;
 
@@ -1183,7 +1966,7 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 		return kvt_fail(m, err, "recall: layer %u: loading %u blocks: %s", layer, nx,
 				m->be->err);
 	}
-
+done:
 	m->st.recall_calls++;
 	m->st.recall_lookups += t.lookups;
 	m->st.recall_hits += t.hits;
@@ -1205,7 +1988,7 @@ KVT_API int kvt_recall_blocks(struct kvt_manager *m, uint32_t layer, const uint6
 	if ((uint64_t)n * m->cfg.n_kv_heads * r > UINT32_MAX)
 		return kvt_fail(m, -EINVAL, "recall: selection of %u x %u x %u is too large", n,
 				m->cfg.n_kv_heads, r);
-	return recall_core(m, layer, seqs, n, blocks, false, r, stream);
+	return recall_core(m, layer, seqs, n, blocks, false, r, NULL, stream);
 }
 
 /* Quest scoring of a recall call's members (m->batch[i]; NULL: left alone): member i's top-r
@@ -1358,9 +2141,11 @@ KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint6
 	    kvt_reserve((void **)&m->sel, &m->sel_cap, n * H * r, sizeof(*m->sel)))
 		return kvt_fail(m, -ENOMEM, "recall: no memory for the selection of %u sequences",
 				n);
+	if (m->dev_regions) /* the selection stays on the device */
+		return recall_core(m, layer, seqs, n, NULL, true, r, q, stream);
 	if (m->dev_meta) {
 		err = score_dev(m, layer, seqs, n, q, stream);
-		return err ? err : recall_core(m, layer, seqs, n, m->sel, true, r, stream);
+		return err ? err : recall_core(m, layer, seqs, n, m->sel, true, r, NULL, stream);
 	}
 	qstride = (uint64_t)m->cfg.n_q_heads * m->row_bytes;
 	if (!m->cpu_device) { /* the scoring runs on the CPU: the queries come over first */
@@ -1418,7 +2203,7 @@ KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint6
 		kvt_par_run(m->rc.par, score_part, &j);
 	else
 		score_part(&j, 0, 1);
-	return recall_core(m, layer, seqs, n, m->sel, true, r, stream);
+	return recall_core(m, layer, seqs, n, m->sel, true, r, NULL, stream);
 }
 
 KVT_API int kvt_seq_recall_view(struct kvt_manager *m, uint64_t seq, uint32_t layer,
@@ -1447,6 +2232,9 @@ KVT_API int kvt_seq_recall_view(struct kvt_manager *m, uint64_t seq, uint32_t la
 				(unsigned long long)seq,
 				s->preempted ? "preempted" : "layer not prefilled");
 	lrc = ly->rc;
+	err = kvt_recall_pull(m, ly->rc);
+	if (err)
+		return err;
 	cnt = lrc && lrc->view_n ? lrc->view_n[kv_head] : 0;
 	*n_out = cnt;
 	if (kvt_view_stale(lrc))

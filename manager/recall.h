@@ -36,7 +36,20 @@ struct kvt_recall_layer {
 	uint64_t stamp;			 /* the latest recall call naming it (m->stamp) */
 	uint64_t drop_stamp, grow_stamp; /* the latest sizing it dropped, grew in (m->stamp) */
 	uint32_t drop_tag;		 /* its index in rc.drop in that sizing */
-	uint64_t last_call;		 /* rc.layer_calls[layer] at that call */
+	/* On the device (m->dev_regions): the region's slots, frames and view live at dreg
+	   (dreg_layout: slot [dscap], frame [dscap], view_n [H], view [H][dview_r of dvcap]),
+	   written by the device's calls. The host keeps the counts (rg.n_slots, rg.clock) and
+	   the working set (ws), sends them with each call and reads them back after it; rg.slot,
+	   rg.key, frame, view_n and view are copies made by kvt_recall_pull when dirty. */
+	uint64_t dreg;
+	uint32_t dscap, dvcap, dview_r;
+	uint32_t dgroups; /* blocks of the device group table written */
+	uint32_t dn0;	  /* rg.n_slots before the sizing of dn0_stamp changed it */
+	uint64_t dn0_stamp;
+	uint32_t cell; /* its place in the call's program (cell_stamp: that call) */
+	uint64_t cell_stamp;
+	bool dirty;	    /* the host copies are older than the device's state */
+	uint64_t last_call; /* rc.layer_calls[layer] at that call */
 	uint32_t layer;
 	struct kvt_ws ws;    /* its recall working set; bucket NULL until its first recall */
 	uint32_t ws_counted; /* its working set as counted in the cache's sum_ws (0 unless live):
@@ -77,12 +90,24 @@ void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s);
    live region; the live list, the region count, n_held and sum_ws agree with the regions; each
    region passes kvt_region_check. 0, or a negative code of the first broken one. For tests:
    O(frames + the regions' key tables). */
-int kvt_recall_check(const struct kvt_manager *m);
+int kvt_recall_check(struct kvt_manager *m);
 /* The device key table of a layer's recall state (dev_meta). */
 static inline uint64_t kvt_dkey(const struct kvt_manager *m, const struct kvt_recall_layer *rc)
 {
 	return rc->dmeta + (uint64_t)rc->dcap * m->cfg.n_kv_heads * m->meta_bytes;
 }
+
+/* The device table of the layer's blocks' host groups (m->dev_regions), after the key table:
+   [dcap] addresses the device reads the blocks from (0: not in host memory). */
+static inline uint64_t kvt_dgroup(const struct kvt_manager *m, const struct kvt_recall_layer *rc)
+{
+	return kvt_dkey(m, rc) +
+	       (uint64_t)rc->dcap * m->cfg.n_kv_heads * sizeof(struct kvt_region_key);
+}
+
+/* Brings the host copies of a region kept on the device up to date (rg.slot, rg.key and its
+   order list, frame, view_n, view): a synchronous read. 0 or the error, recorded. */
+int kvt_recall_pull(struct kvt_manager *m, struct kvt_recall_layer *rc);
 
 /* Frees one layer's recall state (NULL is a no-op), its device copy through the backend. */
 void kvt_recall_layer_free(struct kvt_manager *m, struct kvt_recall_layer *rc);

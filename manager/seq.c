@@ -1407,6 +1407,9 @@ KVT_API int kvt_attend(struct kvt_manager *m, uint64_t seq, uint32_t layer, cons
 	c = &m->cfg;
 	bt = c->block_tokens;
 	rc = ly->rc;
+	err = kvt_recall_pull(m, ly->rc);
+	if (err)
+		return err;
 	/* Every recalled frame must still hold its block. */
 	for (uint32_t h = 0; rc && rc->view_n && h < c->n_kv_heads; h++) {
 		if (kvt_view_stale(rc))

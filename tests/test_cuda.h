@@ -27,6 +27,7 @@
 
 #include "t_data.h"
 #include "t_manager.h"
+#include "base.h" /* kvt_manager.dev_regions */
 #include "fault.h"
 #include "seq.h" /* kvt_seq_read_token_host */
 #include "plugin.h"

@@ -25,6 +25,7 @@
 #include "t_config.h"
 #include "t_data.h"
 #include "t_manager.h"
+#include "base.h"
 #include "policy.h"
 #include "util.h"
 
@@ -914,14 +915,17 @@ static void test_recall_threads_same(void **state)
 }
 
 /* kvt_stats.device_meta_bytes: the device metadata tables of the CUDA backend (per layer
-   [cap][H] metadata entries of 2 rows and key entries, cap doubling from 8 blocks), outside
-   device_bytes; 0 on the host backend, which keeps them in host memory. */
+   [cap][H] metadata entries of 2 rows and key entries, and [cap] group addresses when the
+   regions are on the device, cap doubling from 8 blocks), outside device_bytes; 0 on the host
+   backend, which keeps them in host memory. */
 static void test_device_meta_bytes(void **state)
 {
 	struct kvt_config c = recall_config(3, 64);
 	struct kvt_manager *m = t_mk(&c);
 	bool dev = t_be->kind == KVT_BACKEND_CUDA;
-	uint64_t per_block = (uint64_t)c.n_kv_heads * (2 * t_rowb(&c) + 8);
+	/* with the regions on the device, each block's host group address too */
+	uint64_t per_block =
+		(uint64_t)c.n_kv_heads * (2 * t_rowb(&c) + 8) + (m->dev_regions ? 8 : 0);
 	(void)state;
 
 	CHECK_EQ(t_stats_of(m).device_meta_bytes, 0);

@@ -26,6 +26,7 @@
 #include "t_data.h"
 #include "t_manager.h"
 #include "fault.h"
+#include "base.h"
 #include "recall.h"
 #include "util.h"
 
@@ -61,6 +62,12 @@ static void same_stats(struct kvt_manager *const mm[2])
 {
 	struct kvt_stats a = t_stats_of(mm[0]), b = t_stats_of(mm[1]);
 
+	/* Regions on the device take its memory, and load with their own kernel, every call. */
+	if (mm[0]->dev_regions != mm[1]->dev_regions) {
+		a.device_meta_bytes = b.device_meta_bytes = 0;
+		a.h2d_kernel_launches = b.h2d_kernel_launches = 0;
+		a.h2d_dma_batches = b.h2d_dma_batches = 0;
+	}
 	CHECK_STATS_EQUAL(&a, &b);
 }
 
@@ -72,8 +79,11 @@ static void same_stats(struct kvt_manager *const mm[2])
    enough to evict; between steps preempt, resume, destroy and prefill again; inside a step a
    member destroyed (and sometimes created and prefilled again under its id: the step must
    find the new one, not the freed state) or preempted. After every call: the same result,
-   every counter, the views of the batch and attention over them. */
-static void test_step_same_as_plain(void **state)
+   every counter, the views of the batch and attention over them.
+   With `disk` false, no disk tier, and manager 0 keeps its recall regions on the CPU: on a
+   backend that keeps them on its device (dev_regions), the two must still agree, call for
+   call, frame for frame. */
+static void walk(bool disk)
 {
 	struct kvt_config c = step_config(72);
 	struct kvt_manager *mm[2];
@@ -87,16 +97,20 @@ static void test_step_same_as_plain(void **state)
 		*v = t_xmalloc(SEQS * c.n_kv_heads * row);
 	uint8_t *q = t_xmalloc(SEQS * qs);
 	long ops = t_pick_ops(1600);
-	(void)state;
 
-	print_message("# step: seed %llu\n", (unsigned long long)seed);
+	print_message("# step: seed %llu%s\n", (unsigned long long)seed, disk ? "" : ", no disk");
 	t_rng_seed(seed);
 	assert_non_null(mkdtemp(dir));
-	c.spill_dir = dir;
-	c.host_bytes = t_budget(&c, 220);
+	c.spill_dir = disk ? dir : NULL;
+	c.host_bytes = t_budget(&c, disk ? 220 : 4000);
 	c.device_bytes = t_budget(&c, 300) + c.recall_cache_bytes;
 	for (int m = 0; m < 2; m++)
 		mm[m] = t_mk(&c);
+	if (!disk) {
+		print_message("# step: recall regions on the device: %s\n",
+			      mm[1]->dev_regions ? "yes (the twin's on the CPU)" : "no");
+		mm[0]->dev_regions = false;
+	}
 	for (uint32_t i = 0; i < SEQS; i++) {
 		ids[i] = 500 + i;
 		for (int m = 0; m < 2; m++)
@@ -233,13 +247,25 @@ static void test_step_same_as_plain(void **state)
 	/* the walk reached what it is about */
 	assert_true(steps > 0 && scored > 0 && broken > 0 && refused > 0);
 	assert_true(a.recall_evictions > 0);
-	assert_true(a.disk_blocks_fetched > 0);
+	assert_true(disk ? a.disk_blocks_fetched > 0 : a.disk_blocks_fetched == 0);
 	for (int m = 0; m < 2; m++)
 		kvt_manager_destroy(mm[m]);
 	free(k);
 	free(v);
 	free(q);
 	rmdir(dir);
+}
+
+static void test_step_same_as_plain(void **state)
+{
+	(void)state;
+	walk(true);
+}
+
+static void test_step_device_as_host(void **state)
+{
+	(void)state;
+	walk(false);
 }
 
 /* Tokens of (seq, layer 0). */
@@ -427,6 +453,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_step_contract),
 		cmocka_unit_test(test_step_same_as_plain),
+		cmocka_unit_test(test_step_device_as_host),
 		cmocka_unit_test(test_step_begin_faults),
 	};
 

@@ -13,7 +13,7 @@
 
 #include "kvtier.h"
 
-#define KVT_BACKEND_OPS_VERSION 5
+#define KVT_BACKEND_OPS_VERSION 6
 
 enum kvt_tier {
 	KVT_TIER_DEVICE = 0,
@@ -75,6 +75,66 @@ struct kvt_be_stats {
 struct kvt_snapkv;
 struct kvt_attend_rows;
 struct kvt_gpu_quest;
+
+/* One copy between host memory and the backend's device memory (region_run). */
+struct kvt_dcopy {
+	uint64_t dev; /* device address */
+	void *host;   /* host memory (any) */
+	uint64_t bytes;
+};
+
+/* The parts of a region program, in the order region_run queues them. */
+enum kvt_region_stage {
+	KVT_RS_UPLOAD,
+	KVT_RS_GROUPS,
+	KVT_RS_CLEAR,
+	KVT_RS_DROP,
+	KVT_RS_GROW,
+	KVT_RS_SELECT,
+	KVT_RS_RECALL,
+	KVT_RS_GATHER,
+	KVT_RS_EMPTY,
+	KVT_RS_READ,
+	KVT_RS_END
+};
+
+/* A program of recall-region work on the device (region_run; policy/gpu.h "recall regions").
+   Every uint64_t is a device address (in memory of dmem_alloc), written by the uploads or
+   earlier work; each array of descriptors is of struct kvt_gpu_region. A part with a count of
+   0 is skipped. */
+struct kvt_region_run {
+	const struct kvt_dcopy *up; /* host -> device, first */
+	uint32_t n_up;
+	/* kvt_gpu_region_groups(group_at, group_val, n_groups) */
+	uint64_t group_at, group_val;
+	uint32_t n_groups;
+	/* kvt_gpu_region_clear(clear_rg, clear_gone, clear_off, stack) */
+	uint64_t clear_rg, clear_gone, clear_off;
+	uint32_t n_clear;
+	/* kvt_gpu_region_drop(drop_rg, drop_k, drop_off, NULL, stack, drop_gone) */
+	uint64_t drop_rg, drop_k, drop_off, drop_gone;
+	uint32_t n_drop;
+	/* kvt_gpu_region_grow(grow_rg, grow_n, stack, grow_off) */
+	uint64_t grow_rg, grow_n, grow_off;
+	uint32_t n_grow;
+	uint64_t stack; /* the free-frame stack */
+	/* The recall of n members: with qs, the Quest selection of their queries q (device) writes
+	   sel ([n][n_heads][r]) first, as the quest op (qs: device array of n kvt_gpu_quest);
+	   then kvt_gpu_region_recall(rg) and kvt_gpu_region_gather(rg, block_bytes, frame_base,
+	   missing, fresh). */
+	uint64_t rg, qs, sel, missing, fresh;
+	uint32_t n;
+	const void *q;
+	enum kvt_dtype dt;
+	uint32_t head_dim, g_count, n_heads, lbt, r;
+	uint64_t block_bytes, frame_base;
+	/* kvt_gpu_region_empty(empty_rg over n_empty_rg descriptors, empty_pairs) */
+	uint64_t empty_rg, empty_pairs;
+	uint32_t n_empty_rg, n_empty;
+	const struct kvt_dcopy *rd; /* device -> host, last */
+	uint32_t n_rd;
+	uint32_t start, stop; /* the stages run: [start, stop), stop 0 = to the end */
+};
 
 struct kvt_backend_params {
 	uint32_t save_threads;
@@ -219,6 +279,16 @@ struct kvt_backend_ops {
 	int (*quest)(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads,
 		     uint32_t g_count, uint32_t lbt, uint32_t r, const struct kvt_gpu_quest *qs,
 		     uint32_t n, const void *q, uint32_t *sel, void *stream);
+
+	/* ---- Optional (NULL), with the five above: recall regions kept on the device. ----
+	   Queues the program's stages [start, stop) on stream in the order of enum
+	   kvt_region_stage (uploads, group entries, clears, drops, grows, selection, recall,
+	   gather, empties, reads) and waits for stream: the reads are in host memory when it
+	   returns. 0, or the first error, with *done the stage that failed to be queued (the stages
+	   before it were queued, and have run when the wait worked; it and those after it were
+	   not), or KVT_RS_END when the wait failed. */
+	int (*region_run)(struct kvt_be *b, const struct kvt_region_run *r, void *stream,
+			  uint32_t *done);
 
 	/* Transfer figures for kvt_stats. */
 	void (*stats)(struct kvt_be *b, struct kvt_be_stats *out);

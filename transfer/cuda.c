@@ -1407,6 +1407,113 @@ static int cuda_quest(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, ui
 	return stream_finish(cb, err, st, "Quest selection: wait");
 }
 
+#define DPTR(a) ((void *)(uintptr_t)(a))
+
+static int cuda_region_run(struct kvt_be *b, const struct kvt_region_run *r, void *stream,
+			   uint32_t *done)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	cudaStream_t st = (cudaStream_t)stream;
+	const struct kvt_gpu_region *rg = DPTR(r->rg);
+	uint32_t stop = r->stop ? r->stop : KVT_RS_END, at = r->start;
+	int err = bind(cb);
+
+	*done = at;
+	if (err)
+		return err;
+	for (; at < stop && !err; at++) {
+		*done = at;
+		switch (at) {
+		case KVT_RS_UPLOAD:
+			for (uint32_t i = 0; i < r->n_up && !err; i++)
+				err = CU(cb,
+					 cudaMemcpyAsync(DPTR(r->up[i].dev), r->up[i].host,
+							 (size_t)r->up[i].bytes,
+							 cudaMemcpyHostToDevice, st),
+					 "recall regions: upload");
+			break;
+		case KVT_RS_GROUPS:
+			if (r->n_groups)
+				err = CU(cb,
+					 (cudaError_t)kvt_gpu_region_groups(DPTR(r->group_at),
+									    DPTR(r->group_val),
+									    r->n_groups, stream),
+					 "recall regions: group tables");
+			break;
+		case KVT_RS_CLEAR:
+			if (r->n_clear)
+				err = CU(cb,
+					 (cudaError_t)kvt_gpu_region_clear(
+						 DPTR(r->clear_rg), DPTR(r->clear_gone),
+						 DPTR(r->clear_off), DPTR(r->stack), r->n_clear,
+						 stream),
+					 "recall regions: clear");
+			break;
+		case KVT_RS_DROP:
+			if (r->n_drop)
+				err = CU(cb,
+					 (cudaError_t)kvt_gpu_region_drop(
+						 DPTR(r->drop_rg), DPTR(r->drop_k),
+						 DPTR(r->drop_off), NULL, DPTR(r->stack),
+						 DPTR(r->drop_gone), r->n_drop, stream),
+					 "recall regions: drop");
+			break;
+		case KVT_RS_GROW:
+			if (r->n_grow)
+				err = CU(cb,
+					 (cudaError_t)kvt_gpu_region_grow(
+						 DPTR(r->grow_rg), DPTR(r->grow_n), DPTR(r->stack),
+						 DPTR(r->grow_off), r->n_grow, stream),
+					 "recall regions: grow");
+			break;
+		case KVT_RS_SELECT:
+			if (r->n && r->qs)
+				err = CU(cb,
+					 (cudaError_t)kvt_gpu_quest_select(
+						 r->dt, r->head_dim, r->n_heads, r->g_count, r->lbt,
+						 r->r, DPTR(r->qs), r->q, DPTR(r->sel), r->n,
+						 stream),
+					 "recall regions: Quest selection");
+			break;
+		case KVT_RS_RECALL:
+			if (r->n)
+				err = CU(cb, (cudaError_t)kvt_gpu_region_recall(rg, r->n, stream),
+					 "recall regions: recall");
+			break;
+		case KVT_RS_GATHER:
+			if (r->n) {
+				err = CU(cb,
+					 (cudaError_t)kvt_gpu_region_gather(
+						 rg, r->n, r->block_bytes,
+						 dev_addr(cb, r->frame_base), cb->gather_ctas,
+						 DPTR(r->missing), DPTR(r->fresh), stream),
+					 "recall regions: gather");
+				cb->kernel_launches += !err;
+			}
+			break;
+		case KVT_RS_EMPTY:
+			if (r->n_empty)
+				err = CU(cb,
+					 (cudaError_t)kvt_gpu_region_empty(
+						 DPTR(r->empty_rg), r->n_empty_rg,
+						 DPTR(r->empty_pairs), NULL, r->n_empty, stream),
+					 "recall regions: empty");
+			break;
+		case KVT_RS_READ:
+			for (uint32_t i = 0; i < r->n_rd && !err; i++)
+				err = CU(cb,
+					 cudaMemcpyAsync(r->rd[i].host, DPTR(r->rd[i].dev),
+							 (size_t)r->rd[i].bytes,
+							 cudaMemcpyDeviceToHost, st),
+					 "recall regions: read back");
+			break;
+		}
+	}
+	if (!err)
+		*done = KVT_RS_END;
+	return stream_finish(cb, err, st, "recall regions: wait");
+}
+
 static void cuda_stats(struct kvt_be *b, struct kvt_be_stats *out)
 {
 	struct cuda_backend *cb = (struct cuda_backend *)b;
@@ -1443,6 +1550,7 @@ const struct kvt_backend_ops kvt_backend_cuda_ops = {
 	.dmem_copy = cuda_dmem_copy,
 	.meta_build = cuda_meta_build,
 	.quest = cuda_quest,
+	.region_run = cuda_region_run,
 	.stats = cuda_stats,
 };
 

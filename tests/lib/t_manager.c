@@ -59,6 +59,10 @@ void t_same_views(struct kvt_manager *const mm[2], const struct kvt_config *c, u
 			memset(ref[k], 0, r * sizeof(*ref[k]));
 			rc[k] = kvt_seq_recall_view(mm[k], seq, layer, h, ref[k], r, &n[k]);
 		}
+		if (rc[0] != rc[1])
+			print_message("# views of seq %llu layer %u head %u: %d against %d (%s)\n",
+				      (unsigned long long)seq, layer, h, rc[0], rc[1],
+				      kvt_manager_last_error(mm[1]));
 		CHECK_EQ(rc[0], rc[1]);
 		CHECK_EQ(n[0], n[1]);
 		for (uint32_t i = 0; rc[0] == 0 && i < n[0]; i++) {
