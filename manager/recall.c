@@ -882,7 +882,10 @@ void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
 		if (rc->view_n)
 			memset(rc->view_n, 0, m->cfg.n_kv_heads * sizeof(*rc->view_n));
 		rc->view_failed = false;
-		rc->dirty = false; /* no slot, no view: nothing on the device to read */
+		if (m->dev_regions) { /* the keys forgotten there: read them at the next use */
+			rc->dirty = rc->dreg != 0;
+			rc->dview_r = 0; /* and no view since */
+		}
 	}
 }
 
@@ -934,7 +937,9 @@ int kvt_recall_pull(struct kvt_manager *m, struct kvt_recall_layer *rc)
 	}
 	memcpy(rc->rg.slot, tmp + g.slot, (size_t)n * sizeof(*rc->rg.slot));
 	memcpy(rc->frame, tmp + g.frame, (size_t)n * sizeof(*rc->frame));
-	if (rc->view_n) {
+	if (rc->view_n && !rc->dview_r) { /* no call since its regions were given back */
+		memset(rc->view_n, 0, H * sizeof(*rc->view_n));
+	} else if (rc->view_n) {
 		memcpy(rc->view_n, tmp + g.view_n, H * sizeof(*rc->view_n));
 		for (uint32_t h = 0; h < H; h++)
 			if (NEVER(rc->view_n[h] > rc->view_cap))
