@@ -935,8 +935,10 @@ int kvt_recall_pull(struct kvt_manager *m, struct kvt_recall_layer *rc)
 		free(ok);
 		return kvt_fail(m, err, "recall: reading a region from the device: %s", m->be->err);
 	}
-	memcpy(rc->rg.slot, tmp + g.slot, (size_t)n * sizeof(*rc->rg.slot));
-	memcpy(rc->frame, tmp + g.frame, (size_t)n * sizeof(*rc->frame));
+	if (n) { /* (a region given back may have no slot arrays) */
+		memcpy(rc->rg.slot, tmp + g.slot, (size_t)n * sizeof(*rc->rg.slot));
+		memcpy(rc->frame, tmp + g.frame, (size_t)n * sizeof(*rc->frame));
+	}
 	if (rc->view_n && !rc->dview_r) { /* no call since its regions were given back */
 		memset(rc->view_n, 0, H * sizeof(*rc->view_n));
 	} else if (rc->view_n) {
