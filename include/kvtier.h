@@ -364,13 +364,17 @@ KVT_API int kvt_manager_config(const struct kvt_manager *m, struct kvt_config *o
 
 /* Fills *out up to out->size (a larger size: the whole struct) and sets out->size to the bytes
    written. -EINVAL, with nothing written, on NULL, out->size smaller than the first two fields
-   or out->version other than KVT_STATS_VERSION. */
+   or out->version other than KVT_STATS_VERSION. With the recall regions on the device, the
+   figures of recall calls the device has not reported yet are read first (a wait for their
+   work, as a rule done already); a failure found there is the next recall call's error. */
 KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out);
 
 /* Waits until every save handed to the save path so far has landed in the host history and
-   every device operation queued on `stream` has completed. -EINVAL on a NULL m; on the CUDA
-   backend, -EIO when a save was lost on the device, and the device errors of the wait (-EIO,
-   -ENOMEM, -ENODEV, -EINVAL for a stream CUDA refuses), detail in the last error. */
+   every device operation queued on `stream` has completed, and, with the recall regions on the
+   device, reads every recall call's report. -EINVAL on a NULL m; on the CUDA backend, -EIO when
+   a save was lost on the device or a recall call's work failed there, and the device errors of
+   the wait (-EIO, -ENOMEM, -ENODEV, -EINVAL for a stream CUDA refuses), detail in the last
+   error. */
 KVT_API int kvt_manager_sync(struct kvt_manager *m, void *stream);
 
 /* Registers sequence `seq` with a prompt of prompt_tokens (1..INT32_MAX) tokens. Allocates no
@@ -623,8 +627,13 @@ KVT_API int kvt_seq_spill(struct kvt_manager *m, uint64_t seq);
    read as stale (-ESTALE) until they are recalled again; frames this call took from other regions
    stay taken, and the working-set estimates keep this call's blocks. On the CUDA backend without a
    disk tier the regions are kept on the device and the call runs there (docs/design.md, "Recall on
-   the device"), with the same decisions and errors; it waits for `stream` to read its counts back,
-   and a device failure while loading has the effect just described. */
+   the device"), with the same decisions and errors: it queues its work on `stream` and waits for
+   nothing (its counts and figures are read when the layer's next recall call, kvt_manager_stats,
+   kvt_manager_sync, a view, kvt_attend, a preemption or a destroy needs them), and a failure
+   queueing its load has the effect just described. When the device fails a call's work (a CUDA
+   error found then), the call that finds it fails with that error (-EIO as a rule), that call's
+   views read as stale, and every later recall call fails with it: the device's state cannot be
+   told. */
 KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
 			      uint32_t n, const void *q, void *stream);
 

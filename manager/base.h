@@ -136,9 +136,17 @@ struct kvt_recall_cache {
 	uint8_t *hblob;
 	uint32_t hblob_cap;
 	int dbroken; /* a program failed (the device's state is unknown): every later call's */
+	/* Calls whose program was queued without a wait (dev_regions): lane[l] is layer l's
+	   latest (the backend's lane l + 1), its reads applied when it is settled: in the order
+	   the calls were made (fifo holds their layers from fifo_head), at the layer's next call
+	   at the latest (manager/recall.c, "Settling"). */
+	struct kvt_dlane *lane; /* [n_layers] */
+	uint32_t *fifo;		/* [n_layers] */
+	uint32_t fifo_head, n_pending;
 };
 
 struct kvt_spill_ref;
+struct kvt_dlane;
 struct kvt_par;
 struct kvt_want;
 struct kvt_pspan;

@@ -271,8 +271,8 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 		      (uint64_t)m->group_q * c.head_dim <= KVT_GPU_QUEST_MAX_QDIM;
 	/* The recall regions there too, where every block a load reads is in host memory (no
 	   disk tier) and a region's heads fit one CTA. */
-	m->dev_regions = m->dev_meta && ops->region_run && !m->disk &&
-			 c.n_kv_heads <= KVT_GPU_REGION_MAX_HEADS;
+	m->dev_regions = m->dev_meta && ops->region_run && ops->region_host && ops->region_wait &&
+			 !m->disk && c.n_kv_heads <= KVT_GPU_REGION_MAX_HEADS;
 	m->st.save_threads = c.save_threads;
 	*out = m;
 	return 0;
@@ -406,6 +406,10 @@ KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out
 	    out->version != KVT_STATS_VERSION)
 		return -EINVAL;
 	size = out->size < sizeof(st) ? out->size : (uint32_t)sizeof(st);
+	/* the figures of recall calls the device has not reported yet (a failure there is
+	   recorded for the next recall call) */
+	if (m->rc.n_pending)
+		(void)kvt_recall_settle((struct kvt_manager *)m);
 	st = m->st;
 	st.size = size;
 	st.version = KVT_STATS_VERSION;
@@ -473,5 +477,6 @@ KVT_API int kvt_manager_sync(struct kvt_manager *m, void *stream)
 		err = m->ops->save_wait(m->be, UINT64_MAX);
 	if (err)
 		return kvt_fail(m, err, "sync: %s", m->be->err);
-	return 0;
+	/* and the recall calls' reports */
+	return kvt_recall_settle(m);
 }

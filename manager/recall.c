@@ -43,6 +43,8 @@ int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames)
 	return 0;
 }
 
+static void lanes_free(struct kvt_manager *m);
+
 void kvt_recall_fini(struct kvt_manager *m)
 {
 	struct kvt_recall_cache *rc = &m->rc;
@@ -52,6 +54,7 @@ void kvt_recall_fini(struct kvt_manager *m)
 	if (m->be && rc->dcall)
 		m->ops->dmem_free(m->be, rc->dcall);
 	free(rc->hblob);
+	lanes_free(m);
 	free(rc->free);
 	free(rc->push_tag);
 	free(rc->tmp);
@@ -100,6 +103,8 @@ void kvt_recall_layer_free(struct kvt_manager *m, struct kvt_recall_layer *rc)
 {
 	if (!rc)
 		return;
+	if (m->rc.n_pending) /* a pending call may name it */
+		(void)kvt_recall_settle(m);
 	if (rc->dmeta) {
 		m->ops->dmem_free(m->be, rc->dmeta);
 		m->dmeta_bytes -= dmeta_size(m, rc->dcap);
@@ -254,6 +259,10 @@ static int dreg_reserve(struct kvt_manager *m, struct kvt_recall_layer *rc, uint
 
 	if (scap <= rc->dscap && vcap <= rc->dvcap)
 		return 0;
+	/* a pending program of another layer may have dropped from it, on another stream */
+	err = kvt_recall_settle(m);
+	if (err)
+		return err;
 	scap = scap > rc->dscap ? scap : rc->dscap;
 	vcap = vcap > rc->dvcap ? vcap : rc->dvcap;
 	o = dreg_layout(m, rc->dscap, rc->dvcap);
@@ -337,18 +346,89 @@ static struct prog_layout prog_layout(const struct kvt_manager *m, uint64_t n, u
 	return l;
 }
 
+/* ---- Settling ----
+   A call's program is queued without a wait: its reads (each member's clock, working set and
+   tally, what the drops forgot, the stale views they made) land in the lane's pinned buffer
+   when the device gets there, and are applied when the call is settled. That is at the
+   layer's next call, before anything reads them (its members' working sets are counted a
+   step late in any case), or earlier for whatever reads the host's counts of every region:
+   the figures, the views, a sequence given back, a check. Calls are settled in the order
+   they were made, so the latest verdict on a view is the one that stands: a call's on the
+   views it made, a later drop's on the views it made stale. (A layer's call settles the
+   layer's previous one before it makes new views.) */
+
+/* A call made and not yet settled (lane[layer]). */
+struct kvt_dlane {
+	bool pending;
+	uint8_t *blob; /* the lane's pinned buffer (region_host), blob_cap bytes */
+	uint64_t blob_cap;
+	struct prog_layout l;
+	uint32_t n, nd, r, cap;
+	struct kvt_recall_layer **rc; /* [n + nd]: the members, then the regions that dropped */
+	uint32_t *n_slots;	      /* [n]: the members' slot counts after the sizing */
+};
+
+/* Frees the lanes' tables (their pinned buffers are the backend's). */
+static void lanes_free(struct kvt_manager *m)
+{
+	struct kvt_recall_cache *c = &m->rc;
+
+	for (uint32_t l = 0; c->lane && l < m->cfg.n_layers; l++) {
+		free(c->lane[l].rc);
+		free(c->lane[l].n_slots);
+	}
+	free(c->lane);
+	free(c->fifo);
+}
+
 /* Room for the program of a call of n members among at most nx regions that may drop (its
-   device buffer, its host upload of gup group addresses and more, and the stack, set up at
-   the first call), before the sizing changes anything. 0 or the error, recorded. */
-static int prog_reserve(struct kvt_manager *m, uint32_t n, uint32_t nx, uint32_t r, bool host_sel,
+   device buffer, layer's lane with its pinned upload of gup group addresses and more, and the
+   stack, set up at the first call), before the sizing changes anything; settles the layer's
+   pending call. 0 or the error, recorded. */
+static int prog_reserve(struct kvt_manager *m, uint32_t layer, uint32_t n, uint32_t nx, uint32_t r,
 			uint64_t gup, void *stream)
 {
 	struct kvt_recall_cache *c = &m->rc;
 	struct prog_layout l = prog_layout(m, n, n + (uint64_t)nx, nx, n, r, gup);
-	uint64_t up = l.bytes, addr; /* the host side holds all (dev_undo reads the loads) */
+	uint64_t up = (uint64_t)m->cfg.n_layers * 256 + 256, addr; /* dev_drop_seq's */
+	struct kvt_dlane *ln;
 	int err;
 
-	(void)host_sel;
+	if (!c->lane) {
+		c->lane = kvt_calloc(m->cfg.n_layers, sizeof(*c->lane));
+		c->fifo = kvt_calloc(m->cfg.n_layers, sizeof(*c->fifo));
+		if (!c->lane || !c->fifo) {
+			free(c->lane);
+			free(c->fifo);
+			c->lane = NULL;
+			c->fifo = NULL;
+			return kvt_fail(m, -ENOMEM, "recall: no memory for the lanes");
+		}
+	}
+	ln = &c->lane[layer];
+	if (NEVER(ln->pending)) /* recall_core settled it */
+		return kvt_fail(m, -EBUSY, "recall: layer %u has a call pending", layer);
+	if (n + (uint64_t)nx > UINT32_MAX)
+		return kvt_fail(m, -ENOMEM, "recall: no memory for a call's program");
+	if (n + nx > ln->cap) {
+		uint32_t c1 = ln->cap, c2 = ln->cap;
+
+		if (kvt_reserve((void **)&ln->rc, &c1, n + nx, sizeof(*ln->rc)) ||
+		    kvt_reserve((void **)&ln->n_slots, &c2, n + nx, sizeof(*ln->n_slots)))
+			return kvt_fail(m, -ENOMEM, "recall: no memory for a call's program");
+		ln->cap = c1 < c2 ? c1 : c2;
+	}
+	/* the host side holds all of it (dev_undo reads the loads back) */
+	if (l.bytes > ln->blob_cap) {
+		void *host;
+
+		err = KVT_XFER(m, region_host, layer + 1, l.bytes, &host);
+		if (err)
+			return kvt_fail(m, err, "recall: no pinned memory for a call's program: %s",
+					m->be->err);
+		ln->blob = host;
+		ln->blob_cap = l.bytes;
+	}
 	if (!c->dstack_ready) {
 		if (!c->dstack) {
 			err = KVT_XFER(m, dmem_alloc, (uint64_t)c->n * sizeof(*c->free), stream,
@@ -366,8 +446,8 @@ static int prog_reserve(struct kvt_manager *m, uint32_t n, uint32_t nx, uint32_t
 			return kvt_fail(m, err, "recall: the free frames: %s", m->be->err);
 		c->dstack_ready = true;
 	}
-	if (l.bytes < (uint64_t)m->cfg.n_layers * 256 + 256) /* dev_drop_seq's clears */
-		l.bytes = (uint64_t)m->cfg.n_layers * 256 + 256;
+	if (l.bytes < up) /* dev_drop_seq's clears */
+		l.bytes = up;
 	if (l.bytes > c->dcall_cap) {
 		uint64_t cap = c->dcall_cap ? c->dcall_cap : 1 << 16;
 
@@ -382,11 +462,8 @@ static int prog_reserve(struct kvt_manager *m, uint32_t n, uint32_t nx, uint32_t
 		c->dcall = addr;
 		c->dcall_cap = cap;
 	}
-	/* and room for dev_drop_seq's clears of one sequence */
-	if (up < (uint64_t)m->cfg.n_layers * 256 + 256)
-		up = (uint64_t)m->cfg.n_layers * 256 + 256;
-	if (up > UINT32_MAX || gup > UINT32_MAX ||
-	    kvt_reserve((void **)&c->hblob, &c->hblob_cap, (uint32_t)up, 1))
+	/* and room for dev_drop_seq's clears of one sequence, in pageable memory (it waits) */
+	if (gup > UINT32_MAX || kvt_reserve((void **)&c->hblob, &c->hblob_cap, (uint32_t)up, 1))
 		return kvt_fail(m, -ENOMEM, "recall: no memory for a call's program");
 	return 0;
 }
@@ -561,6 +638,8 @@ uint32_t kvt_ws_frames(struct kvt_manager *m, struct kvt_seq *s, uint32_t t, uin
 	uint32_t total = 0;
 
 	*step_frames = 0;
+	if (m->rc.n_pending) /* the working sets the device counted */
+		(void)kvt_recall_settle(m);
 	for (uint32_t l = 0; l < m->cfg.n_layers; l++) {
 		struct kvt_ws *ws = s->layers[l].rc ? &s->layers[l].rc->ws : NULL;
 
@@ -796,8 +875,10 @@ static void dev_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
 	uint32_t done;
 	struct prog_layout pl = {.cell = cells};
 	uint64_t gone = 0;
-	int err = c->dbroken;
+	int err;
 
+	(void)kvt_recall_settle(m); /* (a failure there is dbroken's) */
+	err = c->dbroken;
 	for (uint32_t l = 0; l < L; l++)
 		k += s->layers[l].rc && s->layers[l].rc->rg.n_slots;
 	if (!k)
@@ -909,7 +990,12 @@ int kvt_recall_pull(struct kvt_manager *m, struct kvt_recall_layer *rc)
 	uint8_t *tmp;
 	int err;
 
-	if (!m->dev_regions || !rc || !rc->dirty)
+	if (!m->dev_regions || !rc)
+		return 0;
+	err = kvt_recall_settle(m);
+	if (err)
+		return err;
+	if (!rc->dirty)
 		return 0;
 	if (m->rc.dbroken)
 		return kvt_fail(
@@ -981,6 +1067,8 @@ int kvt_recall_check(struct kvt_manager *m)
 	uint8_t *seen;
 	int err = 0;
 
+	if (m->dev_regions && kvt_recall_settle(m))
+		return -13;
 	if (c->sizing || c->top != c->n_free || c->n_free > c->n)
 		return -1;
 	if (m->dev_regions && c->dstack_ready) { /* the device's state, read */
@@ -1070,11 +1158,21 @@ static uint32_t exact_need(const struct kvt_manager *m, const struct kvt_seq_lay
 /* What a Quest selection of one (sequence, layer) needs of its region at least: per head, its
    r best blocks among those not fully resident, all distinct, so min(r, such blocks). Equal to
    exact_need of the selection, without reading it (a device's selection stays there). */
-static uint32_t quest_need(const struct kvt_manager *m, const struct kvt_seq_layer *ly, uint32_t r)
+static uint32_t quest_need(const struct kvt_manager *m, const struct kvt_seq *s,
+			   const struct kvt_seq_layer *ly, uint32_t r)
 {
 	struct kvt_region_geom g = geom_of(m, ly->n_tokens);
 	uint32_t bt = m->cfg.block_tokens, nb = DIV_UP(ly->n_tokens, bt), need = 0;
+	uint64_t full;
 
+	/* At most this many blocks of a head are fully resident: those touching the sink or the
+	   ring (the last one, possibly partial, among them), and blocks of bt top-K positions
+	   (each position counts in one block's top-K count). With r more blocks than that,
+	   every head has r candidates: no block needs reading. */
+	full = DIV_UP(m->cfg.sink_tokens, bt) + s->valid_topk / bt + 1 +
+	       (g.ring0 < ly->n_tokens ? DIV_UP(ly->n_tokens - g.ring0, bt) + 1 : 0);
+	if (nb >= full + r)
+		return m->cfg.n_kv_heads * r;
 	for (uint32_t h = 0; h < m->cfg.n_kv_heads; h++) {
 		uint32_t cand = 0;
 
@@ -1146,7 +1244,7 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 		/* A Quest selection's floor is known without reading it (a device's stays
 		   there); the two agree. */
 		if (quest) {
-			uint32_t q = quest_need(m, ly, r);
+			uint32_t q = quest_need(m, s, ly, r);
 
 			if (sel)
 				(void)NEVER(q != need);
@@ -1251,15 +1349,19 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 					c->want[i]);
 		/* on the device, room for what two calls can look up at first: each growth
 		   there is an allocation and a copy on the device */
-		if (m->dev_regions && dreg_reserve(m, rc,
-						   rc->dreg || rc->cap_slots >= 2 * H * r
-							   ? rc->cap_slots
-							   : (2 * H * r < KVT_REGION_MAX_SLOTS
-								      ? 2 * H * r
-								      : KVT_REGION_MAX_SLOTS),
-						   rc->view_cap, stream))
-			return kvt_fail(m, -ENOMEM, "recall: no device memory for a region: %s",
-					m->be->err);
+		if (m->dev_regions) {
+			int err = dreg_reserve(m, rc,
+					       rc->dreg || rc->cap_slots >= 2 * H * r
+						       ? rc->cap_slots
+						       : (2 * H * r < KVT_REGION_MAX_SLOTS
+								  ? 2 * H * r
+								  : KVT_REGION_MAX_SLOTS),
+					       rc->view_cap, stream);
+
+			if (err)
+				return kvt_fail(m, err, "recall: a region on the device: %s",
+						m->be->err);
+		}
 		if (m->dev_regions) {
 			uint32_t nb =
 				DIV_UP(m->batch[i]->layers[layer].n_tokens, m->cfg.block_tokens);
@@ -1269,8 +1371,7 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 		loads += (uint64_t)H * r;
 	}
 	if (m->dev_regions) {
-		int err = prog_reserve(m, n, (uint32_t)(c->n_regions + n), r, sel != NULL, gup,
-				       stream);
+		int err = prog_reserve(m, layer, n, (uint32_t)(c->n_regions + n), r, gup, stream);
 
 		if (err)
 			return err;
@@ -1593,84 +1694,134 @@ static uint32_t recall_pass2(struct kvt_manager *m, struct recall_job *j, uint32
 	return nx;
 }
 
-/* What a program of a call of n members read back (cells, drops' reports) into the host's
-   counts, working sets and the call's tally *t and load count *nx. With `failed`, its loads
-   were undone (dev_undo: nl of them, fresh into empty slots): the views read as stale, and
-   the slots the loads took hold nothing. */
-static void dev_apply(struct kvt_manager *m, uint32_t layer, uint32_t n, uint32_t r,
-		      const struct prog_layout *l, bool failed, uint32_t nl, uint32_t fresh,
-		      struct kvt_region_tally *t, uint32_t *nx)
+/* What a call's program read back into its lane's buffer (cells, drops' reports) into the
+   host's counts, working sets and figures. With `failed`, its loads were undone (dev_undo:
+   nl of them, fresh into empty slots): the figures take its evictions alone, its views read
+   as stale, and the slots the loads took hold nothing. */
+static void dev_apply(struct kvt_manager *m, const struct kvt_dlane *ln, bool failed, uint32_t nl,
+		      uint32_t fresh)
 {
 	struct kvt_recall_cache *c = &m->rc;
-	const struct dcell *cell = (const struct dcell *)(c->hblob + l->cell);
-	const uint32_t *bkt = (const uint32_t *)(c->hblob + l->bucket),
-		       *gone = (const uint32_t *)(c->hblob + l->gone),
-		       *stale = (const uint32_t *)(c->hblob + l->stale);
-	uint32_t H = m->cfg.n_kv_heads, w = m->cfg.ws_window;
-	uint64_t lost = 0;
+	const struct prog_layout *l = &ln->l;
+	const struct dcell *cell = (const struct dcell *)(ln->blob + l->cell);
+	const uint32_t *bkt = (const uint32_t *)(ln->blob + l->bucket),
+		       *gone = (const uint32_t *)(ln->blob + l->gone),
+		       *stale = (const uint32_t *)(ln->blob + l->stale);
+	uint32_t w = m->cfg.ws_window, n = ln->n;
+	struct kvt_region_tally t = {0};
+	uint64_t lost = 0, nx = 0;
 
-	*nx = 0;
 	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_recall_layer *rc = c->mrc[i];
+		struct kvt_recall_layer *rc = ln->rc[i];
 		const struct dcell *e = &cell[i];
 
-		NEVER(e->err != 0 || e->n_slots != rc->rg.n_slots); /* sized for the call */
+		NEVER(e->err != 0 || e->n_slots != ln->n_slots[i]); /* sized for the call */
 		rc->rg.clock = e->clock;
 		rc->ws.step = e->ws.step;
 		rc->ws.cur = e->ws.cur;
 		rc->ws.total = e->ws.total;
 		memcpy(rc->ws.bucket, bkt + (size_t)i * w, (size_t)w * sizeof(*bkt));
-		t->lookups += e->tally.lookups;
-		t->hits += e->tally.hits;
-		t->loads += e->tally.loads;
-		t->evictions += e->tally.evictions;
-		*nx += e->n_load;
-		/* as recall_member */
-		if (rc->rg.n_slots && !rc->ws_counted) {
-			c->sum_ws += (uint64_t)H * r;
-			rc->ws_counted = H * r;
-		}
+		t.lookups += e->tally.lookups;
+		t.hits += e->tally.hits;
+		t.evictions += e->tally.evictions;
+		nx += e->n_load;
 		rc->ws_next = rc->ws.total;
 		rc->view_failed = failed;
-		rc->dview_r = r;
-		rc->dirty = true;
-		rc->dgroups = DIV_UP(m->batch[i]->layers[layer].n_tokens, m->cfg.block_tokens);
 	}
-	for (uint32_t d = 0; d < c->n_drop; d++) {
+	for (uint32_t d = 0; d < ln->nd; d++) {
 		lost += gone[d];
 		if (stale[d])
-			c->drop[d].rc->view_failed = true;
+			ln->rc[n + d]->view_failed = true;
 	}
 	if (!failed) {
-		fresh = *(const uint32_t *)(c->hblob + l->fresh);
+		fresh = *(const uint32_t *)(ln->blob + l->fresh);
 		nl = 0; /* every load holds its block */
 		/* no disk tier: every block a load reads is in host memory */
-		NEVER(*(const uint32_t *)(c->hblob + l->missing) != 0);
+		NEVER(*(const uint32_t *)(ln->blob + l->missing) != 0);
+		m->st.recall_lookups += t.lookups;
+		m->st.recall_hits += t.hits;
+		m->st.recall_loads += nx;
+		m->st.bytes_h2d += nx * m->block_bytes;
 	}
-	m->st.recall_evictions += lost;
+	/* as the host's, failed or not */
+	m->st.recall_evictions += t.evictions + lost;
 	/* frames holding a block: less those the drops emptied, plus those loads filled,
 	   less, after an undo, every load's (each held its block, and holds nothing now) */
 	if (ALWAYS(c->n_held + fresh >= lost + nl))
 		c->n_held = c->n_held + fresh - lost - nl;
 }
 
+/* Settles layer's pending call (its program has run, or is waited for): its reads applied,
+   or, when the device failed it, its views and those its drops saw read as stale and every
+   later call fails (the device's state cannot be told). 0 or that error, recorded. */
+static int dev_settle(struct kvt_manager *m, uint32_t layer)
+{
+	struct kvt_recall_cache *c = &m->rc;
+	struct kvt_dlane *ln = &c->lane[layer];
+	int err;
+
+	if (!ln->pending)
+		return 0;
+	err = m->ops->region_wait(m->be, layer + 1);
+	ln->pending = false;
+	c->n_pending--;
+	if (!err) {
+		dev_apply(m, ln, false, 0, 0);
+		return 0;
+	}
+	if (!c->dbroken)
+		c->dbroken = err;
+	for (uint32_t i = 0; i < ln->n + ln->nd; i++)
+		ln->rc[i]->view_failed = true;
+	return kvt_fail(m, err, "recall: layer %u on the device: %s", layer, m->be->err);
+}
+
+/* Settles the pending calls in the order they were made, up to layer's (UINT32_MAX: all).
+   0, or the first error, recorded. */
+static int settle_through(struct kvt_manager *m, uint32_t layer)
+{
+	struct kvt_recall_cache *c = &m->rc;
+	uint32_t L = m->cfg.n_layers;
+	int first = 0;
+
+	while (c->n_pending) {
+		uint32_t l = c->fifo[c->fifo_head];
+		int err;
+
+		c->fifo_head = (c->fifo_head + 1) % L;
+		err = dev_settle(m, l);
+		if (err && !first)
+			first = err;
+		if (l == layer)
+			break;
+	}
+	if (first) /* the first error's message */
+		return kvt_fail(m, first, "recall: a program on the device failed: %s", m->be->err);
+	return 0;
+}
+
+int kvt_recall_settle(struct kvt_manager *m)
+{
+	return m->rc.n_pending ? settle_through(m, UINT32_MAX) : 0;
+}
+
 /* After a call's program failed at stage `done` (enum kvt_region_stage): its decisions are
    made all the same (the stages before the gather it had not queued run now), then the slots
    its loads took are emptied, as the host's recall_undo does, and dev_apply reports it
    failed. 0, or the error when the device did not take even that (its state unknown). */
-static int dev_undo(struct kvt_manager *m, uint32_t layer, uint32_t n, uint32_t r,
-		    const struct prog_layout *l, const struct kvt_region_run *run, uint32_t done,
-		    void *stream, struct kvt_region_tally *t, uint32_t *nx)
+static int dev_undo(struct kvt_manager *m, struct kvt_dlane *ln, const struct kvt_region_run *run,
+		    uint32_t done, void *stream)
 {
 	struct kvt_recall_cache *c = &m->rc;
-	uint64_t H = m->cfg.n_kv_heads;
-	const struct dcell *cell = (const struct dcell *)(c->hblob + l->cell);
-	const struct kvt_region_load *ld = (const struct kvt_region_load *)(c->hblob + l->load);
-	uint32_t *pairs = (uint32_t *)(c->hblob + l->pairs), np = 0, fresh = 0, dd;
+	const struct prog_layout *l = &ln->l;
+	uint64_t H = m->cfg.n_kv_heads, n = ln->n, r = ln->r;
+	const struct dcell *cell = (const struct dcell *)(ln->blob + l->cell);
+	const struct kvt_region_load *ld = (const struct kvt_region_load *)(ln->blob + l->load);
+	uint32_t *pairs = (uint32_t *)(ln->blob + l->pairs), np = 0, fresh = 0, dd;
 	struct kvt_dcopy back[2] = {
-		{.dev = c->dcall, .host = c->hblob, .bytes = l->rd},
+		{.dev = c->dcall, .host = ln->blob, .bytes = l->rd},
 		{.dev = c->dcall + l->load,
-		 .host = c->hblob + l->load,
+		 .host = ln->blob + l->load,
 		 .bytes = n * H * r * sizeof(struct kvt_region_load)},
 	};
 	struct kvt_dcopy up;
@@ -1681,6 +1832,7 @@ static int dev_undo(struct kvt_manager *m, uint32_t layer, uint32_t n, uint32_t 
 		u = *run;
 		u.start = done;
 		u.stop = KVT_RS_GATHER;
+		u.lane = 0;
 		err = KVT_XFER(m, region_run, &u, stream, &dd);
 	}
 	if (!err)
@@ -1706,7 +1858,7 @@ static int dev_undo(struct kvt_manager *m, uint32_t layer, uint32_t n, uint32_t 
 			       &(struct kvt_region_run){.up = &up,
 							.n_up = 1,
 							.empty_rg = run->rg,
-							.n_empty_rg = n,
+							.n_empty_rg = (uint32_t)n,
 							.empty_pairs = c->dcall + l->pairs,
 							.n_empty = np,
 							.start = KVT_RS_UPLOAD,
@@ -1714,19 +1866,23 @@ static int dev_undo(struct kvt_manager *m, uint32_t layer, uint32_t n, uint32_t 
 			       stream, &dd);
 	if (err)
 		return err;
-	dev_apply(m, layer, n, r, l, true, np, fresh, t, nx);
+	dev_apply(m, ln, true, np, fresh);
 	return 0;
 }
 
 /* Pass 2 on the device: one program (struct kvt_region_run) makes the sizing's drops and
    grows, the members' selection (sel uploaded, or Quest's of the device queries q), their
-   recall and their gather; what it reads back goes into the host's counts, working sets and
-   figures. *t and *nx as recall_pass2's. 0 or the error, recorded. */
+   recall and their gather, queued on the layer's lane without a wait; what it reads back goes
+   into the host's counts, working sets and figures when the call is settled ("Settling").
+   What the host knows without it (the views remade, the working sets first counted) is
+   applied now. 0 or the error, recorded (a program that could not be queued whole is
+   finished without its loads, and waited for). */
 static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint32_t *sel,
-		   const void *q, uint32_t r, void *stream, struct kvt_region_tally *t,
-		   uint32_t *nx)
+		   const void *q, uint32_t r, void *stream)
 {
 	struct kvt_recall_cache *c = &m->rc;
+	struct kvt_dlane *ln = &c->lane[layer];
+	uint8_t *hb = ln->blob;
 	const struct kvt_config *cf = &m->cfg;
 	uint32_t H = cf->n_kv_heads, w = cf->ws_window, nc = n, nd = c->n_drop, ng = c->n_grow;
 	uint32_t n_g = 0, gup = 0;
@@ -1755,11 +1911,13 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 			c->drop[d].rc->cell_stamp = stamp;
 		}
 	l = prog_layout(m, n, nc, nd, ng, r, gup);
-	memset(c->hblob, 0, l.up);
-	cell = (struct dcell *)(c->hblob + l.cell);
-	bkt = (uint32_t *)(c->hblob + l.bucket);
-	gat = (uint64_t *)(c->hblob + l.gat);
-	gval = (uint64_t *)(c->hblob + l.gval);
+	if (NEVER(l.bytes > ln->blob_cap)) /* prog_reserve made room */
+		return kvt_fail(m, -ENOMEM, "recall: a call's program outgrew its lane");
+	memset(hb, 0, l.up);
+	cell = (struct dcell *)(hb + l.cell);
+	bkt = (uint32_t *)(hb + l.bucket);
+	gat = (uint64_t *)(hb + l.gat);
+	gval = (uint64_t *)(hb + l.gval);
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_recall_layer *rc = c->mrc[i];
 		const struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
@@ -1771,10 +1929,9 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		cell[i].ws.bucket =
 			(uint32_t *)(uintptr_t)(c->dcall + l.bucket + (uint64_t)i * w * 4);
 		memcpy(bkt + (size_t)i * w, rc->ws.bucket, (size_t)w * sizeof(*bkt));
-		((struct kvt_gpu_region *)(c->hblob + l.rg))[i] =
-			dev_desc(m, rc, &l, i, i, n, r, r);
+		((struct kvt_gpu_region *)(hb + l.rg))[i] = dev_desc(m, rc, &l, i, i, n, r, r);
 		if (q)
-			((struct kvt_gpu_quest *)(c->hblob + l.qs))[i] = (struct kvt_gpu_quest){
+			((struct kvt_gpu_quest *)(hb + l.qs))[i] = (struct kvt_gpu_quest){
 				.meta = (const void *)(uintptr_t)rc->dmeta,
 				.key = (const struct kvt_region_key *)(uintptr_t)kvt_dkey(m, rc),
 				.n_tokens = ly->n_tokens,
@@ -1795,28 +1952,28 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 	ALWAYS(n_g == gup);
 	for (uint32_t d = 0; d < nd; d++) {
 		struct kvt_recall_layer *rc = c->drop[d].rc;
-		struct kvt_gpu_region *g = (struct kvt_gpu_region *)(c->hblob + l.drg) + d;
+		struct kvt_gpu_region *g = (struct kvt_gpu_region *)(hb + l.drg) + d;
 
 		if (rc->cell >= n) /* not a member: its count is carried by its own cell */
 			cell[rc->cell].n_slots = rc->dn0;
 		*g = dev_desc(m, rc, &l, rc->cell, n, n, rc->dview_r, r);
 		if (c->drop[d].mark)
 			g->stale = (uint32_t *)(uintptr_t)(c->dcall + l.stale + (uint64_t)d * 4);
-		((uint32_t *)(c->hblob + l.drop_k))[d] = c->drop[d].n;
-		((uint32_t *)(c->hblob + l.drop_off))[d] = c->drop[d].off;
+		((uint32_t *)(hb + l.drop_k))[d] = c->drop[d].n;
+		((uint32_t *)(hb + l.drop_off))[d] = c->drop[d].off;
 	}
 	for (uint32_t k = 0; k < ng; k++) {
 		struct kvt_recall_layer *rc = c->grow[k].rc;
 
-		((struct kvt_gpu_region *)(c->hblob + l.grg))[k] =
+		((struct kvt_gpu_region *)(hb + l.grg))[k] =
 			dev_desc(m, rc, &l, rc->cell, n, n, r, r);
-		((uint32_t *)(c->hblob + l.grow_n))[k] = rc->rg.n_slots;
-		((uint32_t *)(c->hblob + l.grow_off))[k] = c->grow[k].off;
+		((uint32_t *)(hb + l.grow_n))[k] = rc->rg.n_slots;
+		((uint32_t *)(hb + l.grow_off))[k] = c->grow[k].off;
 	}
 	if (sel)
-		memcpy(c->hblob + l.sel, sel, (size_t)n * H * r * sizeof(*sel));
-	up = (struct kvt_dcopy){.dev = c->dcall, .host = c->hblob, .bytes = sel ? l.load : l.up};
-	rd = (struct kvt_dcopy){.dev = c->dcall, .host = c->hblob, .bytes = l.rd};
+		memcpy(hb + l.sel, sel, (size_t)n * H * r * sizeof(*sel));
+	up = (struct kvt_dcopy){.dev = c->dcall, .host = hb, .bytes = sel ? l.load : l.up};
+	rd = (struct kvt_dcopy){.dev = c->dcall, .host = hb, .bytes = l.rd};
 	run = (struct kvt_region_run){
 		.up = &up,
 		.n_up = 1,
@@ -1850,18 +2007,49 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		.frame_base = c->base,
 		.rd = &rd,
 		.n_rd = 1,
+		.lane = layer + 1,
 	};
+	/* the call as its settling will see it: the members, then the regions that dropped */
+	*ln = (struct kvt_dlane){.blob = ln->blob,
+				 .blob_cap = ln->blob_cap,
+				 .l = l,
+				 .n = n,
+				 .nd = nd,
+				 .r = r,
+				 .cap = ln->cap,
+				 .rc = ln->rc,
+				 .n_slots = ln->n_slots};
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvt_recall_layer *rc = c->mrc[i];
+
+		ln->rc[i] = rc;
+		ln->n_slots[i] = rc->rg.n_slots;
+		/* as recall_member */
+		if (rc->rg.n_slots && !rc->ws_counted) {
+			c->sum_ws += (uint64_t)H * r;
+			rc->ws_counted = H * r;
+		}
+		rc->dview_r = r;
+		rc->dirty = true;
+		rc->dgroups = DIV_UP(m->batch[i]->layers[layer].n_tokens, cf->block_tokens);
+	}
+	for (uint32_t d = 0; d < nd; d++) {
+		ln->rc[n + d] = c->drop[d].rc;
+		c->drop[d].rc->dirty = true;
+	}
 	/* the blocks a load reads must have landed in the host history */
 	done = KVT_RS_UPLOAD;
 	err = wait ? m->ops->save_wait(m->be, wait) : 0;
 	if (!err)
 		err = KVT_XFER(m, region_run, &run, stream, &done);
 	if (!err) {
-		dev_apply(m, layer, n, r, &l, false, 0, 0, t, nx);
+		ln->pending = true;
+		c->fifo[(c->fifo_head + c->n_pending) % cf->n_layers] = layer;
+		c->n_pending++;
 		return 0;
 	}
 	snprintf(why, sizeof(why), "%s", m->be->err);
-	if (dev_undo(m, layer, n, r, &l, &run, done, stream, t, nx)) {
+	if (dev_undo(m, ln, &run, done, stream)) {
 		/* the device's state cannot be told: every later call fails */
 		c->dbroken = err;
 		for (uint32_t i = 0; i < n; i++)
@@ -1931,6 +2119,12 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 				m->cfg.n_layers);
 	if (rc->n == 0)
 		return kvt_fail(m, -EINVAL, "recall: no recall cache (config.recall_cache_bytes)");
+	/* the layer's previous call first: its members' working sets are counted now */
+	if (m->dev_regions && rc->lane && rc->lane[layer].pending) {
+		err = settle_through(m, layer);
+		if (err)
+			return err;
+	}
 	if (m->dev_regions && rc->dbroken)
 		return kvt_fail(
 			m, rc->dbroken,
@@ -1945,12 +2139,11 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	/* Pass 2: sizes, then each member's region decides. Nothing below fails except the
 	   fetch and the gather. */
 	recall_size(m, n, regions);
-	if (m->dev_regions) {
-		err = dev_run(m, layer, n, sel, q, r, stream, &t, &nx);
-		m->st.recall_evictions += t.evictions; /* as the host's, failed or not */
-		if (err)
-			return err;
-		goto done;
+	if (m->dev_regions) { /* the figures come when the call is settled */
+		err = dev_run(m, layer, n, sel, q, r, stream);
+		if (!err)
+			m->st.recall_calls++;
+		return err;
 	}
 	nx = recall_pass2(m, &j, n, &t, &wait);
 	m->st.recall_evictions += t.evictions;
@@ -1973,7 +2166,6 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 		return kvt_fail(m, err, "recall: layer %u: loading %u blocks: %s", layer, nx,
 				m->be->err);
 	}
-done:
 	m->st.recall_calls++;
 	m->st.recall_lookups += t.lookups;
 	m->st.recall_hits += t.hits;

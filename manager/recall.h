@@ -105,8 +105,15 @@ static inline uint64_t kvt_dgroup(const struct kvt_manager *m, const struct kvt_
 	       (uint64_t)rc->dcap * m->cfg.n_kv_heads * sizeof(struct kvt_region_key);
 }
 
+/* Applies the reads of every recall program still pending on the device (dev_regions: the
+   counts, working sets, figures and stale views its calls left), waiting for them as needed,
+   oldest first. Cheap when none is pending. 0, or the first error of a program that failed on
+   the device (recorded; every later recall call fails). */
+int kvt_recall_settle(struct kvt_manager *m);
+
 /* Brings the host copies of a region kept on the device up to date (rg.slot, rg.key and its
-   order list, frame, view_n, view): a synchronous read. 0 or the error, recorded. */
+   order list, frame, view_n, view): a synchronous read, after kvt_recall_settle. 0 or the
+   error, recorded. */
 int kvt_recall_pull(struct kvt_manager *m, struct kvt_recall_layer *rc);
 
 /* Frees one layer's recall state (NULL is a no-op), its device copy through the backend. */

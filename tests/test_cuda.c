@@ -422,10 +422,21 @@ int recall_on(struct pair *p, struct kvt_manager *m, struct tseq *const *ts, uin
 	if (m == p->h) {
 		rc = kvt_decode_recall(m, layer, ids, n, q, NULL);
 	} else {
+		uint32_t pending = m->rc.n_pending;
+		uint64_t t0;
+
 		dev_put(p->eq, q, n * qrow);
 		w0 = DEVICE_WAITS();
+		t0 = THREAD_WAITS();
 		rc = kvt_decode_recall(m, layer, ids, n, p->eq, p->stream);
 		no_device_wait(w0, rc, "recall", ids[0], layer);
+		t0 = THREAD_WAITS() - t0;
+		if (rc == 0 && m->dev_regions && t0 > pending)
+			fail_msg(
+				"recall of seq %llu layer %u with the regions on the device waited "
+				"%llu times, %u calls pending before it (it queues its program and "
+				"returns: test_cuda.h, THREAD_WAITS)",
+				ULL(ids[0]), layer, ULL(t0), pending);
 		garble(p, p->eq, n * qrow);
 	}
 	free(q);
@@ -653,12 +664,19 @@ void check_xfer_at(const struct kvt_stats *st, const char *file, int line)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_backend_choice),	   cmocka_unit_test(test_vs_host_f32),
-		cmocka_unit_test(test_vs_host_f16),	   cmocka_unit_test(test_vs_host_bf16),
-		cmocka_unit_test(test_long_prompt),	   cmocka_unit_test(test_huge_prompt),
-		cmocka_unit_test(test_nonblocking_stream), cmocka_unit_test(test_resume_burst),
-		cmocka_unit_test(test_fault_prefill),	   cmocka_unit_test(test_fault_decode),
-		cmocka_unit_test(test_fault_recall),	   cmocka_unit_test(test_fault_stage),
+		cmocka_unit_test(test_backend_choice),
+		cmocka_unit_test(test_vs_host_f32),
+		cmocka_unit_test(test_vs_host_f16),
+		cmocka_unit_test(test_vs_host_bf16),
+		cmocka_unit_test(test_long_prompt),
+		cmocka_unit_test(test_huge_prompt),
+		cmocka_unit_test(test_nonblocking_stream),
+		cmocka_unit_test(test_resume_burst),
+		cmocka_unit_test(test_fault_prefill),
+		cmocka_unit_test(test_fault_decode),
+		cmocka_unit_test(test_fault_recall),
+		cmocka_unit_test(test_fault_recall_settle),
+		cmocka_unit_test(test_fault_stage),
 	};
 	const struct kvt_plugin *plugin;
 	const char *seed = getenv("KVT_TEST_SEED");

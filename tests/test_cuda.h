@@ -110,6 +110,16 @@ struct tseq {
 #define DEVICE_WAITS() 0ull
 #endif
 
+/* With the regions on the device, a recall call queues its program and returns: the calling
+   thread waits for nothing but the programs of earlier calls it settles (kvt_recall_settle),
+   and only for those the device has not finished (a GPU finishes them a step ago, as a rule).
+   The emulated runtime counts the thread's waits (stream, event, device); a GPU cannot. */
+#ifdef KVT_TEST_EMULATED
+#define THREAD_WAITS() fake_cuda_thread_waits()
+#else
+#define THREAD_WAITS() 0ull
+#endif
+
 #define PREFILL_BOTH(p, t, l) prefill_both_at((p), (t), (l), __FILE__, __LINE__)
 
 #define DECODE_BOTH(p, ts, n, l) decode_both_at((p), (ts), (n), (l), __FILE__, __LINE__)
@@ -241,6 +251,7 @@ void test_resume_burst(void **state);
 void test_fault_prefill(void **state);
 void test_fault_decode(void **state);
 void test_fault_recall(void **state);
+void test_fault_recall_settle(void **state);
 void test_fault_stage(void **state);
 
 #endif /* TEST_CUDA_H */

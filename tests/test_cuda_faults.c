@@ -303,15 +303,12 @@ void test_fault_decode(void **state)
 	fenv_fini(&e);
 }
 
-void test_fault_recall(void **state)
+/* The target t, on both managers, prefilled and 20 tokens into its decode. */
+static void t_decoding(struct fenv *e)
 {
-	struct fenv e;
-	struct pair *p = &e.p;
-	struct tseq *t = &e.t, *tt[1] = {&e.t};
-	uint64_t failed = 0;
+	struct pair *p = &e->p;
+	struct tseq *t = &e->t, *tt[1] = {&e->t};
 
-	(void)state;
-	fenv_init(&e);
 	CHECK_RC(kvt_seq_create(p->c, t->id, t->L), 0);
 	for (uint32_t l = 0; l < N_LAYERS; l++)
 		CHECK_RC(prefill_on(p, p->c, t, l), 0);
@@ -322,6 +319,18 @@ void test_fault_recall(void **state)
 		for (uint32_t l = 0; l < N_LAYERS; l++)
 			DECODE_BOTH(p, tt, 1, l);
 	sync_both(p);
+}
+
+void test_fault_recall(void **state)
+{
+	struct fenv e;
+	struct pair *p = &e.p;
+	struct tseq *t = &e.t, *tt[1] = {&e.t};
+	uint64_t failed = 0;
+
+	(void)state;
+	fenv_init(&e);
+	t_decoding(&e);
 	for (uint64_t nth = 1;; nth++) {
 		struct before b;
 		bool fired;
@@ -354,6 +363,59 @@ void test_fault_recall(void **state)
 	}
 	fault_expect_done_at(failed, "kvt_decode_recall", __FILE__, __LINE__);
 	fault_problems_at(&e, __FILE__, __LINE__);
+	fenv_fini(&e);
+}
+
+/* With the regions on the device, a recall call's program is settled later (the figures, a
+   view, the layer's next call read what it reported). A program the device failed is found
+   there: the call that finds it fails, the call's views read as stale, and every later recall
+   call fails with that error (the regions' state on the device cannot be told), while the
+   rest of the manager works on: appends, other sequences' tokens and frames. */
+void test_fault_recall_settle(void **state)
+{
+	struct fenv e;
+	struct pair *p = &e.p;
+	struct tseq *t = &e.t, *tt[1] = {&e.t}, *bb[1] = {&e.b};
+	struct kvt_recall_ref refs[64];
+	uint32_t n = 0;
+	bool fired;
+	int rc;
+
+	(void)state;
+	fenv_init(&e);
+	if (!p->c->dev_regions) {
+		print_message("# fault (settle): no recall regions on the device, nothing to do\n");
+		fenv_fini(&e);
+		return;
+	}
+	t_decoding(&e);
+	set_ctx("fault: a recall program fails on the device");
+	CHECK_RC(recall_on(p, p->c, tt, 1, 0), 0);
+	CHECK_EQ(p->c->rc.n_pending, 1); /* queued, not waited for */
+	/* the view settles it: its fence reports the failure */
+	ARMED(1, fired, rc, kvt_seq_recall_view(p->c, t->id, 0, 0, refs, 64, &n));
+	assert_true(fired);
+	if (rc != -EIO)
+		fail_msg("the view of a call whose program failed = %d (%s), expected -EIO: %s", rc,
+			 kvt_strerror(rc), kvt_manager_last_error(p->c));
+	CHECK_EQ(p->c->rc.n_pending, 0);
+	assert_true(kvt_manager_last_error(p->c)[0] != '\0');
+	/* every later recall call and view fails the same way */
+	for (uint32_t l = 0; l < N_LAYERS; l++)
+		CHECK_RC(recall_on(p, p->c, tt, 1, l), -EIO);
+	CHECK_RC(kvt_seq_recall_view(p->c, t->id, 0, 0, refs, 64, &n), -EIO);
+	/* the rest works on */
+	for (uint32_t l = 0; l < N_LAYERS; l++) {
+		DECODE_BOTH(p, bb, 1, l);
+		CHECK_RC(decode_on(p, p->c, tt, 1, l), 0);
+		CHECK_RC(decode_on(p, p->h, tt, 1, l), 0);
+		t->n[l]++;
+	}
+	sync_both(p);
+	for (uint32_t l = 0; l < N_LAYERS; l++) {
+		CHECK_TOKENS(p, &e.b, l, true);
+		CHECK_TOKENS(p, t, l, true);
+	}
 	fenv_fini(&e);
 }
 

@@ -13,7 +13,7 @@
 
 #include "kvtier.h"
 
-#define KVT_BACKEND_OPS_VERSION 6
+#define KVT_BACKEND_OPS_VERSION 7
 
 enum kvt_tier {
 	KVT_TIER_DEVICE = 0,
@@ -134,6 +134,10 @@ struct kvt_region_run {
 	const struct kvt_dcopy *rd; /* device -> host, last */
 	uint32_t n_rd;
 	uint32_t start, stop; /* the stages run: [start, stop), stop 0 = to the end */
+	/* 0: region_run waits for stream at the end. k > 0: it does not; lane k's fence
+	   (region_wait) is the end of this program, whose uploads and reads must then be in lane
+	   k's pinned buffer (region_host). */
+	uint32_t lane;
 };
 
 struct kvt_backend_params {
@@ -289,6 +293,16 @@ struct kvt_backend_ops {
 	   not), or KVT_RS_END when the wait failed. */
 	int (*region_run)(struct kvt_be *b, const struct kvt_region_run *r, void *stream,
 			  uint32_t *done);
+	/* With a lane (r->lane > 0) region_run waits for nothing when every stage was queued: the
+	   reads land when the device gets there. Whatever the stream, a program runs after the
+	   one queued before it (the backend orders them). */
+	/* Lane k's pinned host buffer (k >= 1) of at least bytes: *host, valid until the next
+	   region_host call of the lane or destroy. Growing it first waits for the lane's fence;
+	   its contents are then lost. 0 or -ENOMEM. */
+	int (*region_host)(struct kvt_be *b, uint32_t lane, uint64_t bytes, void **host);
+	/* Waits for lane k's fence (its latest program; none: returns at once): 0, or the error
+	   of the device's work (a program that failed on the device; its reads did not land). */
+	int (*region_wait)(struct kvt_be *b, uint32_t lane);
 
 	/* Transfer figures for kvt_stats. */
 	void (*stats)(struct kvt_be *b, struct kvt_be_stats *out);

@@ -119,6 +119,20 @@ struct cuda_backend {
 	   sync, when an allocation fails, when GRAVE_MAX have gathered, or at destroy. */
 	void **grave;
 	size_t n_grave, cap_grave;
+
+	/* region_run's lanes (index k - 1 for lane k): a pinned buffer, the fence of the lane's
+	   latest program; and the event and stream that end the latest program of any lane, which
+	   the next one waits for when it is queued on another stream. */
+	struct lane {
+		void *host;
+		uint64_t cap;
+		cudaEvent_t done;
+		bool fenced;
+	} * lane;
+	uint32_t n_lane;
+	cudaEvent_t rr_done;
+	cudaStream_t rr_stream;
+	bool rr_fenced;
 };
 
 #define GRAVE_MAX 4096
@@ -908,6 +922,14 @@ static void cuda_destroy(struct kvt_be *b)
 	for (int i = 0; i < 2; i++)
 		if (cb->stage_done[i])
 			cudaEventDestroy(cb->stage_done[i]);
+	for (uint32_t i = 0; i < cb->n_lane; i++) {
+		pinned_free(cb, cb->lane[i].host, cb->lane[i].cap);
+		if (cb->lane[i].done)
+			cudaEventDestroy(cb->lane[i].done);
+	}
+	free(cb->lane);
+	if (cb->rr_done)
+		cudaEventDestroy(cb->rr_done);
 	dev_buf_free(&cb->io);
 	dev_buf_free(&cb->layer);
 	grave_flush(cb);
@@ -1416,9 +1438,22 @@ static int cuda_region_run(struct kvt_be *b, const struct kvt_region_run *r, voi
 	cudaStream_t st = (cudaStream_t)stream;
 	const struct kvt_gpu_region *rg = DPTR(r->rg);
 	uint32_t stop = r->stop ? r->stop : KVT_RS_END, at = r->start;
+	struct lane *ln = NULL;
 	int err = bind(cb);
 
 	*done = at;
+	if (err)
+		return err;
+	if (r->lane) {
+		if (r->lane > cb->n_lane || !cb->lane[r->lane - 1].host)
+			return be_fail(b, -EINVAL, "recall regions: lane %u has no buffer",
+				       r->lane);
+		ln = &cb->lane[r->lane - 1];
+	}
+	/* after the program before it, whatever its stream (programs share the regions) */
+	if (cb->rr_fenced && cb->rr_stream != st)
+		err = CU(cb, cudaStreamWaitEvent(st, cb->rr_done, 0),
+			 "recall regions: order after the program before");
 	if (err)
 		return err;
 	for (; at < stop && !err; at++) {
@@ -1511,7 +1546,113 @@ static int cuda_region_run(struct kvt_be *b, const struct kvt_region_run *r, voi
 	}
 	if (!err)
 		*done = KVT_RS_END;
+	if (!err && ln) {
+		/* no wait: the lane's fence, and the order of the next program */
+		ln->fenced = false;
+		err = CU(cb, cudaEventRecord(ln->done, st), "recall regions: fence");
+		if (!err)
+			err = CU(cb, cudaEventRecord(cb->rr_done, st), "recall regions: fence");
+		if (!err) {
+			ln->fenced = true;
+			cb->rr_fenced = true;
+			cb->rr_stream = st;
+			return 0;
+		}
+	}
+	/* waited for: nothing to order after */
+	cb->rr_fenced = false;
+	if (ln)
+		ln->fenced = false;
 	return stream_finish(cb, err, st, "recall regions: wait");
+}
+
+static int cuda_region_host(struct kvt_be *b, uint32_t lane, uint64_t bytes, void **host)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	struct lane *ln;
+	void *p;
+	int err;
+
+	if (lane == 0 || bytes > SIZE_MAX)
+		return be_fail(b, -EINVAL, "recall regions: lane %u, %llu bytes", lane,
+			       (unsigned long long)bytes);
+	err = bind(cb);
+	if (err)
+		return err;
+	if (lane > cb->n_lane) {
+		struct lane *l = kvt_cuda_host->realloc(cb->lane, lane * sizeof(*l));
+
+		if (!l)
+			return be_fail(b, -ENOMEM, "recall regions: no memory for %u lanes", lane);
+		memset(l + cb->n_lane, 0, (lane - cb->n_lane) * sizeof(*l));
+		cb->lane = l;
+		cb->n_lane = lane;
+	}
+	if (!cb->rr_done) {
+		err = CU(cb, cudaEventCreateWithFlags(&cb->rr_done, cudaEventDisableTiming),
+			 "recall regions: event");
+		if (err) {
+			cb->rr_done = NULL;
+			return err;
+		}
+	}
+	ln = &cb->lane[lane - 1];
+	if (!ln->done) {
+		err = CU(cb,
+			 cudaEventCreateWithFlags(&ln->done,
+						  cudaEventDisableTiming | cudaEventBlockingSync),
+			 "recall regions: lane event");
+		if (err) {
+			ln->done = NULL;
+			return err;
+		}
+	}
+	if (bytes > ln->cap) {
+		uint64_t cap = ln->cap ? ln->cap : 1 << 16;
+
+		while (cap < bytes)
+			cap *= 2;
+		/* the device may still read or write the old one */
+		if (ln->fenced) {
+			err = CU(cb, cudaEventSynchronize(ln->done), "recall regions: lane wait");
+			if (err)
+				return err;
+			ln->fenced = false;
+		}
+		p = pinned_alloc(cb, (size_t)cap);
+		if (!p)
+			return be_fail(b, -ENOMEM,
+				       "recall regions: no pinned memory for %llu bytes",
+				       (unsigned long long)cap);
+		pinned_free(cb, ln->host, ln->cap);
+		ln->host = p;
+		ln->cap = cap;
+	}
+	*host = ln->host;
+	return 0;
+}
+
+static int cuda_region_wait(struct kvt_be *b, uint32_t lane)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	struct lane *ln;
+	cudaError_t e;
+	int err;
+
+	if (lane == 0 || lane > cb->n_lane)
+		return 0;
+	ln = &cb->lane[lane - 1];
+	if (!ln->fenced)
+		return 0;
+	err = bind(cb);
+	if (err)
+		return err;
+	/* done already (a step ago, as a rule): no wait */
+	e = cudaEventQuery(ln->done);
+	if (e == cudaErrorNotReady)
+		e = cudaEventSynchronize(ln->done);
+	ln->fenced = false;
+	return CU(cb, e, "recall regions: a program on the device");
 }
 
 static void cuda_stats(struct kvt_be *b, struct kvt_be_stats *out)
@@ -1551,6 +1692,8 @@ const struct kvt_backend_ops kvt_backend_cuda_ops = {
 	.meta_build = cuda_meta_build,
 	.quest = cuda_quest,
 	.region_run = cuda_region_run,
+	.region_host = cuda_region_host,
+	.region_wait = cuda_region_wait,
 	.stats = cuda_stats,
 };
 

@@ -8,7 +8,9 @@
  * Two managers of the same configuration, one per backend (the CUDA one is the plugin named by
  * $KVTIER_CUDA_PLUGIN, the emulated one), get the same prompts (a value pattern, no top-K, so
  * prefill runs no SnapKV) and, each step, one decode token per (sequence, layer) and one
- * kvt_decode_recall per layer with fresh random queries. Both make the same decisions (the
+ * kvt_decode_recall per layer with fresh random queries, then kvt_manager_stats (on the CUDA
+ * backend that applies what the calls' programs reported, which they do not wait for: that
+ * host work is in the figure). Both make the same decisions (the
  * device scoring is the CPU's, block for block): the run fails unless their recall counters
  * agree. Prints each backend's median time per step (the first step excluded), per (sequence,
  * layer), and their ratio. The fake runtime's own bookkeeping (bounds checks, shadow copies)
@@ -167,6 +169,12 @@ int main(int argc, char **argv)
 			t0 = now_s();
 			for (uint32_t l = 0; l < layers && !err; l++)
 				err = kvt_decode_recall(m[b], l, ids, seqs, b ? dq : q, NULL);
+			/* and what the device's calls reported, applied (settled) on the host */
+			if (!err) {
+				struct kvt_stats fig = KVT_STATS_INIT;
+
+				err = kvt_manager_stats(m[b], &fig);
+			}
 			t[b][s] = now_s() - t0;
 			if (b) {
 				work[s] = fake_cuda_work_seconds() - w0;

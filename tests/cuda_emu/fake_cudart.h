@@ -74,6 +74,10 @@ void fake_cuda_check_footprint(const struct fake_range *w, size_t n_w, const str
    included: the tests count those a call makes. */
 uint64_t fake_cuda_device_waits(void);
 
+/* How many waits (stream, event or device synchronisation) the calling thread made so far:
+   the tests count those of a call that should queue its work and return. */
+uint64_t fake_cuda_thread_waits(void);
+
 /* Reports a bug of the code under test and aborts. */
 void fake_cuda_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 

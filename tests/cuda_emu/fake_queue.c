@@ -377,9 +377,18 @@ uint64_t fake_cuda_device_waits(void)
 	return atomic_load(&n_device_waits);
 }
 
+/* Waits of any kind (stream, event, device) made by each thread (fake_cuda_thread_waits). */
+static _Thread_local uint64_t n_thread_waits;
+
+uint64_t fake_cuda_thread_waits(void)
+{
+	return n_thread_waits;
+}
+
 /* A wait for stream s (NULL: the legacy stream) or, with all, for the whole device. */
 void fake_wait_for(cudaStream_t s, bool all)
 {
+	n_thread_waits++;
 	if (all)
 		atomic_fetch_add(&n_device_waits, 1);
 	if (!fake_async_on)
@@ -592,10 +601,9 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 }
 
 /* A never recorded event counts as complete, as in CUDA. */
-cudaError_t cudaEventSynchronize(cudaEvent_t e)
+/* Runs what event e waits for (asynchronous), and makes it visible to the caller. */
+static void event_run(cudaEvent_t e)
 {
-	if (!event_ok(e, "cudaEventSynchronize"))
-		return cudaErrorInvalidResourceHandle;
 	(void)atomic_load_explicit(&e->recorded, memory_order_acquire);
 	if (fake_async_on) {
 		pthread_mutex_lock(&dev_lock);
@@ -603,7 +611,46 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
 			if (pend[j] == e->mark)
 				run_deps(e->mark->on, j, true);
 		pthread_mutex_unlock(&dev_lock);
+	} else {
+		fake_waited();
 	}
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+	if (!event_ok(e, "cudaEventSynchronize"))
+		return cudaErrorInvalidResourceHandle;
+	n_thread_waits++;
+	event_run(e);
+	return cudaSuccess;
+}
+
+/* Asynchronous: the event's latest mark is done, or queued work depends on nothing else. The
+   fake answers "not ready" until a wait runs the mark (work runs only when waited for). */
+cudaError_t cudaEventQuery(cudaEvent_t e)
+{
+	bool done = true;
+
+	if (!event_ok(e, "cudaEventQuery"))
+		return cudaErrorInvalidResourceHandle;
+	(void)atomic_load_explicit(&e->recorded, memory_order_acquire);
+	if (fake_async_on) {
+		pthread_mutex_lock(&dev_lock);
+		done = !e->mark || e->mark->done;
+		pthread_mutex_unlock(&dev_lock);
+	}
+	return done ? cudaSuccess : cudaErrorNotReady;
+}
+
+/* Later work on s waits for e. The fake runs what e waits for now (no host wait is counted):
+   earlier than a GPU would, which keeps the order and hides no missing wait of the host. */
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags)
+{
+	if (!event_ok(e, "cudaStreamWaitEvent") || !fake_stream_ok(s, "cudaStreamWaitEvent"))
+		return cudaErrorInvalidResourceHandle;
+	if (flags)
+		fake_cuda_warn("cudaStreamWaitEvent: flags %#x (the fake knows none)", flags);
+	event_run(e);
 	return cudaSuccess;
 }
 
