@@ -254,7 +254,7 @@ static int dreg_reserve(struct kvt_manager *m, struct kvt_recall_layer *rc, uint
 			uint32_t vcap, void *stream)
 {
 	struct dreg_layout o, l;
-	uint64_t addr, H = m->cfg.n_kv_heads;
+	uint64_t addr;
 	int err;
 
 	if (scap <= rc->dscap && vcap <= rc->dvcap)
@@ -287,7 +287,6 @@ static int dreg_reserve(struct kvt_manager *m, struct kvt_recall_layer *rc, uint
 		m->ops->dmem_free(m->be, rc->dreg);
 		m->dmeta_bytes -= o.bytes;
 	}
-	(void)H;
 	m->dmeta_bytes += l.bytes;
 	rc->dreg = addr;
 	rc->dscap = scap;
@@ -466,6 +465,18 @@ static int prog_reserve(struct kvt_manager *m, uint32_t layer, uint32_t n, uint3
 	if (gup > UINT32_MAX || kvt_reserve((void **)&c->hblob, &c->hblob_cap, (uint32_t)up, 1))
 		return kvt_fail(m, -ENOMEM, "recall: no memory for a call's program");
 	return 0;
+}
+
+/* The Quest descriptor of a layer whose metadata and top-K counts are on the device. */
+static struct kvt_gpu_quest quest_desc(const struct kvt_manager *m, const struct kvt_seq_layer *ly)
+{
+	return (struct kvt_gpu_quest){
+		.meta = (const void *)(uintptr_t)ly->rc->dmeta,
+		.key = (const struct kvt_region_key *)(uintptr_t)kvt_dkey(m, ly->rc),
+		.n_tokens = ly->n_tokens,
+		.sink = m->cfg.sink_tokens,
+		.ring0 = kvt_ring0(m, ly->n_tokens),
+	};
 }
 
 /* The descriptor of region rc in a program: its state, its cell x's counts and working set
@@ -1931,13 +1942,7 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		memcpy(bkt + (size_t)i * w, rc->ws.bucket, (size_t)w * sizeof(*bkt));
 		((struct kvt_gpu_region *)(hb + l.rg))[i] = dev_desc(m, rc, &l, i, i, n, r, r);
 		if (q)
-			((struct kvt_gpu_quest *)(hb + l.qs))[i] = (struct kvt_gpu_quest){
-				.meta = (const void *)(uintptr_t)rc->dmeta,
-				.key = (const struct kvt_region_key *)(uintptr_t)kvt_dkey(m, rc),
-				.n_tokens = ly->n_tokens,
-				.sink = cf->sink_tokens,
-				.ring0 = kvt_ring0(m, ly->n_tokens),
-			};
+			((struct kvt_gpu_quest *)(hb + l.qs))[i] = quest_desc(m, ly);
 		/* the blocks' host groups the device has not seen, and the last block's (a
 		   shared one may have been copied for this sequence's appends since) */
 		from = rc->dgroups < nb ? rc->dgroups : nb - 1;
@@ -2280,13 +2285,7 @@ static int score_dev(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs
 						(unsigned long long)seqs[i], m->be->err);
 			rc->dtk = true;
 		}
-		m->dq[i] = (struct kvt_gpu_quest){
-			.meta = (const void *)(uintptr_t)rc->dmeta,
-			.key = (const struct kvt_region_key *)(uintptr_t)kvt_dkey(m, rc),
-			.n_tokens = ly->n_tokens,
-			.sink = c->sink_tokens,
-			.ring0 = kvt_ring0(m, ly->n_tokens),
-		};
+		m->dq[i] = quest_desc(m, ly);
 	}
 	err = KVT_XFER(m, quest, c->dtype, c->head_dim, H, m->group_q, m->lbt, r, m->dq, n, q,
 		       m->sel, stream);

@@ -32,6 +32,7 @@
 #include "seq.h" /* kvt_seq_read_token_host */
 #include "plugin.h"
 #include "policy.h"
+#include "recall.h" /* the regions, read back (kvt_recall_pull) */
 #include "util.h"
 #ifdef KVT_TEST_EMULATED
 #include "cuda_emu/fake_cudart.h"

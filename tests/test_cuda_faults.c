@@ -321,18 +321,71 @@ static void t_decoding(struct fenv *e)
 	sync_both(p);
 }
 
+/* (seq, layer)'s recall region on m, read back from the device when kept there; NULL when it
+   has none. */
+static struct kvt_recall_layer *region_of(struct kvt_manager *m, uint64_t seq, uint32_t layer)
+{
+	struct kvt_seq *s = kvt_seqmap_get(&m->seqs, seq);
+	struct kvt_recall_layer *rc = s ? s->layers[layer].rc : NULL;
+
+	if (rc)
+		CHECK_RC(kvt_recall_pull(m, rc), 0);
+	return rc;
+}
+
+/* The CUDA manager's region of (seq, layer), kept on its device, is the host manager's, state
+   for state: slot count, clock, every slot and its frame, every key's slot, touch and top-K
+   count (once both have counted them), the working set. */
+static void same_region_at(struct pair *p, uint64_t seq, uint32_t layer, const char *file, int line)
+{
+	struct kvt_recall_layer *h = region_of(p->h, seq, layer), *c = region_of(p->c, seq, layer);
+	uint32_t nb;
+
+	if (!h || !c) {
+		if (!h != !c)
+			fail_at(file, line, "seq %llu layer %u: a region on one manager only",
+				ULL(seq), layer);
+		return;
+	}
+	if (h->rg.n_slots != c->rg.n_slots || h->rg.clock != c->rg.clock)
+		fail_at(file, line,
+			"seq %llu layer %u: host region %u slots at clock %u, the device's %u at "
+			"%u",
+			ULL(seq), layer, h->rg.n_slots, h->rg.clock, c->rg.n_slots, c->rg.clock);
+	for (uint32_t i = 0; i < h->rg.n_slots; i++)
+		if (memcmp(&h->rg.slot[i], &c->rg.slot[i], sizeof(h->rg.slot[i])) ||
+		    h->frame[i] != c->frame[i])
+			fail_at(file, line,
+				"seq %llu layer %u: slot %u differs (key %u / %u, frame %u / %u)",
+				ULL(seq), layer, i, h->rg.slot[i].key, c->rg.slot[i].key,
+				h->frame[i], c->frame[i]);
+	nb = h->rg.cap_blocks < c->rg.cap_blocks ? h->rg.cap_blocks : c->rg.cap_blocks;
+	for (uint32_t k = 0; k < nb * N_KV; k++)
+		if (h->rg.key[k].slot != c->rg.key[k].slot ||
+		    h->rg.key[k].touched != c->rg.key[k].touched ||
+		    (h->tk_ready && c->dtk && h->rg.key[k].tk != c->rg.key[k].tk))
+			fail_at(file, line, "seq %llu layer %u: key %u differs", ULL(seq), layer,
+				k);
+	if (h->ws.step != c->ws.step || h->ws.cur != c->ws.cur || h->ws.total != c->ws.total ||
+	    (h->ws.bucket && c->ws.bucket &&
+	     memcmp(h->ws.bucket, c->ws.bucket, h->ws.w * sizeof(*h->ws.bucket))))
+		fail_at(file, line, "seq %llu layer %u: working sets differ", ULL(seq), layer);
+}
+#define SAME_REGION(p, seq, l) same_region_at((p), (seq), (l), __FILE__, __LINE__)
+
 void test_fault_recall(void **state)
 {
 	struct fenv e;
 	struct pair *p = &e.p;
 	struct tseq *t = &e.t, *tt[1] = {&e.t};
-	uint64_t failed = 0;
+	uint64_t failed = 0, undone = 0;
 
 	(void)state;
 	fenv_init(&e);
 	t_decoding(&e);
 	for (uint64_t nth = 1;; nth++) {
 		struct before b;
+		uint32_t clock0;
 		bool fired;
 		int rc;
 
@@ -347,9 +400,27 @@ void test_fault_recall(void **state)
 		t->recalled[0] = t->recalled[1] = false;
 		sync_both(p);
 		before_take(&e, &b, 0);
+		clock0 = p->c->dev_regions ? region_of(p->c, t->id, 0)->rg.clock : 0;
 		ARMED(nth, fired, rc, recall_on(p, p->c, tt, 1, 0));
 		if (ARMED_OUTCOME(&e, &b, "kvt_decode_recall", nth, rc, fired)) {
 			failed++;
+			/* On the device, a call that failed after its decisions were made (its
+			   clock moved) undid its loads: the host's, failing its gather, does the
+			   same, so that the two regions can be compared state for state. */
+			if (p->c->dev_regions && region_of(p->c, t->id, 0)->rg.clock != clock0) {
+				bool hf;
+				int hrc;
+
+				kvt_fault_arm(1u << KVT_FAULT_XFER, 1);
+				hrc = recall_on(p, p->h, tt, 1, 0);
+				hf = kvt_fault_fired();
+				kvt_fault_disarm();
+				if (!hf || hrc == 0)
+					fail_msg("the host's recall with its gather failing = %d "
+						 "(fired %d)",
+						 hrc, hf);
+				undone++;
+			}
 			RETRY(&e, "kvt_decode_recall", nth, recall_on(p, p->c, tt, 1, 0));
 		}
 		CHECK_RC(recall_on(p, p->h, tt, 1, 0), 0);
@@ -357,11 +428,17 @@ void test_fault_recall(void **state)
 		sync_both(p);
 		CHECK_VIEWS(p, t, 0);
 		CHECK_ATTEND(p, t, 0, NULL);
+		if (p->c->dev_regions)
+			SAME_REGION(p, t->id, 0);
 		free(b.t_snap);
 		if (!fired)
 			break;
 	}
 	fault_expect_done_at(failed, "kvt_decode_recall", __FILE__, __LINE__);
+	/* failures after the decisions were reached (on the device) */
+	assert_true(!p->c->dev_regions || undone > 0);
+	print_message("# fault: recall: %llu CUDA calls failed, %llu after the decisions\n",
+		      ULL(failed), ULL(undone));
 	fault_problems_at(&e, __FILE__, __LINE__);
 	fenv_fini(&e);
 }
