@@ -2,7 +2,8 @@
 # Everything that needs a GPU, for a machine with one (docs/cuda.md, "Running the GPU suite on
 # a machine with a GPU"): builds with the CUDA plugin, runs the GPU suite (test_cuda, the core
 # suites on the CUDA backend, the smoke runs of the transfer benchmark and of calibrate) and the
-# Python suite (its GPU tests need PyTorch), then the full transfer benchmark and the replay
+# Python suite (its GPU tests need PyTorch), then the full transfer benchmark, the recall
+# benchmark (tests/bench_recall_cuda.c) and the replay
 # simulator's calibration of this GPU (kvtier-bench calibrate: preset.json), then the GPU
 # suite's own test and the smoke run under compute-sanitizer, then the other suites for
 # regressions. Every log and the
@@ -34,7 +35,7 @@
 # warm machine or a fresh one alike.
 # At most 8 files come back from a device command's $OUT, so the script writes at most 8 in
 # all: phases.txt (which starts with the machine's description), build.log, test-gpu.log,
-# transfer.txt (the transfer benchmark's output, then calibrate's table), transfer.csv,
+# transfer.txt (the transfer benchmark's output, the recall benchmark's, then calibrate's table), transfer.csv,
 # preset.json (calibrate's GPU preset, for kvtier-replay --preset-json), sanitize.log and
 # test-rest.log.
 # Environment: KVT_GPU_BUDGET, KVT_GPU_RESERVE, KVT_GPU_BENCH_MIN, KVT_GPU_CALIB_SECS (above),
@@ -188,6 +189,24 @@ for phase in "${phases[@]}"; do
 			"$build/tools/kvtier-bench" transfer --csv "$out/transfer.csv" \
 			"${bench_args[@]}" > "$out/transfer.txt" 2>&1 || status=1
 		cat "$out/transfer.txt"
+		# The recall calls' host side and device time with the regions on the device
+		# (tests/bench_recall_cuda.c): beside the host backend at a small shape (the two must
+		# decide alike), then CUDA alone at 256 sequences; appended to transfer.txt.
+		secs=$(($(left) - calib_secs))
+		[ "$secs" -gt 90 ] && secs=90
+		if [ "$secs" -ge 20 ]; then
+			for args in "16 4 4096 16 8" "--cuda-only 256 4 2048 16 12"; do
+				echo "==== bench_recall_cuda $args" >> "$out/transfer.txt"
+				read -ra a <<< "$args"
+				KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" timed "$((secs / 2))" \
+					"$build/tests/bench_recall_cuda" "${a[@]}" \
+					>> "$out/transfer.txt" 2>&1 || status=1
+			done
+			sed -n '/^==== bench_recall_cuda/,/^==== kvtier-bench calibrate$/p' \
+				"$out/transfer.txt"
+		else
+			note "bench: bench_recall_cuda skipped, $secs s left of the budget"
+		fi
 		# The replay simulator's GPU preset: the table (stderr) appended to transfer.txt, the
 		# preset in preset.json; a device without a datasheet preset needs --gpu in
 		# KVT_CALIB_ARGS (exit 2).

@@ -290,6 +290,10 @@ struct kvt_stats {
 	   frames and views, the blocks' host addresses, the free-frame stack and a call's
 	   program buffer; 0 on the other backends */
 	uint64_t device_meta_bytes;
+	/* Device time of the recall calls with the regions on the device (CUDA backend, no disk
+	   tier), those whose reports were read so far: per call, from an event before its first
+	   kernel to one after its last copy (launch gaps included); 0 on the other backends */
+	uint64_t recall_device_ns;
 };
 
 #define KVT_STATS_INIT                                                         \

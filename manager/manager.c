@@ -459,6 +459,7 @@ KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out
 		st.xfer_gather_min_4k = bs.gather_min[0];
 		st.xfer_gather_min_16k = bs.gather_min[1];
 		st.xfer_gather_min_64k = bs.gather_min[2];
+		st.recall_device_ns = bs.region_ns;
 	}
 	memcpy(out, &st, size);
 	return 0;

@@ -512,6 +512,12 @@ void recall_both_at(struct pair *p, struct tseq *const *ts, uint32_t n, uint32_t
 				"cuda: recall of layer %u with the regions on the device ran %llu "
 				"kernels and %llu DMA batches (kvtier.h: one fused kernel a call)",
 				layer, ULL(kern), ULL(dma));
+		/* and its device time, read with its report (the stats above settled it) */
+		if (s1.recall_device_ns <= s0.recall_device_ns)
+			fail_at(file, line,
+				"cuda: recall of layer %u on the device: recall_device_ns %llu -> "
+				"%llu",
+				layer, ULL(s0.recall_device_ns), ULL(s1.recall_device_ns));
 		loads = 0; /* no DMA choice to check */
 	} else if (kern + dma != (loads ? 1u : 0u))
 		fail_at(file, line,
@@ -630,7 +636,8 @@ void compare_stats_at(struct pair *p, bool any_tie, const char *file, int line)
 	}
 	/* kvtier.h: the transfer figures are the CUDA backend's, 0 on the others */
 	if (sh.h2d_kernel_launches || sh.h2d_dma_batches || sh.xfer_calibrated ||
-	    sh.xfer_gather_min_4k || sh.xfer_gather_min_16k || sh.xfer_gather_min_64k)
+	    sh.recall_device_ns || sh.xfer_gather_min_4k || sh.xfer_gather_min_16k ||
+	    sh.xfer_gather_min_64k)
 		fail_at(file, line,
 			"host backend: transfer figures not 0 (kernel %llu, dma %llu, calibrated %u, "
 			"gather_min %u/%u/%u)",

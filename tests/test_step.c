@@ -67,6 +67,7 @@ static void same_stats(struct kvt_manager *const mm[2])
 		a.device_meta_bytes = b.device_meta_bytes = 0;
 		a.h2d_kernel_launches = b.h2d_kernel_launches = 0;
 		a.h2d_dma_batches = b.h2d_dma_batches = 0;
+		a.recall_device_ns = b.recall_device_ns = 0;
 	}
 	CHECK_STATS_EQUAL(&a, &b);
 }

@@ -70,6 +70,8 @@ struct kvt_be_stats {
 	uint32_t calibrated;	      /* 1: gather_min was measured at create */
 	uint32_t gather_min[3];	      /* per piece-size class (<= 4 KiB, <= 16 KiB, larger): the
 					 fewest pieces the kernel takes; UINT32_MAX: DMA only */
+	uint64_t region_ns; /* device time of the lanes' programs whose fences were waited for:
+			       from an event before the first stage to the fence */
 };
 
 struct kvt_snapkv;

@@ -126,9 +126,10 @@ struct cuda_backend {
 	struct lane {
 		void *host;
 		uint64_t cap;
-		cudaEvent_t done;
+		cudaEvent_t start, done; /* timed: the program's span (region_ns) */
 		bool fenced;
 	} * lane;
+	uint64_t region_ns;
 	uint32_t n_lane;
 	cudaEvent_t rr_done;
 	cudaStream_t rr_stream;
@@ -924,6 +925,8 @@ static void cuda_destroy(struct kvt_be *b)
 			cudaEventDestroy(cb->stage_done[i]);
 	for (uint32_t i = 0; i < cb->n_lane; i++) {
 		pinned_free(cb, cb->lane[i].host, cb->lane[i].cap);
+		if (cb->lane[i].start)
+			cudaEventDestroy(cb->lane[i].start);
 		if (cb->lane[i].done)
 			cudaEventDestroy(cb->lane[i].done);
 	}
@@ -1454,6 +1457,10 @@ static int cuda_region_run(struct kvt_be *b, const struct kvt_region_run *r, voi
 	if (cb->rr_fenced && cb->rr_stream != st)
 		err = CU(cb, cudaStreamWaitEvent(st, cb->rr_done, 0),
 			 "recall regions: order after the program before");
+	if (!err && ln) {
+		ln->fenced = false;
+		err = CU(cb, cudaEventRecord(ln->start, st), "recall regions: start");
+	}
 	if (err)
 		return err;
 	for (; at < stop && !err; at++) {
@@ -1548,7 +1555,6 @@ static int cuda_region_run(struct kvt_be *b, const struct kvt_region_run *r, voi
 		*done = KVT_RS_END;
 	if (!err && ln) {
 		/* no wait: the lane's fence, and the order of the next program */
-		ln->fenced = false;
 		err = CU(cb, cudaEventRecord(ln->done, st), "recall regions: fence");
 		if (!err)
 			err = CU(cb, cudaEventRecord(cb->rr_done, st), "recall regions: fence");
@@ -1597,10 +1603,16 @@ static int cuda_region_host(struct kvt_be *b, uint32_t lane, uint64_t bytes, voi
 		}
 	}
 	ln = &cb->lane[lane - 1];
+	if (!ln->start) {
+		err = CU(cb, cudaEventCreateWithFlags(&ln->start, cudaEventDefault),
+			 "recall regions: lane event");
+		if (err) {
+			ln->start = NULL;
+			return err;
+		}
+	}
 	if (!ln->done) {
-		err = CU(cb,
-			 cudaEventCreateWithFlags(&ln->done,
-						  cudaEventDisableTiming | cudaEventBlockingSync),
+		err = CU(cb, cudaEventCreateWithFlags(&ln->done, cudaEventBlockingSync),
 			 "recall regions: lane event");
 		if (err) {
 			ln->done = NULL;
@@ -1652,7 +1664,15 @@ static int cuda_region_wait(struct kvt_be *b, uint32_t lane)
 	if (e == cudaErrorNotReady)
 		e = cudaEventSynchronize(ln->done);
 	ln->fenced = false;
-	return CU(cb, e, "recall regions: a program on the device");
+	err = CU(cb, e, "recall regions: a program on the device");
+	if (!err) {
+		float ms = 0;
+
+		/* a figure only: a failure here costs the figure, not the call */
+		if (cudaEventElapsedTime(&ms, ln->start, ln->done) == cudaSuccess && ms > 0)
+			cb->region_ns += (uint64_t)((double)ms * 1e6 + 0.5);
+	}
+	return err;
 }
 
 static void cuda_stats(struct kvt_be *b, struct kvt_be_stats *out)
@@ -1662,6 +1682,7 @@ static void cuda_stats(struct kvt_be *b, struct kvt_be_stats *out)
 	*out = (struct kvt_be_stats){
 		.h2d_kernel_launches = cb->kernel_launches,
 		.h2d_dma_batches = cb->dma_batches,
+		.region_ns = cb->region_ns,
 		.calibrated = cb->calib.measured,
 	};
 	memcpy(out->gather_min, cb->calib.gather_min, sizeof(out->gather_min));
