@@ -389,7 +389,8 @@ static int prog_reserve(struct kvt_manager *m, uint32_t layer, uint32_t n, uint3
 {
 	struct kvt_recall_cache *c = &m->rc;
 	struct prog_layout l = prog_layout(m, n, n + (uint64_t)nx, nx, n, r, gup);
-	uint64_t up = (uint64_t)m->cfg.n_layers * 256 + 256, addr; /* dev_drop_seq's */
+	/* and dev_drop_seq's program: a clear per layer */
+	uint64_t up = prog_layout(m, 0, m->cfg.n_layers, m->cfg.n_layers, 0, 0, 0).up, addr;
 	struct kvt_dlane *ln;
 	int err;
 
@@ -445,7 +446,7 @@ static int prog_reserve(struct kvt_manager *m, uint32_t layer, uint32_t n, uint3
 			return kvt_fail(m, err, "recall: the free frames: %s", m->be->err);
 		c->dstack_ready = true;
 	}
-	if (l.bytes < up) /* dev_drop_seq's clears */
+	if (l.bytes < up)
 		l.bytes = up;
 	if (l.bytes > c->dcall_cap) {
 		uint64_t cap = c->dcall_cap ? c->dcall_cap : 1 << 16;
@@ -878,13 +879,11 @@ static void dev_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
 {
 	struct kvt_recall_cache *c = &m->rc;
 	uint32_t L = m->cfg.n_layers, k = 0;
-	uint64_t cells = 0, gone_at = ALIGN16(L * sizeof(struct dcell)), rd = gone_at + L * 4,
-		 descs = ALIGN16(rd), offs = ALIGN16(descs + L * sizeof(struct kvt_gpu_region)),
-		 up = offs + L * 4;
+	/* a program of a drop per layer: its cells, descriptors, offsets and reports */
+	struct prog_layout pl = prog_layout(m, 0, L, L, 0, 0, 0);
 	struct kvt_dcopy cp, back;
 	struct kvt_region_run run;
 	uint32_t done;
-	struct prog_layout pl = {.cell = cells};
 	uint64_t gone = 0;
 	int err;
 
@@ -894,33 +893,33 @@ static void dev_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
 		k += s->layers[l].rc && s->layers[l].rc->rg.n_slots;
 	if (!k)
 		return;
-	if (!err && (up > c->hblob_cap || up > c->dcall_cap))
+	if (!err && (pl.up > c->hblob_cap || pl.up > c->dcall_cap))
 		err = -ENOMEM; /* prog_reserve keeps room for this */
 	if (!err) {
-		struct dcell *cell = (struct dcell *)c->hblob;
-		uint32_t *gn = (uint32_t *)(c->hblob + gone_at), j = 0, top = c->top;
+		struct dcell *cell = (struct dcell *)(c->hblob + pl.cell);
+		uint32_t *gn = (uint32_t *)(c->hblob + pl.gone), j = 0, top = c->top;
 
-		memset(c->hblob, 0, up);
+		memset(c->hblob, 0, pl.up);
 		for (uint32_t l = 0; l < L; l++) {
 			struct kvt_recall_layer *rc = s->layers[l].rc;
-			struct kvt_gpu_region *g = (struct kvt_gpu_region *)(c->hblob + descs) + j;
+			struct kvt_gpu_region *g = (struct kvt_gpu_region *)(c->hblob + pl.drg) + j;
 
 			if (!rc || !rc->rg.n_slots)
 				continue;
 			cell[j].n_slots = rc->rg.n_slots;
 			*g = dev_desc(m, rc, &pl, j, 1, 0, rc->dview_r, 0);
-			((uint32_t *)(c->hblob + offs))[j] = top;
+			((uint32_t *)(c->hblob + pl.drop_off))[j] = top;
 			top += rc->rg.n_slots;
 			j++;
 		}
-		cp = (struct kvt_dcopy){.dev = c->dcall, .host = c->hblob, .bytes = up};
-		back = (struct kvt_dcopy){.dev = c->dcall, .host = c->hblob, .bytes = rd};
+		cp = (struct kvt_dcopy){.dev = c->dcall, .host = c->hblob, .bytes = pl.up};
+		back = (struct kvt_dcopy){.dev = c->dcall, .host = c->hblob, .bytes = pl.rd};
 		run = (struct kvt_region_run){
 			.up = &cp,
 			.n_up = 1,
-			.clear_rg = c->dcall + descs,
-			.clear_gone = c->dcall + gone_at,
-			.clear_off = c->dcall + offs,
+			.clear_rg = c->dcall + pl.drg,
+			.clear_gone = c->dcall + pl.gone,
+			.clear_off = c->dcall + pl.drop_off,
 			.n_clear = k,
 			.stack = c->dstack,
 			.rd = &back,
