@@ -408,8 +408,7 @@ KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out
 	size = out->size < sizeof(st) ? out->size : (uint32_t)sizeof(st);
 	/* the figures of recall calls the device has not reported yet (a failure there is
 	   recorded for the next recall call) */
-	if (m->rc.n_pending)
-		(void)kvt_recall_settle((struct kvt_manager *)m);
+	(void)kvt_recall_settle((struct kvt_manager *)m);
 	st = m->st;
 	st.size = size;
 	st.version = KVT_STATS_VERSION;

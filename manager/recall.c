@@ -103,8 +103,7 @@ void kvt_recall_layer_free(struct kvt_manager *m, struct kvt_recall_layer *rc)
 {
 	if (!rc)
 		return;
-	if (m->rc.n_pending) /* a pending call may name it */
-		(void)kvt_recall_settle(m);
+	(void)kvt_recall_settle(m); /* a pending call may name it */
 	if (rc->dmeta) {
 		m->ops->dmem_free(m->be, rc->dmeta);
 		m->dmeta_bytes -= dmeta_size(m, rc->dcap);
@@ -650,8 +649,7 @@ uint32_t kvt_ws_frames(struct kvt_manager *m, struct kvt_seq *s, uint32_t t, uin
 	uint32_t total = 0;
 
 	*step_frames = 0;
-	if (m->rc.n_pending) /* the working sets the device counted */
-		(void)kvt_recall_settle(m);
+	(void)kvt_recall_settle(m); /* the working sets the device counted */
 	for (uint32_t l = 0; l < m->cfg.n_layers; l++) {
 		struct kvt_ws *ws = s->layers[l].rc ? &s->layers[l].rc->ws : NULL;
 
@@ -1360,6 +1358,8 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 		/* on the device, room for what two calls can look up at first: each growth
 		   there is an allocation and a copy on the device */
 		if (m->dev_regions) {
+			uint32_t nb =
+				DIV_UP(m->batch[i]->layers[layer].n_tokens, m->cfg.block_tokens);
 			int err = dreg_reserve(m, rc,
 					       rc->dreg || rc->cap_slots >= 2 * H * r
 						       ? rc->cap_slots
@@ -1371,11 +1371,6 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 			if (err)
 				return kvt_fail(m, err, "recall: a region on the device: %s",
 						m->be->err);
-		}
-		if (m->dev_regions) {
-			uint32_t nb =
-				DIV_UP(m->batch[i]->layers[layer].n_tokens, m->cfg.block_tokens);
-
 			gup += nb - (rc->dgroups < nb ? rc->dgroups : nb - 1);
 		}
 		loads += (uint64_t)H * r;
@@ -2014,15 +2009,10 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		.lane = layer + 1,
 	};
 	/* the call as its settling will see it: the members, then the regions that dropped */
-	*ln = (struct kvt_dlane){.blob = ln->blob,
-				 .blob_cap = ln->blob_cap,
-				 .l = l,
-				 .n = n,
-				 .nd = nd,
-				 .r = r,
-				 .cap = ln->cap,
-				 .rc = ln->rc,
-				 .n_slots = ln->n_slots};
+	ln->l = l;
+	ln->n = n;
+	ln->nd = nd;
+	ln->r = r;
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_recall_layer *rc = c->mrc[i];
 
@@ -2037,10 +2027,8 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		rc->dirty = true;
 		rc->dgroups = DIV_UP(m->batch[i]->layers[layer].n_tokens, cf->block_tokens);
 	}
-	for (uint32_t d = 0; d < nd; d++) {
+	for (uint32_t d = 0; d < nd; d++) /* (region_shrink marked them dirty) */
 		ln->rc[n + d] = c->drop[d].rc;
-		c->drop[d].rc->dirty = true;
-	}
 	/* the blocks a load reads must have landed in the host history */
 	done = KVT_RS_UPLOAD;
 	err = wait ? m->ops->save_wait(m->be, wait) : 0;

@@ -72,57 +72,6 @@ static void same_stats(struct kvt_manager *const mm[2])
 	CHECK_STATS_EQUAL(&a, &b);
 }
 
-/* Where the two managers keep their regions apart (one on the device, one on the CPU), the
-   region of (seq, layer) is the same state on both after every call: slot count, clock, every
-   slot (key, n_valid, stamp, rank) and its frame (as an offset from the first frame, origin),
-   every key's slot, touch and top-K count, the working set. The device's is read back. */
-static void same_region(struct kvt_manager *const mm[2], uint64_t seq, uint32_t layer,
-			uint64_t origin[2])
-{
-	struct kvt_seq *s[2];
-	struct kvt_recall_layer *rc[2];
-	uint32_t H = mm[0]->cfg.n_kv_heads, nb;
-
-	if (mm[0]->dev_regions == mm[1]->dev_regions)
-		return;
-	for (int k = 0; k < 2; k++) {
-		s[k] = kvt_seqmap_get(&mm[k]->seqs, seq);
-		rc[k] = s[k] && !s[k]->preempted ? s[k]->layers[layer].rc : NULL;
-		if (rc[k])
-			CHECK_RC(kvt_recall_pull(mm[k], rc[k]), 0);
-	}
-	if (!rc[0] || !rc[1]) {
-		CHECK_EQ(!rc[0], !rc[1]);
-		return;
-	}
-	CHECK_EQ(rc[0]->rg.n_slots, rc[1]->rg.n_slots);
-	CHECK_EQ(rc[0]->rg.clock, rc[1]->rg.clock);
-	for (uint32_t i = 0; i < rc[0]->rg.n_slots; i++) {
-		assert_memory_equal(&rc[0]->rg.slot[i], &rc[1]->rg.slot[i],
-				    sizeof(rc[0]->rg.slot[i]));
-		CHECK_EQ(mm[0]->rc.base + (uint64_t)rc[0]->frame[i] * mm[0]->block_bytes -
-				 origin[0],
-			 mm[1]->rc.base + (uint64_t)rc[1]->frame[i] * mm[1]->block_bytes -
-				 origin[1]);
-	}
-	nb = DIV_UP(s[0]->layers[layer].n_tokens, mm[0]->cfg.block_tokens);
-	/* the top-K counts are counted at a layer's first recall, or, on the CPU-kept side,
-	   at its first scoring even when the call is then refused: compared once both have
-	   them */
-	for (uint32_t k = 0; k < nb * H; k++) {
-		CHECK_EQ(rc[0]->rg.key[k].slot, rc[1]->rg.key[k].slot);
-		CHECK_EQ(rc[0]->rg.key[k].touched, rc[1]->rg.key[k].touched);
-		if (rc[0]->tk_ready && rc[1]->dtk)
-			CHECK_EQ(rc[0]->rg.key[k].tk, rc[1]->rg.key[k].tk);
-	}
-	CHECK_EQ(rc[0]->ws.step, rc[1]->ws.step);
-	CHECK_EQ(rc[0]->ws.cur, rc[1]->ws.cur);
-	CHECK_EQ(rc[0]->ws.total, rc[1]->ws.total);
-	if (rc[0]->ws.bucket && rc[1]->ws.bucket)
-		assert_memory_equal(rc[0]->ws.bucket, rc[1]->ws.bucket,
-				    rc[0]->ws.w * sizeof(*rc[0]->ws.bucket));
-}
-
 /* Steps are the plain calls: manager 0 runs each decode step as kvt_seq_fetch of the batch (what
    kvt_step_begin reads back) and, per layer, kvt_decode_append and kvt_decode_recall or
    kvt_recall_blocks on the batch; manager 1 as kvt_step_begin, kvt_step_append,
@@ -260,7 +209,7 @@ static void walk(bool disk)
 					t_same_views(mm, &c, batch[x], l, R, origin);
 				if (origin[0])
 					for (uint32_t x = 0; x < n; x++)
-						same_region(mm, batch[x], l, origin);
+						t_same_region(mm, batch[x], l, origin);
 				if (rc[0] == 0) {
 					float qa[4 * 16], o[2][4 * 16];
 

@@ -375,17 +375,24 @@ static void prefer_node(int node)
 
 /* ---- Growing device buffers --------------------------------------------------------------- */
 
-/* The capacity b doubles to, from `first` when it has none yet, to hold bytes; 0 on overflow. */
-static size_t dev_buf_cap(const struct dev_buf *b, size_t first, size_t bytes)
+/* The capacity a buffer of cap bytes doubles to, from `first` when it has none yet, to hold
+   bytes; 0 on overflow. */
+static size_t grow_cap(size_t cap, size_t first, size_t bytes)
 {
-	size_t cap = b->cap ? b->cap : first;
-
+	if (!cap)
+		cap = first;
 	while (cap < bytes) {
 		if (cap > SIZE_MAX / 2)
 			return 0;
 		cap *= 2;
 	}
 	return cap;
+}
+
+/* The capacity b doubles to (grow_cap). */
+static size_t dev_buf_cap(const struct dev_buf *b, size_t first, size_t bytes)
+{
+	return grow_cap(b->cap, first, bytes);
 }
 
 /* Makes a new cudaMalloc of cap bytes b's buffer, keeping the one it replaces; a failure
@@ -1572,6 +1579,19 @@ static int cuda_region_run(struct kvt_be *b, const struct kvt_region_run *r, voi
 	return stream_finish(cb, err, st, "recall regions: wait");
 }
 
+/* Creates *e with flags unless it exists: 0, or the error (*e stays NULL). */
+static int event_once(struct cuda_backend *cb, cudaEvent_t *e, unsigned int flags)
+{
+	int err;
+
+	if (*e)
+		return 0;
+	err = CU(cb, cudaEventCreateWithFlags(e, flags), "recall regions: event");
+	if (err)
+		*e = NULL;
+	return err;
+}
+
 static int cuda_region_host(struct kvt_be *b, uint32_t lane, uint64_t bytes, void **host)
 {
 	struct cuda_backend *cb = (struct cuda_backend *)b;
@@ -1594,36 +1614,20 @@ static int cuda_region_host(struct kvt_be *b, uint32_t lane, uint64_t bytes, voi
 		cb->lane = l;
 		cb->n_lane = lane;
 	}
-	if (!cb->rr_done) {
-		err = CU(cb, cudaEventCreateWithFlags(&cb->rr_done, cudaEventDisableTiming),
-			 "recall regions: event");
-		if (err) {
-			cb->rr_done = NULL;
-			return err;
-		}
-	}
 	ln = &cb->lane[lane - 1];
-	if (!ln->start) {
-		err = CU(cb, cudaEventCreateWithFlags(&ln->start, cudaEventDefault),
-			 "recall regions: lane event");
-		if (err) {
-			ln->start = NULL;
-			return err;
-		}
-	}
-	if (!ln->done) {
-		err = CU(cb, cudaEventCreateWithFlags(&ln->done, cudaEventBlockingSync),
-			 "recall regions: lane event");
-		if (err) {
-			ln->done = NULL;
-			return err;
-		}
-	}
+	err = event_once(cb, &cb->rr_done, cudaEventDisableTiming);
+	if (!err)
+		err = event_once(cb, &ln->start, cudaEventDefault);
+	if (!err)
+		err = event_once(cb, &ln->done, cudaEventBlockingSync);
+	if (err)
+		return err;
 	if (bytes > ln->cap) {
-		uint64_t cap = ln->cap ? ln->cap : 1 << 16;
+		size_t cap = grow_cap((size_t)ln->cap, 1 << 16, (size_t)bytes);
 
-		while (cap < bytes)
-			cap *= 2;
+		if (!cap)
+			return be_fail(b, -ENOMEM, "recall regions: %llu bytes of pinned memory",
+				       (unsigned long long)bytes);
 		/* the device may still read or write the old one */
 		if (ln->fenced) {
 			err = CU(cb, cudaEventSynchronize(ln->done), "recall regions: lane wait");

@@ -17,6 +17,9 @@
 #include "t_config.h"
 #include "t_data.h"
 #include "t_manager.h"
+#include "base.h"
+#include "recall.h" /* the regions, read back (kvt_recall_pull) */
+#include "util.h"
 
 struct kvt_manager *t_mk(const struct kvt_config *c)
 {
@@ -78,6 +81,53 @@ void t_same_views(struct kvt_manager *const mm[2], const struct kvt_config *c, u
 	}
 	free(ref[0]);
 	free(ref[1]);
+}
+
+void t_same_region(struct kvt_manager *const mm[2], uint64_t seq, uint32_t layer,
+		   uint64_t origin[2])
+{
+	struct kvt_seq *s[2];
+	struct kvt_recall_layer *rc[2];
+	uint32_t H = mm[0]->cfg.n_kv_heads, nb;
+
+	if (mm[0]->dev_regions == mm[1]->dev_regions)
+		return;
+	for (int k = 0; k < 2; k++) {
+		s[k] = kvt_seqmap_get(&mm[k]->seqs, seq);
+		rc[k] = s[k] && !s[k]->preempted ? s[k]->layers[layer].rc : NULL;
+		if (rc[k])
+			CHECK_RC(kvt_recall_pull(mm[k], rc[k]), 0);
+	}
+	if (!rc[0] || !rc[1]) {
+		CHECK_EQ(!rc[0], !rc[1]);
+		return;
+	}
+	CHECK_EQ(rc[0]->rg.n_slots, rc[1]->rg.n_slots);
+	CHECK_EQ(rc[0]->rg.clock, rc[1]->rg.clock);
+	for (uint32_t i = 0; i < rc[0]->rg.n_slots; i++) {
+		assert_memory_equal(&rc[0]->rg.slot[i], &rc[1]->rg.slot[i],
+				    sizeof(rc[0]->rg.slot[i]));
+		CHECK_EQ(mm[0]->rc.base + (uint64_t)rc[0]->frame[i] * mm[0]->block_bytes -
+				 origin[0],
+			 mm[1]->rc.base + (uint64_t)rc[1]->frame[i] * mm[1]->block_bytes -
+				 origin[1]);
+	}
+	nb = DIV_UP(s[0]->layers[layer].n_tokens, mm[0]->cfg.block_tokens);
+	/* the top-K counts are counted at a layer's first recall, or, on the CPU-kept side,
+	   at its first scoring even when the call is then refused: compared once both have
+	   them */
+	for (uint32_t k = 0; k < nb * H; k++) {
+		CHECK_EQ(rc[0]->rg.key[k].slot, rc[1]->rg.key[k].slot);
+		CHECK_EQ(rc[0]->rg.key[k].touched, rc[1]->rg.key[k].touched);
+		if (rc[0]->tk_ready && rc[1]->dtk)
+			CHECK_EQ(rc[0]->rg.key[k].tk, rc[1]->rg.key[k].tk);
+	}
+	CHECK_EQ(rc[0]->ws.step, rc[1]->ws.step);
+	CHECK_EQ(rc[0]->ws.cur, rc[1]->ws.cur);
+	CHECK_EQ(rc[0]->ws.total, rc[1]->ws.total);
+	if (rc[0]->ws.bucket && rc[1]->ws.bucket)
+		assert_memory_equal(rc[0]->ws.bucket, rc[1]->ws.bucket,
+				    rc[0]->ws.w * sizeof(*rc[0]->ws.bucket));
 }
 
 struct kvt_stats t_stats_of(const struct kvt_manager *m)

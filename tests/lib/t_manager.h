@@ -26,6 +26,14 @@ void t_prefill_seq(struct kvt_manager *m, const struct kvt_config *c, uint64_t s
 void t_same_views(struct kvt_manager *const mm[2], const struct kvt_config *c, uint64_t seq,
 		  uint32_t layer, uint32_t r, uint64_t origin[2]);
 
+/* Where two managers keep their regions apart (mm[0] on the CPU, mm[1] on the device), checks
+   that (seq, layer)'s region is the same state on both: slot count, clock, every slot (key,
+   n_valid, stamp, rank) and its frame (as an offset from origin[k]), every key's slot, touch
+   and top-K count (once both counted them), the working set. The device's is read back. Fails
+   the test where they differ; nothing to check when both keep their regions alike. */
+void t_same_region(struct kvt_manager *const mm[2], uint64_t seq, uint32_t layer,
+		   uint64_t origin[2]);
+
 /* kvt_manager_stats, which must succeed. */
 struct kvt_stats t_stats_of(const struct kvt_manager *m);
 /* kvt_seq_info of a live sequence, which must succeed. */
