@@ -264,7 +264,7 @@ struct kvt_stats {
 	   a smaller one as DMA (UINT32_MAX: DMA always; 0: the kernel always). Loads on the NULL
 	   stream always use the kernel (cudaMemcpyBatchAsync refuses the legacy stream). The
 	   calibration's own runs are not counted. Recall calls on a CUDA backend that keeps the
-	   recall regions on the device (no disk tier) load through the regions' own fused kernel,
+	   recall regions on the device load through the regions' own fused kernel,
 	   whose load list never leaves the device: one launch a call, counted in
 	   h2d_kernel_launches even when the call loads nothing. */
 	uint64_t h2d_kernel_launches, h2d_dma_batches;
@@ -286,12 +286,12 @@ struct kvt_stats {
 					   and prefill buffers (kvt_seq_load_kv, kvt_prefill_chunk) */
 	/* Device memory outside device_bytes that the recall state takes now on the CUDA backend
 	   with recall: the block metadata tables (about 1/block_tokens of each history's K and V
-	   bytes), and, with the recall regions on the device (no disk tier), the regions' slots,
+	   bytes), and, with the recall regions on the device, the regions' slots,
 	   frames and views, the blocks' host addresses, the free-frame stack and a call's
 	   program buffer; 0 on the other backends */
 	uint64_t device_meta_bytes;
-	/* Device time of the recall calls with the regions on the device (CUDA backend, no disk
-	   tier), those whose reports were read so far: per call, from an event before its first
+	/* Device time of the recall calls with the regions on the device (CUDA backend), those
+	   whose reports were read so far: per call, from an event before its first
 	   kernel to one after its last copy (launch gaps included); 0 on the other backends */
 	uint64_t recall_device_ns;
 };
@@ -629,12 +629,15 @@ KVT_API int kvt_seq_spill(struct kvt_manager *m, uint64_t seq);
    after its bookkeeping, in one batch: when that read fails (-EIO, -EBADMSG, -ENOMEM when they do
    not fit the host tier) or the load itself fails (-EIO), the views of the named (sequence, layer)s
    read as stale (-ESTALE) until they are recalled again; frames this call took from other regions
-   stay taken, and the working-set estimates keep this call's blocks. On the CUDA backend without a
-   disk tier the regions are kept on the device and the call runs there (docs/design.md, "Recall on
-   the device"), with the same decisions and errors: it queues its work on `stream` and waits for
+   stay taken, and the working-set estimates keep this call's blocks. On the CUDA backend the
+   regions are kept on the device and the call runs there (docs/design.md, "Recall on the
+   device"), with the same decisions and errors: it queues its work on `stream` and waits for
    nothing (its counts and figures are read when the layer's next recall call, kvt_manager_stats,
    kvt_manager_sync, a view, kvt_attend, a preemption or a destroy needs them), and a failure
-   queueing its load has the effect just described. When the device fails a call's work (a CUDA
+   queueing its load has the effect just described. A call with a member whose history has
+   blocks in the spill file is the exception: it waits for the calls before it and for its own
+   work, reads back the spilled blocks its loads need, loads those on `stream` and waits again
+   before it returns. When the device fails a call's work (a CUDA
    error found then), the call that finds it fails with that error (-EIO as a rule), that call's
    views read as stale, and every later recall call fails with it: the device's state cannot be
    told. */

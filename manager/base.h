@@ -143,6 +143,7 @@ struct kvt_recall_cache {
 	struct kvt_dlane *lane; /* [n_layers] */
 	uint32_t *fifo;		/* [n_layers] */
 	uint32_t fifo_head, n_pending;
+	uint64_t repairs; /* calls whose loads read blocks back from disk (dev_repair) */
 };
 
 struct kvt_spill_ref;

@@ -269,10 +269,11 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 	m->dev_meta = m->keep_meta && !m->cpu_device && ops->meta_build && ops->quest &&
 		      c.recall_blocks <= KVT_GPU_QUEST_MAX_R &&
 		      (uint64_t)m->group_q * c.head_dim <= KVT_GPU_QUEST_MAX_QDIM;
-	/* The recall regions there too, where every block a load reads is in host memory (no
-	   disk tier) and a region's heads fit one CTA. */
+	/* The recall regions there too, where a region's heads fit one CTA. With a disk tier, a
+	   call whose members have spilled blocks reads back what its loads need before it
+	   returns (recall.c, dev_repair). */
 	m->dev_regions = m->dev_meta && ops->region_run && ops->region_host && ops->region_wait &&
-			 !m->disk && c.n_kv_heads <= KVT_GPU_REGION_MAX_HEADS;
+			 c.n_kv_heads <= KVT_GPU_REGION_MAX_HEADS;
 	m->st.save_threads = c.save_threads;
 	*out = m;
 	return 0;

@@ -311,7 +311,7 @@ struct dcell {
 struct prog_layout {
 	uint64_t cell, bucket, gone, stale, missing, fresh, rd; /* read back */
 	uint64_t rg, drg, grg, qs, drop_k, drop_off, grow_n, grow_off, gat, gval, up;
-	uint64_t sel, load, pairs, bytes;
+	uint64_t sel, load, pairs, fix, bytes;
 };
 
 static struct prog_layout prog_layout(const struct kvt_manager *m, uint64_t n, uint64_t nc,
@@ -340,7 +340,9 @@ static struct prog_layout prog_layout(const struct kvt_manager *m, uint64_t n, u
 	l.sel = l.up;
 	l.load = ALIGN16(l.sel + n * H * r * sizeof(uint32_t));
 	l.pairs = ALIGN16(l.load + n * H * r * sizeof(struct kvt_region_load));
-	l.bytes = ALIGN16(l.pairs + n * H * r * 2 * sizeof(uint32_t));
+	/* with a disk tier, dev_repair's group entries: [n * H * r] addresses, then values */
+	l.fix = ALIGN16(l.pairs + n * H * r * 2 * sizeof(uint32_t));
+	l.bytes = ALIGN16(l.fix + (m->disk ? n * H * r * 2 * sizeof(uint64_t) : 0));
 	return l;
 }
 
@@ -358,6 +360,8 @@ static struct prog_layout prog_layout(const struct kvt_manager *m, uint64_t n, u
 /* A call made and not yet settled (lane[layer]). */
 struct kvt_dlane {
 	bool pending;
+	bool repair;   /* settled at once, its loads of spilled blocks repaired (dev_repair) */
+	void *stream;  /* the call's, while repair */
 	uint8_t *blob; /* the lane's pinned buffer (region_host), blob_cap bytes */
 	uint64_t blob_cap;
 	struct prog_layout l;
@@ -1759,6 +1763,8 @@ static void dev_apply(struct kvt_manager *m, const struct kvt_dlane *ln, bool fa
 /* Settles layer's pending call (its program has run, or is waited for): its reads applied,
    or, when the device failed it, its views and those its drops saw read as stale and every
    later call fails (the device's state cannot be told). 0 or that error, recorded. */
+static int dev_repair(struct kvt_manager *m, struct kvt_dlane *ln, uint32_t layer);
+
 static int dev_settle(struct kvt_manager *m, uint32_t layer)
 {
 	struct kvt_recall_cache *c = &m->rc;
@@ -1770,6 +1776,11 @@ static int dev_settle(struct kvt_manager *m, uint32_t layer)
 	err = m->ops->region_wait(m->be, layer + 1);
 	ln->pending = false;
 	c->n_pending--;
+	if (!err && ln->repair) {
+		ln->repair = false;
+		return dev_repair(m, ln, layer);
+	}
+	ln->repair = false;
 	if (!err) {
 		dev_apply(m, ln, false, 0, 0);
 		return 0;
@@ -1875,6 +1886,147 @@ static int dev_undo(struct kvt_manager *m, struct kvt_dlane *ln, const struct kv
 	return 0;
 }
 
+/* A call whose loads failed after stage `done` (err; why: its message): its loads undone
+   (dev_undo) and err recorded as "head: why". When even the undo fails, the device's state
+   cannot be told: the call's views read as stale and every later call fails (dbroken). */
+static int dev_give_up(struct kvt_manager *m, struct kvt_dlane *ln,
+		       const struct kvt_region_run *run, uint32_t done, void *stream, int err,
+		       const char *head, const char *why)
+{
+	if (dev_undo(m, ln, run, done, stream)) {
+		m->rc.dbroken = err;
+		for (uint32_t i = 0; i < ln->n; i++)
+			ln->rc[i]->view_failed = true;
+		return kvt_fail(m, err, "%s: %s; then, finishing the call without its loads: %s",
+				head, why, m->be->err);
+	}
+	return kvt_fail(m, err, "%s: %s", head, why);
+}
+
+/* Whether a member of the call at hand (m->batch[0 .. n)) has blocks in the spill file: its
+   loads may read blocks the device cannot (a group entry of 0), so the call is repaired
+   (dev_repair) before it returns. */
+static bool batch_spilled(const struct kvt_manager *m, uint32_t n)
+{
+	for (uint32_t i = 0; m->disk && i < n; i++)
+		if (m->batch[i]->n_spilled)
+			return true;
+	return false;
+}
+
+/* Settles a call whose members have spilled blocks (dev_run, at once, with no other call
+   pending; m->batch is the call's): when its gather found loads of blocks not in host memory,
+   the call's loads are read back, each block listed for the spill tier in load order (as the
+   CPU's pass 2 lists them: spilled ones read back, the others pinned), the spilled ones read
+   back in one batch, the members' group entries for their loads written again, and the gather
+   run again (it copies every load of the call, the ones it had copied too). Waited for, so
+   the blocks read back stay in host memory while the device reads them. Then the call's
+   reads are applied as on success; when a read or a stage fails, its loads are undone as a
+   failed gather's (dev_undo: as the CPU's recall_undo). 0 or the error, recorded. */
+static int dev_repair(struct kvt_manager *m, struct kvt_dlane *ln, uint32_t layer)
+{
+	struct kvt_recall_cache *c = &m->rc;
+	const struct prog_layout *l = &ln->l;
+	uint64_t H = m->cfg.n_kv_heads, n = ln->n, per = H * ln->r;
+	const struct dcell *cell = (const struct dcell *)(ln->blob + l->cell);
+	const struct kvt_region_load *ld = (const struct kvt_region_load *)(ln->blob + l->load);
+	uint32_t *missing = (uint32_t *)(ln->blob + l->missing), nl = 0, k = 0, zero = 0, dd;
+	uint64_t *gat = (uint64_t *)(ln->blob + l->fix), *gval = gat + n * per;
+	struct kvt_dcopy back = {.dev = c->dcall + l->load,
+				 .host = ln->blob + l->load,
+				 .bytes = n * per * sizeof(*ld)};
+	struct kvt_dcopy up[3], rd = {.dev = c->dcall + l->missing, .host = missing, .bytes = 4};
+	char why[sizeof(m->err)], head[64];
+	int err;
+
+	for (uint32_t i = 0; i < n; i++)
+		nl += cell[i].n_load;
+	if (*missing == 0) { /* every load's block was in host memory */
+		dev_apply(m, ln, false, 0, 0);
+		return 0;
+	}
+	c->repairs++;
+	err = KVT_XFER(m, region_run,
+		       &(struct kvt_region_run){
+			       .rd = &back, .n_rd = 1, .start = KVT_RS_READ, .stop = KVT_RS_END},
+		       ln->stream, &dd);
+	if (err) {
+		snprintf(why, sizeof(why), "%s", m->be->err);
+		goto undo;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		for (uint32_t x = 0; x < cell[i].n_load && ALWAYS(x < per); x++)
+			ALWAYS(kvt_spill_want(m, m->batch[i], layer, ld[i * per + x].key / H) == 0);
+	err = kvt_spill_fetch_wanted(m, "recall");
+	if (err < 0) {
+		snprintf(why, sizeof(why), "%s", m->err);
+		goto undo;
+	}
+	/* each member's blocks once (a group entry is written by one thread) */
+	for (uint32_t i = 0; i < n; i++) {
+		const struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
+		uint32_t k0 = k;
+
+		for (uint32_t x = 0; x < cell[i].n_load && x < per; x++) {
+			uint32_t b = ld[i * per + x].key / H, y = k0;
+			uint64_t at = kvt_dgroup(m, ln->rc[i]) + (uint64_t)b * sizeof(uint64_t);
+
+			while (y < k && gat[y] != at)
+				y++;
+			if (y < k)
+				continue;
+			if (NEVER(ly->groups[b] & KVT_SPILLED)) { /* the fetch placed them all */
+				err = -EIO;
+				snprintf(why, sizeof(why),
+					 "a block read back is not in host memory");
+				goto undo;
+			}
+			gat[k] = at;
+			gval[k++] = m->host_base + (uint64_t)ly->groups[b] * m->group_bytes;
+		}
+	}
+	up[0] = (struct kvt_dcopy){.dev = c->dcall + l->fix, .host = gat, .bytes = k * 8ull};
+	up[1] = (struct kvt_dcopy){
+		.dev = c->dcall + l->fix + n * per * 8, .host = gval, .bytes = k * 8ull};
+	up[2] = (struct kvt_dcopy){.dev = c->dcall + l->missing, .host = &zero, .bytes = 4};
+	err = KVT_XFER(m, region_run,
+		       &(struct kvt_region_run){.up = up,
+						.n_up = 3,
+						.group_at = c->dcall + l->fix,
+						.group_val = c->dcall + l->fix + n * per * 8,
+						.n_groups = k,
+						.start = KVT_RS_UPLOAD,
+						.stop = KVT_RS_CLEAR},
+		       ln->stream, &dd);
+	if (!err)
+		err = KVT_XFER(m, region_run,
+			       &(struct kvt_region_run){.rg = c->dcall + l->rg,
+							.n = (uint32_t)n,
+							.block_bytes = m->block_bytes,
+							.frame_base = c->base,
+							.missing = c->dcall + l->missing,
+							.rd = &rd,
+							.n_rd = 1,
+							.start = KVT_RS_GATHER,
+							.stop = KVT_RS_END},
+			       ln->stream, &dd);
+	if (err) {
+		snprintf(why, sizeof(why), "%s", m->be->err);
+		goto undo;
+	}
+	if (NEVER(*missing != 0)) { /* every block was written again */
+		err = -EIO;
+		snprintf(why, sizeof(why), "%u blocks still not in host memory", *missing);
+		goto undo;
+	}
+	dev_apply(m, ln, false, 0, 0);
+	return 0;
+undo:
+	snprintf(head, sizeof(head), "recall: layer %u: loading %u blocks", layer, nl);
+	return dev_give_up(m, ln, &(struct kvt_region_run){.rg = c->dcall + l->rg}, KVT_RS_END,
+			   ln->stream, err, head, why);
+}
+
 /* Pass 2 on the device: one program (struct kvt_region_run) makes the sizing's drops and
    grows, the members' selection (sel uploaded, or Quest's of the device queries q), their
    recall and their gather, queued on the layer's lane without a wait; what it reads back goes
@@ -1897,7 +2049,7 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 	uint32_t *bkt;
 	struct kvt_region_run run;
 	struct kvt_dcopy rd, up;
-	char why[sizeof(m->err)];
+	char why[sizeof(m->err)], head[64];
 	uint32_t done;
 	int err;
 
@@ -2038,20 +2190,22 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		ln->pending = true;
 		c->fifo[(c->fifo_head + c->n_pending) % cf->n_layers] = layer;
 		c->n_pending++;
-		return 0;
+		kvt_dev_queue(m); /* its gather reads host groups: a spill waits for it */
+		if (!batch_spilled(m, n))
+			return 0;
+		/* its loads may want blocks from disk: settled now (recall_core settled the
+		   others), repaired, before the caller's next work reads the frames */
+		ln->repair = true;
+		ln->stream = stream;
+		if (ALWAYS(c->n_pending == 1)) { /* its error as it is */
+			c->fifo_head = (c->fifo_head + 1) % cf->n_layers;
+			return dev_settle(m, layer);
+		}
+		return settle_through(m, layer);
 	}
 	snprintf(why, sizeof(why), "%s", m->be->err);
-	if (dev_undo(m, ln, &run, done, stream)) {
-		/* the device's state cannot be told: every later call fails */
-		c->dbroken = err;
-		for (uint32_t i = 0; i < n; i++)
-			c->mrc[i]->view_failed = true;
-		return kvt_fail(m, err,
-				"recall: layer %u on the device: %s; then, finishing the "
-				"call without its loads: %s",
-				layer, why, m->be->err);
-	}
-	return kvt_fail(m, err, "recall: layer %u: loading on the device: %s", layer, why);
+	snprintf(head, sizeof(head), "recall: layer %u: loading on the device", layer);
+	return dev_give_up(m, ln, &run, done, stream, err, head, why);
 }
 
 /* After the gather of a recall call failed: the slots meant for its loads hold nothing valid,
@@ -2123,6 +2277,10 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 			"recall: an earlier call failed on the device: its regions' state is "
 			"unknown");
 	err = recall_validate(m, layer, seqs, n, sel, quest, r);
+	/* a call whose loads may read blocks back from disk is settled at once (dev_run), in
+	   its turn: the calls before it first */
+	if (!err && m->dev_regions && batch_spilled(m, n))
+		err = kvt_recall_settle(m);
 	if (!err)
 		err = recall_room(m, layer, sel, quest, n, r, &regions, stream);
 	if (err)

@@ -43,7 +43,8 @@ struct kvt_recall_layer {
 	   rg.key, frame, view_n and view are copies made by kvt_recall_pull when dirty. */
 	uint64_t dreg;
 	uint32_t dscap, dvcap, dview_r;
-	uint32_t dgroups; /* blocks of the device group table written */
+	uint32_t dgroups; /* blocks of the device group table written (those from it on are
+			     written by the next call's program) */
 	uint32_t dn0;	  /* rg.n_slots before the sizing of dn0_stamp changed it */
 	uint64_t dn0_stamp;
 	uint32_t cell; /* its place in the call's program (cell_stamp: that call) */
@@ -103,6 +104,16 @@ static inline uint64_t kvt_dgroup(const struct kvt_manager *m, const struct kvt_
 {
 	return kvt_dkey(m, rc) +
 	       (uint64_t)rc->dcap * m->cfg.n_kv_heads * sizeof(struct kvt_region_key);
+}
+
+/* Block b of the layer whose recall state is rc (may be NULL) moved in the host tier (spilled:
+   no host group; read back: a new one): the device group table learns it from the next
+   call's program on, which writes the entries from b on again. Whatever a program still
+   queued reads was waited for before the host group was given up (kvt_dev_quiesce). */
+static inline void kvt_recall_group_moved(struct kvt_recall_layer *rc, uint32_t b)
+{
+	if (rc && rc->dgroups > b)
+		rc->dgroups = b;
 }
 
 /* Applies the reads of every recall program still pending on the device (dev_regions: the

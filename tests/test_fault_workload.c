@@ -687,6 +687,12 @@ static void workload(struct run *r)
 		r->m = NULL;
 		return;
 	}
+	/* The walk holds every failed call to changing nothing. A recall program on the device is
+	   settled by a later call, which reports its failure and leaves its views stale by
+	   contract (kvt_decode_recall), so the walk keeps the regions on the CPU, and the device's
+	   are walked by test_cuda's test_fault_recall and test_fault_recall_settle, and
+	   test_step's test_step_recall_disk_faults. */
+	r->m->dev_regions = false;
 
 	/* three sequences, layers prefilled in both orders; reads of resident and host-only
 	   positions */

@@ -67,7 +67,6 @@ static void same_stats(struct kvt_manager *const mm[2])
 		a.device_meta_bytes = b.device_meta_bytes = 0;
 		a.h2d_kernel_launches = b.h2d_kernel_launches = 0;
 		a.h2d_dma_batches = b.h2d_dma_batches = 0;
-		a.recall_device_ns = b.recall_device_ns = 0;
 	}
 	CHECK_STATS_EQUAL(&a, &b);
 }
@@ -81,10 +80,11 @@ static void same_stats(struct kvt_manager *const mm[2])
    member destroyed (and sometimes created and prefilled again under its id: the step must
    find the new one, not the freed state) or preempted. After every call: the same result,
    every counter, the views of the batch and attention over them.
-   With `disk` false, no disk tier, and manager 0 keeps its recall regions on the CPU: on a
-   backend that keeps them on its device (dev_regions), the two must still agree, call for
-   call, frame for frame. */
-static void walk(bool disk)
+   With `twin_cpu`, manager 0 keeps its recall regions on the CPU: on a backend that keeps them
+   on its device (dev_regions), the two must still agree, call for call, frame for frame; with
+   a disk tier too, the device's calls read spilled blocks back (dev_repair) as the CPU's
+   do. */
+static void walk(bool disk, bool twin_cpu)
 {
 	struct kvt_config c = step_config(72);
 	struct kvt_manager *mm[2];
@@ -99,7 +99,8 @@ static void walk(bool disk)
 	uint8_t *q = t_xmalloc(SEQS * qs);
 	long ops = t_pick_ops(1600);
 
-	print_message("# step: seed %llu%s\n", (unsigned long long)seed, disk ? "" : ", no disk");
+	print_message("# step: seed %llu%s%s\n", (unsigned long long)seed, disk ? "" : ", no disk",
+		      twin_cpu ? ", the twin's regions on the CPU" : "");
 	t_rng_seed(seed);
 	assert_non_null(mkdtemp(dir));
 	c.spill_dir = disk ? dir : NULL;
@@ -107,7 +108,7 @@ static void walk(bool disk)
 	c.device_bytes = t_budget(&c, 300) + c.recall_cache_bytes;
 	for (int m = 0; m < 2; m++)
 		mm[m] = t_mk(&c);
-	if (!disk) {
+	if (twin_cpu) {
 		print_message("# step: recall regions on the device: %s\n",
 			      mm[1]->dev_regions ? "yes (the twin's on the CPU)" : "no");
 		mm[0]->dev_regions = false;
@@ -262,6 +263,11 @@ static void walk(bool disk)
 	assert_true(steps > 0 && scored > 0 && broken > 0 && refused > 0 && lazies > 0);
 	assert_true(a.recall_evictions > 0);
 	assert_true(disk ? a.disk_blocks_fetched > 0 : a.disk_blocks_fetched == 0);
+	if (disk && mm[1]->dev_regions) { /* the device's calls read spilled blocks back */
+		print_message("# step: %llu device calls read blocks back from disk\n",
+			      (unsigned long long)mm[1]->rc.repairs);
+		assert_true(mm[1]->rc.repairs > 0);
+	}
 	for (int m = 0; m < 2; m++)
 		kvt_manager_destroy(mm[m]);
 	free(k);
@@ -273,13 +279,87 @@ static void walk(bool disk)
 static void test_step_same_as_plain(void **state)
 {
 	(void)state;
-	walk(true);
+	walk(true, false);
 }
 
 static void test_step_device_as_host(void **state)
 {
 	(void)state;
-	walk(false);
+	walk(false, true);
+}
+
+static void test_step_device_as_host_disk(void **state)
+{
+	(void)state;
+	walk(true, true);
+}
+
+/* A recall call whose loads read spilled blocks back, each disk I/O of that read failed in turn
+   (KVT_FAULT_IO) on both managers: manager 1 keeps its recall regions on the device where the
+   backend can (its call reads the blocks back and loads them again: dev_repair), manager 0 on
+   the CPU. Each failed call fails alike, leaves the regions equal (its loads undone) and its
+   views stale, and changes no figure differently; the walk ends with the call succeeding
+   alike. */
+static void test_step_recall_disk_faults(void **state)
+{
+	struct kvt_config c = step_config(64);
+	struct kvt_manager *mm[2];
+	char dir[] = "/tmp/kvt-step-r-XXXXXX";
+	uint64_t ids[3] = {1, 2, 3}, origin[2] = {0, 0};
+	uint32_t H = c.n_kv_heads, sel[3 * 8 * R], walked = 0;
+	(void)state;
+
+	assert_true(H <= 8);
+	assert_non_null(mkdtemp(dir));
+	c.spill_dir = dir;
+	for (int m = 0; m < 2; m++) {
+		mm[m] = t_mk(&c);
+		for (uint32_t i = 0; i < 3; i++)
+			t_prefill_seq(mm[m], &c, ids[i], 240);
+	}
+	mm[0]->dev_regions = false;
+	/* blocks between the sink and the ring, some of them repeated across heads */
+	for (uint32_t x = 0; x < 3 * H * R; x++)
+		sel[x] = 2 + (x * 7) % 24;
+	for (uint32_t l = 0; l < c.n_layers; l++) /* the regions hold blocks */
+		for (int m = 0; m < 2; m++)
+			CHECK_RC(kvt_recall_blocks(mm[m], l, ids, 3, sel, R, NULL), 0);
+	for (uint32_t x = 0; x < 3 * H * R; x++) /* other blocks: loads */
+		sel[x] = 3 + (x * 5) % 23;
+	for (uint64_t nth = 1;; nth++) {
+		int rc[2];
+
+		for (int m = 0; m < 2; m++) {
+			CHECK_RC(kvt_seq_spill(mm[m], 3), 0);
+			CHECK_RC(kvt_fault_arm(1u << KVT_FAULT_IO, nth), 0);
+			rc[m] = kvt_recall_blocks(mm[m], 0, ids, 3, sel, R, NULL);
+			kvt_fault_disarm();
+		}
+		CHECK_EQ(rc[0], rc[1]);
+		same_stats(mm);
+		for (uint32_t i = 0; i < 3; i++) {
+			t_same_views(mm, &c, ids[i], 0, R, origin);
+			if (origin[0])
+				t_same_region(mm, ids[i], 0, origin);
+		}
+		for (int m = 0; m < 2; m++)
+			CHECK_RC(kvt_recall_check(mm[m]), 0);
+		if (rc[0] == 0)
+			break;
+		walked++;
+		assert_true(rc[0] == -EIO || rc[0] == -EBADMSG || rc[0] == -ENOMEM);
+		assert_true(nth < 1000);
+	}
+	print_message("# step recall disk faults: %u failed calls walked; the device's calls read "
+		      "blocks back %llu times\n",
+		      walked, (unsigned long long)mm[1]->rc.repairs);
+	assert_true(walked > 0);
+	assert_true(t_stats_of(mm[0]).disk_blocks_fetched > 0);
+	if (mm[1]->dev_regions) /* every call read blocks back: the failed ones, the last */
+		CHECK_EQ(mm[1]->rc.repairs, walked + 1);
+	for (int m = 0; m < 2; m++)
+		kvt_manager_destroy(mm[m]);
+	rmdir(dir);
 }
 
 /* Tokens of (seq, layer 0). */
@@ -468,6 +548,8 @@ int main(void)
 		cmocka_unit_test(test_step_contract),
 		cmocka_unit_test(test_step_same_as_plain),
 		cmocka_unit_test(test_step_device_as_host),
+		cmocka_unit_test(test_step_device_as_host_disk),
+		cmocka_unit_test(test_step_recall_disk_faults),
 		cmocka_unit_test(test_step_begin_faults),
 	};
 
