@@ -205,6 +205,8 @@ static int rc_layer_get(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_
 		if (!rc)
 			return kvt_be_fail(m->be, -ENOMEM, "no memory for the recall state");
 		rc->rg.head = rc->rg.tail = KVT_REGION_PENDING;
+		for (uint32_t b = 0; b < ly->n_groups; b++) /* then kept by the spill tier */
+			rc->n_spilled += !!(ly->groups[b] & KVT_SPILLED);
 		ly->rc = rc;
 	}
 	if (m->dev_meta) {
@@ -1114,6 +1116,19 @@ int kvt_recall_check(struct kvt_manager *m)
 			err = -6; /* a frame lost */
 	if (!err && (regions != c->n_regions || held != c->n_held || ws != c->sum_ws))
 		err = -7;
+	/* each layer's count of its blocks in the spill file */
+	struct kvt_seq *s;
+
+	for (uint32_t pos = 0; !err && (s = kvt_idmap_next(&m->seqs, &pos));)
+		for (uint32_t l = 0; l < m->cfg.n_layers && !err; l++) {
+			const struct kvt_seq_layer *ly = &s->layers[l];
+			uint32_t k = 0;
+
+			for (uint32_t b = 0; ly->rc && b < ly->n_groups; b++)
+				k += !!(ly->groups[b] & KVT_SPILLED);
+			if (ly->rc && k != ly->rc->n_spilled)
+				err = -14;
+		}
 	free(seen);
 	return err;
 }
@@ -1903,13 +1918,13 @@ static int dev_give_up(struct kvt_manager *m, struct kvt_dlane *ln,
 	return kvt_fail(m, err, "%s: %s", head, why);
 }
 
-/* Whether a member of the call at hand (m->batch[0 .. n)) has blocks in the spill file: its
-   loads may read blocks the device cannot (a group entry of 0), so the call is repaired
-   (dev_repair) before it returns. */
-static bool batch_spilled(const struct kvt_manager *m, uint32_t n)
+/* Whether a member of the call at hand (m->batch[0 .. n), validated) has blocks of the layer
+   in the spill file: its loads may read blocks the device cannot (a group entry of 0), so the
+   call is repaired (dev_repair) before it returns. */
+static bool batch_spilled(const struct kvt_manager *m, uint32_t n, uint32_t layer)
 {
 	for (uint32_t i = 0; m->disk && i < n; i++)
-		if (m->batch[i]->n_spilled)
+		if (m->batch[i]->layers[layer].rc->n_spilled)
 			return true;
 	return false;
 }
@@ -2191,7 +2206,7 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		c->fifo[(c->fifo_head + c->n_pending) % cf->n_layers] = layer;
 		c->n_pending++;
 		kvt_dev_queue(m); /* its gather reads host groups: a spill waits for it */
-		if (!batch_spilled(m, n))
+		if (!batch_spilled(m, n, layer))
 			return 0;
 		/* its loads may want blocks from disk: settled now (recall_core settled the
 		   others), repaired, before the caller's next work reads the frames */
@@ -2279,7 +2294,7 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	err = recall_validate(m, layer, seqs, n, sel, quest, r);
 	/* a call whose loads may read blocks back from disk is settled at once (dev_run), in
 	   its turn: the calls before it first */
-	if (!err && m->dev_regions && batch_spilled(m, n))
+	if (!err && m->dev_regions && batch_spilled(m, n, layer))
 		err = kvt_recall_settle(m);
 	if (!err)
 		err = recall_room(m, layer, sel, quest, n, r, &regions, stream);

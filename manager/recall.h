@@ -43,9 +43,11 @@ struct kvt_recall_layer {
 	   rg.key, frame, view_n and view are copies made by kvt_recall_pull when dirty. */
 	uint64_t dreg;
 	uint32_t dscap, dvcap, dview_r;
-	uint32_t dgroups; /* blocks of the device group table written (those from it on are
-			     written by the next call's program) */
-	uint32_t dn0;	  /* rg.n_slots before the sizing of dn0_stamp changed it */
+	uint32_t dgroups;   /* blocks of the device group table written (those from it on are
+			       written by the next call's program) */
+	uint32_t n_spilled; /* the layer's blocks in the spill file (counted at its creation,
+			       then kept by the spill tier: kvt_recall_group_moved) */
+	uint32_t dn0;	    /* rg.n_slots before the sizing of dn0_stamp changed it */
 	uint64_t dn0_stamp;
 	uint32_t cell; /* its place in the call's program (cell_stamp: that call) */
 	uint64_t cell_stamp;
@@ -89,8 +91,9 @@ void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s);
 
 /* Checks the recall cache's invariants: every frame is free (once) or held by one slot of one
    live region; the live list, the region count, n_held and sum_ws agree with the regions; each
-   region passes kvt_region_check. 0, or a negative code of the first broken one. For tests:
-   O(frames + the regions' key tables). */
+   region passes kvt_region_check; each layer's count of spilled blocks is right. 0, or a
+   negative code of the first broken one. For tests: O(frames + the regions' key tables +
+   the histories' blocks). */
 int kvt_recall_check(struct kvt_manager *m);
 /* The device key table of a layer's recall state (dev_meta). */
 static inline uint64_t kvt_dkey(const struct kvt_manager *m, const struct kvt_recall_layer *rc)
@@ -106,14 +109,20 @@ static inline uint64_t kvt_dgroup(const struct kvt_manager *m, const struct kvt_
 	       (uint64_t)rc->dcap * m->cfg.n_kv_heads * sizeof(struct kvt_region_key);
 }
 
-/* Block b of the layer whose recall state is rc (may be NULL) moved in the host tier (spilled:
-   no host group; read back: a new one): the device group table learns it from the next
+/* Block b of the layer whose recall state is rc (may be NULL) moved in the host tier: spilled
+   (no host group) or read back (a new one). The device group table learns it from the next
    call's program on, which writes the entries from b on again. Whatever a program still
    queued reads was waited for before the host group was given up (kvt_dev_quiesce). */
-static inline void kvt_recall_group_moved(struct kvt_recall_layer *rc, uint32_t b)
+static inline void kvt_recall_group_moved(struct kvt_recall_layer *rc, uint32_t b, bool spilled)
 {
-	if (rc && rc->dgroups > b)
+	if (!rc)
+		return;
+	if (rc->dgroups > b)
 		rc->dgroups = b;
+	if (spilled)
+		rc->n_spilled++;
+	else if (ALWAYS(rc->n_spilled > 0))
+		rc->n_spilled--;
 }
 
 /* Applies the reads of every recall program still pending on the device (dev_regions: the

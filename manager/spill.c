@@ -152,7 +152,7 @@ static int flush(struct kvt_manager *m, uint32_t n)
 		}
 		ALWAYS(kvt_pool_free(&m->host, &ly->groups[r->block], 1) == 0);
 		ly->groups[r->block] = KVT_SPILLED | m->dio[i].slot;
-		kvt_recall_group_moved(ly->rc, r->block);
+		kvt_recall_group_moved(ly->rc, r->block, true);
 		r->s->n_spilled++;
 		done++;
 		/* the decode cursor may point into the freed group: a fetch recomputes it */
@@ -343,7 +343,7 @@ static uint32_t fetch_commit(struct kvt_manager *m, uint32_t n, int *first, stru
 		}
 		kvt_disk_release(m->disk, m->dio[i].slot);
 		ly->groups[r->block] = r->group;
-		kvt_recall_group_moved(ly->rc, r->block);
+		kvt_recall_group_moved(ly->rc, r->block, false);
 		m->hpin[r->group] = (uint32_t)m->stamp;
 		if (ALWAYS(s->n_spilled > 0))
 			s->n_spilled--;
