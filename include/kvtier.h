@@ -634,7 +634,7 @@ KVT_API int kvt_seq_spill(struct kvt_manager *m, uint64_t seq);
    device"), with the same decisions and errors: it queues its work on `stream` and waits for
    nothing (its counts and figures are read when the layer's next recall call, kvt_manager_stats,
    kvt_manager_sync, a view, kvt_attend, a preemption or a destroy needs them), and a failure
-   queueing its load has the effect just described. A call with a member whose history has
+   queueing its load has the effect just described. A call with a member whose layer has
    blocks in the spill file is the exception: it waits for the calls before it and for its own
    work, reads back the spilled blocks its loads need, loads those on `stream` and waits again
    before it returns. When the device fails a call's work (a CUDA
