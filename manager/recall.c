@@ -485,6 +485,30 @@ static struct kvt_gpu_quest quest_desc(const struct kvt_manager *m, const struct
 	};
 }
 
+/* The group-table entries a program of region rc's layer, of nb blocks, writes: the moved
+   blocks the device saw, then every block from the first it has not seen (at least the last:
+   a copy on write may have moved it). */
+static uint32_t dgroup_writes(const struct kvt_recall_layer *rc, uint32_t nb)
+{
+	uint32_t from = rc->dgroups < nb ? rc->dgroups : nb - 1, k = nb - from;
+
+	for (uint32_t x = 0; x < rc->n_moved; x++)
+		k += rc->moved[x] < from;
+	return k;
+}
+
+/* Writes entry b of rc's device group table (the block's host group, 0 when spilled) into a
+   program's lists at *n. */
+static void dgroup_write(const struct kvt_manager *m, const struct kvt_recall_layer *rc,
+			 const struct kvt_seq_layer *ly, uint32_t b, uint64_t *gat, uint64_t *gval,
+			 uint32_t *n)
+{
+	gat[*n] = kvt_dgroup(m, rc) + (uint64_t)b * sizeof(uint64_t);
+	gval[(*n)++] = ly->groups[b] & KVT_SPILLED
+			       ? 0
+			       : m->host_base + (uint64_t)ly->groups[b] * m->group_bytes;
+}
+
 /* The descriptor of region rc in a program: its state, its cell x's counts and working set
    (ws: a member's), member i's selection and loads (i < n), view stride vr. */
 static struct kvt_gpu_region dev_desc(const struct kvt_manager *m,
@@ -1074,6 +1098,36 @@ int kvt_recall_pull(struct kvt_manager *m, struct kvt_recall_layer *rc)
 	return 0;
 }
 
+/* kvt_recall_check of a layer's device group table: every entry the device has seen (below
+   dgroups) that did not move since is the block's host group, or 0 when it is spilled. */
+static int check_dgroups(struct kvt_manager *m, const struct kvt_seq_layer *ly)
+{
+	const struct kvt_recall_layer *rc = ly->rc;
+	uint64_t *dg;
+	int err = 0;
+
+	if (!rc->dgroups || !rc->dmeta)
+		return 0;
+	if (rc->dgroups > ly->n_groups || rc->dgroups > rc->dcap)
+		return -15;
+	dg = kvt_malloc((size_t)rc->dgroups * sizeof(*dg));
+	if (!dg)
+		return -ENOMEM;
+	if (KVT_XFER(m, read_d2h, dg, kvt_dgroup(m, rc), (uint64_t)rc->dgroups * sizeof(*dg), NULL))
+		err = -11;
+	for (uint32_t b = 0; b < rc->dgroups && !err; b++) {
+		uint32_t g = ly->groups[b], x = 0;
+
+		while (x < rc->n_moved && rc->moved[x] != b)
+			x++;
+		if (x == rc->n_moved &&
+		    dg[b] != (g & KVT_SPILLED ? 0 : m->host_base + (uint64_t)g * m->group_bytes))
+			err = -15;
+	}
+	free(dg);
+	return err;
+}
+
 int kvt_recall_check(struct kvt_manager *m)
 {
 	struct kvt_recall_cache *c = &m->rc;
@@ -1128,6 +1182,8 @@ int kvt_recall_check(struct kvt_manager *m)
 				k += !!(ly->groups[b] & KVT_SPILLED);
 			if (ly->rc && k != ly->rc->n_spilled)
 				err = -14;
+			if (!err && ly->rc && m->dev_regions)
+				err = check_dgroups(m, ly);
 		}
 	free(seen);
 	return err;
@@ -1390,7 +1446,7 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 			if (err)
 				return kvt_fail(m, err, "recall: a region on the device: %s",
 						m->be->err);
-			gup += nb - (rc->dgroups < nb ? rc->dgroups : nb - 1);
+			gup += dgroup_writes(rc, nb);
 		}
 		loads += (uint64_t)H * r;
 	}
@@ -2075,7 +2131,7 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		c->mrc[i]->cell_stamp = stamp;
 		if (m->batch[i]->save_ticket > wait)
 			wait = m->batch[i]->save_ticket;
-		gup += nb - (c->mrc[i]->dgroups < nb ? c->mrc[i]->dgroups : nb - 1);
+		gup += dgroup_writes(c->mrc[i], nb);
 	}
 	for (uint32_t d = 0; d < nd; d++)
 		if (c->drop[d].rc->cell_stamp != stamp) {
@@ -2107,13 +2163,11 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		/* the blocks' host groups the device has not seen, and the last block's (a
 		   shared one may have been copied for this sequence's appends since) */
 		from = rc->dgroups < nb ? rc->dgroups : nb - 1;
-		for (uint32_t b = from; b < nb; b++, n_g++) {
-			gat[n_g] = kvt_dgroup(m, rc) + (uint64_t)b * sizeof(uint64_t);
-			gval[n_g] =
-				ly->groups[b] & KVT_SPILLED
-					? 0
-					: m->host_base + (uint64_t)ly->groups[b] * m->group_bytes;
-		}
+		for (uint32_t x = 0; x < rc->n_moved; x++)
+			if (rc->moved[x] < from)
+				dgroup_write(m, rc, ly, rc->moved[x], gat, gval, &n_g);
+		for (uint32_t b = from; b < nb; b++)
+			dgroup_write(m, rc, ly, b, gat, gval, &n_g);
 	}
 	ALWAYS(n_g == gup);
 	for (uint32_t d = 0; d < nd; d++) {
@@ -2193,6 +2247,7 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		rc->dview_r = r;
 		rc->dirty = true;
 		rc->dgroups = DIV_UP(m->batch[i]->layers[layer].n_tokens, cf->block_tokens);
+		rc->n_moved = 0;
 	}
 	for (uint32_t d = 0; d < nd; d++) /* (region_shrink marked them dirty) */
 		ln->rc[n + d] = c->drop[d].rc;

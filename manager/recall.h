@@ -16,6 +16,8 @@
 /* Recall state of one (sequence, layer), allocated when block metadata or recall first needs
    it: its block metadata and its region of the recall cache (policy/region.h), whose key table
    holds cap_blocks blocks. */
+#define KVT_RC_MOVED 8u /* moved blocks a recall state lists (kvt_recall_group_moved) */
+
 struct kvt_recall_layer {
 	uint8_t *meta;	      /* [block][head] metadata (policy.h), 2 * row_bytes each; NULL unless
 				 the manager keeps metadata */
@@ -47,7 +49,10 @@ struct kvt_recall_layer {
 			       written by the next call's program) */
 	uint32_t n_spilled; /* the layer's blocks in the spill file (counted at its creation,
 			       then kept by the spill tier: kvt_recall_group_moved) */
-	uint32_t dn0;	    /* rg.n_slots before the sizing of dn0_stamp changed it */
+	uint32_t moved[KVT_RC_MOVED]; /* blocks below dgroups that moved in the host tier since
+					 the last program: it writes their entries again */
+	uint32_t n_moved;
+	uint32_t dn0; /* rg.n_slots before the sizing of dn0_stamp changed it */
 	uint64_t dn0_stamp;
 	uint32_t cell; /* its place in the call's program (cell_stamp: that call) */
 	uint64_t cell_stamp;
@@ -91,7 +96,8 @@ void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s);
 
 /* Checks the recall cache's invariants: every frame is free (once) or held by one slot of one
    live region; the live list, the region count, n_held and sum_ws agree with the regions; each
-   region passes kvt_region_check; each layer's count of spilled blocks is right. 0, or a
+   region passes kvt_region_check; each layer's count of spilled blocks is right, and so is
+   every entry of its device group table (dev_regions) that did not move since. 0, or a
    negative code of the first broken one. For tests: O(frames + the regions' key tables +
    the histories' blocks). */
 int kvt_recall_check(struct kvt_manager *m);
@@ -111,14 +117,27 @@ static inline uint64_t kvt_dgroup(const struct kvt_manager *m, const struct kvt_
 
 /* Block b of the layer whose recall state is rc (may be NULL) moved in the host tier: spilled
    (no host group) or read back (a new one). The device group table learns it from the next
-   call's program on, which writes the entries from b on again. Whatever a program still
-   queued reads was waited for before the host group was given up (kvt_dev_quiesce). */
+   call's program, which writes b's entry again: listed in moved, or, when the list is full,
+   as every entry from the lowest block listed on. Whatever a program still queued reads was
+   waited for before the host group was given up (kvt_dev_quiesce). */
 static inline void kvt_recall_group_moved(struct kvt_recall_layer *rc, uint32_t b, bool spilled)
 {
 	if (!rc)
 		return;
-	if (rc->dgroups > b)
-		rc->dgroups = b;
+	if (b < rc->dgroups) {
+		uint32_t i = 0;
+
+		while (i < rc->n_moved && rc->moved[i] != b)
+			i++;
+		if (i == rc->n_moved && rc->n_moved < KVT_RC_MOVED) {
+			rc->moved[rc->n_moved++] = b;
+		} else if (i == rc->n_moved) { /* full: from the lowest on */
+			for (i = 0; i < rc->n_moved; i++)
+				b = rc->moved[i] < b ? rc->moved[i] : b;
+			rc->dgroups = b;
+			rc->n_moved = 0;
+		}
+	}
 	if (spilled)
 		rc->n_spilled++;
 	else if (ALWAYS(rc->n_spilled > 0))
