@@ -270,8 +270,8 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 		      c.recall_blocks <= KVT_GPU_QUEST_MAX_R &&
 		      (uint64_t)m->group_q * c.head_dim <= KVT_GPU_QUEST_MAX_QDIM;
 	/* The recall regions there too, where a region's heads fit one CTA. With a disk tier, a
-	   call whose members have spilled blocks reads back what its loads need before it
-	   returns (recall.c, dev_repair). */
+	   call with a member whose layer has spilled blocks reads back what its loads need
+	   before it returns (recall.c, dev_repair). */
 	m->dev_regions = m->dev_meta && ops->region_run && ops->region_host && ops->region_wait &&
 			 c.n_kv_heads <= KVT_GPU_REGION_MAX_HEADS;
 	m->st.save_threads = c.save_threads;

@@ -1985,10 +1985,10 @@ static bool batch_spilled(const struct kvt_manager *m, uint32_t n, uint32_t laye
 	return false;
 }
 
-/* Settles a call whose members have spilled blocks (dev_run, at once, with no other call
-   pending; m->batch is the call's): when its gather found loads of blocks not in host memory,
-   the call's loads are read back, each block listed for the spill tier in load order (as the
-   CPU's pass 2 lists them: spilled ones read back, the others pinned), the spilled ones read
+/* Settles a call with a member whose layer has spilled blocks (dev_run, at once, with no
+   other call pending; m->batch is the call's): when its gather found loads of blocks not in host
+   memory, the call's loads are read back, each block listed for the spill tier in load order (as
+   the CPU's pass 2 lists them: spilled ones read back, the others pinned), the spilled ones read
    back in one batch, the members' group entries for their loads written again, and the gather
    run again (it copies every load of the call, the ones it had copied too). Waited for, so
    the blocks read back stay in host memory while the device reads them. Then the call's
