@@ -131,6 +131,16 @@ void kvt_recall_free_seq(struct kvt_manager *m, struct kvt_seq *s)
 	}
 }
 
+/* The layer's group table entries that are in the spill file. */
+static uint32_t count_spilled(const struct kvt_seq_layer *ly)
+{
+	uint32_t k = 0;
+
+	for (uint32_t b = 0; b < ly->n_groups; b++)
+		k += !!(ly->groups[b] & KVT_SPILLED);
+	return k;
+}
+
 /* Grows one table of n_old to n_new elements of sz bytes, new ones filled with byte `fill`. */
 static int grow(void **p, size_t n_old, size_t n_new, size_t sz, int fill)
 {
@@ -205,8 +215,7 @@ static int rc_layer_get(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_
 		if (!rc)
 			return kvt_be_fail(m->be, -ENOMEM, "no memory for the recall state");
 		rc->rg.head = rc->rg.tail = KVT_REGION_PENDING;
-		for (uint32_t b = 0; b < ly->n_groups; b++) /* then kept by the spill tier */
-			rc->n_spilled += !!(ly->groups[b] & KVT_SPILLED);
+		rc->n_spilled = count_spilled(ly); /* then kept by the spill tier */
 		ly->rc = rc;
 	}
 	if (m->dev_meta) {
@@ -504,9 +513,7 @@ static void dgroup_write(const struct kvt_manager *m, const struct kvt_recall_la
 			 uint32_t *n)
 {
 	gat[*n] = kvt_dgroup(m, rc) + (uint64_t)b * sizeof(uint64_t);
-	gval[(*n)++] = ly->groups[b] & KVT_SPILLED
-			       ? 0
-			       : m->host_base + (uint64_t)ly->groups[b] * m->group_bytes;
+	gval[(*n)++] = kvt_dgroup_val(m, ly->groups[b]);
 }
 
 /* The descriptor of region rc in a program: its state, its cell x's counts and working set
@@ -1115,15 +1122,9 @@ static int check_dgroups(struct kvt_manager *m, const struct kvt_seq_layer *ly)
 		return -ENOMEM;
 	if (KVT_XFER(m, read_d2h, dg, kvt_dgroup(m, rc), (uint64_t)rc->dgroups * sizeof(*dg), NULL))
 		err = -11;
-	for (uint32_t b = 0; b < rc->dgroups && !err; b++) {
-		uint32_t g = ly->groups[b], x = 0;
-
-		while (x < rc->n_moved && rc->moved[x] != b)
-			x++;
-		if (x == rc->n_moved &&
-		    dg[b] != (g & KVT_SPILLED ? 0 : m->host_base + (uint64_t)g * m->group_bytes))
+	for (uint32_t b = 0; b < rc->dgroups && !err; b++)
+		if (!kvt_recall_moved(rc, b) && dg[b] != kvt_dgroup_val(m, ly->groups[b]))
 			err = -15;
-	}
 	free(dg);
 	return err;
 }
@@ -1176,13 +1177,12 @@ int kvt_recall_check(struct kvt_manager *m)
 	for (uint32_t pos = 0; !err && (s = kvt_idmap_next(&m->seqs, &pos));)
 		for (uint32_t l = 0; l < m->cfg.n_layers && !err; l++) {
 			const struct kvt_seq_layer *ly = &s->layers[l];
-			uint32_t k = 0;
 
-			for (uint32_t b = 0; ly->rc && b < ly->n_groups; b++)
-				k += !!(ly->groups[b] & KVT_SPILLED);
-			if (ly->rc && k != ly->rc->n_spilled)
+			if (!ly->rc)
+				continue;
+			if (count_spilled(ly) != ly->rc->n_spilled)
 				err = -14;
-			if (!err && ly->rc && m->dev_regions)
+			else if (m->dev_regions)
 				err = check_dgroups(m, ly);
 		}
 	free(seen);
@@ -1840,18 +1840,17 @@ static int dev_settle(struct kvt_manager *m, uint32_t layer)
 {
 	struct kvt_recall_cache *c = &m->rc;
 	struct kvt_dlane *ln = &c->lane[layer];
+	bool repair = ln->repair;
 	int err;
 
 	if (!ln->pending)
 		return 0;
 	err = m->ops->region_wait(m->be, layer + 1);
 	ln->pending = false;
-	c->n_pending--;
-	if (!err && ln->repair) {
-		ln->repair = false;
-		return dev_repair(m, ln, layer);
-	}
 	ln->repair = false;
+	c->n_pending--;
+	if (!err && repair)
+		return dev_repair(m, ln, layer);
 	if (!err) {
 		dev_apply(m, ln, false, 0, 0);
 		return 0;
@@ -2053,7 +2052,7 @@ static int dev_repair(struct kvt_manager *m, struct kvt_dlane *ln, uint32_t laye
 				goto undo;
 			}
 			gat[k] = at;
-			gval[k++] = m->host_base + (uint64_t)ly->groups[b] * m->group_bytes;
+			gval[k++] = kvt_dgroup_val(m, ly->groups[b]);
 		}
 	}
 	up[0] = (struct kvt_dcopy){.dev = c->dcall + l->fix, .host = gat, .bytes = k * 8ull};
@@ -2103,10 +2102,11 @@ undo:
    recall and their gather, queued on the layer's lane without a wait; what it reads back goes
    into the host's counts, working sets and figures when the call is settled ("Settling").
    What the host knows without it (the views remade, the working sets first counted) is
-   applied now. 0 or the error, recorded (a program that could not be queued whole is
+   applied now. With repair (batch_spilled), the call is settled and repaired before it
+   returns (dev_repair). 0 or the error, recorded (a program that could not be queued whole is
    finished without its loads, and waited for). */
 static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint32_t *sel,
-		   const void *q, uint32_t r, void *stream)
+		   const void *q, uint32_t r, bool repair, void *stream)
 {
 	struct kvt_recall_cache *c = &m->rc;
 	struct kvt_dlane *ln = &c->lane[layer];
@@ -2261,7 +2261,7 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		c->fifo[(c->fifo_head + c->n_pending) % cf->n_layers] = layer;
 		c->n_pending++;
 		kvt_dev_queue(m); /* its gather reads host groups: a spill waits for it */
-		if (!batch_spilled(m, n, layer))
+		if (!repair)
 			return 0;
 		/* its loads may want blocks from disk: settled now (recall_core settled the
 		   others), repaired, before the caller's next work reads the frames */
@@ -2328,6 +2328,7 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	struct kvt_region_tally t = {0};
 	uint64_t wait = 0, regions = 0;
 	uint32_t nx = 0;
+	bool repair;
 	int err;
 
 	if (layer >= m->cfg.n_layers)
@@ -2348,8 +2349,9 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 			"unknown");
 	err = recall_validate(m, layer, seqs, n, sel, quest, r);
 	/* a call whose loads may read blocks back from disk is settled at once (dev_run), in
-	   its turn: the calls before it first */
-	if (!err && m->dev_regions && batch_spilled(m, n, layer))
+	   its turn: the calls before it first (nothing below spills or reads back) */
+	repair = !err && m->dev_regions && batch_spilled(m, n, layer);
+	if (repair)
 		err = kvt_recall_settle(m);
 	if (!err)
 		err = recall_room(m, layer, sel, quest, n, r, &regions, stream);
@@ -2360,7 +2362,7 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	   fetch and the gather. */
 	recall_size(m, n, regions);
 	if (m->dev_regions) { /* the figures come when the call is settled */
-		err = dev_run(m, layer, n, sel, q, r, stream);
+		err = dev_run(m, layer, n, sel, q, r, repair, stream);
 		if (!err)
 			m->st.recall_calls++;
 		return err;

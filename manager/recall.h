@@ -13,11 +13,11 @@
 #include "base.h"
 #include "region.h"
 
+#define KVT_RC_MOVED 8u /* moved blocks a recall state lists (kvt_recall_group_moved) */
+
 /* Recall state of one (sequence, layer), allocated when block metadata or recall first needs
    it: its block metadata and its region of the recall cache (policy/region.h), whose key table
    holds cap_blocks blocks. */
-#define KVT_RC_MOVED 8u /* moved blocks a recall state lists (kvt_recall_group_moved) */
-
 struct kvt_recall_layer {
 	uint8_t *meta;	      /* [block][head] metadata (policy.h), 2 * row_bytes each; NULL unless
 				 the manager keeps metadata */
@@ -115,6 +115,22 @@ static inline uint64_t kvt_dgroup(const struct kvt_manager *m, const struct kvt_
 	       (uint64_t)rc->dcap * m->cfg.n_kv_heads * sizeof(struct kvt_region_key);
 }
 
+/* The entry of a device group table for a block whose group table entry is g: its host
+   group's address, 0 when it is in the spill file. */
+static inline uint64_t kvt_dgroup_val(const struct kvt_manager *m, uint32_t g)
+{
+	return g & KVT_SPILLED ? 0 : m->host_base + (uint64_t)g * m->group_bytes;
+}
+
+/* Whether block b is listed in rc's moved blocks. */
+static inline bool kvt_recall_moved(const struct kvt_recall_layer *rc, uint32_t b)
+{
+	for (uint32_t i = 0; i < rc->n_moved; i++)
+		if (rc->moved[i] == b)
+			return true;
+	return false;
+}
+
 /* Block b of the layer whose recall state is rc (may be NULL) moved in the host tier: spilled
    (no host group) or read back (a new one). The device group table learns it from the next
    call's program, which writes b's entry again: listed in moved, or, when the list is full,
@@ -124,15 +140,11 @@ static inline void kvt_recall_group_moved(struct kvt_recall_layer *rc, uint32_t 
 {
 	if (!rc)
 		return;
-	if (b < rc->dgroups) {
-		uint32_t i = 0;
-
-		while (i < rc->n_moved && rc->moved[i] != b)
-			i++;
-		if (i == rc->n_moved && rc->n_moved < KVT_RC_MOVED) {
+	if (b < rc->dgroups && !kvt_recall_moved(rc, b)) {
+		if (rc->n_moved < KVT_RC_MOVED) {
 			rc->moved[rc->n_moved++] = b;
-		} else if (i == rc->n_moved) { /* full: from the lowest on */
-			for (i = 0; i < rc->n_moved; i++)
+		} else { /* full: from the lowest on */
+			for (uint32_t i = 0; i < rc->n_moved; i++)
 				b = rc->moved[i] < b ? rc->moved[i] : b;
 			rc->dgroups = b;
 			rc->n_moved = 0;
