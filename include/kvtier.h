@@ -720,6 +720,68 @@ KVT_API int kvt_step_recall_blocks(struct kvt_manager *m, uint32_t layer, const 
 /* Closes the open step: 0; -EALREADY when none is open; -EINVAL on a NULL m. */
 KVT_API int kvt_step_end(struct kvt_manager *m);
 
+/* ---- Attention tables: one call per layer ------------------------------------------ */
+
+/* The device tier and the recall cache are one pool of blocks, each holding one kv head's
+   rows of one block: block i lies at base + i * block_bytes, its K rows ([block_tokens] rows
+   of row_bytes, head_dim elements of config.dtype each) first, its V rows at v_offset. Blocks
+   [first_recall, n_blocks) are the recall cache. On the host backend base is host memory;
+   on the model and null backends (no payload) it is an address nothing backs. */
+struct kvt_pool_info {
+	uint64_t base;
+	uint64_t n_blocks;
+	uint64_t first_recall;
+	uint64_t block_bytes;
+	uint64_t v_offset;
+	uint32_t row_bytes;
+	uint32_t block_tokens;
+};
+
+/* Fills *out. -EINVAL on a NULL pointer. */
+KVT_API int kvt_manager_pool(const struct kvt_manager *m, struct kvt_pool_info *out);
+
+/* One layer's attention inputs for the open step's batch, in buffers the caller owns (host
+   memory on the host, model and null backends; device memory on the CUDA backend), with fixed
+   strides so that an engine (or a captured CUDA graph) reads them at fixed addresses. Row
+   (i, h) is member i of the step and kv head h, at index i * n_kv_heads + h of the [..][H]
+   arrays and at (i * n_kv_heads + h) * max_frames (or max_recall) of the others. Pool indices
+   are as in struct kvt_pool_info. Attention for row (i, h) runs over:
+   - resident tokens: slots s < n_tokens[i][h], slot s being row s % block_tokens of pool block
+     frames[i][h][s / block_tokens] (sink, ring, then top-K: docs/design.md);
+   - recalled tokens: for j < n_recall[i][h], rows t < recall_tokens[..][j] of pool block
+     recall[..][j] whose bit t of recall_skip[..][j] is clear (a set bit: the token is also
+     resident, so it is counted there), blocks in ascending history order (those of the latest
+     recall call naming the (sequence, layer), as kvt_seq_recall_view). */
+struct kvt_attn_tables {
+	uint32_t size;	     /* sizeof(struct kvt_attn_tables), set by the caller */
+	uint32_t max_batch;  /* rows i < max_batch: the count arrays' rows past the batch read 0 */
+	uint32_t max_frames; /* entries per row of frames */
+	uint32_t max_recall; /* entries per row of the recall arrays */
+	uint32_t *n_batch;   /* [1]: the step's batch size */
+	uint32_t *n_tokens;  /* [max_batch][H] */
+	uint32_t *frames;    /* [max_batch][H][max_frames]; UINT32_MAX past a row's frames */
+	uint32_t *n_recall;  /* [max_batch][H] */
+	uint32_t *recall;    /* [max_batch][H][max_recall]; UINT32_MAX past a row's count */
+	uint32_t *recall_tokens; /* [max_batch][H][max_recall]; 0 past a row's count */
+	uint64_t *recall_skip;	 /* [max_batch][H][max_recall]; 0 past a row's count */
+};
+
+/* Writes `layer`'s attention tables of the open step's batch into t's buffers: the counts of
+   every row below t->max_batch, the entries of the batch's rows (rows past the batch keep
+   their entries). On the CUDA backend the writes are copies queued on `stream` (the source
+   is the library's, so nothing must outlive the call); elsewhere they are done when it
+   returns. One call replaces n * n_kv_heads calls of kvt_seq_frames and kvt_seq_recall_view,
+   and checks what they check. Errors write nothing: -EINVAL (NULL m or t, t->size too small,
+   a NULL buffer, no step open, layer out of range, a member preempted or with the layer not
+   prefilled), -ENOSPC (the batch exceeds max_batch, a member's frames max_frames, or a view
+   max_recall), -ENOENT (a member no longer live), -EBADMSG (a member's history lost),
+   -ESTALE (a member's recall view is stale: recall again), -ENOTSUP (a backend whose device
+   memory the library cannot write), and the device's errors of reading a view back or of the
+   copies (-EIO, -ENOMEM, -ENODEV, -EINVAL). With the recall regions on the device, the views
+   changed there since they were last read are read back first (a wait for the device). */
+KVT_API int kvt_step_tables(struct kvt_manager *m, uint32_t layer, const struct kvt_attn_tables *t,
+			    void *stream);
+
 /* ---- Scheduler (SparseServe Algorithm 1) ---------------------------------------------- */
 
 /* The scheduler decides, each iteration, which requests run: it reads the manager's memory

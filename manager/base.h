@@ -217,6 +217,8 @@ struct kvt_manager {
 	uint32_t segs_cap;
 	uint32_t *seg_off;
 	uint32_t seg_off_cap;
+	uint64_t *tab; /* kvt_step_tables: the host copy of the tables, then its sort scratch */
+	uint32_t tab_cap;
 
 	/* recall */
 	bool keep_meta;	     /* block metadata maintained (recall_blocks > 0, and the device tier is

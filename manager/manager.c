@@ -374,6 +374,7 @@ KVT_API void kvt_manager_destroy(struct kvt_manager *m)
 	free(m->step.ids);
 	free(m->step.of);
 	free(m->sel_scratch);
+	free(m->tab);
 	free(m->segs);
 	free(m->sel);
 	free(m->score);

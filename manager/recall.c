@@ -648,6 +648,21 @@ int kvt_meta_catch_up(struct kvt_manager *m, struct kvt_seq *s, struct kvt_seq_l
 	return 0;
 }
 
+/* Whether the key table of a layer's recall state says block b of head h holds no top-K
+   position (so that no search of the top-K list is needed): known once its top-K counts are
+   (at the first recall, on the CPU or the device; a region on the device's copy is read with
+   its views, kvt_recall_pull), for the blocks the table covers there. */
+static inline bool tk_none(const struct kvt_manager *m, const struct kvt_recall_layer *rc,
+			   uint32_t h, uint32_t b)
+{
+	uint32_t nb;
+
+	if (!rc || !(m->dev_regions ? rc->dtk : rc->tk_ready))
+		return false;
+	nb = m->dev_regions && rc->dcap < rc->rg.cap_blocks ? rc->dcap : rc->rg.cap_blocks;
+	return b < nb && rc->rg.key[(size_t)b * m->cfg.n_kv_heads + h].tk == 0;
+}
+
 uint64_t kvt_block_resident(const struct kvt_manager *m, const struct kvt_seq *s,
 			    const struct kvt_seq_layer *ly, uint32_t h, uint32_t b,
 			    uint32_t n_valid)
@@ -669,7 +684,7 @@ uint64_t kvt_block_resident(const struct kvt_manager *m, const struct kvt_seq *s
 		if (e > a)
 			mask |= (e - a >= 64 ? ~0ull : ((1ull << (e - a)) - 1)) << a;
 	}
-	if (s->valid_topk && end > sink && p0 < ring0) {
+	if (s->valid_topk && end > sink && p0 < ring0 && !tk_none(m, ly->rc, h, b)) {
 		const int32_t *t = ly->topk + (size_t)h * s->valid_topk;
 		uint32_t lo = kvt_topk_lower(t, s->valid_topk, p0);
 

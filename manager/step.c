@@ -18,6 +18,7 @@
 
 #include "base.h"
 #include "kvtier.h"
+#include "tables.h"
 
 /* Makes the step's members the resolved states of the calls that follow (kvt_member), after
    resolving them again when a sequence was freed since. 0, or -EINVAL recorded when no step is
@@ -144,6 +145,21 @@ KVT_API int kvt_step_recall_blocks(struct kvt_manager *m, uint32_t layer, const 
 	if (err)
 		return err;
 	err = kvt_recall_blocks(m, layer, m->step.ids, m->step.n, blocks, r, stream);
+	m->step.active = false;
+	return err;
+}
+
+KVT_API int kvt_step_tables(struct kvt_manager *m, uint32_t layer, const struct kvt_attn_tables *t,
+			    void *stream)
+{
+	int err;
+
+	if (!m)
+		return -EINVAL;
+	err = step_enter(m, "tables");
+	if (err)
+		return err;
+	err = kvt_tables_write(m, layer, m->step.ids, m->step.n, t, stream);
 	m->step.active = false;
 	return err;
 }

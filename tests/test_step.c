@@ -15,6 +15,7 @@
 #include "t_check.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,7 @@
 #include "t_manager.h"
 #include "fault.h"
 #include "base.h"
+#include "policy.h"
 #include "recall.h"
 #include "util.h"
 
@@ -71,6 +73,329 @@ static void same_stats(struct kvt_manager *const mm[2])
 	CHECK_STATS_EQUAL(&a, &b);
 }
 
+/* ---- attention tables (kvt_step_tables) ---- */
+
+#define TAB_ROWS (SEQS + 2) /* two padding rows past the largest batch */
+#define TAB_FRAMES 40
+#define TAB_SENTINEL 0xa5a5a5a5u
+#define TAB_POS (TAB_FRAMES * 8)
+
+/* Host buffers of a table set (the fixture copies them to the device and back on CUDA). */
+struct tab {
+	struct kvt_attn_tables t;
+	uint32_t n_batch;
+};
+
+static void tab_init(struct tab *x, const struct kvt_config *c, uint32_t max_batch,
+		     uint32_t max_frames, uint32_t max_recall)
+{
+	size_t rows = (size_t)max_batch * c->n_kv_heads;
+
+	x->t = (struct kvt_attn_tables){
+		.size = sizeof(x->t),
+		.max_batch = max_batch,
+		.max_frames = max_frames,
+		.max_recall = max_recall,
+		.n_batch = &x->n_batch,
+		.n_tokens = t_xmalloc(rows * 4),
+		.frames = t_xmalloc(rows * max_frames * 4 + 4),
+		.n_recall = t_xmalloc(rows * 4),
+		.recall = t_xmalloc(rows * max_recall * 4 + 4),
+		.recall_tokens = t_xmalloc(rows * max_recall * 4 + 4),
+		.recall_skip = t_xmalloc(rows * max_recall * 8 + 8),
+	};
+}
+
+/* Fills every buffer with the sentinel (so that what a call leaves is seen). */
+static void tab_poison(struct tab *x, uint32_t H)
+{
+	size_t rows = (size_t)x->t.max_batch * H;
+
+	x->n_batch = TAB_SENTINEL;
+	memset(x->t.n_tokens, 0xa5, rows * 4);
+	memset(x->t.frames, 0xa5, rows * x->t.max_frames * 4);
+	memset(x->t.n_recall, 0xa5, rows * 4);
+	memset(x->t.recall, 0xa5, rows * x->t.max_recall * 4);
+	memset(x->t.recall_tokens, 0xa5, rows * x->t.max_recall * 4);
+	memset(x->t.recall_skip, 0xa5, rows * x->t.max_recall * 8);
+}
+
+/* Whether every buffer still holds the sentinel. */
+static bool tab_untouched(const struct tab *x, uint32_t H)
+{
+	size_t rows = (size_t)x->t.max_batch * H;
+	bool ok = x->n_batch == TAB_SENTINEL;
+
+	for (size_t i = 0; i < rows; i++)
+		ok &= x->t.n_tokens[i] == TAB_SENTINEL && x->t.n_recall[i] == TAB_SENTINEL;
+	for (size_t i = 0; i < rows * x->t.max_frames; i++)
+		ok &= x->t.frames[i] == TAB_SENTINEL;
+	for (size_t i = 0; i < rows * x->t.max_recall; i++)
+		ok &= x->t.recall[i] == TAB_SENTINEL && x->t.recall_tokens[i] == TAB_SENTINEL &&
+		      x->t.recall_skip[i] == ((uint64_t)TAB_SENTINEL << 32 | TAB_SENTINEL);
+	return ok;
+}
+
+static void tab_free(struct tab *x)
+{
+	free(x->t.n_tokens);
+	free(x->t.frames);
+	free(x->t.n_recall);
+	free(x->t.recall);
+	free(x->t.recall_tokens);
+	free(x->t.recall_skip);
+}
+
+/* One row of pool block idx (K, or V when v), in f32. */
+static void pool_row(const struct kvt_pool_info *p, const struct kvt_config *c, uint32_t idx,
+		     uint32_t row, bool v, float *out)
+{
+	uint8_t raw[16 * 4];
+
+	assert_true(idx < p->n_blocks && row < p->block_tokens && p->row_bytes <= sizeof(raw));
+	t_dev_read(raw,
+		   p->base + idx * p->block_bytes + (v ? p->v_offset : 0) +
+			   (uint64_t)row * p->row_bytes,
+		   p->row_bytes);
+	kvt_to_f32(c->dtype, raw, out, c->head_dim);
+}
+
+/* Plain decode attention of row (i, h) of the tables, from the tables and the pool alone, for
+   the query heads of kv head h (q: [n_q_heads][head_dim]): two passes, f32 (double sums). */
+static void tab_attend(const struct tab *x, const struct kvt_pool_info *p,
+		       const struct kvt_config *c, uint32_t i, uint32_t h, const float *q,
+		       float *out)
+{
+	const struct kvt_attn_tables *t = &x->t;
+	uint32_t H = c->n_kv_heads, D = c->head_dim, G = c->n_q_heads / H, bt = p->block_tokens;
+	size_t row = (size_t)i * H + h;
+	float k[16], v[16];
+
+	assert_true(D <= 16);
+	for (uint32_t g = 0; g < G; g++) {
+		const float *qg = q + (size_t)(h * G + g) * D;
+		double m = -INFINITY, sum = 0, acc[16] = {0};
+
+		for (int pass = 0; pass < 2; pass++) {
+			uint32_t total = t->n_tokens[row] + t->n_recall[row] * bt;
+
+			for (uint32_t e = 0; e < total; e++) {
+				uint32_t idx, r;
+				double l = 0;
+
+				if (e < t->n_tokens[row]) { /* resident slot e */
+					idx = t->frames[row * t->max_frames + e / bt];
+					r = e % bt;
+				} else { /* recalled: row r of entry j, unless skipped */
+					uint32_t j = (e - t->n_tokens[row]) / bt;
+					size_t at = row * t->max_recall + j;
+
+					r = (e - t->n_tokens[row]) % bt;
+					if (r >= t->recall_tokens[at] ||
+					    (t->recall_skip[at] >> r & 1))
+						continue;
+					idx = t->recall[at];
+				}
+				pool_row(p, c, idx, r, false, k);
+				for (uint32_t d = 0; d < D; d++)
+					l += (double)qg[d] * k[d];
+				l /= sqrt((double)D);
+				if (pass == 0) {
+					m = l > m ? l : m;
+					continue;
+				}
+				pool_row(p, c, idx, r, true, v);
+				sum += exp(l - m);
+				for (uint32_t d = 0; d < D; d++)
+					acc[d] += exp(l - m) * v[d];
+			}
+		}
+		for (uint32_t d = 0; d < D; d++)
+			out[(size_t)g * D + d] = sum > 0 ? (float)(acc[d] / sum) : 0.0f;
+	}
+}
+
+/* The tables of the open step's batch (n members, layer l) on manager m: the counts of the
+   padding rows 0, the entries equal to what kvt_seq_frames and kvt_seq_recall_view give, and
+   attention run from the tables and the pool alone equal (within f32 rounding) to kvt_attend.
+   Returns how many recalled blocks the tables named. */
+static uint32_t check_tables(struct kvt_manager *m, const struct kvt_config *c,
+			     const uint64_t *batch, uint32_t n, uint32_t l, uint64_t op)
+{
+	struct kvt_pool_info p;
+	struct kvt_recall_ref ref[R];
+	uint64_t fr[TAB_FRAMES];
+	int32_t pos[TAB_POS];
+	uint32_t H = c->n_kv_heads, D = c->head_dim, named = 0, np;
+	struct tab x;
+	float q[4 * 16], want[4 * 16], got[2 * 16];
+
+	CHECK_RC(kvt_manager_pool(m, &p), 0);
+	tab_init(&x, c, TAB_ROWS, TAB_FRAMES, R);
+	tab_poison(&x, H);
+	CHECK_RC(t_step_tables(m, l, &x.t, NULL), 0);
+	CHECK_EQ(x.n_batch, n);
+	for (uint32_t i = n; i < TAB_ROWS; i++)
+		for (uint32_t h = 0; h < H; h++) {
+			CHECK_EQ(x.t.n_tokens[i * H + h], 0);
+			CHECK_EQ(x.t.n_recall[i * H + h], 0);
+			CHECK_EQ(x.t.frames[(i * H + h) * TAB_FRAMES], TAB_SENTINEL);
+		}
+	for (uint32_t i = 0; i < n; i++) {
+		for (uint32_t h = 0; h < H; h++) {
+			size_t row = (size_t)i * H + h;
+			uint32_t nf, ns, nr;
+
+			CHECK_RC(kvt_seq_frames(m, batch[i], l, h, fr, TAB_FRAMES, &nf, &ns), 0);
+			CHECK_EQ(x.t.n_tokens[row], ns);
+			for (uint32_t f = 0; f < TAB_FRAMES; f++)
+				CHECK_EQ(x.t.frames[row * TAB_FRAMES + f],
+					 f < nf ? (fr[f] - p.base) / p.block_bytes : UINT32_MAX);
+			CHECK_RC(kvt_seq_recall_view(m, batch[i], l, h, ref, R, &nr), 0);
+			CHECK_EQ(x.t.n_recall[row], nr);
+			/* the skip masks against the resident positions, by position */
+			CHECK_RC(kvt_seq_resident_positions(m, batch[i], l, h, pos, TAB_POS, &np),
+				 0);
+			for (uint32_t j = 0; j < nr; j++) {
+				uint64_t mask = 0;
+
+				for (uint32_t k = 0; k < np; k++)
+					if ((uint32_t)pos[k] / c->block_tokens == ref[j].block &&
+					    (uint32_t)pos[k] % c->block_tokens < ref[j].n_valid)
+						mask |= 1ull << (pos[k] % c->block_tokens);
+				CHECK_EQ(ref[j].resident, mask);
+			}
+			for (uint32_t j = 0; j < R; j++) {
+				size_t at = row * R + j;
+
+				CHECK_EQ(x.t.recall[at],
+					 j < nr ? (ref[j].frame - p.base) / p.block_bytes
+						: UINT32_MAX);
+				if (j < nr)
+					assert_true(x.t.recall[at] >= p.first_recall);
+				CHECK_EQ(x.t.recall_tokens[at], j < nr ? ref[j].n_valid : 0);
+				CHECK_EQ(x.t.recall_skip[at], j < nr ? ref[j].resident : 0);
+			}
+			named += nr;
+		}
+		for (uint32_t e = 0; e < c->n_q_heads * D; e++)
+			q[e] = (float)((int)(t_mix(op * 131 + i * 64 + e) % 100) - 50) / 50.0f;
+		CHECK_RC(kvt_attend(m, batch[i], l, q, want), 0);
+		for (uint32_t h = 0; h < H; h++) {
+			uint32_t G = c->n_q_heads / H;
+
+			tab_attend(&x, &p, c, i, h, q, got);
+			for (uint32_t e = 0; e < G * D; e++)
+				assert_float_equal(got[e], want[h * G * D + e],
+						   1e-5f + 1e-4f * fabsf(want[h * G * D + e]));
+		}
+	}
+	tab_free(&x);
+	return named;
+}
+
+/* kvt_step_tables' contract: what it refuses (writing nothing), padding rows, the pool. */
+static void test_step_tables_contract(void **state)
+{
+	struct kvt_config c = step_config(64);
+	struct kvt_manager *m = t_mk(&c);
+	uint64_t ids[3] = {1, 2, 3};
+	uint32_t H = c.n_kv_heads, sel[3 * 2 * R];
+	struct kvt_pool_info p;
+	struct kvt_attn_tables bad;
+	struct tab x;
+	int rc;
+	(void)state;
+
+	for (uint32_t i = 0; i < 3 * H * R; i++)
+		sel[i] = 2 + (i * 7) % 20;
+	for (uint64_t id = 1; id <= 3; id++)
+		t_prefill_seq(m, &c, id, 200);
+	tab_init(&x, &c, 4, TAB_FRAMES, R);
+
+	CHECK_RC(kvt_manager_pool(NULL, &p), -EINVAL);
+	CHECK_RC(kvt_manager_pool(m, NULL), -EINVAL);
+	CHECK_RC(kvt_manager_pool(m, &p), 0);
+	CHECK_EQ(p.block_tokens, c.block_tokens);
+	CHECK_EQ(p.row_bytes, t_rowb(&c));
+	CHECK_EQ(p.v_offset, (uint64_t)c.block_tokens * p.row_bytes);
+	CHECK_EQ(p.block_bytes, 2 * p.v_offset);
+	/* the recall cache is the pool's tail: step_config's frames */
+	CHECK_EQ(p.n_blocks - p.first_recall, 64);
+
+	/* refused before a step, or with bad arguments: nothing written */
+	tab_poison(&x, H);
+	CHECK_RC(kvt_step_tables(NULL, 0, &x.t, NULL), -EINVAL);
+	CHECK_RC(t_step_tables(m, 0, &x.t, NULL), -EINVAL);
+	assert_non_null(strstr(kvt_manager_last_error(m), "no step begun"));
+	assert_true(tab_untouched(&x, H));
+	CHECK_RC(kvt_step_begin(m, ids, 3), 0);
+	CHECK_RC(kvt_step_tables(m, 0, NULL, NULL), -EINVAL);
+	bad = x.t;
+	bad.size = 8;
+	CHECK_RC(t_step_tables(m, 0, &bad, NULL), -EINVAL);
+	bad = x.t;
+	bad.recall_skip = NULL;
+	CHECK_RC(kvt_step_tables(m, 0, &bad, NULL), -EINVAL);
+	CHECK_RC(t_step_tables(m, c.n_layers, &x.t, NULL), -EINVAL);
+	bad = x.t;
+	bad.max_batch = 2;
+	CHECK_RC(t_step_tables(m, 0, &bad, NULL), -ENOSPC);
+	bad = x.t;
+	bad.max_frames = 2;
+	CHECK_RC(t_step_tables(m, 0, &bad, NULL), -ENOSPC);
+	assert_non_null(strstr(kvt_manager_last_error(m), "frames"));
+	assert_true(tab_untouched(&x, H));
+
+	/* before any recall: resident parts only, the padding row's counts 0 */
+	CHECK_EQ(check_tables(m, &c, ids, 3, 0, 1), 0);
+	CHECK_RC(t_step_tables(m, 0, &x.t, NULL), 0);
+	CHECK_EQ(x.n_batch, 3);
+	for (uint32_t h = 0; h < H; h++) {
+		CHECK_EQ(x.t.n_tokens[3 * H + h], 0);
+		CHECK_EQ(x.t.n_recall[3 * H + h], 0);
+		CHECK_EQ(x.t.frames[(3 * H + h) * TAB_FRAMES], TAB_SENTINEL); /* left alone */
+	}
+
+	/* after a recall: the views too; a view that does not fit is refused */
+	CHECK_RC(kvt_step_recall_blocks(m, 0, sel, R, NULL), 0);
+	assert_true(check_tables(m, &c, ids, 3, 0, 2) > 0);
+	tab_poison(&x, H);
+	bad = x.t;
+	bad.max_recall = 1;
+	CHECK_RC(t_step_tables(m, 0, &bad, NULL), -ENOSPC);
+	assert_true(tab_untouched(&x, H));
+
+	/* a recall whose load fails leaves its views stale: refused until recalled again */
+	for (uint32_t i = 0; i < 3 * H * R; i++)
+		sel[i] = 22 - (i * 5) % 18;
+	CHECK_RC(kvt_fault_arm(1u << KVT_FAULT_XFER, 1), 0);
+	rc = kvt_step_recall_blocks(m, 0, sel, R, NULL);
+	kvt_fault_disarm();
+	CHECK_RC(rc, -EIO);
+	CHECK_RC(t_step_tables(m, 0, &x.t, NULL), -ESTALE);
+	assert_true(tab_untouched(&x, H));
+	CHECK_RC(kvt_step_recall_blocks(m, 0, sel, R, NULL), 0);
+	assert_true(check_tables(m, &c, ids, 3, 0, 3) > 0);
+
+	/* members preempted or destroyed inside the step */
+	tab_poison(&x, H);
+	CHECK_RC(kvt_seq_preempt(m, 2), 0);
+	CHECK_RC(t_step_tables(m, 1, &x.t, NULL), -EINVAL);
+	assert_true(tab_untouched(&x, H));
+	CHECK_RC(kvt_seq_destroy(m, 2), 0);
+	CHECK_RC(t_step_tables(m, 1, &x.t, NULL), -ENOENT);
+	assert_true(tab_untouched(&x, H));
+	CHECK_RC(kvt_step_end(m), 0);
+	CHECK_RC(kvt_step_begin(m, (uint64_t[]){3, 1}, 2), 0);
+	CHECK_EQ(check_tables(m, &c, (uint64_t[]){3, 1}, 2, 1, 4), 0);
+	assert_true(check_tables(m, &c, (uint64_t[]){3, 1}, 2, 0, 5) > 0);
+	CHECK_RC(kvt_step_end(m), 0);
+	CHECK_RC(kvt_recall_check(m), 0);
+	tab_free(&x);
+	kvt_manager_destroy(m);
+}
+
 /* Steps are the plain calls: manager 0 runs each decode step as kvt_seq_fetch of the batch (what
    kvt_step_begin reads back) and, per layer, kvt_decode_append and kvt_decode_recall or
    kvt_recall_blocks on the batch; manager 1 as kvt_step_begin, kvt_step_append,
@@ -92,7 +417,7 @@ static void walk(bool disk, bool twin_cpu)
 	uint64_t seed = t_pick_seed(), ids[SEQS], batch[SEQS], origin[2] = {0, 0};
 	bool live[SEQS], pre[SEQS];
 	uint32_t sel[SEQS * 2 * R], steps = 0, unbegun = 0, scored = 0, broken = 0, reborn = 0,
-				    refused = 0, lazies = 0;
+				    refused = 0, lazies = 0, tabled = 0;
 	size_t row = t_rowb(&c), qs = (size_t)c.n_q_heads * row;
 	uint8_t *k = t_xmalloc(SEQS * c.n_kv_heads * row),
 		*v = t_xmalloc(SEQS * c.n_kv_heads * row);
@@ -222,6 +547,7 @@ static void walk(bool disk, bool twin_cpu)
 						CHECK_RC(kvt_attend(mm[m], batch[0], l, qa, o[m]),
 							 0);
 					assert_memory_equal(o[0], o[1], sizeof(o[0]));
+					tabled += check_tables(mm[1], &c, batch, n, l, op);
 				}
 			}
 			CHECK_RC(kvt_step_end(mm[1]), 0);
@@ -259,8 +585,10 @@ static void walk(bool disk, bool twin_cpu)
 		      steps, unbegun, scored, broken, reborn, refused, lazies,
 		      (unsigned long long)a.recall_loads, (unsigned long long)a.recall_evictions,
 		      (unsigned long long)a.disk_blocks_fetched);
+	print_message("# step: the attention tables named %u recalled blocks\n", tabled);
 	/* the walk reached what it is about */
 	assert_true(steps > 0 && scored > 0 && broken > 0 && refused > 0 && lazies > 0);
+	assert_true(tabled > 0);
 	assert_true(a.recall_evictions > 0);
 	assert_true(disk ? a.disk_blocks_fetched > 0 : a.disk_blocks_fetched == 0);
 	if (disk && mm[1]->dev_regions) { /* the device's calls read spilled blocks back */
@@ -546,6 +874,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_step_contract),
+		cmocka_unit_test(test_step_tables_contract),
 		cmocka_unit_test(test_step_same_as_plain),
 		cmocka_unit_test(test_step_device_as_host),
 		cmocka_unit_test(test_step_device_as_host_disk),

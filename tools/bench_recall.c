@@ -21,7 +21,7 @@
 
 struct ropts {
 	uint32_t seqs, layers, prompt, steps, r, churn_pct, cache_pct, threads;
-	bool quest, step;
+	bool quest, step, tables;
 	const char *csv;
 };
 
@@ -47,6 +47,12 @@ static void usage(FILE *f)
 		"                 sink and ring is a candidate), random queries each step\n"
 		"  --step         through the step API: kvt_step_begin, kvt_step_recall_blocks per\n"
 		"                 layer, kvt_step_end (all timed), instead of kvt_recall_blocks\n"
+		"  --tables       with --step: also, outside the step's timing, the attention\n"
+		"                 tables of every layer (kvt_step_tables, one call per layer)\n"
+		"                 against the accessors they replace (kvt_seq_frames and\n"
+		"                 kvt_seq_recall_view per sequence, layer and kv head): the\n"
+		"                 calls and the median time per step of each (slow: use few\n"
+		"                 --steps)\n"
 		"  --csv FILE     one line per step: step,ns,loads,hits\n"
 		"  -h, --help     this text\n"
 		"Exit status: 0 on success, 1 on a library error, 2 on bad usage.\n");
@@ -55,23 +61,17 @@ static void usage(FILE *f)
 static int parse(int argc, char **argv, struct ropts *o)
 {
 	static const struct option lo[] = {
-		{"seqs", required_argument, NULL, 's'},
-		{"layers", required_argument, NULL, 'l'},
-		{"prompt", required_argument, NULL, 'p'},
-		{"r", required_argument, NULL, 'r'},
-		{"steps", required_argument, NULL, 'n'},
-		{"churn", required_argument, NULL, 'u'},
-		{"cache", required_argument, NULL, 'k'},
-		{"csv", required_argument, NULL, 'c'},
-		{"threads", required_argument, NULL, 't'},
-		{"quest", no_argument, NULL, 'Q'},
-		{"step", no_argument, NULL, 'S'},
-		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
+		{"seqs", required_argument, NULL, 's'},	   {"layers", required_argument, NULL, 'l'},
+		{"prompt", required_argument, NULL, 'p'},  {"r", required_argument, NULL, 'r'},
+		{"steps", required_argument, NULL, 'n'},   {"churn", required_argument, NULL, 'u'},
+		{"cache", required_argument, NULL, 'k'},   {"csv", required_argument, NULL, 'c'},
+		{"threads", required_argument, NULL, 't'}, {"quest", no_argument, NULL, 'Q'},
+		{"step", no_argument, NULL, 'S'},	   {"tables", no_argument, NULL, 'T'},
+		{"help", no_argument, NULL, 'h'},	   {NULL, 0, NULL, 0},
 	};
 	int c, bad, li = 0;
 
-	*o = (struct ropts){256, 32, 8192, 64, 16, 10, 150, 1, false, false, NULL};
+	*o = (struct ropts){256, 32, 8192, 64, 16, 10, 150, 1, false, false, false, NULL};
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", lo, &li)) != -1) {
 		bad = 0;
@@ -109,6 +109,9 @@ static int parse(int argc, char **argv, struct ropts *o)
 		case 'S':
 			o->step = true;
 			break;
+		case 'T':
+			o->tables = true;
+			break;
 		case 'h':
 			usage(stdout);
 			exit(0);
@@ -121,7 +124,94 @@ static int parse(int argc, char **argv, struct ropts *o)
 	}
 	if (cli_no_extra("kvtier-bench", argc, argv))
 		return -1;
+	if (o->tables && (!o->step || o->quest)) {
+		fprintf(stderr, "kvtier-bench: --tables goes with --step (and not --quest)\n");
+		return -1;
+	}
 	return 0;
+}
+
+/* --tables: buffers for one layer's tables, reused for every layer. */
+struct tab_bufs {
+	struct kvt_attn_tables t;
+	uint32_t n_batch;
+	uint64_t *frames; /* the accessors' outputs */
+	struct kvt_recall_ref *refs;
+};
+
+static int tab_bufs_init(struct tab_bufs *b, uint32_t seqs, uint32_t H, uint32_t frames, uint32_t r)
+{
+	size_t rows = (size_t)seqs * H;
+
+	b->t = (struct kvt_attn_tables){
+		.size = sizeof(b->t),
+		.max_batch = seqs,
+		.max_frames = frames,
+		.max_recall = r,
+		.n_batch = &b->n_batch,
+		.n_tokens = calloc(rows, 4),
+		.frames = calloc(rows * frames, 4),
+		.n_recall = calloc(rows, 4),
+		.recall = calloc(rows * r, 4),
+		.recall_tokens = calloc(rows * r, 4),
+		.recall_skip = calloc(rows * r, 8),
+	};
+	b->frames = calloc(frames, sizeof(*b->frames));
+	b->refs = calloc(r, sizeof(*b->refs));
+	return b->t.n_tokens && b->t.frames && b->t.n_recall && b->t.recall && b->t.recall_tokens &&
+			       b->t.recall_skip && b->frames && b->refs
+		       ? 0
+		       : -ENOMEM;
+}
+
+static void tab_bufs_fini(struct tab_bufs *b)
+{
+	free(b->t.n_tokens);
+	free(b->t.frames);
+	free(b->t.n_recall);
+	free(b->t.recall);
+	free(b->t.recall_tokens);
+	free(b->t.recall_skip);
+	free(b->frames);
+	free(b->refs);
+}
+
+/* One step's attention inputs, both ways, inside the open step: the tables of every layer
+   (*tab ns), then the accessors for every (sequence, layer, kv head) (*acc ns). The two must
+   agree on what they count: the tables' recalled blocks against the views'. */
+static int tab_step(struct kvt_manager *m, const struct ropts *o, const uint64_t *ids,
+		    struct tab_bufs *b, double *tab, double *acc)
+{
+	uint32_t H = 8, nf, ns, nr;
+	uint64_t n_tab = 0, n_acc = 0;
+	double t0 = 1e9 * sim_now_s();
+	int err = 0;
+
+	for (uint32_t l = 0; l < o->layers && !err; l++) {
+		err = kvt_step_tables(m, l, &b->t, NULL);
+		for (size_t x = 0; !err && x < (size_t)o->seqs * H; x++)
+			n_tab += b->t.n_recall[x];
+	}
+	*tab = 1e9 * sim_now_s() - t0;
+	t0 = 1e9 * sim_now_s();
+	for (uint32_t l = 0; l < o->layers && !err; l++)
+		for (uint32_t i = 0; i < o->seqs && !err; i++)
+			for (uint32_t h = 0; h < H && !err; h++) {
+				err = kvt_seq_frames(m, ids[i], l, h, b->frames, b->t.max_frames,
+						     &nf, &ns);
+				if (!err)
+					err = kvt_seq_recall_view(m, ids[i], l, h, b->refs, o->r,
+								  &nr);
+				n_acc += nr;
+			}
+	*acc = 1e9 * sim_now_s() - t0;
+	if (!err && n_tab != n_acc) {
+		fprintf(stderr,
+			"kvtier-bench: the tables name %llu recalled blocks, the views %llu\n",
+			(unsigned long long)n_tab, (unsigned long long)n_acc);
+		return -EPROTO;
+	}
+	return err;
 }
 
 /* --quest: kvt_decode_recall on the host backend. Prefill writes real rows (a value pattern
@@ -230,8 +320,9 @@ int bench_recall(int argc, char **argv)
 	struct ropts o;
 	uint64_t *ids = NULL, rng = 42;
 	uint32_t *sel = NULL;
-	double *t = NULL, *loads = NULL, *hits = NULL;
+	double *t = NULL, *loads = NULL, *hits = NULL, *tt = NULL, *ta = NULL;
 	uint8_t *kd = NULL, *dummy = NULL;
+	struct tab_bufs tb = {0};
 	FILE *csv = NULL;
 	int err, rc = 1;
 
@@ -278,7 +369,10 @@ int bench_recall(int argc, char **argv)
 	hits = calloc(o.steps, sizeof(*hits));
 	kd = calloc((size_t)o.seqs * H, row);
 	dummy = calloc(1, 64);
-	if (!ids || !sel || !t || !loads || !hits || !kd || !dummy) {
+	tt = calloc(o.steps, sizeof(*tt));
+	ta = calloc(o.steps, sizeof(*ta));
+	if (!ids || !sel || !t || !loads || !hits || !kd || !dummy || !tt || !ta ||
+	    (o.tables && tab_bufs_init(&tb, o.seqs, H, (uint32_t)frames, o.r))) {
 		fprintf(stderr, "kvtier-bench: out of memory\n");
 		goto out;
 	}
@@ -314,6 +408,8 @@ int bench_recall(int argc, char **argv)
 			for (uint32_t l = 0; l < o.layers && !err; l++)
 				err = kvt_step_recall_blocks(
 					m, l, sel + (size_t)l * o.seqs * H * o.r, o.r, NULL);
+			if (!err && o.tables)
+				err = tab_step(m, &o, ids, &tb, &tt[s], &ta[s]);
 			if (!err)
 				err = kvt_step_end(m);
 		} else {
@@ -322,7 +418,7 @@ int bench_recall(int argc, char **argv)
 							sel + (size_t)l * o.seqs * H * o.r, o.r,
 							NULL);
 		}
-		t[s] = 1e9 * sim_now_s() - t0;
+		t[s] = 1e9 * sim_now_s() - t0 - tt[s] - ta[s];
 		kvt_manager_stats(m, &b);
 		loads[s] = (double)(b.recall_loads - a.recall_loads);
 		hits[s] = (double)(b.recall_hits - a.recall_hits);
@@ -370,6 +466,16 @@ int bench_recall(int argc, char **argv)
 	       o.seqs == 256 && o.layers == 32 && o.r == 16 ? (med < 500e3 ? "met" : "NOT met")
 							    : "n/a (other shape)",
 	       med / 500e3);
+	if (o.tables) {
+		qsort(tt + 1, n, sizeof(*tt), sim_cmp_double);
+		qsort(ta + 1, n, sizeof(*ta), sim_cmp_double);
+		printf("attention inputs per step: kvt_step_tables %u calls, median %.1f us; "
+		       "kvt_seq_frames + kvt_seq_recall_view %llu calls, median %.1f us; "
+		       "ratio %.1fx\n",
+		       o.layers, tt[1 + n / 2] / 1e3, 2ull * o.seqs * o.layers * H,
+		       ta[1 + n / 2] / 1e3,
+		       ta[1 + n / 2] / (tt[1 + n / 2] > 0 ? tt[1 + n / 2] : 1));
+	}
 	rc = 0;
 out:
 	if (csv)
@@ -382,5 +488,9 @@ out:
 	free(hits);
 	free(kd);
 	free(dummy);
+	free(tt);
+	free(ta);
+	if (o.tables)
+		tab_bufs_fini(&tb);
 	return rc;
 }

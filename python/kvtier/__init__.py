@@ -58,11 +58,11 @@ from typing import Any, Callable, List, Optional, Tuple, Union
 import numpy as np
 
 from . import _capi, _tensor
-from ._capi import IterStats, RecallRef, SchedItem, SeqInfo, Stats
+from ._capi import IterStats, PoolInfo, RecallRef, SchedItem, SeqInfo, Stats
 
 __all__ = [
     "Backend", "DType", "LogLevel", "Config", "Manager", "Scheduler", "Batch", "Error",
-    "Stats", "SeqInfo", "RecallRef", "SchedItem", "IterStats", "NO_BLOCK",
+    "Stats", "SeqInfo", "RecallRef", "SchedItem", "IterStats", "NO_BLOCK", "PoolInfo", "Tables",
     "version", "strerror", "set_log_handler", "set_log_level", "log_to_logging",
 ]
 
@@ -94,6 +94,30 @@ class LogLevel(enum.IntEnum):
 
 _DTYPE_NAMES = {"f32": DType.F32, "float32": DType.F32, "f16": DType.F16,
                 "float16": DType.F16, "bf16": DType.BF16, "bfloat16": DType.BF16}
+
+
+@dataclass
+class Tables:
+    """Buffers of one layer's attention tables (struct kvt_attn_tables), filled by
+    :meth:`Manager.step_tables`: NumPy arrays on the host and model backends (made by
+    :meth:`Manager.tables`), device tensors on the CUDA backend (uint32 or int32, uint64 or
+    int64, C-contiguous: PyTorch CUDA tensors, CuPy arrays). Shapes: n_batch [1]; n_tokens and
+    n_recall [max_batch][n_kv_heads]; frames [max_batch][n_kv_heads][max_frames]; recall,
+    recall_tokens and recall_skip (64-bit) [max_batch][n_kv_heads][max_recall]. Row (i, h)
+    attends over resident slots s < n_tokens[i, h] (row s % block_tokens of pool block
+    frames[i, h, s // block_tokens]) and, for j < n_recall[i, h], rows t < recall_tokens[i, h,
+    j] of pool block recall[i, h, j] whose bit t of recall_skip[i, h, j] is clear."""
+
+    max_batch: int
+    max_frames: int
+    max_recall: int
+    n_batch: Any
+    n_tokens: Any
+    frames: Any
+    n_recall: Any
+    recall: Any
+    recall_tokens: Any
+    recall_skip: Any
 
 
 def version() -> str:
@@ -583,6 +607,52 @@ class Manager:
                 self._call(_lib.kvt_step_recall_blocks, layer, None, 1, st)
             b, r = self._blocks(blocks, n)
             self._call(_lib.kvt_step_recall_blocks, layer, b.ctypes.data, r, st)
+
+    # -- attention tables ----------------------------------------------------------------------
+
+    def pool(self) -> PoolInfo:
+        """kvt_manager_pool: the pool of blocks the attention tables index (a
+        :class:`PoolInfo`: block i at base + i * block_bytes, V rows at v_offset)."""
+        out = PoolInfo()
+        self._call(_lib.kvt_manager_pool, byref(out))
+        return out
+
+    def tables(self, max_batch: int, max_frames: int, max_recall: int) -> Tables:
+        """Host buffers (NumPy) for :meth:`step_tables` on the host and model backends, at
+        these capacities; on the CUDA backend make a :class:`Tables` of device tensors."""
+        H = self.config.n_kv_heads
+        for name, v in (("max_batch", max_batch), ("max_frames", max_frames),
+                        ("max_recall", max_recall)):
+            _uint(name, v, 32)
+        return Tables(max_batch, max_frames, max_recall, np.zeros(1, np.uint32),
+                      np.zeros((max_batch, H), np.uint32),
+                      np.zeros((max_batch, H, max_frames), np.uint32),
+                      np.zeros((max_batch, H), np.uint32),
+                      np.zeros((max_batch, H, max_recall), np.uint32),
+                      np.zeros((max_batch, H, max_recall), np.uint32),
+                      np.zeros((max_batch, H, max_recall), np.uint64))
+
+    def step_tables(self, layer: int, tables: Tables, stream: Any = None) -> None:
+        """kvt_step_tables: one layer's attention tables of the open step's batch into
+        `tables` (one library call for the whole batch; on the CUDA backend the copies are
+        queued on `stream`)."""
+        t, H = tables, self.config.n_kv_heads
+        st = _tensor.stream_handle(stream)
+        keep = []
+        c = _capi.CAttnTables.sized()
+        c.max_batch, c.max_frames, c.max_recall = t.max_batch, t.max_frames, t.max_recall
+        for name, dt, shape in (
+                ("n_batch", _tensor.U32, (1,)), ("n_tokens", _tensor.U32, (t.max_batch, H)),
+                ("frames", _tensor.U32, (t.max_batch, H, t.max_frames)),
+                ("n_recall", _tensor.U32, (t.max_batch, H)),
+                ("recall", _tensor.U32, (t.max_batch, H, t.max_recall)),
+                ("recall_tokens", _tensor.U32, (t.max_batch, H, t.max_recall)),
+                ("recall_skip", _tensor.U64, (t.max_batch, H, t.max_recall))):
+            ptr, k = _tensor.address(getattr(t, name), name=name, shape=shape, dtype=dt,
+                                     memory=self._memory, writable=True, stream=st)
+            setattr(c, name, ptr)
+            keep.append(k)
+        self._call(_lib.kvt_step_tables, layer, byref(c), st)
 
     def _counted(self, fn: Any, ctype: Any, args: Tuple[Any, ...], tail: Tuple[Any, ...] = ()
                  ) -> Any:

@@ -196,6 +196,29 @@ class CSchedBatch(_Struct):
 
 LOG_FN = ctypes.CFUNCTYPE(None, c_void_p, c_int, c_char_p)
 
+class PoolInfo(_Struct):
+    """The pool of blocks the attention tables index (struct kvt_pool_info): block i at
+    base + i * block_bytes, its K rows then its V rows at v_offset; blocks from first_recall
+    on are the recall cache."""
+
+    _fields_ = [
+        ("base", c_uint64), ("n_blocks", c_uint64), ("first_recall", c_uint64),
+        ("block_bytes", c_uint64), ("v_offset", c_uint64), ("row_bytes", c_uint32),
+        ("block_tokens", c_uint32),
+    ]
+
+
+class CAttnTables(_Struct):
+    """struct kvt_attn_tables: capacities and the addresses of the caller's buffers."""
+
+    _fields_ = [
+        ("size", c_uint32), ("max_batch", c_uint32), ("max_frames", c_uint32),
+        ("max_recall", c_uint32), ("n_batch", c_void_p), ("n_tokens", c_void_p),
+        ("frames", c_void_p), ("n_recall", c_void_p), ("recall", c_void_p),
+        ("recall_tokens", c_void_p), ("recall_skip", c_void_p),
+    ]
+
+
 # (name, restype, argtypes) of every public function the binding calls.
 _PROTOTYPES: List[Any] = [
     ("kvt_version", c_char_p, []),
@@ -234,6 +257,8 @@ _PROTOTYPES: List[Any] = [
     ("kvt_step_recall", c_int, [c_void_p, c_uint32, c_void_p, c_void_p]),
     ("kvt_step_recall_blocks", c_int, [c_void_p, c_uint32, c_void_p, c_uint32, c_void_p]),
     ("kvt_step_end", c_int, [c_void_p]),
+    ("kvt_step_tables", c_int, [c_void_p, c_uint32, POINTER(CAttnTables), c_void_p]),
+    ("kvt_manager_pool", c_int, [c_void_p, POINTER(PoolInfo)]),
     ("kvt_seq_recall_view", c_int,
      [c_void_p, c_uint64, c_uint32, c_uint32, POINTER(RecallRef), c_uint32, POINTER(c_uint32)]),
     ("kvt_seq_frames", c_int,

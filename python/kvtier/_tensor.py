@@ -32,6 +32,12 @@ _DTYPES = {
     2: ("bfloat16", ("bfloat16", "uint16"), ((4, 16), (1, 16)), ("<V2", "<u2")),
 }
 _ITEMSIZE = {0: 4, 1: 2, 2: 2}
+# The index arrays of the attention tables (not kvt_dtypes): 32- and 64-bit integers, signed
+# types accepted too (PyTorch has no unsigned 32- or 64-bit tensors on every version).
+U32, U64 = 100, 101
+_DTYPES[U32] = ("uint32", ("uint32", "int32"), ((1, 32), (0, 32)), ("<u4", "<i4"))
+_DTYPES[U64] = ("uint64", ("uint64", "int64"), ((1, 64), (0, 64)), ("<u8", "<i8"))
+_ITEMSIZE[U32], _ITEMSIZE[U64] = 4, 8
 
 # DLPack device types
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13

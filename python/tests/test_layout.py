@@ -17,7 +17,8 @@ STRUCTS = {
     "kvt_config": _capi.CConfig, "kvt_stats": _capi.Stats, "kvt_seq_info": _capi.SeqInfo,
     "kvt_recall_ref": _capi.RecallRef, "kvt_sched_config": _capi.CSchedConfig,
     "kvt_sched_item": _capi.SchedItem, "kvt_sched_iter": _capi.IterStats,
-    "kvt_sched_batch": _capi.CSchedBatch,
+    "kvt_sched_batch": _capi.CSchedBatch, "kvt_pool_info": _capi.PoolInfo,
+    "kvt_attn_tables": _capi.CAttnTables,
 }
 
 

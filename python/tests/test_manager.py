@@ -244,6 +244,115 @@ def test_decode_step_is_the_plain_calls_on_its_batch(rng):
             m.close()
 
 
+def test_step_tables_are_the_views_and_attend_alone(mgr, rng):
+    """step_tables writes, in one call per layer, what frames() and recall_view() give per
+    (sequence, kv head), as pool indices; dense attention over the tables and the pool memory
+    alone equals attend()."""
+    c = mgr.config
+    bt, H, D = c.block_tokens, c.n_kv_heads, c.head_dim
+    batch = [4, 2, 9]
+    for seq, T in zip(batch, (300, 180, 420)):
+        prefill(mgr, seq, T, rng)
+    p = mgr.pool()
+    assert p.block_tokens == bt and p.row_bytes == D * 4 and p.v_offset == bt * D * 4
+    rows = p.block_bytes // 4  # f32 words per block
+    words = (ctypes.c_float * (p.n_blocks * rows)).from_address(p.base)
+    pool = np.ctypeslib.as_array(words).reshape(p.n_blocks, 2, bt, D)  # host backend: RAM
+    t = mgr.tables(max_batch=5, max_frames=16, max_recall=c.recall_blocks)
+    sel = rng.integers(1, 10, (3, H, c.recall_blocks)).astype(np.uint32)
+    with mgr.step(batch):
+        for layer in range(c.n_layers):
+            q = rng.standard_normal((3, c.n_q_heads, D)).astype(np.float32)
+            mgr.step_recall_blocks(layer, sel)
+            mgr.step_tables(layer, t)
+            assert t.n_batch[0] == 3 and not t.n_tokens[3:].any() and not t.n_recall[3:].any()
+            for i, seq in enumerate(batch):
+                want = mgr.attend(seq, layer, q[i])
+                for h in range(H):
+                    fr, ns = mgr.frames(seq, layer, h)
+                    assert t.n_tokens[i, h] == ns
+                    assert list(t.frames[i, h, :len(fr)]) == list((fr - p.base) // p.block_bytes)
+                    assert (t.frames[i, h, len(fr):] == 0xFFFFFFFF).all()
+                    refs = mgr.recall_view(seq, layer, h)
+                    n = t.n_recall[i, h]
+                    assert n == len(refs) > 0
+                    assert [int(x) for x in t.recall[i, h, :n]] == [
+                        (r.frame - p.base) // p.block_bytes for r in refs]
+                    assert (t.recall[i, h, :n] >= p.first_recall).all()
+                    assert [int(x) for x in t.recall_skip[i, h, :n]] == [r.resident for r in refs]
+                    # the kept tokens of row (i, h), from the tables and the pool alone
+                    K = [pool[t.frames[i, h, s // bt], 0, s % bt] for s in range(ns)]
+                    V = [pool[t.frames[i, h, s // bt], 1, s % bt] for s in range(ns)]
+                    for j in range(n):
+                        for r in range(t.recall_tokens[i, h, j]):
+                            if not (int(t.recall_skip[i, h, j]) >> r) & 1:
+                                K.append(pool[t.recall[i, h, j], 0, r])
+                                V.append(pool[t.recall[i, h, j], 1, r])
+                    g = c.n_q_heads // H
+                    for qh in range(h * g, (h + 1) * g):
+                        np.testing.assert_allclose(dense(q[i, qh], np.array(K), np.array(V)),
+                                                   want[qh], rtol=2e-5, atol=2e-6)
+    with pytest.raises(kvtier.Error) as e:  # no step open
+        mgr.step_tables(0, t)
+    assert e.value.errno == errno.EINVAL
+    with mgr.step(batch):
+        with pytest.raises(kvtier.Error) as e:
+            mgr.step_tables(0, mgr.tables(2, 16, c.recall_blocks))
+        assert e.value.errno == errno.ENOSPC
+    with pytest.raises(ValueError):
+        mgr.step_tables(0, kvtier.Tables(5, 16, 4, *([np.zeros(3, np.uint32)] * 7)))
+
+
+def test_a_step_is_o_layers_calls(rng):
+    """A decode step through the step API and the tables crosses into the library
+    2 + 3 * n_layers times, whatever the batch: counted on the model backend (no payload) at
+    256 sequences x 32 layers x 8 kv heads, 8K-token prompts, r = 16."""
+    block = 2 * 32 * 128 * 2  # K and V of 32 bf16 rows of 128
+    recall = 256 * 32 * 8 * 16 * 2 * block
+    m = kvtier.Manager(n_layers=32, backend="model", recall_blocks=16,
+                       recall_cache_bytes=recall,
+                       device_bytes=256 * 32 * 160 * 8 * block + recall,
+                       host_bytes=256 * 32 * 260 * 8 * block)  # no payload: no memory taken
+    try:
+        c = m.config
+        H, r, n, L = c.n_kv_heads, 16, 256, c.n_layers
+        zeros = np.zeros((n, H, c.head_dim), np.uint16)
+        kv = np.zeros((H, 8192, c.head_dim), np.uint16)  # no payload: nothing is read
+        q_obs = np.zeros((c.n_q_heads, c.obs_window, c.head_dim), np.uint16)
+        for seq in range(n):
+            m.create_seq(seq, 8192)
+            for layer in range(L):
+                m.prefill_layer(seq, layer, kv, kv, q_obs)
+        t = m.tables(n, 160, r)
+        sel = rng.integers(4, 112, (n, H, r)).astype(np.uint32)  # between sink and top-K
+        calls = {"n": 0}
+        real = kvtier._lib
+
+        class Counting:
+            def __getattr__(self, name):
+                fn = getattr(real, name)
+
+                def counted(*a):
+                    calls["n"] += 1
+                    return fn(*a)
+                return counted
+        kvtier._lib = Counting()
+        try:
+            with m.step(list(range(n))):
+                for layer in range(L):
+                    m.step_append(layer, zeros, zeros)
+                    m.step_recall_blocks(layer, sel)
+                    m.step_tables(layer, t)
+        finally:
+            kvtier._lib = real
+        assert calls["n"] == 2 + 3 * L, calls
+        assert (t.n_recall[:n] > 0).all() and t.n_batch[0] == n
+        print(f"\n# a decode step of {n} x {L} x {H}: {calls['n']} library calls from Python "
+              f"(per (sequence, layer, kv head) accessors: {2 * n * L * H})")
+    finally:
+        m.close()
+
+
 def test_decode_step_errors(mgr, rng):
     prefill(mgr, 1, 100, rng)
     prefill(mgr, 2, 100, rng)

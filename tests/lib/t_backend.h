@@ -55,6 +55,11 @@ struct t_backend {
 			   void *stream);
 	/* Copies n bytes at device address addr (a frame, a recall-view frame) to host dst. */
 	void (*dev_read)(void *dst, uint64_t addr, size_t n);
+	/* kvt_step_tables into t's buffers, which are host memory here (on the CUDA backend the
+	   fixture passes device buffers of t's capacities, filled with t's contents first, and
+	   reads them back after the call, whatever it returned) */
+	int (*step_tables)(struct kvt_manager *m, uint32_t layer, const struct kvt_attn_tables *t,
+			   void *stream);
 };
 
 extern const struct t_backend t_backend_host;
@@ -111,6 +116,12 @@ static inline int t_load_kv(struct kvt_manager *m, uint64_t seq, uint32_t layer,
 			    uint32_t n, void *k_out, void *v_out, void *stream)
 {
 	return t_be->load_kv(m, seq, layer, pos, n, k_out, v_out, stream);
+}
+
+static inline int t_step_tables(struct kvt_manager *m, uint32_t layer,
+				const struct kvt_attn_tables *t, void *stream)
+{
+	return t_be->step_tables(m, layer, t, stream);
 }
 
 static inline void t_dev_read(void *dst, uint64_t addr, size_t n)

@@ -222,6 +222,48 @@ static void cu_dev_read(void *dst, uint64_t addr, size_t n)
 	}
 }
 
+/* kvt_step_tables over device copies of t's buffers (NULL ones stay NULL), read back after the
+   call. */
+static int cu_step_tables(struct kvt_manager *m, uint32_t layer, const struct kvt_attn_tables *t,
+			  void *stream)
+{
+	struct kvt_config c;
+	struct kvt_attn_tables d;
+	size_t rows, n[7];
+	void *h[7], *dv[7];
+	int rc;
+
+	if (!t || t->size < sizeof(*t) || cu_shape(m, 0, &c, NULL))
+		return kvt_step_tables(m, layer, t, stream);
+	d = *t;
+	rows = (size_t)t->max_batch * c.n_kv_heads;
+	h[0] = t->n_batch, n[0] = 4;
+	h[1] = t->n_tokens, n[1] = rows * 4;
+	h[2] = t->frames, n[2] = rows * t->max_frames * 4;
+	h[3] = t->n_recall, n[3] = rows * 4;
+	h[4] = t->recall, n[4] = rows * t->max_recall * 4;
+	h[5] = t->recall_tokens, n[5] = rows * t->max_recall * 4;
+	h[6] = t->recall_skip, n[6] = rows * t->max_recall * 8;
+	for (int k = 0; k < 7; k++)
+		dv[k] = cu_in(h[k], n[k]);
+	d.n_batch = dv[0];
+	d.n_tokens = dv[1];
+	d.frames = dv[2];
+	d.n_recall = dv[3];
+	d.recall = dv[4];
+	d.recall_tokens = dv[5];
+	d.recall_skip = dv[6];
+	rc = kvt_step_tables(m, layer, &d, stream);
+	if (cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess)
+		abort();
+	for (int k = 0; k < 7; k++) {
+		if (dv[k] != h[k])
+			cu_dev_read(h[k], (uint64_t)(uintptr_t)dv[k], n[k]);
+		cu_drop(dv[k], h[k]);
+	}
+	return rc;
+}
+
 const struct t_backend t_backend_cuda = {
 	.name = "cuda",
 	.kind = KVT_BACKEND_CUDA,
@@ -234,6 +276,7 @@ const struct t_backend t_backend_cuda = {
 	.prefill_chunk = cu_prefill_chunk,
 	.load_kv = cu_load_kv,
 	.dev_read = cu_dev_read,
+	.step_tables = cu_step_tables,
 };
 
 const struct t_backend *const t_be = &t_backend_cuda;

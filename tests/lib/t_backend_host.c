@@ -35,6 +35,7 @@ const struct t_backend t_backend_host = {
 	.prefill_chunk = kvt_prefill_chunk,
 	.load_kv = kvt_seq_load_kv,
 	.dev_read = host_dev_read,
+	.step_tables = kvt_step_tables,
 };
 
 const struct t_backend *const t_be = &t_backend_host;

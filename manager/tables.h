@@ -1,0 +1,19 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Attention tables (manager/tables.c): one layer's attention inputs for a batch, as the
+ * fixed-stride tables of struct kvt_attn_tables (kvtier.h). Calls recall.c and base.c only.
+ */
+#ifndef KVT_TABLES_H
+#define KVT_TABLES_H
+
+#include <stdint.h>
+
+#include "base.h"
+
+/* Writes the tables of `layer` for the n members ids[] (the open step's batch, resolved by
+   kvt_member) into t's buffers, as kvt_step_tables documents. 0 or a negative errno, recorded;
+   an error writes nothing. */
+int kvt_tables_write(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, uint32_t n,
+		     const struct kvt_attn_tables *t, void *stream);
+
+#endif /* KVT_TABLES_H */
