@@ -782,6 +782,28 @@ struct kvt_attn_tables {
 KVT_API int kvt_step_tables(struct kvt_manager *m, uint32_t layer, const struct kvt_attn_tables *t,
 			    void *stream);
 
+/* Batched decode attention of `layer` for the n sequences seqs (distinct, live, not
+   preempted, the layer prefilled): for member i and query head g (kv head h = g / (n_q_heads /
+   n_kv_heads)), out[i][g] = softmax(q[i][g] . K^T / sqrt(head_dim)) V over the tokens the
+   attention tables name for (i, h) (its resident set and its latest recall view, each token
+   once), accumulated in f32; lse[i][g] (lse may be NULL) = the log-sum-exp of those scaled
+   logits (natural log; -INFINITY for no token), so that an engine can merge the result with
+   attention it computes elsewhere. q and out are [n][n_q_heads][head_dim] of config.dtype and
+   lse [n][n_q_heads] f32, all in backend memory. On the host backend the per-row reference
+   runs on the calling thread; on the CUDA backend the call queues the tables' copy and two
+   kernels on `stream` (each row's tokens split in parts for a small batch, merged by their
+   log-sum-exp) and waits for nothing. Errors change nothing: -EINVAL (NULL m, seqs, q or out, n
+   == 0, a repeated id, layer out of range or not prefilled, a member preempted), -ENOENT,
+   -EBADMSG, -ESTALE (a member's recall view is stale: recall again), -ENOTSUP (a backend
+   without payload), -ENOMEM, and the device's errors (-EIO, -ENOMEM, -ENODEV, -EINVAL). */
+KVT_API int kvt_attend_batch(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
+			     uint32_t n, const void *q, void *out, float *lse, void *stream);
+
+/* kvt_attend_batch(m, layer, <the step's batch>, q, out, lse, stream); -EINVAL also when no
+   step is open. */
+KVT_API int kvt_step_attend(struct kvt_manager *m, uint32_t layer, const void *q, void *out,
+			    float *lse, void *stream);
+
 /* ---- Scheduler (SparseServe Algorithm 1) ---------------------------------------------- */
 
 /* The scheduler decides, each iteration, which requests run: it reads the manager's memory

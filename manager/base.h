@@ -219,6 +219,7 @@ struct kvt_manager {
 	uint32_t seg_off_cap;
 	uint64_t *tab; /* kvt_step_tables: the host copy of the tables, then its sort scratch */
 	uint32_t tab_cap;
+	uint64_t att_dev, att_dev_bytes; /* kvt_attend_batch's device buffer (tables, scratch) */
 
 	/* recall */
 	bool keep_meta;	     /* block metadata maintained (recall_blocks > 0, and the device tier is

@@ -362,6 +362,8 @@ KVT_API void kvt_manager_destroy(struct kvt_manager *m)
 	kvt_prefix_fini(m);
 	kvt_spill_close(m); /* the spill file goes with it */
 	kvt_recall_fini(m);
+	if (m->att_dev)
+		m->ops->dmem_free(m->be, m->att_dev);
 	kvt_pool_fini(&m->dev);
 	kvt_pool_fini(&m->host);
 	m->ops->arena_free(m->be, KVT_TIER_HOST, m->host_base, m->host_arena_bytes);

@@ -164,6 +164,21 @@ KVT_API int kvt_step_tables(struct kvt_manager *m, uint32_t layer, const struct 
 	return err;
 }
 
+KVT_API int kvt_step_attend(struct kvt_manager *m, uint32_t layer, const void *q, void *out,
+			    float *lse, void *stream)
+{
+	int err;
+
+	if (!m)
+		return -EINVAL;
+	err = step_enter(m, "attend");
+	if (err)
+		return err;
+	err = kvt_attend_run(m, layer, m->step.ids, m->step.n, q, out, lse, stream);
+	m->step.active = false;
+	return err;
+}
+
 KVT_API int kvt_step_end(struct kvt_manager *m)
 {
 	if (!m)

@@ -2,7 +2,8 @@
 /*
  * Attention tables (kvtier.h, "Attention tables"): one layer's attention inputs for a decode
  * step's batch, written in one call into fixed-stride buffers an engine's kernel reads, in
- * place of one kvt_seq_frames and one kvt_seq_recall_view per (member, kv head).
+ * place of one kvt_seq_frames and one kvt_seq_recall_view per (member, kv head); and the
+ * batched attention over them (kvt_attend_batch).
  *
  * The device tier and the recall cache share one arena, so both kinds of frame are indices of
  * one pool of blocks (block_bytes each): frame group g's block of kv head h is block g * H + h,
@@ -11,13 +12,16 @@
  * A call checks every member and brings its recall view up to date first (on the CUDA
  * backend with the regions there, a read of each view the device changed), so that an error
  * writes nothing; then it writes the tables: straight into the caller's buffers where they are
- * host memory, else into a host copy that goes to the device in one copy per array, queued on
- * the caller's stream.
+ * host memory, else into a host copy that goes to the device. The batched attention builds
+ * the same tables for itself (capacities: the batch's largest counts), then runs the policy's
+ * reference per row on the host, or one launch for the batch on the backend's device.
  */
 #include <errno.h>
 #include <string.h>
 
 #include "kvtier.h"
+#include "gpu.h"
+#include "policy.h"
 #include "recall.h"
 #include "tables.h"
 
@@ -52,55 +56,76 @@ struct tab_ref {
 	uint64_t skip;
 };
 
-/* Bytes of the host copy: the count arrays' rows [0, max_batch), the entry arrays' rows of
-   the batch. 0 when it would not fit a size_t. */
-static size_t copy_bytes(uint64_t rows, uint64_t n_rows, uint64_t mf, uint64_t mr)
+/* Lays the host copy out at base (NULL: only counts): the 8-byte array first, so that it is
+   aligned, then the count arrays' rows [0, rows), then the entry arrays' rows [0, n_rows).
+   Its bytes, rounded up to 8; 0 when they would not fit a size_t. */
+static size_t tab_layout(struct tab_dst *d, char *base, uint64_t rows, uint64_t n_rows, uint64_t mf,
+			 uint64_t mr)
 {
-	uint64_t b = 2 * rows * sizeof(uint32_t);
+	uint64_t off[7], b = 0;
 
-	if (n_rows && (mf > UINT64_MAX / 8 / n_rows || mr > UINT64_MAX / 32 / n_rows))
+	if (n_rows && (mf > UINT64_MAX / 16 / n_rows || mr > UINT64_MAX / 32 / n_rows))
 		return 0;
-	b += n_rows * mf * sizeof(uint32_t) + n_rows * mr * (2 * sizeof(uint32_t) + 8);
-	return b > SIZE_MAX / 2 ? 0 : (size_t)b;
+	off[0] = b, b += n_rows * mr * 8; /* recall_skip */
+	off[1] = b, b += rows * 4;	  /* n_tokens */
+	off[2] = b, b += rows * 4;	  /* n_recall */
+	off[3] = b, b += n_rows * mf * 4; /* frames */
+	off[4] = b, b += n_rows * mr * 4; /* recall */
+	off[5] = b, b += n_rows * mr * 4; /* recall_tokens */
+	off[6] = b = (b + 7) / 8 * 8;	  /* the end */
+	if (b > SIZE_MAX / 4)
+		return 0;
+	if (base)
+		*d = (struct tab_dst){
+			.recall_skip = (uint64_t *)(void *)(base + off[0]),
+			.n_tokens = (uint32_t *)(void *)(base + off[1]),
+			.n_recall = (uint32_t *)(void *)(base + off[2]),
+			.frames = (uint32_t *)(void *)(base + off[3]),
+			.recall = (uint32_t *)(void *)(base + off[4]),
+			.recall_tokens = (uint32_t *)(void *)(base + off[5]),
+		};
+	return (size_t)off[6];
 }
 
-/* The checks of every member (the errors the call can have before it writes); brings each
-   member's view up to date. */
+/* The checks of every member (the errors the call can have before it writes), against the
+   capacities of t (max_batch is checked by the caller); brings each member's view up to date.
+   The batch's most frames and most recalled blocks of one row in *most_f, *most_r. */
 static int tables_check(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, uint32_t n,
-			const struct kvt_attn_tables *t, uint32_t *most)
+			const struct kvt_attn_tables *t, uint32_t *most_f, uint32_t *most_r,
+			const char *what)
 {
 	uint64_t stamp = ++m->stamp;
 	int err = 0;
 
-	*most = 0;
+	*most_f = *most_r = 0;
 	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_seq *s = kvt_batch_member(m, ids, i, layer, stamp, "tables", &err);
+		struct kvt_seq *s = kvt_batch_member(m, ids, i, layer, stamp, what, &err);
 		struct kvt_recall_layer *rc;
 
 		if (!s)
 			return err;
 		if (s->n_frames > t->max_frames)
-			return kvt_fail(m, -ENOSPC,
-					"tables: sequence %llu has %u frames, room for %u",
-					(unsigned long long)ids[i], s->n_frames, t->max_frames);
+			return kvt_fail(m, -ENOSPC, "%s: sequence %llu has %u frames, room for %u",
+					what, (unsigned long long)ids[i], s->n_frames,
+					t->max_frames);
+		*most_f = s->n_frames > *most_f ? s->n_frames : *most_f;
 		rc = s->layers[layer].rc;
 		err = kvt_recall_pull(m, rc);
 		if (err)
 			return err;
 		if (kvt_view_stale(rc))
-			return kvt_fail(
-				m, -ESTALE,
-				"tables: sequence %llu layer %u: a recalled block was evicted "
-				"since (recall again)",
-				(unsigned long long)ids[i], layer);
+			return kvt_fail(m, -ESTALE,
+					"%s: sequence %llu layer %u: a recalled block was evicted "
+					"since (recall again)",
+					what, (unsigned long long)ids[i], layer);
 		for (uint32_t h = 0; rc && rc->view_n && h < m->cfg.n_kv_heads; h++) {
 			if (rc->view_n[h] > t->max_recall)
 				return kvt_fail(m, -ENOSPC,
-						"tables: sequence %llu layer %u head %u recalled "
-						"%u blocks, room for %u",
-						(unsigned long long)ids[i], layer, h, rc->view_n[h],
-						t->max_recall);
-			*most = rc->view_n[h] > *most ? rc->view_n[h] : *most;
+						"%s: sequence %llu layer %u head %u recalled %u "
+						"blocks, room for %u",
+						what, (unsigned long long)ids[i], layer, h,
+						rc->view_n[h], t->max_recall);
+			*most_r = rc->view_n[h] > *most_r ? rc->view_n[h] : *most_r;
 		}
 	}
 	return 0;
@@ -135,7 +160,8 @@ static uint32_t row_recall(const struct kvt_manager *m, const struct kvt_seq *s,
 	return cnt;
 }
 
-/* Writes the tables into d (rows laid out as in t). */
+/* Writes the tables into d, rows laid out with t's capacities: the counts of rows [0,
+   max_batch), the entries of the batch's rows. */
 static void tables_fill(const struct kvt_manager *m, uint32_t layer, const uint64_t *ids,
 			uint32_t n, const struct kvt_attn_tables *t, const struct tab_dst *d,
 			struct tab_ref *ref)
@@ -169,16 +195,27 @@ static void tables_fill(const struct kvt_manager *m, uint32_t layer, const uint6
 	}
 }
 
+/* Room in m->tab for a host copy of `bytes` (a multiple of 8) and, after it, the sort scratch
+   of `most` refs and `floats` floats. */
+static int tab_reserve(struct kvt_manager *m, size_t bytes, uint32_t most, uint64_t floats)
+{
+	uint64_t words = bytes / 8 + ((uint64_t)most * sizeof(struct tab_ref) + 7) / 8 +
+			 (floats + 1) / 2 + 1;
+
+	if (words > UINT32_MAX || kvt_reserve((void **)&m->tab, &m->tab_cap, (uint32_t)words, 8))
+		return -ENOMEM;
+	return 0;
+}
+
 int kvt_tables_write(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, uint32_t n,
 		     const struct kvt_attn_tables *t, void *stream)
 {
 	const uint32_t H = m->cfg.n_kv_heads;
 	bool direct = m->cpu_device || !m->payload;
 	uint64_t rows, n_rows;
+	uint32_t most_f, most_r;
 	struct tab_dst d;
-	uint32_t most;
 	size_t bytes;
-	char *p;
 	int err;
 
 	if (!t)
@@ -198,11 +235,11 @@ int kvt_tables_write(struct kvt_manager *m, uint32_t layer, const uint64_t *ids,
 				m->ops->name);
 	rows = (uint64_t)t->max_batch * H;
 	n_rows = (uint64_t)n * H;
-	bytes = copy_bytes(rows, n_rows, t->max_frames, t->max_recall);
+	bytes = tab_layout(&d, NULL, rows, n_rows, t->max_frames, t->max_recall);
 	if (!bytes)
 		return kvt_fail(m, -ENOMEM, "tables: %u rows of %u + %u entries do not fit memory",
 				t->max_batch, t->max_frames, t->max_recall);
-	err = tables_check(m, layer, ids, n, t, &most);
+	err = tables_check(m, layer, ids, n, t, &most_f, &most_r, "tables");
 	if (err)
 		return err;
 	if (direct) {
@@ -210,26 +247,10 @@ int kvt_tables_write(struct kvt_manager *m, uint32_t layer, const uint64_t *ids,
 				     t->recall,	  t->recall_tokens, t->recall_skip};
 		bytes = 0; /* only the refs */
 	}
-	bytes = (bytes + 7) / 8 * 8; /* the refs after it, aligned */
-	if ((bytes + (uint64_t)most * sizeof(struct tab_ref)) / 8 + 1 > UINT32_MAX ||
-	    kvt_reserve((void **)&m->tab, &m->tab_cap,
-			(uint32_t)((bytes + (uint64_t)most * sizeof(struct tab_ref)) / 8 + 1), 8))
+	if (tab_reserve(m, bytes, most_r, 0))
 		return kvt_fail(m, -ENOMEM, "tables: no memory for a copy of %zu bytes", bytes);
-	p = (char *)m->tab;
-	if (!direct) { /* the 8-byte array first, so that it is aligned */
-		d.recall_skip = (uint64_t *)(void *)p;
-		p += n_rows * t->max_recall * 8;
-		d.n_tokens = (uint32_t *)(void *)p;
-		p += rows * 4;
-		d.n_recall = (uint32_t *)(void *)p;
-		p += rows * 4;
-		d.frames = (uint32_t *)(void *)p;
-		p += n_rows * t->max_frames * 4;
-		d.recall = (uint32_t *)(void *)p;
-		p += n_rows * t->max_recall * 4;
-		d.recall_tokens = (uint32_t *)(void *)p;
-		p += n_rows * t->max_recall * 4;
-	}
+	if (!direct)
+		tab_layout(&d, (char *)m->tab, rows, n_rows, t->max_frames, t->max_recall);
 	tables_fill(m, layer, ids, n, t, &d, (struct tab_ref *)(void *)((char *)m->tab + bytes));
 	if (direct) {
 		*t->n_batch = n;
@@ -261,4 +282,138 @@ int kvt_tables_write(struct kvt_manager *m, uint32_t layer, const uint64_t *ids,
 		}
 	}
 	return 0;
+}
+
+/* The policy's view of tables laid out at d (capacities of t) over the manager's pool. */
+static struct kvt_attn_desc attn_desc(const struct kvt_manager *m, const struct tab_dst *d,
+				      uint32_t n, const struct kvt_attn_tables *t)
+{
+	struct kvt_pool_info p;
+
+	kvt_manager_pool(m, &p);
+	return (struct kvt_attn_desc){
+		.n_tokens = d->n_tokens,
+		.frames = d->frames,
+		.n_recall = d->n_recall,
+		.recall = d->recall,
+		.recall_tokens = d->recall_tokens,
+		.recall_skip = d->recall_skip,
+		.pool = p.base,
+		.pool_blocks = p.n_blocks,
+		.block_bytes = p.block_bytes,
+		.v_offset = p.v_offset,
+		.row_bytes = p.row_bytes,
+		.block_tokens = p.block_tokens,
+		.n = n,
+		.n_kv_heads = m->cfg.n_kv_heads,
+		.g_count = m->group_q,
+		.head_dim = m->cfg.head_dim,
+		.max_frames = t->max_frames,
+		.max_recall = t->max_recall,
+	};
+}
+
+/* The device buffer of the batched attention (tables, then the kernel's scratch) holds at
+   least bytes: grown (the old one given back once the device's queued work is done). */
+static int att_dev_reserve(struct kvt_manager *m, uint64_t bytes, void *stream)
+{
+	uint64_t addr = 0;
+	int err;
+
+	if (bytes <= m->att_dev_bytes)
+		return 0;
+	bytes = bytes < 2 * m->att_dev_bytes ? 2 * m->att_dev_bytes : bytes;
+	err = m->ops->dmem_alloc(m->be, bytes, stream, &addr);
+	if (err)
+		return err;
+	if (m->att_dev)
+		m->ops->dmem_free(m->be, m->att_dev);
+	m->att_dev = addr;
+	m->att_dev_bytes = bytes;
+	return 0;
+}
+
+int kvt_attend_run(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, uint32_t n,
+		   const void *q, void *out, float *lse, void *stream)
+{
+	const uint32_t H = m->cfg.n_kv_heads, D = m->cfg.head_dim, G = m->group_q;
+	const size_t esz = m->esize, qrow = (size_t)G * D * esz;
+	struct kvt_attn_tables t = {.size = sizeof(t), .max_batch = n};
+	struct kvt_attn_desc desc;
+	uint32_t most_f, most_r;
+	struct tab_dst d;
+	uint64_t sbytes, off, most_t = 0;
+	uint32_t splits;
+	size_t bytes;
+	int err;
+
+	if (!q || !out)
+		return kvt_fail(m, -EINVAL, "attend: NULL %s", !q ? "q" : "out");
+	if (layer >= m->cfg.n_layers)
+		return kvt_fail(m, -EINVAL, "attend: layer %u out of range", layer);
+	if (!m->payload || (!m->cpu_device && (!m->ops->attend_batch || !m->ops->dmem_alloc)))
+		return kvt_fail(m, -ENOTSUP, "attend: backend %s has no batched attention",
+				m->ops->name);
+	t.max_frames = t.max_recall = UINT32_MAX;
+	err = tables_check(m, layer, ids, n, &t, &most_f, &most_r, "attend");
+	if (err)
+		return err;
+	t.max_frames = most_f ? most_f : 1;
+	t.max_recall = most_r ? most_r : 1;
+	bytes = tab_layout(&d, NULL, (uint64_t)n * H, (uint64_t)n * H, t.max_frames, t.max_recall);
+	if (!bytes || tab_reserve(m, bytes, t.max_recall, 2ull * G * D))
+		return kvt_fail(m, -ENOMEM, "attend: no memory for the tables of %u sequences", n);
+	tab_layout(&d, (char *)m->tab, (uint64_t)n * H, (uint64_t)n * H, t.max_frames,
+		   t.max_recall);
+	tables_fill(m, layer, ids, n, &t, &d, (struct tab_ref *)(void *)((char *)m->tab + bytes));
+	if (m->cpu_device) {
+		/* the rows' scratch after the refs */
+		float *f = (float *)(void *)((char *)m->tab + bytes +
+					     ((uint64_t)t.max_recall * sizeof(struct tab_ref) + 7) /
+						     8 * 8);
+
+		err = m->ops->sync(m->be, NULL); /* the frames' writers */
+		if (err)
+			return kvt_fail(m, err, "attend: %s", m->be->err);
+		desc = attn_desc(m, &d, n, &t);
+		for (uint32_t i = 0; i < n; i++)
+			for (uint32_t h = 0; h < H; h++)
+				kvt_attend_table(m->cfg.dtype, &desc, i * H + h,
+						 (const char *)q + ((size_t)i * H + h) * qrow,
+						 (char *)out + ((size_t)i * H + h) * qrow,
+						 lse ? lse + ((size_t)i * H + h) * G : NULL, f);
+		return 0;
+	}
+	/* the tables go to the device in one copy, the kernel's scratch after them; the rows'
+	   longest token list sets how finely the kernel splits them */
+	for (uint64_t r = 0; r < (uint64_t)n * H; r++) {
+		uint64_t tk = d.n_tokens[r] + (uint64_t)d.n_recall[r] * m->cfg.block_tokens;
+
+		most_t = tk > most_t ? tk : most_t;
+	}
+	splits = kvt_gpu_attend_splits((uint64_t)n * H, G, most_t);
+	off = (bytes + 255) / 256 * 256;
+	sbytes = kvt_gpu_attend_batch_scratch((uint64_t)n * H, G, D, splits);
+	err = att_dev_reserve(m, off + sbytes, stream);
+	if (!err)
+		err = KVT_XFER(m, dmem_copy, m->att_dev, 0, m->tab, bytes, stream);
+	if (err)
+		return kvt_fail(m, err, "attend: the tables to the device: %s", m->be->err);
+	tab_layout(&d, (char *)(uintptr_t)m->att_dev, (uint64_t)n * H, (uint64_t)n * H,
+		   t.max_frames, t.max_recall);
+	desc = attn_desc(m, &d, n, &t);
+	m->dev_queued = true; /* it reads frames */
+	err = m->ops->attend_batch(m->be, m->cfg.dtype, &desc, q, out, lse, m->att_dev + off,
+				   splits, stream);
+	return err ? kvt_fail(m, err, "attend: %s", m->be->err) : 0;
+}
+
+KVT_API int kvt_attend_batch(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
+			     uint32_t n, const void *q, void *out, float *lse, void *stream)
+{
+	if (!m)
+		return -EINVAL;
+	if (!seqs || n == 0)
+		return kvt_fail(m, -EINVAL, "attend: %s", n == 0 ? "empty batch" : "NULL seqs");
+	return kvt_attend_run(m, layer, seqs, n, q, out, lse, stream);
 }

@@ -16,4 +16,10 @@
 int kvt_tables_write(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, uint32_t n,
 		     const struct kvt_attn_tables *t, void *stream);
 
+/* Batched decode attention of `layer` for the n members ids[] (kvt_attend_batch, or the open
+   step's batch resolved by kvt_member): builds the tables and runs the policy's reference per
+   row on the host, or one launch on the backend's device. 0 or a negative errno, recorded. */
+int kvt_attend_run(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, uint32_t n,
+		   const void *q, void *out, float *lse, void *stream);
+
 #endif /* KVT_TABLES_H */

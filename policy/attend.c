@@ -93,3 +93,68 @@ void kvt_attend_rows(enum kvt_dtype dt, uint32_t head_dim, const float *q, uint3
 			og[d] /= sum;
 	}
 }
+
+/* Row t of row r's token list (resident slots, then the recalled blocks' rows): its block's K
+   row address, or 0 when it is skipped (a recalled row past its block's tokens or marked
+   resident). */
+static uint64_t table_row(const struct kvt_attn_desc *d, uint32_t r, uint64_t t)
+{
+	uint32_t bt = d->block_tokens, nt = d->n_tokens[r];
+	uint64_t blk;
+	uint32_t row;
+
+	if (t < nt) {
+		blk = d->frames[(size_t)r * d->max_frames + t / bt];
+		row = (uint32_t)(t % bt);
+	} else {
+		size_t x = (size_t)r * d->max_recall + (t - nt) / bt;
+
+		row = (uint32_t)((t - nt) % bt);
+		if (row >= d->recall_tokens[x] || (d->recall_skip[x] >> row & 1))
+			return 0;
+		blk = d->recall[x];
+	}
+	return d->pool + blk * d->block_bytes + (uint64_t)row * d->row_bytes;
+}
+
+void kvt_attend_table(enum kvt_dtype dt, const struct kvt_attn_desc *d, uint32_t r, const void *q,
+		      void *out, float *lse, float *scratch)
+{
+	size_t esz = kvt_dtype_size(dt);
+	uint32_t D = d->head_dim, G = d->g_count;
+	uint64_t total = d->n_tokens[r] + (uint64_t)d->n_recall[r] * d->block_tokens;
+	float norm = sqrtf((float)D), *qf = scratch, *acc = scratch + (size_t)G * D;
+
+	kvt_to_f32(dt, q, qf, (size_t)G * D);
+	memset(acc, 0, (size_t)G * D * sizeof(*acc));
+	for (uint32_t g = 0; g < G; g++) {
+		const float *qg = qf + (size_t)g * D;
+		float *og = acc + (size_t)g * D, m = -INFINITY, sum = 0.0f;
+
+		for (uint64_t t = 0; t < total; t++) {
+			uint64_t a = table_row(d, r, t);
+			float l;
+
+			if (!a)
+				continue;
+			l = row_dot(dt, esz, qg, (const void *)(uintptr_t)a, D) / norm;
+			if (l > m)
+				m = l;
+		}
+		for (uint64_t t = 0; t < total; t++) {
+			uint64_t a = table_row(d, r, t);
+			float w;
+
+			if (!a)
+				continue;
+			w = expf(row_dot(dt, esz, qg, (const void *)(uintptr_t)a, D) / norm - m);
+			sum += w;
+			row_axpy(dt, esz, w, (const void *)(uintptr_t)(a + d->v_offset), D, og);
+		}
+		for (uint32_t x = 0; sum > 0 && x < D; x++)
+			og[x] /= sum;
+		if (lse)
+			lse[g] = sum > 0 ? m + logf(sum) : -INFINITY;
+	}
+	kvt_from_f32(dt, acc, out, (size_t)G * D);
+}

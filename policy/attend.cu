@@ -154,3 +154,221 @@ extern "C" int kvt_gpu_attend(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_h
 	}
 	return cudaGetLastError();
 }
+
+/* ---- batched decode attention over the attention tables (kvt_gpu_attend_batch) ---------- */
+
+#define AB_THREADS 128
+#define AB_WARPS (AB_THREADS / 32)
+#define AB_CHUNK 32 /* tokens whose weights are staged at once */
+
+/* Row r's token t: its K row's address, or 0 when it is skipped (as policy/attend.c's
+   table_row). */
+static __device__ __forceinline__ uint64_t ab_row(const struct kvt_attn_desc &d, uint32_t r,
+						  uint64_t t)
+{
+	uint32_t bt = d.block_tokens, nt = d.n_tokens[r], row;
+	uint64_t blk;
+
+	if (t < nt) {
+		blk = d.frames[(size_t)r * d.max_frames + t / bt];
+		row = (uint32_t)(t % bt);
+	} else {
+		size_t x = (size_t)r * d.max_recall + (t - nt) / bt;
+
+		row = (uint32_t)((t - nt) % bt);
+		if (row >= d.recall_tokens[x] || ((d.recall_skip[x] >> row) & 1))
+			return 0;
+		blk = d.recall[x];
+	}
+	return d.pool + blk * d.block_bytes + (uint64_t)row * d.row_bytes;
+}
+
+/* q . K row / norm by the whole warp, q of dtype T; every lane gets lane 0's value. */
+template <typename T>
+static __device__ __forceinline__ float ab_logit(const T *__restrict__ q, uint64_t row, uint32_t D,
+						 float norm, uint32_t lane)
+{
+	const T *k = (const T *)(uintptr_t)row;
+	float acc = 0.0f;
+
+	for (uint32_t x = lane; x < D; x += 32)
+		acc = fmaf(kvt_load(q + x), kvt_load(k + x), acc);
+#pragma unroll
+	for (int o = 16; o > 0; o /= 2)
+		acc += __shfl_xor_sync(AT_FULL, acc, o);
+	return __shfl_sync(AT_FULL, acc, 0) / norm;
+}
+
+/* Grid (rows * splits, query-head parts): CTA (r * splits + sp, y) takes part sp of row r's
+   tokens for query heads y * KVT_ATT_G .. of the row's group. Two passes, as at_kernel: the
+   part's max logit per head, then its weights AB_CHUNK tokens at a time and each thread's
+   channels of the weighted sum, accumulated in the part's scratch. Every loop bound around
+   __syncthreads() is the same for all threads. */
+template <typename T>
+static __global__ void __launch_bounds__(AB_THREADS)
+	ab_part(struct kvt_attn_desc d, const T *__restrict__ q, float *__restrict__ scratch,
+		uint32_t splits, float norm)
+{
+	__shared__ float wmax[AB_WARPS][KVT_ATT_G];
+	__shared__ float w[KVT_ATT_G][AB_CHUNK];
+	__shared__ uint64_t vrow[AB_CHUNK];
+	const uint32_t r = blockIdx.x / splits, sp = blockIdx.x % splits;
+	const uint32_t G = d.g_count, D = d.head_dim, g0 = blockIdx.y * KVT_ATT_G;
+	const uint32_t gc = G - g0 < KVT_ATT_G ? G - g0 : KVT_ATT_G;
+	const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+	const uint64_t total = d.n_tokens[r] + (uint64_t)d.n_recall[r] * d.block_tokens;
+	const uint64_t per = (total + splits - 1) / splits;
+	const uint64_t t0 = sp * per < total ? sp * per : total;
+	const uint64_t t1 = t0 + per < total ? t0 + per : total;
+	/* query heads of the row: member r / H, heads (r % H) * G + g0 .. */
+	const T *qr = q + ((size_t)(r / d.n_kv_heads) * d.n_kv_heads * G +
+			   (size_t)(r % d.n_kv_heads) * G + g0) *
+				  D;
+	float m[KVT_ATT_G], sum[KVT_ATT_G];
+	size_t part = ((size_t)r * splits + sp) * G + g0;
+	float *ml = scratch + part * 2;
+	float *acc = scratch + (size_t)gridDim.x * G * 2 + part * D;
+
+	for (uint32_t g = 0; g < KVT_ATT_G; g++)
+		m[g] = -INFINITY, sum[g] = 0.0f;
+	for (uint32_t g = 0; g < gc; g++)
+		for (uint32_t x = threadIdx.x; x < D; x += AB_THREADS)
+			acc[(size_t)g * D + x] = 0.0f;
+
+	/* pass 1: the part's max logit of each head */
+	for (uint64_t t = t0 + warp; t < t1; t += AB_WARPS) {
+		uint64_t a = ab_row(d, r, t);
+
+		if (!a)
+			continue;
+		for (uint32_t g = 0; g < gc; g++)
+			m[g] = fmaxf(m[g], ab_logit<T>(qr + (size_t)g * D, a, D, norm, lane));
+	}
+	if (lane == 0)
+		for (uint32_t g = 0; g < gc; g++)
+			wmax[warp][g] = m[g];
+	__syncthreads();
+	for (uint32_t g = 0; g < gc; g++) {
+		m[g] = wmax[0][g];
+		for (uint32_t x = 1; x < AB_WARPS; x++)
+			m[g] = fmaxf(m[g], wmax[x][g]);
+	}
+
+	/* pass 2: weights of AB_CHUNK tokens, then every thread folds them into its channels */
+	for (uint64_t c0 = t0; c0 < t1; c0 += AB_CHUNK) {
+		uint32_t cn = t1 - c0 < AB_CHUNK ? (uint32_t)(t1 - c0) : AB_CHUNK;
+
+		for (uint32_t c = warp; c < cn; c += AB_WARPS) {
+			uint64_t a = ab_row(d, r, c0 + c);
+
+			for (uint32_t g = 0; g < gc; g++) {
+				float l = a ? ab_logit<T>(qr + (size_t)g * D, a, D, norm, lane)
+					    : 0.0f;
+
+				if (lane == 0)
+					w[g][c] = a ? expf(l - m[g]) : 0.0f;
+			}
+			if (lane == 0)
+				vrow[c] = a ? a + d.v_offset : 0;
+		}
+		__syncthreads();
+		for (uint32_t g = 0; g < gc; g++) {
+			for (uint32_t c = 0; c < cn; c++)
+				sum[g] += w[g][c];
+			for (uint32_t x = threadIdx.x; x < D; x += AB_THREADS) {
+				float v = acc[(size_t)g * D + x];
+
+				for (uint32_t c = 0; c < cn; c++)
+					if (vrow[c])
+						v = fmaf(
+							w[g][c],
+							kvt_load((const T *)(uintptr_t)vrow[c] + x),
+							v);
+				acc[(size_t)g * D + x] = v;
+			}
+		}
+		__syncthreads(); /* w and vrow are rewritten by the next chunk */
+	}
+	if (threadIdx.x == 0)
+		for (uint32_t g = 0; g < gc; g++) {
+			ml[2 * g] = m[g];
+			ml[2 * g + 1] = sum[g];
+		}
+}
+
+/* Grid rows * G: CTA (r * G + g) merges the splits of row r's query head g by their
+   log-sum-exp into out (dtype T) and lse. */
+template <typename T>
+static __global__ void __launch_bounds__(AB_THREADS)
+	ab_merge(uint32_t G, uint32_t D, const float *__restrict__ scratch, uint32_t splits,
+		 uint64_t parts, T *__restrict__ out, float *__restrict__ lse)
+{
+	const uint32_t r = blockIdx.x / G, g = blockIdx.x % G;
+	const float *ml = scratch, *acc = scratch + parts * G * 2;
+	float M = -INFINITY, L = 0.0f;
+
+	for (uint32_t sp = 0; sp < splits; sp++) {
+		size_t part = ((size_t)r * splits + sp) * G + g;
+
+		if (ml[2 * part + 1] > 0.0f)
+			M = fmaxf(M, ml[2 * part]);
+	}
+	for (uint32_t sp = 0; sp < splits; sp++) {
+		size_t part = ((size_t)r * splits + sp) * G + g;
+
+		if (ml[2 * part + 1] > 0.0f)
+			L += ml[2 * part + 1] * expf(ml[2 * part] - M);
+	}
+	for (uint32_t x = threadIdx.x; x < D; x += AB_THREADS) {
+		float v = 0.0f;
+
+		for (uint32_t sp = 0; sp < splits; sp++) {
+			size_t part = ((size_t)r * splits + sp) * G + g;
+
+			if (ml[2 * part + 1] > 0.0f)
+				v += acc[part * D + x] * expf(ml[2 * part] - M);
+		}
+		kvt_store(out + (size_t)blockIdx.x * D + x, L > 0.0f ? v / L : 0.0f);
+	}
+	if (lse && threadIdx.x == 0)
+		lse[blockIdx.x] = L > 0.0f ? M + logf(L) : -INFINITY;
+}
+
+template <typename T>
+static int ab_launch(const struct kvt_attn_desc &d, const void *q, void *out, float *lse,
+		     float *scratch, uint32_t splits, cudaStream_t st)
+{
+	uint64_t rows = (uint64_t)d.n * d.n_kv_heads;
+	float norm = sqrtf((float)d.head_dim);
+	dim3 grid((unsigned int)(rows * splits), (d.g_count + KVT_ATT_G - 1) / KVT_ATT_G);
+
+	ab_part<T><<<grid, AB_THREADS, 0, st>>>(d, (const T *)q, scratch, splits, norm);
+	ab_merge<T><<<(unsigned int)(rows * d.g_count), AB_THREADS, 0, st>>>(
+		d.g_count, d.head_dim, scratch, splits, rows * splits, (T *)out, lse);
+	return cudaGetLastError();
+}
+
+extern "C" int kvt_gpu_attend_batch(enum kvt_dtype dt, struct kvt_attn_desc d, const void *q,
+				    void *out, float *lse, float *scratch, uint32_t splits,
+				    void *stream)
+{
+	cudaStream_t st = (cudaStream_t)stream;
+	uint64_t rows = (uint64_t)d.n * d.n_kv_heads;
+
+	if (!kvt_dtype_size(dt))
+		return cudaErrorInvalidValue;
+	if (rows == 0 || d.g_count == 0 || d.head_dim == 0)
+		return cudaSuccess; /* out has no element */
+	if (!q || !out || !scratch || splits == 0 || splits > 64 || rows * splits > INT32_MAX ||
+	    rows * d.g_count > INT32_MAX)
+		return cudaErrorInvalidValue;
+	switch (dt) {
+	case KVT_DTYPE_F32:
+		return ab_launch<float>(d, q, out, lse, scratch, splits, st);
+	case KVT_DTYPE_F16:
+		return ab_launch<kvt_f16>(d, q, out, lse, scratch, splits, st);
+	case KVT_DTYPE_BF16:
+		return ab_launch<kvt_bf16>(d, q, out, lse, scratch, splits, st);
+	}
+	return cudaErrorInvalidValue;
+}

@@ -98,6 +98,44 @@ int kvt_gpu_attend(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads, uint3
 		   const struct kvt_attend_rows *seg, const uint32_t *seg_off, const float *q,
 		   float *out, void *stream);
 
+/* Query heads one CTA of kvt_gpu_attend_batch serves (a kv head's group is split in parts of
+   at most this many), and the fewest tokens a split of a row gets. */
+#define KVT_ATT_G 8u
+#define KVT_ATT_SPLIT_MIN 256u
+
+/* How many parts kvt_gpu_attend_batch splits each row's token list into (flash-decoding):
+   enough CTAs to fill a GPU (about 1024) when the batch is small, no part under
+   KVT_ATT_SPLIT_MIN tokens of the longest row, 1..64. */
+static inline uint32_t kvt_gpu_attend_splits(uint64_t rows, uint32_t g_count, uint64_t max_tokens)
+{
+	uint64_t ctas = rows * ((g_count + KVT_ATT_G - 1) / KVT_ATT_G), s, most;
+
+	if (!ctas || !max_tokens)
+		return 1;
+	s = (1024 + ctas - 1) / ctas;
+	most = (max_tokens + KVT_ATT_SPLIT_MIN - 1) / KVT_ATT_SPLIT_MIN;
+	s = s < most ? s : most;
+	return s < 1 ? 1 : s > 64 ? 64 : (uint32_t)s;
+}
+
+/* Bytes of device scratch kvt_gpu_attend_batch needs: per (row, split, query head) the part's
+   max logit, its sum and its head_dim weighted values, f32. */
+static inline uint64_t kvt_gpu_attend_batch_scratch(uint64_t rows, uint32_t g_count,
+						    uint32_t head_dim, uint32_t splits)
+{
+	return rows * splits * g_count * ((uint64_t)head_dim + 2) * sizeof(float);
+}
+
+/* Batched decode attention (kvt_attend_batch): every row of d (d->n * d->n_kv_heads, the
+   tables in device memory) for its g_count query heads, within f32 tolerance of
+   kvt_attend_table: q and out [n][n_kv_heads * g_count][head_dim] of dt, lse (NULL: not
+   written) [n][n_kv_heads * g_count] f32. Each row's tokens are split in `splits` parts
+   (kvt_gpu_attend_splits), each a CTA with an online softmax per query head, whose partial
+   results (scratch: kvt_gpu_attend_batch_scratch bytes) a second kernel merges by their
+   log-sum-exp. */
+int kvt_gpu_attend_batch(enum kvt_dtype dt, struct kvt_attn_desc d, const void *q, void *out,
+			 float *lse, float *scratch, uint32_t splits, void *stream);
+
 /* ---- recall regions (policy/region.cu; the CPU reference is policy/region.h) ---- */
 
 #define KVT_GPU_REGION_MAX_HEADS 256u /* n_heads of one region */

@@ -94,6 +94,32 @@ struct kvt_attend_rows {
 void kvt_attend_rows(enum kvt_dtype dt, uint32_t head_dim, const float *q, uint32_t g_count,
 		     const struct kvt_attend_rows *seg, uint32_t n_seg, float *out);
 
+/* One layer's attention tables as the batched attention reads them: struct kvt_attn_tables's
+   arrays (row r = member i * n_kv_heads + kv head h; addresses in the memory the reader runs
+   in) and the pool of blocks they index. Row r attends over its resident slots s <
+   n_tokens[r] (row s % block_tokens of block frames[r * max_frames + s / block_tokens]), then
+   for j < n_recall[r] the rows t < recall_tokens[x] of block recall[x] (x = r * max_recall +
+   j) whose bit t of recall_skip[x] is clear; block i at pool + i * block_bytes, K rows first,
+   V rows at v_offset, rows row_bytes apart. Query heads h * g_count .. + g_count of member i
+   read the row's kv head (GQA). */
+struct kvt_attn_desc {
+	const uint32_t *n_tokens, *frames, *n_recall, *recall, *recall_tokens;
+	const uint64_t *recall_skip;
+	uint64_t pool, pool_blocks, block_bytes, v_offset;
+	uint32_t row_bytes, block_tokens;
+	uint32_t n, n_kv_heads, g_count, head_dim; /* members, kv heads, query heads per kv head */
+	uint32_t max_frames, max_recall;
+};
+
+/* Reference decode attention of row r of d: for each of its g_count query heads g, out[g] =
+   softmax(q[g] . K^T / sqrt(head_dim)) V over the row's tokens in table order (resident slots,
+   then recalled rows not skipped), f32 accumulation, max-subtracted softmax; lse[g] (NULL: not
+   written) = that max + log(sum of exp), the natural log-sum-exp of the scaled logits. q and
+   out are [g_count][head_dim] of dt (host memory); scratch holds 2 * g_count * head_dim
+   floats. A row without tokens gets zeros and lse -INFINITY. */
+void kvt_attend_table(enum kvt_dtype dt, const struct kvt_attn_desc *d, uint32_t r, const void *q,
+		      void *out, float *lse, float *scratch);
+
 /* Block metadata for recall (Quest): meta is [2][head_dim] elements of dtype, the per-channel
    minimum of the block's key rows, then the maximum. kvt_meta_init starts a block with its
    first row, kvt_meta_add folds in one more, kvt_meta_build does n >= 1 rows row_stride bytes

@@ -164,7 +164,7 @@ static void pool_row(const struct kvt_pool_info *p, const struct kvt_config *c, 
    the query heads of kv head h (q: [n_q_heads][head_dim]): two passes, f32 (double sums). */
 static void tab_attend(const struct tab *x, const struct kvt_pool_info *p,
 		       const struct kvt_config *c, uint32_t i, uint32_t h, const float *q,
-		       float *out)
+		       float *out, float *lse)
 {
 	const struct kvt_attn_tables *t = &x->t;
 	uint32_t H = c->n_kv_heads, D = c->head_dim, G = c->n_q_heads / H, bt = p->block_tokens;
@@ -212,6 +212,7 @@ static void tab_attend(const struct tab *x, const struct kvt_pool_info *p,
 		}
 		for (uint32_t d = 0; d < D; d++)
 			out[(size_t)g * D + d] = sum > 0 ? (float)(acc[d] / sum) : 0.0f;
+		lse[g] = sum > 0 ? (float)(m + log(sum)) : -INFINITY;
 	}
 }
 
@@ -228,7 +229,11 @@ static uint32_t check_tables(struct kvt_manager *m, const struct kvt_config *c,
 	int32_t pos[TAB_POS];
 	uint32_t H = c->n_kv_heads, D = c->head_dim, named = 0, np;
 	struct tab x;
-	float q[4 * 16], want[4 * 16], got[2 * 16];
+	float q[4 * 16], want[4 * 16], got[2 * 16], lse[2];
+	size_t qn = (size_t)c->n_q_heads * D, es = kvt_dtype_size(c->dtype);
+	uint8_t *qb = t_xmalloc(n * qn * es), *ob = t_xmalloc(n * qn * es);
+	float *ql = t_xmalloc(n * qn * sizeof(float)), *bl = t_xmalloc(n * c->n_q_heads * 4);
+	float *bo = t_xmalloc(n * qn * sizeof(float));
 
 	CHECK_RC(kvt_manager_pool(m, &p), 0);
 	tab_init(&x, c, TAB_ROWS, TAB_FRAMES, R);
@@ -278,18 +283,46 @@ static uint32_t check_tables(struct kvt_manager *m, const struct kvt_config *c,
 			}
 			named += nr;
 		}
+		/* the queries, in the manager's dtype (and back: kvt_attend takes f32) */
 		for (uint32_t e = 0; e < c->n_q_heads * D; e++)
 			q[e] = (float)((int)(t_mix(op * 131 + i * 64 + e) % 100) - 50) / 50.0f;
+		kvt_from_f32(c->dtype, q, qb + i * qn * es, qn);
+		kvt_to_f32(c->dtype, qb + i * qn * es, q, qn);
+		memcpy(ql + i * qn, q, qn * sizeof(float));
 		CHECK_RC(kvt_attend(m, batch[i], l, q, want), 0);
 		for (uint32_t h = 0; h < H; h++) {
 			uint32_t G = c->n_q_heads / H;
 
-			tab_attend(&x, &p, c, i, h, q, got);
+			tab_attend(&x, &p, c, i, h, q, got, lse);
 			for (uint32_t e = 0; e < G * D; e++)
 				assert_float_equal(got[e], want[h * G * D + e],
 						   1e-5f + 1e-4f * fabsf(want[h * G * D + e]));
+			memcpy(bl + i * c->n_q_heads + h * G, lse, G * sizeof(float));
 		}
+		memcpy(bo + i * qn, want, qn * sizeof(float));
 	}
+	/* the batched attention: kvt_attend's output (in the manager's dtype) and the plain
+	   reference's log-sum-exp, for every member at once */
+	memset(ob, 0xa5, n * qn * es);
+	memset(lse, 0, sizeof(lse));
+	{
+		float *lo = t_xmalloc(n * c->n_q_heads * 4), *of = t_xmalloc(n * qn * 4);
+
+		CHECK_RC(t_step_attend(m, l, n, qb, ob, lo, NULL), 0);
+		kvt_to_f32(c->dtype, ob, of, n * qn);
+		for (size_t e = 0; e < n * qn; e++)
+			assert_float_equal(of[e], bo[e],
+					   (es == 2 ? 2e-3f : 1e-5f) * (1.0f + fabsf(bo[e])));
+		for (size_t e = 0; e < (size_t)n * c->n_q_heads; e++)
+			assert_float_equal(lo[e], bl[e], 1e-4f * (1.0f + fabsf(bl[e])));
+		free(lo);
+		free(of);
+	}
+	free(qb);
+	free(ob);
+	free(ql);
+	free(bl);
+	free(bo);
 	tab_free(&x);
 	return named;
 }
@@ -304,8 +337,12 @@ static void test_step_tables_contract(void **state)
 	struct kvt_pool_info p;
 	struct kvt_attn_tables bad;
 	struct tab x;
+	uint8_t qb[3 * 4 * 16 * 2], ob[3 * 4 * 16 * 2];
+	float lo[3 * 4];
 	int rc;
 	(void)state;
+
+	memset(qb, 0, sizeof(qb));
 
 	for (uint32_t i = 0; i < 3 * H * R; i++)
 		sel[i] = 2 + (i * 7) % 20;
@@ -328,6 +365,18 @@ static void test_step_tables_contract(void **state)
 	CHECK_RC(kvt_step_tables(NULL, 0, &x.t, NULL), -EINVAL);
 	CHECK_RC(t_step_tables(m, 0, &x.t, NULL), -EINVAL);
 	assert_non_null(strstr(kvt_manager_last_error(m), "no step begun"));
+	CHECK_RC(kvt_step_attend(NULL, 0, qb, ob, lo, NULL), -EINVAL);
+	CHECK_RC(t_step_attend(m, 0, 3, qb, ob, lo, NULL), -EINVAL);
+	assert_non_null(strstr(kvt_manager_last_error(m), "no step begun"));
+	CHECK_RC(kvt_attend_batch(NULL, 0, ids, 3, qb, ob, lo, NULL), -EINVAL);
+	CHECK_RC(kvt_attend_batch(m, 0, NULL, 3, qb, ob, lo, NULL), -EINVAL);
+	CHECK_RC(kvt_attend_batch(m, 0, ids, 0, qb, ob, lo, NULL), -EINVAL);
+	CHECK_RC(kvt_attend_batch(m, 0, (uint64_t[]){1, 1}, 2, qb, ob, lo, NULL), -EINVAL);
+	assert_non_null(strstr(kvt_manager_last_error(m), "twice"));
+	CHECK_RC(kvt_attend_batch(m, 0, (uint64_t[]){1, 77}, 2, qb, ob, lo, NULL), -ENOENT);
+	CHECK_RC(kvt_attend_batch(m, 0, ids, 3, NULL, ob, lo, NULL), -EINVAL);
+	CHECK_RC(kvt_attend_batch(m, 0, ids, 3, qb, NULL, lo, NULL), -EINVAL);
+	CHECK_RC(kvt_attend_batch(m, c.n_layers, ids, 3, qb, ob, lo, NULL), -EINVAL);
 	assert_true(tab_untouched(&x, H));
 	CHECK_RC(kvt_step_begin(m, ids, 3), 0);
 	CHECK_RC(kvt_step_tables(m, 0, NULL, NULL), -EINVAL);
@@ -374,18 +423,25 @@ static void test_step_tables_contract(void **state)
 	kvt_fault_disarm();
 	CHECK_RC(rc, -EIO);
 	CHECK_RC(t_step_tables(m, 0, &x.t, NULL), -ESTALE);
+	CHECK_RC(t_step_attend(m, 0, 3, qb, ob, lo, NULL), -ESTALE);
 	assert_true(tab_untouched(&x, H));
 	CHECK_RC(kvt_step_recall_blocks(m, 0, sel, R, NULL), 0);
 	assert_true(check_tables(m, &c, ids, 3, 0, 3) > 0);
 
-	/* members preempted or destroyed inside the step */
+	/* members preempted or destroyed inside the step; the batched attention refuses what
+	   the tables refuse, and writes nothing either */
 	tab_poison(&x, H);
+	memset(ob, 0xa5, sizeof(ob));
 	CHECK_RC(kvt_seq_preempt(m, 2), 0);
 	CHECK_RC(t_step_tables(m, 1, &x.t, NULL), -EINVAL);
+	CHECK_RC(t_step_attend(m, 1, 3, qb, ob, lo, NULL), -EINVAL);
 	assert_true(tab_untouched(&x, H));
 	CHECK_RC(kvt_seq_destroy(m, 2), 0);
 	CHECK_RC(t_step_tables(m, 1, &x.t, NULL), -ENOENT);
+	CHECK_RC(t_step_attend(m, 1, 3, qb, ob, lo, NULL), -ENOENT);
 	assert_true(tab_untouched(&x, H));
+	for (size_t i = 0; i < sizeof(ob); i++)
+		CHECK_EQ(ob[i], 0xa5);
 	CHECK_RC(kvt_step_end(m), 0);
 	CHECK_RC(kvt_step_begin(m, (uint64_t[]){3, 1}, 2), 0);
 	CHECK_EQ(check_tables(m, &c, (uint64_t[]){3, 1}, 2, 1, 4), 0);

@@ -5,6 +5,8 @@
 
 /* kvtier-bench recall (tools/bench_recall.c): argv[0] is "recall". Exit status. */
 int bench_recall(int argc, char **argv);
+/* kvtier-bench attend (tools/bench_attend.c). */
+int bench_attend(int argc, char **argv);
 /* kvtier-bench disk (tools/bench_disk.c). */
 int bench_disk(int argc, char **argv);
 /* kvtier-bench create (tools/bench_create.c). */

@@ -76,6 +76,7 @@ struct kvt_be_stats {
 
 struct kvt_snapkv;
 struct kvt_attend_rows;
+struct kvt_attn_desc;
 struct kvt_gpu_quest;
 
 /* One copy between host memory and the backend's device memory (region_run). */
@@ -255,6 +256,15 @@ struct kvt_backend_ops {
 	int (*attend)(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads,
 		      uint32_t g_count, const struct kvt_attend_rows *seg, const uint32_t *seg_off,
 		      const float *q, float *out);
+
+	/* Batched decode attention of one layer over tables in device memory (d's arrays; d
+	   itself is host memory), as kvt_gpu_attend_batch: q, out [n][n_kv_heads * g_count]
+	   [head_dim] of dt and lse [n][n_kv_heads * g_count] f32 (NULL: not written) in device
+	   memory, scratch kvt_gpu_attend_batch_scratch bytes of device memory for `splits`;
+	   queued on stream. With dmem_alloc. */
+	int (*attend_batch)(struct kvt_be *b, enum kvt_dtype dt, const struct kvt_attn_desc *d,
+			    const void *q, void *out, float *lse, uint64_t scratch, uint32_t splits,
+			    void *stream);
 
 	/* ---- Optional (NULL), all five or none: block metadata kept on the backend's device and
 	   Quest scoring there (the CUDA backend). The manager then keeps each (sequence, layer)'s

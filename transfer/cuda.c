@@ -1393,6 +1393,21 @@ static int cuda_dmem_copy(struct kvt_be *b, uint64_t dst, uint64_t src, const vo
 		  src_host ? "device table: upload" : "device table: copy");
 }
 
+static int cuda_attend_batch(struct kvt_be *b, enum kvt_dtype dt, const struct kvt_attn_desc *d,
+			     const void *q, void *out, float *lse, uint64_t scratch,
+			     uint32_t splits, void *stream)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	int err = bind(cb);
+
+	if (err)
+		return err;
+	return CU(cb,
+		  (cudaError_t)kvt_gpu_attend_batch(dt, *d, q, out, lse,
+						    (float *)(uintptr_t)scratch, splits, stream),
+		  "batched attention: launch");
+}
+
 static int cuda_meta_build(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads,
 			   uint32_t L, uint32_t block_tokens, const void *k, uint64_t meta,
 			   void *stream)
@@ -1711,6 +1726,7 @@ const struct kvt_backend_ops kvt_backend_cuda_ops = {
 	.select = cuda_select,
 	.block_meta = cuda_block_meta,
 	.attend = cuda_attend,
+	.attend_batch = cuda_attend_batch,
 	.dmem_alloc = cuda_dmem_alloc,
 	.dmem_free = cuda_dmem_free,
 	.dmem_copy = cuda_dmem_copy,

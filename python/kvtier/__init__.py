@@ -654,6 +654,48 @@ class Manager:
             keep.append(k)
         self._call(_lib.kvt_step_tables, layer, byref(c), st)
 
+    def _attend_io(self, n: int, q: Any, out: Any, lse: Any, st: Optional[int]
+                   ) -> Tuple[int, int, int, Any, List[Any]]:
+        """Addresses of q, out (allocated on the host when None) and lse (may be None) of a
+        batched attention over n members, and what must outlive the call."""
+        if out is None:
+            if self._memory != _tensor.HOST:
+                raise ValueError("out: pass a device tensor on the CUDA backend")
+            out = np.empty((n, self._Hq, self._D), _tensor.numpy_dtype(self._dt))
+        pq, kq = self._t(q, "q", (n, self._Hq, self._D), st)
+        po, ko = self._t(out, "out", (n, self._Hq, self._D), st, writable=True)
+        pl, kl = 0, None
+        if lse is not None:
+            pl, kl = _tensor.address(lse, name="lse", shape=(n, self._Hq), dtype=0,
+                                     memory=self._memory, writable=True, stream=st)
+        return pq, po, pl, out, [kq, ko, kl]
+
+    def attend_batch(self, layer: int, seqs: Any, q: Any, out: Any = None, lse: Any = None,
+                     stream: Any = None) -> Any:
+        """kvt_attend_batch: decode attention of `layer` for the batch seqs in one call, over
+        the tokens the attention tables name (resident set and latest recall view): q and out
+        [n][n_q_heads][head_dim] of the manager's dtype (out allocated on the host backend
+        when None), lse (optional) [n][n_q_heads] float32, the log-sum-exp per query head.
+        Returns out."""
+        st = _tensor.stream_handle(stream)
+        ids, n = _seq_array(seqs)
+        with self._lock:
+            pq, po, pl, out, _keep = self._attend_io(n, q, out, lse, st)
+            self._call(_lib.kvt_attend_batch, layer, ids, n, pq, po, pl or None, st)
+        return out
+
+    def step_attend(self, layer: int, q: Any, out: Any = None, lse: Any = None,
+                    stream: Any = None) -> Any:
+        """kvt_step_attend: attend_batch on the open step's batch. Returns out."""
+        st = _tensor.stream_handle(stream)
+        with self._lock:
+            n = self._step_n
+            if not n:
+                self._call(_lib.kvt_step_attend, layer, None, None, None, st)
+            pq, po, pl, out, _keep = self._attend_io(n, q, out, lse, st)
+            self._call(_lib.kvt_step_attend, layer, pq, po, pl or None, st)
+        return out
+
     def _counted(self, fn: Any, ctype: Any, args: Tuple[Any, ...], tail: Tuple[Any, ...] = ()
                  ) -> Any:
         """A `fn(m, *args, out, cap, n_out, *tail)` query: once for the count, then, when it

@@ -292,6 +292,34 @@ def test_step_tables_are_the_views_and_attend_alone(mgr, rng):
                     for qh in range(h * g, (h + 1) * g):
                         np.testing.assert_allclose(dense(q[i, qh], np.array(K), np.array(V)),
                                                    want[qh], rtol=2e-5, atol=2e-6)
+    # the batched attention: attend() for every member at once, and the log-sum-exp of the
+    # tables' tokens
+    q = rng.standard_normal((3, c.n_q_heads, D)).astype(np.float32)
+    lse = np.zeros((3, c.n_q_heads), np.float32)
+    out = mgr.attend_batch(1, batch, q, lse=lse)
+    with mgr.step(batch):
+        out2 = mgr.step_attend(1, q)
+        mgr.step_tables(1, t)
+    np.testing.assert_array_equal(out, out2)
+    for i, seq in enumerate(batch):
+        np.testing.assert_allclose(out[i], mgr.attend(seq, 1, q[i]), rtol=1e-5, atol=1e-6)
+        for h in range(H):
+            ns, n = t.n_tokens[i, h], t.n_recall[i, h]
+            K = [pool[t.frames[i, h, s // bt], 0, s % bt] for s in range(ns)]
+            for j in range(n):
+                K += [pool[t.recall[i, h, j], 0, r] for r in range(t.recall_tokens[i, h, j])
+                      if not (int(t.recall_skip[i, h, j]) >> r) & 1]
+            g = c.n_q_heads // H
+            for qh in range(h * g, (h + 1) * g):
+                logits = np.array(K, np.float64) @ q[i, qh].astype(np.float64) / np.sqrt(D)
+                mx = logits.max()
+                assert abs(lse[i, qh] - (mx + np.log(np.exp(logits - mx).sum()))) < 1e-4
+    with pytest.raises(kvtier.Error) as e:
+        mgr.attend_batch(1, [4, 4], q[:2])
+    assert e.value.errno == errno.EINVAL
+    with pytest.raises(kvtier.Error) as e:  # no step open
+        mgr.step_attend(0, q)
+    assert e.value.errno == errno.EINVAL
     with pytest.raises(kvtier.Error) as e:  # no step open
         mgr.step_tables(0, t)
     assert e.value.errno == errno.EINVAL

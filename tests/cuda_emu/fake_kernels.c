@@ -438,6 +438,90 @@ static void attend_work(void *args)
 	free(rd);
 }
 
+struct attend_batch_args {
+	enum kvt_dtype dt;
+	struct kvt_attn_desc d;
+	const void *q;
+	void *out;
+	float *lse;
+};
+
+/* The batched attention's stand-in: kvt_attend_table per row over host views of the tables,
+   the pool, q, out and lse (the scratch a GPU uses is not touched). */
+static void attend_batch_work(void *args)
+{
+	const struct attend_batch_args *a = args;
+	struct kvt_attn_desc h = a->d;
+	uint64_t rows = (uint64_t)h.n * h.n_kv_heads, G = h.g_count, D = h.head_dim;
+	size_t es = kvt_dtype_size(a->dt), qb = rows * G * D * es;
+	size_t eb = rows * h.max_frames * 4, rb = rows * h.max_recall * 4;
+	size_t pb = h.pool_blocks * h.block_bytes;
+	struct fake_range rd[9], wr[2];
+	char *hq, *ho;
+	float *hl = NULL, *scratch = malloc(2 * G * D * sizeof(float));
+
+	if (!scratch)
+		fake_cuda_die("batched attention: no memory for the scratch");
+	h.n_tokens = VIEW(a->d.n_tokens, rows * 4, "batched attention: n_tokens");
+	h.n_recall = VIEW(a->d.n_recall, rows * 4, "batched attention: n_recall");
+	h.frames = VIEW(a->d.frames, eb, "batched attention: frames");
+	h.recall = VIEW(a->d.recall, rb, "batched attention: recall");
+	h.recall_tokens = VIEW(a->d.recall_tokens, rb, "batched attention: recall_tokens");
+	h.recall_skip = VIEW(a->d.recall_skip, 2 * rb, "batched attention: recall_skip");
+	h.pool = (uint64_t)(uintptr_t)VIEW(a->d.pool, pb, "batched attention: the pool");
+	hq = VIEW(a->q, qb, "batched attention: q");
+	ho = VIEW(a->out, qb, "batched attention: out");
+	if (a->lse)
+		hl = VIEW(a->lse, rows * G * sizeof(float), "batched attention: lse");
+	rd[0] = RANGE(a->d.n_tokens, rows * 4);
+	rd[1] = RANGE(a->d.n_recall, rows * 4);
+	rd[2] = RANGE(a->d.frames, eb);
+	rd[3] = RANGE(a->d.recall, rb);
+	rd[4] = RANGE(a->d.recall_tokens, rb);
+	rd[5] = RANGE(a->d.recall_skip, 2 * rb);
+	rd[6] = RANGE(a->d.pool, pb);
+	rd[7] = RANGE(a->q, qb);
+	wr[0] = RANGE(a->out, qb);
+	wr[1] = RANGE(a->lse, a->lse ? rows * G * sizeof(float) : 0);
+	fake_cuda_check_footprint(wr, a->lse ? 2 : 1, rd, 8, "kvt_gpu_attend_batch");
+	for (uint64_t r = 0; r < rows; r++) {
+		/* every row's frames and recalled blocks lie in the pool */
+		for (uint64_t f = 0; f * h.block_tokens < h.n_tokens[r]; f++)
+			if (h.frames[r * h.max_frames + f] >= h.pool_blocks)
+				fake_cuda_die(
+					"batched attention: row %llu frame %llu past the pool",
+					(unsigned long long)r, (unsigned long long)f);
+		for (uint32_t j = 0; j < h.n_recall[r]; j++)
+			if (h.recall[r * h.max_recall + j] >= h.pool_blocks)
+				fake_cuda_die(
+					"batched attention: row %llu recalled block %u past the "
+					"pool",
+					(unsigned long long)r, j);
+		kvt_attend_table(a->dt, &h, (uint32_t)r, hq + r * G * D * es, ho + r * G * D * es,
+				 hl ? hl + r * G : NULL, scratch);
+	}
+	free(scratch);
+}
+
+int kvt_gpu_attend_batch(enum kvt_dtype dt, struct kvt_attn_desc d, const void *q, void *out,
+			 float *lse, float *scratch, uint32_t splits, void *stream)
+{
+	struct attend_batch_args a = {dt, d, q, out, lse};
+	uint64_t rows = (uint64_t)d.n * d.n_kv_heads;
+
+	if (!kvt_dtype_size(dt))
+		return cudaErrorInvalidValue;
+	if (rows == 0 || d.g_count == 0 || d.head_dim == 0)
+		return cudaSuccess;
+	if (!q || !out || !scratch || splits == 0 || splits > 64)
+		return cudaErrorInvalidValue;
+	/* the scratch a GPU would use must be device memory of the size the launch needs */
+	(void)VIEW(scratch, kvt_gpu_attend_batch_scratch(rows, d.g_count, d.head_dim, splits),
+		   "batched attention: scratch");
+	return fake_cuda_launch(stream, "kvt_gpu_attend_batch", attend_batch_work, &a, sizeof(a),
+				NULL, 0);
+}
+
 int kvt_gpu_attend(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_heads, uint32_t g_count,
 		   const struct kvt_attend_rows *seg, const uint32_t *seg_off, const float *q,
 		   float *out, void *stream)

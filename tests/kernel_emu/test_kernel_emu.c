@@ -682,6 +682,164 @@ static void test_attend(void **state)
 	each_schedule(attend_cases, 6);
 }
 
+/* ---- batched decode attention over attention tables -------------------------------------- */
+
+/* One case: n members x H kv heads of G query heads, head_dim D, blocks of bt tokens in a pool
+   of random rows. Row r's resident tokens and recalled blocks follow kinds[r % n_kinds]:
+   0 none at all, 1 a short prompt (a few resident tokens, no recall: SnapStream's case 1),
+   2 a long one (many resident tokens, recalled blocks with some rows marked resident or past
+   their tokens), 3 recall only. The kernel's out and lse against kvt_attend_table per row,
+   with the splits given (0: kvt_gpu_attend_splits's). */
+static void attend_batch_case(enum kvt_dtype dt, uint32_t n, uint32_t H, uint32_t G, uint32_t D,
+			      uint32_t bt, const uint32_t *kinds, uint32_t n_kinds, uint32_t splits,
+			      bool with_lse)
+{
+	uint32_t es = kvt_dtype_size(dt), rows = n * H, mf = 0, mr = 0;
+	uint32_t nblocks = 64, block_bytes = 2 * bt * D * es;
+	uint8_t *pool = rand_tensor(dt, (size_t)nblocks * 2 * bt * D, 0);
+	uint32_t *nt = t_xmalloc(rows * 4), *nr = t_xmalloc(rows * 4);
+	uint32_t *fr, *rc, *rt;
+	uint64_t *rs, most_t = 0;
+	size_t qn = (size_t)rows * G * D;
+	uint8_t *q = rand_tensor(dt, qn, 0), *got = t_xmalloc(qn * es), *want = t_xmalloc(qn * es);
+	float *gl = t_xmalloc(rows * G * 4), *wl = t_xmalloc(rows * G * 4);
+	float *scratch, *sc = t_xmalloc(2 * G * D * 4);
+	struct kvt_attn_desc d;
+
+	for (uint32_t r = 0; r < rows; r++) {
+		uint32_t k = kinds[r % n_kinds];
+
+		nt[r] = k == 1	 ? 1 + (uint32_t)(t_rng_next() % (2 * bt))
+			: k == 2 ? 20 * bt + (uint32_t)(t_rng_next() % bt)
+				 : 0;
+		nr[r] = k >= 2 ? 3 + (uint32_t)(t_rng_next() % 6) : 0;
+		mf = (nt[r] + bt - 1) / bt > mf ? (nt[r] + bt - 1) / bt : mf;
+		mr = nr[r] > mr ? nr[r] : mr;
+	}
+	mf = mf ? mf : 1;
+	mr = mr ? mr : 1;
+	fr = t_xmalloc((size_t)rows * mf * 4);
+	rc = t_xmalloc((size_t)rows * mr * 4);
+	rt = t_xmalloc((size_t)rows * mr * 4);
+	rs = t_xmalloc((size_t)rows * mr * 8);
+	for (uint32_t r = 0; r < rows; r++) {
+		for (uint32_t f = 0; f < mf; f++)
+			fr[(size_t)r * mf + f] = (uint32_t)(t_rng_next() % nblocks);
+		for (uint32_t j = 0; j < mr; j++) {
+			size_t x = (size_t)r * mr + j;
+
+			rc[x] = (uint32_t)(t_rng_next() % nblocks); /* may repeat a resident one */
+			rt[x] = j % 3 ? bt : 1 + (uint32_t)(t_rng_next() % bt);
+			rs[x] = j % 2 ? t_rng_next() & t_rng_next() : 0;
+			if (j == 1)
+				rs[x] = ~0ull; /* every row resident: the block adds nothing */
+		}
+		most_t = nt[r] + (uint64_t)nr[r] * bt > most_t ? nt[r] + (uint64_t)nr[r] * bt
+							       : most_t;
+	}
+	d = (struct kvt_attn_desc){
+		.n_tokens = nt,
+		.frames = fr,
+		.n_recall = nr,
+		.recall = rc,
+		.recall_tokens = rt,
+		.recall_skip = rs,
+		.pool = (uint64_t)(uintptr_t)pool,
+		.pool_blocks = nblocks,
+		.block_bytes = block_bytes,
+		.v_offset = (uint64_t)bt * D * es,
+		.row_bytes = D * es,
+		.block_tokens = bt,
+		.n = n,
+		.n_kv_heads = H,
+		.g_count = G,
+		.head_dim = D,
+		.max_frames = mf,
+		.max_recall = mr,
+	};
+	if (!splits)
+		splits = kvt_gpu_attend_splits(rows, G, most_t);
+	scratch = t_xmalloc(kvt_gpu_attend_batch_scratch(rows, G, D, splits));
+	memset(got, 0x7f, qn * es);
+	assert_int_equal(
+		kvt_gpu_attend_batch(dt, d, q, got, with_lse ? gl : NULL, scratch, splits, NULL),
+		0);
+	for (uint32_t r = 0; r < rows; r++)
+		kvt_attend_table(dt, &d, r, q + (size_t)r * G * D * es,
+				 want + (size_t)r * G * D * es, wl + (size_t)r * G, sc);
+	for (size_t i = 0; i < qn; i++) {
+		float a, b,
+			tol = dt == KVT_DTYPE_F32   ? 1e-5f
+			      : dt == KVT_DTYPE_F16 ? 2e-3f
+						    : 1.6e-2f;
+
+		kvt_to_f32(dt, got + i * es, &a, 1);
+		kvt_to_f32(dt, want + i * es, &b, 1);
+		if (!(fabsf(a - b) <= tol * (1.0f + fabsf(b))))
+			fail_msg("out[%zu] (dtype %d D %u G %u splits %u): gpu %.9g, cpu %.9g", i,
+				 (int)dt, D, G, splits, a, b);
+	}
+	for (uint32_t i = 0; with_lse && i < rows * G; i++)
+		if (!(isinf(wl[i]) ? gl[i] == wl[i]
+				   : fabsf(gl[i] - wl[i]) <= 1e-4f * (1.0f + fabsf(wl[i]))))
+			fail_msg("lse[%u] (splits %u): gpu %.9g, cpu %.9g", i, splits, gl[i],
+				 wl[i]);
+	free(scratch);
+	free(sc);
+	free(gl);
+	free(wl);
+	free(got);
+	free(want);
+	free(q);
+	free(rs);
+	free(rt);
+	free(rc);
+	free(fr);
+	free(nr);
+	free(nt);
+	free(pool);
+}
+
+static void attend_batch_cases(void)
+{
+	static const uint32_t mixed[] = {2, 1, 0, 3, 2}, shorts[] = {1}, longs[] = {2};
+
+	for (int dt = KVT_DTYPE_F32; dt <= KVT_DTYPE_BF16; dt++) {
+		attend_batch_case((enum kvt_dtype)dt, 3, 2, 4, 32, 16, mixed, 5, 0, true);
+		attend_batch_case((enum kvt_dtype)dt, 2, 2, 1, 16, 8, mixed, 5, 3, true);
+	}
+	attend_batch_case(KVT_DTYPE_F32, 2, 1, 8, 64, 16, longs, 1, 5, true);	/* GQA 8 */
+	attend_batch_case(KVT_DTYPE_BF16, 1, 2, 12, 40, 8, mixed, 5, 2, false); /* 2 parts */
+	attend_batch_case(KVT_DTYPE_F16, 4, 1, 4, 160, 16, shorts, 1, 0, true); /* D past 128 */
+}
+
+static void test_attend_batch(void **state)
+{
+	static const uint32_t none[] = {0};
+	struct kvt_attn_desc d = {0};
+	float s;
+
+	(void)state;
+	each_schedule(attend_batch_cases, 8);
+	/* rows without tokens: zeros and -inf, whatever the split */
+	attend_batch_case(KVT_DTYPE_F32, 2, 2, 2, 16, 8, none, 1, 4, true);
+	/* a long row at the split a GPU would pick (several parts), one schedule */
+	{
+		static const uint32_t longs[] = {2};
+
+		t_rng_seed(9);
+		attend_batch_case(KVT_DTYPE_F16, 1, 1, 4, 128, 32, longs, 1, 0, true);
+	}
+	assert_true(kvt_gpu_attend_splits(1, 4, 20 * 32 + 8 * 32) == 4);
+	assert_true(kvt_gpu_attend_splits(2048, 4, 100000) == 1);
+	assert_int_equal(
+		kvt_gpu_attend_batch((enum kvt_dtype)9, d, NULL, NULL, NULL, NULL, 1, NULL),
+		KEMU_ERR_INVALID_VALUE);
+	d.n = d.n_kv_heads = d.g_count = d.head_dim = 1;
+	assert_int_equal(kvt_gpu_attend_batch(KVT_DTYPE_F32, d, &s, &s, NULL, &s, 0, NULL),
+			 KEMU_ERR_INVALID_VALUE);
+}
+
 /* ---- the emulator's own checks ----------------------------------------------------------- */
 
 static void test_emulator(void **state)
@@ -746,10 +904,11 @@ static void test_emulator(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_emulator),    cmocka_unit_test(test_gather),
-		cmocka_unit_test(test_append),	    cmocka_unit_test(test_block_meta),
-		cmocka_unit_test(test_meta_fold),   cmocka_unit_test(test_snapkv),
-		cmocka_unit_test(test_snapkv_args), cmocka_unit_test(test_attend),
+		cmocka_unit_test(test_emulator),     cmocka_unit_test(test_gather),
+		cmocka_unit_test(test_append),	     cmocka_unit_test(test_block_meta),
+		cmocka_unit_test(test_meta_fold),    cmocka_unit_test(test_snapkv),
+		cmocka_unit_test(test_snapkv_args),  cmocka_unit_test(test_attend),
+		cmocka_unit_test(test_attend_batch),
 	};
 
 	return cmocka_run_group_tests_name("kernel-emu", tests, NULL, NULL);

@@ -60,6 +60,9 @@ struct t_backend {
 	   reads them back after the call, whatever it returned) */
 	int (*step_tables)(struct kvt_manager *m, uint32_t layer, const struct kvt_attn_tables *t,
 			   void *stream);
+	/* kvt_step_attend; n: the step's batch size; q, out and lse in host memory here */
+	int (*step_attend)(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *q,
+			   void *out, float *lse, void *stream);
 };
 
 extern const struct t_backend t_backend_host;
@@ -122,6 +125,12 @@ static inline int t_step_tables(struct kvt_manager *m, uint32_t layer,
 				const struct kvt_attn_tables *t, void *stream)
 {
 	return t_be->step_tables(m, layer, t, stream);
+}
+
+static inline int t_step_attend(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *q,
+				void *out, float *lse, void *stream)
+{
+	return t_be->step_attend(m, layer, n, q, out, lse, stream);
 }
 
 static inline void t_dev_read(void *dst, uint64_t addr, size_t n)

@@ -264,6 +264,36 @@ static int cu_step_tables(struct kvt_manager *m, uint32_t layer, const struct kv
 	return rc;
 }
 
+/* kvt_step_attend over device copies of q, out and lse (out and lse read back after the call,
+   whatever it returned). */
+static int cu_step_attend(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *q,
+			  void *out, float *lse, void *stream)
+{
+	struct kvt_config c;
+	size_t qb, lb;
+	void *dq, *dout, *dlse;
+	int rc;
+
+	if (cu_shape(m, 0, &c, NULL))
+		return kvt_step_attend(m, layer, q, out, lse, stream);
+	qb = (size_t)n * c.n_q_heads * c.head_dim * kvt_dtype_size(c.dtype);
+	lb = (size_t)n * c.n_q_heads * sizeof(float);
+	dq = cu_in(q, qb);
+	dout = cu_in(out, qb);
+	dlse = cu_in(lse, lb);
+	rc = kvt_step_attend(m, layer, dq, dout, dlse, stream);
+	if (cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess)
+		abort();
+	if (dout != out)
+		cu_dev_read(out, (uint64_t)(uintptr_t)dout, qb);
+	if (dlse != lse)
+		cu_dev_read(lse, (uint64_t)(uintptr_t)dlse, lb);
+	cu_drop(dq, q);
+	cu_drop(dout, out);
+	cu_drop(dlse, lse);
+	return rc;
+}
+
 const struct t_backend t_backend_cuda = {
 	.name = "cuda",
 	.kind = KVT_BACKEND_CUDA,
@@ -277,6 +307,7 @@ const struct t_backend t_backend_cuda = {
 	.load_kv = cu_load_kv,
 	.dev_read = cu_dev_read,
 	.step_tables = cu_step_tables,
+	.step_attend = cu_step_attend,
 };
 
 const struct t_backend *const t_be = &t_backend_cuda;

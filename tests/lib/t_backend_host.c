@@ -23,6 +23,13 @@ static int host_step_recall(struct kvt_manager *m, uint32_t layer, uint32_t n, c
 	return kvt_step_recall(m, layer, q, stream);
 }
 
+static int host_step_attend(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *q,
+			    void *out, float *lse, void *stream)
+{
+	(void)n;
+	return kvt_step_attend(m, layer, q, out, lse, stream);
+}
+
 const struct t_backend t_backend_host = {
 	.name = "host",
 	.kind = KVT_BACKEND_HOST,
@@ -36,6 +43,7 @@ const struct t_backend t_backend_host = {
 	.load_kv = kvt_seq_load_kv,
 	.dev_read = host_dev_read,
 	.step_tables = kvt_step_tables,
+	.step_attend = host_step_attend,
 };
 
 const struct t_backend *const t_be = &t_backend_host;
