@@ -361,7 +361,7 @@ int kvt_attend_run(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, u
 	t.max_frames = most_f ? most_f : 1;
 	t.max_recall = most_r ? most_r : 1;
 	bytes = tab_layout(&d, NULL, (uint64_t)n * H, (uint64_t)n * H, t.max_frames, t.max_recall);
-	if (!bytes || tab_reserve(m, bytes, t.max_recall, 2ull * G * D))
+	if (!bytes || tab_reserve(m, bytes, t.max_recall, kvt_attend_table_scratch(G, D)))
 		return kvt_fail(m, -ENOMEM, "attend: no memory for the tables of %u sequences", n);
 	tab_layout(&d, (char *)m->tab, (uint64_t)n * H, (uint64_t)n * H, t.max_frames,
 		   t.max_recall);

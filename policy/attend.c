@@ -94,6 +94,16 @@ void kvt_attend_rows(enum kvt_dtype dt, uint32_t head_dim, const float *q, uint3
 	}
 }
 
+/* q . row over D f32 elements, summed in order (as row_dot's chunks sum them). */
+static inline float dot(const float *q, const float *row, uint32_t D)
+{
+	float acc = 0.0f;
+
+	for (uint32_t x = 0; x < D; x++)
+		acc += q[x] * row[x];
+	return acc;
+}
+
 /* Row t of row r's token list (resident slots, then the recalled blocks' rows): its block's K
    row address, or 0 when it is skipped (a recalled row past its block's tokens or marked
    resident). */
@@ -120,41 +130,52 @@ static uint64_t table_row(const struct kvt_attn_desc *d, uint32_t r, uint64_t t)
 void kvt_attend_table(enum kvt_dtype dt, const struct kvt_attn_desc *d, uint32_t r, const void *q,
 		      void *out, float *lse, float *scratch)
 {
-	size_t esz = kvt_dtype_size(dt);
 	uint32_t D = d->head_dim, G = d->g_count;
 	uint64_t total = d->n_tokens[r] + (uint64_t)d->n_recall[r] * d->block_tokens;
-	float norm = sqrtf((float)D), *qf = scratch, *acc = scratch + (size_t)G * D;
+	float norm = sqrtf((float)D), *qf = scratch, *acc = qf + (size_t)G * D;
+	float *row = acc + (size_t)G * D, *m = row + D, *sum = m + G, *w = sum + G;
 
+	/* each row is converted once for every query head; per head the sums run in token
+	   order, as kvt_attend_rows's */
 	kvt_to_f32(dt, q, qf, (size_t)G * D);
 	memset(acc, 0, (size_t)G * D * sizeof(*acc));
+	for (uint32_t g = 0; g < G; g++)
+		m[g] = -INFINITY, sum[g] = 0.0f;
+	for (uint64_t t = 0; t < total; t++) {
+		uint64_t a = table_row(d, r, t);
+
+		if (!a)
+			continue;
+		kvt_to_f32(dt, (const void *)(uintptr_t)a, row, D);
+		for (uint32_t g = 0; g < G; g++) {
+			float l = dot(qf + (size_t)g * D, row, D) / norm;
+
+			if (l > m[g])
+				m[g] = l;
+		}
+	}
+	for (uint64_t t = 0; t < total; t++) {
+		uint64_t a = table_row(d, r, t);
+
+		if (!a)
+			continue;
+		kvt_to_f32(dt, (const void *)(uintptr_t)a, row, D);
+		for (uint32_t g = 0; g < G; g++)
+			w[g] = expf(dot(qf + (size_t)g * D, row, D) / norm - m[g]);
+		kvt_to_f32(dt, (const void *)(uintptr_t)(a + d->v_offset), row, D); /* its V */
+		for (uint32_t g = 0; g < G; g++) {
+			float *og = acc + (size_t)g * D;
+
+			sum[g] += w[g];
+			for (uint32_t x = 0; x < D; x++)
+				og[x] += w[g] * row[x];
+		}
+	}
 	for (uint32_t g = 0; g < G; g++) {
-		const float *qg = qf + (size_t)g * D;
-		float *og = acc + (size_t)g * D, m = -INFINITY, sum = 0.0f;
-
-		for (uint64_t t = 0; t < total; t++) {
-			uint64_t a = table_row(d, r, t);
-			float l;
-
-			if (!a)
-				continue;
-			l = row_dot(dt, esz, qg, (const void *)(uintptr_t)a, D) / norm;
-			if (l > m)
-				m = l;
-		}
-		for (uint64_t t = 0; t < total; t++) {
-			uint64_t a = table_row(d, r, t);
-			float w;
-
-			if (!a)
-				continue;
-			w = expf(row_dot(dt, esz, qg, (const void *)(uintptr_t)a, D) / norm - m);
-			sum += w;
-			row_axpy(dt, esz, w, (const void *)(uintptr_t)(a + d->v_offset), D, og);
-		}
-		for (uint32_t x = 0; sum > 0 && x < D; x++)
-			og[x] /= sum;
+		for (uint32_t x = 0; sum[g] > 0 && x < D; x++)
+			acc[(size_t)g * D + x] /= sum[g];
 		if (lse)
-			lse[g] = sum > 0 ? m + logf(sum) : -INFINITY;
+			lse[g] = sum[g] > 0 ? m[g] + logf(sum[g]) : -INFINITY;
 	}
 	kvt_from_f32(dt, acc, out, (size_t)G * D);
 }

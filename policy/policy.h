@@ -115,10 +115,17 @@ struct kvt_attn_desc {
    softmax(q[g] . K^T / sqrt(head_dim)) V over the row's tokens in table order (resident slots,
    then recalled rows not skipped), f32 accumulation, max-subtracted softmax; lse[g] (NULL: not
    written) = that max + log(sum of exp), the natural log-sum-exp of the scaled logits. q and
-   out are [g_count][head_dim] of dt (host memory); scratch holds 2 * g_count * head_dim
-   floats. A row without tokens gets zeros and lse -INFINITY. */
+   out are [g_count][head_dim] of dt (host memory); scratch holds
+   kvt_attend_table_scratch(g_count, head_dim) floats. A row without tokens gets zeros and lse
+   -INFINITY. */
 void kvt_attend_table(enum kvt_dtype dt, const struct kvt_attn_desc *d, uint32_t r, const void *q,
 		      void *out, float *lse, float *scratch);
+
+/* Floats of kvt_attend_table's scratch. */
+static inline size_t kvt_attend_table_scratch(uint32_t g_count, uint32_t head_dim)
+{
+	return 2 * (size_t)g_count * head_dim + head_dim + 3 * (size_t)g_count;
+}
 
 /* Block metadata for recall (Quest): meta is [2][head_dim] elements of dtype, the per-channel
    minimum of the block's key rows, then the maximum. kvt_meta_init starts a block with its

@@ -458,7 +458,8 @@ static void attend_batch_work(void *args)
 	size_t pb = h.pool_blocks * h.block_bytes;
 	struct fake_range rd[9], wr[2];
 	char *hq, *ho;
-	float *hl = NULL, *scratch = malloc(2 * G * D * sizeof(float));
+	float *hl = NULL,
+	      *scratch = malloc(kvt_attend_table_scratch((uint32_t)G, (uint32_t)D) * sizeof(float));
 
 	if (!scratch)
 		fake_cuda_die("batched attention: no memory for the scratch");

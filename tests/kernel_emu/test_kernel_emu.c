@@ -703,7 +703,7 @@ static void attend_batch_case(enum kvt_dtype dt, uint32_t n, uint32_t H, uint32_
 	size_t qn = (size_t)rows * G * D;
 	uint8_t *q = rand_tensor(dt, qn, 0), *got = t_xmalloc(qn * es), *want = t_xmalloc(qn * es);
 	float *gl = t_xmalloc(rows * G * 4), *wl = t_xmalloc(rows * G * 4);
-	float *scratch, *sc = t_xmalloc(2 * G * D * 4);
+	float *scratch, *sc = t_xmalloc(kvt_attend_table_scratch(G, D) * 4);
 	struct kvt_attn_desc d;
 
 	for (uint32_t r = 0; r < rows; r++) {
