@@ -782,6 +782,37 @@ struct kvt_attn_tables {
 KVT_API int kvt_step_tables(struct kvt_manager *m, uint32_t layer, const struct kvt_attn_tables *t,
 			    void *stream);
 
+/* One layer's attention inputs for the open step's batch in FlashInfer's paged-KV format, over
+   the pool of struct kvt_pool_info seen as two paged caches: each (member i, kv head h) is one
+   request of one kv head (row r = i * n_kv_heads + h; its n_q_heads / n_kv_heads query heads
+   are q[i][h * G .. h * G + G), so q [n][n_q_heads][head_dim] is [n * n_kv_heads][G][head_dim]).
+   - Resident part, page size block_tokens: row r's pages are indices[indptr[r] ..
+     indptr[r + 1]) (pool blocks), the last one holding last_page_len[r] tokens; K pages at
+     base + page * block_bytes, V pages at the same plus v_offset, rows row_bytes apart.
+   - Recalled part, page size 1, tokens also resident removed: row r's tokens are r_indices[
+     r_indptr[r] .. r_indptr[r + 1]), token x's K row at base + x * row_bytes and its V row at
+     that plus v_offset (x = block * 2 * block_tokens + row).
+   Merge the two parts' outputs by their log-sum-exp. Rows past the batch (up to max_batch *
+   n_kv_heads) are empty: their indptr entries repeat, their last_page_len is 0. The arrays are
+   int32, in the caller's buffers (host memory on the host, model and null backends, device
+   memory on the CUDA backend, where the copies are queued on `stream`). Errors as
+   kvt_step_tables's (-ENOSPC when the batch, its pages or its recalled tokens exceed
+   max_batch, max_pages or max_tokens), writing nothing. */
+struct kvt_paged_tables {
+	uint32_t size;		/* sizeof(struct kvt_paged_tables), set by the caller */
+	uint32_t max_batch;	/* rows: max_batch * n_kv_heads */
+	uint32_t max_pages;	/* entries of indices */
+	uint32_t max_tokens;	/* entries of r_indices */
+	int32_t *indptr;	/* [max_batch * H + 1] */
+	int32_t *indices;	/* [max_pages] */
+	int32_t *last_page_len; /* [max_batch * H] */
+	int32_t *r_indptr;	/* [max_batch * H + 1] */
+	int32_t *r_indices;	/* [max_tokens] */
+};
+
+KVT_API int kvt_step_paged(struct kvt_manager *m, uint32_t layer, const struct kvt_paged_tables *t,
+			   void *stream);
+
 /* Batched decode attention of `layer` for the n sequences seqs (distinct, live, not
    preempted, the layer prefilled): for member i and query head g (kv head h = g / (n_q_heads /
    n_kv_heads)), out[i][g] = softmax(q[i][g] . K^T / sqrt(head_dim)) V over the tokens the

@@ -164,6 +164,21 @@ KVT_API int kvt_step_tables(struct kvt_manager *m, uint32_t layer, const struct 
 	return err;
 }
 
+KVT_API int kvt_step_paged(struct kvt_manager *m, uint32_t layer, const struct kvt_paged_tables *t,
+			   void *stream)
+{
+	int err;
+
+	if (!m)
+		return -EINVAL;
+	err = step_enter(m, "paged");
+	if (err)
+		return err;
+	err = kvt_paged_write(m, layer, m->step.ids, m->step.n, t, stream);
+	m->step.active = false;
+	return err;
+}
+
 KVT_API int kvt_step_attend(struct kvt_manager *m, uint32_t layer, const void *q, void *out,
 			    float *lse, void *stream)
 {

@@ -417,3 +417,138 @@ KVT_API int kvt_attend_batch(struct kvt_manager *m, uint32_t layer, const uint64
 		return kvt_fail(m, -EINVAL, "attend: %s", n == 0 ? "empty batch" : "NULL seqs");
 	return kvt_attend_run(m, layer, seqs, n, q, out, lse, stream);
 }
+
+/* Counts the paged form of tables d (n members, capacities of t): resident pages and
+   recalled tokens of all rows; with out, writes them there (host memory). */
+static void paged_fill(const struct kvt_manager *m, const struct tab_dst *d, uint32_t n,
+		       const struct kvt_attn_tables *t, uint64_t *pages, uint64_t *tokens,
+		       const struct kvt_paged_tables *out, uint32_t max_batch)
+{
+	uint32_t H = m->cfg.n_kv_heads, bt = m->cfg.block_tokens;
+	uint64_t np = 0, nt = 0, rows = (uint64_t)n * H;
+
+	if (out)
+		out->indptr[0] = out->r_indptr[0] = 0;
+	for (uint64_t r = 0; r < (uint64_t)max_batch * H; r++) {
+		uint32_t tk = r < rows ? d->n_tokens[r] : 0, pg = (tk + bt - 1) / bt;
+
+		for (uint32_t p = 0; out && p < pg; p++)
+			out->indices[np + p] = (int32_t)d->frames[r * t->max_frames + p];
+		np += pg;
+		for (uint32_t j = 0; r < rows && j < d->n_recall[r]; j++) {
+			size_t x = r * t->max_recall + j;
+
+			for (uint32_t w = 0; w < d->recall_tokens[x]; w++) {
+				if (d->recall_skip[x] >> w & 1)
+					continue;
+				if (out)
+					out->r_indices[nt] =
+						(int32_t)((uint64_t)d->recall[x] * 2 * bt + w);
+				nt++;
+			}
+		}
+		if (out) {
+			out->indptr[r + 1] = (int32_t)np;
+			out->last_page_len[r] = (int32_t)(pg ? tk - (pg - 1) * bt : 0);
+			out->r_indptr[r + 1] = (int32_t)nt;
+		}
+	}
+	*pages = np;
+	*tokens = nt;
+}
+
+int kvt_paged_write(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, uint32_t n,
+		    const struct kvt_paged_tables *p, void *stream)
+{
+	const uint32_t H = m->cfg.n_kv_heads;
+	bool direct = m->cpu_device || !m->payload;
+	struct kvt_attn_tables t = {.size = sizeof(t), .max_batch = n};
+	struct kvt_paged_tables h;
+	uint64_t rows, pages, tokens, pool;
+	uint32_t most_f, most_r;
+	struct tab_dst d;
+	size_t bytes, cb;
+	int err;
+
+	if (!p)
+		return kvt_fail(m, -EINVAL, "paged: NULL tables");
+	if (p->size < sizeof(*p))
+		return kvt_fail(m, -EINVAL, "paged: size %u, want at least %zu", p->size,
+				sizeof(*p));
+	if (!p->indptr || !p->indices || !p->last_page_len || !p->r_indptr || !p->r_indices)
+		return kvt_fail(m, -EINVAL, "paged: NULL buffer");
+	if (layer >= m->cfg.n_layers)
+		return kvt_fail(m, -EINVAL, "paged: layer %u out of range", layer);
+	if (n > p->max_batch)
+		return kvt_fail(m, -ENOSPC, "paged: a batch of %u, room for %u", n, p->max_batch);
+	if (!direct && !m->ops->dmem_copy)
+		return kvt_fail(m, -ENOTSUP, "paged: backend %s cannot write device memory",
+				m->ops->name);
+	/* every pool block's rows must have int32 token indices */
+	pool = ((uint64_t)m->dev.n_units * H + m->rc.n) * 2 * m->cfg.block_tokens;
+	if (pool > INT32_MAX || (uint64_t)p->max_batch * H + 1 > INT32_MAX)
+		return kvt_fail(m, -ENOTSUP, "paged: %llu pool rows do not fit int32 indices",
+				(unsigned long long)pool);
+	t.max_frames = t.max_recall = UINT32_MAX;
+	err = tables_check(m, layer, ids, n, &t, &most_f, &most_r, "paged");
+	if (err)
+		return err;
+	t.max_frames = most_f ? most_f : 1;
+	t.max_recall = most_r ? most_r : 1;
+	rows = (uint64_t)p->max_batch * H;
+	bytes = tab_layout(&d, NULL, (uint64_t)n * H, (uint64_t)n * H, t.max_frames, t.max_recall);
+	/* the host copy of the paged arrays after the tables: at most every frame and every
+	   recalled row of the batch */
+	cb = (size_t)(2 * (rows + 1) + rows + (uint64_t)n * H * t.max_frames +
+		      (uint64_t)n * H * t.max_recall * m->cfg.block_tokens) *
+	     4;
+	if (!bytes || tab_reserve(m, bytes + (cb + 7) / 8 * 8, t.max_recall, 0))
+		return kvt_fail(m, -ENOMEM, "paged: no memory for the tables of %u sequences", n);
+	tab_layout(&d, (char *)m->tab, (uint64_t)n * H, (uint64_t)n * H, t.max_frames,
+		   t.max_recall);
+	tables_fill(m, layer, ids, n, &t, &d,
+		    (struct tab_ref *)(void *)((char *)m->tab + bytes + (cb + 7) / 8 * 8));
+	paged_fill(m, &d, n, &t, &pages, &tokens, NULL, p->max_batch);
+	if (pages > p->max_pages || tokens > p->max_tokens)
+		return kvt_fail(m, -ENOSPC,
+				"paged: %llu pages and %llu recalled tokens, room for %u and %u",
+				(unsigned long long)pages, (unsigned long long)tokens, p->max_pages,
+				p->max_tokens);
+	h = *p;
+	if (!direct) { /* the host copy, then one copy per array */
+		int32_t *c = (int32_t *)(void *)((char *)m->tab + bytes);
+
+		h.indptr = c;
+		h.r_indptr = c + rows + 1;
+		h.last_page_len = c + 2 * (rows + 1);
+		h.indices = h.last_page_len + rows;
+		h.r_indices = h.indices + pages;
+	}
+	paged_fill(m, &d, n, &t, &pages, &tokens, &h, p->max_batch);
+	if (direct)
+		return 0;
+	{
+		const struct {
+			void *dst;
+			const void *src;
+			uint64_t bytes;
+		} cp[] = {
+			{p->indptr, h.indptr, (rows + 1) * 4},
+			{p->r_indptr, h.r_indptr, (rows + 1) * 4},
+			{p->last_page_len, h.last_page_len, rows * 4},
+			{p->indices, h.indices, pages * 4},
+			{p->r_indices, h.r_indices, tokens * 4},
+		};
+
+		for (size_t k = 0; k < sizeof(cp) / sizeof(cp[0]); k++) {
+			if (!cp[k].bytes)
+				continue;
+			err = KVT_XFER(m, dmem_copy, (uint64_t)(uintptr_t)cp[k].dst, 0, cp[k].src,
+				       cp[k].bytes, stream);
+			if (err)
+				return kvt_fail(m, err, "paged: copy to the device: %s",
+						m->be->err);
+		}
+	}
+	return 0;
+}

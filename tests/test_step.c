@@ -216,6 +216,58 @@ static void tab_attend(const struct tab *x, const struct kvt_pool_info *p,
 	}
 }
 
+/* Plain decode attention of row r of the paged form px, from it and the pool alone (as
+   FlashInfer's paged decode reads them: the resident part at page size block_tokens, the
+   recalled part at page size 1, merged by their log-sum-exp), for the query heads of kv head
+   r % H; two passes over both parts, double sums. */
+static void paged_attend(const struct kvt_paged_tables *px, const struct kvt_pool_info *p,
+			 const struct kvt_config *c, uint32_t r, const float *q, float *out)
+{
+	uint32_t H = c->n_kv_heads, D = c->head_dim, G = c->n_q_heads / H, bt = p->block_tokens;
+	int32_t p0 = px->indptr[r], p1 = px->indptr[r + 1];
+	int32_t t0 = px->r_indptr[r], t1 = px->r_indptr[r + 1];
+	uint64_t npage = (uint64_t)(p1 - p0);
+	float k[16], v[16];
+	uint8_t raw[16 * 4];
+
+	assert_true(D <= 16 && p->row_bytes <= sizeof(raw) && p0 <= p1 && t0 <= t1);
+	for (uint32_t g = 0; g < G; g++) {
+		const float *qg = q + (size_t)((r % H) * G + g) * D;
+		double m = -INFINITY, sum = 0, acc[16] = {0};
+		uint64_t nres = npage ? (npage - 1) * bt + (uint64_t)px->last_page_len[r] : 0;
+
+		for (int pass = 0; pass < 2; pass++)
+			for (uint64_t e = 0; e < nres + (uint64_t)(t1 - t0); e++) {
+				uint64_t a;
+				double l = 0;
+
+				if (e < nres) /* a page of block_tokens rows */
+					a = p->base +
+					    (uint64_t)px->indices[p0 + e / bt] * p->block_bytes +
+					    e % bt * p->row_bytes;
+				else /* a page of one row */
+					a = p->base +
+					    (uint64_t)px->r_indices[t0 + e - nres] * p->row_bytes;
+				t_dev_read(raw, a, p->row_bytes);
+				kvt_to_f32(c->dtype, raw, k, D);
+				for (uint32_t d = 0; d < D; d++)
+					l += (double)qg[d] * k[d];
+				l /= sqrt((double)D);
+				if (pass == 0) {
+					m = l > m ? l : m;
+					continue;
+				}
+				t_dev_read(raw, a + p->v_offset, p->row_bytes);
+				kvt_to_f32(c->dtype, raw, v, D);
+				sum += exp(l - m);
+				for (uint32_t d = 0; d < D; d++)
+					acc[d] += exp(l - m) * v[d];
+			}
+		for (uint32_t d = 0; d < D; d++)
+			out[(size_t)g * D + d] = sum > 0 ? (float)(acc[d] / sum) : 0.0f;
+	}
+}
+
 /* The tables of the open step's batch (n members, layer l) on manager m: the counts of the
    padding rows 0, the entries equal to what kvt_seq_frames and kvt_seq_recall_view give, and
    attention run from the tables and the pool alone equal (within f32 rounding) to kvt_attend.
@@ -240,6 +292,26 @@ static uint32_t check_tables(struct kvt_manager *m, const struct kvt_config *c,
 	tab_poison(&x, H);
 	CHECK_RC(t_step_tables(m, l, &x.t, NULL), 0);
 	CHECK_EQ(x.n_batch, n);
+	/* the paged form: room for every frame and recalled row of the batch; the padding rows
+	   empty */
+	struct kvt_paged_tables px = {
+		.size = sizeof(px),
+		.max_batch = TAB_ROWS,
+		.max_pages = TAB_ROWS * 2 * TAB_FRAMES,
+		.max_tokens = TAB_ROWS * 2 * R * 8,
+		.indptr = t_xmalloc((TAB_ROWS * 2 + 1) * 4),
+		.indices = t_xmalloc(TAB_ROWS * 2 * TAB_FRAMES * 4),
+		.last_page_len = t_xmalloc(TAB_ROWS * 2 * 4),
+		.r_indptr = t_xmalloc((TAB_ROWS * 2 + 1) * 4),
+		.r_indices = t_xmalloc(TAB_ROWS * 2 * R * 8 * 4),
+	};
+	assert_true(H <= 2 && c->block_tokens <= 8);
+	CHECK_RC(t_step_paged(m, l, &px, NULL), 0);
+	for (uint32_t r = n * H; r < TAB_ROWS * H; r++) {
+		CHECK_EQ(px.indptr[r + 1], px.indptr[n * H]);
+		CHECK_EQ(px.r_indptr[r + 1], px.r_indptr[n * H]);
+		CHECK_EQ(px.last_page_len[r], 0);
+	}
 	for (uint32_t i = n; i < TAB_ROWS; i++)
 		for (uint32_t h = 0; h < H; h++) {
 			CHECK_EQ(x.t.n_tokens[i * H + h], 0);
@@ -297,6 +369,10 @@ static uint32_t check_tables(struct kvt_manager *m, const struct kvt_config *c,
 			for (uint32_t e = 0; e < G * D; e++)
 				assert_float_equal(got[e], want[h * G * D + e],
 						   1e-5f + 1e-4f * fabsf(want[h * G * D + e]));
+			paged_attend(&px, &p, c, i * H + h, q, got);
+			for (uint32_t e = 0; e < G * D; e++)
+				assert_float_equal(got[e], want[h * G * D + e],
+						   1e-5f + 1e-4f * fabsf(want[h * G * D + e]));
 			memcpy(bl + i * c->n_q_heads + h * G, lse, G * sizeof(float));
 		}
 		memcpy(bo + i * qn, want, qn * sizeof(float));
@@ -323,6 +399,11 @@ static uint32_t check_tables(struct kvt_manager *m, const struct kvt_config *c,
 	free(ql);
 	free(bl);
 	free(bo);
+	free(px.indptr);
+	free(px.indices);
+	free(px.last_page_len);
+	free(px.r_indptr);
+	free(px.r_indices);
 	tab_free(&x);
 	return named;
 }
@@ -404,6 +485,27 @@ static void test_step_tables_contract(void **state)
 		CHECK_EQ(x.t.n_tokens[3 * H + h], 0);
 		CHECK_EQ(x.t.n_recall[3 * H + h], 0);
 		CHECK_EQ(x.t.frames[(3 * H + h) * TAB_FRAMES], TAB_SENTINEL); /* left alone */
+	}
+
+	/* the paged form: refused without room for the pages or the recalled tokens, writing
+	   nothing */
+	{
+		int32_t ip[4 * 2 + 1], ix[4], lp[4 * 2], rp[4 * 2 + 1], rx[4];
+		struct kvt_paged_tables pt = {sizeof(pt), 4, 4, 4, ip, ix, lp, rp, rx};
+
+		memset(ip, 0x5a, sizeof(ip));
+		CHECK_RC(kvt_step_paged(NULL, 0, &pt, NULL), -EINVAL);
+		CHECK_RC(kvt_step_paged(m, 0, NULL, NULL), -EINVAL);
+		pt.size = 4;
+		CHECK_RC(kvt_step_paged(m, 0, &pt, NULL), -EINVAL);
+		pt.size = sizeof(pt);
+		pt.max_batch = 2;
+		CHECK_RC(t_step_paged(m, 0, &pt, NULL), -ENOSPC);
+		pt.max_batch = 4;
+		CHECK_RC(t_step_paged(m, 0, &pt, NULL), -ENOSPC); /* 4 pages: far too few */
+		assert_non_null(strstr(kvt_manager_last_error(m), "pages"));
+		for (size_t i = 0; i < sizeof(ip) / sizeof(ip[0]); i++)
+			CHECK_EQ((uint32_t)ip[i], 0x5a5a5a5au);
 	}
 
 	/* after a recall: the views too; a view that does not fit is refused */

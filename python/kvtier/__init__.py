@@ -63,6 +63,7 @@ from ._capi import IterStats, PoolInfo, RecallRef, SchedItem, SeqInfo, Stats
 __all__ = [
     "Backend", "DType", "LogLevel", "Config", "Manager", "Scheduler", "Batch", "Error",
     "Stats", "SeqInfo", "RecallRef", "SchedItem", "IterStats", "NO_BLOCK", "PoolInfo", "Tables",
+    "Paged",
     "version", "strerror", "set_log_handler", "set_log_level", "log_to_logging",
 ]
 
@@ -118,6 +119,25 @@ class Tables:
     recall: Any
     recall_tokens: Any
     recall_skip: Any
+
+
+@dataclass
+class Paged:
+    """Buffers of one layer's tables in FlashInfer's paged-KV form (struct kvt_paged_tables),
+    filled by :meth:`Manager.step_paged`: int32 NumPy arrays on the host and model backends
+    (made by :meth:`Manager.paged`), int32 device tensors on the CUDA backend. Each (member,
+    kv head) is one request of one kv head: indptr/indices/last_page_len over the resident part
+    (page size block_tokens, pages of :meth:`Manager.kv_caches` with that page size) and
+    r_indptr/r_indices over the recalled part (page size 1, tokens also resident removed)."""
+
+    max_batch: int
+    max_pages: int
+    max_tokens: int
+    indptr: Any
+    indices: Any
+    last_page_len: Any
+    r_indptr: Any
+    r_indices: Any
 
 
 def version() -> str:
@@ -653,6 +673,54 @@ class Manager:
             setattr(c, name, ptr)
             keep.append(k)
         self._call(_lib.kvt_step_tables, layer, byref(c), st)
+
+    def paged(self, max_batch: int, max_pages: int, max_tokens: int) -> Paged:
+        """Host buffers (int32 NumPy) for :meth:`step_paged` at these capacities."""
+        rows = _uint("max_batch", max_batch, 32) * self.config.n_kv_heads
+        return Paged(max_batch, _uint("max_pages", max_pages, 32),
+                     _uint("max_tokens", max_tokens, 32), np.zeros(rows + 1, np.int32),
+                     np.zeros(max_pages, np.int32), np.zeros(rows, np.int32),
+                     np.zeros(rows + 1, np.int32), np.zeros(max_tokens, np.int32))
+
+    def step_paged(self, layer: int, paged: Paged, stream: Any = None) -> None:
+        """kvt_step_paged: the open step's attention inputs of `layer` in FlashInfer's
+        paged-KV form, into `paged` (one library call for the batch)."""
+        p, rows = paged, paged.max_batch * self.config.n_kv_heads
+        st = _tensor.stream_handle(stream)
+        keep = []
+        c = _capi.CPagedTables.sized()
+        c.max_batch, c.max_pages, c.max_tokens = p.max_batch, p.max_pages, p.max_tokens
+        for name, shape in (("indptr", (rows + 1,)), ("indices", (p.max_pages,)),
+                            ("last_page_len", (rows,)), ("r_indptr", (rows + 1,)),
+                            ("r_indices", (p.max_tokens,))):
+            ptr, k = _tensor.address(getattr(p, name), name=name, shape=shape,
+                                     dtype=_tensor.I32, memory=self._memory, writable=True,
+                                     stream=st)
+            setattr(c, name, ptr)
+            keep.append(k)
+        self._call(_lib.kvt_step_paged, layer, byref(c), st)
+
+    def kv_caches(self, page_size: Optional[int] = None) -> Tuple[Any, Any]:
+        """The pool of blocks as FlashInfer's paged K and V caches of one kv head, NHD layout
+        [pages][page_size][1][head_dim], views without copies (NumPy arrays on the host
+        backend; on the CUDA backend objects with ``__cuda_array_interface__``, bf16 as
+        uint16): page_size block_tokens (the default; page p = pool block p, the indices of
+        :meth:`step_paged`'s resident part) or 1 (page x = a token row, its r_indices). Valid
+        while the manager is open."""
+        p = self.pool()
+        bt, rb, es = p.block_tokens, p.row_bytes, _tensor.itemsize(self._dt)
+        ps = bt if page_size is None else page_size
+        if ps == bt:
+            shape = (p.n_blocks, bt, 1, self._D)
+            strides = (p.block_bytes, rb, rb, es)
+        elif ps == 1:
+            shape = (max(p.n_blocks * 2 * bt - bt, 0), 1, 1, self._D)
+            strides = (rb, rb, rb, es)
+        else:
+            raise ValueError(f"page_size: block_tokens ({bt}) or 1, not {ps}")
+        return (_tensor.strided_view(p.base, shape, strides, self._dt, self._memory, self),
+                _tensor.strided_view(p.base + p.v_offset, shape, strides, self._dt,
+                                     self._memory, self))
 
     def _attend_io(self, n: int, q: Any, out: Any, lse: Any, st: Optional[int]
                    ) -> Tuple[int, int, int, Any, List[Any]]:

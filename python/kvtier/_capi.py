@@ -219,6 +219,16 @@ class CAttnTables(_Struct):
     ]
 
 
+class CPagedTables(_Struct):
+    """struct kvt_paged_tables: capacities and the addresses of the caller's int32 buffers."""
+
+    _fields_ = [
+        ("size", c_uint32), ("max_batch", c_uint32), ("max_pages", c_uint32),
+        ("max_tokens", c_uint32), ("indptr", c_void_p), ("indices", c_void_p),
+        ("last_page_len", c_void_p), ("r_indptr", c_void_p), ("r_indices", c_void_p),
+    ]
+
+
 # (name, restype, argtypes) of every public function the binding calls.
 _PROTOTYPES: List[Any] = [
     ("kvt_version", c_char_p, []),
@@ -259,6 +269,7 @@ _PROTOTYPES: List[Any] = [
     ("kvt_step_end", c_int, [c_void_p]),
     ("kvt_step_tables", c_int, [c_void_p, c_uint32, POINTER(CAttnTables), c_void_p]),
     ("kvt_manager_pool", c_int, [c_void_p, POINTER(PoolInfo)]),
+    ("kvt_step_paged", c_int, [c_void_p, c_uint32, POINTER(CPagedTables), c_void_p]),
     ("kvt_attend_batch", c_int,
      [c_void_p, c_uint32, POINTER(c_uint64), c_uint32, c_void_p, c_void_p, c_void_p, c_void_p]),
     ("kvt_step_attend", c_int, [c_void_p, c_uint32, c_void_p, c_void_p, c_void_p, c_void_p]),

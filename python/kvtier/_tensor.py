@@ -38,6 +38,35 @@ U32, U64 = 100, 101
 _DTYPES[U32] = ("uint32", ("uint32", "int32"), ((1, 32), (0, 32)), ("<u4", "<i4"))
 _DTYPES[U64] = ("uint64", ("uint64", "int64"), ((1, 64), (0, 64)), ("<u8", "<i8"))
 _ITEMSIZE[U32], _ITEMSIZE[U64] = 4, 8
+I32 = 102
+_DTYPES[I32] = ("int32", ("int32",), ((0, 32),), ("<i4",))
+_ITEMSIZE[I32] = 4
+
+
+class CudaView:
+    """A strided view of device memory, handed to PyTorch, CuPy or Numba through
+    ``__cuda_array_interface__`` (``torch.as_tensor(view, device="cuda")``). bf16 memory is
+    described as uint16 (``.view(torch.bfloat16)`` reads it as bf16)."""
+
+    def __init__(self, ptr: int, shape: Tuple[int, ...], strides: Tuple[int, ...],
+                 typestr: str, owner: Any) -> None:
+        self._owner = owner  # keeps the memory's manager alive
+        self.__cuda_array_interface__ = {
+            "shape": tuple(shape), "strides": tuple(strides), "typestr": typestr,
+            "data": (ptr, False), "version": 3,
+        }
+
+
+def strided_view(ptr: int, shape: Tuple[int, ...], strides: Tuple[int, ...], dtype: int,
+                 memory: str, owner: Any) -> Any:
+    """A view of memory at ptr with these shape and byte strides: a NumPy array over host
+    memory, a :class:`CudaView` over device memory. The caller keeps ptr's memory alive."""
+    tstr = {0: "<f4", 1: "<f2", 2: "<u2"}[dtype]
+    if memory == CUDA:
+        return CudaView(ptr, shape, strides, tstr, owner)
+    extent = sum((n - 1) * st for n, st in zip(shape, strides)) + _ITEMSIZE[dtype]
+    buf = (ctypes.c_uint8 * extent).from_address(ptr)
+    return np.ndarray(shape, dtype=np.dtype(tstr), buffer=buf, strides=strides)
 
 # DLPack device types
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13

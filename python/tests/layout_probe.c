@@ -159,6 +159,18 @@ int main(void)
 	FIELD(struct kvt_attn_tables, recall_tokens);
 	FIELD(struct kvt_attn_tables, recall_skip);
 	printf("]}");
+	struct_begin("kvt_paged_tables", sizeof(struct kvt_paged_tables), 1);
+	first = 0;
+	FIELD(struct kvt_paged_tables, size);
+	FIELD(struct kvt_paged_tables, max_batch);
+	FIELD(struct kvt_paged_tables, max_pages);
+	FIELD(struct kvt_paged_tables, max_tokens);
+	FIELD(struct kvt_paged_tables, indptr);
+	FIELD(struct kvt_paged_tables, indices);
+	FIELD(struct kvt_paged_tables, last_page_len);
+	FIELD(struct kvt_paged_tables, r_indptr);
+	FIELD(struct kvt_paged_tables, r_indices);
+	printf("]}");
 	struct_begin("kvt_sched_config", sizeof(struct kvt_sched_config), 1);
 	first = 0;
 	FIELD(struct kvt_sched_config, size);

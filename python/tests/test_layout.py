@@ -18,7 +18,7 @@ STRUCTS = {
     "kvt_recall_ref": _capi.RecallRef, "kvt_sched_config": _capi.CSchedConfig,
     "kvt_sched_item": _capi.SchedItem, "kvt_sched_iter": _capi.IterStats,
     "kvt_sched_batch": _capi.CSchedBatch, "kvt_pool_info": _capi.PoolInfo,
-    "kvt_attn_tables": _capi.CAttnTables,
+    "kvt_attn_tables": _capi.CAttnTables, "kvt_paged_tables": _capi.CPagedTables,
 }
 
 

@@ -314,6 +314,31 @@ def test_step_tables_are_the_views_and_attend_alone(mgr, rng):
                 logits = np.array(K, np.float64) @ q[i, qh].astype(np.float64) / np.sqrt(D)
                 mx = logits.max()
                 assert abs(lse[i, qh] - (mx + np.log(np.exp(logits - mx).sum()))) < 1e-4
+    # FlashInfer's paged form over the pool's two views: attention from them alone (the
+    # resident part at page size block_tokens, the recalled part at page size 1) is attend()
+    pg = mgr.paged(5, 5 * H * 16, 5 * H * c.recall_blocks * bt)
+    kc, vc = mgr.kv_caches()
+    k1, v1 = mgr.kv_caches(page_size=1)
+    assert kc.shape == (p.n_blocks, bt, 1, D) and k1.shape[1:] == (1, 1, D)
+    with mgr.step(batch):
+        mgr.step_paged(1, pg)
+    assert (pg.last_page_len[3 * H:] == 0).all() and (pg.indptr[3 * H:] == pg.indptr[3 * H]).all()
+    for i, seq in enumerate(batch):
+        for h in range(H):
+            r = i * H + h
+            pages = pg.indices[pg.indptr[r]:pg.indptr[r + 1]]
+            K = [kc[pp, s, 0] for pp in pages[:-1] for s in range(bt)]
+            V = [vc[pp, s, 0] for pp in pages[:-1] for s in range(bt)]
+            K += [kc[pages[-1], s, 0] for s in range(pg.last_page_len[r])]
+            V += [vc[pages[-1], s, 0] for s in range(pg.last_page_len[r])]
+            toks = pg.r_indices[pg.r_indptr[r]:pg.r_indptr[r + 1]]
+            K += [k1[x, 0, 0] for x in toks]
+            V += [v1[x, 0, 0] for x in toks]
+            g = c.n_q_heads // H
+            want = mgr.attend(seq, 1, q[i])
+            for qh in range(h * g, (h + 1) * g):
+                np.testing.assert_allclose(dense(q[i, qh], np.array(K), np.array(V)),
+                                           want[qh], rtol=2e-5, atol=2e-6)
     with pytest.raises(kvtier.Error) as e:
         mgr.attend_batch(1, [4, 4], q[:2])
     assert e.value.errno == errno.EINVAL

@@ -60,6 +60,9 @@ struct t_backend {
 	   reads them back after the call, whatever it returned) */
 	int (*step_tables)(struct kvt_manager *m, uint32_t layer, const struct kvt_attn_tables *t,
 			   void *stream);
+	/* kvt_step_paged into p's buffers (host memory here, as step_tables) */
+	int (*step_paged)(struct kvt_manager *m, uint32_t layer, const struct kvt_paged_tables *p,
+			  void *stream);
 	/* kvt_step_attend; n: the step's batch size; q, out and lse in host memory here */
 	int (*step_attend)(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *q,
 			   void *out, float *lse, void *stream);
@@ -125,6 +128,12 @@ static inline int t_step_tables(struct kvt_manager *m, uint32_t layer,
 				const struct kvt_attn_tables *t, void *stream)
 {
 	return t_be->step_tables(m, layer, t, stream);
+}
+
+static inline int t_step_paged(struct kvt_manager *m, uint32_t layer,
+			       const struct kvt_paged_tables *p, void *stream)
+{
+	return t_be->step_paged(m, layer, p, stream);
 }
 
 static inline int t_step_attend(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *q,

@@ -264,6 +264,43 @@ static int cu_step_tables(struct kvt_manager *m, uint32_t layer, const struct kv
 	return rc;
 }
 
+/* kvt_step_paged over device copies of p's buffers, read back after the call. */
+static int cu_step_paged(struct kvt_manager *m, uint32_t layer, const struct kvt_paged_tables *p,
+			 void *stream)
+{
+	struct kvt_config c;
+	struct kvt_paged_tables d;
+	size_t rows, n[5];
+	void *h[5], *dv[5];
+	int rc;
+
+	if (!p || p->size < sizeof(*p) || cu_shape(m, 0, &c, NULL))
+		return kvt_step_paged(m, layer, p, stream);
+	d = *p;
+	rows = (size_t)p->max_batch * c.n_kv_heads;
+	h[0] = p->indptr, n[0] = (rows + 1) * 4;
+	h[1] = p->indices, n[1] = (size_t)p->max_pages * 4;
+	h[2] = p->last_page_len, n[2] = rows * 4;
+	h[3] = p->r_indptr, n[3] = (rows + 1) * 4;
+	h[4] = p->r_indices, n[4] = (size_t)p->max_tokens * 4;
+	for (int k = 0; k < 5; k++)
+		dv[k] = cu_in(h[k], n[k]);
+	d.indptr = dv[0];
+	d.indices = dv[1];
+	d.last_page_len = dv[2];
+	d.r_indptr = dv[3];
+	d.r_indices = dv[4];
+	rc = kvt_step_paged(m, layer, &d, stream);
+	if (cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess)
+		abort();
+	for (int k = 0; k < 5; k++) {
+		if (dv[k] != h[k])
+			cu_dev_read(h[k], (uint64_t)(uintptr_t)dv[k], n[k]);
+		cu_drop(dv[k], h[k]);
+	}
+	return rc;
+}
+
 /* kvt_step_attend over device copies of q, out and lse (out and lse read back after the call,
    whatever it returned). */
 static int cu_step_attend(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *q,
@@ -307,6 +344,7 @@ const struct t_backend t_backend_cuda = {
 	.load_kv = cu_load_kv,
 	.dev_read = cu_dev_read,
 	.step_tables = cu_step_tables,
+	.step_paged = cu_step_paged,
 	.step_attend = cu_step_attend,
 };
 

@@ -43,6 +43,7 @@ const struct t_backend t_backend_host = {
 	.load_kv = kvt_seq_load_kv,
 	.dev_read = host_dev_read,
 	.step_tables = kvt_step_tables,
+	.step_paged = kvt_step_paged,
 	.step_attend = host_step_attend,
 };
 
