@@ -207,6 +207,31 @@ static int tab_reserve(struct kvt_manager *m, size_t bytes, uint32_t most, uint6
 	return 0;
 }
 
+/* One array of a host copy for the caller's device buffer. */
+struct tab_copy {
+	void *dst;
+	const void *src;
+	uint64_t bytes;
+};
+
+/* Queues the n copies on stream (empty ones skipped): 0, or the first copy's error, recorded
+   (the arrays copied before it are written). */
+static int copy_out(struct kvt_manager *m, const struct tab_copy *cp, size_t n, void *stream,
+		    const char *what)
+{
+	for (size_t k = 0; k < n; k++) {
+		int err;
+
+		if (!cp[k].bytes)
+			continue;
+		err = KVT_XFER(m, dmem_copy, (uint64_t)(uintptr_t)cp[k].dst, 0, cp[k].src,
+			       cp[k].bytes, stream);
+		if (err)
+			return kvt_fail(m, err, "%s: copy to the device: %s", what, m->be->err);
+	}
+	return 0;
+}
+
 int kvt_tables_write(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, uint32_t n,
 		     const struct kvt_attn_tables *t, void *stream)
 {
@@ -257,11 +282,7 @@ int kvt_tables_write(struct kvt_manager *m, uint32_t layer, const uint64_t *ids,
 		return 0;
 	}
 	{
-		const struct {
-			void *dst;
-			const void *src;
-			uint64_t bytes;
-		} cp[] = {
+		const struct tab_copy cp[] = {
 			{t->n_batch, &n, sizeof(n)},
 			{t->n_tokens, d.n_tokens, rows * 4},
 			{t->n_recall, d.n_recall, rows * 4},
@@ -271,17 +292,8 @@ int kvt_tables_write(struct kvt_manager *m, uint32_t layer, const uint64_t *ids,
 			{t->recall_skip, d.recall_skip, n_rows * t->max_recall * 8},
 		};
 
-		for (size_t k = 0; k < sizeof(cp) / sizeof(cp[0]); k++) {
-			if (!cp[k].bytes)
-				continue;
-			err = KVT_XFER(m, dmem_copy, (uint64_t)(uintptr_t)cp[k].dst, 0, cp[k].src,
-				       cp[k].bytes, stream);
-			if (err)
-				return kvt_fail(m, err, "tables: copy to the device: %s",
-						m->be->err);
-		}
+		return copy_out(m, cp, sizeof(cp) / sizeof(cp[0]), stream, "tables");
 	}
-	return 0;
 }
 
 /* The policy's view of tables laid out at d (capacities of t) over the manager's pool. */
@@ -528,11 +540,7 @@ int kvt_paged_write(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, 
 	if (direct)
 		return 0;
 	{
-		const struct {
-			void *dst;
-			const void *src;
-			uint64_t bytes;
-		} cp[] = {
+		const struct tab_copy cp[] = {
 			{p->indptr, h.indptr, (rows + 1) * 4},
 			{p->r_indptr, h.r_indptr, (rows + 1) * 4},
 			{p->last_page_len, h.last_page_len, rows * 4},
@@ -540,15 +548,6 @@ int kvt_paged_write(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, 
 			{p->r_indices, h.r_indices, tokens * 4},
 		};
 
-		for (size_t k = 0; k < sizeof(cp) / sizeof(cp[0]); k++) {
-			if (!cp[k].bytes)
-				continue;
-			err = KVT_XFER(m, dmem_copy, (uint64_t)(uintptr_t)cp[k].dst, 0, cp[k].src,
-				       cp[k].bytes, stream);
-			if (err)
-				return kvt_fail(m, err, "paged: copy to the device: %s",
-						m->be->err);
-		}
+		return copy_out(m, cp, sizeof(cp) / sizeof(cp[0]), stream, "paged");
 	}
-	return 0;
 }
