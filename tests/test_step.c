@@ -146,109 +146,26 @@ static void tab_free(struct tab *x)
 	free(x->t.recall_skip);
 }
 
-/* One row of pool block idx (K, or V when v), in f32. */
-static void pool_row(const struct kvt_pool_info *p, const struct kvt_config *c, uint32_t idx,
-		     uint32_t row, bool v, float *out)
+/* Plain decode attention over the n K rows at addr[] (their V rows v_offset further on) for
+   the G query heads qg ([G][head_dim] f32): two passes, double sums; out [G][head_dim], lse
+   [G] (NULL: not written). */
+static void rows_attend(const struct kvt_pool_info *p, const struct kvt_config *c,
+			const uint64_t *addr, uint32_t n, const float *qg, uint32_t G, float *out,
+			float *lse)
 {
+	uint32_t D = c->head_dim;
 	uint8_t raw[16 * 4];
-
-	assert_true(idx < p->n_blocks && row < p->block_tokens && p->row_bytes <= sizeof(raw));
-	t_dev_read(raw,
-		   p->base + idx * p->block_bytes + (v ? p->v_offset : 0) +
-			   (uint64_t)row * p->row_bytes,
-		   p->row_bytes);
-	kvt_to_f32(c->dtype, raw, out, c->head_dim);
-}
-
-/* Plain decode attention of row (i, h) of the tables, from the tables and the pool alone, for
-   the query heads of kv head h (q: [n_q_heads][head_dim]): two passes, f32 (double sums). */
-static void tab_attend(const struct tab *x, const struct kvt_pool_info *p,
-		       const struct kvt_config *c, uint32_t i, uint32_t h, const float *q,
-		       float *out, float *lse)
-{
-	const struct kvt_attn_tables *t = &x->t;
-	uint32_t H = c->n_kv_heads, D = c->head_dim, G = c->n_q_heads / H, bt = p->block_tokens;
-	size_t row = (size_t)i * H + h;
 	float k[16], v[16];
 
-	assert_true(D <= 16);
-	for (uint32_t g = 0; g < G; g++) {
-		const float *qg = q + (size_t)(h * G + g) * D;
+	assert_true(D <= 16 && p->row_bytes <= sizeof(raw));
+	for (uint32_t g = 0; g < G; g++, qg += D) {
 		double m = -INFINITY, sum = 0, acc[16] = {0};
-
-		for (int pass = 0; pass < 2; pass++) {
-			uint32_t total = t->n_tokens[row] + t->n_recall[row] * bt;
-
-			for (uint32_t e = 0; e < total; e++) {
-				uint32_t idx, r;
-				double l = 0;
-
-				if (e < t->n_tokens[row]) { /* resident slot e */
-					idx = t->frames[row * t->max_frames + e / bt];
-					r = e % bt;
-				} else { /* recalled: row r of entry j, unless skipped */
-					uint32_t j = (e - t->n_tokens[row]) / bt;
-					size_t at = row * t->max_recall + j;
-
-					r = (e - t->n_tokens[row]) % bt;
-					if (r >= t->recall_tokens[at] ||
-					    (t->recall_skip[at] >> r & 1))
-						continue;
-					idx = t->recall[at];
-				}
-				pool_row(p, c, idx, r, false, k);
-				for (uint32_t d = 0; d < D; d++)
-					l += (double)qg[d] * k[d];
-				l /= sqrt((double)D);
-				if (pass == 0) {
-					m = l > m ? l : m;
-					continue;
-				}
-				pool_row(p, c, idx, r, true, v);
-				sum += exp(l - m);
-				for (uint32_t d = 0; d < D; d++)
-					acc[d] += exp(l - m) * v[d];
-			}
-		}
-		for (uint32_t d = 0; d < D; d++)
-			out[(size_t)g * D + d] = sum > 0 ? (float)(acc[d] / sum) : 0.0f;
-		lse[g] = sum > 0 ? (float)(m + log(sum)) : -INFINITY;
-	}
-}
-
-/* Plain decode attention of row r of the paged form px, from it and the pool alone (as
-   FlashInfer's paged decode reads them: the resident part at page size block_tokens, the
-   recalled part at page size 1, merged by their log-sum-exp), for the query heads of kv head
-   r % H; two passes over both parts, double sums. */
-static void paged_attend(const struct kvt_paged_tables *px, const struct kvt_pool_info *p,
-			 const struct kvt_config *c, uint32_t r, const float *q, float *out)
-{
-	uint32_t H = c->n_kv_heads, D = c->head_dim, G = c->n_q_heads / H, bt = p->block_tokens;
-	int32_t p0 = px->indptr[r], p1 = px->indptr[r + 1];
-	int32_t t0 = px->r_indptr[r], t1 = px->r_indptr[r + 1];
-	uint64_t npage = (uint64_t)(p1 - p0);
-	float k[16], v[16];
-	uint8_t raw[16 * 4];
-
-	assert_true(D <= 16 && p->row_bytes <= sizeof(raw) && p0 <= p1 && t0 <= t1);
-	for (uint32_t g = 0; g < G; g++) {
-		const float *qg = q + (size_t)((r % H) * G + g) * D;
-		double m = -INFINITY, sum = 0, acc[16] = {0};
-		uint64_t nres = npage ? (npage - 1) * bt + (uint64_t)px->last_page_len[r] : 0;
 
 		for (int pass = 0; pass < 2; pass++)
-			for (uint64_t e = 0; e < nres + (uint64_t)(t1 - t0); e++) {
-				uint64_t a;
+			for (uint32_t e = 0; e < n; e++) {
 				double l = 0;
 
-				if (e < nres) /* a page of block_tokens rows */
-					a = p->base +
-					    (uint64_t)px->indices[p0 + e / bt] * p->block_bytes +
-					    e % bt * p->row_bytes;
-				else /* a page of one row */
-					a = p->base +
-					    (uint64_t)px->r_indices[t0 + e - nres] * p->row_bytes;
-				t_dev_read(raw, a, p->row_bytes);
+				t_dev_read(raw, addr[e], p->row_bytes);
 				kvt_to_f32(c->dtype, raw, k, D);
 				for (uint32_t d = 0; d < D; d++)
 					l += (double)qg[d] * k[d];
@@ -257,7 +174,7 @@ static void paged_attend(const struct kvt_paged_tables *px, const struct kvt_poo
 					m = l > m ? l : m;
 					continue;
 				}
-				t_dev_read(raw, a + p->v_offset, p->row_bytes);
+				t_dev_read(raw, addr[e] + p->v_offset, p->row_bytes);
 				kvt_to_f32(c->dtype, raw, v, D);
 				sum += exp(l - m);
 				for (uint32_t d = 0; d < D; d++)
@@ -265,7 +182,66 @@ static void paged_attend(const struct kvt_paged_tables *px, const struct kvt_poo
 			}
 		for (uint32_t d = 0; d < D; d++)
 			out[(size_t)g * D + d] = sum > 0 ? (float)(acc[d] / sum) : 0.0f;
+		if (lse)
+			lse[g] = sum > 0 ? (float)(m + log(sum)) : -INFINITY;
 	}
+}
+
+/* Plain decode attention of row (i, h) of the tables, from the tables and the pool alone, for
+   the query heads of kv head h (q: [n_q_heads][head_dim]). */
+static void tab_attend(const struct tab *x, const struct kvt_pool_info *p,
+		       const struct kvt_config *c, uint32_t i, uint32_t h, const float *q,
+		       float *out, float *lse)
+{
+	const struct kvt_attn_tables *t = &x->t;
+	uint32_t H = c->n_kv_heads, G = c->n_q_heads / H, bt = p->block_tokens, n = 0;
+	size_t row = (size_t)i * H + h;
+	uint32_t total = t->n_tokens[row] + t->n_recall[row] * bt;
+	uint64_t *addr = t_xmalloc((total + 1) * sizeof(*addr));
+
+	for (uint32_t e = 0; e < total; e++) {
+		uint32_t idx, r;
+
+		if (e < t->n_tokens[row]) { /* resident slot e */
+			idx = t->frames[row * t->max_frames + e / bt];
+			r = e % bt;
+		} else { /* recalled: row r of entry j, unless skipped */
+			size_t at = row * t->max_recall + (e - t->n_tokens[row]) / bt;
+
+			r = (e - t->n_tokens[row]) % bt;
+			if (r >= t->recall_tokens[at] || (t->recall_skip[at] >> r & 1))
+				continue;
+			idx = t->recall[at];
+		}
+		assert_true(idx < p->n_blocks);
+		addr[n++] = p->base + idx * p->block_bytes + (uint64_t)r * p->row_bytes;
+	}
+	rows_attend(p, c, addr, n, q + (size_t)h * G * c->head_dim, G, out, lse);
+	free(addr);
+}
+
+/* Plain decode attention of row r of the paged form px, from it and the pool alone (as
+   FlashInfer's paged decode reads them: the resident part at page size block_tokens, the
+   recalled part at page size 1, merged by their log-sum-exp), for the query heads of kv head
+   r % H. */
+static void paged_attend(const struct kvt_paged_tables *px, const struct kvt_pool_info *p,
+			 const struct kvt_config *c, uint32_t r, const float *q, float *out)
+{
+	uint32_t H = c->n_kv_heads, G = c->n_q_heads / H, bt = p->block_tokens;
+	int32_t p0 = px->indptr[r], p1 = px->indptr[r + 1];
+	int32_t t0 = px->r_indptr[r], t1 = px->r_indptr[r + 1];
+	uint64_t nres = p1 > p0 ? (uint64_t)(p1 - p0 - 1) * bt + (uint64_t)px->last_page_len[r] : 0;
+	uint64_t *addr, n = 0;
+
+	assert_true(p0 <= p1 && t0 <= t1);
+	addr = t_xmalloc((nres + (uint64_t)(t1 - t0) + 1) * sizeof(*addr));
+	for (uint64_t e = 0; e < nres; e++) /* pages of block_tokens rows */
+		addr[n++] = p->base + (uint64_t)px->indices[p0 + e / bt] * p->block_bytes +
+			    e % bt * p->row_bytes;
+	for (int32_t e = t0; e < t1; e++) /* pages of one row */
+		addr[n++] = p->base + (uint64_t)px->r_indices[e] * p->row_bytes;
+	rows_attend(p, c, addr, (uint32_t)n, q + (size_t)(r % H) * G * c->head_dim, G, out, NULL);
+	free(addr);
 }
 
 /* The tables of the open step's batch (n members, layer l) on manager m: the counts of the
