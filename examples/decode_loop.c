@@ -4,8 +4,9 @@
  *
  * A small synthetic transformer (random weights, real RoPE, attention only) prefills one long
  * prompt through kvtier and then decodes tokens with dynamic recall. Every decode layer runs on
- * kvtier's reference attention (kvt_attend), and each output is checked against dense attention
- * over exactly the tokens kvtier kept, computed here from our own full copy of K and V.
+ * kvtier's batched attention (kvt_step_attend, the step's whole batch in one call), and each
+ * output is checked against dense attention over exactly the tokens kvtier kept, computed here
+ * from our own full copy of K and V.
  *
  * Call order for each layer l:
  *   prefill (one layer of full KV at a time, as layer-segmented prefill does):
@@ -19,8 +20,9 @@
  *     kvt_step_append(k, v)     the token goes into the ring and the host history
  *     kvt_step_recall(q)        the recall_blocks host blocks per kv head with the highest
  *                               Quest bound become resident in the recall cache
- *     kvt_attend(q) -> out      attention over resident plus recalled tokens; `out` feeds
- *                               the rest of the layer
+ *     kvt_step_attend(q) -> out attention over resident plus recalled tokens; `out` feeds
+ *                               the rest of the layer (an engine's own kernel reads the
+ *                               same tokens from kvt_step_tables or kvt_step_paged)
  *   check (not part of an engine): kvt_seq_resident_positions, plus the slots of
  *   kvt_seq_recall_view not marked resident, give each kv head's kept set. Dense attention over
  *   that set must match `out` within 1e-4 of max|dense| (or 1e-5 absolute), and once p + 1
@@ -327,7 +329,7 @@ static void dense_attention(const float *q, const float *k, const float *v, cons
 		out[d] /= sum;
 }
 
-/* Compares kvt_attend's output of layer l at position p with dense attention over the kept
+/* Compares kvt_step_attend's output of layer l at position p with dense attention over the kept
    set of each kv head (resident positions plus the recalled slots not resident). */
 static int check_layer(struct ctx *c, uint32_t l, uint32_t p, const float *q, const float *out,
 		       struct step_check *sc)
@@ -407,7 +409,7 @@ static int decode_layer(struct ctx *c, uint32_t l, uint32_t p, float *x, struct 
 	t0 = now_s();
 	KVT_TRY(c->m, kvt_step_append(c->m, l, k, v, NULL), out);
 	KVT_TRY(c->m, kvt_step_recall(c->m, l, q, NULL), out);
-	KVT_TRY(c->m, kvt_attend(c->m, c->seq, l, q, attn), out);
+	KVT_TRY(c->m, kvt_step_attend(c->m, l, q, attn, NULL, NULL), out);
 	c->t_kvt += now_s() - t0;
 	err = check_layer(c, l, p, q, attn, sc);
 	if (err)

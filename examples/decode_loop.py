@@ -4,9 +4,9 @@
 
 A small synthetic transformer attention stack (random weights, RMSNorm, real RoPE, GQA)
 prefills a long prompt through kvtier and decodes tokens with dynamic recall. It runs on
-kvtier's attention (kvt_attend), and each step checks that attention against dense attention,
-computed here from our own copy of every K and V, over exactly the tokens kvtier kept:
-the resident sink/top-K/ring positions plus the blocks the step recalled.
+kvtier's batched attention (kvt_step_attend), and each step checks that attention against
+dense attention, computed here from our own copy of every K and V, over exactly the tokens
+kvtier kept: the resident sink/top-K/ring positions plus the blocks the step recalled.
 
 Then a second request whose prompt starts with the first one's first three quarters reuses
 that prefix from kvtier's prefix cache: it prefills only the rest of its prompt, attending over
@@ -24,8 +24,9 @@ Where an engine calls kvtier, per layer of its forward pass:
   decode    m.step_begin(seqs)                         once per step: the batch, validated
             m.step_append(layer, k, v)                 the new token's K, V (ring + host)
             m.step_recall(layer, q)                    score host blocks, load the top ones
-            m.attend(seq, layer, q)                    or the engine's kernel over
-                                                       m.frames() and m.recall_view()
+            m.step_attend(layer, q)                    the batch's attention in one call, or
+                                                       the engine's kernel over
+                                                       m.step_tables() or m.step_paged()
             m.step_end()                               after the last layer
   done      m.destroy_seq(seq)                         its prefix spans stay cached
 Run: GLIBC_TUNABLES=glibc.rtld.optional_static_tls=4096 python3 examples/decode_loop.py
@@ -196,7 +197,7 @@ def decode(m, net, a, seq, K, V, T, h_last, token):
             m.step_append(layer, k.transpose(1, 0, 2), v.transpose(1, 0, 2))
             K[layer, :, p], V[layer, :, p] = k[:, 0], v[:, 0]
             m.step_recall(layer, q1[None])
-            out = m.attend(seq, layer, q1)  # [N_Q][D] float32
+            out = m.step_attend(layer, q1[None])[0]  # [N_Q][D] float32
             for h in range(N_KV):
                 idx, recalled = kept_tokens(m, seq, layer, h)
                 kept_sum += len(idx)
