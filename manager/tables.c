@@ -232,6 +232,53 @@ static int copy_out(struct kvt_manager *m, const struct tab_copy *cp, size_t n, 
 	return 0;
 }
 
+/* The checks the calls writing into the caller's buffers share: the layer, the batch against
+   max_batch, and a device the library can write (unless the buffers are host memory). */
+static int out_check(struct kvt_manager *m, uint32_t layer, uint32_t n, uint32_t max_batch,
+		     bool direct, const char *what)
+{
+	if (layer >= m->cfg.n_layers)
+		return kvt_fail(m, -EINVAL, "%s: layer %u out of range", what, layer);
+	if (n > max_batch)
+		return kvt_fail(m, -ENOSPC, "%s: a batch of %u, room for %u", what, n, max_batch);
+	if (!direct && !m->ops->dmem_copy)
+		return kvt_fail(m, -ENOTSUP, "%s: backend %s cannot write device memory", what,
+				m->ops->name);
+	return 0;
+}
+
+/* The batch's own tables, for the calls that read them themselves (the paged form, the
+   batched attention): checks every member, sets t's capacities to the batch's largest counts,
+   lays the tables out at the start of m->tab (*bytes of them) with `extra` bytes after them
+   (a multiple of 8), then the sort scratch and `floats` floats, and fills them into *d. 0 or
+   the error, recorded. */
+static int tables_own(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, uint32_t n,
+		      struct kvt_attn_tables *t, struct tab_dst *d, size_t extra, uint64_t floats,
+		      size_t *bytes, const char *what)
+{
+	uint64_t rows = (uint64_t)n * m->cfg.n_kv_heads;
+	uint32_t most_f, most_r;
+	int err;
+
+	*t = (struct kvt_attn_tables){.size = sizeof(*t),
+				      .max_batch = n,
+				      .max_frames = UINT32_MAX,
+				      .max_recall = UINT32_MAX};
+	err = tables_check(m, layer, ids, n, t, &most_f, &most_r, what);
+	if (err)
+		return err;
+	t->max_frames = most_f ? most_f : 1;
+	t->max_recall = most_r ? most_r : 1;
+	*bytes = tab_layout(d, NULL, rows, rows, t->max_frames, t->max_recall);
+	if (!*bytes || tab_reserve(m, *bytes + extra, t->max_recall, floats))
+		return kvt_fail(m, -ENOMEM, "%s: no memory for the tables of %u sequences", what,
+				n);
+	tab_layout(d, (char *)m->tab, rows, rows, t->max_frames, t->max_recall);
+	tables_fill(m, layer, ids, n, t, d,
+		    (struct tab_ref *)(void *)((char *)m->tab + *bytes + extra));
+	return 0;
+}
+
 int kvt_tables_write(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, uint32_t n,
 		     const struct kvt_attn_tables *t, void *stream)
 {
@@ -251,13 +298,9 @@ int kvt_tables_write(struct kvt_manager *m, uint32_t layer, const uint64_t *ids,
 	if (!t->n_batch || !t->n_tokens || !t->frames || !t->n_recall || !t->recall ||
 	    !t->recall_tokens || !t->recall_skip)
 		return kvt_fail(m, -EINVAL, "tables: NULL buffer");
-	if (layer >= m->cfg.n_layers)
-		return kvt_fail(m, -EINVAL, "tables: layer %u out of range", layer);
-	if (n > t->max_batch)
-		return kvt_fail(m, -ENOSPC, "tables: a batch of %u, room for %u", n, t->max_batch);
-	if (!direct && !m->ops->dmem_copy)
-		return kvt_fail(m, -ENOTSUP, "tables: backend %s cannot write device memory",
-				m->ops->name);
+	err = out_check(m, layer, n, t->max_batch, direct, "tables");
+	if (err)
+		return err;
 	rows = (uint64_t)t->max_batch * H;
 	n_rows = (uint64_t)n * H;
 	bytes = tab_layout(&d, NULL, rows, n_rows, t->max_frames, t->max_recall);
@@ -350,9 +393,8 @@ int kvt_attend_run(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, u
 {
 	const uint32_t H = m->cfg.n_kv_heads, D = m->cfg.head_dim, G = m->group_q;
 	const size_t esz = m->esize, qrow = (size_t)G * D * esz;
-	struct kvt_attn_tables t = {.size = sizeof(t), .max_batch = n};
+	struct kvt_attn_tables t;
 	struct kvt_attn_desc desc;
-	uint32_t most_f, most_r;
 	struct tab_dst d;
 	uint64_t sbytes, off, most_t = 0;
 	uint32_t splits;
@@ -366,18 +408,10 @@ int kvt_attend_run(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, u
 	if (!m->payload || (!m->cpu_device && (!m->ops->attend_batch || !m->ops->dmem_alloc)))
 		return kvt_fail(m, -ENOTSUP, "attend: backend %s has no batched attention",
 				m->ops->name);
-	t.max_frames = t.max_recall = UINT32_MAX;
-	err = tables_check(m, layer, ids, n, &t, &most_f, &most_r, "attend");
+	err = tables_own(m, layer, ids, n, &t, &d, 0, kvt_attend_table_scratch(G, D), &bytes,
+			 "attend");
 	if (err)
 		return err;
-	t.max_frames = most_f ? most_f : 1;
-	t.max_recall = most_r ? most_r : 1;
-	bytes = tab_layout(&d, NULL, (uint64_t)n * H, (uint64_t)n * H, t.max_frames, t.max_recall);
-	if (!bytes || tab_reserve(m, bytes, t.max_recall, kvt_attend_table_scratch(G, D)))
-		return kvt_fail(m, -ENOMEM, "attend: no memory for the tables of %u sequences", n);
-	tab_layout(&d, (char *)m->tab, (uint64_t)n * H, (uint64_t)n * H, t.max_frames,
-		   t.max_recall);
-	tables_fill(m, layer, ids, n, &t, &d, (struct tab_ref *)(void *)((char *)m->tab + bytes));
 	if (m->cpu_device) {
 		/* the rows' scratch after the refs */
 		float *f = (float *)(void *)((char *)m->tab + bytes +
@@ -474,10 +508,10 @@ int kvt_paged_write(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, 
 {
 	const uint32_t H = m->cfg.n_kv_heads;
 	bool direct = m->cpu_device || !m->payload;
-	struct kvt_attn_tables t = {.size = sizeof(t), .max_batch = n};
+	struct kvt_attn_tables t;
 	struct kvt_paged_tables h;
-	uint64_t rows, pages, tokens, pool;
-	uint32_t most_f, most_r;
+	struct kvt_pool_info pool;
+	uint64_t rows, pages, tokens;
 	struct tab_dst d;
 	size_t bytes, cb;
 	int err;
@@ -489,37 +523,22 @@ int kvt_paged_write(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, 
 				sizeof(*p));
 	if (!p->indptr || !p->indices || !p->last_page_len || !p->r_indptr || !p->r_indices)
 		return kvt_fail(m, -EINVAL, "paged: NULL buffer");
-	if (layer >= m->cfg.n_layers)
-		return kvt_fail(m, -EINVAL, "paged: layer %u out of range", layer);
-	if (n > p->max_batch)
-		return kvt_fail(m, -ENOSPC, "paged: a batch of %u, room for %u", n, p->max_batch);
-	if (!direct && !m->ops->dmem_copy)
-		return kvt_fail(m, -ENOTSUP, "paged: backend %s cannot write device memory",
-				m->ops->name);
-	/* every pool block's rows must have int32 token indices */
-	pool = ((uint64_t)m->dev.n_units * H + m->rc.n) * 2 * m->cfg.block_tokens;
-	if (pool > INT32_MAX || (uint64_t)p->max_batch * H + 1 > INT32_MAX)
-		return kvt_fail(m, -ENOTSUP, "paged: %llu pool rows do not fit int32 indices",
-				(unsigned long long)pool);
-	t.max_frames = t.max_recall = UINT32_MAX;
-	err = tables_check(m, layer, ids, n, &t, &most_f, &most_r, "paged");
+	err = out_check(m, layer, n, p->max_batch, direct, "paged");
 	if (err)
 		return err;
-	t.max_frames = most_f ? most_f : 1;
-	t.max_recall = most_r ? most_r : 1;
 	rows = (uint64_t)p->max_batch * H;
-	bytes = tab_layout(&d, NULL, (uint64_t)n * H, (uint64_t)n * H, t.max_frames, t.max_recall);
-	/* the host copy of the paged arrays after the tables: at most every frame and every
-	   recalled row of the batch */
-	cb = (size_t)(2 * (rows + 1) + rows + (uint64_t)n * H * t.max_frames +
-		      (uint64_t)n * H * t.max_recall * m->cfg.block_tokens) *
-	     4;
-	if (!bytes || tab_reserve(m, bytes + (cb + 7) / 8 * 8, t.max_recall, 0))
-		return kvt_fail(m, -ENOMEM, "paged: no memory for the tables of %u sequences", n);
-	tab_layout(&d, (char *)m->tab, (uint64_t)n * H, (uint64_t)n * H, t.max_frames,
-		   t.max_recall);
-	tables_fill(m, layer, ids, n, &t, &d,
-		    (struct tab_ref *)(void *)((char *)m->tab + bytes + (cb + 7) / 8 * 8));
+	/* every pool block's rows must have int32 token indices */
+	kvt_manager_pool(m, &pool);
+	if (pool.n_blocks * 2 * pool.block_tokens > INT32_MAX || rows + 1 > INT32_MAX)
+		return kvt_fail(m, -ENOTSUP, "paged: %llu pool rows do not fit int32 indices",
+				(unsigned long long)(pool.n_blocks * 2 * pool.block_tokens));
+	/* on a device, the host copy of the paged arrays goes after the tables: as large as the
+	   caller's buffers */
+	cb = direct ? 0
+		    : ((size_t)(3 * rows + 2) + p->max_pages + (size_t)p->max_tokens + 1) / 2 * 8;
+	err = tables_own(m, layer, ids, n, &t, &d, cb, 0, &bytes, "paged");
+	if (err)
+		return err;
 	paged_fill(m, &d, n, &t, &pages, &tokens, NULL, p->max_batch);
 	if (pages > p->max_pages || tokens > p->max_tokens)
 		return kvt_fail(m, -ENOSPC,
