@@ -222,6 +222,26 @@ static void cu_dev_read(void *dst, uint64_t addr, size_t n)
 	}
 }
 
+/* Device copies dv[k] of the k host buffers h[k] of n[k] bytes (NULL ones stay NULL). */
+static void cu_ins(void *const *h, const size_t *n, void **dv, int k)
+{
+	for (int i = 0; i < k; i++)
+		dv[i] = cu_in(h[i], n[i]);
+}
+
+/* After a call that wrote the device copies of cu_ins on stream: reads each back into its
+   host buffer, and frees it. */
+static void cu_outs(void *const *h, const size_t *n, void *const *dv, int k, void *stream)
+{
+	if (cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess)
+		abort();
+	for (int i = 0; i < k; i++) {
+		if (dv[i] != h[i])
+			cu_dev_read(h[i], (uint64_t)(uintptr_t)dv[i], n[i]);
+		cu_drop(dv[i], h[i]);
+	}
+}
+
 /* kvt_step_tables over device copies of t's buffers (NULL ones stay NULL), read back after the
    call. */
 static int cu_step_tables(struct kvt_manager *m, uint32_t layer, const struct kvt_attn_tables *t,
@@ -244,8 +264,7 @@ static int cu_step_tables(struct kvt_manager *m, uint32_t layer, const struct kv
 	h[4] = t->recall, n[4] = rows * t->max_recall * 4;
 	h[5] = t->recall_tokens, n[5] = rows * t->max_recall * 4;
 	h[6] = t->recall_skip, n[6] = rows * t->max_recall * 8;
-	for (int k = 0; k < 7; k++)
-		dv[k] = cu_in(h[k], n[k]);
+	cu_ins(h, n, dv, 7);
 	d.n_batch = dv[0];
 	d.n_tokens = dv[1];
 	d.frames = dv[2];
@@ -254,13 +273,7 @@ static int cu_step_tables(struct kvt_manager *m, uint32_t layer, const struct kv
 	d.recall_tokens = dv[5];
 	d.recall_skip = dv[6];
 	rc = kvt_step_tables(m, layer, &d, stream);
-	if (cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess)
-		abort();
-	for (int k = 0; k < 7; k++) {
-		if (dv[k] != h[k])
-			cu_dev_read(h[k], (uint64_t)(uintptr_t)dv[k], n[k]);
-		cu_drop(dv[k], h[k]);
-	}
+	cu_outs(h, n, dv, 7, stream);
 	return rc;
 }
 
@@ -283,21 +296,14 @@ static int cu_step_paged(struct kvt_manager *m, uint32_t layer, const struct kvt
 	h[2] = p->last_page_len, n[2] = rows * 4;
 	h[3] = p->r_indptr, n[3] = (rows + 1) * 4;
 	h[4] = p->r_indices, n[4] = (size_t)p->max_tokens * 4;
-	for (int k = 0; k < 5; k++)
-		dv[k] = cu_in(h[k], n[k]);
+	cu_ins(h, n, dv, 5);
 	d.indptr = dv[0];
 	d.indices = dv[1];
 	d.last_page_len = dv[2];
 	d.r_indptr = dv[3];
 	d.r_indices = dv[4];
 	rc = kvt_step_paged(m, layer, &d, stream);
-	if (cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess)
-		abort();
-	for (int k = 0; k < 5; k++) {
-		if (dv[k] != h[k])
-			cu_dev_read(h[k], (uint64_t)(uintptr_t)dv[k], n[k]);
-		cu_drop(dv[k], h[k]);
-	}
+	cu_outs(h, n, dv, 5, stream);
 	return rc;
 }
 
@@ -307,27 +313,18 @@ static int cu_step_attend(struct kvt_manager *m, uint32_t layer, uint32_t n, con
 			  void *out, float *lse, void *stream)
 {
 	struct kvt_config c;
-	size_t qb, lb;
-	void *dq, *dout, *dlse;
+	size_t nb[3];
+	void *h[3] = {(void *)(uintptr_t)q, out, lse}, *dv[3];
 	int rc;
 
 	if (cu_shape(m, 0, &c, NULL))
 		return kvt_step_attend(m, layer, q, out, lse, stream);
-	qb = (size_t)n * c.n_q_heads * c.head_dim * kvt_dtype_size(c.dtype);
-	lb = (size_t)n * c.n_q_heads * sizeof(float);
-	dq = cu_in(q, qb);
-	dout = cu_in(out, qb);
-	dlse = cu_in(lse, lb);
-	rc = kvt_step_attend(m, layer, dq, dout, dlse, stream);
-	if (cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess)
-		abort();
-	if (dout != out)
-		cu_dev_read(out, (uint64_t)(uintptr_t)dout, qb);
-	if (dlse != lse)
-		cu_dev_read(lse, (uint64_t)(uintptr_t)dlse, lb);
-	cu_drop(dq, q);
-	cu_drop(dout, out);
-	cu_drop(dlse, lse);
+	nb[0] = nb[1] = (size_t)n * c.n_q_heads * c.head_dim * kvt_dtype_size(c.dtype);
+	nb[2] = (size_t)n * c.n_q_heads * sizeof(float);
+	cu_ins(h, nb, dv, 3);
+	rc = kvt_step_attend(m, layer, dv[0], dv[1], dv[2], stream);
+	cu_outs(h + 1, nb + 1, dv + 1, 2, stream); /* out and lse; q is only read */
+	cu_drop(dv[0], q);
 	return rc;
 }
 
