@@ -167,12 +167,8 @@ int bench_attend(int argc, char **argv)
 		fprintf(stderr, "kvtier-bench: out of memory\n");
 		goto out;
 	}
-	for (size_t x = 0; x < krow; x++) /* bf16 values in about [-2, 2) */
-		k[x] = (uint16_t)(0x3c00u + (sim_splitmix64(&rng) & 0x7fu) +
-				  ((sim_splitmix64(&rng) & 1u) << 15));
-	for (size_t x = 0; x < qn; x++)
-		q[x] = (uint16_t)(0x3c00u + (sim_splitmix64(&rng) & 0xffu) +
-				  ((sim_splitmix64(&rng) & 1u) << 15));
+	bench_rand_bf16(&rng, k, krow, 0x7fu);
+	bench_rand_bf16(&rng, q, qn, 0xffu);
 	for (size_t x = 0; x < (size_t)o.seqs * H * o.r; x++)
 		sel[x] = lo_b + (uint32_t)(sim_splitmix64(&rng) % (hi_b - lo_b));
 	for (uint32_t i = 0; i < o.seqs && !err; i++) {

@@ -258,9 +258,7 @@ static int bench_quest(const struct ropts *o)
 		fprintf(stderr, "kvtier-bench: out of memory\n");
 		goto out;
 	}
-	for (size_t x = 0; x < krow; x++) /* bf16 values in about [-2, 2) */
-		k[x] = (uint16_t)(0x3c00u + (sim_splitmix64(&rng) & 0x7fu) +
-				  ((sim_splitmix64(&rng) & 1u) << 15));
+	bench_rand_bf16(&rng, k, krow, 0x7fu);
 	for (uint32_t i = 0; i < o->seqs && !err; i++) {
 		ids[i] = 9000 + (uint64_t)i;
 		err = kvt_seq_create(m, ids[i], o->prompt);
@@ -276,9 +274,7 @@ static int bench_quest(const struct ropts *o)
 
 		for (uint32_t l = 0; l < o->layers && !err; l++)
 			err = kvt_decode_append(m, l, ids, o->seqs, kd, kd, NULL);
-		for (size_t x = 0; x < (size_t)o->seqs * Hq * D; x++)
-			q[x] = (uint16_t)(0x3c00u + (sim_splitmix64(&rng) & 0xffu) +
-					  ((sim_splitmix64(&rng) & 1u) << 15));
+		bench_rand_bf16(&rng, q, (size_t)o->seqs * Hq * D, 0xffu);
 		t0 = sim_now_s();
 		for (uint32_t l = 0; l < o->layers && !err; l++)
 			err = kvt_decode_recall(m, l, ids, o->seqs, q, NULL);
