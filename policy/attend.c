@@ -9,6 +9,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "attn_row.h"
 #include "policy.h"
 
 #define ATTEND_CHUNK 64
@@ -104,29 +105,6 @@ static inline float dot(const float *q, const float *row, uint32_t D)
 	return acc;
 }
 
-/* Row t of row r's token list (resident slots, then the recalled blocks' rows): its block's K
-   row address, or 0 when it is skipped (a recalled row past its block's tokens or marked
-   resident). */
-static uint64_t table_row(const struct kvt_attn_desc *d, uint32_t r, uint64_t t)
-{
-	uint32_t bt = d->block_tokens, nt = d->n_tokens[r];
-	uint64_t blk;
-	uint32_t row;
-
-	if (t < nt) {
-		blk = d->frames[(size_t)r * d->max_frames + t / bt];
-		row = (uint32_t)(t % bt);
-	} else {
-		size_t x = (size_t)r * d->max_recall + (t - nt) / bt;
-
-		row = (uint32_t)((t - nt) % bt);
-		if (row >= d->recall_tokens[x] || (d->recall_skip[x] >> row & 1))
-			return 0;
-		blk = d->recall[x];
-	}
-	return d->pool + blk * d->block_bytes + (uint64_t)row * d->row_bytes;
-}
-
 void kvt_attend_table(enum kvt_dtype dt, const struct kvt_attn_desc *d, uint32_t r, const void *q,
 		      void *out, float *lse, float *scratch)
 {
@@ -142,7 +120,7 @@ void kvt_attend_table(enum kvt_dtype dt, const struct kvt_attn_desc *d, uint32_t
 	for (uint32_t g = 0; g < G; g++)
 		m[g] = -INFINITY, sum[g] = 0.0f;
 	for (uint64_t t = 0; t < total; t++) {
-		uint64_t a = table_row(d, r, t);
+		uint64_t a = kvt_attn_row(d, r, t);
 
 		if (!a)
 			continue;
@@ -155,7 +133,7 @@ void kvt_attend_table(enum kvt_dtype dt, const struct kvt_attn_desc *d, uint32_t
 		}
 	}
 	for (uint64_t t = 0; t < total; t++) {
-		uint64_t a = table_row(d, r, t);
+		uint64_t a = kvt_attn_row(d, r, t);
 
 		if (!a)
 			continue;

@@ -17,6 +17,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "attn_row.h"
 #include "dtype.cuh"
 #include "gpu.h"
 
@@ -161,28 +162,6 @@ extern "C" int kvt_gpu_attend(enum kvt_dtype dt, uint32_t head_dim, uint32_t n_h
 #define AB_WARPS (AB_THREADS / 32)
 #define AB_CHUNK 32 /* tokens whose weights are staged at once */
 
-/* Row r's token t: its K row's address, or 0 when it is skipped (as policy/attend.c's
-   table_row). */
-static __device__ __forceinline__ uint64_t ab_row(const struct kvt_attn_desc &d, uint32_t r,
-						  uint64_t t)
-{
-	uint32_t bt = d.block_tokens, nt = d.n_tokens[r], row;
-	uint64_t blk;
-
-	if (t < nt) {
-		blk = d.frames[(size_t)r * d.max_frames + t / bt];
-		row = (uint32_t)(t % bt);
-	} else {
-		size_t x = (size_t)r * d.max_recall + (t - nt) / bt;
-
-		row = (uint32_t)((t - nt) % bt);
-		if (row >= d.recall_tokens[x] || ((d.recall_skip[x] >> row) & 1))
-			return 0;
-		blk = d.recall[x];
-	}
-	return d.pool + blk * d.block_bytes + (uint64_t)row * d.row_bytes;
-}
-
 /* q . K row / norm by the whole warp, q of dtype T; every lane gets lane 0's value. */
 template <typename T>
 static __device__ __forceinline__ float ab_logit(const T *__restrict__ q, uint64_t row, uint32_t D,
@@ -237,7 +216,7 @@ static __global__ void __launch_bounds__(AB_THREADS)
 
 	/* pass 1: the part's max logit of each head */
 	for (uint64_t t = t0 + warp; t < t1; t += AB_WARPS) {
-		uint64_t a = ab_row(d, r, t);
+		uint64_t a = kvt_attn_row(&d, r, t);
 
 		if (!a)
 			continue;
@@ -259,7 +238,7 @@ static __global__ void __launch_bounds__(AB_THREADS)
 		uint32_t cn = t1 - c0 < AB_CHUNK ? (uint32_t)(t1 - c0) : AB_CHUNK;
 
 		for (uint32_t c = warp; c < cn; c += AB_WARPS) {
-			uint64_t a = ab_row(d, r, c0 + c);
+			uint64_t a = kvt_attn_row(&d, r, c0 + c);
 
 			for (uint32_t g = 0; g < gc; g++) {
 				float l = a ? ab_logit<T>(qr + (size_t)g * D, a, D, norm, lane)
