@@ -464,6 +464,102 @@ KVT_API int kvt_attend_batch(struct kvt_manager *m, uint32_t layer, const uint64
 	return kvt_attend_run(m, layer, seqs, n, q, out, lse, stream);
 }
 
+/* The checks kvt_attend_tables and its scratch query share; *splits and *bytes: the kernel's
+   split count and scratch of t's capacities (0 bytes where the host runs it). */
+static int attend_tables_check(struct kvt_manager *m, const struct kvt_attn_tables *t,
+			       uint32_t *splits, uint64_t *bytes)
+{
+	const uint32_t H = m->cfg.n_kv_heads, G = m->group_q, D = m->cfg.head_dim;
+	uint64_t rows, most;
+
+	if (!t)
+		return kvt_fail(m, -EINVAL, "attend tables: NULL tables");
+	if (t->size < sizeof(*t))
+		return kvt_fail(m, -EINVAL, "attend tables: size %u, want at least %zu", t->size,
+				sizeof(*t));
+	if (!t->n_batch || !t->n_tokens || !t->frames || !t->n_recall || !t->recall ||
+	    !t->recall_tokens || !t->recall_skip)
+		return kvt_fail(m, -EINVAL, "attend tables: NULL buffer");
+	if (!t->max_batch || !t->max_frames || !t->max_recall)
+		return kvt_fail(m, -EINVAL, "attend tables: a capacity of 0");
+	if (!m->payload || (!m->cpu_device && !m->ops->attend_batch))
+		return kvt_fail(m, -ENOTSUP, "attend tables: backend %s has no batched attention",
+				m->ops->name);
+	rows = (uint64_t)t->max_batch * H;
+	most = ((uint64_t)t->max_frames + t->max_recall) * m->cfg.block_tokens;
+	*splits = kvt_gpu_attend_splits(rows, G, most);
+	*bytes = m->cpu_device ? 0 : kvt_gpu_attend_batch_scratch(rows, G, D, *splits);
+	if (rows * *splits > INT32_MAX || rows * G > INT32_MAX)
+		return kvt_fail(m, -E2BIG, "attend tables: %u rows of %u kv heads, too many",
+				t->max_batch, H);
+	return 0;
+}
+
+KVT_API int kvt_attend_tables_scratch(struct kvt_manager *m, const struct kvt_attn_tables *t,
+				      uint64_t *bytes)
+{
+	uint32_t splits;
+	uint64_t b;
+	int err;
+
+	if (!m)
+		return -EINVAL;
+	if (!bytes)
+		return kvt_fail(m, -EINVAL, "attend tables: NULL bytes");
+	err = attend_tables_check(m, t, &splits, &b);
+	if (!err)
+		*bytes = b;
+	return err;
+}
+
+KVT_API int kvt_attend_tables(struct kvt_manager *m, const struct kvt_attn_tables *t, const void *q,
+			      void *out, float *lse, void *scratch, uint64_t scratch_bytes,
+			      void *stream)
+{
+	const uint32_t H = m ? m->cfg.n_kv_heads : 0, G = m ? m->group_q : 0;
+	const size_t qrow = m ? (size_t)G * m->cfg.head_dim * m->esize : 0;
+	struct kvt_attn_desc desc;
+	struct tab_dst d;
+	uint32_t splits, n;
+	uint64_t need;
+	int err;
+
+	if (!m)
+		return -EINVAL;
+	err = attend_tables_check(m, t, &splits, &need);
+	if (err)
+		return err;
+	if (!q || !out)
+		return kvt_fail(m, -EINVAL, "attend tables: NULL %s", !q ? "q" : "out");
+	if (!m->cpu_device && (!scratch || scratch_bytes < need))
+		return kvt_fail(m, -ENOSPC, "attend tables: scratch of %llu bytes, want %llu",
+				(unsigned long long)scratch_bytes, (unsigned long long)need);
+	d = (struct tab_dst){t->n_tokens, t->frames,	    t->n_recall,
+			     t->recall,	  t->recall_tokens, t->recall_skip};
+	desc = attn_desc(m, &d, t->max_batch, t);
+	desc.n_batch = t->n_batch;
+	if (m->cpu_device) {
+		float *f;
+
+		if (tab_reserve(m, 0, 0, kvt_attend_table_scratch(G, m->cfg.head_dim)))
+			return kvt_fail(m, -ENOMEM, "attend tables: no memory for the scratch");
+		err = m->ops->sync(m->be, NULL); /* the frames' writers */
+		if (err)
+			return kvt_fail(m, err, "attend tables: %s", m->be->err);
+		f = (float *)(void *)m->tab;
+		n = *t->n_batch < t->max_batch ? *t->n_batch : t->max_batch;
+		for (uint64_t r = 0; r < (uint64_t)n * H; r++)
+			kvt_attend_table(m->cfg.dtype, &desc, (uint32_t)r,
+					 (const char *)q + r * qrow, (char *)out + r * qrow,
+					 lse ? lse + r * G : NULL, f);
+		return 0;
+	}
+	m->dev_queued = true; /* it reads frames */
+	err = m->ops->attend_batch(m->be, m->cfg.dtype, &desc, q, out, lse,
+				   (uint64_t)(uintptr_t)scratch, splits, stream);
+	return err ? kvt_fail(m, err, "attend tables: %s", m->be->err) : 0;
+}
+
 /* Counts the paged form of tables d (n members, capacities of t): resident pages and
    recalled tokens of all rows; with out, writes them there (host memory). */
 static void paged_fill(const struct kvt_manager *m, const struct tab_dst *d, uint32_t n,

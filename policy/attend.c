@@ -109,7 +109,7 @@ void kvt_attend_table(enum kvt_dtype dt, const struct kvt_attn_desc *d, uint32_t
 		      void *out, float *lse, float *scratch)
 {
 	uint32_t D = d->head_dim, G = d->g_count;
-	uint64_t total = d->n_tokens[r] + (uint64_t)d->n_recall[r] * d->block_tokens;
+	uint64_t total = kvt_attn_count(d, r);
 	float norm = sqrtf((float)D), *qf = scratch, *acc = qf + (size_t)G * D;
 	float *row = acc + (size_t)G * D, *m = row + D, *sum = m + G, *w = sum + G;
 

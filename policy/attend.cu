@@ -195,7 +195,7 @@ static __global__ void __launch_bounds__(AB_THREADS)
 	const uint32_t G = d.g_count, D = d.head_dim, g0 = blockIdx.y * KVT_ATT_G;
 	const uint32_t gc = G - g0 < KVT_ATT_G ? G - g0 : KVT_ATT_G;
 	const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-	const uint64_t total = d.n_tokens[r] + (uint64_t)d.n_recall[r] * d.block_tokens;
+	const uint64_t total = kvt_attn_count(&d, r);
 	const uint64_t per = (total + splits - 1) / splits;
 	const uint64_t t0 = sp * per < total ? sp * per : total;
 	const uint64_t t1 = t0 + per < total ? t0 + per : total;
@@ -208,6 +208,8 @@ static __global__ void __launch_bounds__(AB_THREADS)
 	float *ml = scratch + part * 2;
 	float *acc = scratch + (size_t)gridDim.x * G * 2 + part * D;
 
+	if (kvt_attn_padding(&d, r))
+		return; /* the same for the whole CTA: merge skips the row */
 	for (uint32_t g = 0; g < KVT_ATT_G; g++)
 		m[g] = -INFINITY, sum[g] = 0.0f;
 	for (uint32_t g = 0; g < gc; g++)
@@ -276,15 +278,19 @@ static __global__ void __launch_bounds__(AB_THREADS)
 }
 
 /* Grid rows * G: CTA (r * G + g) merges the splits of row r's query head g by their
-   log-sum-exp into out (dtype T) and lse. */
+   log-sum-exp into out (dtype T) and lse; a padding row's CTAs write nothing. */
 template <typename T>
 static __global__ void __launch_bounds__(AB_THREADS)
-	ab_merge(uint32_t G, uint32_t D, const float *__restrict__ scratch, uint32_t splits,
-		 uint64_t parts, T *__restrict__ out, float *__restrict__ lse)
+	ab_merge(uint32_t G, uint32_t D, const uint32_t *__restrict__ n_batch, uint32_t H,
+		 const float *__restrict__ scratch, uint32_t splits, uint64_t parts,
+		 T *__restrict__ out, float *__restrict__ lse)
 {
 	const uint32_t r = blockIdx.x / G, g = blockIdx.x % G;
 	const float *ml = scratch, *acc = scratch + parts * G * 2;
 	float M = -INFINITY, L = 0.0f;
+
+	if (n_batch && r / H >= *n_batch)
+		return;
 
 	for (uint32_t sp = 0; sp < splits; sp++) {
 		size_t part = ((size_t)r * splits + sp) * G + g;
@@ -323,7 +329,8 @@ static int ab_launch(const struct kvt_attn_desc &d, const void *q, void *out, fl
 
 	ab_part<T><<<grid, AB_THREADS, 0, st>>>(d, (const T *)q, scratch, splits, norm);
 	ab_merge<T><<<(unsigned int)(rows * d.g_count), AB_THREADS, 0, st>>>(
-		d.g_count, d.head_dim, scratch, splits, rows * splits, (T *)out, lse);
+		d.g_count, d.head_dim, d.n_batch, d.n_kv_heads, scratch, splits, rows * splits,
+		(T *)out, lse);
 	return cudaGetLastError();
 }
 

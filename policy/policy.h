@@ -101,10 +101,14 @@ void kvt_attend_rows(enum kvt_dtype dt, uint32_t head_dim, const float *q, uint3
    for j < n_recall[r] the rows t < recall_tokens[x] of block recall[x] (x = r * max_recall +
    j) whose bit t of recall_skip[x] is clear; block i at pool + i * block_bytes, K rows first,
    V rows at v_offset, rows row_bytes apart. Query heads h * g_count .. + g_count of member i
-   read the row's kv head (GQA). */
+   read the row's kv head (GQA). With n_batch set, the rows of members i >= *n_batch have no
+   token and their out and lse are not written (a captured CUDA graph's fixed grid over the
+   capacities); counts past the capacities are clamped to them and blocks outside the pool
+   skipped (kvt_attn_count, kvt_attn_row), so no table makes a reader leave the pool. */
 struct kvt_attn_desc {
 	const uint32_t *n_tokens, *frames, *n_recall, *recall, *recall_tokens;
 	const uint64_t *recall_skip;
+	const uint32_t *n_batch; /* [1], or NULL: every member's rows */
 	uint64_t pool, pool_blocks, block_bytes, v_offset;
 	uint32_t row_bytes, block_tokens;
 	uint32_t n, n_kv_heads, g_count, head_dim; /* members, kv heads, query heads per kv head */

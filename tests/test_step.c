@@ -370,6 +370,34 @@ static uint32_t check_tables(struct kvt_manager *m, const struct kvt_config *c,
 		free(lo);
 		free(of);
 	}
+	/* the same over the tables as written, padded to their capacity: the members' rows as
+	   above, the padding members' out and lse not written */
+	{
+		size_t qa = (size_t)TAB_ROWS * qn * es;
+		uint8_t *qt = t_xmalloc(qa), *ot = t_xmalloc(qa);
+		float *lo = t_xmalloc(TAB_ROWS * c->n_q_heads * 4), *of = t_xmalloc(n * qn * 4);
+
+		memcpy(qt, qb, n * qn * es);
+		memset(qt + n * qn * es, 0x3c, qa - n * qn * es);
+		memset(ot, 0xa5, qa);
+		for (size_t e = 0; e < (size_t)TAB_ROWS * c->n_q_heads; e++)
+			lo[e] = 7.0f;
+		CHECK_RC(t_attend_tables(m, &x.t, qt, ot, lo, 0, NULL), 0);
+		kvt_to_f32(c->dtype, ot, of, n * qn);
+		for (size_t e = 0; e < n * qn; e++)
+			assert_float_equal(of[e], bo[e],
+					   (es == 2 ? 2e-3f : 1e-5f) * (1.0f + fabsf(bo[e])));
+		for (size_t e = 0; e < (size_t)n * c->n_q_heads; e++)
+			assert_float_equal(lo[e], bl[e], 1e-4f * (1.0f + fabsf(bl[e])));
+		for (size_t e = n * qn * es; e < qa; e++)
+			CHECK_EQ(ot[e], 0xa5);
+		for (size_t e = (size_t)n * c->n_q_heads; e < (size_t)TAB_ROWS * c->n_q_heads; e++)
+			assert_true(lo[e] == 7.0f);
+		free(qt);
+		free(ot);
+		free(lo);
+		free(of);
+	}
 	free(qb);
 	free(ob);
 	free(ql);
@@ -461,6 +489,74 @@ static void test_step_tables_contract(void **state)
 		CHECK_EQ(x.t.n_tokens[3 * H + h], 0);
 		CHECK_EQ(x.t.n_recall[3 * H + h], 0);
 		CHECK_EQ(x.t.frames[(3 * H + h) * TAB_FRAMES], TAB_SENTINEL); /* left alone */
+	}
+
+	/* attention over the caller's tables: what it refuses; tables naming blocks outside the
+	   pool or counts past the capacities are read as clamped, never outside the pool */
+	{
+		enum { QA = 4 * 4 * 16 * 2 };
+		uint8_t qa[QA], oa[QA], ok[QA];
+		float la[4 * 4], lk[4 * 4];
+		uint32_t G = c.n_q_heads / H, r = 1 * H + 1; /* member 1, kv head 1 */
+		uint64_t need = 7;
+		size_t es = kvt_dtype_size(c.dtype), hb = (size_t)G * c.head_dim * es;
+
+		for (size_t i = 0; i < QA; i++)
+			qa[i] = (uint8_t)(t_mix(i) % 61); /* small finite f16/bf16 values */
+		bad = x.t;
+		CHECK_RC(kvt_attend_tables(NULL, &bad, qa, oa, la, NULL, 0, NULL), -EINVAL);
+		CHECK_RC(kvt_attend_tables(m, NULL, qa, oa, la, NULL, 0, NULL), -EINVAL);
+		CHECK_RC(kvt_attend_tables_scratch(m, &bad, NULL), -EINVAL);
+		CHECK_RC(kvt_attend_tables_scratch(NULL, &bad, &need), -EINVAL);
+		bad.size = 8;
+		CHECK_RC(kvt_attend_tables_scratch(m, &bad, &need), -EINVAL);
+		CHECK_EQ(need, 7);
+		bad = x.t;
+		bad.frames = NULL;
+		CHECK_RC(kvt_attend_tables(m, &bad, qa, oa, la, NULL, 0, NULL), -EINVAL);
+		bad = x.t;
+		bad.max_recall = 0;
+		CHECK_RC(kvt_attend_tables(m, &bad, qa, oa, la, NULL, 0, NULL), -EINVAL);
+		assert_non_null(strstr(kvt_manager_last_error(m), "capacity"));
+		CHECK_RC(t_attend_tables(m, &x.t, NULL, oa, la, 0, NULL), -EINVAL);
+		CHECK_RC(t_attend_tables(m, &x.t, qa, NULL, la, 0, NULL), -EINVAL);
+		CHECK_RC(kvt_attend_tables_scratch(m, &x.t, &need), 0);
+		if (t_be->kind == KVT_BACKEND_HOST) {
+			CHECK_EQ(need, 0);
+		} else {
+			assert_true(need > 0);
+			CHECK_RC(t_attend_tables(m, &x.t, qa, oa, la, 1, NULL), -ENOSPC);
+		}
+		CHECK_RC(t_attend_tables(m, &x.t, qa, ok, lk, 0, NULL), 0);
+		/* row r names nothing in the pool, with counts past every capacity */
+		bad = x.t;
+		bad.n_tokens = t_xmalloc(4 * H * 4);
+		bad.frames = t_xmalloc(4 * H * TAB_FRAMES * 4);
+		bad.n_recall = t_xmalloc(4 * H * 4);
+		bad.recall = t_xmalloc(4 * H * R * 4);
+		memcpy(bad.n_tokens, x.t.n_tokens, 4 * H * 4);
+		memcpy(bad.frames, x.t.frames, 4 * H * TAB_FRAMES * 4);
+		memcpy(bad.n_recall, x.t.n_recall, 4 * H * 4);
+		memcpy(bad.recall, x.t.recall, 4 * H * R * 4);
+		bad.n_tokens[r] = UINT32_MAX;
+		bad.n_recall[r] = R + 3;
+		for (uint32_t f = 0; f < TAB_FRAMES; f++)
+			bad.frames[r * TAB_FRAMES + f] = (uint32_t)p.n_blocks + f;
+		for (uint32_t j = 0; j < R; j++)
+			bad.recall[r * R + j] = UINT32_MAX - j;
+		memset(oa, 0xa5, sizeof(oa));
+		CHECK_RC(t_attend_tables(m, &bad, qa, oa, la, 0, NULL), 0);
+		for (uint32_t rr = 0; rr < 3 * H; rr++) {
+			for (size_t e = 0; e < hb; e++)
+				CHECK_EQ(oa[rr * hb + e], rr == r ? 0 : ok[rr * hb + e]);
+			for (uint32_t g = 0; g < G; g++)
+				assert_true(rr == r ? la[rr * G + g] == -INFINITY
+						    : la[rr * G + g] == lk[rr * G + g]);
+		}
+		free(bad.n_tokens);
+		free(bad.frames);
+		free(bad.n_recall);
+		free(bad.recall);
 	}
 
 	/* the paged form: refused without room for the pages or the recalled tokens, writing

@@ -21,6 +21,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "attn_row.h"
 #include "calib_kernels.h"
 #include "fake_cudart.h"
 #include "gather.h"
@@ -474,6 +475,8 @@ static void attend_batch_work(void *args)
 	ho = VIEW(a->out, qb, "batched attention: out");
 	if (a->lse)
 		hl = VIEW(a->lse, rows * G * sizeof(float), "batched attention: lse");
+	if (a->d.n_batch)
+		h.n_batch = VIEW(a->d.n_batch, 4, "batched attention: n_batch");
 	rd[0] = RANGE(a->d.n_tokens, rows * 4);
 	rd[1] = RANGE(a->d.n_recall, rows * 4);
 	rd[2] = RANGE(a->d.frames, eb);
@@ -484,15 +487,19 @@ static void attend_batch_work(void *args)
 	rd[7] = RANGE(a->q, qb);
 	wr[0] = RANGE(a->out, qb);
 	wr[1] = RANGE(a->lse, a->lse ? rows * G * sizeof(float) : 0);
-	fake_cuda_check_footprint(wr, a->lse ? 2 : 1, rd, 8, "kvt_gpu_attend_batch");
+	rd[8] = RANGE(a->d.n_batch, a->d.n_batch ? 4 : 0);
+	fake_cuda_check_footprint(wr, a->lse ? 2 : 1, rd, 9, "kvt_gpu_attend_batch");
 	for (uint64_t r = 0; r < rows; r++) {
-		/* every row's frames and recalled blocks lie in the pool */
-		for (uint64_t f = 0; f * h.block_tokens < h.n_tokens[r]; f++)
+		if (kvt_attn_padding(&h, (uint32_t)r))
+			continue; /* a padding row: nothing written */
+		/* every row's frames and recalled blocks lie in the pool, in the tables
+		   kvt_attend_batch makes (the caller's, with n_batch, are read as clamped) */
+		for (uint64_t f = 0; !h.n_batch && f * h.block_tokens < h.n_tokens[r]; f++)
 			if (h.frames[r * h.max_frames + f] >= h.pool_blocks)
 				fake_cuda_die(
 					"batched attention: row %llu frame %llu past the pool",
 					(unsigned long long)r, (unsigned long long)f);
-		for (uint32_t j = 0; j < h.n_recall[r]; j++)
+		for (uint32_t j = 0; !h.n_batch && j < h.n_recall[r]; j++)
 			if (h.recall[r * h.max_recall + j] >= h.pool_blocks)
 				fake_cuda_die(
 					"batched attention: row %llu recalled block %u past the "

@@ -66,6 +66,11 @@ struct t_backend {
 	/* kvt_step_attend; n: the step's batch size; q, out and lse in host memory here */
 	int (*step_attend)(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *q,
 			   void *out, float *lse, void *stream);
+	/* kvt_attend_tables over t (host buffers here, as step_tables, with t->max_batch
+	   members' q, out and lse in host memory) with the scratch it asks for (on the CUDA
+	   backend extra bytes of scratch: the fixture passes that many fewer) */
+	int (*attend_tables)(struct kvt_manager *m, const struct kvt_attn_tables *t, const void *q,
+			     void *out, float *lse, int64_t scratch_short, void *stream);
 };
 
 extern const struct t_backend t_backend_host;
@@ -140,6 +145,13 @@ static inline int t_step_attend(struct kvt_manager *m, uint32_t layer, uint32_t 
 				void *out, float *lse, void *stream)
 {
 	return t_be->step_attend(m, layer, n, q, out, lse, stream);
+}
+
+static inline int t_attend_tables(struct kvt_manager *m, const struct kvt_attn_tables *t,
+				  const void *q, void *out, float *lse, int64_t scratch_short,
+				  void *stream)
+{
+	return t_be->attend_tables(m, t, q, out, lse, scratch_short, stream);
 }
 
 static inline void t_dev_read(void *dst, uint64_t addr, size_t n)

@@ -328,6 +328,55 @@ static int cu_step_attend(struct kvt_manager *m, uint32_t layer, uint32_t n, con
 	return rc;
 }
 
+/* kvt_attend_tables over device copies of t's buffers, q, out and lse (out and lse read back
+   after the call, whatever it returned), with scratch_short bytes less scratch than asked. */
+static int cu_attend_tables(struct kvt_manager *m, const struct kvt_attn_tables *t, const void *q,
+			    void *out, float *lse, int64_t scratch_short, void *stream)
+{
+	struct kvt_config c;
+	struct kvt_attn_tables d;
+	size_t rows, n[10];
+	void *h[10], *dv[10], *scratch = NULL;
+	uint64_t need = 0;
+	int rc;
+
+	if (!t || t->size < sizeof(*t) || !q || !out || cu_shape(m, 0, &c, NULL) ||
+	    kvt_attend_tables_scratch(m, t, &need))
+		return kvt_attend_tables(m, t, q, out, lse, NULL, 0, stream);
+	d = *t;
+	rows = (size_t)t->max_batch * c.n_kv_heads;
+	h[0] = t->n_batch, n[0] = 4;
+	h[1] = t->n_tokens, n[1] = rows * 4;
+	h[2] = t->frames, n[2] = rows * t->max_frames * 4;
+	h[3] = t->n_recall, n[3] = rows * 4;
+	h[4] = t->recall, n[4] = rows * t->max_recall * 4;
+	h[5] = t->recall_tokens, n[5] = rows * t->max_recall * 4;
+	h[6] = t->recall_skip, n[6] = rows * t->max_recall * 8;
+	h[7] = (void *)(uintptr_t)q;
+	n[7] = n[8] = (size_t)t->max_batch * c.n_q_heads * c.head_dim * kvt_dtype_size(c.dtype);
+	h[8] = out;
+	h[9] = lse, n[9] = (size_t)t->max_batch * c.n_q_heads * sizeof(float);
+	cu_ins(h, n, dv, 10);
+	d.n_batch = dv[0];
+	d.n_tokens = dv[1];
+	d.frames = dv[2];
+	d.n_recall = dv[3];
+	d.recall = dv[4];
+	d.recall_tokens = dv[5];
+	d.recall_skip = dv[6];
+	if ((int64_t)need > scratch_short &&
+	    cudaMalloc(&scratch, (size_t)((int64_t)need - scratch_short)) != cudaSuccess)
+		abort();
+	rc = kvt_attend_tables(m, &d, dv[7], dv[8], dv[9], scratch,
+			       (uint64_t)((int64_t)need - scratch_short), stream);
+	cu_outs(h + 8, n + 8, dv + 8, 2, stream); /* out and lse; the rest is only read */
+	for (int i = 0; i < 8; i++)
+		cu_drop(dv[i], h[i]);
+	if (scratch)
+		cudaFree(scratch);
+	return rc;
+}
+
 const struct t_backend t_backend_cuda = {
 	.name = "cuda",
 	.kind = KVT_BACKEND_CUDA,
@@ -343,6 +392,7 @@ const struct t_backend t_backend_cuda = {
 	.step_tables = cu_step_tables,
 	.step_paged = cu_step_paged,
 	.step_attend = cu_step_attend,
+	.attend_tables = cu_attend_tables,
 };
 
 const struct t_backend *const t_be = &t_backend_cuda;

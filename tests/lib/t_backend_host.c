@@ -30,6 +30,13 @@ static int host_step_attend(struct kvt_manager *m, uint32_t layer, uint32_t n, c
 	return kvt_step_attend(m, layer, q, out, lse, stream);
 }
 
+static int host_attend_tables(struct kvt_manager *m, const struct kvt_attn_tables *t, const void *q,
+			      void *out, float *lse, int64_t scratch_short, void *stream)
+{
+	(void)scratch_short; /* the host needs none */
+	return kvt_attend_tables(m, t, q, out, lse, NULL, 0, stream);
+}
+
 const struct t_backend t_backend_host = {
 	.name = "host",
 	.kind = KVT_BACKEND_HOST,
@@ -45,6 +52,7 @@ const struct t_backend t_backend_host = {
 	.step_tables = kvt_step_tables,
 	.step_paged = kvt_step_paged,
 	.step_attend = host_step_attend,
+	.attend_tables = host_attend_tables,
 };
 
 const struct t_backend *const t_be = &t_backend_host;
