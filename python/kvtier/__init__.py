@@ -658,6 +658,13 @@ class Manager:
         queued on `stream`)."""
         t, H = tables, self.config.n_kv_heads
         st = _tensor.stream_handle(stream)
+        c, _keep = self._c_tables(tables, st, writable=True)
+        self._call(_lib.kvt_step_tables, layer, byref(c), st)
+
+    def _c_tables(self, t: Tables, st: Optional[int], writable: bool
+                  ) -> Tuple[Any, List[Any]]:
+        """struct kvt_attn_tables over t's buffers, and what must outlive the call."""
+        H = self.config.n_kv_heads
         keep = []
         c = _capi.CAttnTables.sized()
         c.max_batch, c.max_frames, c.max_recall = t.max_batch, t.max_frames, t.max_recall
@@ -669,10 +676,44 @@ class Manager:
                 ("recall_tokens", _tensor.U32, (t.max_batch, H, t.max_recall)),
                 ("recall_skip", _tensor.U64, (t.max_batch, H, t.max_recall))):
             ptr, k = _tensor.address(getattr(t, name), name=name, shape=shape, dtype=dt,
-                                     memory=self._memory, writable=True, stream=st)
+                                     memory=self._memory, writable=writable, stream=st)
             setattr(c, name, ptr)
             keep.append(k)
-        self._call(_lib.kvt_step_tables, layer, byref(c), st)
+        return c, keep
+
+    def attend_tables_scratch(self, tables: Tables) -> int:
+        """kvt_attend_tables_scratch: bytes of device scratch :meth:`attend_tables` needs
+        for tables of these capacities (0 on the host backend)."""
+        c, _keep = self._c_tables(tables, None, writable=False)
+        n = c_uint64()
+        self._call(_lib.kvt_attend_tables_scratch, byref(c), byref(n))
+        return n.value
+
+    def attend_tables(self, tables: Tables, q: Any, out: Any = None, lse: Any = None,
+                      scratch: Any = None, stream: Any = None) -> Any:
+        """kvt_attend_tables: the batched attention over tables :meth:`step_tables` wrote,
+        for a decode step captured in a CUDA graph (the work depends on the tables'
+        capacities only): q and out [max_batch][n_q_heads][head_dim] (out allocated on the
+        host backend when None), lse optional [max_batch][n_q_heads] float32; members past
+        the tables' n_batch are not written. On the CUDA backend `scratch` is a device tensor
+        (uint8, C-contiguous) of at least :meth:`attend_tables_scratch` bytes. Returns out."""
+        st = _tensor.stream_handle(stream)
+        n = tables.max_batch
+        with self._lock:
+            c, keep = self._c_tables(tables, st, writable=False)
+            pq, po, pl, out, keep2 = self._attend_io(n, q, out, lse, st)
+            ps, nb = 0, 0
+            if scratch is not None:
+                shape = getattr(scratch, "shape", None)
+                if shape is None or len(shape) != 1:
+                    raise ValueError("scratch: a one-dimensional uint8 tensor")
+                nb = int(shape[0])
+                ps, ks = _tensor.address(scratch, name="scratch", shape=(nb,), dtype=_tensor.U8,
+                                         memory=self._memory, writable=True, stream=st)
+                keep.append(ks)
+            self._call(_lib.kvt_attend_tables, byref(c), pq, po, pl or None, ps or None, nb,
+                       st)
+        return out
 
     def paged(self, max_batch: int, max_pages: int, max_tokens: int) -> Paged:
         """Host buffers (int32 NumPy) for :meth:`step_paged` at these capacities."""
@@ -700,13 +741,19 @@ class Manager:
             keep.append(k)
         self._call(_lib.kvt_step_paged, layer, byref(c), st)
 
-    def kv_caches(self, page_size: Optional[int] = None) -> Tuple[Any, Any]:
+    def kv_caches(self, page_size: Optional[int] = None, dlpack: bool = False
+                  ) -> Tuple[Any, Any]:
         """The pool of blocks as FlashInfer's paged K and V caches of one kv head, NHD layout
         [pages][page_size][1][head_dim], views without copies (NumPy arrays on the host
-        backend; on the CUDA backend objects with ``__cuda_array_interface__``, bf16 as
-        uint16): page_size block_tokens (the default; page p = pool block p, the indices of
-        :meth:`step_paged`'s resident part) or 1 (page x = a token row, its r_indices). Valid
-        while the manager is open."""
+        backend; on the CUDA backend :class:`~kvtier._tensor.CudaView` objects, with
+        ``__cuda_array_interface__`` (bf16 as uint16) and DLPack (bf16 as bf16:
+        ``torch.from_dlpack(k)``)): page_size block_tokens (the default; page p = pool block
+        p, the indices of :meth:`step_paged`'s resident part) or 1 (page x = a token row, its
+        r_indices). With `dlpack`, the host backend's views are
+        :class:`~kvtier._tensor.DLView` objects too (DLPack on the CPU device:
+        ``numpy.from_dlpack(k)``, except bf16, which NumPy cannot import). Valid while the
+        manager is open: a DLPack export keeps this object alive until its consumer lets it
+        go, but :meth:`close` frees the memory regardless."""
         p = self.pool()
         bt, rb, es = p.block_tokens, p.row_bytes, _tensor.itemsize(self._dt)
         ps = bt if page_size is None else page_size
@@ -718,9 +765,10 @@ class Manager:
             strides = (rb, rb, rb, es)
         else:
             raise ValueError(f"page_size: block_tokens ({bt}) or 1, not {ps}")
-        return (_tensor.strided_view(p.base, shape, strides, self._dt, self._memory, self),
+        return (_tensor.strided_view(p.base, shape, strides, self._dt, self._memory, self,
+                                     dlpack),
                 _tensor.strided_view(p.base + p.v_offset, shape, strides, self._dt,
-                                     self._memory, self))
+                                     self._memory, self, dlpack))
 
     def _attend_io(self, n: int, q: Any, out: Any, lse: Any, st: Optional[int]
                    ) -> Tuple[int, int, int, Any, List[Any]]:

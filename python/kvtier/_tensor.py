@@ -10,13 +10,16 @@ Three kinds of objects are understood:
 Every tensor must be C-contiguous (row-major, no gaps) and hold exactly the elements the call
 expects, of the manager's dtype; anything else raises TypeError or ValueError before the
 library is called, so a bad tensor changes nothing.
+
+The other way, :class:`DLView` and :class:`CudaView` export kvtier's memory (the pool's K/V
+views) through DLPack, without copies.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import math
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -41,35 +44,118 @@ _ITEMSIZE[U32], _ITEMSIZE[U64] = 4, 8
 I32 = 102
 _DTYPES[I32] = ("int32", ("int32",), ((0, 32),), ("<i4",))
 _ITEMSIZE[I32] = 4
+U8 = 103
+_DTYPES[U8] = ("uint8", ("uint8",), ((1, 8),), ("|u1", "<u1"))
+_ITEMSIZE[U8] = 1
 
 
-class CudaView:
+# DLPack device types
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
+# kvt_dtype (and pseudo dtype) -> DLPack (type code, bits) of an export: kDLInt 0, kDLUInt 1,
+# kDLFloat 2, kDLBfloat 4
+_DL_EXPORT = {0: (2, 32), 1: (2, 16), 2: (4, 16), U32: (1, 32), U64: (1, 64), I32: (0, 32)}
+
+
+class DLView:
+    """A strided view of host or device memory exported through DLPack without copies:
+    ``torch.from_dlpack(view)``, ``numpy.from_dlpack(view)`` (host memory),
+    ``cupy.from_dlpack(view)``. bf16 goes out as DLPack's bfloat16 (kDLBfloat, 16 bits), which
+    NumPy cannot import (its from_dlpack raises).
+
+    Each export (:meth:`__dlpack__`) keeps `owner`, the manager, alive until its consumer
+    releases the tensor; the memory is still freed when the manager is closed, so close it only
+    once the tensors over it are gone. The capsule is a legacy "dltensor" one (DLPack 0.8's
+    DLManagedTensor) whatever ``max_version`` asks. Streams: kvtier's writes to this memory are
+    ordered on the streams its calls are given (``stream=``), by the caller, so ``stream`` is
+    accepted (None, -1 or a handle) and ignored: a consumer on another stream synchronizes
+    with those itself. ``shape`` and ``strides`` (in bytes) are NumPy's."""
+
+    def __init__(self, ptr: int, shape: Tuple[int, ...], strides: Tuple[int, ...], dtype: int,
+                 owner: Any, device_type: int = _DL_CPU, device_id: Optional[int] = 0) -> None:
+        if dtype not in _DL_EXPORT:
+            raise ValueError(f"DLView: no DLPack type for dtype {dtype}")
+        if len(shape) != len(strides):
+            raise ValueError(f"DLView: shape {tuple(shape)} and strides {tuple(strides)} "
+                             "differ in length")
+        self._owner = owner  # keeps the memory's manager alive
+        self._ptr, self._dtype = int(ptr), dtype
+        self.shape: Tuple[int, ...] = tuple(int(n) for n in shape)
+        self.strides: Tuple[int, ...] = tuple(int(st) for st in strides)
+        self._device_type = device_type
+        self._device_id = device_id  # None: resolved on first use (_cuda_device)
+
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        """(DLPack device type, device id): (kDLCPU = 1, 0) or (kDLCUDA = 2, id)."""
+        if self._device_id is None:
+            self._device_id = _cuda_device()
+        return self._device_type, self._device_id
+
+    def __dlpack__(self, stream: Optional[int] = None,
+                   max_version: Optional[Tuple[int, int]] = None,
+                   dl_device: Optional[Tuple[int, int]] = None,
+                   copy: Optional[bool] = None) -> Any:
+        """A "dltensor" PyCapsule of this view (DLPack's producer protocol). `stream` is
+        ignored (see the class), `max_version` too (the capsule is always a legacy one);
+        `dl_device` other than this view's device and ``copy=True`` raise BufferError (an
+        export never copies), byte strides that are not whole elements ValueError."""
+        if stream is not None and (not isinstance(stream, int) or isinstance(stream, bool)):
+            raise TypeError(f"__dlpack__: stream: expected None or an int, "
+                            f"got {type(stream).__name__}")
+        if copy:
+            raise BufferError("__dlpack__: kvtier exports its memory without copies; "
+                              "copy=True is not supported")
+        device = self.__dlpack_device__()
+        if dl_device is not None and tuple(dl_device) != device:
+            raise BufferError(f"__dlpack__: the view is on DLPack device {device}, "
+                              f"not {tuple(dl_device)} (an export never copies)")
+        size = _ITEMSIZE[self._dtype]
+        if any(st % size for st in self.strides):
+            raise ValueError(f"__dlpack__: byte strides {self.strides} are not multiples of "
+                             f"the item size ({size})")
+        return _dl_export(self._ptr, self.shape, tuple(st // size for st in self.strides),
+                          self._dtype, device, self._owner)
+
+
+class CudaView(DLView):
     """A strided view of device memory, handed to PyTorch, CuPy or Numba through
-    ``__cuda_array_interface__`` (``torch.as_tensor(view, device="cuda")``). bf16 memory is
-    described as uint16 (``.view(torch.bfloat16)`` reads it as bf16)."""
+    ``__cuda_array_interface__`` (``torch.as_tensor(view, device="cuda")``), where bf16 memory
+    is described as uint16 (``.view(torch.bfloat16)`` reads it as bf16), or through DLPack
+    (``torch.from_dlpack(view)``, as :class:`DLView`), where bf16 is bf16. `dtype` is the
+    kvt_dtype (default: from `typestr`, "<u2" taken for bf16); `device_id` the CUDA device
+    DLPack names (default: PyTorch's current device when PyTorch is installed, else 0)."""
 
     def __init__(self, ptr: int, shape: Tuple[int, ...], strides: Tuple[int, ...],
-                 typestr: str, owner: Any) -> None:
-        self._owner = owner  # keeps the memory's manager alive
+                 typestr: str, owner: Any, dtype: Optional[int] = None,
+                 device_id: Optional[int] = None) -> None:
+        if dtype is None:
+            dtype = _TYPESTR_DTYPE.get(typestr)
+            if dtype is None:
+                raise ValueError(f"CudaView: no kvt_dtype for typestr {typestr!r}")
+        super().__init__(ptr, shape, strides, dtype, owner, _DL_CUDA, device_id)
         self.__cuda_array_interface__ = {
             "shape": tuple(shape), "strides": tuple(strides), "typestr": typestr,
             "data": (ptr, False), "version": 3,
         }
 
 
+_TYPESTR_DTYPE = {"<f4": 0, "<f2": 1, "<u2": 2, "<u4": U32, "<u8": U64, "<i4": I32}
+
+
 def strided_view(ptr: int, shape: Tuple[int, ...], strides: Tuple[int, ...], dtype: int,
-                 memory: str, owner: Any) -> Any:
+                 memory: str, owner: Any, dlpack: bool = False,
+                 device_id: Optional[int] = None) -> Any:
     """A view of memory at ptr with these shape and byte strides: a NumPy array over host
-    memory, a :class:`CudaView` over device memory. The caller keeps ptr's memory alive."""
+    memory (a :class:`DLView` with `dlpack`), a :class:`CudaView` over device memory (on CUDA
+    device `device_id`, as :class:`CudaView` says when None). The caller keeps ptr's memory
+    alive."""
     tstr = {0: "<f4", 1: "<f2", 2: "<u2"}[dtype]
     if memory == CUDA:
-        return CudaView(ptr, shape, strides, tstr, owner)
+        return CudaView(ptr, shape, strides, tstr, owner, dtype, device_id)
+    if dlpack:
+        return DLView(ptr, shape, strides, dtype, owner)
     extent = sum((n - 1) * st for n, st in zip(shape, strides)) + _ITEMSIZE[dtype]
     buf = (ctypes.c_uint8 * extent).from_address(ptr)
     return np.ndarray(shape, dtype=np.dtype(tstr), buffer=buf, strides=strides)
-
-# DLPack device types
-_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
 
 
 def dtype_name(dtype: int) -> str:
@@ -108,6 +194,118 @@ class _DLTensor(ctypes.Structure):
 _capsule_get = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_get.restype = ctypes.c_void_p
 _capsule_get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+# -- DLPack export ---------------------------------------------------------------------------
+
+class _DLManagedTensor(ctypes.Structure):
+    """DLPack 0.8's DLManagedTensor: the tensor, manager_ctx and void (*deleter)(self)."""
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]
+
+
+def _pyapi(name: str, restype: Any, argtypes: Sequence[Any]) -> Any:
+    """A function of the C API with its own signature (ctypes.pythonapi.NAME is shared)."""
+    fn = ctypes.pythonapi[name]
+    fn.restype, fn.argtypes = restype, list(argtypes)
+    return fn
+
+
+_capsule_new = _pyapi("PyCapsule_New", ctypes.py_object,
+                      (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p))
+# on a dying capsule (its address: no new reference to it may be made)
+_capsule_is_valid_raw = _pyapi("PyCapsule_IsValid", ctypes.c_int,
+                               (ctypes.c_void_p, ctypes.c_char_p))
+_capsule_get_raw = _pyapi("PyCapsule_GetPointer", ctypes.c_void_p,
+                          (ctypes.c_void_p, ctypes.c_char_p))
+
+# the capsule names: the producer's, and the one a consumer renames it to
+_DL_NAME, _DL_USED_NAME = b"dltensor", b"used_dltensor"
+
+#: The exports their consumers have not released: DLManagedTensor address -> (the
+#: DLManagedTensor, its shape and strides arrays, the owner). The deleter removes the entry,
+#: which lets the owner (the manager) go.
+_dl_live: Dict[int, Tuple[Any, ...]] = {}
+
+
+def _dl_release(addr: int) -> None:
+    """The DLManagedTensor's deleter: the consumer is done with the export at addr."""
+    try:
+        del _dl_live[addr]
+    except Exception:  # an exception must not cross into C (a second call, or shutdown)
+        pass
+
+
+def _dl_capsule_destructor(capsule: int) -> None:
+    """Fallback capsule destructor (see _dl_destructor): releases an unconsumed export."""
+    try:
+        if _capsule_is_valid_raw(capsule, _DL_NAME):
+            _dl_release(_capsule_get_raw(capsule, _DL_NAME))
+    except Exception:
+        pass
+
+
+# ctypes callbacks, alive as long as the module (a consumer may call them at any time)
+_dl_deleter_cb = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_dl_release)
+_dl_capsule_destructor_cb = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_dl_capsule_destructor)
+
+
+def _numpy_capsule_destructor() -> Optional[int]:
+    """The C destructor of NumPy's "dltensor" capsules, or None. Like every DLPack producer's,
+    it calls the deleter of a capsule not consumed (still named "dltensor") and of nothing
+    else; being C, it also sets aside the exception in flight around the call, which a ctypes
+    destructor cannot: one that runs while an exception propagates (a consumer refusing the
+    tensor drops the capsule with its error set) turns that exception into a SystemError."""
+    try:
+        get = _pyapi("PyCapsule_GetDestructor", ctypes.c_void_p, (ctypes.py_object,))
+        probe = np.empty(0, np.float32).__dlpack__()
+        _capsule_get(probe, _DL_NAME)  # a "dltensor" capsule (ValueError otherwise)
+        return get(probe) or None
+    except Exception:
+        return None
+
+
+_dl_destructor = (_numpy_capsule_destructor()
+                  or ctypes.cast(_dl_capsule_destructor_cb, ctypes.c_void_p).value)
+
+
+def _dl_export(ptr: int, shape: Tuple[int, ...], strides: Tuple[int, ...], dtype: int,
+               device: Tuple[int, int], owner: Any) -> Any:
+    """A "dltensor" capsule of the memory at ptr (strides in elements), registered in _dl_live
+    until its deleter runs: by the consumer, or by the capsule's destructor when no consumer
+    took it."""
+    ndim = len(shape)
+    shp = (ctypes.c_int64 * max(ndim, 1))(*shape)
+    std = (ctypes.c_int64 * max(ndim, 1))(*strides)
+    m = _DLManagedTensor()
+    t = m.dl_tensor
+    t.data, t.byte_offset = ptr or None, 0
+    t.device.device_type, t.device.device_id = device
+    t.ndim = ndim
+    t.dtype.code, t.dtype.bits = _DL_EXPORT[dtype]
+    t.dtype.lanes = 1
+    t.shape = ctypes.cast(shp, ctypes.POINTER(ctypes.c_int64))
+    t.strides = ctypes.cast(std, ctypes.POINTER(ctypes.c_int64))
+    m.deleter = ctypes.cast(_dl_deleter_cb, ctypes.c_void_p).value
+    addr = ctypes.addressof(m)
+    _dl_live[addr] = (m, shp, std, owner)
+    try:
+        return _capsule_new(addr, _DL_NAME, _dl_destructor)
+    except BaseException:
+        _dl_live.pop(addr, None)
+        raise
+
+
+def _cuda_device() -> int:
+    """The CUDA device an export of device memory names when none was given: PyTorch's current
+    device when PyTorch is installed (the manager does not record its device), else 0."""
+    try:
+        import torch  # optional; imported only here
+        if torch.cuda.is_available():
+            return int(torch.cuda.current_device())
+    except Exception:
+        pass
+    return 0
 
 
 def _contiguous(shape: Sequence[int], strides: Optional[Sequence[int]], unit: int) -> bool:

@@ -314,6 +314,18 @@ def test_step_tables_are_the_views_and_attend_alone(mgr, rng):
                 logits = np.array(K, np.float64) @ q[i, qh].astype(np.float64) / np.sqrt(D)
                 mx = logits.max()
                 assert abs(lse[i, qh] - (mx + np.log(np.exp(logits - mx).sum()))) < 1e-4
+    # the same over the tables as written (a graph-captured step's form): rows of the
+    # members equal, the padding member's row not written
+    assert mgr.attend_tables_scratch(t) == 0
+    qa = np.concatenate([q, rng.standard_normal((2, c.n_q_heads, D)).astype(np.float32)])
+    oa = np.full((5, c.n_q_heads, D), 7.0, np.float32)
+    la = np.full((5, c.n_q_heads), 7.0, np.float32)
+    assert mgr.attend_tables(t, qa, oa, la) is oa
+    np.testing.assert_array_equal(oa[:3], out)
+    np.testing.assert_allclose(la[:3], lse, rtol=1e-6)
+    assert (oa[3:] == 7.0).all() and (la[3:] == 7.0).all()
+    with pytest.raises(ValueError):
+        mgr.attend_tables(t, qa[:3])  # q holds max_batch members
     # FlashInfer's paged form over the pool's two views: attention from them alone (the
     # resident part at page size block_tokens, the recalled part at page size 1) is attend()
     pg = mgr.paged(5, 5 * H * 16, 5 * H * c.recall_blocks * bt)
