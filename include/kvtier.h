@@ -121,7 +121,8 @@ struct kvt_config {
 	/* --- fields after this line are kvtier's additions to the design contract --- */
 	uint32_t save_threads;	/* threads scattering saved rows into host blocks; 0 = the
 				   calling thread does it before the call returns */
-	uint64_t staging_bytes; /* size of each of the two staging buffers of the save path */
+	uint64_t staging_bytes; /* size of each of the two staging buffers of the save path
+				   (pinned host memory; on the CUDA backend, device memory too) */
 	/* Dynamic recall (SparseServe/Quest). recall_blocks (r) host blocks per (sequence,
 	   layer, kv head) are made resident by kvt_decode_recall; 0 = pure SnapStream, and then
 	   no block metadata is kept. recall_cache_bytes of device_bytes are set aside as the
@@ -380,6 +381,19 @@ KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out
    the wait (-EIO, -ENOMEM, -ENODEV, -EINVAL for a stream CUDA refuses), detail in the last
    error. */
 KVT_API int kvt_manager_sync(struct kvt_manager *m, void *stream);
+
+/* Records into `event` (a cudaEvent_t the caller created) the point at which every save queued
+   so far (the writes through of prefills, appends and prefill chunks) has left the device.
+   The CUDA backend copies what a save reads into a device staging buffer on the call's stream,
+   in its order (so the tensors passed in may be reused after the call, as everywhere), and
+   from there to pinned host memory on a stream of its own, so the caller's next kernels do not
+   wait behind the copy; an engine that wants to order work after the saves (vLLM's
+   wait_for_save) waits for this event on its stream (cudaStreamWaitEvent) or on the host,
+   without a device-wide sync. The rows reach the host history after that, on the save threads:
+   kvt_manager_sync waits for those too. -EINVAL (NULL m or event), -ENOTSUP (a backend without
+   device events: host, model, null), and the device's errors of recording it (-EINVAL for an
+   event CUDA refuses, -EIO, -ENODEV), detail in the last error. Writes nothing on an error. */
+KVT_API int kvt_manager_save_event(struct kvt_manager *m, void *event);
 
 /* Registers sequence `seq` with a prompt of prompt_tokens (1..INT32_MAX) tokens. Allocates no
    tier memory yet; each kvt_prefill_layer allocates that layer's. -EEXIST if seq is live,

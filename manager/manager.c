@@ -468,6 +468,21 @@ KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out
 	return 0;
 }
 
+KVT_API int kvt_manager_save_event(struct kvt_manager *m, void *event)
+{
+	int err;
+
+	if (!m)
+		return -EINVAL;
+	if (!event)
+		return kvt_fail(m, -EINVAL, "save event: NULL event");
+	if (!m->ops->save_event)
+		return kvt_fail(m, -ENOTSUP, "save event: backend %s has no device events",
+				m->ops->name);
+	err = m->ops->save_event(m->be, event);
+	return err ? kvt_fail(m, err, "save event: %s", m->be->err) : 0;
+}
+
 KVT_API int kvt_manager_sync(struct kvt_manager *m, void *stream)
 {
 	int err;

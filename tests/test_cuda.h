@@ -247,6 +247,7 @@ void test_huge_prompt(void **state);
 /* test_cuda_streams.c */
 void test_nonblocking_stream(void **state);
 void test_resume_burst(void **state);
+void test_save_side_stream(void **state);
 
 /* test_cuda_faults.c */
 void test_fault_prefill(void **state);

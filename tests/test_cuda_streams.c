@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * cuda: a non-blocking stream, and many resumes with one wait.
+ * cuda: a non-blocking stream, many resumes with one wait, saves off the caller's stream.
  */
 #include "test_cuda.h"
 
@@ -223,8 +223,11 @@ void test_resume_burst(void **state)
 		tseq_gen(&ts[i], &p.cfg, 0xb0257000ull + i, 40, 1);
 		CHECK_RC(kvt_seq_create(p.h, ts[i].id, ts[i].L), 0);
 		CHECK_RC(kvt_seq_create(p.c, ts[i].id, ts[i].L), 0);
-		for (uint32_t l = 0; l < N_LAYERS; l++)
+		for (uint32_t l = 0; l < N_LAYERS; l++) {
 			PREFILL_BOTH(&p, &ts[i], l);
+			/* the fixture's next inputs go in with a blocking copy */
+			CUDA_OK(cudaStreamSynchronize(nb));
+		}
 	}
 	sync_both(&p);
 	g_margin.gap = INFINITY;
@@ -306,6 +309,72 @@ void test_resume_burst(void **state)
 		tseq_free(&ts[i]);
 	free(ts);
 	pair_fini(&p);
+	CUDA_OK(cudaStreamDestroy(nb));
+	g_ctx[0] = '\0';
+}
+
+/* ---- saves off the caller's stream ------------------------------------------------------------
+ */
+
+/* Decode steps whose saves the caller never waits for on its stream: after each append the
+   test synchronizes the caller's (non-blocking) stream alone, where the fixture has already
+   garbled the inputs, so a save whose device-to-host copy (on the backend's side stream) read
+   the caller's tensors rather than the library's device staging buffer would store garbage
+   (the asynchronous fake runs that copy only when a wait needs it: deterministically after
+   the garbling). Every other step orders the caller's stream after the saves through
+   kvt_manager_save_event, as an engine's wait_for_save would. Then every row of the history
+   equals the host manager's. */
+void test_save_side_stream(void **state)
+{
+	cudaStream_t nb;
+	cudaEvent_t ev;
+	struct pair p;
+	struct tseq ts[2];
+	struct tseq *bt[2] = {&ts[0], &ts[1]};
+
+	(void)state;
+	set_ctx("save side stream: setup");
+	CUDA_OK(cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking));
+	CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+	pair_init(&p, KVT_DTYPE_F16, nb, 1500, 2);
+	tseq_gen(&ts[0], &p.cfg, 0x5a7e0001ull, 1500, 24);
+	tseq_gen(&ts[1], &p.cfg, 0x5a7e0002ull, 40, 24);
+	for (uint32_t i = 0; i < 2; i++) {
+		CHECK_RC(kvt_seq_create(p.h, ts[i].id, ts[i].L), 0);
+		CHECK_RC(kvt_seq_create(p.c, ts[i].id, ts[i].L), 0);
+		for (uint32_t l = 0; l < N_LAYERS; l++) {
+			PREFILL_BOTH(&p, &ts[i], l);
+			/* the fixture's next inputs go in with a blocking copy */
+			CUDA_OK(cudaStreamSynchronize(nb));
+		}
+	}
+	sync_both(&p);
+	for (uint32_t i = 0; i < 2; i++)
+		for (uint32_t l = 0; l < N_LAYERS; l++)
+			CHECK_SELECTION(&p, &ts[i], l); /* what the reference expects resident */
+
+	CHECK_RC(kvt_manager_save_event(NULL, ev), -EINVAL);
+	CHECK_RC(kvt_manager_save_event(p.c, NULL), -EINVAL);
+	CHECK_RC(kvt_manager_save_event(p.h, ev), -ENOTSUP);
+	for (uint32_t step = 0; step < 20; step++)
+		for (uint32_t l = 0; l < N_LAYERS; l++) {
+			set_ctx("save side stream: step %u layer %u", step, l);
+			DECODE_BOTH(&p, bt, 2, l);
+			if (step % 2) {
+				CHECK_RC(kvt_manager_save_event(p.c, ev), 0);
+				CUDA_OK(cudaStreamWaitEvent(nb, ev, 0));
+			}
+			CUDA_OK(cudaStreamSynchronize(nb));
+		}
+	CHECK_RC(kvt_manager_save_event(p.c, ev), 0);
+	CUDA_OK(cudaEventSynchronize(ev));
+	set_ctx("save side stream: after decode");
+	CHECK_ALL(&p, ts, 2, ts[0].tie[0] || ts[0].tie[1]);
+
+	tseq_free(&ts[0]);
+	tseq_free(&ts[1]);
+	pair_fini(&p);
+	CUDA_OK(cudaEventDestroy(ev));
 	CUDA_OK(cudaStreamDestroy(nb));
 	g_ctx[0] = '\0';
 }

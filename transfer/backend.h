@@ -227,6 +227,11 @@ struct kvt_backend_ops {
 	   covers it fails too, waits for earlier tickets do not. */
 	int (*save_wait)(struct kvt_be *b, uint64_t ticket);
 
+	/* Optional (NULL: no device events): records into event (a cudaEvent_t) the point after
+	   every save queued so far has left the device (the copies into the staging buffers, on
+	   the backend's side stream). */
+	int (*save_event)(struct kvt_be *b, void *event);
+
 	/* Synchronous device -> host read of bytes at src into dst (host memory), after the work
 	   queued on stream (the bytes' writer's); NULL: after all the device's work (the bytes
 	   may have been written on any stream). */

@@ -11,8 +11,11 @@
  *   the fused gather kernel (cuda_gather.cu) moves every piece; small gathers, where the
  *   start-up calibration found DMA faster, go out as one cudaMemcpyBatchAsync instead.
  * - FlashD2H (save, append): one cudaMemcpyAsync per source of the contiguous new rows into a
- *   pinned staging buffer (two, ping-pong, owned by the save pool), an event per buffer, and the
- *   save threads wait for that event and scatter into host blocks while the GPU goes on.
+ *   device staging buffer on the caller's stream (in its order: the sources may be reused
+ *   after it), then one copy from there into a pinned staging buffer (two of each, ping-pong,
+ *   the pinned ones owned by the save pool) on the backend's side stream, ordered by events, so
+ *   that the caller's next kernels do not wait behind PCIe; an event per buffer, and the save
+ *   threads wait for that event and scatter into host blocks while the GPU goes on.
  * - The policy on the device: SnapKV selection, block metadata and the reference attention
  *   (policy/snapkv.cu, recall.cu, attend.cu), so a prefill layer's K never leaves the GPU.
  *
@@ -88,7 +91,11 @@ struct cuda_backend {
 	size_t n_reg, cap_reg;
 
 	struct kvt_savepool *sp;
-	cudaEvent_t stage_done[2];
+	/* Per staging buffer: a device twin (dstage) the caller's stream fills (in_ready), and
+	   the copy from it into the pinned buffer on the side stream (stage_done). */
+	void *dstage[2];
+	cudaEvent_t in_ready[2], stage_done[2];
+	cudaStream_t side;	  /* the saves' device-to-host copies (non-blocking) */
 	cudaStream_t save_stream; /* stream of the save being submitted (owner thread only) */
 	/* The CUDA error of the first failed wait of a save thread, for save_wait's message. An
 	   event wait fails on a broken context (an earlier kernel fault): the saves after it fail
@@ -746,10 +753,15 @@ static int stage_copy(void *cctx, int buf, void *stage, const struct kvt_save_sr
 		      uint32_t n_src, uint64_t off, uint64_t len)
 {
 	struct cuda_backend *cb = cctx;
-	uint8_t *out = stage;
-	uint64_t base = 0;
-	int err = 0;
+	uint8_t *dst = cb->dstage[buf];
+	uint64_t base = 0, total = len;
+	int err;
 
+	/* On the caller's stream, in its order: the sources into the device twin, once the
+	   previous copy out of it is done. The copy to the host goes on the side stream, so the
+	   caller's next kernels do not queue behind PCIe. */
+	err = CU(cb, cudaStreamWaitEvent(cb->save_stream, cb->stage_done[buf], 0),
+		 "save: wait for the staging buffer");
 	for (uint32_t i = 0; i < n_src && len && !err; i++) {
 		uint64_t end = base + src[i].bytes;
 
@@ -758,20 +770,33 @@ static int stage_copy(void *cctx, int buf, void *stage, const struct kvt_save_sr
 
 			err = CU(cb,
 				 cudaMemcpyAsync(
-					 out, (const void *)(uintptr_t)(src[i].addr + off - base),
-					 n, cudaMemcpyDeviceToHost, cb->save_stream),
-				 "save: copy into the staging buffer");
-			out += n;
+					 dst, (const void *)(uintptr_t)(src[i].addr + off - base),
+					 n, cudaMemcpyDeviceToDevice, cb->save_stream),
+				 "save: copy into the device staging buffer");
+			dst += n;
 			off += n;
 			len -= n;
 		}
 		base = end;
 	}
 	if (!err)
-		err = CU(cb, cudaEventRecord(cb->stage_done[buf], cb->save_stream),
+		err = CU(cb, cudaEventRecord(cb->in_ready[buf], cb->save_stream),
+			 "save: record the device staging copy");
+	if (!err)
+		err = CU(cb, cudaStreamWaitEvent(cb->side, cb->in_ready[buf], 0),
+			 "save: order the side stream");
+	if (!err)
+		err = CU(cb,
+			 cudaMemcpyAsync(stage, cb->dstage[buf], total, cudaMemcpyDeviceToHost,
+					 cb->side),
+			 "save: copy into the staging buffer");
+	if (!err)
+		err = CU(cb, cudaEventRecord(cb->stage_done[buf], cb->side),
 			 "save: record the staging copy");
-	if (err) /* the buffer may still be written: let it land before the pool reuses it */
+	if (err) { /* the buffers may still be written: let them land before the pool reuses them */
 		cudaStreamSynchronize(cb->save_stream);
+		cudaStreamSynchronize(cb->side);
+	}
 	return err;
 }
 
@@ -863,12 +888,23 @@ static int cuda_create(const struct kvt_backend_params *p, struct kvt_be **out)
 	cb->copy_ctas = sms > 0 && 4u * (uint32_t)sms < KVT_GATHER_CTAS_MAX ? 4u * (uint32_t)sms
 									    : KVT_GATHER_CTAS_MAX;
 	err = pinned_arena_create(cb);
-	for (int i = 0; i < 2 && !err; i++)
+	for (int i = 0; i < 2 && !err; i++) {
 		/* blocking: a save thread waiting for its copy sleeps instead of spinning */
 		err = CU(cb,
 			 cudaEventCreateWithFlags(&cb->stage_done[i],
 						  cudaEventDisableTiming | cudaEventBlockingSync),
 			 "save: events");
+		if (!err)
+			err = CU(cb,
+				 cudaEventCreateWithFlags(&cb->in_ready[i], cudaEventDisableTiming),
+				 "save: events");
+		if (!err)
+			err = CU(cb, cudaMalloc(&cb->dstage[i], p->staging_bytes),
+				 "save: device staging buffers");
+	}
+	if (!err)
+		err = CU(cb, cudaStreamCreateWithFlags(&cb->side, cudaStreamNonBlocking),
+			 "save: side stream");
 	for (int i = 0; i < LIST_SLOTS && !err; i++)
 		err = CU(cb, cudaEventCreateWithFlags(&cb->slot[i].done, cudaEventDisableTiming),
 			 "piece lists: events");
@@ -927,9 +963,16 @@ static void cuda_destroy(struct kvt_be *b)
 		if (cb->slot[i].done)
 			cudaEventDestroy(cb->slot[i].done);
 	}
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < 2; i++) {
 		if (cb->stage_done[i])
 			cudaEventDestroy(cb->stage_done[i]);
+		if (cb->in_ready[i])
+			cudaEventDestroy(cb->in_ready[i]);
+		if (cb->dstage[i])
+			cudaFree(cb->dstage[i]);
+	}
+	if (cb->side)
+		cudaStreamDestroy(cb->side);
 	for (uint32_t i = 0; i < cb->n_lane; i++) {
 		pinned_free(cb, cb->lane[i].host, cb->lane[i].cap);
 		if (cb->lane[i].start)
@@ -1135,6 +1178,16 @@ static int cuda_append(struct kvt_be *b, uint64_t k, uint64_t v, uint32_t n,
 		err = slot_done(cb, s, (cudaStream_t)stream);
 	else
 		slot_done(cb, s, (cudaStream_t)stream); /* the list copy may be queued */
+	return err;
+}
+
+static int cuda_save_event(struct kvt_be *b, void *event)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	int err = bind(cb);
+
+	if (!err)
+		err = CU(cb, cudaEventRecord((cudaEvent_t)event, cb->side), "save event: record");
 	return err;
 }
 
@@ -1721,6 +1774,7 @@ const struct kvt_backend_ops kvt_backend_cuda_ops = {
 	.save = cuda_save,
 	.append = cuda_append,
 	.save_wait = cuda_save_wait,
+	.save_event = cuda_save_event,
 	.read_d2h = cuda_read_d2h,
 	.sync = cuda_sync,
 	.select = cuda_select,

@@ -389,6 +389,22 @@ class Manager:
         """kvt_manager_sync: waits for every pending save and the work queued on stream."""
         self._call(_lib.kvt_manager_sync, _tensor.stream_handle(stream))
 
+    def save_event(self, event: Any) -> None:
+        """kvt_manager_save_event: records into `event` (a cudaEvent_t as an int, or a
+        torch.cuda.Event: its ``cuda_event``; PyTorch creates an event at its first record,
+        so record it once before) the point at which every save queued so far has left the
+        device; wait for it on a stream (``torch.cuda.current_stream().wait_event(e)``) to
+        order work after the saves without a host sync. Raises Error (ENOTSUP) off the CUDA
+        backend."""
+        if hasattr(event, "cuda_event"):
+            handle = int(event.cuda_event)
+        elif isinstance(event, int) and not isinstance(event, bool):
+            handle = event
+        else:
+            raise TypeError(f"event: expected an int or a torch.cuda.Event, "
+                            f"got {type(event).__name__}")
+        self._call(_lib.kvt_manager_save_event, handle or None)
+
     # -- sequences ---------------------------------------------------------------------------
 
     def create_seq(self, seq: int, prompt_tokens: int, hashes: Any = None,

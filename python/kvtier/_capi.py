@@ -241,6 +241,7 @@ _PROTOTYPES: List[Any] = [
     ("kvt_manager_config", c_int, [c_void_p, POINTER(CConfig)]),
     ("kvt_manager_stats", c_int, [c_void_p, POINTER(Stats)]),
     ("kvt_manager_sync", c_int, [c_void_p, c_void_p]),
+    ("kvt_manager_save_event", c_int, [c_void_p, c_void_p]),
     ("kvt_seq_create", c_int, [c_void_p, c_uint64, c_uint32]),
     ("kvt_seq_destroy", c_int, [c_void_p, c_uint64]),
     ("kvt_prefill_layer", c_int,

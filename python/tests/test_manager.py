@@ -501,6 +501,20 @@ def test_cuda_tensors_are_refused_by_the_host_backend(mgr, rng):
     assert mgr.tokens(1, 0) == 50
 
 
+def test_save_event_needs_the_cuda_backend(mgr):
+    class TorchLikeEvent:  # torch.cuda.Event's handle attribute
+        cuda_event = 0x1234
+
+    with pytest.raises(kvtier.Error) as e:
+        mgr.save_event(TorchLikeEvent())
+    assert e.value.errno == errno.ENOTSUP and "device events" in e.value.detail
+    with pytest.raises(kvtier.Error) as e:
+        mgr.save_event(0)  # no event: refused before the backend is asked
+    assert e.value.errno == errno.EINVAL
+    with pytest.raises(TypeError):
+        mgr.save_event("event")
+
+
 def test_dlpack_host_tensors_are_taken_without_copy(mgr, rng):
     T = 120
     mgr.create_seq(2, T)
