@@ -3,7 +3,8 @@
 # a machine with a GPU"): builds with the CUDA plugin, runs the GPU suite (test_cuda, the core
 # suites on the CUDA backend, the smoke runs of the transfer benchmark and of calibrate) and the
 # Python suite (its GPU tests need PyTorch), then the full transfer benchmark, the recall
-# benchmark (tests/bench_recall_cuda.c) and the replay
+# benchmark (tests/bench_recall_cuda.c), the batched attention's bandwidth (kvtier-bench attend
+# --backend cuda) and the replay
 # simulator's calibration of this GPU (kvtier-bench calibrate: preset.json), then the GPU
 # suite's own test and the smoke run under compute-sanitizer, then the other suites for
 # regressions. Every log and the
@@ -25,8 +26,9 @@
 # KVT_GPU_RESERVE seconds (default 15) for writing the logs back; a phase that would get less
 # than 30 s is skipped, and a phase cut short is reported as such. Phase gpu leaves
 # KVT_GPU_BENCH_MIN seconds (default 120) to a phase bench after it, so that a test that hangs
-# on its first GPU run cannot cost the figures too; within phase bench the transfer benchmark
-# leaves KVT_GPU_CALIB_SECS seconds (default 45) to the calibration after it. Phase sanitize
+# on its first GPU run cannot cost the figures too; within phase bench the transfer and recall
+# benchmarks leave KVT_GPU_ATTEND_SECS seconds (default 30) to the attention benchmark and
+# KVT_GPU_CALIB_SECS seconds (default 45) to the calibration after them. Phase sanitize
 # shares its time between its tools. meson test handles SIGTERM: it stops the test running, counts it
 # as interrupted and still writes its summary and log.
 # The build directory (build-gpu/ in the checkout, ignored by git) stays between calls on a
@@ -35,10 +37,12 @@
 # warm machine or a fresh one alike.
 # At most 8 files come back from a device command's $OUT, so the script writes at most 8 in
 # all: phases.txt (which starts with the machine's description), build.log, test-gpu.log,
-# transfer.txt (the transfer benchmark's output, the recall benchmark's, then calibrate's table), transfer.csv,
+# transfer.txt (the transfer benchmark's output, the recall benchmark's, the attention
+# benchmark's, then calibrate's table), transfer.csv,
 # preset.json (calibrate's GPU preset, for kvtier-replay --preset-json), sanitize.log and
 # test-rest.log.
-# Environment: KVT_GPU_BUDGET, KVT_GPU_RESERVE, KVT_GPU_BENCH_MIN, KVT_GPU_CALIB_SECS (above),
+# Environment: KVT_GPU_BUDGET, KVT_GPU_RESERVE, KVT_GPU_BENCH_MIN, KVT_GPU_ATTEND_SECS,
+# KVT_GPU_CALIB_SECS (above),
 # KVT_GPU_BUILD (build directory), KVT_BENCH_ARGS (extra kvtier-bench transfer options),
 # KVT_CALIB_ARGS (extra kvtier-bench calibrate options), KVT_SANITIZE_TOOLS (compute-sanitizer
 # tools, default "memcheck racecheck synccheck").
@@ -49,15 +53,16 @@ budget=${KVT_GPU_BUDGET:-420}
 reserve=${KVT_GPU_RESERVE:-15}
 bench_min=${KVT_GPU_BENCH_MIN:-120}
 calib_secs=${KVT_GPU_CALIB_SECS:-45}
+attend_secs=${KVT_GPU_ATTEND_SECS:-30}
 all_phases=(build gpu bench sanitize rest) # in the order they run
 phases=("$@")
 [ ${#phases[@]} -eq 0 ] && phases=(build gpu bench)
 [ "${phases[*]}" = all ] && phases=("${all_phases[@]}")
-for v in "$budget" "$reserve" "$bench_min" "$calib_secs"; do
+for v in "$budget" "$reserve" "$bench_min" "$calib_secs" "$attend_secs"; do
 	case $v in
 	'' | *[!0-9]*)
-		echo "gpu-run: KVT_GPU_BUDGET, KVT_GPU_RESERVE, KVT_GPU_BENCH_MIN and" \
-			"KVT_GPU_CALIB_SECS are whole seconds, not '$v'" >&2
+		echo "gpu-run: KVT_GPU_BUDGET, KVT_GPU_RESERVE, KVT_GPU_BENCH_MIN," \
+			"KVT_GPU_ATTEND_SECS and KVT_GPU_CALIB_SECS are whole seconds, not '$v'" >&2
 		exit 2
 		;;
 	esac
@@ -181,9 +186,10 @@ for phase in "${phases[@]}"; do
 	bench)
 		# Lines of the table and of the CSV are flushed as each cell is measured; stopped by
 		# the budget (SIGTERM), the tool still prints the targets of the cells it measured.
-		# It leaves calib_secs to the calibration (unless that leaves it under 30 s).
+		# It leaves attend_secs + calib_secs to the attention benchmark and the calibration
+		# (unless that leaves it under 30 s).
 		read -ra bench_args <<< "${KVT_BENCH_ARGS:-}"
-		secs=$(($(left) - calib_secs))
+		secs=$(($(left) - attend_secs - calib_secs))
 		[ "$secs" -ge 30 ] || secs=$(left)
 		KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" timed "$secs" \
 			"$build/tools/kvtier-bench" transfer --csv "$out/transfer.csv" \
@@ -192,7 +198,7 @@ for phase in "${phases[@]}"; do
 		# The recall calls' host side and device time with the regions on the device
 		# (tests/bench_recall_cuda.c): beside the host backend at a small shape (the two must
 		# decide alike), then CUDA alone at 256 sequences; appended to transfer.txt.
-		secs=$(($(left) - calib_secs))
+		secs=$(($(left) - attend_secs - calib_secs))
 		[ "$secs" -gt 90 ] && secs=90
 		if [ "$secs" -ge 20 ]; then
 			for args in "16 4 4096 16 8" "--cuda-only 256 4 2048 16 12"; do
@@ -206,6 +212,27 @@ for phase in "${phases[@]}"; do
 				"$out/transfer.txt"
 		else
 			note "bench: bench_recall_cuda skipped, $secs s left of the budget"
+		fi
+		# The batched attention's HBM bandwidth against the device's copy bandwidth measured
+		# in the same run (kvtier-bench attend --backend cuda, goal >= 0.7; each run checks
+		# its output against kvt_attend): at the host mode's batch (8 x 8,192 tokens), then
+		# at 32 sequences; appended to transfer.txt. A skip (77: no plugin, runtime or
+		# device) fails the phase, as any exit but 0.
+		secs=$(($(left) - calib_secs))
+		[ "$secs" -gt $((2 * attend_secs)) ] && secs=$((2 * attend_secs))
+		if [ "$secs" -ge 20 ]; then
+			for args in "--seqs 8" "--seqs 32 --reps 10"; do
+				echo "==== kvtier-bench attend --backend cuda $args" >> "$out/transfer.txt"
+				read -ra a <<< "$args"
+				KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" timed "$((secs / 2))" \
+					"$build/tools/kvtier-bench" attend --backend cuda "${a[@]}" \
+					>> "$out/transfer.txt" 2>&1 || status=1
+			done
+			sed -n '/^==== kvtier-bench attend/,/^==== kvtier-bench calibrate$/p' \
+				"$out/transfer.txt"
+		else
+			note "bench: kvtier-bench attend skipped, $secs s left of the budget"
+			status=1
 		fi
 		# The replay simulator's GPU preset: the table (stderr) appended to transfer.txt, the
 		# preset in preset.json; a device without a datasheet preset needs --gpu in

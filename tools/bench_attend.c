@@ -1,13 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * kvtier-bench attend: the batched decode attention (kvt_step_attend) of one layer for a
- * batch, against the per-sequence reference it replaces (kvt_attend per member), on the host
- * backend (the CPU reference's time). Llama-3-8B geometry; every sequence prefilled with
- * random rows, a recall of r random blocks per kv head, then per repetition one
- * kvt_step_attend of the whole batch and kvt_attend for each member. The bytes the attention
- * reads (K and V rows of every token the attention tables name, each once) over the median
- * time give its bandwidth. The GPU's figure (the kernels' bandwidth against the device's copy
- * bandwidth) needs device tensors this tool does not make: not measured here yet.
+ * kvtier-bench attend: the batched decode attention of one layer for a batch. Llama-3-8B
+ * geometry; every sequence prefilled with random rows, a recall of r random blocks per kv head,
+ * then the attention of the whole batch timed per repetition (median over --reps). The bytes
+ * it moves are counted from the attention tables (kvt_step_tables, read back to the host): the
+ * K and V rows of every token they name, resident or recalled, each once.
+ *
+ * --backend host (default): kvt_step_attend against the per-sequence reference it replaces
+ * (kvt_attend per member), wall time of each; the CPU reference's time.
+ *
+ * --backend cuda (tools/bench_attend_cuda.c): the kernels' HBM bandwidth against the device's
+ * copy bandwidth measured in the same run (goal: a ratio >= 0.7), with the output checked
+ * against kvt_attend once.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -22,37 +26,53 @@
 #include "manager.h"
 #include "kvtier.h"
 
-struct aopts {
-	uint32_t seqs, prompt, r, reps;
-};
-
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: kvtier-bench attend [options]\n"
-		   "Times the batched decode attention of one layer (kvt_step_attend) against\n"
-		   "kvt_attend per sequence on the host backend (the CPU reference), Llama-3-8B\n"
-		   "geometry (8 kv heads, 32 q heads, d=128,\n"
-		   "bf16, 32-token blocks, sink 128, recent 512, top-K 4096), r random blocks\n"
-		   "recalled per kv head. Prints the median time of each, their ratio, and the\n"
-		   "batched attention's bandwidth over the K and V bytes it reads.\n\n"
-		   "  --seqs N       sequences in the batch (default 8)\n"
-		   "  --prompt N     prompt tokens per sequence (default 8192)\n"
-		   "  --r N          blocks recalled per kv head (default 16)\n"
-		   "  --reps N       repetitions timed (default 5)\n"
-		   "  -h, --help     this text\n"
-		   "Exit status: 0 on success, 1 on a library error, 2 on bad usage.\n");
+	fprintf(f,
+		"usage: kvtier-bench attend [options]\n"
+		"Times the batched decode attention of one layer (kvt_step_attend), Llama-3-8B\n"
+		"geometry (8 kv heads, 32 q heads, d=128, bf16, 32-token blocks, sink 128, recent\n"
+		"512, top-K 4096), r random blocks recalled per kv head; bytes counted from the\n"
+		"attention tables (K and V rows of every token they name, each once).\n"
+		"  host backend: against kvt_attend per sequence (the CPU reference): the median\n"
+		"                time of each, their ratio, the batched call's bandwidth.\n"
+		"  cuda backend: tensors on the device; the median device time (CUDA events, one\n"
+		"                stream) of kvt_step_attend and of kvt_attend_tables over tables\n"
+		"                kvt_step_tables wrote to device buffers, the bandwidth over the K\n"
+		"                and V rows read plus q and out, the device's copy bandwidth\n"
+		"                (cudaMemcpyAsync device to device, read + write bytes) measured\n"
+		"                in the same run, and the kernels' ratio to it (goal >= 0.7); the\n"
+		"                output is checked against kvt_attend once. Needs the CUDA plugin\n"
+		"                and the CUDA runtime (libcudart.so, $KVTIER_CUDART when set).\n\n"
+		"  --backend B    host (default) or cuda\n"
+		"  --seqs N       sequences in the batch (default 8)\n"
+		"  --prompt N     prompt tokens per sequence (default 8192)\n"
+		"  --r N          blocks recalled per kv head (default 16)\n"
+		"  --reps N       repetitions timed (default 5)\n"
+		"  --copy-mib N   cuda: MiB of the device-to-device copy timed (default 1024;\n"
+		"                 less when the device has not 4 times that free)\n"
+		"  -h, --help     this text\n"
+		"Exit status: 0 on success, 1 on a failure (a library or CUDA error, or a wrong\n"
+		"output; never on time), 2 on bad usage, 77 when --backend cuda finds no usable\n"
+		"device (no plugin, no CUDA runtime or no GPU: skipped).\n");
 }
 
-static int parse(int argc, char **argv, struct aopts *o)
+static int parse(int argc, char **argv, struct bench_attend_opts *o)
 {
 	static const struct option lo[] = {
-		{"seqs", required_argument, NULL, 's'}, {"prompt", required_argument, NULL, 'p'},
-		{"r", required_argument, NULL, 'r'},	{"reps", required_argument, NULL, 'n'},
-		{"help", no_argument, NULL, 'h'},	{NULL, 0, NULL, 0},
+		{"seqs", required_argument, NULL, 's'},
+		{"prompt", required_argument, NULL, 'p'},
+		{"r", required_argument, NULL, 'r'},
+		{"reps", required_argument, NULL, 'n'},
+		{"backend", required_argument, NULL, 'b'},
+		{"copy-mib", required_argument, NULL, 'c'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
 	};
+	bool copy_set = false;
 	int c, bad, li = 0;
 
-	*o = (struct aopts){8, 8192, 16, 5};
+	*o = (struct bench_attend_opts){8, 8192, 16, 5, 1024, false};
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", lo, &li)) != -1) {
 		bad = 0;
@@ -69,6 +89,18 @@ static int parse(int argc, char **argv, struct aopts *o)
 		case 'n':
 			bad = sim_parse_u32(optarg, 2, 10000, &o->reps);
 			break;
+		case 'b':
+			if (strcmp(optarg, "host") == 0)
+				o->cuda = false;
+			else if (strcmp(optarg, "cuda") == 0)
+				o->cuda = true;
+			else
+				bad = 1;
+			break;
+		case 'c':
+			bad = sim_parse_u32(optarg, 1, 1u << 20, &o->copy_mib);
+			copy_set = true;
+			break;
 		case 'h':
 			usage(stdout);
 			exit(0);
@@ -79,7 +111,13 @@ static int parse(int argc, char **argv, struct aopts *o)
 		if (bad)
 			return cli_bad_value("kvtier-bench", lo[li].name, optarg);
 	}
-	return cli_no_extra("kvtier-bench", argc, argv) ? -1 : 0;
+	if (cli_no_extra("kvtier-bench", argc, argv))
+		return -1;
+	if (copy_set && !o->cuda) {
+		fprintf(stderr, "kvtier-bench: --copy-mib applies only with --backend cuda\n");
+		return -1;
+	}
+	return 0;
 }
 
 static double median(double *t, uint32_t n)
@@ -88,12 +126,83 @@ static double median(double *t, uint32_t n)
 	return t[n / 2];
 }
 
+void bench_attend_config(const struct bench_attend_opts *o, struct kvt_config *c)
+{
+	*c = (struct kvt_config)KVT_CONFIG_INIT;
+	c->backend = o->cuda ? KVT_BACKEND_CUDA : KVT_BACKEND_HOST;
+	c->n_layers = 1;
+	c->recall_blocks = o->r;
+	c->save_threads = 0;
+
+	uint64_t block = 2ull * c->block_tokens * c->head_dim * 2, group = c->n_kv_heads * block;
+
+	c->recall_cache_bytes = (uint64_t)o->seqs * c->n_kv_heads * o->r * 2 * block;
+	c->device_bytes = group * bench_attend_max_frames(c) * o->seqs + c->recall_cache_bytes;
+	c->host_bytes = group * ((o->prompt + c->block_tokens - 1) / c->block_tokens + 2) * o->seqs;
+}
+
+uint32_t bench_attend_max_frames(const struct kvt_config *c)
+{
+	return (c->sink_tokens + c->recent_tokens + c->topk_tokens) / c->block_tokens + 2;
+}
+
+int bench_attend_inputs(const struct bench_attend_opts *o, const struct kvt_config *c,
+			struct bench_attend_in *in)
+{
+	uint32_t H = c->n_kv_heads, bt = c->block_tokens, lo_b = c->sink_tokens / bt;
+	uint32_t hi_b =
+		o->prompt > c->recent_tokens + bt ? (o->prompt - c->recent_tokens) / bt : lo_b + 1;
+	uint64_t rng = 11;
+
+	*in = (struct bench_attend_in){
+		.k_n = (size_t)H * o->prompt * c->head_dim,
+		.qo_n = (size_t)c->n_q_heads * c->obs_window * c->head_dim,
+		.q_n = (size_t)o->seqs * c->n_q_heads * c->head_dim,
+	};
+	in->k = malloc(in->k_n * 2);
+	in->qo = calloc(in->qo_n, 2);
+	in->q = malloc(in->q_n * 2);
+	in->sel = malloc((size_t)o->seqs * H * o->r * sizeof(*in->sel));
+	if (!in->k || !in->qo || !in->q || !in->sel) {
+		fprintf(stderr, "kvtier-bench: out of memory\n");
+		bench_attend_inputs_free(in);
+		return -1;
+	}
+	bench_rand_bf16(&rng, in->k, in->k_n, 0x7fu);
+	bench_rand_bf16(&rng, in->q, in->q_n, 0xffu);
+	for (size_t x = 0; x < (size_t)o->seqs * H * o->r; x++)
+		in->sel[x] = lo_b + (uint32_t)(sim_splitmix64(&rng) % (hi_b - lo_b));
+	return 0;
+}
+
+void bench_attend_inputs_free(struct bench_attend_in *in)
+{
+	free(in->k);
+	free(in->qo);
+	free(in->q);
+	free(in->sel);
+	*in = (struct bench_attend_in){0};
+}
+
+uint64_t bench_attend_tokens(const struct kvt_attn_tables *t, size_t rows)
+{
+	uint64_t tokens = 0;
+
+	for (size_t x = 0; x < rows; x++) {
+		tokens += t->n_tokens[x];
+		for (uint32_t j = 0; j < t->n_recall[x] && j < t->max_recall; j++)
+			tokens += t->recall_tokens[x * t->max_recall + j] -
+				  (uint32_t)__builtin_popcountll(
+					  t->recall_skip[x * t->max_recall + j]);
+	}
+	return tokens;
+}
+
 /* The K and V bytes the attention tables of the open step name for layer 0 (every token
    once), from kvt_step_tables. 0 on an error (reported). */
 static double table_bytes(struct kvt_manager *m, uint32_t n, const struct kvt_config *c, uint32_t r)
 {
-	uint32_t H = c->n_kv_heads, n_batch,
-		 mf = (c->sink_tokens + c->recent_tokens + c->topk_tokens) / c->block_tokens + 2;
+	uint32_t H = c->n_kv_heads, n_batch, mf = bench_attend_max_frames(c);
 	size_t rows = (size_t)n * H;
 	uint32_t *nt = calloc(rows, 4), *fr = calloc(rows * mf, 4), *nr = calloc(rows, 4);
 	uint32_t *rc = calloc(rows * r, 4), *rt = calloc(rows * r, 4);
@@ -101,12 +210,9 @@ static double table_bytes(struct kvt_manager *m, uint32_t n, const struct kvt_co
 	struct kvt_attn_tables t = {sizeof(t), n, mf, r, &n_batch, nt, fr, nr, rc, rt, rs};
 	int err = nt && fr && nr && rc && rt && rs ? kvt_step_tables(m, 0, &t, NULL) : -ENOMEM;
 
-	for (size_t x = 0; !err && x < rows; x++) {
-		tokens += nt[x];
-		for (uint32_t j = 0; j < nr[x]; j++)
-			tokens += rt[x * r + j] - (uint32_t)__builtin_popcountll(rs[x * r + j]);
-	}
-	if (err)
+	if (!err)
+		tokens = bench_attend_tokens(&t, rows);
+	else
 		fprintf(stderr, "kvtier-bench: tables: %s\n", kvt_manager_last_error(m));
 	free(nt);
 	free(fr);
@@ -119,34 +225,24 @@ static double table_bytes(struct kvt_manager *m, uint32_t n, const struct kvt_co
 
 int bench_attend(int argc, char **argv)
 {
-	struct kvt_config c = KVT_CONFIG_INIT;
+	struct kvt_config c;
 	struct kvt_manager *m = NULL;
-	struct aopts o;
-	uint64_t *ids = NULL, rng = 11;
-	uint16_t *k = NULL, *qo = NULL, *q = NULL, *out = NULL;
-	uint32_t *sel = NULL;
+	struct bench_attend_opts o;
+	struct bench_attend_in in = {0};
+	uint64_t *ids = NULL;
+	uint16_t *out = NULL;
 	float *qf = NULL, *of = NULL;
 	double *tb = NULL, *tr = NULL, bytes;
 	int err, rc = 1;
 
 	if (parse(argc, argv, &o))
 		return 2;
-	c.backend = KVT_BACKEND_HOST;
-	c.n_layers = 1;
-	c.recall_blocks = o.r;
-	c.save_threads = 0;
+	if (o.cuda)
+		return bench_attend_cuda(&o);
+	bench_attend_config(&o, &c);
 
-	uint32_t H = c.n_kv_heads, Hq = c.n_q_heads, D = c.head_dim, bt = c.block_tokens;
-	uint64_t block = 2ull * bt * D * 2, group = H * block;
-	uint64_t frames = (c.sink_tokens + c.recent_tokens + c.topk_tokens) / bt + 2;
-	uint32_t lo_b = c.sink_tokens / bt,
-		 hi_b = (o.prompt > c.recent_tokens + bt ? (o.prompt - c.recent_tokens) / bt
-							 : lo_b + 1);
-	size_t krow = (size_t)H * o.prompt * D, qn = (size_t)o.seqs * Hq * D;
+	uint32_t Hq = c.n_q_heads, D = c.head_dim;
 
-	c.recall_cache_bytes = (uint64_t)o.seqs * H * o.r * 2 * block;
-	c.device_bytes = group * frames * o.seqs + c.recall_cache_bytes;
-	c.host_bytes = group * ((o.prompt + bt - 1) / bt + 2) * o.seqs;
 	err = kvt_manager_create(&c, &m);
 	if (err) {
 		fprintf(stderr, "kvtier-bench: cannot create the manager: %s\n", kvt_strerror(err));
@@ -154,33 +250,30 @@ int bench_attend(int argc, char **argv)
 	}
 	kvt_manager_config(m, &c);
 	ids = calloc(o.seqs, sizeof(*ids));
-	k = malloc(krow * 2);
-	qo = calloc((size_t)Hq * c.obs_window * D, 2);
-	q = malloc(qn * 2);
-	out = malloc(qn * 2);
 	qf = malloc((size_t)Hq * D * 4);
 	of = malloc((size_t)Hq * D * 4);
-	sel = malloc((size_t)o.seqs * H * o.r * sizeof(*sel));
 	tb = calloc(o.reps, sizeof(*tb));
 	tr = calloc(o.reps, sizeof(*tr));
-	if (!ids || !k || !qo || !q || !out || !qf || !of || !sel || !tb || !tr) {
+	out = malloc((size_t)o.seqs * Hq * D * 2);
+	if (!ids || !qf || !of || !tb || !tr || !out) {
 		fprintf(stderr, "kvtier-bench: out of memory\n");
 		goto out;
 	}
-	bench_rand_bf16(&rng, k, krow, 0x7fu);
-	bench_rand_bf16(&rng, q, qn, 0xffu);
-	for (size_t x = 0; x < (size_t)o.seqs * H * o.r; x++)
-		sel[x] = lo_b + (uint32_t)(sim_splitmix64(&rng) % (hi_b - lo_b));
+	if (bench_attend_inputs(&o, &c, &in))
+		goto out;
+
+	const uint16_t *q = in.q;
+
 	for (uint32_t i = 0; i < o.seqs && !err; i++) {
 		ids[i] = 100 + (uint64_t)i;
 		err = kvt_seq_create(m, ids[i], o.prompt);
 		if (!err)
-			err = kvt_prefill_layer(m, ids[i], 0, k, k, qo, NULL);
+			err = kvt_prefill_layer(m, ids[i], 0, in.k, in.k, in.qo, NULL);
 	}
 	if (!err)
 		err = kvt_step_begin(m, ids, o.seqs);
 	if (!err)
-		err = kvt_step_recall_blocks(m, 0, sel, o.r, NULL);
+		err = kvt_step_recall_blocks(m, 0, in.sel, o.r, NULL);
 	if (err) {
 		fprintf(stderr, "kvtier-bench: setup: %s\n", kvt_manager_last_error(m));
 		goto out;
@@ -221,14 +314,11 @@ int bench_attend(int argc, char **argv)
 	rc = 0;
 out:
 	kvt_manager_destroy(m);
-	free(ids);
-	free(k);
-	free(qo);
-	free(q);
+	bench_attend_inputs_free(&in);
 	free(out);
+	free(ids);
 	free(qf);
 	free(of);
-	free(sel);
 	free(tb);
 	free(tr);
 	return rc;

@@ -8,8 +8,10 @@
  *   kvtier-bench sched     the scheduler's decision time (kvt_sched_step) with a long queue,
  *                          on the null backend, the batches executed between steps.
  *   kvtier-bench recall    the recall bookkeeping of one decode step (tools/bench_recall.c).
- *   kvtier-bench attend    the batched decode attention against kvt_attend per sequence, on
- *                          the host backend (tools/bench_attend.c).
+ *   kvtier-bench attend    the batched decode attention: against kvt_attend per sequence on
+ *                          the host backend (tools/bench_attend.c); with --backend cuda its
+ *                          HBM bandwidth against the device's copy bandwidth
+ *                          (tools/bench_attend_cuda.c).
  *   kvtier-bench disk      the disk tier's I/O engine against plain sequential I/O
  *                          (tools/bench_disk.c).
  *   kvtier-bench create    kvt_manager_create's time and memory for a tier of terabytes
@@ -47,7 +49,7 @@ static void usage(FILE *f)
 		"usage: kvtier-bench manager [options]\n"
 		"       kvtier-bench sched [options]\n"
 		"       kvtier-bench recall [options]   (kvtier-bench recall --help)\n"
-		"       kvtier-bench attend [options]   (kvtier-bench attend --help)\n"
+		"       kvtier-bench attend [options]   (kvtier-bench attend --help; CUDA too)\n"
 		"       kvtier-bench disk [options]     (kvtier-bench disk --help)\n"
 		"       kvtier-bench create [options]   (kvtier-bench create --help)\n"
 		"       kvtier-bench transfer [options] (kvtier-bench transfer --help; CUDA)\n"
