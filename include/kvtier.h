@@ -792,7 +792,8 @@ struct kvt_attn_tables {
    -ESTALE (a member's recall view is stale: recall again), -ENOTSUP (a backend whose device
    memory the library cannot write), and the device's errors of reading a view back or of the
    copies (-EIO, -ENOMEM, -ENODEV, -EINVAL). With the recall regions on the device, the views
-   changed there since they were last read are read back first (a wait for the device). */
+   changed there since they were last read are read back first, all of the batch's together
+   (one wait for the whole device). */
 KVT_API int kvt_step_tables(struct kvt_manager *m, uint32_t layer, const struct kvt_attn_tables *t,
 			    void *stream);
 

@@ -1042,45 +1042,16 @@ static int order_cmp(const void *a, const void *b)
 	return x->key < y->key ? -1 : x->key > y->key;
 }
 
-int kvt_recall_pull(struct kvt_manager *m, struct kvt_recall_layer *rc)
+/* A region read back from the device (tmp: its state as dreg_layout lays it out; its keys
+   already in rc->rg.key) made the host's copy again. 0 or -ENOMEM. */
+static int pull_unpack(struct kvt_manager *m, struct kvt_recall_layer *rc, const uint8_t *tmp)
 {
-	uint32_t H = m->cfg.n_kv_heads, n, nb;
-	struct order_key *ok = NULL;
-	struct dreg_layout g;
-	uint8_t *tmp;
-	int err;
+	uint32_t H = m->cfg.n_kv_heads, n = rc->rg.n_slots;
+	struct dreg_layout g = dreg_layout(m, rc->dscap, rc->dvcap);
+	struct order_key *ok = kvt_malloc((n ? n : 1) * sizeof(*ok));
 
-	if (!m->dev_regions || !rc)
-		return 0;
-	err = kvt_recall_settle(m);
-	if (err)
-		return err;
-	if (!rc->dirty)
-		return 0;
-	if (m->rc.dbroken)
-		return kvt_fail(
-			m, m->rc.dbroken,
-			"recall: an earlier call failed on the device: its regions' state is "
-			"unknown");
-	g = dreg_layout(m, rc->dscap, rc->dvcap);
-	n = rc->rg.n_slots;
-	nb = rc->dcap < rc->rg.cap_blocks ? rc->dcap : rc->rg.cap_blocks;
-	tmp = kvt_malloc(g.bytes);
-	ok = kvt_malloc((n ? n : 1) * sizeof(*ok));
-	if (!tmp || !ok) {
-		free(tmp);
-		free(ok);
-		return kvt_fail(m, -ENOMEM, "recall: no memory to read a region");
-	}
-	err = KVT_XFER(m, read_d2h, tmp, rc->dreg, g.bytes, NULL);
-	if (!err)
-		err = KVT_XFER(m, read_d2h, rc->rg.key, kvt_dkey(m, rc),
-			       (uint64_t)nb * H * sizeof(*rc->rg.key), NULL);
-	if (err) {
-		free(tmp);
-		free(ok);
-		return kvt_fail(m, err, "recall: reading a region from the device: %s", m->be->err);
-	}
+	if (!ok)
+		return -ENOMEM;
 	if (n) { /* (a region given back may have no slot arrays) */
 		memcpy(rc->rg.slot, tmp + g.slot, (size_t)n * sizeof(*rc->rg.slot));
 		memcpy(rc->frame, tmp + g.frame, (size_t)n * sizeof(*rc->frame));
@@ -1114,10 +1085,96 @@ int kvt_recall_pull(struct kvt_manager *m, struct kvt_recall_layer *rc)
 		rc->rg.tail = (uint16_t)ok[n - 1].i;
 	}
 	rc->rg.empty_end = 0; /* not known: found by a walk */
-	free(tmp);
 	free(ok);
 	rc->dirty = false;
 	return 0;
+}
+
+int kvt_recall_pull_many(struct kvt_manager *m, struct kvt_recall_layer *const *rcs, uint32_t n)
+{
+	const uint32_t H = m->cfg.n_kv_heads;
+	struct kvt_xfer *x = NULL;
+	uint32_t nd = 0, nx = 0;
+	uint64_t total = 0, off = 0;
+	uint8_t *tmp = NULL;
+	int err;
+
+	if (!m->dev_regions || !n)
+		return 0;
+	err = kvt_recall_settle(m);
+	if (err)
+		return err;
+	for (uint32_t i = 0; i < n; i++)
+		if (rcs[i] && rcs[i]->dirty) {
+			nd++;
+			total +=
+				(dreg_layout(m, rcs[i]->dscap, rcs[i]->dvcap).bytes + 15) / 16 * 16;
+		}
+	if (!nd)
+		return 0;
+	if (m->rc.dbroken)
+		return kvt_fail(
+			m, m->rc.dbroken,
+			"recall: an earlier call failed on the device: its regions' state is "
+			"unknown");
+	tmp = total <= SIZE_MAX ? kvt_malloc((size_t)total) : NULL;
+	x = kvt_malloc(2 * (size_t)nd * sizeof(*x));
+	if (!tmp || !x) {
+		err = kvt_fail(m, -ENOMEM, "recall: no memory to read %u regions", nd);
+		goto out;
+	}
+	/* each dirty region's state into tmp, its keys into its own key table */
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvt_recall_layer *rc = rcs[i];
+		uint64_t nb, bytes;
+
+		if (!rc || !rc->dirty)
+			continue;
+		bytes = dreg_layout(m, rc->dscap, rc->dvcap).bytes;
+		nb = rc->dcap < rc->rg.cap_blocks ? rc->dcap : rc->rg.cap_blocks;
+		x[nx++] = (struct kvt_xfer){.src = rc->dreg,
+					    .dst = (uint64_t)(uintptr_t)(tmp + off),
+					    .bytes = (uint32_t)bytes,
+					    .reps = 1};
+		x[nx++] = (struct kvt_xfer){.src = kvt_dkey(m, rc),
+					    .dst = (uint64_t)(uintptr_t)rc->rg.key,
+					    .bytes = (uint32_t)(nb * H * sizeof(*rc->rg.key)),
+					    .reps = 1};
+		off += (bytes + 15) / 16 * 16;
+	}
+	if (m->ops->read_many) {
+		err = KVT_XFER(m, read_many, x, nx);
+	} else {
+		err = 0;
+		for (uint32_t k = 0; k < nx && !err; k++)
+			err = KVT_XFER(m, read_d2h, (void *)(uintptr_t)x[k].dst, x[k].src,
+				       x[k].bytes, NULL);
+	}
+	if (err) {
+		err = kvt_fail(m, err, "recall: reading %u regions from the device: %s", nd,
+			       m->be->err);
+		goto out;
+	}
+	off = 0;
+	for (uint32_t i = 0; i < n && !err; i++) {
+		struct kvt_recall_layer *rc = rcs[i];
+
+		if (!rc || !rc->dirty)
+			continue;
+		err = pull_unpack(m, rc, tmp + off);
+		if (err)
+			err = kvt_fail(m, err, "recall: no memory to read a region");
+		off += (dreg_layout(m, rc->dscap, rc->dvcap).bytes + 15) / 16 * 16;
+	}
+out:
+	free(tmp);
+	free(x);
+	return err;
+}
+
+int kvt_recall_pull(struct kvt_manager *m, struct kvt_recall_layer *rc)
+{
+	return kvt_recall_pull_many(m, &rc, 1);
 }
 
 /* kvt_recall_check of a layer's device group table: every entry the device has seen (below

@@ -167,6 +167,11 @@ int kvt_recall_settle(struct kvt_manager *m);
    error, recorded. */
 int kvt_recall_pull(struct kvt_manager *m, struct kvt_recall_layer *rc);
 
+/* kvt_recall_pull of every region of rcs[0 .. n) (NULL entries skipped) at once: one wait for
+   the device and one read of all the dirty ones (the backend's read_many where it has one).
+   0, or the error, recorded: regions read before it may be clean, the others stay dirty. */
+int kvt_recall_pull_many(struct kvt_manager *m, struct kvt_recall_layer *const *rcs, uint32_t n);
+
 /* Frees one layer's recall state (NULL is a no-op), its device copy through the backend. */
 void kvt_recall_layer_free(struct kvt_manager *m, struct kvt_recall_layer *rc);
 /* Frees the recall state of every layer of s (destroy). */

@@ -95,24 +95,32 @@ static int tables_check(struct kvt_manager *m, uint32_t layer, const uint64_t *i
 			const char *what)
 {
 	uint64_t stamp = ++m->stamp;
+	struct kvt_recall_layer **rcs = NULL;
 	int err = 0;
 
 	*most_f = *most_r = 0;
-	for (uint32_t i = 0; i < n; i++) {
+	if (m->dev_regions && !(rcs = kvt_malloc((size_t)n * sizeof(*rcs))))
+		return kvt_fail(m, -ENOMEM, "%s: no memory for a batch of %u", what, n);
+	for (uint32_t i = 0; i < n && !err; i++) {
 		struct kvt_seq *s = kvt_batch_member(m, ids, i, layer, stamp, what, &err);
-		struct kvt_recall_layer *rc;
 
 		if (!s)
-			return err;
+			break;
 		if (s->n_frames > t->max_frames)
-			return kvt_fail(m, -ENOSPC, "%s: sequence %llu has %u frames, room for %u",
-					what, (unsigned long long)ids[i], s->n_frames,
-					t->max_frames);
+			err = kvt_fail(m, -ENOSPC, "%s: sequence %llu has %u frames, room for %u",
+				       what, (unsigned long long)ids[i], s->n_frames,
+				       t->max_frames);
 		*most_f = s->n_frames > *most_f ? s->n_frames : *most_f;
-		rc = s->layers[layer].rc;
-		err = kvt_recall_pull(m, rc);
-		if (err)
-			return err;
+		if (rcs)
+			rcs[i] = s->layers[layer].rc;
+	}
+	/* the views the device changed, read back together: one wait for the batch */
+	if (!err && rcs)
+		err = kvt_recall_pull_many(m, rcs, n);
+	free(rcs);
+	for (uint32_t i = 0; i < n && !err; i++) {
+		const struct kvt_recall_layer *rc = kvt_member(m, ids, i)->layers[layer].rc;
+
 		if (kvt_view_stale(rc))
 			return kvt_fail(m, -ESTALE,
 					"%s: sequence %llu layer %u: a recalled block was evicted "
@@ -128,7 +136,7 @@ static int tables_check(struct kvt_manager *m, uint32_t layer, const uint64_t *i
 			*most_r = rc->view_n[h] > *most_r ? rc->view_n[h] : *most_r;
 		}
 	}
-	return 0;
+	return err;
 }
 
 /* Row (i, h)'s recall part, ascending by block, into ref[0 .. count). */

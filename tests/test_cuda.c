@@ -671,13 +671,21 @@ void check_xfer_at(const struct kvt_stats *st, const char *file, int line)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_backend_choice),	    cmocka_unit_test(test_vs_host_f32),
-		cmocka_unit_test(test_vs_host_f16),	    cmocka_unit_test(test_vs_host_bf16),
-		cmocka_unit_test(test_long_prompt),	    cmocka_unit_test(test_huge_prompt),
-		cmocka_unit_test(test_nonblocking_stream),  cmocka_unit_test(test_resume_burst),
-		cmocka_unit_test(test_save_side_stream),    cmocka_unit_test(test_fault_prefill),
-		cmocka_unit_test(test_fault_decode),	    cmocka_unit_test(test_fault_recall),
-		cmocka_unit_test(test_fault_recall_settle), cmocka_unit_test(test_fault_stage),
+		cmocka_unit_test(test_backend_choice),
+		cmocka_unit_test(test_vs_host_f32),
+		cmocka_unit_test(test_vs_host_f16),
+		cmocka_unit_test(test_vs_host_bf16),
+		cmocka_unit_test(test_long_prompt),
+		cmocka_unit_test(test_huge_prompt),
+		cmocka_unit_test(test_nonblocking_stream),
+		cmocka_unit_test(test_resume_burst),
+		cmocka_unit_test(test_save_side_stream),
+		cmocka_unit_test(test_tables_one_wait),
+		cmocka_unit_test(test_fault_prefill),
+		cmocka_unit_test(test_fault_decode),
+		cmocka_unit_test(test_fault_recall),
+		cmocka_unit_test(test_fault_recall_settle),
+		cmocka_unit_test(test_fault_stage),
 	};
 	const struct kvt_plugin *plugin;
 	const char *seed = getenv("KVT_TEST_SEED");

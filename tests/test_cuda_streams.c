@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * cuda: a non-blocking stream, many resumes with one wait, saves off the caller's stream.
+ * cuda: a non-blocking stream, many resumes with one wait, saves off the caller's stream, the
+ * attention tables' read-back in one wait.
  */
 #include "test_cuda.h"
 
@@ -376,5 +377,105 @@ void test_save_side_stream(void **state)
 	pair_fini(&p);
 	CUDA_OK(cudaEventDestroy(ev));
 	CUDA_OK(cudaStreamDestroy(nb));
+	g_ctx[0] = '\0';
+}
+
+/* ---- the attention tables' read-back: one wait per call ---------------------------------------
+ */
+
+/* With the regions on the device, every member of a step whose views the device changed must
+   be read back before its tables are written: kvt_step_tables reads them all in one go (one
+   wait for the device, one gather into pinned memory), not one device-wide wait and two
+   blocking copies per region. The emulated runtime counts the waits; the tables read back
+   name every member's recalled blocks. */
+void test_tables_one_wait(void **state)
+{
+	enum { NS = 4, MF = 256 };
+	struct pair p;
+	struct tseq ts[NS];
+	struct tseq *bt[NS];
+	uint64_t ids[NS], w0, t0, dw, tw;
+	uint32_t rows = NS * N_KV, nb = 0, nr[NS * N_KV], *d[5];
+	struct kvt_attn_tables t = {.size = sizeof(t), .max_batch = NS, .max_frames = MF};
+	uint64_t *skip;
+
+	(void)state;
+	set_ctx("tables one wait: setup");
+	pair_init(&p, KVT_DTYPE_F16, NULL, 1500, NS);
+	t.max_recall = p.cfg.recall_blocks;
+	for (uint32_t i = 0; i < NS; i++) {
+		tseq_gen(&ts[i], &p.cfg, 0x7ab1e0001ull + i, 1500 - 200 * i, 8);
+		bt[i] = &ts[i];
+		ids[i] = ts[i].id;
+		CHECK_RC(kvt_seq_create(p.h, ts[i].id, ts[i].L), 0);
+		CHECK_RC(kvt_seq_create(p.c, ts[i].id, ts[i].L), 0);
+		for (uint32_t l = 0; l < N_LAYERS; l++)
+			PREFILL_BOTH(&p, &ts[i], l);
+	}
+	sync_both(&p);
+	for (uint32_t i = 0; i < NS; i++)
+		for (uint32_t l = 0; l < N_LAYERS; l++)
+			CHECK_SELECTION(&p, &ts[i], l);
+	for (uint32_t l = 0; l < N_LAYERS; l++) {
+		DECODE_BOTH(&p, bt, NS, l);
+		RECALL_BOTH(&p, bt, NS, l);
+	}
+	d[0] = dev_alloc(4);
+	d[1] = dev_alloc(rows * 4);
+	d[2] = dev_alloc((size_t)rows * MF * 4);
+	d[3] = dev_alloc(rows * 4);
+	d[4] = dev_alloc((size_t)rows * t.max_recall * 4);
+	t.n_batch = d[0];
+	t.n_tokens = d[1];
+	t.frames = d[2];
+	t.n_recall = d[3];
+	t.recall = d[4];
+	t.recall_tokens = dev_alloc((size_t)rows * t.max_recall * 4);
+	skip = dev_alloc((size_t)rows * t.max_recall * 8);
+	t.recall_skip = skip;
+
+	set_ctx("tables one wait: step");
+	CHECK_RC(kvt_step_begin(p.c, ids, NS), 0);
+	for (uint32_t l = 0; l < N_LAYERS; l++) {
+		w0 = DEVICE_WAITS();
+		t0 = THREAD_WAITS();
+		CHECK_RC(kvt_step_tables(p.c, l, &t, NULL), 0);
+		dw = DEVICE_WAITS() - w0;
+		tw = THREAD_WAITS() - t0;
+#ifdef KVT_TEST_EMULATED
+		if (p.c->dev_regions) {
+			CHECK_EQ(dw, 1); /* the read-back of all NS regions */
+			assert_true(tw <= 3);
+		}
+#else
+		(void)dw;
+		(void)tw;
+#endif
+		/* nothing changed since: no read-back at all */
+		w0 = DEVICE_WAITS();
+		CHECK_RC(kvt_step_tables(p.c, l, &t, NULL), 0);
+		CHECK_EQ(DEVICE_WAITS() - w0, 0);
+		CUDA_OK(cudaMemcpy(&nb, t.n_batch, 4, cudaMemcpyDeviceToHost));
+		CUDA_OK(cudaMemcpy(nr, t.n_recall, sizeof(nr), cudaMemcpyDeviceToHost));
+		CHECK_EQ(nb, NS);
+		for (uint32_t i = 0; i < NS; i++) {
+			struct kvt_recall_ref ref[64];
+			uint32_t nv = 0;
+
+			for (uint32_t h = 0; h < N_KV; h++) {
+				CHECK_RC(kvt_seq_recall_view(p.c, ids[i], l, h, ref, 64, &nv), 0);
+				CHECK_EQ(nr[i * N_KV + h], nv);
+			}
+		}
+	}
+	CHECK_RC(kvt_step_end(p.c), 0);
+
+	for (int i = 0; i < 5; i++)
+		dev_free(d[i]);
+	dev_free(t.recall_tokens);
+	dev_free(skip);
+	for (uint32_t i = 0; i < NS; i++)
+		tseq_free(&ts[i]);
+	pair_fini(&p);
 	g_ctx[0] = '\0';
 }

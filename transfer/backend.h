@@ -237,6 +237,12 @@ struct kvt_backend_ops {
 	   may have been written on any stream). */
 	int (*read_d2h)(struct kvt_be *b, void *dst, uint64_t src, uint64_t bytes, void *stream);
 
+	/* Optional (NULL: one read_d2h each): read_d2h(dst, src, bytes, NULL) of every piece of
+	   x (src device addresses, dst host memory, reps 1), after one wait for the whole device,
+	   the pieces moved together (the CUDA backend: one gather into pinned memory, then one
+	   wait). On an error the destinations' contents are unspecified. */
+	int (*read_many)(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n);
+
 	/* Waits for the work queued on stream (NULL: the backend's default stream). */
 	int (*sync)(struct kvt_be *b, void *stream);
 

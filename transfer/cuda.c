@@ -106,6 +106,11 @@ struct cuda_backend {
 	struct list_slot slot[LIST_SLOTS];
 	uint32_t next_slot;
 
+	void *rd; /* read_many's pinned buffer (rd_cap bytes), grown as needed */
+	size_t rd_cap;
+	struct kvt_xfer *rd_x; /* its gather list (rd_n entries) */
+	size_t rd_n;
+
 	void *dev_arena, *host_arena;
 	uint64_t host_lo, host_hi; /* host arena range, for address translation */
 	int64_t host_delta;	   /* device address - host address of the host arena */
@@ -983,6 +988,8 @@ static void cuda_destroy(struct kvt_be *b)
 	free(cb->lane);
 	if (cb->rr_done)
 		cudaEventDestroy(cb->rr_done);
+	pinned_free(cb, cb->rd, cb->rd_cap);
+	free(cb->rd_x);
 	dev_buf_free(&cb->io);
 	dev_buf_free(&cb->layer);
 	grave_flush(cb);
@@ -1235,6 +1242,62 @@ static int cuda_read_d2h(struct kvt_be *b, void *dst, uint64_t src, uint64_t byt
 	/* behind the writer's work on its stream only, as a serving engine's other streams run */
 	err = CU(cb, cudaMemcpyAsync(dst, s, bytes, cudaMemcpyDefault, st), "read: copy to host");
 	return stream_finish(cb, err, st, "read: wait for the copy");
+}
+
+/* One wait for the device, then the pieces gathered into a pinned buffer by one launch of the
+   fused gather (the device writes the mapped pages over UVA), one wait for it, and the copies
+   out of the buffer on the CPU: a few calls however many regions, not two each. */
+static int cuda_read_many(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	size_t total = 0, off = 0;
+	int err = bind(cb);
+
+	if (err)
+		return err;
+	for (uint32_t e = 0; e < n; e++) {
+		if (x[e].reps != 1)
+			return be_fail(b, -EINVAL, "read: a piece of %u repetitions", x[e].reps);
+		total += (x[e].bytes + 15) / 16 * 16;
+	}
+	err = CU(cb, cudaDeviceSynchronize(), "read: wait for the device");
+	if (err || n == 0)
+		return err;
+	if (total > cb->rd_cap) {
+		void *p = pinned_alloc(cb, total);
+
+		if (!p)
+			return be_fail(b, -ENOMEM, "read: a pinned buffer of %zu bytes", total);
+		pinned_free(cb, cb->rd, cb->rd_cap);
+		cb->rd = p;
+		cb->rd_cap = total;
+	}
+	if (n > cb->rd_n) {
+		struct kvt_xfer *y = kvt_cuda_host->realloc(cb->rd_x, n * sizeof(*y));
+
+		if (!y)
+			return be_fail(b, -ENOMEM, "read: a list of %u pieces", n);
+		cb->rd_x = y;
+		cb->rd_n = n;
+	}
+	for (uint32_t e = 0; e < n; e++) {
+		cb->rd_x[e] = (struct kvt_xfer){.src = x[e].src,
+						.dst = (uint64_t)(uintptr_t)cb->rd + off,
+						.bytes = x[e].bytes,
+						.reps = 1};
+		off += (x[e].bytes + 15) / 16 * 16;
+	}
+	err = run_kernel(cb, cb->rd_x, n, n, cb->gather_ctas, false, NULL);
+	if (!err)
+		err = CU(cb, cudaStreamSynchronize(NULL), "read: wait for the gather");
+	else
+		cudaStreamSynchronize(NULL); /* the list's copy may be queued */
+	off = 0;
+	for (uint32_t e = 0; e < n && !err; e++) {
+		memcpy((void *)(uintptr_t)x[e].dst, (const uint8_t *)cb->rd + off, x[e].bytes);
+		off += (x[e].bytes + 15) / 16 * 16;
+	}
+	return err;
 }
 
 static int cuda_sync(struct kvt_be *b, void *stream)
@@ -1775,6 +1838,7 @@ const struct kvt_backend_ops kvt_backend_cuda_ops = {
 	.append = cuda_append,
 	.save_wait = cuda_save_wait,
 	.save_event = cuda_save_event,
+	.read_many = cuda_read_many,
 	.read_d2h = cuda_read_d2h,
 	.sync = cuda_sync,
 	.select = cuda_select,
