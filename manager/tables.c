@@ -287,6 +287,21 @@ static int tables_own(struct kvt_manager *m, uint32_t layer, const uint64_t *ids
 	return 0;
 }
 
+/* The checks of a caller's struct kvt_attn_tables every call taking one makes: not NULL, its
+   size, no NULL buffer. 0 or -EINVAL, recorded. */
+static int tables_args(struct kvt_manager *m, const struct kvt_attn_tables *t, const char *what)
+{
+	if (!t)
+		return kvt_fail(m, -EINVAL, "%s: NULL tables", what);
+	if (t->size < sizeof(*t))
+		return kvt_fail(m, -EINVAL, "%s: size %u, want at least %zu", what, t->size,
+				sizeof(*t));
+	if (!t->n_batch || !t->n_tokens || !t->frames || !t->n_recall || !t->recall ||
+	    !t->recall_tokens || !t->recall_skip)
+		return kvt_fail(m, -EINVAL, "%s: NULL buffer", what);
+	return 0;
+}
+
 int kvt_tables_write(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, uint32_t n,
 		     const struct kvt_attn_tables *t, void *stream)
 {
@@ -298,14 +313,9 @@ int kvt_tables_write(struct kvt_manager *m, uint32_t layer, const uint64_t *ids,
 	size_t bytes;
 	int err;
 
-	if (!t)
-		return kvt_fail(m, -EINVAL, "tables: NULL tables");
-	if (t->size < sizeof(*t))
-		return kvt_fail(m, -EINVAL, "tables: size %u, want at least %zu", t->size,
-				sizeof(*t));
-	if (!t->n_batch || !t->n_tokens || !t->frames || !t->n_recall || !t->recall ||
-	    !t->recall_tokens || !t->recall_skip)
-		return kvt_fail(m, -EINVAL, "tables: NULL buffer");
+	err = tables_args(m, t, "tables");
+	if (err)
+		return err;
 	err = out_check(m, layer, n, t->max_batch, direct, "tables");
 	if (err)
 		return err;
@@ -479,15 +489,10 @@ static int attend_tables_check(struct kvt_manager *m, const struct kvt_attn_tabl
 {
 	const uint32_t H = m->cfg.n_kv_heads, G = m->group_q, D = m->cfg.head_dim;
 	uint64_t rows, most;
+	int err = tables_args(m, t, "attend tables");
 
-	if (!t)
-		return kvt_fail(m, -EINVAL, "attend tables: NULL tables");
-	if (t->size < sizeof(*t))
-		return kvt_fail(m, -EINVAL, "attend tables: size %u, want at least %zu", t->size,
-				sizeof(*t));
-	if (!t->n_batch || !t->n_tokens || !t->frames || !t->n_recall || !t->recall ||
-	    !t->recall_tokens || !t->recall_skip)
-		return kvt_fail(m, -EINVAL, "attend tables: NULL buffer");
+	if (err)
+		return err;
 	if (!t->max_batch || !t->max_frames || !t->max_recall)
 		return kvt_fail(m, -EINVAL, "attend tables: a capacity of 0");
 	if (!m->payload || (!m->cpu_device && !m->ops->attend_batch))

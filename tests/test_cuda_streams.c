@@ -224,11 +224,8 @@ void test_resume_burst(void **state)
 		tseq_gen(&ts[i], &p.cfg, 0xb0257000ull + i, 40, 1);
 		CHECK_RC(kvt_seq_create(p.h, ts[i].id, ts[i].L), 0);
 		CHECK_RC(kvt_seq_create(p.c, ts[i].id, ts[i].L), 0);
-		for (uint32_t l = 0; l < N_LAYERS; l++) {
+		for (uint32_t l = 0; l < N_LAYERS; l++)
 			PREFILL_BOTH(&p, &ts[i], l);
-			/* the fixture's next inputs go in with a blocking copy */
-			CUDA_OK(cudaStreamSynchronize(nb));
-		}
 	}
 	sync_both(&p);
 	g_margin.gap = INFINITY;

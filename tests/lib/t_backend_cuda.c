@@ -242,21 +242,14 @@ static void cu_outs(void *const *h, const size_t *n, void *const *dv, int k, voi
 	}
 }
 
-/* kvt_step_tables over device copies of t's buffers (NULL ones stay NULL), read back after the
-   call. */
-static int cu_step_tables(struct kvt_manager *m, uint32_t layer, const struct kvt_attn_tables *t,
-			  void *stream)
+/* Device copies of t's seven buffers (h[0..7) and n[0..7) get their host addresses and
+   sizes, dv[0..7) the copies): t with the copies in place. */
+static struct kvt_attn_tables cu_tables_in(const struct kvt_attn_tables *t, uint32_t H, void **h,
+					   size_t *n, void **dv)
 {
-	struct kvt_config c;
-	struct kvt_attn_tables d;
-	size_t rows, n[7];
-	void *h[7], *dv[7];
-	int rc;
+	struct kvt_attn_tables d = *t;
+	size_t rows = (size_t)t->max_batch * H;
 
-	if (!t || t->size < sizeof(*t) || cu_shape(m, 0, &c, NULL))
-		return kvt_step_tables(m, layer, t, stream);
-	d = *t;
-	rows = (size_t)t->max_batch * c.n_kv_heads;
 	h[0] = t->n_batch, n[0] = 4;
 	h[1] = t->n_tokens, n[1] = rows * 4;
 	h[2] = t->frames, n[2] = rows * t->max_frames * 4;
@@ -272,6 +265,23 @@ static int cu_step_tables(struct kvt_manager *m, uint32_t layer, const struct kv
 	d.recall = dv[4];
 	d.recall_tokens = dv[5];
 	d.recall_skip = dv[6];
+	return d;
+}
+
+/* kvt_step_tables over device copies of t's buffers (NULL ones stay NULL), read back after the
+   call. */
+static int cu_step_tables(struct kvt_manager *m, uint32_t layer, const struct kvt_attn_tables *t,
+			  void *stream)
+{
+	struct kvt_config c;
+	struct kvt_attn_tables d;
+	size_t n[7];
+	void *h[7], *dv[7];
+	int rc;
+
+	if (!t || t->size < sizeof(*t) || cu_shape(m, 0, &c, NULL))
+		return kvt_step_tables(m, layer, t, stream);
+	d = cu_tables_in(t, c.n_kv_heads, h, n, dv);
 	rc = kvt_step_tables(m, layer, &d, stream);
 	cu_outs(h, n, dv, 7, stream);
 	return rc;
@@ -335,7 +345,7 @@ static int cu_attend_tables(struct kvt_manager *m, const struct kvt_attn_tables 
 {
 	struct kvt_config c;
 	struct kvt_attn_tables d;
-	size_t rows, n[10];
+	size_t n[10];
 	void *h[10], *dv[10], *scratch = NULL;
 	uint64_t need = 0;
 	int rc;
@@ -343,27 +353,12 @@ static int cu_attend_tables(struct kvt_manager *m, const struct kvt_attn_tables 
 	if (!t || t->size < sizeof(*t) || !q || !out || cu_shape(m, 0, &c, NULL) ||
 	    kvt_attend_tables_scratch(m, t, &need))
 		return kvt_attend_tables(m, t, q, out, lse, NULL, 0, stream);
-	d = *t;
-	rows = (size_t)t->max_batch * c.n_kv_heads;
-	h[0] = t->n_batch, n[0] = 4;
-	h[1] = t->n_tokens, n[1] = rows * 4;
-	h[2] = t->frames, n[2] = rows * t->max_frames * 4;
-	h[3] = t->n_recall, n[3] = rows * 4;
-	h[4] = t->recall, n[4] = rows * t->max_recall * 4;
-	h[5] = t->recall_tokens, n[5] = rows * t->max_recall * 4;
-	h[6] = t->recall_skip, n[6] = rows * t->max_recall * 8;
+	d = cu_tables_in(t, c.n_kv_heads, h, n, dv);
 	h[7] = (void *)(uintptr_t)q;
 	n[7] = n[8] = (size_t)t->max_batch * c.n_q_heads * c.head_dim * kvt_dtype_size(c.dtype);
 	h[8] = out;
 	h[9] = lse, n[9] = (size_t)t->max_batch * c.n_q_heads * sizeof(float);
-	cu_ins(h, n, dv, 10);
-	d.n_batch = dv[0];
-	d.n_tokens = dv[1];
-	d.frames = dv[2];
-	d.n_recall = dv[3];
-	d.recall = dv[4];
-	d.recall_tokens = dv[5];
-	d.recall_skip = dv[6];
+	cu_ins(h + 7, n + 7, dv + 7, 3);
 	if ((int64_t)need > scratch_short &&
 	    cudaMalloc(&scratch, (size_t)((int64_t)need - scratch_short)) != cudaSuccess)
 		abort();
