@@ -489,8 +489,11 @@ static int attend_tables_check(struct kvt_manager *m, const struct kvt_attn_tabl
 {
 	const uint32_t H = m->cfg.n_kv_heads, G = m->group_q, D = m->cfg.head_dim;
 	uint64_t rows, most;
-	int err = tables_args(m, t, "attend tables");
+	int err;
 
+	*splits = 1;
+	*bytes = 0;
+	err = tables_args(m, t, "attend tables");
 	if (err)
 		return err;
 	if (!t->max_batch || !t->max_frames || !t->max_recall)
@@ -511,8 +514,8 @@ static int attend_tables_check(struct kvt_manager *m, const struct kvt_attn_tabl
 KVT_API int kvt_attend_tables_scratch(struct kvt_manager *m, const struct kvt_attn_tables *t,
 				      uint64_t *bytes)
 {
-	uint32_t splits;
-	uint64_t b;
+	uint32_t splits = 1;
+	uint64_t b = 0;
 	int err;
 
 	if (!m)
@@ -533,8 +536,8 @@ KVT_API int kvt_attend_tables(struct kvt_manager *m, const struct kvt_attn_table
 	const size_t qrow = m ? (size_t)G * m->cfg.head_dim * m->esize : 0;
 	struct kvt_attn_desc desc;
 	struct tab_dst d;
-	uint32_t splits, n;
-	uint64_t need;
+	uint32_t splits = 1, n;
+	uint64_t need = 0;
 	int err;
 
 	if (!m)
