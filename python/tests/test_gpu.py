@@ -106,3 +106,77 @@ def test_cuda_prefix_and_chunks_match_host():
                         gk, gv = gpu.read_token(seq, layer, h, p)
                         assert hk.tobytes() == gk.tobytes() and hv.tobytes() == gv.tobytes()
         assert gpu.stats().bytes_h2d_history == host.stats().bytes_h2d_history > 0
+
+
+def test_batched_attention_views_and_save_event_on_cuda():
+    """One decode step of a batch on both backends: the step's batched attention, the same over
+    the tables kvt_step_tables wrote into torch device tensors (kvt_attend_tables, the
+    graph-capturable form), the pool's views through DLPack and the CUDA array interface, and
+    the save event ordering a torch stream after the saves."""
+    rng = np.random.default_rng(11)
+    c = kvtier.Config(**SMALL)
+    H, Hq, D = c.n_kv_heads, c.n_q_heads, c.head_dim
+    lens, seqs = (300, 180, 90), [1, 2, 3]
+    n, mb, mf, mr = len(seqs), 4, 32, c.recall_blocks
+    ks = [[rng.standard_normal((H, T, D)).astype(np.float32) for _ in range(c.n_layers)]
+          for T in lens]
+    vs = [[rng.standard_normal((H, T, D)).astype(np.float32) for _ in range(c.n_layers)]
+          for T in lens]
+    qo = rng.standard_normal((Hq, c.obs_window, D)).astype(np.float32)
+    kn = rng.standard_normal((n, H, D)).astype(np.float32)
+    vn = rng.standard_normal((n, H, D)).astype(np.float32)
+    qd = rng.standard_normal((n, Hq, D)).astype(np.float32)
+    stream = torch.cuda.Stream()
+    out = {}
+    with kvtier.Manager(**SMALL) as host, cuda_manager() as gpu:
+        for m, conv in ((host, lambda a: np.ascontiguousarray(a)),
+                        (gpu, lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda())):
+            with torch.cuda.stream(stream):
+                for i, s in enumerate(seqs):
+                    m.create_seq(s, lens[i])
+                    for layer in range(c.n_layers):
+                        m.prefill_layer(s, layer, conv(ks[i][layer]), conv(vs[i][layer]),
+                                        conv(qo), stream=stream)
+                with m.step(seqs):
+                    m.step_append(0, conv(kn), conv(vn), stream=stream)
+                    m.step_recall(0, conv(qd), stream=stream)
+                    if m is host:
+                        out[False] = m.step_attend(0, qd)
+                        continue
+                    o = torch.empty((n, Hq, D), dtype=torch.float32, device="cuda")
+                    m.step_attend(0, conv(qd), o, stream=stream)
+                    dev = dict(device="cuda", dtype=torch.int32)
+                    t = kvtier.Tables(mb, mf, mr, torch.zeros(1, **dev),
+                                      torch.zeros((mb, H), **dev),
+                                      torch.zeros((mb, H, mf), **dev),
+                                      torch.zeros((mb, H), **dev),
+                                      torch.zeros((mb, H, mr), **dev),
+                                      torch.zeros((mb, H, mr), **dev),
+                                      torch.zeros((mb, H, mr), device="cuda",
+                                                  dtype=torch.int64))
+                    m.step_tables(0, t, stream=stream)
+                    qa = torch.zeros((mb, Hq, D), dtype=torch.float32, device="cuda")
+                    qa[:n] = conv(qd)
+                    oa = torch.full((mb, Hq, D), 7.0, dtype=torch.float32, device="cuda")
+                    scratch = torch.empty(m.attend_tables_scratch(t), dtype=torch.uint8,
+                                          device="cuda")
+                    m.attend_tables(t, qa, oa, scratch=scratch, stream=stream)
+                    ev = torch.cuda.Event()
+                    ev.record(stream)  # PyTorch creates the event at its first record
+                    m.save_event(ev)
+                    stream.wait_event(ev)
+            m.sync(stream)
+            if m is gpu:
+                torch.cuda.synchronize()
+                out[True] = o.cpu().numpy()
+                assert int(t.n_batch.cpu()[0]) == n
+                assert (oa[n:].cpu().numpy() == 7.0).all()  # padding rows not written
+                np.testing.assert_allclose(oa[:n].cpu().numpy(), out[True], rtol=1e-5,
+                                           atol=1e-6)
+                kc, vc = m.kv_caches()
+                kd = torch.from_dlpack(kc)
+                ka = torch.as_tensor(kc, device="cuda")
+                assert kd.shape == ka.shape and kd.dtype == torch.float32
+                assert torch.equal(kd[:8], ka[:8])
+                assert kd.data_ptr() == ka.data_ptr()  # no copy
+        np.testing.assert_allclose(out[True], out[False], rtol=1e-5, atol=1e-6)
