@@ -1107,8 +1107,7 @@ int kvt_recall_pull_many(struct kvt_manager *m, struct kvt_recall_layer *const *
 	for (uint32_t i = 0; i < n; i++)
 		if (rcs[i] && rcs[i]->dirty) {
 			nd++;
-			total +=
-				(dreg_layout(m, rcs[i]->dscap, rcs[i]->dvcap).bytes + 15) / 16 * 16;
+			total += ALIGN16(dreg_layout(m, rcs[i]->dscap, rcs[i]->dvcap).bytes);
 		}
 	if (!nd)
 		return 0;
@@ -1140,7 +1139,7 @@ int kvt_recall_pull_many(struct kvt_manager *m, struct kvt_recall_layer *const *
 					    .dst = (uint64_t)(uintptr_t)rc->rg.key,
 					    .bytes = (uint32_t)(nb * H * sizeof(*rc->rg.key)),
 					    .reps = 1};
-		off += (bytes + 15) / 16 * 16;
+		off += ALIGN16(bytes);
 	}
 	if (m->ops->read_many) {
 		err = KVT_XFER(m, read_many, x, nx);
@@ -1155,16 +1154,16 @@ int kvt_recall_pull_many(struct kvt_manager *m, struct kvt_recall_layer *const *
 			       m->be->err);
 		goto out;
 	}
-	off = 0;
-	for (uint32_t i = 0; i < n && !err; i++) {
+	/* each dirty region's state where its read put it: x[k], k = 0, 2, 4, ... */
+	for (uint32_t i = 0, k = 0; i < n && !err; i++) {
 		struct kvt_recall_layer *rc = rcs[i];
 
 		if (!rc || !rc->dirty)
 			continue;
-		err = pull_unpack(m, rc, tmp + off);
+		err = pull_unpack(m, rc, (const uint8_t *)(uintptr_t)x[k].dst);
 		if (err)
 			err = kvt_fail(m, err, "recall: no memory to read a region");
-		off += (dreg_layout(m, rc->dscap, rc->dvcap).bytes + 15) / 16 * 16;
+		k += 2;
 	}
 out:
 	free(tmp);

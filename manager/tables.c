@@ -406,11 +406,39 @@ static int att_dev_reserve(struct kvt_manager *m, uint64_t bytes, void *stream)
 	return 0;
 }
 
+/* The batched attention of desc's first n members, for kvt_attend_run and kvt_attend_tables:
+   where the device tier is CPU memory, the policy's reference per row once the frames'
+   writers are done (f: kvt_attend_table_scratch floats); else one launch on the backend's
+   device over every row of desc (its padding rows skipped there), `splits` parts per row,
+   the kernel's scratch at dscratch. 0 or the error, recorded under `what`. */
+static int attend_launch(struct kvt_manager *m, const struct kvt_attn_desc *desc, uint32_t n,
+			 const void *q, void *out, float *lse, float *f, uint64_t dscratch,
+			 uint32_t splits, void *stream, const char *what)
+{
+	const uint32_t G = m->group_q;
+	const size_t qrow = (size_t)G * m->cfg.head_dim * m->esize;
+	int err;
+
+	if (m->cpu_device) {
+		err = m->ops->sync(m->be, NULL); /* the frames' writers */
+		if (err)
+			return kvt_fail(m, err, "%s: %s", what, m->be->err);
+		for (uint64_t r = 0; r < (uint64_t)n * m->cfg.n_kv_heads; r++)
+			kvt_attend_table(m->cfg.dtype, desc, (uint32_t)r,
+					 (const char *)q + r * qrow, (char *)out + r * qrow,
+					 lse ? lse + r * G : NULL, f);
+		return 0;
+	}
+	m->dev_queued = true; /* it reads frames */
+	err = m->ops->attend_batch(m->be, m->cfg.dtype, desc, q, out, lse, dscratch, splits,
+				   stream);
+	return err ? kvt_fail(m, err, "%s: %s", what, m->be->err) : 0;
+}
+
 int kvt_attend_run(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, uint32_t n,
 		   const void *q, void *out, float *lse, void *stream)
 {
 	const uint32_t H = m->cfg.n_kv_heads, D = m->cfg.head_dim, G = m->group_q;
-	const size_t esz = m->esize, qrow = (size_t)G * D * esz;
 	struct kvt_attn_tables t;
 	struct kvt_attn_desc desc;
 	struct tab_dst d;
@@ -436,17 +464,8 @@ int kvt_attend_run(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, u
 					     ((uint64_t)t.max_recall * sizeof(struct tab_ref) + 7) /
 						     8 * 8);
 
-		err = m->ops->sync(m->be, NULL); /* the frames' writers */
-		if (err)
-			return kvt_fail(m, err, "attend: %s", m->be->err);
 		desc = attn_desc(m, &d, n, &t);
-		for (uint32_t i = 0; i < n; i++)
-			for (uint32_t h = 0; h < H; h++)
-				kvt_attend_table(m->cfg.dtype, &desc, i * H + h,
-						 (const char *)q + ((size_t)i * H + h) * qrow,
-						 (char *)out + ((size_t)i * H + h) * qrow,
-						 lse ? lse + ((size_t)i * H + h) * G : NULL, f);
-		return 0;
+		return attend_launch(m, &desc, n, q, out, lse, f, 0, 0, stream, "attend");
 	}
 	/* the tables go to the device in one copy, the kernel's scratch after them; the rows'
 	   longest token list sets how finely the kernel splits them */
@@ -466,10 +485,8 @@ int kvt_attend_run(struct kvt_manager *m, uint32_t layer, const uint64_t *ids, u
 	tab_layout(&d, (char *)(uintptr_t)m->att_dev, (uint64_t)n * H, (uint64_t)n * H,
 		   t.max_frames, t.max_recall);
 	desc = attn_desc(m, &d, n, &t);
-	m->dev_queued = true; /* it reads frames */
-	err = m->ops->attend_batch(m->be, m->cfg.dtype, &desc, q, out, lse, m->att_dev + off,
-				   splits, stream);
-	return err ? kvt_fail(m, err, "attend: %s", m->be->err) : 0;
+	return attend_launch(m, &desc, n, q, out, lse, NULL, m->att_dev + off, splits, stream,
+			     "attend");
 }
 
 KVT_API int kvt_attend_batch(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
@@ -532,8 +549,6 @@ KVT_API int kvt_attend_tables(struct kvt_manager *m, const struct kvt_attn_table
 			      void *out, float *lse, void *scratch, uint64_t scratch_bytes,
 			      void *stream)
 {
-	const uint32_t H = m ? m->cfg.n_kv_heads : 0, G = m ? m->group_q : 0;
-	const size_t qrow = m ? (size_t)G * m->cfg.head_dim * m->esize : 0;
 	struct kvt_attn_desc desc;
 	struct tab_dst d;
 	uint32_t splits = 1, n;
@@ -555,25 +570,14 @@ KVT_API int kvt_attend_tables(struct kvt_manager *m, const struct kvt_attn_table
 	desc = attn_desc(m, &d, t->max_batch, t);
 	desc.n_batch = t->n_batch;
 	if (m->cpu_device) {
-		float *f;
-
-		if (tab_reserve(m, 0, 0, kvt_attend_table_scratch(G, m->cfg.head_dim)))
+		if (tab_reserve(m, 0, 0, kvt_attend_table_scratch(m->group_q, m->cfg.head_dim)))
 			return kvt_fail(m, -ENOMEM, "attend tables: no memory for the scratch");
-		err = m->ops->sync(m->be, NULL); /* the frames' writers */
-		if (err)
-			return kvt_fail(m, err, "attend tables: %s", m->be->err);
-		f = (float *)(void *)m->tab;
 		n = *t->n_batch < t->max_batch ? *t->n_batch : t->max_batch;
-		for (uint64_t r = 0; r < (uint64_t)n * H; r++)
-			kvt_attend_table(m->cfg.dtype, &desc, (uint32_t)r,
-					 (const char *)q + r * qrow, (char *)out + r * qrow,
-					 lse ? lse + r * G : NULL, f);
-		return 0;
+		return attend_launch(m, &desc, n, q, out, lse, (float *)(void *)m->tab, 0, 0,
+				     stream, "attend tables");
 	}
-	m->dev_queued = true; /* it reads frames */
-	err = m->ops->attend_batch(m->be, m->cfg.dtype, &desc, q, out, lse,
-				   (uint64_t)(uintptr_t)scratch, splits, stream);
-	return err ? kvt_fail(m, err, "attend tables: %s", m->be->err) : 0;
+	return attend_launch(m, &desc, t->max_batch, q, out, lse, NULL,
+			     (uint64_t)(uintptr_t)scratch, splits, stream, "attend tables");
 }
 
 /* Counts the paged form of tables d (n members, capacities of t): resident pages and

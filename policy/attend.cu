@@ -281,15 +281,14 @@ static __global__ void __launch_bounds__(AB_THREADS)
    log-sum-exp into out (dtype T) and lse; a padding row's CTAs write nothing. */
 template <typename T>
 static __global__ void __launch_bounds__(AB_THREADS)
-	ab_merge(uint32_t G, uint32_t D, const uint32_t *__restrict__ n_batch, uint32_t H,
-		 const float *__restrict__ scratch, uint32_t splits, uint64_t parts,
-		 T *__restrict__ out, float *__restrict__ lse)
+	ab_merge(struct kvt_attn_desc d, const float *__restrict__ scratch, uint32_t splits,
+		 uint64_t parts, T *__restrict__ out, float *__restrict__ lse)
 {
-	const uint32_t r = blockIdx.x / G, g = blockIdx.x % G;
+	const uint32_t G = d.g_count, D = d.head_dim, r = blockIdx.x / G, g = blockIdx.x % G;
 	const float *ml = scratch, *acc = scratch + parts * G * 2;
 	float M = -INFINITY, L = 0.0f;
 
-	if (n_batch && r / H >= *n_batch)
+	if (kvt_attn_padding(&d, r))
 		return;
 
 	for (uint32_t sp = 0; sp < splits; sp++) {
@@ -329,8 +328,7 @@ static int ab_launch(const struct kvt_attn_desc &d, const void *q, void *out, fl
 
 	ab_part<T><<<grid, AB_THREADS, 0, st>>>(d, (const T *)q, scratch, splits, norm);
 	ab_merge<T><<<(unsigned int)(rows * d.g_count), AB_THREADS, 0, st>>>(
-		d.g_count, d.head_dim, d.n_batch, d.n_kv_heads, scratch, splits, rows * splits,
-		(T *)out, lse);
+		d, scratch, splits, rows * splits, (T *)out, lse);
 	return cudaGetLastError();
 }
 

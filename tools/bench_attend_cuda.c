@@ -115,6 +115,7 @@ struct run {
 	void *dk, *dqo, *dq, *dout[2], *scratch, *copy[2];
 	uint64_t scratch_bytes; /* kvt_attend_tables_scratch's */
 	void *dtab[TABLES], *htab[TABLES];
+	size_t tab_bytes[TABLES]; /* their sizes */
 	uint64_t *ids;
 	double *t;
 };
@@ -245,10 +246,14 @@ static void *dev_buf(struct run *r, const void *src, size_t n, const char *what)
 static int tables_alloc(struct run *r, struct kvt_attn_tables *dt, struct kvt_attn_tables *ht)
 {
 	uint32_t n = r->o->seqs, mf = bench_attend_max_frames(&r->c), rr = r->o->r;
-	size_t rows = (size_t)n * r->c.n_kv_heads;
-	size_t sz[TABLES] = {
-		4, rows * 4, rows * mf * 4, rows * 4, rows * rr * 4, rows * rr * 4, rows * rr * 8};
+	size_t rows = (size_t)n * r->c.n_kv_heads, *sz = r->tab_bytes;
 	struct kvt_attn_tables *t[2] = {dt, ht};
+
+	sz[0] = 4;
+	sz[1] = sz[3] = rows * 4;
+	sz[2] = rows * mf * 4;
+	sz[4] = sz[5] = rows * rr * 4;
+	sz[6] = rows * rr * 8;
 
 	for (int i = 0; i < TABLES; i++) {
 		r->htab[i] = calloc(1, sz[i]);
@@ -283,16 +288,12 @@ static int tables_alloc(struct run *r, struct kvt_attn_tables *dt, struct kvt_at
 /* The device tables read back into the host ones (after the stream's work). 0, or 1. */
 static int tables_read(struct run *r)
 {
-	uint32_t n = r->o->seqs, mf = bench_attend_max_frames(&r->c), rr = r->o->r;
-	size_t rows = (size_t)n * r->c.n_kv_heads;
-	size_t sz[TABLES] = {
-		4, rows * 4, rows * mf * 4, rows * 4, rows * rr * 4, rows * rr * 4, rows * rr * 8};
-
 	if (cu_failed(r, r->rt.stream_sync(r->st), "cudaStreamSynchronize (tables)"))
 		return 1;
 	for (int i = 0; i < TABLES; i++)
 		if (cu_failed(r,
-			      r->rt.memcpy(r->htab[i], r->dtab[i], sz[i], cudaMemcpyDeviceToHost),
+			      r->rt.memcpy(r->htab[i], r->dtab[i], r->tab_bytes[i],
+					   cudaMemcpyDeviceToHost),
 			      "cudaMemcpy (tables read back)"))
 			return 1;
 	return 0;

@@ -1258,7 +1258,7 @@ static int cuda_read_many(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n
 	for (uint32_t e = 0; e < n; e++) {
 		if (x[e].reps != 1)
 			return be_fail(b, -EINVAL, "read: a piece of %u repetitions", x[e].reps);
-		total += (x[e].bytes + 15) / 16 * 16;
+		total += ALIGN_UP((size_t)x[e].bytes, 16);
 	}
 	err = CU(cb, cudaDeviceSynchronize(), "read: wait for the device");
 	if (err || n == 0)
@@ -1285,18 +1285,16 @@ static int cuda_read_many(struct kvt_be *b, const struct kvt_xfer *x, uint32_t n
 						.dst = (uint64_t)(uintptr_t)cb->rd + off,
 						.bytes = x[e].bytes,
 						.reps = 1};
-		off += (x[e].bytes + 15) / 16 * 16;
+		off += ALIGN_UP((size_t)x[e].bytes, 16);
 	}
 	err = run_kernel(cb, cb->rd_x, n, n, cb->gather_ctas, false, NULL);
 	if (!err)
 		err = CU(cb, cudaStreamSynchronize(NULL), "read: wait for the gather");
 	else
-		cudaStreamSynchronize(NULL); /* the list's copy may be queued */
-	off = 0;
-	for (uint32_t e = 0; e < n && !err; e++) {
-		memcpy((void *)(uintptr_t)x[e].dst, (const uint8_t *)cb->rd + off, x[e].bytes);
-		off += (x[e].bytes + 15) / 16 * 16;
-	}
+		cudaStreamSynchronize(NULL);	 /* the list's copy may be queued */
+	for (uint32_t e = 0; e < n && !err; e++) /* each piece from where the gather put it */
+		memcpy((void *)(uintptr_t)x[e].dst, (const void *)(uintptr_t)cb->rd_x[e].dst,
+		       x[e].bytes);
 	return err;
 }
 
