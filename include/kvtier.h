@@ -666,6 +666,23 @@ KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint6
 KVT_API int kvt_recall_blocks(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
 			      uint32_t n, const uint32_t *blocks, uint32_t r, void *stream);
 
+/* As kvt_recall_blocks with the selection in the backend's device memory (host memory on the
+   host, model and null backends): an engine that selects blocks on the GPU (its own sparse
+   indexer or scoring) hands its [n][n_kv_heads][r] output over as it lies, read in `stream`'s
+   order. On the CUDA backend with the regions on the device (docs/design.md, "Recall on the
+   device") the host never reads it: no copy, no wait, host work independent of r. Otherwise a
+   device selection is copied to the host first (a wait). Two differences follow from the host
+   not reading it, the same on every backend so that each makes the same decisions: the sizing
+   counts n_kv_heads * r frames as what each member needs at least (kvt_recall_blocks counts
+   the distinct blocks named and not fully resident), and a member whose selection names a
+   block past its history is left out where the selection is read: its region is unchanged and
+   its views empty and stale (-ESTALE, saying why) until it is recalled again, while the other
+   members' recall goes on and the call returns 0. Errors otherwise as kvt_recall_blocks:
+   -EINVAL for a NULL m, seqs or blocks, n == 0, r == 0 or a selection over UINT32_MAX entries;
+   on the copy, its error. */
+KVT_API int kvt_recall_device_blocks(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
+				     uint32_t n, const uint32_t *blocks, uint32_t r, void *stream);
+
 /* One recalled block of a recall view. */
 struct kvt_recall_ref {
 	uint64_t frame;	   /* device address: K[block_tokens][head_dim], then V likewise */
@@ -699,8 +716,9 @@ KVT_API int kvt_seq_frames(struct kvt_manager *m, uint64_t seq, uint32_t layer, 
 /* ---- Decode steps -------------------------------------------------------------------- */
 
 /* An engine's decode step names its batch once: kvt_step_begin, then per layer
-   kvt_step_append and kvt_step_recall (or kvt_step_recall_blocks), then kvt_step_end. The
-   per-layer calls are kvt_decode_append, kvt_decode_recall and kvt_recall_blocks on the step's
+   kvt_step_append and kvt_step_recall (or kvt_step_recall_blocks, kvt_step_recall_device_blocks),
+   then kvt_step_end. The per-layer calls are kvt_decode_append, kvt_decode_recall,
+   kvt_recall_blocks and kvt_recall_device_blocks on the step's
    batch, in its order (row i of every tensor is member i), with the same results and errors,
    but they look no sequence up by id: a step costs O(layers) library calls and O(batch)
    lookups. One step is open per manager at a time; the plain calls stay usable beside it (on
@@ -730,6 +748,11 @@ KVT_API int kvt_step_recall(struct kvt_manager *m, uint32_t layer, const void *q
    step is open. */
 KVT_API int kvt_step_recall_blocks(struct kvt_manager *m, uint32_t layer, const uint32_t *blocks,
 				   uint32_t r, void *stream);
+
+/* kvt_recall_device_blocks(m, layer, <the step's batch>, blocks, r, stream); -EINVAL also when
+   no step is open. */
+KVT_API int kvt_step_recall_device_blocks(struct kvt_manager *m, uint32_t layer,
+					  const uint32_t *blocks, uint32_t r, void *stream);
 
 /* Closes the open step: 0; -EALREADY when none is open; -EINVAL on a NULL m. */
 KVT_API int kvt_step_end(struct kvt_manager *m);

@@ -304,6 +304,12 @@ static int dreg_reserve(struct kvt_manager *m, struct kvt_recall_layer *rc, uint
 	return 0;
 }
 
+/* Where a recall call's selection comes from: given in host memory (kvt_recall_blocks), made by
+   Quest scoring (kvt_decode_recall: on the host, or on the device with no host copy), or given
+   in the backend's device memory (kvt_recall_device_blocks), which the host does not read when
+   the regions are on the device. */
+enum sel_kind { SEL_GIVEN, SEL_QUEST, SEL_DEVICE };
+
 /* ---- regions on the device (dev_regions) ---- */
 
 /* A region's counts and working set as a call's program carries them (struct kvt_gpu_region's
@@ -377,6 +383,7 @@ struct kvt_dlane {
 	uint64_t blob_cap;
 	struct prog_layout l;
 	uint32_t n, nd, r, cap;
+	bool dsel; /* the selection was the caller's (SEL_DEVICE): a member's -EINVAL is its own */
 	struct kvt_recall_layer **rc; /* [n + nd]: the members, then the regions that dropped */
 	uint32_t *n_slots;	      /* [n]: the members' slot counts after the sizing */
 };
@@ -517,11 +524,12 @@ static void dgroup_write(const struct kvt_manager *m, const struct kvt_recall_la
 }
 
 /* The descriptor of region rc in a program: its state, its cell x's counts and working set
-   (ws: a member's), member i's selection and loads (i < n), view stride vr. */
+   (ws: a member's), member i's selection (its part of the call's [n][H][r] at device address
+   sel) and loads (i < n), view stride vr. */
 static struct kvt_gpu_region dev_desc(const struct kvt_manager *m,
 				      const struct kvt_recall_layer *rc,
 				      const struct prog_layout *l, uint32_t x, uint32_t i,
-				      uint32_t n, uint32_t vr, uint32_t r)
+				      uint32_t n, uint32_t vr, uint32_t r, uint64_t sel)
 {
 	struct dreg_layout g = dreg_layout(m, rc->dscap, rc->dvcap);
 	uint64_t H = m->cfg.n_kv_heads, cell = m->rc.dcall + l->cell + x * sizeof(struct dcell);
@@ -535,7 +543,7 @@ static struct kvt_gpu_region dev_desc(const struct kvt_manager *m,
 		.n_slots = DEV(uint32_t *, cell + offsetof(struct dcell, n_slots)),
 		.frame = DEV(uint32_t *, rc->dreg + g.frame),
 		.ws = i < n ? DEV(struct kvt_ws *, cell + offsetof(struct dcell, ws)) : NULL,
-		.sel = i < n ? DEV(const uint32_t *, m->rc.dcall + l->sel + i * H * r * 4) : NULL,
+		.sel = i < n ? DEV(const uint32_t *, sel + i * H * r * 4) : NULL,
 		.view = DEV(uint32_t *, rc->dreg + g.view),
 		.view_n = DEV(uint32_t *, rc->dreg + g.view_n),
 		.load = i < n ? DEV(struct kvt_region_load *,
@@ -957,7 +965,7 @@ static void dev_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
 			if (!rc || !rc->rg.n_slots)
 				continue;
 			cell[j].n_slots = rc->rg.n_slots;
-			*g = dev_desc(m, rc, &pl, j, 1, 0, rc->dview_r, 0);
+			*g = dev_desc(m, rc, &pl, j, 1, 0, rc->dview_r, 0, 0);
 			((uint32_t *)(c->hblob + pl.drop_off))[j] = top;
 			top += rc->rg.n_slots;
 			j++;
@@ -1023,6 +1031,7 @@ void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
 		if (rc->view_n)
 			memset(rc->view_n, 0, m->cfg.n_kv_heads * sizeof(*rc->view_n));
 		rc->view_failed = false;
+		rc->view_bad_sel = false;
 		if (m->dev_regions) { /* the keys forgotten there: read them at the next use */
 			rc->dirty = rc->dreg != 0;
 			rc->dview_r = 0; /* and no view since */
@@ -1339,10 +1348,12 @@ static uint32_t quest_need(const struct kvt_manager *m, const struct kvt_seq *s,
 }
 
 /* Validates a recall batch (pass 1): every sequence live, once, prefilled for layer, resident,
-   every block index inside its history; grows the tables the call will write. Fills m->batch,
-   and rc.need[i] with an upper bound of what member i needs (its entries naming a block). */
+   every block index of a selection in host memory inside its history; grows the tables the call
+   will write. Fills m->batch, and rc.need[i] with an upper bound of what member i needs (its
+   entries naming a block; a Quest selection's exact floor; n_kv_heads * r for a SEL_DEVICE one,
+   which is not read here). */
 static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
-			   const uint32_t *sel, bool quest, uint32_t r)
+			   const uint32_t *sel, enum sel_kind kind, uint32_t r)
 {
 	uint32_t H = m->cfg.n_kv_heads, bt = m->cfg.block_tokens;
 	uint64_t stamp = ++m->stamp;
@@ -1363,7 +1374,7 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 			return err;
 		ly = &s->layers[layer];
 		nb = DIV_UP(ly->n_tokens, bt);
-		for (size_t j = 0; sel && j < (size_t)H * r; j++) {
+		for (size_t j = 0; sel && kind != SEL_DEVICE && j < (size_t)H * r; j++) {
 			uint32_t b = sel[((size_t)i * H) * r + j];
 
 			if (b == KVT_NO_ENTRY)
@@ -1396,13 +1407,16 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 		if (!ly->rc->tk_ready)
 			tk_count(m, s, ly);
 		/* A Quest selection's floor is known without reading it (a device's stays
-		   there); the two agree. */
-		if (quest) {
+		   there); the two agree. A selection the caller keeps on the device is not read:
+		   its floor is what it can name. */
+		if (kind == SEL_QUEST) {
 			uint32_t q = quest_need(m, s, ly, r);
 
 			if (sel)
 				(void)NEVER(q != need);
 			need = q;
+		} else if (kind == SEL_DEVICE) {
+			need = H * r;
 		}
 		/* On the device, the region's resident test reads the top-K counts there. */
 		if (m->dev_regions && !ly->rc->dtk) {
@@ -1434,8 +1448,9 @@ static uint32_t recall_parts(const struct kvt_manager *m, uint32_t n)
    their target, and when those are not enough from other regions (reclaim). Sets rc.want[i],
    *n_regions (the regions the targets count, for recall_size), and reserves the slots, the load
    list and the working tables. 0, or -ENOSPC or -ENOMEM recorded (nothing changed). */
-static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *sel, bool quest,
-		       uint32_t n, uint32_t r, uint64_t *n_regions, void *stream)
+static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *sel,
+		       enum sel_kind kind, uint32_t n, uint32_t r, uint64_t *n_regions,
+		       void *stream)
 {
 	struct kvt_recall_cache *c = &m->rc;
 	uint32_t H = m->cfg.n_kv_heads;
@@ -1474,8 +1489,8 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 		if (floor <= avail + other || exact)
 			break;
 		/* The quick bounds do not fit: count what each member really needs (a Quest
-		   selection's is exact already). */
-		if (quest)
+		   selection's is exact already; a device one is not read). */
+		if (kind != SEL_GIVEN)
 			break;
 		for (uint32_t i = 0; i < n; i++) {
 			const struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
@@ -1690,14 +1705,28 @@ struct recall_job {
 	struct kvt_manager *m;
 	uint32_t layer, r, n_parts;
 	const uint32_t *sel;
+	bool dsel; /* the caller's SEL_DEVICE selection, read here: checked member by member */
 	struct recall_part part[KVT_PAR_MAX_THREADS];
 };
 
-/* Pass 2 for one member (s, layer) and its selection sel[H][r]: the region's decisions
-   (policy/region.h), its loads written in its part's stretch of m->xf, its view. Touches only
-   the member's own state and the part's. Nothing fails. */
+/* Whether member ly's part sel[H][r] of a SEL_DEVICE selection names a block past the layer's
+   history (the kernel's check). */
+static bool dsel_bad(const struct kvt_manager *m, const struct kvt_seq_layer *ly,
+		     const uint32_t *sel, uint32_t r)
+{
+	uint32_t nb = DIV_UP(ly->n_tokens, m->cfg.block_tokens);
+
+	for (size_t j = 0; j < (size_t)m->cfg.n_kv_heads * r; j++)
+		if (sel[j] != KVT_REGION_NONE && sel[j] >= nb)
+			return true;
+	return false;
+}
+
+/* Pass 2 for one member (s, layer) and its selection sel[H][r] (dsel: a SEL_DEVICE one): the
+   region's decisions (policy/region.h), its loads written in its part's stretch of m->xf, its
+   view. Touches only the member's own state and the part's. Nothing fails. */
 static void recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, uint32_t layer,
-			  const uint32_t *sel, uint32_t r, struct recall_part *p,
+			  const uint32_t *sel, bool dsel, uint32_t r, struct recall_part *p,
 			  const struct kvt_region_ahead *ahead)
 {
 	struct kvt_recall_cache *c = &m->rc;
@@ -1709,6 +1738,20 @@ static void recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, 
 
 	if (NEVER(r > rc->view_cap)) /* recall_validate made room for the view */
 		return;
+	/* A selection the caller keeps on the device is checked where it lies, member by member:
+	   one naming a block past its history leaves the member's region as it was and its views
+	   empty and stale, as the device's kernel does (kvt_gpu_region_recall's -EINVAL). */
+	if (dsel && dsel_bad(m, ly, sel, r)) {
+		memset(rc->view_n, 0, m->cfg.n_kv_heads * sizeof(*rc->view_n));
+		if (rc->rg.n_slots && !rc->ws_counted) { /* as dev_run counts every member */
+			p->ws += (int64_t)m->cfg.n_kv_heads * r;
+			rc->ws_counted = m->cfg.n_kv_heads * r;
+		}
+		rc->ws_next = rc->ws.total;
+		rc->view_failed = true;
+		rc->view_bad_sel = true;
+		return;
+	}
 	/* views are laid out view_cap apart per head: the region writes r apart, so a call with
 	   r < view_cap spreads them after */
 	err = kvt_region_recall_ahead(&rc->rg, &g, sel, r, &rc->ws, rc->view, rc->view_n, p->ld,
@@ -1752,6 +1795,7 @@ static void recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, 
 		};
 	}
 	rc->view_failed = false;
+	rc->view_bad_sel = false;
 	if (nl && s->save_ticket > p->wait)
 		p->wait = s->save_ticket;
 }
@@ -1785,7 +1829,8 @@ static void recall_run_part(void *ctx, uint32_t k, uint32_t n_parts)
 			ahead.slots = &m->rc.mrc[i + 1]->rg;
 			ahead.slots_sel = sel + (size_t)(i + 1) * H * r;
 		}
-		recall_member(m, i, m->batch[i], layer, sel + (size_t)i * H * r, r, p, &ahead);
+		recall_member(m, i, m->batch[i], layer, sel + (size_t)i * H * r, j->dsel, r, p,
+			      &ahead);
 	}
 }
 
@@ -1865,8 +1910,11 @@ static void dev_apply(struct kvt_manager *m, const struct kvt_dlane *ln, bool fa
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_recall_layer *rc = ln->rc[i];
 		const struct dcell *e = &cell[i];
+		/* a caller's selection naming a block past the member's history: the kernel
+		   changed nothing of that region (recall_member's rule) */
+		bool bad = ln->dsel && e->err == -EINVAL;
 
-		NEVER(e->err != 0 || e->n_slots != ln->n_slots[i]); /* sized for the call */
+		NEVER((e->err != 0 && !bad) || e->n_slots != ln->n_slots[i]); /* sized for it */
 		rc->rg.clock = e->clock;
 		rc->ws.step = e->ws.step;
 		rc->ws.cur = e->ws.cur;
@@ -1877,7 +1925,8 @@ static void dev_apply(struct kvt_manager *m, const struct kvt_dlane *ln, bool fa
 		t.evictions += e->tally.evictions;
 		nx += e->n_load;
 		rc->ws_next = rc->ws.total;
-		rc->view_failed = failed;
+		rc->view_failed = failed || bad;
+		rc->view_bad_sel = bad;
 	}
 	for (uint32_t d = 0; d < ln->nd; d++) {
 		lost += gone[d];
@@ -2177,7 +2226,7 @@ undo:
    returns (dev_repair). 0 or the error, recorded (a program that could not be queued whole is
    finished without its loads, and waited for). */
 static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint32_t *sel,
-		   const void *q, uint32_t r, bool repair, void *stream)
+		   enum sel_kind kind, const void *q, uint32_t r, bool repair, void *stream)
 {
 	struct kvt_recall_cache *c = &m->rc;
 	struct kvt_dlane *ln = &c->lane[layer];
@@ -2185,7 +2234,7 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 	const struct kvt_config *cf = &m->cfg;
 	uint32_t H = cf->n_kv_heads, w = cf->ws_window, nc = n, nd = c->n_drop, ng = c->n_grow;
 	uint32_t n_g = 0, gup = 0;
-	uint64_t stamp = m->stamp, wait = 0, *gat, *gval;
+	uint64_t stamp = m->stamp, wait = 0, *gat, *gval, dsel;
 	struct prog_layout l;
 	struct dcell *cell;
 	uint32_t *bkt;
@@ -2213,6 +2262,9 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 	if (NEVER(l.bytes > ln->blob_cap)) /* prog_reserve made room */
 		return kvt_fail(m, -ENOMEM, "recall: a call's program outgrew its lane");
 	memset(hb, 0, l.up);
+	/* the members' selections: the caller's on the device, else the program's (uploaded,
+	   or written there by the Quest selection) */
+	dsel = kind == SEL_DEVICE ? (uint64_t)(uintptr_t)sel : c->dcall + l.sel;
 	cell = (struct dcell *)(hb + l.cell);
 	bkt = (uint32_t *)(hb + l.bucket);
 	gat = (uint64_t *)(hb + l.gat);
@@ -2228,7 +2280,8 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		cell[i].ws.bucket =
 			(uint32_t *)(uintptr_t)(c->dcall + l.bucket + (uint64_t)i * w * 4);
 		memcpy(bkt + (size_t)i * w, rc->ws.bucket, (size_t)w * sizeof(*bkt));
-		((struct kvt_gpu_region *)(hb + l.rg))[i] = dev_desc(m, rc, &l, i, i, n, r, r);
+		((struct kvt_gpu_region *)(hb + l.rg))[i] =
+			dev_desc(m, rc, &l, i, i, n, r, r, dsel);
 		if (q)
 			((struct kvt_gpu_quest *)(hb + l.qs))[i] = quest_desc(m, ly);
 		/* the blocks' host groups the device has not seen, and the last block's (a
@@ -2247,7 +2300,7 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 
 		if (rc->cell >= n) /* not a member: its count is carried by its own cell */
 			cell[rc->cell].n_slots = rc->dn0;
-		*g = dev_desc(m, rc, &l, rc->cell, n, n, rc->dview_r, r);
+		*g = dev_desc(m, rc, &l, rc->cell, n, n, rc->dview_r, r, 0);
 		if (c->drop[d].mark)
 			g->stale = (uint32_t *)(uintptr_t)(c->dcall + l.stale + (uint64_t)d * 4);
 		((uint32_t *)(hb + l.drop_k))[d] = c->drop[d].n;
@@ -2257,13 +2310,14 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		struct kvt_recall_layer *rc = c->grow[k].rc;
 
 		((struct kvt_gpu_region *)(hb + l.grg))[k] =
-			dev_desc(m, rc, &l, rc->cell, n, n, r, r);
+			dev_desc(m, rc, &l, rc->cell, n, n, r, r, 0);
 		((uint32_t *)(hb + l.grow_n))[k] = rc->rg.n_slots;
 		((uint32_t *)(hb + l.grow_off))[k] = c->grow[k].off;
 	}
-	if (sel)
+	if (kind == SEL_GIVEN)
 		memcpy(hb + l.sel, sel, (size_t)n * H * r * sizeof(*sel));
-	up = (struct kvt_dcopy){.dev = c->dcall, .host = hb, .bytes = sel ? l.load : l.up};
+	up = (struct kvt_dcopy){
+		.dev = c->dcall, .host = hb, .bytes = kind == SEL_GIVEN ? l.load : l.up};
 	rd = (struct kvt_dcopy){.dev = c->dcall, .host = hb, .bytes = l.rd};
 	run = (struct kvt_region_run){
 		.up = &up,
@@ -2305,6 +2359,7 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 	ln->n = n;
 	ln->nd = nd;
 	ln->r = r;
+	ln->dsel = kind == SEL_DEVICE;
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_recall_layer *rc = c->mrc[i];
 
@@ -2389,13 +2444,17 @@ static int recall_fetch(struct kvt_manager *m, uint32_t layer, uint32_t nx)
 	return 0;
 }
 
-/* One recall call: the selection sel ([n][H][r], host memory) or, on the device (dev_regions,
-   sel NULL), the Quest selection of the device queries q; quest: sel is Quest's. */
+/* One recall call: the selection sel ([n][H][r]) of the given kind: host memory for SEL_GIVEN;
+   SEL_QUEST: Quest's, in host memory or, on the device (dev_regions, sel NULL), made there from
+   the device queries q; SEL_DEVICE: the caller's, in device memory with the regions on the
+   device, host memory otherwise. */
 static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
-		       const uint32_t *sel, bool quest, uint32_t r, const void *q, void *stream)
+		       const uint32_t *sel, enum sel_kind kind, uint32_t r, const void *q,
+		       void *stream)
 {
 	struct kvt_recall_cache *rc = &m->rc;
-	struct recall_job j = {.m = m, .layer = layer, .r = r, .sel = sel};
+	struct recall_job j = {
+		.m = m, .layer = layer, .r = r, .sel = sel, .dsel = kind == SEL_DEVICE};
 	struct kvt_region_tally t = {0};
 	uint64_t wait = 0, regions = 0;
 	uint32_t nx = 0;
@@ -2418,14 +2477,14 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 			m, rc->dbroken,
 			"recall: an earlier call failed on the device: its regions' state is "
 			"unknown");
-	err = recall_validate(m, layer, seqs, n, sel, quest, r);
+	err = recall_validate(m, layer, seqs, n, sel, kind, r);
 	/* a call whose loads may read blocks back from disk is settled at once (dev_run), in
 	   its turn: the calls before it first (nothing below spills or reads back) */
 	repair = !err && m->dev_regions && batch_spilled(m, n, layer);
 	if (repair)
 		err = kvt_recall_settle(m);
 	if (!err)
-		err = recall_room(m, layer, sel, quest, n, r, &regions, stream);
+		err = recall_room(m, layer, sel, kind, n, r, &regions, stream);
 	if (err)
 		return err;
 
@@ -2433,7 +2492,7 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	   fetch and the gather. */
 	recall_size(m, n, regions);
 	if (m->dev_regions) { /* the figures come when the call is settled */
-		err = dev_run(m, layer, n, sel, q, r, repair, stream);
+		err = dev_run(m, layer, n, sel, kind, q, r, repair, stream);
 		if (!err)
 			m->st.recall_calls++;
 		return err;
@@ -2467,11 +2526,10 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	return 0;
 }
 
-KVT_API int kvt_recall_blocks(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
-			      uint32_t n, const uint32_t *blocks, uint32_t r, void *stream)
+/* The arguments of a call given its selection (m not NULL): 0 or -EINVAL recorded. */
+static int given_args(struct kvt_manager *m, const uint64_t *seqs, uint32_t n,
+		      const uint32_t *blocks, uint32_t r)
 {
-	if (!m)
-		return -EINVAL;
 	if (!seqs || !blocks || n == 0 || r == 0)
 		return kvt_fail(m, -EINVAL, "recall: %s",
 				!seqs || !blocks ? "NULL pointer"
@@ -2480,7 +2538,43 @@ KVT_API int kvt_recall_blocks(struct kvt_manager *m, uint32_t layer, const uint6
 	if ((uint64_t)n * m->cfg.n_kv_heads * r > UINT32_MAX)
 		return kvt_fail(m, -EINVAL, "recall: selection of %u x %u x %u is too large", n,
 				m->cfg.n_kv_heads, r);
-	return recall_core(m, layer, seqs, n, blocks, false, r, NULL, stream);
+	return 0;
+}
+
+KVT_API int kvt_recall_blocks(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
+			      uint32_t n, const uint32_t *blocks, uint32_t r, void *stream)
+{
+	int err;
+
+	if (!m)
+		return -EINVAL;
+	err = given_args(m, seqs, n, blocks, r);
+	return err ? err : recall_core(m, layer, seqs, n, blocks, SEL_GIVEN, r, NULL, stream);
+}
+
+KVT_API int kvt_recall_device_blocks(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
+				     uint32_t n, const uint32_t *blocks, uint32_t r, void *stream)
+{
+	int err;
+
+	if (!m)
+		return -EINVAL;
+	err = given_args(m, seqs, n, blocks, r);
+	if (err)
+		return err;
+	/* With the regions on the device the selection stays there; device memory the CPU
+	   reads otherwise, or a copy of it (a wait). */
+	if (!m->dev_regions && m->payload && !m->cpu_device) {
+		if (layer >= m->cfg.n_layers)
+			return kvt_fail(m, -EINVAL, "recall: layer %u out of range (%u layers)",
+					layer, m->cfg.n_layers);
+		err = kvt_host_copy(m, blocks,
+				    (uint64_t)n * m->cfg.n_kv_heads * r * sizeof(*blocks), stream);
+		if (err)
+			return kvt_fail(m, err, "recall: the selection: %s", m->be->err);
+		blocks = (const uint32_t *)m->hcopy;
+	}
+	return recall_core(m, layer, seqs, n, blocks, SEL_DEVICE, r, NULL, stream);
 }
 
 /* Quest scoring of a recall call's members (m->batch[i]; NULL: left alone): member i's top-r
@@ -2628,10 +2722,11 @@ KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint6
 		return kvt_fail(m, -ENOMEM, "recall: no memory for the selection of %u sequences",
 				n);
 	if (m->dev_regions) /* the selection stays on the device */
-		return recall_core(m, layer, seqs, n, NULL, true, r, q, stream);
+		return recall_core(m, layer, seqs, n, NULL, SEL_QUEST, r, q, stream);
 	if (m->dev_meta) {
 		err = score_dev(m, layer, seqs, n, q, stream);
-		return err ? err : recall_core(m, layer, seqs, n, m->sel, true, r, NULL, stream);
+		return err ? err
+			   : recall_core(m, layer, seqs, n, m->sel, SEL_QUEST, r, NULL, stream);
 	}
 	qstride = (uint64_t)m->cfg.n_q_heads * m->row_bytes;
 	if (!m->cpu_device) { /* the scoring runs on the CPU: the queries come over first */
@@ -2689,7 +2784,7 @@ KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint6
 		kvt_par_run(m->rc.par, score_part, &j);
 	else
 		score_part(&j, 0, 1);
-	return recall_core(m, layer, seqs, n, m->sel, true, r, NULL, stream);
+	return recall_core(m, layer, seqs, n, m->sel, SEL_QUEST, r, NULL, stream);
 }
 
 KVT_API int kvt_seq_recall_view(struct kvt_manager *m, uint64_t seq, uint32_t layer,
@@ -2724,10 +2819,8 @@ KVT_API int kvt_seq_recall_view(struct kvt_manager *m, uint64_t seq, uint32_t la
 	cnt = lrc && lrc->view_n ? lrc->view_n[kv_head] : 0;
 	*n_out = cnt;
 	if (kvt_view_stale(lrc))
-		return kvt_fail(m, -ESTALE,
-				"recall view: sequence %llu layer %u: a recalled block was evicted "
-				"since (recall again)",
-				(unsigned long long)seq, layer);
+		return kvt_fail(m, -ESTALE, "recall view: sequence %llu layer %u: %s",
+				(unsigned long long)seq, layer, kvt_view_stale_why(lrc));
 	if (cap < cnt)
 		return kvt_fail(m, -ENOSPC, "recall view: %u needed, room for %u", cnt, cap);
 	for (uint32_t i = 0; i < cnt; i++) {

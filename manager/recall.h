@@ -69,7 +69,9 @@ struct kvt_recall_layer {
 	/* view of the latest recall call naming this (sequence, layer): per head view_n[h]
 	   slots at [h * view_cap ...] */
 	uint32_t view_cap;
-	bool view_failed; /* the latest recall naming it failed: its view reads as stale */
+	bool view_failed;  /* the latest recall naming it failed: its view reads as stale */
+	bool view_bad_sel; /* ... because the caller's device selection named a block past the
+			      layer's history (kvt_recall_device_blocks) */
 	uint32_t *view_n;
 	uint32_t *view;
 };
@@ -82,6 +84,13 @@ void kvt_recall_fini(struct kvt_manager *m);
 static inline bool kvt_view_stale(const struct kvt_recall_layer *rc)
 {
 	return rc && rc->view_failed;
+}
+
+/* Why a stale view (kvt_view_stale) is stale, for the error the reads of it return. */
+static inline const char *kvt_view_stale_why(const struct kvt_recall_layer *rc)
+{
+	return rc->view_bad_sel ? "its selection named a block past its history (recall again)"
+				: "a recalled block was evicted since (recall again)";
 }
 
 /* The cache frame of slot i of a layer's region. */

@@ -1413,10 +1413,8 @@ KVT_API int kvt_attend(struct kvt_manager *m, uint64_t seq, uint32_t layer, cons
 	/* Every recalled frame must still hold its block. */
 	for (uint32_t h = 0; rc && rc->view_n && h < c->n_kv_heads; h++) {
 		if (kvt_view_stale(rc))
-			return kvt_fail(m, -ESTALE,
-					"attend: sequence %llu layer %u: a recalled block was "
-					"evicted since (recall again)",
-					(unsigned long long)seq, layer);
+			return kvt_fail(m, -ESTALE, "attend: sequence %llu layer %u: %s",
+					(unsigned long long)seq, layer, kvt_view_stale_why(rc));
 		most = rc->view_n[h] > most ? rc->view_n[h] : most;
 	}
 	/* Valid slots: [0, min(N, sink + recent)) plus the top-K slots right after the ring,

@@ -2,7 +2,8 @@
 /*
  * Decode steps (kvtier.h, "Decode steps"): an engine names its decode batch once per step,
  * kvt_step_begin validates it and resolves each member's state, and the step's per-layer calls
- * (append, recall) are kvt_decode_append, kvt_decode_recall and kvt_recall_blocks on that batch
+ * (append, recall) are kvt_decode_append, kvt_decode_recall, kvt_recall_blocks and
+ * kvt_recall_device_blocks on that batch
  * with no lookup by id: base.h's kvt_member reads the resolved states while a step call runs.
  *
  * A sequence freed meanwhile (kvt_seq_destroy) would leave a resolved state dangling, so every
@@ -145,6 +146,21 @@ KVT_API int kvt_step_recall_blocks(struct kvt_manager *m, uint32_t layer, const 
 	if (err)
 		return err;
 	err = kvt_recall_blocks(m, layer, m->step.ids, m->step.n, blocks, r, stream);
+	m->step.active = false;
+	return err;
+}
+
+KVT_API int kvt_step_recall_device_blocks(struct kvt_manager *m, uint32_t layer,
+					  const uint32_t *blocks, uint32_t r, void *stream)
+{
+	int err;
+
+	if (!m)
+		return -EINVAL;
+	err = step_enter(m, "recall");
+	if (err)
+		return err;
+	err = kvt_recall_device_blocks(m, layer, m->step.ids, m->step.n, blocks, r, stream);
 	m->step.active = false;
 	return err;
 }

@@ -122,10 +122,8 @@ static int tables_check(struct kvt_manager *m, uint32_t layer, const uint64_t *i
 		const struct kvt_recall_layer *rc = kvt_member(m, ids, i)->layers[layer].rc;
 
 		if (kvt_view_stale(rc))
-			return kvt_fail(m, -ESTALE,
-					"%s: sequence %llu layer %u: a recalled block was evicted "
-					"since (recall again)",
-					what, (unsigned long long)ids[i], layer);
+			return kvt_fail(m, -ESTALE, "%s: sequence %llu layer %u: %s", what,
+					(unsigned long long)ids[i], layer, kvt_view_stale_why(rc));
 		for (uint32_t h = 0; rc && rc->view_n && h < m->cfg.n_kv_heads; h++) {
 			if (rc->view_n[h] > t->max_recall)
 				return kvt_fail(m, -ENOSPC,

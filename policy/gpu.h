@@ -183,7 +183,8 @@ struct kvt_gpu_region {
    nothing else written); -EINVAL (nothing but *n_load = 0 written) where the reference's
    contract is broken: n_heads above KVT_GPU_REGION_MAX_HEADS, *n_slots above
    KVT_REGION_MAX_SLOTS, lbt >= 32, n_heads * r or cap_blocks * n_heads above UINT32_MAX, ring0
-   below sink, a block of sel at or past cap_blocks or past the layer's last block. Entries of
+   below sink; or (with view_n[] = 0 written too, the other fields within it) a block of sel
+   at or past cap_blocks or past the layer's last block. Entries of
    view and load past view_n[h] and *n_load are scratch. */
 int kvt_gpu_region_recall(const struct kvt_gpu_region *rg, uint32_t n, void *stream);
 

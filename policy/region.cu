@@ -109,17 +109,20 @@ static __device__ __forceinline__ uint32_t bucket_of(struct rg_window win, uint3
 }
 
 /* The contract of kvt_region_recall, checked before anything changes: 0 or -EINVAL. Every
-   thread checks part of the selection; the CTA's verdict is in sm->status afterwards.
-   Contains __syncthreads(). */
-static __device__ void check_call(const struct kvt_gpu_region *R, uint32_t n_slots,
+   thread checks part of the selection; the CTA's verdict is in sm->status afterwards. Returns
+   whether the region's scalars are within it (so that a -EINVAL is the selection's). Contains
+   __syncthreads(). */
+static __device__ bool check_call(const struct kvt_gpu_region *R, uint32_t n_slots,
 				  struct rg_smem *sm)
 {
 	const uint32_t tid = threadIdx.x, lane = tid % 32, H = R->n_heads;
 	const uint64_t hr = (uint64_t)H * R->r;
+	const bool scalars =
+		!(H > MAXH || n_slots > KVT_REGION_MAX_SLOTS || R->lbt >= 32 || hr > UINT32_MAX ||
+		  (uint64_t)R->cap_blocks * H > UINT32_MAX || R->ring0 < R->sink);
 	bool bad = false;
 
-	if (H > MAXH || n_slots > KVT_REGION_MAX_SLOTS || R->lbt >= 32 || hr > UINT32_MAX ||
-	    (uint64_t)R->cap_blocks * H > UINT32_MAX || R->ring0 < R->sink) {
+	if (!scalars) {
 		bad = true;
 	} else {
 		/* blocks of the layer: ceil(N / bt) */
@@ -144,6 +147,7 @@ static __device__ void check_call(const struct kvt_gpu_region *R, uint32_t n_slo
 		if (sm->status == 0 && any)
 			sm->status = (uint32_t)-EINVAL;
 	}
+	return scalars;
 }
 
 static __global__ void __launch_bounds__(RG_THREADS)
@@ -161,7 +165,7 @@ static __global__ void __launch_bounds__(RG_THREADS)
 	uint32_t *view = R->view;
 	struct kvt_region_load *load = R->load;
 	uint32_t c, status, lookups, hits, reloads, misses, nl;
-	bool enospc;
+	bool enospc, scalars;
 
 	if (tid == 0) {
 		uint32_t clock = *R->clock;
@@ -170,7 +174,7 @@ static __global__ void __launch_bounds__(RG_THREADS)
 		sm.c = clock + 1;
 		sm.ws_cleared = sm.ws_inc = sm.ws_dec = sm.evictions = 0;
 	}
-	check_call(R, n_slots, &sm); /* its barrier also publishes the above */
+	scalars = check_call(R, n_slots, &sm); /* its barrier also publishes the above */
 	__syncthreads();
 	status = sm.status;
 	c = sm.c;
@@ -179,6 +183,10 @@ static __global__ void __launch_bounds__(RG_THREADS)
 			*R->n_load = 0;
 			*R->err = (int32_t)status;
 		}
+		/* a selection naming a block past the layer: the view is emptied too */
+		if (status == (uint32_t)-EINVAL && scalars)
+			for (uint32_t h = tid; h < H; h += RG_THREADS)
+				R->view_n[h] = 0;
 		return; /* the whole CTA */
 	}
 

@@ -20,7 +20,14 @@
  * On a GPU (bench_recall_cuda, bench/gpu-run.sh) everything is measured; --cuda-only leaves
  * the host backend out (larger shapes: its scoring is the slow part) and so the comparison.
  *
- * Usage: bench_recall_cuda [--cuda-only] [SEQS LAYERS PROMPT R STEPS]  (default 16 4 4096 16 8)
+ * --blocks times kvt_recall_device_blocks instead, the selection an engine makes on the GPU:
+ * each (sequence, layer, kv head) keeps r random blocks, a tenth of them replaced each step,
+ * handed over in device memory on the CUDA backend (uploaded outside the timing) and host
+ * memory on the host backend; no scoring on either, so the CUDA figure is the host's whole
+ * part of an engine-selected recall.
+ *
+ * Usage: bench_recall_cuda [--cuda-only] [--blocks] [SEQS LAYERS PROMPT R STEPS]
+ *        (default 16 4 4096 16 8)
  * Exit status 0, 1 on a failure, 2 on bad usage, 77 without a usable device.
  */
 #include <errno.h>
@@ -87,9 +94,10 @@ int main(int argc, char **argv)
 {
 	uint32_t seqs = 16, layers = 4, prompt = 4096, r = 16, steps = 8;
 	struct kvt_manager *m[2] = {NULL, NULL}; /* host, cuda */
-	bool cuda_only = argc > 1 && strcmp(argv[1], "--cuda-only") == 0;
-	int first = cuda_only ? 1 : 0, n_dev = 0; /* the first manager made: host, or cuda */
+	bool cuda_only = false, given = false;
+	int first, n_dev = 0; /* the first manager made: host, or cuda */
 	double *dev = NULL;
+	uint32_t *sel = NULL, *dsel = NULL; /* --blocks: [layers][seqs][H][r] */
 	struct kvt_config c = KVT_CONFIG_INIT;
 	uint16_t *k = NULL, *q = NULL, *kd = NULL;
 	void *dk = NULL, *dq = NULL, *dkd = NULL;
@@ -97,10 +105,17 @@ int main(int argc, char **argv)
 	double *t[2] = {NULL, NULL}, *work = NULL;
 	int err = 0, rc = 1;
 
-	if (cuda_only) {
-		argc--;
-		argv++;
+	for (; argc > 1 && strncmp(argv[1], "--", 2) == 0; argc--, argv++) {
+		if (strcmp(argv[1], "--cuda-only") == 0) {
+			cuda_only = true;
+		} else if (strcmp(argv[1], "--blocks") == 0) {
+			given = true;
+		} else {
+			fprintf(stderr, "bench_recall_cuda: unknown option %s\n", argv[1]);
+			return 2;
+		}
 	}
+	first = cuda_only ? 1 : 0;
 	if (argc == 6) {
 		seqs = (uint32_t)strtoul(argv[1], NULL, 10);
 		layers = (uint32_t)strtoul(argv[2], NULL, 10);
@@ -108,7 +123,8 @@ int main(int argc, char **argv)
 		r = (uint32_t)strtoul(argv[4], NULL, 10);
 		steps = (uint32_t)strtoul(argv[5], NULL, 10);
 	} else if (argc != 1) {
-		fprintf(stderr, "usage: %s [--cuda-only] [SEQS LAYERS PROMPT R STEPS]\n", argv[0]);
+		fprintf(stderr, "usage: %s [--cuda-only] [--blocks] [SEQS LAYERS PROMPT R STEPS]\n",
+			argv[0]);
 		return 2;
 	}
 	if (!seqs || !layers || prompt < 1024 || !r || steps < 2) {
@@ -164,6 +180,19 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_recall_cuda: no device memory for the tensors\n");
 		goto out;
 	}
+	/* --blocks: blocks outside the sink and the ring of the prompt */
+	size_t sn = (size_t)layers * seqs * H * r;
+	uint32_t lo = c.sink_tokens / bt, span = (prompt - c.recent_tokens) / bt - lo;
+
+	if (given) {
+		sel = malloc(sn * sizeof(*sel));
+		if (!sel || cudaMalloc((void **)&dsel, sn * sizeof(*sel)) != cudaSuccess) {
+			fprintf(stderr, "bench_recall_cuda: no memory for the selections\n");
+			goto out;
+		}
+		for (size_t x = 0; x < sn; x++)
+			sel[x] = lo + (uint32_t)(splitmix64(&rng) % span);
+	}
 	for (uint32_t i = 0; i < seqs && !err; i++) {
 		ids[i] = 9000 + (uint64_t)i;
 		for (int b = first; b < 2 && !err; b++) {
@@ -178,7 +207,12 @@ int main(int argc, char **argv)
 		for (size_t x = 0; x < qn; x++)
 			q[x] = (uint16_t)(0x3c00u + (splitmix64(&rng) & 0xffu) +
 					  ((splitmix64(&rng) & 1u) << 15));
-		if (cudaMemcpy(dq, q, qn * sizeof(*q), cudaMemcpyHostToDevice) != cudaSuccess) {
+		for (size_t x = 0; given && s && x < sn; x++) /* a tenth replaced */
+			if (splitmix64(&rng) % 10 == 0)
+				sel[x] = lo + (uint32_t)(splitmix64(&rng) % span);
+		if (cudaMemcpy(dq, q, qn * sizeof(*q), cudaMemcpyHostToDevice) != cudaSuccess ||
+		    (given && cudaMemcpy(dsel, sel, sn * sizeof(*sel), cudaMemcpyHostToDevice) !=
+				      cudaSuccess)) {
 			err = -EIO;
 			break;
 		}
@@ -196,7 +230,12 @@ int main(int argc, char **argv)
 			w0 = WORK_SECONDS();
 			t0 = now_s();
 			for (uint32_t l = 0; l < layers && !err; l++)
-				err = kvt_decode_recall(m[b], l, ids, seqs, b ? dq : q, NULL);
+				err = given ? kvt_recall_device_blocks(
+						      m[b], l, ids, seqs,
+						      (b ? dsel : sel) + (size_t)l * seqs * H * r,
+						      r, NULL)
+					    : kvt_decode_recall(m[b], l, ids, seqs, b ? dq : q,
+								NULL);
 			/* and what the device's calls reported, applied (settled) on the host */
 			if (!err)
 				err = kvt_manager_stats(m[b], &f1);
@@ -239,13 +278,14 @@ int main(int argc, char **argv)
 	       mw = median(work, steps), md = median(dev, steps);
 	double per = (double)seqs * layers;
 
-	printf("bench_recall_cuda: kvt_decode_recall, %u sequences x %u layers x %u kv heads "
+	printf("bench_recall_cuda: %s, %u sequences x %u layers x %u kv heads "
 	       "(%u q heads, d=%u, bf16), prompt %u, r = %u, %u steps (first excluded)%s\n",
-	       seqs, layers, H, Hq, D, prompt, r, steps, EMULATED ? ", emulated runtime" : "");
+	       given ? "kvt_recall_device_blocks (the selection given)" : "kvt_decode_recall", seqs,
+	       layers, H, Hq, D, prompt, r, steps, EMULATED ? ", emulated runtime" : "");
 	if (!cuda_only)
-		printf("host backend (Quest scoring on the CPU, recall): median %.3f ms per step, "
-		       "%.1f us per (sequence, layer)\n",
-		       mh * 1e3, mh * 1e6 / per);
+		printf("host backend (%s): median %.3f ms per step, %.1f us per (sequence, layer)\n",
+		       given ? "recall" : "Quest scoring on the CPU, recall", mh * 1e3,
+		       mh * 1e6 / per);
 	if (EMULATED)
 		printf("CUDA backend, host side (emulated runtime, kernels' work left out): median "
 		       "%.3f ms per step, %.1f us per (sequence, layer); the kernels' CPU stand-ins "
@@ -267,6 +307,8 @@ out:
 	kvt_manager_destroy(m[0]);
 	kvt_manager_destroy(m[1]);
 	free(dev);
+	free(sel);
+	cudaFree(dsel);
 	cudaFree(dk);
 	cudaFree(dq);
 	cudaFree(dkd);

@@ -586,6 +586,85 @@ static void test_recall_errors(void **state)
 	free(q);
 }
 
+/* kvt_recall_device_blocks: the selection in the backend's device memory (the fixture's copy
+   on CUDA). Argument errors as kvt_recall_blocks's, changing nothing; the floor is n_kv_heads *
+   r frames per member whatever the selection names; a member naming a block past its history
+   is left out (its region as it was, its views stale and saying why), the others recalled, and
+   the call returns 0; a later call naming it well recalls it. The step form is the same call. */
+static void test_recall_device_blocks(void **state)
+{
+	struct kvt_config c = recall_config(4, 8);
+	struct kvt_manager *m = t_mk(&c);
+	uint64_t seqs[2] = {1, 2}, dup[2] = {1, 1}, ghost = 9;
+	uint32_t sel[2 * 2 * 4], two[4] = {2, 2, 2, 2}, got;
+	struct kvt_recall_ref ref[4];
+	struct kvt_stats s0, s1;
+	(void)state;
+
+	t_prefill_seq(m, &c, 1, 120);
+	t_prefill_seq(m, &c, 2, 120);
+	for (uint32_t i = 0; i < 16; i++)
+		sel[i] = 2; /* one block per head (not resident: sink 8, ring 104..119) */
+	s0 = t_stats_of(m);
+	CHECK_RC(kvt_recall_device_blocks(NULL, 0, seqs, 2, sel, 4, NULL), -EINVAL);
+	CHECK_RC(t_recall_device_blocks(m, 0, seqs, 0, sel, 4, NULL), -EINVAL);
+	CHECK_RC(t_recall_device_blocks(m, 0, seqs, 2, sel, 0, NULL), -EINVAL);
+	CHECK_RC(t_recall_device_blocks(m, 0, NULL, 2, sel, 4, NULL), -EINVAL);
+	CHECK_RC(t_recall_device_blocks(m, 0, seqs, 2, NULL, 4, NULL), -EINVAL);
+	CHECK_RC(kvt_recall_device_blocks(m, 0, seqs, 2, sel, UINT32_MAX / 2, NULL), -EINVAL);
+	assert_non_null(strstr(kvt_manager_last_error(m), "too large"));
+	CHECK_RC(t_recall_device_blocks(m, 2, seqs, 2, sel, 4, NULL), -EINVAL);
+	CHECK_RC(t_recall_device_blocks(m, 0, dup, 2, sel, 4, NULL), -EINVAL);
+	CHECK_RC(t_recall_device_blocks(m, 0, &ghost, 1, sel, 4, NULL), -ENOENT);
+	/* 2 sequences x 2 heads x r 4 = 16 frames against 8, though it names one block a head,
+	   which kvt_recall_blocks counts (4 frames) */
+	CHECK_RC(t_recall_device_blocks(m, 0, seqs, 2, sel, 4, NULL), -ENOSPC);
+	CHECK_RC(t_step_recall_device_blocks(m, 0, 2, sel, 2, NULL), -EINVAL); /* no step */
+	s1 = t_stats_of(m);
+	assert_memory_equal(&s0, &s1, sizeof(s0));
+	CHECK_RC(kvt_recall_blocks(m, 0, seqs, 2, sel, 4, NULL), 0);
+
+	/* r 2: 2 x 2 x 2 = 8 frames; sequence 2 names block 15, past its 15 blocks */
+	for (uint32_t i = 0; i < 8; i++)
+		sel[i] = 3 + i % 2; /* blocks 3 and 4 in each head */
+	sel[4 + 3] = 15;
+	s0 = t_stats_of(m);
+	CHECK_RC(t_recall_device_blocks(m, 0, seqs, 2, sel, 2, NULL), 0);
+	s1 = t_stats_of(m);
+	assert_int_equal(s1.recall_lookups - s0.recall_lookups, 4); /* sequence 1's */
+	assert_int_equal(s1.recall_loads - s0.recall_loads, 4);
+	for (uint32_t h = 0; h < 2; h++) {
+		CHECK_RC(kvt_seq_recall_view(m, 1, 0, h, ref, 4, &got), 0);
+		assert_int_equal(got, 2);
+		assert_int_equal(ref[0].block, 3);
+		assert_int_equal(ref[1].block, 4);
+		CHECK_RC(kvt_seq_recall_view(m, 2, 0, h, ref, 4, &got), -ESTALE);
+		assert_non_null(strstr(kvt_manager_last_error(m), "selection named a block"));
+	}
+	/* its region kept block 2 of each head: recalled again, two hits and no load */
+	s0 = t_stats_of(m);
+	CHECK_RC(kvt_recall_blocks(m, 0, &seqs[1], 1, two, 2, NULL), 0);
+	s1 = t_stats_of(m);
+	assert_int_equal(s1.recall_hits - s0.recall_hits, 2);
+	assert_int_equal(s1.recall_loads - s0.recall_loads, 0);
+	CHECK_RC(kvt_seq_recall_view(m, 2, 0, 1, ref, 4, &got), 0);
+	assert_int_equal(got, 1);
+	assert_int_equal(ref[0].block, 2);
+
+	/* the step's form: the plain call on the step's batch */
+	sel[4 + 3] = 4;
+	CHECK_RC(kvt_step_begin(m, seqs, 2), 0);
+	s0 = t_stats_of(m);
+	CHECK_RC(t_step_recall_device_blocks(m, 0, 2, sel, 2, NULL), 0);
+	s1 = t_stats_of(m);
+	assert_int_equal(s1.recall_lookups - s0.recall_lookups, 8);
+	assert_int_equal(s1.recall_hits - s0.recall_hits, 4); /* sequence 1's */
+	CHECK_RC(kvt_seq_recall_view(m, 2, 0, 1, ref, 4, &got), 0);
+	assert_int_equal(got, 2);
+	CHECK_RC(kvt_step_end(m), 0);
+	kvt_manager_destroy(m);
+}
+
 /* The recall working set is the union of blocks recalled over the last w steps. */
 static void test_working_set_window(void **state)
 {
@@ -953,6 +1032,7 @@ int main(void)
 		cmocka_unit_test(test_recall_finds_needle),
 		cmocka_unit_test(test_recall_regions),
 		cmocka_unit_test(test_recall_errors),
+		cmocka_unit_test(test_recall_device_blocks),
 		cmocka_unit_test(test_working_set_window),
 		cmocka_unit_test(test_preempt_resume),
 		cmocka_unit_test(test_recall_threads_same),

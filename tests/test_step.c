@@ -647,7 +647,7 @@ static void walk(bool disk, bool twin_cpu)
 	uint64_t seed = t_pick_seed(), ids[SEQS], batch[SEQS], origin[2] = {0, 0};
 	bool live[SEQS], pre[SEQS];
 	uint32_t sel[SEQS * 2 * R], steps = 0, unbegun = 0, scored = 0, broken = 0, reborn = 0,
-				    refused = 0, lazies = 0, tabled = 0;
+				    refused = 0, lazies = 0, tabled = 0, devsel = 0, badsel = 0;
 	size_t row = t_rowb(&c), qs = (size_t)c.n_q_heads * row;
 	uint8_t *k = t_xmalloc(SEQS * c.n_kv_heads * row),
 		*v = t_xmalloc(SEQS * c.n_kv_heads * row);
@@ -676,7 +676,7 @@ static void walk(bool disk, bool twin_cpu)
 		pre[i] = false;
 	}
 	for (long op = 0; op < ops; op++) {
-		uint32_t what = t_rng_below(100), i = t_rng_below(SEQS), n = 0;
+		uint32_t what = t_rng_below(100), i = t_rng_below(SEQS), n = 0, bad = NONE;
 		/* a third of the steps look at nothing but the calls' results until a later
 		   operation: the device's calls are settled late (at the layer's next call, a
 		   sequence given back, the figures read) */
@@ -730,6 +730,7 @@ static void walk(bool disk, bool twin_cpu)
 				CHECK_EQ(rc[0], rc[1]);
 				if (!lazy)
 					same_stats(mm);
+				bad = NONE;
 				if (t_rng_below(2)) { /* Quest: the managers score */
 					for (uint32_t x = 0; x < n; x++)
 						for (uint32_t g = 0; g < c.n_q_heads; g++)
@@ -740,6 +741,11 @@ static void walk(bool disk, bool twin_cpu)
 					rc[1] = t_step_recall(mm[1], l, n, q, NULL);
 					scored++;
 				} else {
+					/* a third given in device memory, a quarter of those with
+					   a member's naming a block past its history */
+					bool dev = t_rng_below(3) == 0;
+
+					bad = dev && t_rng_below(4) == 0 ? t_rng_below(n) : NONE;
 					for (uint32_t x = 0; x < n; x++) {
 						uint32_t tok = 0, nb;
 
@@ -751,9 +757,23 @@ static void walk(bool disk, bool twin_cpu)
 								!nb || t_rng_below(10) == 0
 									? NONE
 									: t_rng_below(nb);
+						if (x == bad)
+							sel[x * c.n_kv_heads * R +
+							    t_rng_below(c.n_kv_heads * R)] =
+								nb + t_rng_below(3);
 					}
-					rc[0] = kvt_recall_blocks(mm[0], l, batch, n, sel, R, NULL);
-					rc[1] = kvt_step_recall_blocks(mm[1], l, sel, R, NULL);
+					if (dev) {
+						rc[0] = t_recall_device_blocks(mm[0], l, batch, n,
+									       sel, R, NULL);
+						rc[1] = t_step_recall_device_blocks(mm[1], l, n,
+										    sel, R, NULL);
+						devsel++;
+					} else {
+						rc[0] = kvt_recall_blocks(mm[0], l, batch, n, sel,
+									  R, NULL);
+						rc[1] = kvt_step_recall_blocks(mm[1], l, sel, R,
+									       NULL);
+					}
 				}
 				CHECK_EQ(rc[0], rc[1]);
 				refused += rc[0] != 0;
@@ -766,6 +786,22 @@ static void walk(bool disk, bool twin_cpu)
 				if (origin[0])
 					for (uint32_t x = 0; x < n; x++)
 						t_same_region(mm, batch[x], l, origin);
+				if (rc[0] == 0 && bad != NONE) {
+					/* left out, the others recalled: its views say why */
+					struct kvt_recall_ref one[R];
+					uint32_t got;
+
+					for (int m = 0; m < 2; m++) {
+						CHECK_RC(kvt_seq_recall_view(mm[m], batch[bad], l,
+									     0, one, R, &got),
+							 -ESTALE);
+						assert_non_null(
+							strstr(kvt_manager_last_error(mm[m]),
+							       "selection named a block"));
+					}
+					badsel++;
+					continue;
+				}
 				if (rc[0] == 0) {
 					float qa[4 * 16], o[2][4 * 16];
 
@@ -815,10 +851,13 @@ static void walk(bool disk, bool twin_cpu)
 		      steps, unbegun, scored, broken, reborn, refused, lazies,
 		      (unsigned long long)a.recall_loads, (unsigned long long)a.recall_evictions,
 		      (unsigned long long)a.disk_blocks_fetched);
-	print_message("# step: the attention tables named %u recalled blocks\n", tabled);
+	print_message(
+		"# step: the attention tables named %u recalled blocks; %u selections given in "
+		"device memory, %u with a member's past its history\n",
+		tabled, devsel, badsel);
 	/* the walk reached what it is about */
 	assert_true(steps > 0 && scored > 0 && broken > 0 && refused > 0 && lazies > 0);
-	assert_true(tabled > 0);
+	assert_true(tabled > 0 && devsel > 0 && badsel > 0);
 	assert_true(a.recall_evictions > 0);
 	assert_true(disk ? a.disk_blocks_fetched > 0 : a.disk_blocks_fetched == 0);
 	if (disk && mm[1]->dev_regions) { /* the device's calls read spilled blocks back */

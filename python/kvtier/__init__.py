@@ -578,6 +578,22 @@ class Manager:
         b, r = self._blocks(blocks, n)
         self._call(_lib.kvt_recall_blocks, layer, ids, n, b.ctypes.data, r, st)
 
+    def recall_device_blocks(self, layer: int, seqs: Any, blocks: Any,
+                             stream: Any = None) -> None:
+        """kvt_recall_device_blocks: recall_blocks with the selection where the backend keeps
+        its tensors: a CUDA tensor on the CUDA backend (an engine's own top-k output, read
+        on the device in stream order), a host array on the others. blocks holds
+        [n][n_kv_heads][r] uint32 or int32 block indices (-1, NO_BLOCK, ignored). The sizing
+        counts n_kv_heads * r frames per member, and a member naming a block past its
+        history is left out: its views raise Error (ESTALE) until recalled again."""
+        st = _tensor.stream_handle(stream)
+        ids, n = _seq_array(seqs)
+        with self._lock:
+            pb, _b, r = _tensor.address_rows(blocks, name="blocks", shape=(n, self._H, -1),
+                                             dtype=_tensor.U32, memory=self._memory,
+                                             stream=st)
+            self._call(_lib.kvt_recall_device_blocks, layer, ids, n, pb, r, st)
+
     def _blocks(self, blocks: Any, n: int) -> Tuple[Any, int]:
         """A selection of n sequences as a contiguous uint32 array [n][n_kv_heads][r], and
         its r; ValueError for any other size."""
@@ -643,6 +659,18 @@ class Manager:
                 self._call(_lib.kvt_step_recall_blocks, layer, None, 1, st)
             b, r = self._blocks(blocks, n)
             self._call(_lib.kvt_step_recall_blocks, layer, b.ctypes.data, r, st)
+
+    def step_recall_device_blocks(self, layer: int, blocks: Any, stream: Any = None) -> None:
+        """kvt_step_recall_device_blocks: recall_device_blocks on the open step's batch."""
+        st = _tensor.stream_handle(stream)
+        with self._lock:
+            n = self._step_n
+            if not n:
+                self._call(_lib.kvt_step_recall_device_blocks, layer, None, 1, st)
+            pb, _b, r = _tensor.address_rows(blocks, name="blocks", shape=(n, self._H, -1),
+                                             dtype=_tensor.U32, memory=self._memory,
+                                             stream=st)
+            self._call(_lib.kvt_step_recall_device_blocks, layer, pb, r, st)
 
     # -- attention tables ----------------------------------------------------------------------
 

@@ -180,3 +180,49 @@ def test_batched_attention_views_and_save_event_on_cuda():
                 assert torch.equal(kd[:8], ka[:8])
                 assert kd.data_ptr() == ka.data_ptr()  # no copy
         np.testing.assert_allclose(out[True], out[False], rtol=1e-5, atol=1e-6)
+
+
+def test_device_selection_on_cuda():
+    """An engine's own selection as a torch int32 CUDA tensor (-1: no block), read on the
+    device, against the host backend given the same selection as a NumPy array: the same
+    views, and the member naming a block past its history left out on both."""
+    rng = np.random.default_rng(13)
+    c = kvtier.Config(**SMALL)
+    H, D, lens = c.n_kv_heads, c.head_dim, (300, 200)
+    sel = np.full((2, H, 3), -1, np.int32)
+    sel[0, :, :2] = [[4, 7]] * H
+    sel[1, :, 0] = 3
+    bad = sel.copy()
+    bad[1, H - 1, 2] = 1000
+    ks = {s: [rng.standard_normal((H, T, D)).astype(np.float32) for _ in range(c.n_layers)]
+          for s, T in zip((1, 2), lens)}
+    qo = rng.standard_normal((c.n_q_heads, c.obs_window, D)).astype(np.float32)
+    stream = torch.cuda.Stream()
+    with kvtier.Manager(**SMALL) as host, cuda_manager() as gpu:
+        for m, conv in ((host, lambda a: np.ascontiguousarray(a)),
+                        (gpu, lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda())):
+            with torch.cuda.stream(stream):
+                for s, T in zip((1, 2), lens):
+                    m.create_seq(s, T)
+                    for layer in range(c.n_layers):
+                        m.prefill_layer(s, layer, conv(ks[s][layer]), conv(ks[s][layer]),
+                                        conv(qo), stream=stream)
+                m.recall_device_blocks(0, [1, 2], conv(sel), stream=stream)
+                with m.step([1, 2]):
+                    m.step_recall_device_blocks(1, conv(bad), stream=stream)
+            m.sync(stream)
+        named = 0
+        for layer in range(c.n_layers):
+            for h in range(H):
+                a = [(r.block, r.n_valid) for r in host.recall_view(1, layer, h)]
+                b = [(r.block, r.n_valid) for r in gpu.recall_view(1, layer, h)]
+                assert a == b and {x[0] for x in a} <= {4, 7}  # less what is resident
+                named += len(a)
+        assert named > 0
+        for h in range(H):  # sequence 2 on layer 0: its well-formed selection
+            assert ([r.block for r in host.recall_view(2, 0, h)] ==
+                    [r.block for r in gpu.recall_view(2, 0, h)])
+        for m in (host, gpu):
+            with pytest.raises(kvtier.Error) as e:
+                m.recall_view(2, 1, 0)
+            assert "selection" in e.value.detail

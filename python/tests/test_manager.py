@@ -201,6 +201,34 @@ def test_recall_blocks_given_selection(mgr, rng):
         mgr.recall_blocks(0, [5], np.zeros((1, 3), np.uint32))
 
 
+def test_recall_device_blocks(mgr, rng):
+    """The selection where the backend keeps tensors (host arrays here), int32 with -1 as
+    no block; a member naming a block past its history is left out, the others recalled."""
+    prefill(mgr, 5, 400, rng)
+    prefill(mgr, 6, 400, rng)
+    sel = np.full((2, 2, 3), -1, np.int32)
+    sel[0, 0, :2] = [4, 7]
+    sel[0, 1, 0] = 9
+    sel[1, :, 0] = 3
+    mgr.recall_device_blocks(0, [5, 6], sel)
+    assert [r.block for r in mgr.recall_view(5, 0, 0)] == [4, 7]
+    assert [r.block for r in mgr.recall_view(5, 0, 1)] == [9]
+    assert [r.block for r in mgr.recall_view(6, 0, 1)] == [3]
+    sel[1, 1, 2] = 1000  # past sequence 6's history: it alone is left out
+    mgr.recall_device_blocks(0, [5, 6], sel)
+    assert [r.block for r in mgr.recall_view(5, 0, 0)] == [4, 7]
+    with pytest.raises(kvtier.Error) as e:
+        mgr.recall_view(6, 0, 0)
+    assert e.value.errno == errno.ESTALE and "selection" in e.value.detail
+    with mgr.step([6]):
+        mgr.step_recall_device_blocks(0, sel[:1])
+    assert [r.block for r in mgr.recall_view(6, 0, 1)] == [9]
+    with pytest.raises(ValueError):
+        mgr.recall_device_blocks(0, [5, 6], np.zeros((1, 3), np.uint32))
+    with pytest.raises(TypeError):
+        mgr.recall_device_blocks(0, [5], np.zeros((1, 2, 3), np.float32))
+
+
 def test_decode_step_is_the_plain_calls_on_its_batch(rng):
     """A step (begin, per layer append and recall, end) leaves a manager exactly where the
     plain calls on the same batch leave a twin: tokens, views, counters."""

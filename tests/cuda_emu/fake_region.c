@@ -222,9 +222,10 @@ static void recall_work(void *args)
 	const char *what = "kvt_gpu_region_recall";
 	const struct kvt_gpu_region *D = VIEW(a->rg, (size_t)a->n * sizeof(*D), what);
 	int32_t *verdict = malloc((size_t)a->n * sizeof(*verdict));
+	bool *empty = malloc((size_t)a->n * sizeof(*empty)); /* the view emptied (sel) */
 	struct ranges w = {0}, r = {0};
 
-	if (!verdict)
+	if (!verdict || !empty)
 		fake_cuda_die("%s: no memory for %u regions", what, a->n);
 	add(&r, a->rg, (size_t)a->n * sizeof(*D));
 	for (uint32_t i = 0; i < a->n; i++) {
@@ -235,6 +236,7 @@ static void recall_work(void *args)
 		bool sel_read;
 
 		verdict[i] = recall_verdict(R, clock, ns, &sel_read);
+		empty[i] = verdict[i] == -EINVAL && sel_read;
 		VIEW(R->n_load, sizeof(*R->n_load), what);
 		VIEW(R->err, sizeof(*R->err), what);
 		add(&w, R->n_load, sizeof(*R->n_load));
@@ -244,6 +246,11 @@ static void recall_work(void *args)
 			add(&r, R->sel, hr * sizeof(*R->sel));
 		if (verdict[i]) {
 			add(&r, R->clock, sizeof(*R->clock));
+			/* a selection past the layer: the view is emptied */
+			if (empty[i]) {
+				VIEW(R->view_n, R->n_heads * sizeof(*R->view_n), what);
+				add(&w, R->view_n, R->n_heads * sizeof(*R->view_n));
+			}
 			continue;
 		}
 		VIEW(R->slot, (size_t)ns * sizeof(*R->slot), what);
@@ -285,6 +292,9 @@ static void recall_work(void *args)
 		if (verdict[i]) {
 			*n_load = 0;
 			*err = verdict[i];
+			if (empty[i])
+				memset(VIEW(R->view_n, R->n_heads * sizeof(*R->view_n), what), 0,
+				       R->n_heads * sizeof(*R->view_n));
 			continue;
 		}
 		region_open(
@@ -315,6 +325,7 @@ static void recall_work(void *args)
 		free(rg.link);
 	}
 	free(verdict);
+	free(empty);
 }
 
 int kvt_gpu_region_recall(const struct kvt_gpu_region *rg, uint32_t n, void *stream)

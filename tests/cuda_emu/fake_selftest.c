@@ -931,12 +931,14 @@ static int op_groups(uint32_t step)
 }
 
 /* A recall that must fail with err on region 0, changing nothing else. */
-static int recall_refused(uint32_t step, struct kvt_gpu_region d, int32_t err)
+static int recall_refused(uint32_t step, struct kvt_gpu_region d, int32_t err, bool sel_flaw)
 {
 	struct rgt *g = &T.g[0];
 
 	g->err = err;
 	g->n_load = 0;
+	if (sel_flaw) /* a block past the layer or its key table: the view emptied too */
+		memset(g->view_n, 0, sizeof(g->view_n));
 	if (put(T.desc, &d, sizeof(d)) || kvt_gpu_region_recall(T.desc, 1, T.st))
 		return rg_fail(step, "recall");
 	return rg_compare(step);
@@ -961,14 +963,14 @@ static int rg_verdicts(uint32_t step)
 		return rg_fail(step, "the reference refuses the control call");
 	d = rg_desc(g);
 	g->sel[RG_HR - 1] = 5; /* past the layer's last block */
-	if (put(g->d.sel, g->sel, sizeof(g->sel)) || recall_refused(step, d, -EINVAL))
+	if (put(g->d.sel, g->sel, sizeof(g->sel)) || recall_refused(step, d, -EINVAL, true))
 		return 1;
 	g->sel[RG_HR - 1] = RG_CAPB; /* past cap_blocks */
-	if (put(g->d.sel, g->sel, sizeof(g->sel)) || recall_refused(step, d, -EINVAL))
+	if (put(g->d.sel, g->sel, sizeof(g->sel)) || recall_refused(step, d, -EINVAL, true))
 		return 1;
 	/* a spent clock comes first; the reference agrees */
 	g->rg.clock = UINT32_MAX;
-	if (put(g->d.clock, &max, 4) || recall_refused(step, d, -EOVERFLOW))
+	if (put(g->d.clock, &max, 4) || recall_refused(step, d, -EOVERFLOW, false))
 		return 1;
 	g->sel[RG_HR - 1] = 4;
 	if (put(g->d.sel, g->sel, sizeof(g->sel)) || recall_run(step, 0, 1))
@@ -979,19 +981,19 @@ static int rg_verdicts(uint32_t step)
 	if (put(g->d.clock, &clock, 4))
 		return rg_fail(step, "upload");
 	x = d, x.ring0 = RG_SINK - 1;
-	if (recall_refused(step, x, -EINVAL))
+	if (recall_refused(step, x, -EINVAL, false))
 		return 1;
 	x = d, x.n_heads = KVT_GPU_REGION_MAX_HEADS + 1;
-	if (recall_refused(step, x, -EINVAL))
+	if (recall_refused(step, x, -EINVAL, false))
 		return 1;
 	x = d, x.lbt = 32;
-	if (recall_refused(step, x, -EINVAL))
+	if (recall_refused(step, x, -EINVAL, false))
 		return 1;
 	x = d, x.cap_blocks = 0x80000000u; /* * 2 heads: past UINT32_MAX */
-	if (recall_refused(step, x, -EINVAL))
+	if (recall_refused(step, x, -EINVAL, false))
 		return 1;
 	x = d, x.r = 0x80000000u;
-	if (recall_refused(step, x, -EINVAL))
+	if (recall_refused(step, x, -EINVAL, false))
 		return 1;
 	if (put(g->d.n_slots, &big, 4) || put(T.desc, &d, sizeof(d)) ||
 	    kvt_gpu_region_recall(T.desc, 1, T.st) || put(g->d.n_slots, &g->rg.n_slots, 4))

@@ -1043,7 +1043,9 @@ static void test_region_random(void **state)
 }
 
 /* Calls that break the reference's contract, or find the clock at its end, change nothing but
- *n_load (and *err); the flaw may lie in any warp's share of the selection. */
+ *n_load (and *err), and the view when the flaw is the selection's (a block past the layer or
+ its key table: kvt_recall_device_blocks leaves such a member out with an empty view); the flaw
+ may lie in any warp's share of the selection. */
 static void invalid_cases(void)
 {
 	enum { H = 2, R = 40 };
@@ -1097,6 +1099,7 @@ static void invalid_cases(void)
 		d.cap_blocks = c == 3 ? 3 : 8; /* block 3 past the table, warp 1's */
 		clock = c == 4 ? UINT32_MAX : 5;
 		n_slots = c == 5 ? KVT_REGION_MAX_SLOTS + 1 : 4;
+		view_n[0] = view_n[1] = 9;
 		assert_int_equal(kvt_gpu_region_recall(&d, 1, NULL), 0);
 		assert_int_equal(err, c == 4 ? -EOVERFLOW : -EINVAL);
 		assert_int_equal(n_load, 0);
@@ -1105,6 +1108,8 @@ static void invalid_cases(void)
 		assert_memory_equal(before + sizeof(slot), key, sizeof(key));
 		assert_int_equal(ws.step, 0);
 		assert_int_equal(tally.lookups, 0);
+		assert_int_equal(view_n[0], c == 0 || c == 3 ? 0 : 9);
+		assert_int_equal(view_n[1], c == 0 || c == 3 ? 0 : 9);
 	}
 	/* within the contract the call runs; a working set without window is left alone */
 	n_slots = 4;

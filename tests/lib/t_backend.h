@@ -15,7 +15,8 @@
  *     A binary linked with it exits 77 (skipped) where the CUDA backend cannot run.
  *
  * So a test creates its managers with t_manager_create (or t_mk) and passes tensors through
- * t_prefill_layer, t_decode_append, t_decode_recall, t_step_append and t_step_recall; it reads
+ * t_prefill_layer, t_decode_append, t_decode_recall, t_step_append, t_step_recall and the
+ * device-selection recalls (t_recall_device_blocks, t_step_recall_device_blocks); it reads
  * frames (kvt_seq_frames, kvt_seq_recall_view addresses) with t_dev_read and names the backend its
  * managers report as t_be->kind. Calls that take no tensors go to kvtier's API directly. A
  * configuration that names another backend than host (model, an explicit CUDA one) or a call on a
@@ -53,6 +54,13 @@ struct t_backend {
 			   const void *v, void *stream);
 	int (*step_recall)(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *q,
 			   void *stream);
+	/* kvt_recall_device_blocks and kvt_step_recall_device_blocks (n: the step's batch size)
+	   with the selection [n][n_kv_heads][r] in host memory here (on the CUDA backend the
+	   fixture passes a device copy) */
+	int (*recall_device_blocks)(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
+				    uint32_t n, const uint32_t *blocks, uint32_t r, void *stream);
+	int (*step_recall_device_blocks)(struct kvt_manager *m, uint32_t layer, uint32_t n,
+					 const uint32_t *blocks, uint32_t r, void *stream);
 	/* Copies n bytes at device address addr (a frame, a recall-view frame) to host dst. */
 	void (*dev_read)(void *dst, uint64_t addr, size_t n);
 	/* kvt_step_tables into t's buffers, which are host memory here (on the CUDA backend the
@@ -107,6 +115,19 @@ static inline int t_step_recall(struct kvt_manager *m, uint32_t layer, uint32_t 
 				void *stream)
 {
 	return t_be->step_recall(m, layer, n, q, stream);
+}
+
+static inline int t_recall_device_blocks(struct kvt_manager *m, uint32_t layer,
+					 const uint64_t *seqs, uint32_t n, const uint32_t *blocks,
+					 uint32_t r, void *stream)
+{
+	return t_be->recall_device_blocks(m, layer, seqs, n, blocks, r, stream);
+}
+
+static inline int t_step_recall_device_blocks(struct kvt_manager *m, uint32_t layer, uint32_t n,
+					      const uint32_t *blocks, uint32_t r, void *stream)
+{
+	return t_be->step_recall_device_blocks(m, layer, n, blocks, r, stream);
 }
 
 static inline int t_decode_recall(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,

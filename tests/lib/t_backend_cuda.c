@@ -161,6 +161,36 @@ static int cu_step_recall(struct kvt_manager *m, uint32_t layer, uint32_t n, con
 	return rc;
 }
 
+static int cu_recall_device_blocks(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
+				   uint32_t n, const uint32_t *blocks, uint32_t r, void *stream)
+{
+	struct kvt_config c;
+	void *db;
+	int rc;
+
+	if (cu_shape(m, 0, &c, NULL))
+		return kvt_recall_device_blocks(m, layer, seqs, n, blocks, r, stream);
+	db = cu_in(blocks, (size_t)n * c.n_kv_heads * r * sizeof(*blocks));
+	rc = kvt_recall_device_blocks(m, layer, seqs, n, db, r, stream);
+	cu_drop(db, blocks);
+	return rc;
+}
+
+static int cu_step_recall_device_blocks(struct kvt_manager *m, uint32_t layer, uint32_t n,
+					const uint32_t *blocks, uint32_t r, void *stream)
+{
+	struct kvt_config c;
+	void *db;
+	int rc;
+
+	if (cu_shape(m, 0, &c, NULL))
+		return kvt_step_recall_device_blocks(m, layer, blocks, r, stream);
+	db = cu_in(blocks, (size_t)n * c.n_kv_heads * r * sizeof(*blocks));
+	rc = kvt_step_recall_device_blocks(m, layer, db, r, stream);
+	cu_drop(db, blocks);
+	return rc;
+}
+
 static void cu_dev_read(void *dst, uint64_t addr, size_t n);
 
 static int cu_prefill_chunk(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t pos,
@@ -381,6 +411,8 @@ const struct t_backend t_backend_cuda = {
 	.decode_recall = cu_decode_recall,
 	.step_append = cu_step_append,
 	.step_recall = cu_step_recall,
+	.recall_device_blocks = cu_recall_device_blocks,
+	.step_recall_device_blocks = cu_step_recall_device_blocks,
 	.prefill_chunk = cu_prefill_chunk,
 	.load_kv = cu_load_kv,
 	.dev_read = cu_dev_read,

@@ -23,6 +23,13 @@ static int host_step_recall(struct kvt_manager *m, uint32_t layer, uint32_t n, c
 	return kvt_step_recall(m, layer, q, stream);
 }
 
+static int host_step_recall_device_blocks(struct kvt_manager *m, uint32_t layer, uint32_t n,
+					  const uint32_t *blocks, uint32_t r, void *stream)
+{
+	(void)n;
+	return kvt_step_recall_device_blocks(m, layer, blocks, r, stream);
+}
+
 static int host_step_attend(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *q,
 			    void *out, float *lse, void *stream)
 {
@@ -46,6 +53,8 @@ const struct t_backend t_backend_host = {
 	.decode_recall = kvt_decode_recall,
 	.step_append = host_step_append,
 	.step_recall = host_step_recall,
+	.recall_device_blocks = kvt_recall_device_blocks,
+	.step_recall_device_blocks = host_step_recall_device_blocks,
 	.prefill_chunk = kvt_prefill_chunk,
 	.load_kv = kvt_seq_load_kv,
 	.dev_read = host_dev_read,
