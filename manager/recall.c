@@ -120,6 +120,7 @@ void kvt_recall_layer_free(struct kvt_manager *m, struct kvt_recall_layer *rc)
 	free(rc->view_n);
 	free(rc->view);
 	free(rc->ws.bucket);
+	free(rc->qcand);
 	free(rc);
 }
 
@@ -580,6 +581,9 @@ static void tk_count(const struct kvt_manager *m, const struct kvt_seq *s, struc
 				     h]
 				.tk++;
 	ly->rc->tk_ready = true;
+	ly->rc->qsettled = 0; /* quest_need's counts read the top-K counts */
+	if (ly->rc->qcand)
+		memset(ly->rc->qcand, 0, H * sizeof(*ly->rc->qcand));
 }
 
 /* The region geometry of a layer holding N tokens. */
@@ -1324,8 +1328,13 @@ static uint32_t exact_need(const struct kvt_manager *m, const struct kvt_seq_lay
 static uint32_t quest_need(const struct kvt_manager *m, const struct kvt_seq *s,
 			   const struct kvt_seq_layer *ly, uint32_t r)
 {
+	struct kvt_recall_layer *rc = ly->rc;
 	struct kvt_region_geom g = geom_of(m, ly->n_tokens);
-	uint32_t bt = m->cfg.block_tokens, nb = DIV_UP(ly->n_tokens, bt), need = 0;
+	uint32_t H = m->cfg.n_kv_heads, bt = m->cfg.block_tokens, nb = DIV_UP(ly->n_tokens, bt);
+	/* blocks [0, lo) lie wholly below the ring and the history; [lo, hi) reach into
+	   [lo * bt, ring0) */
+	uint32_t lo = (g.ring0 < ly->n_tokens ? g.ring0 : ly->n_tokens) / bt,
+		 hi = DIV_UP(g.ring0, bt) < nb ? DIV_UP(g.ring0, bt) : nb, need = 0;
 	uint64_t full;
 
 	/* At most this many blocks of a head are fully resident: those touching the sink or the
@@ -1335,14 +1344,29 @@ static uint32_t quest_need(const struct kvt_manager *m, const struct kvt_seq *s,
 	full = DIV_UP(m->cfg.sink_tokens, bt) + s->valid_topk / bt + 1 +
 	       (g.ring0 < ly->n_tokens ? DIV_UP(ly->n_tokens - g.ring0, bt) + 1 : 0);
 	if (nb >= full + r)
-		return m->cfg.n_kv_heads * r;
-	for (uint32_t h = 0; h < m->cfg.n_kv_heads; h++) {
-		uint32_t cand = 0;
+		return H * r;
+	/* Otherwise the candidates are counted, a block at most once in the layer's life: a
+	   block wholly below the ring (and within the history) is full and never changes (the
+	   ring only moves up; the top-K positions lie below it), so those blocks' candidates
+	   per head are kept (rc->qcand over the first rc->qsettled blocks). A block from the
+	   ring's start on holds ring positions only and is resident, but the one the ring
+	   starts in, and, while the history is shorter than the sink (ring0 past N), the blocks
+	   left, which are tested as they are. */
+	if (rc->qsettled > lo) { /* a shorter history than counted (not seen): count again */
+		rc->qsettled = 0;
+		memset(rc->qcand, 0, H * sizeof(*rc->qcand));
+	}
+	for (uint32_t b = rc->qsettled; b < lo; b++)
+		for (uint32_t h = 0; h < H; h++)
+			rc->qcand[h] += !kvt_region_resident(&rc->rg, &g, h, b, bt);
+	rc->qsettled = lo;
+	for (uint32_t h = 0; h < H; h++) {
+		uint32_t cand = rc->qcand[h];
 
-		for (uint32_t b = 0; b < nb && cand < r; b++)
-			cand += !kvt_region_resident(&ly->rc->rg, &g, h, b,
+		for (uint32_t b = lo; b < hi && cand < r; b++)
+			cand += !kvt_region_resident(&rc->rg, &g, h, b,
 						     b + 1 < nb ? bt : ly->n_tokens - b * bt);
-		need += cand;
+		need += cand < r ? cand : r;
 	}
 	return need;
 }
@@ -1389,7 +1413,8 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 		if (rc_layer_get(m, ly, ly->n_groups, NULL) || view_reserve(m, ly->rc, r) ||
 		    (!ly->rc->ws.bucket &&
 		     !(ly->rc->ws.bucket =
-			       kvt_calloc(m->cfg.ws_window, sizeof(*ly->rc->ws.bucket)))))
+			       kvt_calloc(m->cfg.ws_window, sizeof(*ly->rc->ws.bucket)))) ||
+		    (!ly->rc->qcand && !(ly->rc->qcand = kvt_calloc(H, sizeof(*ly->rc->qcand)))))
 			return kvt_fail(m, -ENOMEM,
 					"recall: sequence %llu: no memory for its "
 					"recall tables",

@@ -28,6 +28,11 @@ struct kvt_recall_layer {
 			    scoring, from the host history (so a decode append never waits for
 			    the device to hand its keys to the CPU) */
 	bool tk_ready;	 /* rg.key[].tk counted from the layer's top-K (at its first recall) */
+	/* A Quest call's floor (quest_need): per head, the blocks not fully resident among the
+	   first qsettled, which lie wholly below the ring and do not change; NULL until its first
+	   recall */
+	uint32_t *qcand;
+	uint32_t qsettled;
 	/* Device copy, on a backend with device metadata (m->dev_meta), instead of meta: the
 	   metadata [dcap][H][2][head_dim] at dmeta, then the key table [dcap * H] (only its top-K
 	   counts are read: kvt_gpu_quest) at kvt_dkey(); 0 until the layer's prefill. Decode
