@@ -197,13 +197,14 @@ for phase in "${phases[@]}"; do
 		cat "$out/transfer.txt"
 		# The recall calls' host side and device time with the regions on the device
 		# (tests/bench_recall_cuda.c): beside the host backend at a small shape (the two must
-		# decide alike), then CUDA alone at 256 sequences, each scored (kvt_decode_recall) and
-		# with the selection given on the device (--blocks); appended to transfer.txt.
+		# decide alike), then CUDA alone at 256 sequences through decode steps, as an engine
+		# calls it, each scored (kvt_decode_recall) and with the selection given on the device
+		# (--blocks); appended to transfer.txt.
 		secs=$(($(left) - attend_secs - calib_secs))
 		[ "$secs" -gt 90 ] && secs=90
 		if [ "$secs" -ge 20 ]; then
-			for args in "16 4 4096 16 8" "--cuda-only 256 4 2048 16 12" \
-				"--blocks 16 4 4096 16 8" "--cuda-only --blocks 256 4 2048 16 12"; do
+			for args in "16 4 4096 16 8" "--cuda-only --step 256 4 2048 16 12" \
+				"--blocks 16 4 4096 16 8" "--cuda-only --step --blocks 256 4 2048 16 12"; do
 				echo "==== bench_recall_cuda $args" >> "$out/transfer.txt"
 				read -ra a <<< "$args"
 				KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" timed "$((secs / 4))" \

@@ -675,11 +675,13 @@ KVT_API int kvt_recall_blocks(struct kvt_manager *m, uint32_t layer, const uint6
    not reading it, the same on every backend so that each makes the same decisions: the sizing
    counts n_kv_heads * r frames as what each member needs at least (kvt_recall_blocks counts
    the distinct blocks named and not fully resident), and a member whose selection names a
-   block past its history is left out where the selection is read: its region is unchanged and
-   its views empty and stale (-ESTALE, saying why) until it is recalled again, while the other
-   members' recall goes on and the call returns 0. Errors otherwise as kvt_recall_blocks:
-   -EINVAL for a NULL m, seqs or blocks, n == 0, r == 0 or a selection over UINT32_MAX entries;
-   on the copy, its error. */
+   block past its history is left out where the selection is read: the blocks its region holds
+   stay as they were (the call's sizing may have resized the region) and its views are empty and
+   stale (-ESTALE, saying why) until it is recalled again, while the other members' recall goes
+   on and the call returns 0. The selection is read by the work the call queues on `stream`:
+   it must not be written before that work has run (later work on `stream` runs after it). Errors
+   otherwise as kvt_recall_blocks: -EINVAL for a NULL m, seqs or blocks, n == 0, r == 0 or a
+   selection over UINT32_MAX entries; on the copy, its error. */
 KVT_API int kvt_recall_device_blocks(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
 				     uint32_t n, const uint32_t *blocks, uint32_t r, void *stream);
 

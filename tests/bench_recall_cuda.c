@@ -26,7 +26,11 @@
  * memory on the host backend; no scoring on either, so the CUDA figure is the host's whole
  * part of an engine-selected recall.
  *
- * Usage: bench_recall_cuda [--cuda-only] [--blocks] [SEQS LAYERS PROMPT R STEPS]
+ * --step makes the calls through a decode step, as an engine does: kvt_step_begin, the step's
+ * recall per layer (kvt_step_recall, or kvt_step_recall_device_blocks), kvt_step_end, all
+ * timed; the step's calls look no sequence up by id.
+ *
+ * Usage: bench_recall_cuda [--cuda-only] [--blocks] [--step] [SEQS LAYERS PROMPT R STEPS]
  *        (default 16 4 4096 16 8)
  * Exit status 0, 1 on a failure, 2 on bad usage, 77 without a usable device.
  */
@@ -94,7 +98,7 @@ int main(int argc, char **argv)
 {
 	uint32_t seqs = 16, layers = 4, prompt = 4096, r = 16, steps = 8;
 	struct kvt_manager *m[2] = {NULL, NULL}; /* host, cuda */
-	bool cuda_only = false, given = false;
+	bool cuda_only = false, given = false, step = false;
 	int first, n_dev = 0; /* the first manager made: host, or cuda */
 	double *dev = NULL;
 	uint32_t *sel = NULL, *dsel = NULL; /* --blocks: [layers][seqs][H][r] */
@@ -110,6 +114,8 @@ int main(int argc, char **argv)
 			cuda_only = true;
 		} else if (strcmp(argv[1], "--blocks") == 0) {
 			given = true;
+		} else if (strcmp(argv[1], "--step") == 0) {
+			step = true;
 		} else {
 			fprintf(stderr, "bench_recall_cuda: unknown option %s\n", argv[1]);
 			return 2;
@@ -123,7 +129,8 @@ int main(int argc, char **argv)
 		r = (uint32_t)strtoul(argv[4], NULL, 10);
 		steps = (uint32_t)strtoul(argv[5], NULL, 10);
 	} else if (argc != 1) {
-		fprintf(stderr, "usage: %s [--cuda-only] [--blocks] [SEQS LAYERS PROMPT R STEPS]\n",
+		fprintf(stderr,
+			"usage: %s [--cuda-only] [--blocks] [--step] [SEQS LAYERS PROMPT R STEPS]\n",
 			argv[0]);
 		return 2;
 	}
@@ -229,13 +236,25 @@ int main(int argc, char **argv)
 				err = kvt_manager_stats(m[b], &f0);
 			w0 = WORK_SECONDS();
 			t0 = now_s();
-			for (uint32_t l = 0; l < layers && !err; l++)
-				err = given ? kvt_recall_device_blocks(
-						      m[b], l, ids, seqs,
-						      (b ? dsel : sel) + (size_t)l * seqs * H * r,
-						      r, NULL)
-					    : kvt_decode_recall(m[b], l, ids, seqs, b ? dq : q,
-								NULL);
+			if (!err && step)
+				err = kvt_step_begin(m[b], ids, seqs);
+			for (uint32_t l = 0; l < layers && !err; l++) {
+				const uint32_t *bl =
+					given ? (b ? dsel : sel) + (size_t)l * seqs * H * r : NULL;
+				const void *ql = b ? dq : (const void *)q;
+
+				if (step)
+					err = given ? kvt_step_recall_device_blocks(m[b], l, bl, r,
+										    NULL)
+						    : kvt_step_recall(m[b], l, ql, NULL);
+				else
+					err = given ? kvt_recall_device_blocks(m[b], l, ids, seqs,
+									       bl, r, NULL)
+						    : kvt_decode_recall(m[b], l, ids, seqs, ql,
+									NULL);
+			}
+			if (!err && step)
+				err = kvt_step_end(m[b]);
 			/* and what the device's calls reported, applied (settled) on the host */
 			if (!err)
 				err = kvt_manager_stats(m[b], &f1);
@@ -278,10 +297,11 @@ int main(int argc, char **argv)
 	       mw = median(work, steps), md = median(dev, steps);
 	double per = (double)seqs * layers;
 
-	printf("bench_recall_cuda: %s, %u sequences x %u layers x %u kv heads "
+	printf("bench_recall_cuda: %s%s, %u sequences x %u layers x %u kv heads "
 	       "(%u q heads, d=%u, bf16), prompt %u, r = %u, %u steps (first excluded)%s\n",
-	       given ? "kvt_recall_device_blocks (the selection given)" : "kvt_decode_recall", seqs,
-	       layers, H, Hq, D, prompt, r, steps, EMULATED ? ", emulated runtime" : "");
+	       given ? "kvt_recall_device_blocks (the selection given)" : "kvt_decode_recall",
+	       step ? " through decode steps" : "", seqs, layers, H, Hq, D, prompt, r, steps,
+	       EMULATED ? ", emulated runtime" : "");
 	if (!cuda_only)
 		printf("host backend (%s): median %.3f ms per step, %.1f us per (sequence, layer)\n",
 		       given ? "recall" : "Quest scoring on the CPU, recall", mh * 1e3,
