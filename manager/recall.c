@@ -1759,37 +1759,34 @@ static void recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, 
 	struct kvt_recall_layer *rc = ly->rc;
 	struct kvt_region_geom g = geom_of(m, ly->n_tokens);
 	uint32_t H = m->cfg.n_kv_heads, nl = 0;
-	int err;
-
-	if (NEVER(r > rc->view_cap)) /* recall_validate made room for the view */
-		return;
 	/* A selection the caller keeps on the device is checked where it lies, member by member:
 	   one naming a block past its history leaves the member's region as it was and its views
 	   empty and stale, as the device's kernel does (kvt_gpu_region_recall's -EINVAL). */
-	if (dsel && dsel_bad(m, ly, sel, r)) {
-		memset(rc->view_n, 0, m->cfg.n_kv_heads * sizeof(*rc->view_n));
-		if (rc->rg.n_slots && !rc->ws_counted) { /* as dev_run counts every member */
-			p->ws += (int64_t)m->cfg.n_kv_heads * r;
-			rc->ws_counted = m->cfg.n_kv_heads * r;
-		}
-		rc->ws_next = rc->ws.total;
-		rc->view_failed = true;
-		rc->view_bad_sel = true;
+	bool bad = dsel && dsel_bad(m, ly, sel, r);
+	int err = 0;
+
+	if (NEVER(r > rc->view_cap)) /* recall_validate made room for the view */
 		return;
-	}
 	/* views are laid out view_cap apart per head: the region writes r apart, so a call with
 	   r < view_cap spreads them after */
-	err = kvt_region_recall_ahead(&rc->rg, &g, sel, r, &rc->ws, rc->view, rc->view_n, p->ld,
-				      &nl, &p->r, ahead);
+	if (!bad)
+		err = kvt_region_recall_ahead(&rc->rg, &g, sel, r, &rc->ws, rc->view, rc->view_n,
+					      p->ld, &nl, &p->r, ahead);
 	/* A live region's working set counts from its next call on (recall_validate): a device
 	   doing this call's lookups reports the total a step late. Until it has one counted, it
 	   counts as all its call can look up, so that a new region aims at a part of the cache
-	   at once. */
+	   at once (a member left out too, as dev_run counts every member). */
 	if (rc->rg.n_slots && !rc->ws_counted) {
 		p->ws += (int64_t)m->cfg.n_kv_heads * r;
 		rc->ws_counted = m->cfg.n_kv_heads * r;
 	}
 	rc->ws_next = rc->ws.total;
+	if (bad) {
+		memset(rc->view_n, 0, H * sizeof(*rc->view_n));
+		rc->view_failed = true;
+		rc->view_bad_sel = true;
+		return;
+	}
 	ALWAYS(err == 0); /* recall_room sized the region for the call */
 	if (r < rc->view_cap)
 		for (uint32_t h = H; h-- > 1;)
@@ -2590,9 +2587,6 @@ KVT_API int kvt_recall_device_blocks(struct kvt_manager *m, uint32_t layer, cons
 	/* With the regions on the device the selection stays there; device memory the CPU
 	   reads otherwise, or a copy of it (a wait). */
 	if (!m->dev_regions && m->payload && !m->cpu_device) {
-		if (layer >= m->cfg.n_layers)
-			return kvt_fail(m, -EINVAL, "recall: layer %u out of range (%u layers)",
-					layer, m->cfg.n_layers);
 		err = kvt_host_copy(m, blocks,
 				    (uint64_t)n * m->cfg.n_kv_heads * r * sizeof(*blocks), stream);
 		if (err)
