@@ -54,8 +54,9 @@
  *   recalls, resumes and spills of sequences saved since, kvt_manager_sync), while what was
  *   saved before it stays readable. A device that failed once fails those calls anyway.
  * - With config.recall_threads = T >= 2, T - 1 more threads per manager ("kvt-par") share the
- *   work of a recall call with the calling thread, each on its own part of the call's
- *   sequences, and sleep between calls; the call returns only when all are done.
+ *   work of a recall call with the calling thread, each on runs of the call's sequences it
+ *   claims, and sleep between calls; the call returns when the runs are done (a thread that
+ *   wakes after the caller claimed the last run takes no part in that call).
  * - The disk tier runs no thread: its io_uring batches are submitted and their completions
  *   reaped by the owner's thread inside the call that needs them, which returns only when the
  *   batch is done (spills free host blocks only after their write completed).
@@ -170,10 +171,12 @@ struct kvt_config {
 	double model_disk_gbps;
 	uint32_t model_disk_ns;
 	/* Threads, the caller's counted, that share the work of one recall call
-	   (kvt_recall_blocks, kvt_decode_recall): each takes a contiguous part of the batch's
-	   sequences, whose recall state is theirs alone, so the decisions, the load list and every
-	   figure are those of one thread. 0 or 1: the calling thread alone; at most 64. A header
-	   before this field had `reserved` here, 0: one thread. */
+	   (kvt_recall_blocks, kvt_decode_recall): the batch's sequences, whose recall state is
+	   theirs alone, go in runs of consecutive ones to whichever thread is free, so the
+	   decisions, the load list and every figure are those of one thread, and a call never
+	   waits for a thread the system has not run yet (on cores busy with other work the call
+	   runs on fewer). 0 or 1: the calling thread alone; at most 64. A header before this
+	   field had `reserved` here, 0: one thread. */
 	uint32_t recall_threads;
 };
 

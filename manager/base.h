@@ -111,7 +111,7 @@ struct kvt_recall_cache {
 	uint32_t mrc_cap;
 	uint32_t *xmember, *xslot;
 	uint32_t x_cap, xslot_cap;
-	struct kvt_region_load *ld; /* [threads][H * r]: each part's scratch */
+	struct kvt_region_load *ld; /* [threads][H * r]: each thread's scratch (by slot) */
 	uint32_t ld_cap;
 	struct kvt_par *par; /* config.recall_threads >= 2: the team sharing a call */
 	/* The frames a call's sizing (recall_size) moves, applied when it ends so that a device

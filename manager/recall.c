@@ -1459,13 +1459,24 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 	return 0;
 }
 
-/* Pass 2 splits the batch into this many parts, one per thread: a part of a few members costs
-   more to hand over than to run. */
-static uint32_t recall_parts(const struct kvt_manager *m, uint32_t n)
+/* The threads that share a call (each with its scratch slot). */
+static uint32_t recall_slots(const struct kvt_manager *m)
 {
-	uint32_t t = m->rc.par ? m->cfg.recall_threads : 1;
+	return m->rc.par ? m->cfg.recall_threads : 1;
+}
 
-	return n / 8 < t ? (n / 8 ? n / 8 : 1) : t;
+/* Pass 2 and the Quest scoring split the batch into this many items of consecutive members,
+   claimed by the team's threads as they come (kvt_par_run): four a thread, so that a thread
+   the system runs late leaves less to wait for, but at least 8 members an item (fewer cost
+   more to hand over than to run). One item when a call has one thread. */
+#define RECALL_MAX_ITEMS 64u
+static uint32_t recall_items(const struct kvt_manager *m, uint32_t n)
+{
+	uint32_t t = recall_slots(m), k = t > 1 ? 4 * t : 1;
+
+	if (k > n / 8)
+		k = n / 8 ? n / 8 : 1;
+	return k < RECALL_MAX_ITEMS ? k : RECALL_MAX_ITEMS;
 }
 
 /* Sizes the regions of a call (before anything changes): member i needs at least need[i] slots
@@ -1578,7 +1589,7 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 	    kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)loads, sizeof(*m->xf)) ||
 	    kvt_reserve((void **)&c->xmember, &c->x_cap, (uint32_t)loads, sizeof(*c->xmember)) ||
 	    kvt_reserve((void **)&c->xslot, &c->xslot_cap, (uint32_t)loads, sizeof(*c->xslot)) ||
-	    kvt_reserve((void **)&c->ld, &c->ld_cap, recall_parts(m, n) * H * r, sizeof(*c->ld)) ||
+	    kvt_reserve((void **)&c->ld, &c->ld_cap, recall_slots(m) * H * r, sizeof(*c->ld)) ||
 	    kvt_spill_want_reserve(m, (uint32_t)loads))
 		return kvt_fail(m, -ENOMEM, "recall: no memory for the load list");
 	return 0;
@@ -1713,9 +1724,9 @@ static void recall_size(struct kvt_manager *m, uint32_t n, uint64_t regions)
 	frames_commit(m);
 }
 
-/* One part of pass 2: members [i0, i1) of the batch. Its loads go to m->xf (and xmember,
-   xslot) from `base` = i0 * H * r on, its scratch is ld; what it counts is its own until
-   recall_core sums the parts. */
+/* One item of pass 2: members [i0, i1) of the batch. Its loads go to m->xf (and xmember,
+   xslot) from `base` = i0 * H * r on, its scratch is ld (its thread's); what it counts is its
+   own until recall_pass2 sums the items in batch order. */
 struct recall_part {
 	uint32_t i0, i1, base;
 	uint32_t nx;   /* loads written from base */
@@ -1731,7 +1742,7 @@ struct recall_job {
 	uint32_t layer, r, n_parts;
 	const uint32_t *sel;
 	bool dsel; /* the caller's SEL_DEVICE selection, read here: checked member by member */
-	struct recall_part part[KVT_PAR_MAX_THREADS];
+	struct recall_part part[RECALL_MAX_ITEMS];
 };
 
 /* Whether member ly's part sel[H][r] of a SEL_DEVICE selection names a block past the layer's
@@ -1822,10 +1833,10 @@ static void recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, 
 		p->wait = s->save_ticket;
 }
 
-/* Runs pass 2 over one part's members. Each member's tables are its own but cold: while member
-   i works, the key entries of member i + 2 and the slots of member i + 1 (named by entries
-   fetched one member earlier) come in. */
-static void recall_run_part(void *ctx, uint32_t k, uint32_t n_parts)
+/* Runs pass 2 over one item's members, with the scratch of slot `slot`. Each member's tables
+   are its own but cold: while member i works, the key entries of member i + 2 and the slots of
+   member i + 1 (named by entries fetched one member earlier) come in. */
+static void recall_run_part(void *ctx, uint32_t slot, uint32_t k)
 {
 	struct recall_job *j = ctx;
 	struct kvt_manager *m = j->m;
@@ -1833,8 +1844,7 @@ static void recall_run_part(void *ctx, uint32_t k, uint32_t n_parts)
 	uint32_t H = m->cfg.n_kv_heads, r = j->r, layer = j->layer;
 	const uint32_t *sel = j->sel;
 
-	if (k >= j->n_parts || n_parts < j->n_parts)
-		return; /* a team larger than the call's parts: nothing for this thread */
+	p->ld = m->rc.ld + (size_t)slot * H * r;
 	for (uint32_t i = p->i0; i < p->i0 + 2 && i < p->i1; i++)
 		kvt_region_prefetch(&m->rc.mrc[i]->rg, H, sel + (size_t)i * H * r, r, true);
 	if (p->i0 < p->i1)
@@ -1856,9 +1866,9 @@ static void recall_run_part(void *ctx, uint32_t k, uint32_t n_parts)
 	}
 }
 
-/* Pass 2 of a call of n members: the parts run (on the team when there is more than one), then
+/* Pass 2 of a call of n members: the items run (shared by the team when there is one), then
    their loads are joined in batch order, so the list, and everything after, is what one thread
-   makes. Returns the loads listed; sums the parts' counts into *t and *wait. */
+   makes. Returns the loads listed; sums the items' counts into *t and *wait. */
 static uint32_t recall_pass2(struct kvt_manager *m, struct recall_job *j, uint32_t n,
 			     struct kvt_region_tally *t, uint64_t *wait)
 {
@@ -1866,21 +1876,17 @@ static uint32_t recall_pass2(struct kvt_manager *m, struct recall_job *j, uint32
 	uint32_t H = m->cfg.n_kv_heads, nx = 0;
 	int64_t ws = 0;
 
-	j->n_parts = recall_parts(m, n);
+	j->n_parts = recall_items(m, n);
 	for (uint32_t k = 0; k < j->n_parts; k++) {
 		struct recall_part *p = &j->part[k];
 
 		*p = (struct recall_part){
 			.i0 = (uint32_t)((uint64_t)n * k / j->n_parts),
 			.i1 = (uint32_t)((uint64_t)n * (k + 1) / j->n_parts),
-			.ld = c->ld + (size_t)k * H * j->r,
 		};
 		p->base = p->i0 * H * j->r;
 	}
-	if (j->n_parts > 1)
-		kvt_par_run(c->par, recall_run_part, j);
-	else
-		recall_run_part(j, 0, 1);
+	kvt_par_run(c->par, recall_run_part, j, j->n_parts);
 	for (uint32_t k = 0; k < j->n_parts; k++) {
 		const struct recall_part *p = &j->part[k];
 
@@ -2599,8 +2605,8 @@ KVT_API int kvt_recall_device_blocks(struct kvt_manager *m, uint32_t layer, cons
 /* Quest scoring of a recall call's members (m->batch[i]; NULL: left alone): member i's top-r
    blocks per kv head, among blocks not fully resident, into sel[i][h][r] (KVT_NO_ENTRY where
    fewer exist), from its queries ([n_q_heads][head_dim] at q + i * qstride). The batch is
-   split into parts as pass 2 is; each part has its own scratch in m->score (stride floats),
-   m->cand (stride + r) and m->qf ((G + 2) * D floats). */
+   split into items as pass 2 is; each thread has its own scratch (by slot) in m->score (stride
+   floats), m->cand (stride + r) and m->qf ((G + 2) * D floats). */
 struct score_job {
 	struct kvt_manager *m;
 	uint32_t layer, r, n, n_parts;
@@ -2610,7 +2616,7 @@ struct score_job {
 	size_t stride; /* the most blocks of a member's layer */
 };
 
-static void score_part(void *ctx, uint32_t k, uint32_t n_parts)
+static void score_part(void *ctx, uint32_t slot, uint32_t k)
 {
 	struct score_job *j = ctx;
 	struct kvt_manager *m = j->m;
@@ -2618,11 +2624,9 @@ static void score_part(void *ctx, uint32_t k, uint32_t n_parts)
 	uint32_t H = c->n_kv_heads, G = m->group_q, D = c->head_dim;
 	uint32_t i0 = (uint32_t)((uint64_t)j->n * k / j->n_parts);
 	uint32_t i1 = (uint32_t)((uint64_t)j->n * (k + 1) / j->n_parts);
-	float *score = m->score + k * j->stride, *qf = m->qf + (size_t)k * (G + 2) * D;
-	uint32_t *cand = m->cand + k * (j->stride + j->r);
+	float *score = m->score + slot * j->stride, *qf = m->qf + (size_t)slot * (G + 2) * D;
+	uint32_t *cand = m->cand + slot * (j->stride + j->r);
 
-	if (k >= j->n_parts || n_parts < j->n_parts)
-		return; /* a team larger than the call's parts: nothing for this thread */
 	for (uint32_t i = i0; i < i1; i++) {
 		const struct kvt_seq *s = m->batch[i];
 		const struct kvt_seq_layer *ly = s ? &s->layers[j->layer] : NULL;
@@ -2790,19 +2794,16 @@ KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint6
 			      .qstride = qstride,
 			      .sel = m->sel,
 			      .stride = nb,
-			      .n_parts = recall_parts(m, n)};
+			      .n_parts = recall_items(m, n)};
 	size_t qf_n = (size_t)(m->group_q + 2) * m->cfg.head_dim;
+	uint32_t slots = recall_slots(m);
 
-	if ((uint64_t)j.n_parts * (nb + r) > UINT32_MAX ||
-	    (uint64_t)j.n_parts * qf_n > UINT32_MAX ||
-	    kvt_reserve((void **)&m->score, &m->score_cap, j.n_parts * nb, sizeof(*m->score)) ||
-	    kvt_reserve((void **)&m->cand, &m->cand_cap, j.n_parts * (nb + r), sizeof(*m->cand)) ||
-	    kvt_reserve((void **)&m->qf, &m->qf_cap, (uint32_t)(j.n_parts * qf_n), sizeof(*m->qf)))
+	if ((uint64_t)slots * (nb + r) > UINT32_MAX || (uint64_t)slots * qf_n > UINT32_MAX ||
+	    kvt_reserve((void **)&m->score, &m->score_cap, slots * nb, sizeof(*m->score)) ||
+	    kvt_reserve((void **)&m->cand, &m->cand_cap, slots * (nb + r), sizeof(*m->cand)) ||
+	    kvt_reserve((void **)&m->qf, &m->qf_cap, (uint32_t)(slots * qf_n), sizeof(*m->qf)))
 		return kvt_fail(m, -ENOMEM, "recall: no memory for scoring");
-	if (j.n_parts > 1)
-		kvt_par_run(m->rc.par, score_part, &j);
-	else
-		score_part(&j, 0, 1);
+	kvt_par_run(m->rc.par, score_part, &j, j.n_parts);
 	return recall_core(m, layer, seqs, n, m->sel, SEL_QUEST, r, NULL, stream);
 }
 

@@ -101,6 +101,7 @@ static const struct u32_opt u32_opts[] = {
 	{"recall", 0, 1024, OFF(recall_blocks)},
 	{"recall-layers", 0, 1u << 16, OFF(recall_layers)},
 	{"ws-window", 1, 64, OFF(ws_window)},
+	{"recall-threads", 0, 64, OFF(recall_threads)},
 	{"sel-window", 1, 64, OFF(sel.window)},
 	{"chunked-prefill", 1, 1u << 24, OFF(chunk_tokens)},
 };
@@ -1264,6 +1265,9 @@ static void mrun_config(struct mrun *mr)
 	c.model_call_ns = (uint32_t)o->gpu.call_ns;
 	c.model_launch_ns = (uint32_t)o->gpu.launch_ns;
 	c.model_fused = o->fused;
+	c.recall_threads = o->recall_threads;
+	if (!c.recall_threads) /* the second core, beside the selection model's thread */
+		c.recall_threads = !o->cpu_time && sysconf(_SC_NPROCESSORS_ONLN) >= 2 ? 2 : 1;
 	mr->r = o->recall_blocks;
 	mr->time_d2h = true;
 	mr->recall = o->recall_blocks > 0;

@@ -109,7 +109,10 @@ struct sim_replay_opts {
 	   online, while the engine's thread prefills, appends and recalls: the same draws,
 	   sooner. */
 	bool cpu_time;
-	bool sel_thread;   /* default true; false: the engine's thread draws (the same results) */
+	bool sel_thread; /* default true; false: the engine's thread draws (the same results) */
+	/* The manager's config.recall_threads (the same results with any count); 0, the
+	   default: 2 without the measured CPU time and with a second CPU online, else 1. */
+	uint32_t recall_threads;
 	bool prefix_cache; /* share prompt prefixes of equal hash ids; --no-prefix-cache clears it
 			    */
 	bool roofline;	   /* time every class of work at the datasheet peak (sim_gpu_roofline) */

@@ -164,9 +164,10 @@ static void same_result(const struct sim_replay_result *a, const struct sim_repl
 	assert_int_equal(a->prefix_hit_tokens, b->prefix_hit_tokens);
 }
 
-/* The selection model drawn on a second thread (without the measured CPU time) gives the run
-   the engine's thread gives drawing it alone: kvtier on 8 sampled layers and on all 32, and
-   sparse-offload (r 44), over the bundled trace's first 150 requests. */
+/* The selection model drawn on a second thread and the recall calls shared by two or three
+   threads (without the measured CPU time) give the run the engine's thread gives alone:
+   kvtier on 8 sampled layers and on all 32, and sparse-offload (r 44), over the bundled
+   trace's first 150 requests. */
 static void test_sel_thread(void **state)
 {
 	static const struct {
@@ -185,10 +186,16 @@ static void test_sel_thread(void **state)
 		opts(&o, cases[c].p);
 		o.recall_layers = cases[c].recall_layers;
 		o.sel_thread = false;
+		o.recall_threads = 1;
 		run_ok(&o, &t, &alone);
 		o.sel_thread = true;
+		o.recall_threads = 0; /* the default: 2 on a machine of two CPUs or more */
 		run_ok(&o, &t, &two);
 		assert_true(alone.blocks_loaded_per_iteration > 0);
+		same_result(&alone, &two);
+		sim_replay_result_free(&two);
+		o.recall_threads = 3;
+		run_ok(&o, &t, &two);
 		same_result(&alone, &two);
 		sim_replay_result_free(&alone);
 		sim_replay_result_free(&two);

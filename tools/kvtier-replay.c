@@ -72,6 +72,9 @@ static void usage(FILE *f)
 		"  --ws-window W         working-set window in steps (default 12)\n"
 		"  --recall-layers N     simulate recall on N evenly spaced layers standing for\n"
 		"                        all (loads and times scaled; default 8, 0: every layer)\n"
+		"  --recall-threads N    threads sharing each recall call (0..64; 0, the default:\n"
+		"                        2 with --no-cpu-time and a second CPU, else 1; the same\n"
+		"                        results with any)\n"
 		"  --sel-keep P --sel-revisit P --sel-window W   selection model (0.80, 0.45, 12)\n"
 		"  --selections FILE     recorded selections for the requests they name, instead\n"
 		"                        of the selection model (format: sim/selfile.h)\n"
@@ -212,6 +215,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		{"recall", required_argument, 0, O_ENGINE},
 		{"recall-cache-frac", required_argument, 0, O_ENGINE},
 		{"ws-window", required_argument, 0, O_ENGINE},
+		{"recall-threads", required_argument, 0, O_ENGINE},
 		{"recall-layers", required_argument, 0, O_ENGINE},
 		{"selections", required_argument, 0, O_SELFILE},
 		{"sel-keep", required_argument, 0, O_ENGINE},
