@@ -199,12 +199,13 @@ for phase in "${phases[@]}"; do
 		# (tests/bench_recall_cuda.c): beside the host backend at a small shape (the two must
 		# decide alike), then CUDA alone at 256 sequences through decode steps, as an engine
 		# calls it, each scored (kvt_decode_recall) and with the selection given on the device
-		# (--blocks); appended to transfer.txt.
+		# (--blocks), 60 steps (the regions grow over the first few dozen: shorter runs give
+		# higher medians); appended to transfer.txt.
 		secs=$(($(left) - attend_secs - calib_secs))
 		[ "$secs" -gt 90 ] && secs=90
 		if [ "$secs" -ge 20 ]; then
-			for args in "16 4 4096 16 8" "--cuda-only --step 256 4 2048 16 12" \
-				"--blocks 16 4 4096 16 8" "--cuda-only --step --blocks 256 4 2048 16 12"; do
+			for args in "16 4 4096 16 8" "--cuda-only --step 256 4 2048 16 60" \
+				"--blocks 16 4 4096 16 8" "--cuda-only --step --blocks 256 4 2048 16 60"; do
 				echo "==== bench_recall_cuda $args" >> "$out/transfer.txt"
 				read -ra a <<< "$args"
 				KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" timed "$((secs / 4))" \
