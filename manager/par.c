@@ -22,15 +22,14 @@ struct kvt_par {
 	pthread_mutex_t mu;
 	pthread_cond_t go;   /* workers wait for a new job (gen moves) or stop */
 	pthread_cond_t done; /* the caller waits for pending to reach 0 */
-	uint64_t gen;	     /* jobs started */
+	atomic_ullong gen;   /* jobs started (changed under mu; read without it by par_poll) */
 	uint32_t pending;    /* workers that joined the job at hand and have not left it */
 	bool open;	     /* the job at hand may still be joined */
 	bool stop;
 	kvt_par_fn fn;
 	void *ctx;
 	uint32_t n_items;
-	atomic_uint next;   /* the job's next item to claim */
-	atomic_ullong jobs; /* gen, for the workers' polling (par_poll) */
+	atomic_uint next; /* the job's next item to claim */
 	uint32_t n, n_started;
 	struct par_worker w[]; /* [n - 1] */
 };
@@ -67,7 +66,7 @@ static void par_poll(struct kvt_par *p, uint64_t seen)
 {
 	uint64_t t0 = now_ns();
 
-	while (atomic_load_explicit(&p->jobs, memory_order_relaxed) == seen &&
+	while (atomic_load_explicit(&p->gen, memory_order_relaxed) == seen &&
 	       now_ns() - t0 < PAR_POLL_NS)
 		sched_yield();
 }
@@ -120,7 +119,7 @@ int kvt_par_create(uint32_t threads, struct kvt_par **out)
 		return -ENOMEM;
 	p->n = threads;
 	atomic_init(&p->next, 0);
-	atomic_init(&p->jobs, 0);
+	atomic_init(&p->gen, 0);
 	pthread_mutex_init(&p->mu, NULL);
 	pthread_cond_init(&p->go, NULL);
 	pthread_cond_init(&p->done, NULL);
@@ -175,7 +174,6 @@ void kvt_par_run(struct kvt_par *p, kvt_par_fn fn, void *ctx, uint32_t n_items)
 	atomic_store_explicit(&p->next, 0, memory_order_relaxed);
 	p->open = true;
 	p->gen++;
-	atomic_store_explicit(&p->jobs, p->gen, memory_order_relaxed);
 	pthread_cond_broadcast(&p->go);
 	pthread_mutex_unlock(&p->mu);
 	par_claim(p, fn, ctx, n_items, 0);
