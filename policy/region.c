@@ -298,11 +298,45 @@ static inline void prefetch_head(const struct kvt_region *rg, uint32_t n_heads, 
 	}
 }
 
+/* Whether a call of n_heads * r lookups on rg reads most of its slots: the order list and
+   the slots are then fetched whole, in order, rather than slot by slot through the key
+   entries (whose reads stall until those entries arrive). */
+static inline bool slots_whole(const struct kvt_region *rg, uint32_t n_heads, uint32_t r)
+{
+	return rg->n_slots <= 2u * n_heads * r;
+}
+
+/* Part h of n_heads of a whole fetch of rg's slots and order list. */
+static inline void prefetch_slots_part(const struct kvt_region *rg, uint32_t n_heads, uint32_t h)
+{
+	size_t sb = (size_t)rg->n_slots * sizeof(*rg->slot),
+	       lb = (size_t)rg->n_slots * sizeof(*rg->link);
+	const char *sp = (const char *)rg->slot, *lp = (const char *)rg->link;
+
+	for (size_t o = sb * h / n_heads / 64 * 64; o < sb * (h + 1) / n_heads; o += 64)
+		prefetch_w(sp + o);
+	for (size_t o = lb * h / n_heads / 64 * 64; o < lb * (h + 1) / n_heads; o += 64)
+		prefetch_w(lp + o);
+}
+
+/* Head h's part of the slot fetch for a call of sel on rg. */
+static inline void prefetch_slots(const struct kvt_region *rg, uint32_t n_heads, uint32_t h,
+				  const uint32_t *hs, uint32_t r)
+{
+	if (slots_whole(rg, n_heads, r))
+		prefetch_slots_part(rg, n_heads, h);
+	else
+		prefetch_head(rg, n_heads, h, hs, r, false);
+}
+
 void kvt_region_prefetch(const struct kvt_region *rg, uint32_t n_heads, const uint32_t *sel,
 			 uint32_t r, bool keys)
 {
 	for (uint32_t h = 0; h < n_heads; h++)
-		prefetch_head(rg, n_heads, h, sel + (size_t)h * r, r, keys);
+		if (keys)
+			prefetch_head(rg, n_heads, h, sel + (size_t)h * r, r, true);
+		else
+			prefetch_slots(rg, n_heads, h, sel + (size_t)h * r, r);
 }
 
 int kvt_region_recall(struct kvt_region *rg, const struct kvt_region_geom *g, const uint32_t *sel,
@@ -339,8 +373,7 @@ int kvt_region_recall_ahead(struct kvt_region *rg, const struct kvt_region_geom 
 		if (ahead && ahead->keys)
 			prefetch_head(ahead->keys, H, h, ahead->keys_sel + (size_t)h * r, r, true);
 		if (ahead && ahead->slots)
-			prefetch_head(ahead->slots, H, h, ahead->slots_sel + (size_t)h * r, r,
-				      false);
+			prefetch_slots(ahead->slots, H, h, ahead->slots_sel + (size_t)h * r, r);
 
 		for (uint32_t j = 0; j < r; j++) {
 			uint32_t b = hs[j], nv, k;
