@@ -1835,7 +1835,7 @@ static void recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, 
 
 /* Runs pass 2 over one item's members, with the scratch of slot `slot`. Each member's tables
    are its own but cold: while member i works, the key entries of member i + 2 and the slots of
-   member i + 1 (named by entries fetched one member earlier) come in. */
+   member i + 1 come in (kvt_region_ahead). */
 static void recall_run_part(void *ctx, uint32_t slot, uint32_t k)
 {
 	struct recall_job *j = ctx;

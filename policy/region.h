@@ -134,8 +134,10 @@ int kvt_region_recall(struct kvt_region *rg, const struct kvt_region_geom *g, co
 
 /* What kvt_region_recall_ahead prefetches while it works, head by head, so that the memory of
    the calls after it overlaps its lookups: the key entries that `keys`'s call of keys_sel will
-   read, and the slots that `slots`'s call of slots_sel will read (named by key entries
-   prefetched earlier). Either region may be NULL; both have the call's n_heads and r. */
+   read, and the slots that `slots`'s call of slots_sel will read: all of them, with the order
+   list, when the region holds at most 2 * n_heads * r slots (the call reads most of them),
+   else those named by key entries prefetched earlier. Either region may be NULL; both have
+   the call's n_heads and r. */
 struct kvt_region_ahead {
 	const struct kvt_region *keys, *slots;
 	const uint32_t *keys_sel, *slots_sel;
@@ -149,8 +151,9 @@ int kvt_region_recall_ahead(struct kvt_region *rg, const struct kvt_region_geom 
 			    struct kvt_region_tally *t, const struct kvt_region_ahead *ahead);
 
 /* Prefetches what kvt_region_recall of sel will read: with keys, the key table entries of its
-   blocks; without, the slots those entries name (fetched by an earlier call with keys). A
-   batch calls it for the regions a few places ahead, so their misses overlap. */
+   blocks; without, its slots and order list (as kvt_region_ahead's slots: whole, or those the
+   entries name, fetched by an earlier call with keys). A batch calls it for the regions a few
+   places ahead, so their misses overlap. */
 void kvt_region_prefetch(const struct kvt_region *rg, uint32_t n_heads, const uint32_t *sel,
 			 uint32_t r, bool keys);
 
