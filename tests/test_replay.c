@@ -169,7 +169,7 @@ static void same_result(const struct sim_replay_result *a, const struct sim_repl
    kvtier on 8 sampled layers and on all 32, and sparse-offload (r 44), over the bundled
    trace's first 150 requests. KVT_SEL_THREAD_REQS=N runs the first N instead, all at once
    (closed loop), so that every decode batch holds the N and the recall team shares its calls:
-   meson's replay-threads runs 24 under TSan, where the 150 take about 13 minutes. */
+   meson's replay-threads runs 32 under TSan, where the 150 take about 13 minutes. */
 static void test_sel_thread(void **state)
 {
 	static const struct {
