@@ -635,7 +635,8 @@ KVT_API int kvt_seq_spill(struct kvt_manager *m, uint64_t seq);
    sink/top-K/ring, resident in the recall cache, in the (sequence, layer)'s own region: hits
    are reused, misses are loaded in one batched gather, each evicting the least recently used
    block of its region. The call first sizes its members' regions (towards a part of the cache
-   in proportion to each one's working set; frames may be taken from other regions, whose
+   in proportion to each one's working set, estimated from its sequence's and its layer's
+   totals; frames may be taken from other regions, whose
    views then may read as stale: docs/design.md, "Recall regions"). Ties go to the lower
    block. Replaces each (sequence, layer)'s recall view. Errors found before anything moves
    change nothing: -ENOENT, -EINVAL (NULL, n == 0, repeated id, layer not prefilled, sequence

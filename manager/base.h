@@ -76,6 +76,7 @@ struct kvt_seq {
 	uint32_t preempted;    /* device frames freed (kvt_seq_preempt) */
 	uint32_t n_spilled;    /* group table entries (all layers) that are in the spill file */
 	int32_t lost;	       /* -EBADMSG once its history could not be read back, else 0 */
+	uint64_t ws_counted;   /* the part of the recall cache's sum_ws of its layers' regions */
 	struct kvt_seq_px *px; /* prefix and chunk state (prefix.h), NULL when it has none */
 	struct kvt_seq_layer layers[];
 };
@@ -100,6 +101,7 @@ struct kvt_recall_cache {
 	uint64_t n_regions; /* (sequence, layer) regions holding frames */
 	uint64_t n_held;    /* frames holding a block */
 	uint64_t sum_ws;    /* the working sets of the regions holding frames, as last counted */
+	uint64_t *layer_ws; /* [n_layers]: the part of sum_ws of each layer's regions */
 	struct kvt_recall_layer *live_head, *live_tail; /* the regions holding frames */
 	struct kvt_recall_layer *cursor; /* where the last round-robin reclaim stopped */
 	struct kvt_recall_layer *sweep;	 /* where the idle-region sweep stopped */

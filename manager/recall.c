@@ -32,7 +32,8 @@ int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames)
 	rc->push_tag = kvt_malloc((size_t)n_frames * sizeof(*rc->push_tag));
 	rc->tmp = kvt_malloc((size_t)n_frames * sizeof(*rc->tmp));
 	rc->layer_calls = kvt_calloc(m->cfg.n_layers, sizeof(*rc->layer_calls));
-	if (!rc->free || !rc->push_tag || !rc->tmp || !rc->layer_calls)
+	rc->layer_ws = kvt_calloc(m->cfg.n_layers, sizeof(*rc->layer_ws));
+	if (!rc->free || !rc->push_tag || !rc->tmp || !rc->layer_calls || !rc->layer_ws)
 		return -ENOMEM; /* kvt_recall_fini frees what was allocated */
 	/* frame 0 on top: a fresh cache hands out frames in ascending order */
 	for (uint32_t i = 0; i < n_frames; i++)
@@ -61,6 +62,7 @@ void kvt_recall_fini(struct kvt_manager *m)
 	free(rc->drop);
 	free(rc->grow);
 	free(rc->layer_calls);
+	free(rc->layer_ws);
 	free(rc->need);
 	free(rc->want);
 	free(rc->mrc);
@@ -741,6 +743,19 @@ static bool view_has(const struct kvt_manager *m, const struct kvt_recall_layer 
 
 static void region_unlink(struct kvt_manager *m, struct kvt_recall_layer *rc);
 
+/* Counts a region's working set as now in the sums the sizing reads: the cache's, its layer's
+   and its sequence's (target_of). */
+static inline void ws_recount(struct kvt_recall_cache *c, struct kvt_recall_layer *rc, uint32_t now)
+{
+	c->sum_ws += now;
+	c->sum_ws -= rc->ws_counted;
+	c->layer_ws[rc->layer] += now;
+	c->layer_ws[rc->layer] -= rc->ws_counted;
+	rc->seq->ws_counted += now;
+	rc->seq->ws_counted -= rc->ws_counted;
+	rc->ws_counted = now;
+}
+
 /* On the device (dev_regions), the slot count a region had before the sizing under way first
    changed it: the program's drops and grows start from there. */
 static void note_n0(struct kvt_manager *m, struct kvt_recall_layer *rc)
@@ -814,8 +829,7 @@ static void region_unlink(struct kvt_manager *m, struct kvt_recall_layer *rc)
 
 	if (ALWAYS(c->n_regions > 0)) {
 		c->n_regions--;
-		c->sum_ws -= rc->ws_counted;
-		rc->ws_counted = 0;
+		ws_recount(c, rc, 0);
 		if (c->cursor == rc)
 			c->cursor = rc->lnext;
 		if (c->sweep == rc)
@@ -873,24 +887,42 @@ static inline bool region_idle(const struct kvt_manager *m, const struct kvt_rec
 	return m->rc.layer_calls[rc->layer] - rc->last_call > m->cfg.ws_window;
 }
 
+/* a * b / d (d > 0), rounded up or down; in long double where a * b passes 64 bits. */
+static inline uint64_t mul_div(uint64_t a, uint64_t b, uint64_t d, bool up)
+{
+	uint64_t p;
+
+	if (!__builtin_mul_overflow(a, b, &p))
+		return up ? p / d + (p % d != 0) : p / d;
+	return (uint64_t)((long double)a * (long double)b / (long double)d);
+}
+
 /* The size a region aims at when `regions` regions hold frames: a part of the cache in
-   proportion to its working set (as last counted), or an equal part while no region has
-   one; at most a slot per block and head of its layer. A new region aims at nothing until
-   its first call counts its working set: it takes what its calls need meanwhile. */
+   proportion to its working set, or an equal part while no region has one; at most a slot per
+   block and head of its layer. The working set it aims by is not its own count but its
+   sequence's (the sum over its layers) spread over the layers as all sequences' are: ws(s) *
+   ws(l) / sum_ws, as last counted. So every region's aim follows from a number per sequence
+   and one per layer, which a device design can keep with O(batch) host work a step; on the
+   traces it loads as many blocks as the region's own count (docs/design.md). A new region
+   aims at nothing until its first call counts its working set: it takes what its calls need
+   meanwhile. */
 static uint64_t target_of(const struct kvt_manager *m, const struct kvt_recall_layer *rc,
 			  uint64_t regions)
 {
 	const struct kvt_recall_cache *c = &m->rc;
-	uint64_t ws = rc->ws_counted, t, most = (uint64_t)rc->rg.cap_blocks * m->cfg.n_kv_heads;
+	uint64_t ws = 0, t, most = (uint64_t)rc->rg.cap_blocks * m->cfg.n_kv_heads;
 
 	if (!regions)
 		regions = 1;
 	if (region_idle(m, rc))
 		return 0;
+	/* (a region with a count has had a call: seq is set; sum_ws >= either factor) */
+	if (rc->ws_counted)
+		ws = mul_div(rc->seq->ws_counted, c->layer_ws[rc->layer], c->sum_ws, false);
 	if (!c->sum_ws)
 		t = DIV_UP(c->n, regions);
 	else /* rounded up: the frames rounding down would leave go to the first to grow */
-		t = DIV_UP(ws * c->n, c->sum_ws);
+		t = mul_div(ws, c->n, c->sum_ws, true);
 	if (t > most)
 		t = most;
 	return t > KVT_REGION_MAX_SLOTS ? KVT_REGION_MAX_SLOTS : t;
@@ -1255,20 +1287,37 @@ int kvt_recall_check(struct kvt_manager *m)
 			err = -6; /* a frame lost */
 	if (!err && (regions != c->n_regions || held != c->n_held || ws != c->sum_ws))
 		err = -7;
-	/* each layer's count of its blocks in the spill file */
+	/* each layer's count of its blocks in the spill file; the working sets' sums of each
+	   sequence and each layer */
 	struct kvt_seq *s;
+	uint64_t *lws = kvt_calloc(m->cfg.n_layers, sizeof(*lws));
 
-	for (uint32_t pos = 0; !err && (s = kvt_idmap_next(&m->seqs, &pos));)
+	if (!lws)
+		err = err ? err : -ENOMEM;
+	for (uint32_t pos = 0; !err && (s = kvt_idmap_next(&m->seqs, &pos));) {
+		uint64_t sws = 0;
+
 		for (uint32_t l = 0; l < m->cfg.n_layers && !err; l++) {
 			const struct kvt_seq_layer *ly = &s->layers[l];
 
 			if (!ly->rc)
 				continue;
+			if (ly->rc->ws_counted && (ly->rc->seq != s || ly->rc->layer != l))
+				err = -15;
+			sws += ly->rc->ws_counted;
+			lws[l] += ly->rc->ws_counted;
 			if (count_spilled(ly) != ly->rc->n_spilled)
 				err = -14;
 			else if (m->dev_regions)
 				err = check_dgroups(m, ly);
 		}
+		if (!err && sws != s->ws_counted)
+			err = -16;
+	}
+	for (uint32_t l = 0; l < m->cfg.n_layers && !err; l++)
+		if (lws[l] != c->layer_ws[l])
+			err = -16;
+	free(lws);
 	free(seen);
 	return err;
 }
@@ -1420,14 +1469,12 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 					"recall tables",
 					(unsigned long long)seqs[i]);
 		ly->rc->ws.w = m->cfg.ws_window;
-		/* the working set its previous call left, counted now (recall_member) */
-		if (ly->rc->rg.n_slots && ly->rc->ws_next != ly->rc->ws_counted) {
-			m->rc.sum_ws += ly->rc->ws_next;
-			m->rc.sum_ws -= ly->rc->ws_counted;
-			ly->rc->ws_counted = ly->rc->ws_next;
-		}
-		ly->rc->stamp = stamp;
 		ly->rc->layer = layer;
+		ly->rc->seq = s;
+		/* the working set its previous call left, counted now (recall_member) */
+		if (ly->rc->rg.n_slots && ly->rc->ws_next != ly->rc->ws_counted)
+			ws_recount(&m->rc, ly->rc, ly->rc->ws_next);
+		ly->rc->stamp = stamp;
 		ly->rc->last_call = m->rc.layer_calls[layer];
 		if (!ly->rc->tk_ready)
 			tk_count(m, s, ly);
@@ -1667,10 +1714,8 @@ static void recall_size(struct kvt_manager *m, uint32_t n, uint64_t regions)
 	/* A few regions a call: those gone idle stop counting in the working sets' sum (their
 	   frames go to whoever grows next: they aim at nothing). */
 	for (uint32_t k = 0; k < 8 && sw; k++, sw = sw->lnext ? sw->lnext : c->live_head) {
-		if (sw->ws_counted && region_idle(m, sw)) {
-			c->sum_ws -= sw->ws_counted;
-			sw->ws_counted = 0;
-		}
+		if (sw->ws_counted && region_idle(m, sw))
+			ws_recount(c, sw, 0);
 	}
 	c->sweep = sw;
 
@@ -1788,8 +1833,11 @@ static void recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, 
 	   counts as all its call can look up, so that a new region aims at a part of the cache
 	   at once (a member left out too, as dev_run counts every member). */
 	if (rc->rg.n_slots && !rc->ws_counted) {
+		/* (the cache's and the layer's sums take p->ws when the parts are joined; the
+		   sequence is no other member's) */
 		p->ws += (int64_t)m->cfg.n_kv_heads * r;
 		rc->ws_counted = m->cfg.n_kv_heads * r;
+		rc->seq->ws_counted += rc->ws_counted;
 	}
 	rc->ws_next = rc->ws.total;
 	if (bad) {
@@ -1907,6 +1955,7 @@ static uint32_t recall_pass2(struct kvt_manager *m, struct recall_job *j, uint32
 	}
 	ALWAYS(ws >= 0 || c->sum_ws >= (uint64_t)-ws);
 	c->sum_ws += (uint64_t)ws;
+	c->layer_ws[j->layer] += (uint64_t)ws;
 	/* The spilled blocks to read back, and the others pinned in the host tier until the
 	   gather is queued, in load order (the spill tier's lists are not the parts'). */
 	for (uint32_t x = 0; m->disk && x < nx; x++) {
@@ -2394,10 +2443,8 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		ln->rc[i] = rc;
 		ln->n_slots[i] = rc->rg.n_slots;
 		/* as recall_member */
-		if (rc->rg.n_slots && !rc->ws_counted) {
-			c->sum_ws += (uint64_t)H * r;
-			rc->ws_counted = H * r;
-		}
+		if (rc->rg.n_slots && !rc->ws_counted)
+			ws_recount(c, rc, H * r);
 		rc->dview_r = r;
 		rc->dirty = true;
 		rc->dgroups = DIV_UP(m->batch[i]->layers[layer].n_tokens, cf->block_tokens);

@@ -64,6 +64,7 @@ struct kvt_recall_layer {
 	bool dirty;	    /* the host copies are older than the device's state */
 	uint64_t last_call; /* rc.layer_calls[layer] at that call */
 	uint32_t layer;
+	struct kvt_seq *seq; /* its sequence (set with layer by each call naming it) */
 	struct kvt_ws ws;    /* its recall working set; bucket NULL until its first recall */
 	uint32_t ws_counted; /* its working set as counted in the cache's sum_ws (0 unless live):
 				n_kv_heads * r at its first call, then ws_next at each later one */
@@ -109,11 +110,11 @@ static inline uint64_t kvt_slot_frame(const struct kvt_manager *m,
 void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s);
 
 /* Checks the recall cache's invariants: every frame is free (once) or held by one slot of one
-   live region; the live list, the region count, n_held and sum_ws agree with the regions; each
-   region passes kvt_region_check; each layer's count of spilled blocks is right, and so is
-   every entry of its device group table (dev_regions) that did not move since. 0, or a
-   negative code of the first broken one. For tests: O(frames + the regions' key tables +
-   the histories' blocks). */
+   live region; the live list, the region count, n_held and sum_ws (its parts per layer and per
+   sequence too) agree with the regions; each region passes kvt_region_check; each layer's
+   count of spilled blocks is right, and so is every entry of its device group table
+   (dev_regions) that did not move since. 0, or a negative code of the first broken one. For
+   tests: O(frames + the regions' key tables + the histories' blocks). */
 int kvt_recall_check(struct kvt_manager *m);
 /* The device key table of a layer's recall state (dev_meta). */
 static inline uint64_t kvt_dkey(const struct kvt_manager *m, const struct kvt_recall_layer *rc)
