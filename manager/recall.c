@@ -1642,10 +1642,10 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 	return 0;
 }
 
-/* Applies recall_room's sizes: members well above their target give frames back first; those
-   below their floor take what they need; then the others grow towards their target, with free
-   frames and, when well below it, those of other regions above their own target, in batch
-   order. */
+/* Applies recall_room's sizes: once a step the regions outside the call above their target
+   are trimmed to it; members well above their target give frames back first; those below
+   their floor take what they need (free frames, then other regions'); then the others grow
+   towards their target with free frames, in batch order. */
 /* Ends a sizing: the frames its drops pushed are regrouped region by region (in the order of
    their first drop, each region's in its drop order), then the grown regions' new slots take
    frames from the top, region by region in the order of their first grow. */
@@ -1703,7 +1703,7 @@ static void frames_commit(struct kvt_manager *m)
 static void recall_size(struct kvt_manager *m, uint32_t n, uint64_t regions)
 {
 	struct kvt_recall_cache *c = &m->rc;
-	uint64_t floor = 0, more = 0;
+	uint64_t floor = 0, round = c->layer_calls[c->mrc[0]->layer];
 	struct kvt_recall_layer *sw = c->sweep ? c->sweep : c->live_head;
 
 	ALWAYS(c->top == c->n_free);
@@ -1719,6 +1719,22 @@ static void recall_size(struct kvt_manager *m, uint32_t n, uint64_t regions)
 	}
 	c->sweep = sw;
 
+	/* Once a step (the call that starts a round of layer calls: its layer's count passes
+	   every count before), each region outside the call above its target is trimmed to it,
+	   so that members grow with free frames and take other regions' only for their floors:
+	   a call touches no region but its members' unless its floors need it. */
+	if (round > c->trim_round) {
+		struct kvt_recall_layer *next;
+
+		c->trim_round = round;
+		for (struct kvt_recall_layer *rc = c->live_head; rc; rc = next) {
+			uint64_t tg = target_of(m, rc, regions);
+
+			next = rc->lnext; /* before the shrink, which may unlink rc */
+			if (rc->stamp != m->stamp && rc->rg.n_slots > tg)
+				region_shrink(m, rc, (uint32_t)tg, true);
+		}
+	}
 	/* Members shrink to their target only when well above it (a quarter), so that small
 	   swings of the working sets do not drop blocks that are wanted again at once. */
 	for (uint32_t i = 0; i < n; i++) {
@@ -1747,18 +1763,9 @@ static void recall_size(struct kvt_manager *m, uint32_t n, uint64_t regions)
 	}
 	if (floor > c->n_free)
 		reclaim(m, m->stamp, regions, floor, true);
-	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_recall_layer *rc = c->mrc[i];
-
-		region_grow(m, rc, c->need[i]);
-		/* Frames of other regions only for a member well below its aim (an eighth):
-		   each costs another region a block, and small swings of the working sets
-		   would move frames back and forth. Free frames go to any member below it. */
-		if (rc->rg.n_slots < c->want[i] - c->want[i] / 8)
-			more += c->want[i] - rc->rg.n_slots;
-	}
-	if (more > c->n_free)
-		reclaim(m, m->stamp, regions, more, false);
+	for (uint32_t i = 0; i < n; i++)
+		region_grow(m, c->mrc[i], c->need[i]);
+	/* then free frames, in batch order, to members below their aim */
 	for (uint32_t i = 0; i < n && c->n_free; i++) {
 		struct kvt_recall_layer *rc = c->mrc[i];
 		uint32_t want = c->want[i], have = rc->rg.n_slots;

@@ -399,10 +399,10 @@ static void test_recall_finds_needle(void **state)
 
 /* One block per call from sequences A, B and C into an 8-frame cache, one kv head: each
    (sequence, layer) has its own region; hits are never loaded again; a region grows towards a
-   share of the cache in proportion to its working set, out of free frames and those other
-   regions hold beyond their own share, and past it evicts its own least recently used block;
-   a call that finds no frame takes another region's least recently used one, and a view
-   naming a slot that went or moved that way reads as stale. */
+   share of the cache in proportion to its working set, out of free frames (with one layer,
+   every call trims the other regions to their shares first), and past it evicts its own least
+   recently used block; a call that finds no frame takes another region's least recently used
+   one, and a view naming a slot that went or moved that way reads as stale. */
 static void test_recall_regions(void **state)
 {
 	struct kvt_config c = recall_config(1, 4);
@@ -482,20 +482,22 @@ static void test_recall_regions(void **state)
 	assert_int_equal(EVICTIONS(), 1);
 	CHECK_RC(kvt_attend(m, A, 0, qf, out), 0);
 	CHECK_RC(kvt_attend(m, B, 0, qf, out), 0);
-	/* C's first call finds the cache full: another region loses its least recently used
-	   block; B's view named a slot that moved, so it reads as stale until B recalls */
+	/* C's first call finds the cache full, every region at its share: one slot goes from
+	   each other region in turn, the first in the cache's list (A) first, which loses its
+	   least recently used block; A's view named a slot that went, so it reads as stale until
+	   A recalls */
 	RECALL(C, 5);
 	s1 = t_stats_of(m);
 	assert_int_equal(s1.recall_loads - s0.recall_loads, 10);
 	assert_int_equal(s1.recall_evictions - s0.recall_evictions, EVICTIONS_BEFORE_C + 1);
 	assert_int_equal(HELD(), 8);
-	CHECK_RC(kvt_attend(m, B, 0, qf, out), -ESTALE);
-	CHECK_RC(kvt_seq_recall_view(m, B, 0, 0, &ref, 1, &n), -ESTALE);
-	CHECK_RC(kvt_attend(m, A, 0, qf, out), 0);
-	CHECK_RC(kvt_attend(m, C, 0, qf, out), 0);
-	RECALL(B, 5); /* recall again: fine */
+	CHECK_RC(kvt_attend(m, A, 0, qf, out), -ESTALE);
+	CHECK_RC(kvt_seq_recall_view(m, A, 0, 0, &ref, 1, &n), -ESTALE);
 	CHECK_RC(kvt_attend(m, B, 0, qf, out), 0);
-	CHECK_RC(kvt_seq_recall_view(m, B, 0, 0, &ref, 1, &n), 0);
+	CHECK_RC(kvt_attend(m, C, 0, qf, out), 0);
+	RECALL(A, 5); /* recall again: fine */
+	CHECK_RC(kvt_attend(m, A, 0, qf, out), 0);
+	CHECK_RC(kvt_seq_recall_view(m, A, 0, 0, &ref, 1, &n), 0);
 	assert_int_equal(n, 1);
 	assert_int_equal(ref.block, 5);
 
