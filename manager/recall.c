@@ -33,7 +33,9 @@ int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames)
 	rc->tmp = kvt_malloc((size_t)n_frames * sizeof(*rc->tmp));
 	rc->layer_calls = kvt_calloc(m->cfg.n_layers, sizeof(*rc->layer_calls));
 	rc->layer_ws = kvt_calloc(m->cfg.n_layers, sizeof(*rc->layer_ws));
-	if (!rc->free || !rc->push_tag || !rc->tmp || !rc->layer_calls || !rc->layer_ws)
+	rc->layer_done = kvt_calloc(m->cfg.n_layers, sizeof(*rc->layer_done));
+	if (!rc->free || !rc->push_tag || !rc->tmp || !rc->layer_calls || !rc->layer_ws ||
+	    !rc->layer_done)
 		return -ENOMEM; /* kvt_recall_fini frees what was allocated */
 	/* frame 0 on top: a fresh cache hands out frames in ascending order */
 	for (uint32_t i = 0; i < n_frames; i++)
@@ -63,6 +65,7 @@ void kvt_recall_fini(struct kvt_manager *m)
 	free(rc->grow);
 	free(rc->layer_calls);
 	free(rc->layer_ws);
+	free(rc->layer_done);
 	free(rc->need);
 	free(rc->want);
 	free(rc->mrc);
@@ -1703,7 +1706,7 @@ static void frames_commit(struct kvt_manager *m)
 static void recall_size(struct kvt_manager *m, uint32_t n, uint64_t regions)
 {
 	struct kvt_recall_cache *c = &m->rc;
-	uint64_t floor = 0, round = c->layer_calls[c->mrc[0]->layer];
+	uint64_t floor = 0, round = c->layer_done[c->mrc[0]->layer] + 1;
 	struct kvt_recall_layer *sw = c->sweep ? c->sweep : c->live_head;
 
 	ALWAYS(c->top == c->n_free);
@@ -1719,8 +1722,9 @@ static void recall_size(struct kvt_manager *m, uint32_t n, uint64_t regions)
 	}
 	c->sweep = sw;
 
-	/* Once a step (the call that starts a round of layer calls: its layer's count passes
-	   every count before), each region outside the call above its target is trimmed to it,
+	/* Once a step (the call that starts a round of layer calls: its layer's count of calls
+	   that succeeded, plus this one, passes every count before; a call that fails and its
+	   retry are one), each region outside the call above its target is trimmed to it,
 	   so that members grow with free frames and take other regions' only for their floors:
 	   a call touches no region but its members' unless its floors need it. */
 	if (round > c->trim_round) {
@@ -2575,8 +2579,10 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	recall_size(m, n, regions);
 	if (m->dev_regions) { /* the figures come when the call is settled */
 		err = dev_run(m, layer, n, sel, kind, q, r, repair, stream);
-		if (!err)
+		if (!err) {
 			m->st.recall_calls++;
+			rc->layer_done[layer]++;
+		}
 		return err;
 	}
 	nx = recall_pass2(m, &j, n, &t, &wait);
@@ -2601,6 +2607,7 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 				m->be->err);
 	}
 	m->st.recall_calls++;
+	rc->layer_done[layer]++;
 	m->st.recall_lookups += t.lookups;
 	m->st.recall_hits += t.hits;
 	m->st.recall_loads += nx;
