@@ -125,9 +125,12 @@ struct kvt_recall_cache {
 	   While sizing, top is the stack's height (n_free counts the frames promised away too)
 	   and push_tag[p] names the region that pushed free[p] (its index in drop). */
 	bool sizing;
-	uint32_t top, seg0;	  /* free[seg0, top): pushed by the sizing under way */
-	uint32_t *push_tag;	  /* [n] */
-	uint32_t *tmp;		  /* [n] scratch of the regrouping */
+	uint32_t top, seg0; /* free[seg0, top): pushed by the sizing under way */
+	uint32_t *push_tag; /* [n] */
+	uint32_t *tmp;	    /* [n] scratch of the regrouping */
+	/* [KVT_REGION_MAX_SLOTS bits]: while region_shrink drops slots of a region whose view
+	   it watches, bit s says the view names slot s; all clear otherwise */
+	uint64_t *named;
 	struct kvt_size_op *drop; /* regions that dropped, first drop first: their drops
 				     (then, after frames_commit, where their frames went) */
 	struct kvt_size_op *grow; /* regions that grew, first grow first: their slots before

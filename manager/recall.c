@@ -31,11 +31,12 @@ int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames)
 	rc->free = kvt_malloc((size_t)n_frames * sizeof(*rc->free));
 	rc->push_tag = kvt_malloc((size_t)n_frames * sizeof(*rc->push_tag));
 	rc->tmp = kvt_malloc((size_t)n_frames * sizeof(*rc->tmp));
+	rc->named = kvt_calloc(DIV_UP(KVT_REGION_MAX_SLOTS, 64), sizeof(*rc->named));
 	rc->layer_calls = kvt_calloc(m->cfg.n_layers, sizeof(*rc->layer_calls));
 	rc->layer_ws = kvt_calloc(m->cfg.n_layers, sizeof(*rc->layer_ws));
 	rc->layer_done = kvt_calloc(m->cfg.n_layers, sizeof(*rc->layer_done));
-	if (!rc->free || !rc->push_tag || !rc->tmp || !rc->layer_calls || !rc->layer_ws ||
-	    !rc->layer_done)
+	if (!rc->free || !rc->push_tag || !rc->tmp || !rc->named || !rc->layer_calls ||
+	    !rc->layer_ws || !rc->layer_done)
 		return -ENOMEM; /* kvt_recall_fini frees what was allocated */
 	/* frame 0 on top: a fresh cache hands out frames in ascending order */
 	for (uint32_t i = 0; i < n_frames; i++)
@@ -61,6 +62,7 @@ void kvt_recall_fini(struct kvt_manager *m)
 	free(rc->free);
 	free(rc->push_tag);
 	free(rc->tmp);
+	free(rc->named);
 	free(rc->drop);
 	free(rc->grow);
 	free(rc->layer_calls);
@@ -734,14 +736,29 @@ uint32_t kvt_ws_frames(struct kvt_manager *m, struct kvt_seq *s, uint32_t t, uin
 
 /* ---- the cache ---- */
 
-/* Whether slot i is in the layer's latest view. */
-static bool view_has(const struct kvt_manager *m, const struct kvt_recall_layer *rc, uint32_t i)
+/* Sets (on) or clears the bits of m->rc.named of the slots the layer's latest view names. The
+   view's entries are slot indices, below KVT_REGION_MAX_SLOTS. */
+static void view_name(struct kvt_manager *m, const struct kvt_recall_layer *rc, bool on)
 {
+	uint64_t *nm = m->rc.named;
+
 	for (uint32_t h = 0; rc->view_n && h < m->cfg.n_kv_heads; h++)
-		for (uint32_t x = 0; x < rc->view_n[h]; x++)
-			if (rc->view[(size_t)h * rc->view_cap + x] == i)
-				return true;
-	return false;
+		for (uint32_t x = 0; x < rc->view_n[h]; x++) {
+			uint32_t s = rc->view[(size_t)h * rc->view_cap + x];
+
+			if (NEVER(s >= KVT_REGION_MAX_SLOTS))
+				continue;
+			if (on)
+				nm[s / 64] |= 1ull << (s % 64);
+			else
+				nm[s / 64] &= ~(1ull << (s % 64));
+		}
+}
+
+/* Whether slot i is in the latest view (after view_name(..., true)). */
+static inline bool view_named(const struct kvt_manager *m, uint32_t i)
+{
+	return i < KVT_REGION_MAX_SLOTS && (m->rc.named[i / 64] >> (i % 64) & 1);
 }
 
 static void region_unlink(struct kvt_manager *m, struct kvt_recall_layer *rc);
@@ -778,6 +795,7 @@ static void region_shrink(struct kvt_manager *m, struct kvt_recall_layer *rc, ui
 {
 	struct kvt_recall_cache *c = &m->rc;
 	uint32_t gone = 0, tag = 0;
+	bool watch;
 
 	if (n >= rc->rg.n_slots || NEVER(m->dev_regions && !c->sizing))
 		return;
@@ -807,6 +825,11 @@ static void region_shrink(struct kvt_manager *m, struct kvt_recall_layer *rc, ui
 		rc->rg.n_slots = n;
 		rc->dirty = true;
 	}
+	/* A drop makes the view stale when the view names the slot dropped or the last slot,
+	   which moves into its place (the view's indices, as before the first drop). */
+	watch = mark && !rc->view_failed && rc->rg.n_slots > n;
+	if (watch)
+		view_name(m, rc, true);
 	while (rc->rg.n_slots > n) {
 		uint32_t dropped, freed;
 
@@ -814,10 +837,11 @@ static void region_shrink(struct kvt_manager *m, struct kvt_recall_layer *rc, ui
 		c->push_tag[c->top] = tag;
 		c->free[c->top++] = freed;
 		c->n_free++;
-		if (mark && !rc->view_failed &&
-		    (view_has(m, rc, dropped) || view_has(m, rc, rc->rg.n_slots)))
+		if (watch && (view_named(m, dropped) || view_named(m, rc->rg.n_slots)))
 			rc->view_failed = true;
 	}
+	if (watch)
+		view_name(m, rc, false);
 	m->st.recall_evictions += gone;
 	if (ALWAYS(c->n_held >= gone))
 		c->n_held -= gone;

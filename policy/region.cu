@@ -573,7 +573,7 @@ static __global__ void __launch_bounds__(RG_THREADS)
    re-inserts it among the empty ones.
    With a stale flag, the slots the view names (below the count: no other is dropped or moved)
    are first marked in a shared bitmap, so each drop tests its dropped and its last slot in
-   O(1): the manager's region_shrink with mark, view_has(dropped) || view_has(last). */
+   O(1): the manager's region_shrink with mark, the view naming the dropped or the last slot. */
 static __global__ void __launch_bounds__(RG_THREADS)
 	region_drop_kernel(const struct kvt_gpu_region *rgs, const uint32_t *k,
 			   const uint32_t *out_off, uint32_t *dropped, uint32_t *freed,
