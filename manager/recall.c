@@ -1669,10 +1669,6 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 	return 0;
 }
 
-/* Applies recall_room's sizes: once a step the regions outside the call above their target
-   are trimmed to it; members well above their target give frames back first; those below
-   their floor take what they need (free frames, then other regions'); then the others grow
-   towards their target with free frames, in batch order. */
 /* Ends a sizing: the frames its drops pushed are regrouped region by region (in the order of
    their first drop, each region's in its drop order), then the grown regions' new slots take
    frames from the top, region by region in the order of their first grow. */
@@ -1727,6 +1723,10 @@ static void frames_commit(struct kvt_manager *m)
 	c->sizing = false;
 }
 
+/* Applies recall_room's sizes: once a step the regions outside the call above their target
+   are trimmed to it; members well above their target give frames back first; those below
+   their floor take what they need (free frames, then other regions'); then the others grow
+   towards their target with free frames, in batch order. */
 static void recall_size(struct kvt_manager *m, uint32_t n, uint64_t regions)
 {
 	struct kvt_recall_cache *c = &m->rc;
