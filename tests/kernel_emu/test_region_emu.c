@@ -522,8 +522,7 @@ static void grow_batch(const uint32_t *idx, const uint32_t *want, uint32_t n)
 	seen.grows += n;
 }
 
-/* Whether the view of region g (the reference's copy) names slot i: as the manager's region_shrink
- * tests it. */
+/* Whether the view of region g (the reference's copy) names slot i, as region_shrink asks. */
 static bool view_has(const struct reg *g, uint32_t i)
 {
 	for (uint32_t h = 0; h < g->s->H; h++)
