@@ -574,19 +574,38 @@ static struct kvt_gpu_region dev_desc(const struct kvt_manager *m,
 }
 
 /* Counts the layer's top-K positions per (block, head) once, so "is this block fully
-   resident" costs O(1) on the recall path. Needs tables covering the prompt's blocks. */
+   resident" costs O(1) on the recall path. Needs tables covering the prompt's blocks. A
+   head's positions ascend strictly (topk_in_order), so block b's are those from i on below
+   the next block's first position, at most as many as that position's distance from t[i]:
+   one test finds the end of a block whose positions are all kept, a halving search the
+   others. */
 static void tk_count(const struct kvt_manager *m, const struct kvt_seq *s, struct kvt_seq_layer *ly)
 {
-	uint32_t H = m->cfg.n_kv_heads;
+	uint32_t H = m->cfg.n_kv_heads, K = s->valid_topk;
 
-	for (uint32_t h = 0; h < H; h++)
-		for (uint32_t i = 0; i < s->valid_topk; i++)
-			ly->rc->rg
-				.key[(size_t)((uint32_t)ly->topk[(size_t)h * s->valid_topk + i] >>
-					      m->lbt) *
-					     H +
-				     h]
-				.tk++;
+	for (uint32_t h = 0; h < H; h++) {
+		const int32_t *t = ly->topk + (size_t)h * K;
+
+		for (uint32_t i = 0, j; i < K; i = j) {
+			uint32_t b = (uint32_t)t[i] >> m->lbt, end = (b + 1) << m->lbt;
+			uint32_t lo = i,
+				 hi = end - (uint32_t)t[i] < K - i ? i + end - (uint32_t)t[i] : K;
+
+			/* t[lo] < end <= t[hi] (hi == K: past the end) */
+			if ((uint32_t)t[hi - 1] < end)
+				lo = hi - 1;
+			while (hi - lo > 1) {
+				uint32_t mid = lo + (hi - lo) / 2;
+
+				if ((uint32_t)t[mid] < end)
+					lo = mid;
+				else
+					hi = mid;
+			}
+			j = lo + 1;
+			ly->rc->rg.key[(size_t)b * H + h].tk += (uint8_t)(j - i);
+		}
+	}
 	ly->rc->tk_ready = true;
 	ly->rc->qsettled = 0; /* quest_need's counts read the top-K counts */
 	if (ly->rc->qcand)
@@ -1272,6 +1291,28 @@ static int check_dgroups(struct kvt_manager *m, const struct kvt_seq_layer *ly)
 	return err;
 }
 
+/* Whether a layer's top-K counts (tk_count) differ from a count position by position. */
+static bool tk_check(const struct kvt_manager *m, const struct kvt_seq *s,
+		     const struct kvt_seq_layer *ly)
+{
+	uint32_t H = m->cfg.n_kv_heads, nb = ly->rc->rg.cap_blocks;
+	uint8_t *tk = kvt_calloc((size_t)nb * H + 1, 1);
+	bool bad = !tk;
+
+	for (uint32_t h = 0; h < H && !bad; h++)
+		for (uint32_t i = 0; i < s->valid_topk && !bad; i++) {
+			uint32_t b = (uint32_t)ly->topk[(size_t)h * s->valid_topk + i] >> m->lbt;
+
+			bad = b >= nb;
+			if (!bad)
+				tk[(size_t)b * H + h]++;
+		}
+	for (size_t k = 0; k < (size_t)nb * H && !bad; k++)
+		bad = ly->rc->rg.key[k].tk != tk[k];
+	free(tk);
+	return bad;
+}
+
 int kvt_recall_check(struct kvt_manager *m)
 {
 	struct kvt_recall_cache *c = &m->rc;
@@ -1333,7 +1374,9 @@ int kvt_recall_check(struct kvt_manager *m)
 				err = -15;
 			sws += ly->rc->ws_counted;
 			lws[l] += ly->rc->ws_counted;
-			if (count_spilled(ly) != ly->rc->n_spilled)
+			if (ly->rc->tk_ready && tk_check(m, s, ly))
+				err = -17;
+			else if (count_spilled(ly) != ly->rc->n_spilled)
 				err = -14;
 			else if (m->dev_regions)
 				err = check_dgroups(m, ly);

@@ -112,9 +112,10 @@ void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s);
 /* Checks the recall cache's invariants: every frame is free (once) or held by one slot of one
    live region; the live list, the region count, n_held and sum_ws (its parts per layer and per
    sequence too) agree with the regions; each region passes kvt_region_check; each layer's
-   count of spilled blocks is right, and so is every entry of its device group table
-   (dev_regions) that did not move since. 0, or a negative code of the first broken one. For
-   tests: O(frames + the regions' key tables + the histories' blocks). */
+   top-K counts agree with its top-K positions, its count of spilled blocks is right, and so
+   is every entry of its device group table (dev_regions) that did not move since. 0, or a
+   negative code of the first broken one. For tests: O(frames + the regions' key tables + the
+   histories' blocks and top-K positions). */
 int kvt_recall_check(struct kvt_manager *m);
 /* The device key table of a layer's recall state (dev_meta). */
 static inline uint64_t kvt_dkey(const struct kvt_manager *m, const struct kvt_recall_layer *rc)

@@ -365,6 +365,31 @@ static void emit_run(struct kvt_manager *m, const struct kvt_seq_layer *ly, uint
 	}
 }
 
+/* The end of the run of consecutive positions of t[0 .. count) that starts at i, t strictly
+   increasing (a layer's top-K, topk_in_order): there t[k] - t[i] >= k - i, equal exactly while
+   the run lasts, so the end is found by doubling and then halving, O(log) tests a run where a
+   walk takes one a position (the payload-less top-K is one run of thousands). */
+static uint32_t run_end(const int32_t *t, uint32_t i, uint32_t count)
+{
+	uint32_t lo = i, step = 1, hi;
+
+	/* lo is in the run; so is every position before it */
+	while (step < count - lo && (uint32_t)(t[lo + step] - t[i]) == lo + step - i) {
+		lo += step;
+		step *= 2;
+	}
+	hi = step < count - lo ? lo + step : count; /* past the run (or the end) */
+	while (hi - lo > 1) {
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if ((uint32_t)(t[mid] - t[i]) == mid - i)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return lo + 1;
+}
+
 /* Appends the copies that lay out head h's resident set of a layer of N tokens: sink slots,
    the ring by the ring rule, then the `count` top-K positions t[] after the ring. Returns the
    number of rows laid out. */
@@ -387,8 +412,7 @@ static uint32_t emit_resident(struct kvt_manager *m, const struct kvt_seq_layer 
 	/* Consecutive positions go to consecutive slots: one run each (emit_run splits and
 	   merges as it would position by position). */
 	for (uint32_t i = 0, j; i < count; i = j) {
-		for (j = i + 1; j < count && t[j] == t[j - 1] + 1;)
-			j++;
+		j = run_end(t, i, count);
 		emit_run(m, ly, nx, src, h, (uint32_t)t[i], m->slots_sr + i, j - i);
 	}
 	return n_sink + count + (N > r0 ? N - r0 : 0);
@@ -753,7 +777,8 @@ static int prefill_select(struct kvt_manager *m, struct prefill *p)
 			for (uint32_t i = 0; i < count; i++)
 				ly->topk[(size_t)h * count + i] = (int32_t)(hi - count + i);
 	}
-	if (count && NEVER(!topk_in_order(m, p)))
+	/* (the positions kept without payload are one run, in order by construction) */
+	if (count && m->payload && NEVER(!topk_in_order(m, p)))
 		return kvt_fail(m, -EIO, "sequence %llu layer %u: selected positions out of order",
 				(unsigned long long)p->seq, p->layer);
 	if (m->keep_meta && m->cpu_device && kvt_meta_prefill(m, ly, fk, L))
