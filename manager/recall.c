@@ -583,7 +583,7 @@ static void tk_count(const struct kvt_manager *m, const struct kvt_seq *s, struc
 {
 	uint32_t H = m->cfg.n_kv_heads, K = s->valid_topk;
 
-	for (uint32_t h = 0; h < H; h++) {
+	for (uint32_t h = 0; K && h < H; h++) { /* (no top-K: topk may be NULL) */
 		const int32_t *t = ly->topk + (size_t)h * K;
 
 		for (uint32_t i = 0, j; i < K; i = j) {
