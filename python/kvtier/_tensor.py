@@ -19,7 +19,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import math
-from typing import Any, Dict, Optional, Sequence, Tuple
+import weakref
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -204,80 +205,43 @@ class _DLManagedTensor(ctypes.Structure):
                 ("deleter", ctypes.c_void_p)]
 
 
-def _pyapi(name: str, restype: Any, argtypes: Sequence[Any]) -> Any:
-    """A function of the C API with its own signature (ctypes.pythonapi.NAME is shared)."""
-    fn = ctypes.pythonapi[name]
-    fn.restype, fn.argtypes = restype, list(argtypes)
-    return fn
+# the name of a capsule no consumer has taken
+_DL_NAME = b"dltensor"
 
 
-_capsule_new = _pyapi("PyCapsule_New", ctypes.py_object,
-                      (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p))
-# on a dying capsule (its address: no new reference to it may be made)
-_capsule_is_valid_raw = _pyapi("PyCapsule_IsValid", ctypes.c_int,
-                               (ctypes.c_void_p, ctypes.c_char_p))
-_capsule_get_raw = _pyapi("PyCapsule_GetPointer", ctypes.c_void_p,
-                          (ctypes.c_void_p, ctypes.c_char_p))
-
-# the capsule names: the producer's, and the one a consumer renames it to
-_DL_NAME, _DL_USED_NAME = b"dltensor", b"used_dltensor"
-
-#: The exports their consumers have not released: DLManagedTensor address -> (the
-#: DLManagedTensor, its shape and strides arrays, the owner). The deleter removes the entry,
-#: which lets the owner (the manager) go.
-_dl_live: Dict[int, Tuple[Any, ...]] = {}
+class _DLKeep(ctypes.Array):  # type: ignore[type-arg]
+    """The one byte under an export's NumPy array (see _dl_export); its attribute `keep`
+    holds the export's shape and strides arrays and its owner."""
+    _type_ = ctypes.c_char
+    _length_ = 1
+    __hash__ = object.__hash__  # by identity, for _dl_live (ctypes arrays are unhashable)
 
 
-def _dl_release(addr: int) -> None:
-    """The DLManagedTensor's deleter: the consumer is done with the export at addr."""
-    try:
-        del _dl_live[addr]
-    except Exception:  # an exception must not cross into C (a second call, or shutdown)
-        pass
-
-
-def _dl_capsule_destructor(capsule: int) -> None:
-    """Fallback capsule destructor (see _dl_destructor): releases an unconsumed export."""
-    try:
-        if _capsule_is_valid_raw(capsule, _DL_NAME):
-            _dl_release(_capsule_get_raw(capsule, _DL_NAME))
-    except Exception:
-        pass
-
-
-# ctypes callbacks, alive as long as the module (a consumer may call them at any time)
-_dl_deleter_cb = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_dl_release)
-_dl_capsule_destructor_cb = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_dl_capsule_destructor)
-
-
-def _numpy_capsule_destructor() -> Optional[int]:
-    """The C destructor of NumPy's "dltensor" capsules, or None. Like every DLPack producer's,
-    it calls the deleter of a capsule not consumed (still named "dltensor") and of nothing
-    else; being C, it also sets aside the exception in flight around the call, which a ctypes
-    destructor cannot: one that runs while an exception propagates (a consumer refusing the
-    tensor drops the capsule with its error set) turns that exception into a SystemError."""
-    try:
-        get = _pyapi("PyCapsule_GetDestructor", ctypes.c_void_p, (ctypes.py_object,))
-        probe = np.empty(0, np.float32).__dlpack__()
-        _capsule_get(probe, _DL_NAME)  # a "dltensor" capsule (ValueError otherwise)
-        return get(probe) or None
-    except Exception:
-        return None
-
-
-_dl_destructor = (_numpy_capsule_destructor()
-                  or ctypes.cast(_dl_capsule_destructor_cb, ctypes.c_void_p).value)
+#: The exports not yet released, as their _DLKeep (weakly: an entry goes when its export is
+#: released, by its consumer or by the destructor of a capsule no consumer took).
+_dl_live: "weakref.WeakSet[_DLKeep]" = weakref.WeakSet()
 
 
 def _dl_export(ptr: int, shape: Tuple[int, ...], strides: Tuple[int, ...], dtype: int,
                device: Tuple[int, int], owner: Any) -> Any:
-    """A "dltensor" capsule of the memory at ptr (strides in elements), registered in _dl_live
-    until its deleter runs: by the consumer, or by the capsule's destructor when no consumer
-    took it."""
+    """A "dltensor" capsule of the memory at ptr (strides in elements) that keeps `owner`
+    alive until the export is released.
+
+    The capsule and its DLManagedTensor are NumPy's export of a one-byte array over a _DLKeep
+    that holds the shape and strides arrays and the owner; their tensor fields are then
+    rewritten to describe ptr. Releasing the export, the consumer's call of the deleter or
+    the capsule's destructor when no consumer took it, is therefore NumPy's C code, which
+    frees its allocation and drops the array (as DLPack has it, the deleter destroys
+    manager_ctx; it reads no tensor field), and with it the owner. No Python function is
+    called back: a ctypes deleter fails when a consumer calls it with an exception set, as
+    NumPy 2.5's from_dlpack does when it refuses bfloat16 (its error became a SystemError)."""
     ndim = len(shape)
     shp = (ctypes.c_int64 * max(ndim, 1))(*shape)
     std = (ctypes.c_int64 * max(ndim, 1))(*strides)
-    m = _DLManagedTensor()
+    keep = _DLKeep()
+    keep.keep = (shp, std, owner)  # type: ignore[attr-defined]
+    capsule = np.frombuffer(keep, np.uint8).__dlpack__()
+    m = _DLManagedTensor.from_address(_capsule_get(capsule, _DL_NAME))
     t = m.dl_tensor
     t.data, t.byte_offset = ptr or None, 0
     t.device.device_type, t.device.device_id = device
@@ -286,14 +250,8 @@ def _dl_export(ptr: int, shape: Tuple[int, ...], strides: Tuple[int, ...], dtype
     t.dtype.lanes = 1
     t.shape = ctypes.cast(shp, ctypes.POINTER(ctypes.c_int64))
     t.strides = ctypes.cast(std, ctypes.POINTER(ctypes.c_int64))
-    m.deleter = ctypes.cast(_dl_deleter_cb, ctypes.c_void_p).value
-    addr = ctypes.addressof(m)
-    _dl_live[addr] = (m, shp, std, owner)
-    try:
-        return _capsule_new(addr, _DL_NAME, _dl_destructor)
-    except BaseException:
-        _dl_live.pop(addr, None)
-        raise
+    _dl_live.add(keep)
+    return capsule
 
 
 def _cuda_device() -> int:

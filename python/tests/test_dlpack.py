@@ -74,8 +74,7 @@ def test_unconsumed_capsule_gives_its_entry_back():
         gc.collect()
         before = len(_tensor._dl_live)
         cap = v.__dlpack__()
-        addr = _tensor._capsule_get(cap, b"dltensor")
-        assert addr in _tensor._dl_live and len(_tensor._dl_live) == before + 1
+        assert len(_tensor._dl_live) == before + 1
         t = tensor_of(cap)
         assert t.data == vn.ctypes.data and t.byte_offset == 0
         assert (t.device.device_type, t.device.device_id) == (1, 0)
@@ -84,7 +83,7 @@ def test_unconsumed_capsule_gives_its_entry_back():
         # strides in elements, not bytes
         assert tuple(t.strides[i] for i in range(t.ndim)) == tuple(s // 4 for s in vn.strides)
         del t, cap  # never consumed: its destructor calls the deleter
-        assert addr not in _tensor._dl_live and len(_tensor._dl_live) == before
+        assert len(_tensor._dl_live) == before
 
 
 def test_bf16_exports_as_bfloat16():
@@ -101,12 +100,33 @@ def test_bf16_exports_as_bfloat16():
         del t, cap
         assert len(_tensor._dl_live) == before
         # NumPy has no bfloat16: its from_dlpack refuses the capsule (RuntimeError on NumPy
-        # 1.x, BufferError on 2.x), with its own error, not a SystemError of the destructor,
-        # and the refused export is given back
+        # 1.x, BufferError on 2.x), with its own error, and the refused export is given back.
+        # NumPy 2.5 releases it with that error set: a Python deleter (ctypes) turned it into
+        # a SystemError there (seen on an H200 machine, 2026-12-04)
         with pytest.raises((BufferError, TypeError, RuntimeError)):
             np.from_dlpack(k)
         gc.collect()
         assert len(_tensor._dl_live) == before
+
+
+def test_release_while_an_exception_propagates():
+    """An export released while an exception is in flight (its capsule or its import a local
+    of the frame the exception leaves) keeps that exception: the release runs no Python."""
+    with manager("f32") as m:
+        k, _ = m.kv_caches(dlpack=True)
+        gc.collect()
+        before = len(_tensor._dl_live)
+
+        def refuse(consume):
+            held = np.from_dlpack(k) if consume else k.__dlpack__()
+            assert len(_tensor._dl_live) == before + 1 and held is not None
+            raise KeyError("kept")
+
+        for consume in (False, True):
+            with pytest.raises(KeyError, match="kept"):
+                refuse(consume)
+            gc.collect()
+            assert len(_tensor._dl_live) == before
 
 
 def test_dlpack_arguments():
