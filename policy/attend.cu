@@ -277,6 +277,255 @@ static __global__ void __launch_bounds__(AB_THREADS)
 		}
 }
 
+/* ---- the same parts, single pass with 16-byte loads (af_part) ---------------------------- */
+
+/* af_part computes what ab_part computes, the part's max logit, sum of weights and weighted
+   values per query head (the same scratch, merged by the same ab_merge), in one pass that reads
+   each K and V row once, 16 bytes per lane, several rows in flight per warp. (ab_part's two
+   passes, one row per warp at a time and one element per lane, reached 0.05 of an H200's copy
+   bandwidth; see bench/RESULTS.md.)
+
+   A row of D elements is LPR = D * sizeof(T) / 16 lanes (a power of two up to 32), so a warp
+   holds TPW = 32 / LPR tokens at once, AF_UNROLL times over. Each lane group (LPR lanes, one
+   token) keeps per query head a running max, sum and weighted values of its EPL channels, the
+   online softmax of flash-decoding: the logits of AF_UNROLL steps, then one rescale to their
+   max, then their weights. Logits are in base 2 (q is scaled by log2(e) / sqrt(D) once, so
+   each weight is one exp2f) and the max is stored in base e, as ab_part's. Rows are found by
+   kvt_attn_row_p2 (32-bit, no division). The lane groups of a warp, then the warps of the CTA
+   (in shared memory), are merged the same way. af_fits says when the tables allow all this
+   (aligned pool, blocks and rows, power-of-two blocks); otherwise ab_part runs. */
+#define AF_WARPS 4
+#define AF_THREADS (AF_WARPS * 32)
+/* Token steps each warp has in flight: 2 measured best on an H200 (2026-12-04: 0.34 of the copy
+   bandwidth at 32 sequences, against 0.27 with 4, 0.22 with 8, 0.29 with 1; 2 or 1 warps per
+   CTA no better), 128 registers a thread, 4 CTAs an SM. */
+#define AF_UNROLL 2
+#define AF_MAX_D (512 / sizeof(kvt_f16)) /* channels of the widest row (512 bytes) */
+
+/* The EPL = 16 / sizeof(T) elements of a 16-byte load, as f32 (exactly as kvt_load). */
+static __device__ __forceinline__ void af_unpack(const uint4 &v, float *f, const float *)
+{
+	f[0] = __uint_as_float(v.x), f[1] = __uint_as_float(v.y);
+	f[2] = __uint_as_float(v.z), f[3] = __uint_as_float(v.w);
+}
+
+template <typename T>
+static __device__ __forceinline__ void af_unpack(const uint4 &v, float *f, const T *)
+{
+	const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		T lo = {(uint16_t)(w[i] & 0xffffu)}, hi = {(uint16_t)(w[i] >> 16)};
+
+		f[2 * i] = kvt_load(&lo), f[2 * i + 1] = kvt_load(&hi);
+	}
+}
+
+/* Folds (m2, s2, a2) into the running (m, s, a) of one query head: both rescaled to the larger
+   max (base-2 logits). A state with max -inf holds nothing (its sum and values are 0). */
+template <int EPL>
+static __device__ __forceinline__ void af_fold(float &m, float &s, float *a, float m2, float s2,
+					       const float *a2)
+{
+	float M = fmaxf(m, m2), x, y;
+
+	if (M == -INFINITY)
+		return;
+	x = exp2f(m - M), y = exp2f(m2 - M);
+	s = s * x + s2 * y;
+#pragma unroll
+	for (int e = 0; e < EPL; e++)
+		a[e] = a[e] * x + a2[e] * y;
+	m = M;
+}
+
+/* Grid and scratch as ab_part's; GC >= the CTA's query heads (gc), a power of two up to
+   KVT_ATT_G, so that q and the accumulators stay in registers. */
+template <typename T, int GC>
+static __global__ void __launch_bounds__(AF_THREADS)
+	af_part(struct kvt_attn_desc d, const T *__restrict__ q, float *__restrict__ scratch,
+		uint32_t splits, float norm)
+{
+	constexpr int EPL = 16 / sizeof(T);
+	__shared__ float sm[AF_WARPS][GC], ss[AF_WARPS][GC];
+	__shared__ float sa[AF_WARPS][GC][AF_MAX_D];
+	const uint32_t r = blockIdx.x / splits, sp = blockIdx.x % splits;
+	const uint32_t G = d.g_count, D = d.head_dim, g0 = blockIdx.y * KVT_ATT_G;
+	const uint32_t gc = G - g0 < GC ? G - g0 : GC;
+	const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+	const uint32_t LPR = D / EPL, TPW = 32 / LPR, sub = lane % LPR, grp = lane / LPR;
+	const uint32_t step = AF_WARPS * TPW; /* tokens the CTA takes per step */
+	/* below 2^31 (af_fits) */
+	const uint32_t total = (uint32_t)kvt_attn_count(&d, r), nt = kvt_attn_resident(&d, r);
+	const uint32_t per = (total + splits - 1) / splits;
+	const uint32_t t0 = sp * per < total ? sp * per : total;
+	const uint32_t t1 = t0 + per < total ? t0 + per : total;
+	uint32_t bsh = 0; /* log2 of the block size, a power of two (af_fits) */
+	const T *qr = q + ((size_t)(r / d.n_kv_heads) * d.n_kv_heads * G +
+			   (size_t)(r % d.n_kv_heads) * G + g0) *
+				  D;
+	size_t part = ((size_t)r * splits + sp) * G + g0;
+	/* q scaled by log2(e) / sqrt(D): the logits come out in base 2, for exp2f */
+	const float qs = 1.4426950408889634f / norm;
+	float qf[GC][EPL], m[GC], s[GC], a[GC][EPL];
+
+	if (kvt_attn_padding(&d, r))
+		return; /* the same for the whole CTA: merge skips the row */
+	while ((1u << bsh) < d.block_tokens)
+		bsh++;
+#pragma unroll
+	for (int g = 0; g < GC; g++) {
+		m[g] = -INFINITY, s[g] = 0.0f;
+#pragma unroll
+		for (int e = 0; e < EPL; e++) {
+			qf[g][e] = (uint32_t)g < gc
+					   ? kvt_load(qr + (size_t)g * D + sub * EPL + e) * qs
+					   : 0.0f;
+			a[g][e] = 0.0f;
+		}
+	}
+
+	/* the warp's tokens: t0 + warp * TPW + grp, then every step-th, AF_UNROLL steps at a
+	   time: their K and V rows loaded, their logits, one rescale to the steps' max, their
+	   weights and values. The loop bound is the warp's (its first lane group's), so every
+	   lane meets every shuffle. */
+	for (uint32_t base = t0 + warp * TPW; base < t1; base += step * AF_UNROLL) {
+		uint4 kv[AF_UNROLL], vv[AF_UNROLL];
+		float l[AF_UNROLL][GC];
+		bool ok[AF_UNROLL];
+
+#pragma unroll
+		for (int u = 0; u < AF_UNROLL; u++) {
+			uint32_t t = base + u * step + grp;
+			uint64_t row = t < t1 ? kvt_attn_row_p2(&d, r, t, nt, bsh) : 0;
+
+			ok[u] = row != 0;
+			kv[u] = vv[u] = uint4{0, 0, 0, 0};
+			if (ok[u]) {
+				kv[u] = *(const uint4 *)(uintptr_t)(row + 16u * sub);
+				vv[u] = *(const uint4 *)(uintptr_t)(row + d.v_offset + 16u * sub);
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < AF_UNROLL; u++) {
+			float kf[EPL];
+
+			af_unpack(kv[u], kf, (const T *)0);
+#pragma unroll
+			for (int g = 0; g < GC; g++) {
+				float x = 0.0f;
+
+				if ((uint32_t)g >= gc)
+					continue; /* gc is the CTA's: uniform */
+#pragma unroll
+				for (int e = 0; e < EPL; e++)
+					x = fmaf(qf[g][e], kf[e], x);
+#pragma unroll
+				for (uint32_t o = 16; o > 0; o /= 2)
+					if (o < LPR) /* the row's lanes */
+						x += __shfl_xor_sync(AT_FULL, x, o);
+				l[u][g] = ok[u] ? x : -INFINITY;
+			}
+		}
+#pragma unroll
+		for (int g = 0; g < GC; g++) {
+			float cm = m[g], x;
+
+			if ((uint32_t)g >= gc)
+				continue;
+#pragma unroll
+			for (int u = 0; u < AF_UNROLL; u++)
+				cm = fmaxf(cm, l[u][g]); /* skips a NaN logit, as ab_part's max */
+			if (cm == -INFINITY || cm == m[g])
+				continue;
+			x = exp2f(m[g] - cm); /* 0 from -inf */
+			s[g] *= x;
+#pragma unroll
+			for (int e = 0; e < EPL; e++)
+				a[g][e] *= x;
+			m[g] = cm;
+		}
+#pragma unroll
+		for (int u = 0; u < AF_UNROLL; u++) {
+			float vf[EPL];
+
+			af_unpack(vv[u], vf, (const T *)0);
+#pragma unroll
+			for (int g = 0; g < GC; g++) {
+				float p;
+
+				if ((uint32_t)g >= gc || m[g] == -INFINITY)
+					continue; /* nothing yet: every logit so far -inf */
+				p = exp2f(l[u][g] - m[g]); /* 0 for a skipped row, NaN for NaN */
+				s[g] += p;
+#pragma unroll
+				for (int e = 0; e < EPL; e++)
+					a[g][e] = fmaf(p, vf[e], a[g][e]);
+			}
+		}
+	}
+
+	/* the warp's lane groups into its first, then the warps into shared memory */
+	for (uint32_t o = LPR; o < 32; o *= 2)
+#pragma unroll
+		for (int g = 0; g < GC; g++) {
+			float a2[EPL], m2 = __shfl_xor_sync(AT_FULL, m[g], o),
+				       s2 = __shfl_xor_sync(AT_FULL, s[g], o);
+
+#pragma unroll
+			for (int e = 0; e < EPL; e++)
+				a2[e] = __shfl_xor_sync(AT_FULL, a[g][e], o);
+			af_fold<EPL>(m[g], s[g], a[g], m2, s2, a2);
+		}
+	if (grp == 0)
+#pragma unroll
+		for (int g = 0; g < GC; g++) {
+			if (sub == 0)
+				sm[warp][g] = m[g], ss[warp][g] = s[g];
+#pragma unroll
+			for (int e = 0; e < EPL; e++)
+				sa[warp][g][sub * EPL + e] = a[g][e];
+		}
+	__syncthreads();
+	for (uint32_t i = threadIdx.x; i < gc * D; i += AF_THREADS) {
+		uint32_t g = i / D, x = i % D;
+		float M = -INFINITY, v = 0.0f;
+
+		for (int w = 0; w < AF_WARPS; w++)
+			M = fmaxf(M, sm[w][g]);
+		for (int w = 0; w < AF_WARPS; w++)
+			if (sm[w][g] != -INFINITY)
+				v += sa[w][g][x] * exp2f(sm[w][g] - M);
+		scratch[(size_t)gridDim.x * G * 2 + (part + g) * D + x] = v;
+	}
+	if (threadIdx.x < gc) {
+		uint32_t g = threadIdx.x;
+		float M = -INFINITY, sum = 0.0f;
+
+		for (int w = 0; w < AF_WARPS; w++)
+			M = fmaxf(M, sm[w][g]);
+		for (int w = 0; w < AF_WARPS; w++)
+			if (sm[w][g] != -INFINITY)
+				sum += ss[w][g] * exp2f(sm[w][g] - M);
+		scratch[(part + g) * 2] = M * 0.6931471805599453f; /* base e, as ab_part's */
+		scratch[(part + g) * 2 + 1] = sum;
+	}
+}
+
+/* Whether af_part can read d's rows with dtype T: rows of 16 to 512 bytes, a power of two,
+   16-byte aligned wherever a row can start; blocks of a power-of-two size up to 64 tokens, and
+   row lists shorter than 2^31 tokens. */
+template <typename T> static bool af_fits(const struct kvt_attn_desc &d)
+{
+	uint64_t rb = (uint64_t)d.head_dim * sizeof(T), bt = d.block_tokens;
+
+	return rb >= 16 && rb <= 512 && !(rb & (rb - 1)) && d.row_bytes % 16 == 0 &&
+	       d.pool % 16 == 0 && d.block_bytes % 16 == 0 && d.v_offset % 16 == 0 && bt &&
+	       bt <= 64 && !(bt & (bt - 1)) &&
+	       ((uint64_t)d.max_frames + d.max_recall) * bt <= INT32_MAX;
+}
+
 /* Grid rows * G: CTA (r * G + g) merges the splits of row r's query head g by their
    log-sum-exp into out (dtype T) and lse; a padding row's CTAs write nothing. */
 template <typename T>
@@ -326,7 +575,16 @@ static int ab_launch(const struct kvt_attn_desc &d, const void *q, void *out, fl
 	float norm = sqrtf((float)d.head_dim);
 	dim3 grid((unsigned int)(rows * splits), (d.g_count + KVT_ATT_G - 1) / KVT_ATT_G);
 
-	ab_part<T><<<grid, AB_THREADS, 0, st>>>(d, (const T *)q, scratch, splits, norm);
+	uint32_t gmax = d.g_count < KVT_ATT_G ? d.g_count : KVT_ATT_G;
+
+	if (!af_fits<T>(d))
+		ab_part<T><<<grid, AB_THREADS, 0, st>>>(d, (const T *)q, scratch, splits, norm);
+	else if (gmax <= 2)
+		af_part<T, 2><<<grid, AF_THREADS, 0, st>>>(d, (const T *)q, scratch, splits, norm);
+	else if (gmax <= 4)
+		af_part<T, 4><<<grid, AF_THREADS, 0, st>>>(d, (const T *)q, scratch, splits, norm);
+	else
+		af_part<T, 8><<<grid, AF_THREADS, 0, st>>>(d, (const T *)q, scratch, splits, norm);
 	ab_merge<T><<<(unsigned int)(rows * d.g_count), AB_THREADS, 0, st>>>(
 		d, scratch, splits, rows * splits, (T *)out, lse);
 	return cudaGetLastError();

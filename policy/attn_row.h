@@ -61,4 +61,29 @@ static inline KVT_HD uint64_t kvt_attn_row(const struct kvt_attn_desc *d, uint32
 	return d->pool + blk * d->block_bytes + (uint64_t)row * d->row_bytes;
 }
 
+/* kvt_attn_row(d, r, t) where the block size is 1 << bsh and row r's resident count
+   (kvt_attn_resident) is nt, in 32-bit arithmetic: the same address or 0, without the 64-bit
+   division, for a table whose row lists are shorter than 2^32 tokens (the GPU kernel's loop). */
+static inline KVT_HD uint64_t kvt_attn_row_p2(const struct kvt_attn_desc *d, uint32_t r, uint32_t t,
+					      uint32_t nt, uint32_t bsh)
+{
+	uint32_t bm = d->block_tokens - 1, row;
+	uint64_t blk;
+
+	if (t < nt) {
+		blk = d->frames[(size_t)r * d->max_frames + (t >> bsh)];
+		row = t & bm;
+	} else {
+		size_t x = (size_t)r * d->max_recall + ((t - nt) >> bsh);
+
+		row = (t - nt) & bm;
+		if (row >= d->recall_tokens[x] || ((d->recall_skip[x] >> row) & 1))
+			return 0;
+		blk = d->recall[x];
+	}
+	if (blk >= d->pool_blocks)
+		return 0;
+	return d->pool + blk * d->block_bytes + (uint64_t)row * d->row_bytes;
+}
+
 #endif /* KVT_ATTN_ROW_H */

@@ -28,6 +28,7 @@
 #include <cmocka.h>
 
 #include "t_data.h"
+#include "attn_row.h"
 #include "gather.h"
 #include "gpu.h"
 #include "kemu_api.h"
@@ -689,14 +690,20 @@ static void test_attend(void **state)
    0 none at all, 1 a short prompt (a few resident tokens, no recall: SnapStream's case 1),
    2 a long one (many resident tokens, recalled blocks with some rows marked resident or past
    their tokens), 3 recall only. The kernel's out and lse against kvt_attend_table per row,
-   with the splits given (0: kvt_gpu_attend_splits's). */
+   with the splits given (0: kvt_gpu_attend_splits's). The pool starts attend_pool_shift bytes
+   past an aligned address: with one element's size, no row is 16-byte aligned, and the kernel
+   must take the path of element loads (ab_part) where it would otherwise take that of 16-byte
+   loads (af_part). */
+static uint32_t attend_pool_shift;
+
 static void attend_batch_case(enum kvt_dtype dt, uint32_t n, uint32_t H, uint32_t G, uint32_t D,
 			      uint32_t bt, const uint32_t *kinds, uint32_t n_kinds, uint32_t splits,
 			      bool with_lse)
 {
 	uint32_t es = kvt_dtype_size(dt), rows = n * H, mf = 0, mr = 0;
 	uint32_t nblocks = 64, block_bytes = 2 * bt * D * es;
-	uint8_t *pool = rand_tensor(dt, (size_t)nblocks * 2 * bt * D, 0);
+	uint8_t *pool_mem = rand_tensor(dt, (size_t)nblocks * 2 * bt * D + 16, 0),
+		*pool = pool_mem + attend_pool_shift;
 	uint32_t *nt = t_xmalloc(rows * 4), *nr = t_xmalloc(rows * 4);
 	uint32_t *fr, *rc, *rt;
 	uint64_t *rs, most_t = 0;
@@ -757,6 +764,20 @@ static void attend_batch_case(enum kvt_dtype dt, uint32_t n, uint32_t H, uint32_
 		.max_frames = mf,
 		.max_recall = mr,
 	};
+	/* the kernel's row lookup (block sizes here are powers of two) against the reference's */
+	for (uint32_t r = 0; r < rows; r++) {
+		uint32_t nt_r = kvt_attn_resident(&d, r), bsh = 0;
+
+		while ((1u << bsh) < bt)
+			bsh++;
+		for (uint32_t t = 0; t < kvt_attn_count(&d, r); t++)
+			if (kvt_attn_row_p2(&d, r, t, nt_r, bsh) != kvt_attn_row(&d, r, t))
+				fail_msg(
+					"row %u token %u: kvt_attn_row_p2 %#llx, kvt_attn_row %#llx",
+					r, t,
+					(unsigned long long)kvt_attn_row_p2(&d, r, t, nt_r, bsh),
+					(unsigned long long)kvt_attn_row(&d, r, t));
+	}
 	if (!splits)
 		splits = kvt_gpu_attend_splits(rows, G, most_t);
 	scratch = t_xmalloc(kvt_gpu_attend_batch_scratch(rows, G, D, splits));
@@ -797,7 +818,7 @@ static void attend_batch_case(enum kvt_dtype dt, uint32_t n, uint32_t H, uint32_
 	free(fr);
 	free(nr);
 	free(nt);
-	free(pool);
+	free(pool_mem);
 }
 
 static void attend_batch_cases(void)
@@ -811,16 +832,27 @@ static void attend_batch_cases(void)
 	attend_batch_case(KVT_DTYPE_F32, 2, 1, 8, 64, 16, longs, 1, 5, true);	/* GQA 8 */
 	attend_batch_case(KVT_DTYPE_BF16, 1, 2, 12, 40, 8, mixed, 5, 2, false); /* 2 parts */
 	attend_batch_case(KVT_DTYPE_F16, 4, 1, 4, 160, 16, shorts, 1, 0, true); /* D past 128 */
+	/* rows of 16-byte loads: a row a whole warp (512 bytes), a half warp, a quarter */
+	attend_batch_case(KVT_DTYPE_F32, 2, 2, 1, 128, 16, mixed, 5, 0, true);
+	attend_batch_case(KVT_DTYPE_F16, 1, 2, 8, 256, 8, mixed, 5, 3, true);
+	attend_batch_case(KVT_DTYPE_BF16, 2, 2, 4, 128, 16, mixed, 5, 4, true);
+	attend_batch_case(KVT_DTYPE_BF16, 2, 1, 8, 64, 16, longs, 1, 0, false);
 }
 
 static void test_attend_batch(void **state)
 {
-	static const uint32_t none[] = {0};
+	static const uint32_t none[] = {0}, mixed[] = {2, 1, 0, 3, 2};
 	struct kvt_attn_desc d = {0};
 	float s;
 
 	(void)state;
 	each_schedule(attend_batch_cases, 8);
+	/* rows nowhere 16-byte aligned: element loads, the same results */
+	attend_pool_shift = 2;
+	attend_batch_case(KVT_DTYPE_BF16, 2, 2, 4, 128, 16, mixed, 5, 4, true);
+	attend_pool_shift = 4;
+	attend_batch_case(KVT_DTYPE_F32, 1, 2, 2, 32, 8, mixed, 5, 0, true);
+	attend_pool_shift = 0;
 	/* rows without tokens: zeros and -inf, whatever the split */
 	attend_batch_case(KVT_DTYPE_F32, 2, 2, 2, 16, 8, none, 1, 4, true);
 	/* a long row at the split a GPU would pick (several parts), one schedule */
