@@ -588,21 +588,11 @@ static void tk_count(const struct kvt_manager *m, const struct kvt_seq *s, struc
 
 		for (uint32_t i = 0, j; i < K; i = j) {
 			uint32_t b = (uint32_t)t[i] >> m->lbt, end = (b + 1) << m->lbt;
-			uint32_t lo = i,
-				 hi = end - (uint32_t)t[i] < K - i ? i + end - (uint32_t)t[i] : K;
+			/* positions from i that can be in block b (they ascend strictly) */
+			uint32_t n = end - (uint32_t)t[i] < K - i ? end - (uint32_t)t[i] : K - i;
 
-			/* t[lo] < end <= t[hi] (hi == K: past the end) */
-			if ((uint32_t)t[hi - 1] < end)
-				lo = hi - 1;
-			while (hi - lo > 1) {
-				uint32_t mid = lo + (hi - lo) / 2;
-
-				if ((uint32_t)t[mid] < end)
-					lo = mid;
-				else
-					hi = mid;
-			}
-			j = lo + 1;
+			/* all n in block b: one test; else the halving search */
+			j = i + ((uint32_t)t[i + n - 1] < end ? n : kvt_topk_lower(t + i, n, end));
 			ly->rc->rg.key[(size_t)b * H + h].tk += (uint8_t)(j - i);
 		}
 	}
