@@ -832,11 +832,12 @@ static void attend_batch_cases(void)
 	attend_batch_case(KVT_DTYPE_F32, 2, 1, 8, 64, 16, longs, 1, 5, true);	/* GQA 8 */
 	attend_batch_case(KVT_DTYPE_BF16, 1, 2, 12, 40, 8, mixed, 5, 2, false); /* 2 parts */
 	attend_batch_case(KVT_DTYPE_F16, 4, 1, 4, 160, 16, shorts, 1, 0, true); /* D past 128 */
-	/* rows of 16-byte loads: a row a whole warp (512 bytes), a half warp, a quarter */
+	/* rows of 16-byte loads: a row a whole warp (512 bytes), a half warp, a quarter, a lane */
 	attend_batch_case(KVT_DTYPE_F32, 2, 2, 1, 128, 16, mixed, 5, 0, true);
 	attend_batch_case(KVT_DTYPE_F16, 1, 2, 8, 256, 8, mixed, 5, 3, true);
 	attend_batch_case(KVT_DTYPE_BF16, 2, 2, 4, 128, 16, mixed, 5, 4, true);
 	attend_batch_case(KVT_DTYPE_BF16, 2, 1, 8, 64, 16, longs, 1, 0, false);
+	attend_batch_case(KVT_DTYPE_F16, 2, 2, 2, 8, 8, mixed, 5, 2, true); /* a lane a row */
 }
 
 static void test_attend_batch(void **state)
