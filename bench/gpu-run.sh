@@ -3,13 +3,12 @@
 # a machine with a GPU"): builds with the CUDA plugin, runs the GPU suite (test_cuda, the core
 # suites on the CUDA backend, the smoke runs of the transfer benchmark and of calibrate) and the
 # Python suite (its GPU tests need PyTorch), then the full transfer benchmark, the recall
-# benchmark (tests/bench_recall_cuda.c), the batched attention's bandwidth (kvtier-bench attend
-# --backend cuda) and the replay
+# benchmark (tests/bench_recall_cuda.c) and the CPU reference's (kvtier-bench recall), the
+# batched attention's bandwidth (kvtier-bench attend --backend cuda) and the replay
 # simulator's calibration of this GPU (kvtier-bench calibrate: preset.json), then the GPU
 # suite's own test and the smoke run under compute-sanitizer, then the other suites for
-# regressions. Every log and the
-# CSV go under $OUT (default ./gpu-out), written as they go, so a run cut short still brings
-# back its logs.
+# regressions. Every log and the CSV go under $OUT (default ./gpu-out), written as they go, so
+# a run cut short still brings back its logs.
 #
 # The machine needs what a build needs (meson, nvcc, jemalloc, liburing, cmocka, jansson,
 # ISA-L); run from the checkout as
@@ -200,18 +199,23 @@ for phase in "${phases[@]}"; do
 		# decide alike), then CUDA alone at 256 sequences through decode steps, as an engine
 		# calls it, each scored (kvt_decode_recall) and with the selection given on the device
 		# (--blocks), 60 steps (the regions grow over the first few dozen: shorter runs give
-		# higher medians); appended to transfer.txt.
+		# higher medians); then the CPU reference's bookkeeping on this machine's processor
+		# (kvtier-bench recall, null backend, 256 x 32 x 8, two threads); appended to
+		# transfer.txt.
 		secs=$(($(left) - attend_secs - calib_secs))
-		[ "$secs" -gt 90 ] && secs=90
-		if [ "$secs" -ge 20 ]; then
+		[ "$secs" -gt 100 ] && secs=100
+		if [ "$secs" -ge 25 ]; then
 			for args in "16 4 4096 16 8" "--cuda-only --step 256 4 2048 16 60" \
 				"--blocks 16 4 4096 16 8" "--cuda-only --step --blocks 256 4 2048 16 60"; do
 				echo "==== bench_recall_cuda $args" >> "$out/transfer.txt"
 				read -ra a <<< "$args"
-				KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" timed "$((secs / 4))" \
+				KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" timed "$((secs / 5))" \
 					"$build/tests/bench_recall_cuda" "${a[@]}" \
 					>> "$out/transfer.txt" 2>&1 || status=1
 			done
+			echo "==== kvtier-bench recall --steps 24 --threads 2" >> "$out/transfer.txt"
+			timed "$((secs / 5))" "$build/tools/kvtier-bench" recall --steps 24 --threads 2 \
+				>> "$out/transfer.txt" 2>&1 || status=1
 			sed -n '/^==== bench_recall_cuda/,/^==== kvtier-bench calibrate$/p' \
 				"$out/transfer.txt"
 		else
