@@ -13,9 +13,10 @@
 # The machine needs what a build needs (meson, nvcc, jemalloc, liburing, cmocka, jansson,
 # ISA-L); run from the checkout as
 #   bash bench/gpu-run.sh [PHASE...]
-# Phases: build, gpu, bench, sanitize, rest (most needed first: what has never run on a GPU,
-# then the figures, then the checks CI already makes). Named ones run in that order; with none
-# named, build gpu bench: the run the issue needs. "all" names all five.
+# Phases: build, gpu, bench, profile, sanitize, rest (most needed first: what has never run on
+# a GPU, then the figures, then where the kernels' time goes, then the checks CI already
+# makes). Named ones run in that order; with none named, build gpu bench: the run the issue
+# needs. "all" names all six.
 #
 # Time: a session's device time is short (15 minutes, each machine's start included, and no
 # machine starts with under 4 minutes left) and one device command runs at most 10 minutes, so
@@ -37,7 +38,7 @@
 # At most 8 files come back from a device command's $OUT, so the script writes at most 8 in
 # all: phases.txt (which starts with the machine's description), build.log, test-gpu.log,
 # transfer.txt (the transfer benchmark's output, the recall benchmark's, the attention
-# benchmark's, then calibrate's table), transfer.csv,
+# benchmark's, then calibrate's table, then phase profile's reports), transfer.csv,
 # preset.json (calibrate's GPU preset, for kvtier-replay --preset-json), sanitize.log and
 # test-rest.log.
 # Environment: KVT_GPU_BUDGET, KVT_GPU_RESERVE, KVT_GPU_BENCH_MIN, KVT_GPU_ATTEND_SECS,
@@ -53,7 +54,7 @@ reserve=${KVT_GPU_RESERVE:-15}
 bench_min=${KVT_GPU_BENCH_MIN:-120}
 calib_secs=${KVT_GPU_CALIB_SECS:-45}
 attend_secs=${KVT_GPU_ATTEND_SECS:-30}
-all_phases=(build gpu bench sanitize rest) # in the order they run
+all_phases=(build gpu bench profile sanitize rest) # in the order they run
 phases=("$@")
 [ ${#phases[@]} -eq 0 ] && phases=(build gpu bench)
 [ "${phases[*]}" = all ] && phases=("${all_phases[@]}")
@@ -68,9 +69,10 @@ for v in "$budget" "$reserve" "$bench_min" "$calib_secs" "$attend_secs"; do
 done
 for phase in "${phases[@]}"; do
 	case $phase in
-	build | gpu | bench | sanitize | rest) ;;
+	build | gpu | bench | profile | sanitize | rest) ;;
 	*)
-		echo "gpu-run: unknown phase '$phase' (build, gpu, bench, sanitize, rest, or all alone)" >&2
+		echo "gpu-run: unknown phase '$phase' (build, gpu, bench, profile, sanitize, rest, or" \
+			"all alone)" >&2
 		exit 2
 		;;
 	esac
@@ -257,6 +259,37 @@ for phase in "${phases[@]}"; do
 				"${calib_args[@]}" >> "$out/transfer.txt" 2>&1 || status=1
 			sed -n '/^==== kvtier-bench calibrate$/,$p' "$out/transfer.txt"
 		fi
+		;;
+	profile)
+		# Where the kernels' time goes (Nsight Compute, appended to transfer.txt): the batched
+		# attention at 32 sequences (its part and merge kernels, three launches after two),
+		# then the recall program's kernels through decode steps at 64 x 2 x 8 (selection
+		# given, twelve launches after the first forty): throughput against the device's
+		# peaks, occupancy, warp stalls, launch shapes. Half the time left to each.
+		ncu=$(command -v ncu)
+		for c in /usr/local/cuda*/bin/ncu; do
+			[ -z "$ncu" ] && [ -x "$c" ] && ncu=$c
+		done
+		if [ -z "$ncu" ]; then
+			note "profile: no ncu on this machine"
+			status=1
+			continue
+		fi
+		sections=(--section SpeedOfLight --section Occupancy --section WarpStateStats
+			--section LaunchStats)
+		echo "==== ncu: kvtier-bench attend --backend cuda --seqs 32 --reps 5" >> "$out/transfer.txt"
+		KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" timed "$(($(left) / 2))" "$ncu" \
+			--kernel-name regex:'af_part|ab_part|ab_merge' --launch-skip 2 --launch-count 3 \
+			"${sections[@]}" "$build/tools/kvtier-bench" attend --backend cuda --seqs 32 \
+			--reps 5 >> "$out/transfer.txt" 2>&1 || status=1
+		echo "==== ncu: bench_recall_cuda --cuda-only --step --blocks 64 2 2048 16 8" \
+			>> "$out/transfer.txt"
+		KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" timed "$(left)" "$ncu" \
+			--launch-skip 40 --launch-count 12 "${sections[@]}" \
+			"$build/tests/bench_recall_cuda" --cuda-only --step --blocks 64 2 2048 16 8 \
+			>> "$out/transfer.txt" 2>&1 || status=1
+		sed -n '/^==== ncu: kvtier-bench attend/,$p' "$out/transfer.txt" |
+			grep -E '^====|^  [a-z_]+.*\(|Duration|Throughput|Occupancy|Registers|Cycles Per'
 		;;
 	sanitize)
 		# The GPU suite's own test and the transfer smoke run under compute-sanitizer: out of
