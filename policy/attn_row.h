@@ -38,20 +38,19 @@ static inline KVT_HD uint64_t kvt_attn_count(const struct kvt_attn_desc *d, uint
 	return kvt_attn_resident(d, r) + (uint64_t)nr * d->block_tokens;
 }
 
-/* Token t < kvt_attn_count(d, r) of row r's list: its K row's address, or 0 when it is skipped
-   (a recalled row past its block's tokens or marked resident, a block outside the pool). */
-static inline KVT_HD uint64_t kvt_attn_row(const struct kvt_attn_desc *d, uint32_t r, uint64_t t)
+/* Row `row` of block j of row r's resident frames (resident) or of its recalled blocks: its K
+   row's address, or 0 when it is skipped (a recalled row past its block's tokens or marked
+   resident, a block outside the pool). */
+static inline KVT_HD uint64_t kvt_attn_block_row(const struct kvt_attn_desc *d, uint32_t r,
+						 int resident, uint64_t j, uint32_t row)
 {
-	uint32_t bt = d->block_tokens, nt = kvt_attn_resident(d, r), row;
 	uint64_t blk;
 
-	if (t < nt) {
-		blk = d->frames[(size_t)r * d->max_frames + t / bt];
-		row = (uint32_t)(t % bt);
+	if (resident) {
+		blk = d->frames[(size_t)r * d->max_frames + j];
 	} else {
-		size_t x = (size_t)r * d->max_recall + (t - nt) / bt;
+		size_t x = (size_t)r * d->max_recall + j;
 
-		row = (uint32_t)((t - nt) % bt);
 		if (row >= d->recall_tokens[x] || ((d->recall_skip[x] >> row) & 1))
 			return 0;
 		blk = d->recall[x];
@@ -61,29 +60,25 @@ static inline KVT_HD uint64_t kvt_attn_row(const struct kvt_attn_desc *d, uint32
 	return d->pool + blk * d->block_bytes + (uint64_t)row * d->row_bytes;
 }
 
+/* Token t < kvt_attn_count(d, r) of row r's list: its K row's address, or 0 when it is skipped
+   (kvt_attn_block_row). */
+static inline KVT_HD uint64_t kvt_attn_row(const struct kvt_attn_desc *d, uint32_t r, uint64_t t)
+{
+	uint32_t bt = d->block_tokens, nt = kvt_attn_resident(d, r);
+	uint64_t u = t < nt ? t : t - nt; /* within the resident part or the recalled one */
+
+	return kvt_attn_block_row(d, r, t < nt, u / bt, (uint32_t)(u % bt));
+}
+
 /* kvt_attn_row(d, r, t) where the block size is 1 << bsh and row r's resident count
    (kvt_attn_resident) is nt, in 32-bit arithmetic: the same address or 0, without the 64-bit
    division, for a table whose row lists are shorter than 2^32 tokens (the GPU kernel's loop). */
 static inline KVT_HD uint64_t kvt_attn_row_p2(const struct kvt_attn_desc *d, uint32_t r, uint32_t t,
 					      uint32_t nt, uint32_t bsh)
 {
-	uint32_t bm = d->block_tokens - 1, row;
-	uint64_t blk;
+	uint32_t u = t < nt ? t : t - nt;
 
-	if (t < nt) {
-		blk = d->frames[(size_t)r * d->max_frames + (t >> bsh)];
-		row = t & bm;
-	} else {
-		size_t x = (size_t)r * d->max_recall + ((t - nt) >> bsh);
-
-		row = (t - nt) & bm;
-		if (row >= d->recall_tokens[x] || ((d->recall_skip[x] >> row) & 1))
-			return 0;
-		blk = d->recall[x];
-	}
-	if (blk >= d->pool_blocks)
-		return 0;
-	return d->pool + blk * d->block_bytes + (uint64_t)row * d->row_bytes;
+	return kvt_attn_block_row(d, r, t < nt, u >> bsh, u & (d->block_tokens - 1));
 }
 
 #endif /* KVT_ATTN_ROW_H */
