@@ -97,6 +97,15 @@ note() { echo "gpu-run: $*" | tee -a "$out/phases.txt"; }
 # Seconds a phase may still take: what is left of the budget, less the reserve.
 left() { echo $((deadline - $(date +%s) - reserve)); }
 
+# The path of CUDA tool $1: on PATH, else in a toolkit under /usr/local (bin/ or a folder of its
+# own, as compute-sanitizer's); nothing where there is none.
+cuda_tool() {
+	local c
+	for c in "$(command -v "$1")" /usr/local/cuda*/bin/"$1" /usr/local/cuda*/"$1"/"$1"; do
+		[ -n "$c" ] && [ -x "$c" ] && echo "$c" && return
+	done
+}
+
 # Runs a command under the time left ($1 seconds); a run stopped by it sets `cut`.
 cut=0
 timed() {
@@ -266,10 +275,7 @@ for phase in "${phases[@]}"; do
 		# then the recall program's kernels through decode steps at 64 x 2 x 8 (selection
 		# given, twelve launches after the first forty): throughput against the device's
 		# peaks, occupancy, warp stalls, launch shapes. Half the time left to each.
-		ncu=$(command -v ncu)
-		for c in /usr/local/cuda*/bin/ncu; do
-			[ -z "$ncu" ] && [ -x "$c" ] && ncu=$c
-		done
+		ncu=$(cuda_tool ncu)
 		if [ -z "$ncu" ]; then
 			note "profile: no ncu on this machine"
 			status=1
@@ -296,11 +302,7 @@ for phase in "${phases[@]}"; do
 		# bounds and misaligned accesses (memcheck), shared-memory races below barrier
 		# granularity, which the CPU emulator cannot see (racecheck), and barriers reached by
 		# part of a CTA (synccheck). API errors are left out: the tests provoke some on purpose.
-		cs=$(command -v compute-sanitizer)
-		for c in /usr/local/cuda*/bin/compute-sanitizer \
-			/usr/local/cuda*/compute-sanitizer/compute-sanitizer; do
-			[ -z "$cs" ] && [ -x "$c" ] && cs=$c
-		done
+		cs=$(cuda_tool compute-sanitizer)
 		: > "$out/sanitize.log"
 		if [ -z "$cs" ]; then
 			note "sanitize: no compute-sanitizer on this machine"
