@@ -98,15 +98,16 @@ struct kvt_recall_cache {
 	uint64_t base;	/* device address of frame 0; frame i at base + i * block_bytes */
 	uint32_t *free; /* [n] stack of free frames */
 	uint32_t n_free;
-	uint64_t n_regions;   /* (sequence, layer) regions holding frames */
-	uint64_t n_held;      /* frames holding a block */
-	uint64_t sum_ws;      /* the working sets of the regions holding frames, as last counted */
-	uint64_t *layer_ws;   /* [n_layers]: the part of sum_ws of each layer's regions */
-	uint64_t *layer_done; /* [n_layers]: each layer's recall calls that sized and succeeded */
-	uint64_t trim_round;  /* the most of those (+ 1) when regions were last trimmed */
+	uint64_t n_regions;    /* (sequence, layer) regions holding frames */
+	uint64_t n_held;       /* frames holding a block */
+	uint64_t sum_ws;       /* the working sets of the regions holding frames, as last counted */
+	uint64_t *layer_ws;    /* [n_layers]: the part of sum_ws of each layer's regions */
+	uint64_t *layer_done;  /* [n_layers]: each layer's recall calls that sized and succeeded */
+	uint64_t *layer_swept; /* [n_layers]: layer_done + 1 of the layer's call that last swept
+				  (recall_size): a call that fails and its retry sweep once */
 	struct kvt_recall_layer *live_head, *live_tail; /* the regions holding frames */
 	struct kvt_recall_layer *cursor; /* where the last round-robin reclaim stopped */
-	struct kvt_recall_layer *sweep;	 /* where the idle-region sweep stopped */
+	struct kvt_recall_layer *sweep;	 /* where the region sweep stopped */
 	uint64_t *layer_calls;		 /* [n_layers] recall calls per layer */
 	/* per call: each member's slot floor and target, and what each load belongs to */
 	uint32_t *need, *want;

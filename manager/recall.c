@@ -35,8 +35,9 @@ int kvt_recall_init(struct kvt_manager *m, uint64_t base, uint32_t n_frames)
 	rc->layer_calls = kvt_calloc(m->cfg.n_layers, sizeof(*rc->layer_calls));
 	rc->layer_ws = kvt_calloc(m->cfg.n_layers, sizeof(*rc->layer_ws));
 	rc->layer_done = kvt_calloc(m->cfg.n_layers, sizeof(*rc->layer_done));
+	rc->layer_swept = kvt_calloc(m->cfg.n_layers, sizeof(*rc->layer_swept));
 	if (!rc->free || !rc->push_tag || !rc->tmp || !rc->named || !rc->layer_calls ||
-	    !rc->layer_ws || !rc->layer_done)
+	    !rc->layer_ws || !rc->layer_done || !rc->layer_swept)
 		return -ENOMEM; /* kvt_recall_fini frees what was allocated */
 	/* frame 0 on top: a fresh cache hands out frames in ascending order */
 	for (uint32_t i = 0; i < n_frames; i++)
@@ -68,6 +69,7 @@ void kvt_recall_fini(struct kvt_manager *m)
 	free(rc->layer_calls);
 	free(rc->layer_ws);
 	free(rc->layer_done);
+	free(rc->layer_swept);
 	free(rc->need);
 	free(rc->want);
 	free(rc->mrc);
@@ -1756,14 +1758,15 @@ static void frames_commit(struct kvt_manager *m)
 	c->sizing = false;
 }
 
-/* Applies recall_room's sizes: once a step the regions outside the call more than a sixteenth
-   above their target are trimmed to it; members well above their target give frames back
-   first; those below their floor take what they need (free frames, then other regions'); then
-   the others grow towards their target with free frames, in batch order. */
+/* Applies recall_room's sizes: a few regions outside the call more than a sixteenth above their
+   target are trimmed to it (the sweep); members above it by as much give frames back; those
+   below their floor take what they need (free frames, then other regions'); then the others
+   grow towards their target with free frames, in batch order. */
 static void recall_size(struct kvt_manager *m, uint32_t n, uint64_t regions)
 {
 	struct kvt_recall_cache *c = &m->rc;
-	uint64_t floor = 0, round = c->layer_done[c->mrc[0]->layer] + 1;
+	uint32_t layer = c->mrc[0]->layer;
+	uint64_t floor = 0, round = c->layer_done[layer] + 1;
 	struct kvt_recall_layer *sw = c->sweep ? c->sweep : c->live_head;
 
 	ALWAYS(c->top == c->n_free);
@@ -1771,41 +1774,38 @@ static void recall_size(struct kvt_manager *m, uint32_t n, uint64_t regions)
 	c->seg0 = c->top;
 	c->n_drop = c->n_grow = 0;
 
-	/* A few regions a call: those gone idle stop counting in the working sets' sum (their
-	   frames go to whoever grows next: they aim at nothing). */
-	for (uint32_t k = 0; k < 8 && sw; k++, sw = sw->lnext ? sw->lnext : c->live_head) {
-		if (sw->ws_counted && region_idle(m, sw))
-			ws_recount(c, sw, 0);
-	}
-	c->sweep = sw;
+	/* The sweep: eight regions a call, round robin over the live ones (a call that fails and
+	   its retry sweep once: the retry's round, its layer's count of calls that succeeded
+	   plus one, is the failed call's). Those gone idle stop counting in the working sets' sum
+	   (their frames go to whoever grows next: they aim at nothing); those outside the call
+	   more than a sixteenth above their target are trimmed to it. A region in a call is
+	   trimmed there instead (below), so a call's sizing touches no region but its members'
+	   and these eight, unless its floors need more than the free frames: per step, O(batch)
+	   regions are visited, not every live one. The sixteenth spares the regions that the
+	   working sets' small swings put a few slots above their targets, which would lose those
+	   slots every step and take them back at their next call. */
+	if (c->layer_swept[layer] != round) {
+		c->layer_swept[layer] = round;
+		for (uint32_t k = 0; k < 8 && sw; k++) {
+			/* (next before the shrink, which may unlink sw) */
+			struct kvt_recall_layer *next = sw->lnext;
+			uint64_t tg;
 
-	/* Once a step (the call that starts a round of layer calls: its layer's count of calls
-	   that succeeded, plus this one, passes every count before; a call that fails and its
-	   retry are one), each region outside the call more than a sixteenth above its target
-	   is trimmed to it, so that members grow with free frames and take other regions' only
-	   for their floors: a call touches no region but its members' unless its floors need
-	   it. The sixteenth spares the regions that the working sets' small swings put a few
-	   slots above their targets, which would lose those slots every step and take them back
-	   at their next call (kvtier-bench recall: 1,047 of 8,192 regions a step, 4 slots
-	   each). */
-	if (round > c->trim_round) {
-		struct kvt_recall_layer *next;
-
-		c->trim_round = round;
-		for (struct kvt_recall_layer *rc = c->live_head; rc; rc = next) {
-			uint64_t tg = target_of(m, rc, regions);
-
-			next = rc->lnext; /* before the shrink, which may unlink rc */
-			if (rc->stamp != m->stamp && rc->rg.n_slots > tg + tg / 16)
-				region_shrink(m, rc, (uint32_t)tg, true);
+			if (sw->ws_counted && region_idle(m, sw))
+				ws_recount(c, sw, 0);
+			tg = target_of(m, sw, regions);
+			if (sw->stamp != m->stamp && sw->rg.n_slots > tg + tg / 16)
+				region_shrink(m, sw, (uint32_t)tg, true);
+			sw = next ? next : c->live_head;
 		}
+		c->sweep = sw;
 	}
-	/* Members shrink to their target only when well above it (a quarter), so that small
-	   swings of the working sets do not drop blocks that are wanted again at once. */
+	/* Members above their target by more than a sixteenth shrink to it, as the sweep trims
+	   the regions outside the call. */
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_recall_layer *rc = c->mrc[i];
 
-		if (rc->rg.n_slots > c->want[i] + c->want[i] / 4)
+		if (rc->rg.n_slots > c->want[i] + c->want[i] / 16)
 			region_shrink(m, rc, c->want[i], false);
 		if (c->need[i] > rc->rg.n_slots)
 			floor += c->need[i] - rc->rg.n_slots;

@@ -399,8 +399,8 @@ static void test_recall_finds_needle(void **state)
 
 /* One block per call from sequences A, B and C into an 8-frame cache, one kv head: each
    (sequence, layer) has its own region; hits are never loaded again; a region grows towards a
-   share of the cache in proportion to its working set, out of free frames (with one layer,
-   every call trims the other regions to their shares first), and past it evicts its own least
+   share of the cache in proportion to its working set, out of free frames (every call's sweep,
+   eight regions, trims the other regions to their shares first), and past it evicts its least
    recently used block; a call that finds no frame takes another region's least recently used
    one, and a view naming a slot that went or moved that way reads as stale. */
 static void test_recall_regions(void **state)
