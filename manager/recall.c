@@ -333,8 +333,9 @@ struct dcell {
 };
 
 /* Where a program of n members, nc cells (members first, then the other regions that drop),
-   nd drops, ng grows, r entries per head and H heads has its parts: [0, rd) is read back,
-   [0, up) uploaded (with the selection when host_sel), the rest is the device's. */
+   nd drops, ng grows, r entries per head and H heads has its parts (the Quest descriptors
+   when the call scores: quest): [0, rd) is read back, [0, up) uploaded (with the selection
+   when host_sel), the rest is the device's. */
 struct prog_layout {
 	uint64_t cell, bucket, gone, stale, missing, fresh, rd; /* read back */
 	uint64_t rg, drg, grg, qs, drop_k, drop_off, grow_n, grow_off, gat, gval, up;
@@ -342,7 +343,8 @@ struct prog_layout {
 };
 
 static struct prog_layout prog_layout(const struct kvt_manager *m, uint64_t n, uint64_t nc,
-				      uint64_t nd, uint64_t ng, uint64_t r, uint64_t gup)
+				      uint64_t nd, uint64_t ng, uint64_t r, uint64_t gup,
+				      bool quest)
 {
 	uint64_t H = m->cfg.n_kv_heads, w = m->cfg.ws_window;
 	struct prog_layout l = {.cell = 0};
@@ -357,7 +359,7 @@ static struct prog_layout prog_layout(const struct kvt_manager *m, uint64_t n, u
 	l.drg = ALIGN16(l.rg + n * sizeof(struct kvt_gpu_region));
 	l.grg = ALIGN16(l.drg + nd * sizeof(struct kvt_gpu_region));
 	l.qs = ALIGN16(l.grg + ng * sizeof(struct kvt_gpu_region));
-	l.drop_k = ALIGN16(l.qs + n * sizeof(struct kvt_gpu_quest));
+	l.drop_k = ALIGN16(l.qs + (quest ? n * sizeof(struct kvt_gpu_quest) : 0));
 	l.drop_off = ALIGN16(l.drop_k + nd * sizeof(uint32_t));
 	l.grow_n = ALIGN16(l.drop_off + nd * sizeof(uint32_t));
 	l.grow_off = ALIGN16(l.grow_n + ng * sizeof(uint32_t));
@@ -419,9 +421,9 @@ static int prog_reserve(struct kvt_manager *m, uint32_t layer, uint32_t n, uint3
 			uint64_t gup, void *stream)
 {
 	struct kvt_recall_cache *c = &m->rc;
-	struct prog_layout l = prog_layout(m, n, n + (uint64_t)nx, nx, n, r, gup);
+	struct prog_layout l = prog_layout(m, n, n + (uint64_t)nx, nx, n, r, gup, true);
 	/* and dev_drop_seq's program: a clear per layer */
-	uint64_t up = prog_layout(m, 0, m->cfg.n_layers, m->cfg.n_layers, 0, 0, 0).up, addr;
+	uint64_t up = prog_layout(m, 0, m->cfg.n_layers, m->cfg.n_layers, 0, 0, 0, false).up, addr;
 	struct kvt_dlane *ln;
 	int err;
 
@@ -512,11 +514,13 @@ static struct kvt_gpu_quest quest_desc(const struct kvt_manager *m, const struct
 }
 
 /* The group-table entries a program of region rc's layer, of nb blocks, writes: the moved
-   blocks the device saw, then every block from the first it has not seen (at least the last:
-   a copy on write may have moved it). */
+   blocks the device saw, then every block from the first it has not seen. (A block's host
+   group changes only when it is spilled or read back, which lists it as moved: the decode
+   appends write a block's tokens into the group it was given, and the prefix spans a
+   sequence shares are whole blocks below its prompt's end, never written again.) */
 static uint32_t dgroup_writes(const struct kvt_recall_layer *rc, uint32_t nb)
 {
-	uint32_t from = rc->dgroups < nb ? rc->dgroups : nb - 1, k = nb - from;
+	uint32_t from = rc->dgroups < nb ? rc->dgroups : nb, k = nb - from;
 
 	for (uint32_t x = 0; x < rc->n_moved; x++)
 		k += rc->moved[x] < from;
@@ -1012,7 +1016,7 @@ static void dev_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
 	struct kvt_recall_cache *c = &m->rc;
 	uint32_t L = m->cfg.n_layers, k = 0;
 	/* a program of a drop per layer: its cells, descriptors, offsets and reports */
-	struct prog_layout pl = prog_layout(m, 0, L, L, 0, 0, 0);
+	struct prog_layout pl = prog_layout(m, 0, L, L, 0, 0, 0, false);
 	struct kvt_dcopy cp, back;
 	struct kvt_region_run run;
 	uint32_t done;
@@ -1482,6 +1486,14 @@ static uint32_t quest_need(const struct kvt_manager *m, const struct kvt_seq *s,
 	return need;
 }
 
+/* Prefetches the lines of a region's host state that a call reads and writes per member (its
+   counts, working set, view and order fields: the whole struct, a few lines). */
+static inline void rc_prefetch(const struct kvt_recall_layer *rc)
+{
+	for (size_t o = 0; o < sizeof(*rc); o += 64)
+		__builtin_prefetch((const char *)rc + o, 1);
+}
+
 /* Validates a recall batch (pass 1): every sequence live, once, prefilled for layer, resident,
    every block index of a selection in host memory inside its history; grows the tables the call
    will write. Fills m->batch, and rc.need[i] with an upper bound of what member i needs (its
@@ -1501,10 +1513,25 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 	    kvt_reserve((void **)&m->rc.mrc, &m->rc.mrc_cap, n, sizeof(*m->rc.mrc)))
 		return kvt_fail(m, -ENOMEM, "recall: no memory for a batch of %u", n);
 	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_seq *s = kvt_batch_member(m, seqs, i, layer, stamp, "recall", &err);
+		struct kvt_seq *s;
 		struct kvt_seq_layer *ly;
 		uint32_t nb, need = 0;
 
+		/* A step's members are known: their state, cold since the layer's last call, comes
+		   in a few members ahead, the sequence and its layer's line first, then (once
+		   that line is in) the region it points to. */
+		if (m->step.active) {
+			const struct kvt_seq *a = i + 6 < n ? m->step.of[i + 6] : NULL,
+					     *b = i + 3 < n ? m->step.of[i + 3] : NULL;
+
+			if (a) {
+				__builtin_prefetch(a, 1);
+				__builtin_prefetch(&a->layers[layer], 1);
+			}
+			if (b && b->layers[layer].rc)
+				rc_prefetch(b->layers[layer].rc);
+		}
+		s = kvt_batch_member(m, seqs, i, layer, stamp, "recall", &err);
 		if (!s)
 			return err;
 		ly = &s->layers[layer];
@@ -2059,6 +2086,12 @@ static void dev_apply(struct kvt_manager *m, const struct kvt_dlane *ln, bool fa
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_recall_layer *rc = ln->rc[i];
 		const struct dcell *e = &cell[i];
+
+		/* the members' host state, cold since their call: a few ahead */
+		if (i + 4 < n)
+			rc_prefetch(ln->rc[i + 4]);
+		if (i + 2 < n)
+			__builtin_prefetch(ln->rc[i + 2]->ws.bucket, 1);
 		/* a caller's selection naming a block past the member's history: the kernel
 		   changed nothing of that region (recall_member's rule) */
 		bool bad = ln->dsel && e->err == -EINVAL;
@@ -2407,10 +2440,14 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 			c->drop[d].rc->cell = nc++;
 			c->drop[d].rc->cell_stamp = stamp;
 		}
-	l = prog_layout(m, n, nc, nd, ng, r, gup);
+	l = prog_layout(m, n, nc, nd, ng, r, gup, q != NULL);
 	if (NEVER(l.bytes > ln->blob_cap)) /* prog_reserve made room */
 		return kvt_fail(m, -ENOMEM, "recall: a call's program outgrew its lane");
-	memset(hb, 0, l.up);
+	/* what the kernels add to or the host does not write below: the cells' counts and tallies,
+	   the drops' reports, the missing and fresh counts (the rest of the upload is written in
+	   full) */
+	memset(hb + l.cell, 0, (size_t)nc * sizeof(struct dcell));
+	memset(hb + l.gone, 0, l.rd - l.gone);
 	/* the members' selections: the caller's on the device, else the program's (uploaded,
 	   or written there by the Quest selection) */
 	dsel = kind == SEL_DEVICE ? (uint64_t)(uintptr_t)sel : c->dcall + l.sel;
@@ -2433,9 +2470,8 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 			dev_desc(m, rc, &l, i, i, n, r, r, dsel);
 		if (q)
 			((struct kvt_gpu_quest *)(hb + l.qs))[i] = quest_desc(m, ly);
-		/* the blocks' host groups the device has not seen, and the last block's (a
-		   shared one may have been copied for this sequence's appends since) */
-		from = rc->dgroups < nb ? rc->dgroups : nb - 1;
+		/* the blocks' host groups the device has not seen, and those that moved */
+		from = rc->dgroups < nb ? rc->dgroups : nb;
 		for (uint32_t x = 0; x < rc->n_moved; x++)
 			if (rc->moved[x] < from)
 				dgroup_write(m, rc, ly, rc->moved[x], gat, gval, &n_g);
