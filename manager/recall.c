@@ -513,14 +513,20 @@ static struct kvt_gpu_quest quest_desc(const struct kvt_manager *m, const struct
 	};
 }
 
-/* The group-table entries a program of region rc's layer, of nb blocks, writes: the moved
-   blocks the device saw, then every block from the first it has not seen. (A block's host
-   group changes only when it is spilled or read back, which lists it as moved: the decode
-   appends write a block's tokens into the group it was given, and the prefix spans a
-   sequence shares are whole blocks below its prompt's end, never written again.) */
+/* The first block of region rc's layer, of nb blocks, that its device group table has not
+   seen: a program writes the entries from it on, and those of the moved blocks below it. (A
+   block's host group changes only when it is spilled or read back, which lists it as moved:
+   the decode appends write a block's tokens into the group it was given, and the prefix spans
+   a sequence shares are whole blocks below its prompt's end, never written again.) */
+static inline uint32_t dgroup_from(const struct kvt_recall_layer *rc, uint32_t nb)
+{
+	return rc->dgroups < nb ? rc->dgroups : nb;
+}
+
+/* The group-table entries a program of region rc's layer, of nb blocks, writes (dgroup_from). */
 static uint32_t dgroup_writes(const struct kvt_recall_layer *rc, uint32_t nb)
 {
-	uint32_t from = rc->dgroups < nb ? rc->dgroups : nb, k = nb - from;
+	uint32_t from = dgroup_from(rc, nb), k = nb - from;
 
 	for (uint32_t x = 0; x < rc->n_moved; x++)
 		k += rc->moved[x] < from;
@@ -2471,7 +2477,7 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		if (q)
 			((struct kvt_gpu_quest *)(hb + l.qs))[i] = quest_desc(m, ly);
 		/* the blocks' host groups the device has not seen, and those that moved */
-		from = rc->dgroups < nb ? rc->dgroups : nb;
+		from = dgroup_from(rc, nb);
 		for (uint32_t x = 0; x < rc->n_moved; x++)
 			if (rc->moved[x] < from)
 				dgroup_write(m, rc, ly, rc->moved[x], gat, gval, &n_g);
