@@ -7,7 +7,7 @@
  * checks it on the objects' symbols):
  *
  *   step.c -> manager.c, seq.c -> recall.c -> spill.c -> prefix.c -> base.c -> idmap.c, pool.c
- *   -> log.c, fault.c
+ *   -> log.c, huge.c -> fault.c
  *
  * step.c runs decode steps on a batch named once (kvt_step_*); manager.c creates, destroys and
  * reports; seq.c runs sequences (create, prefill, decode, preempt, resume, reads); recall.c holds

@@ -7,6 +7,7 @@
 
 #include "base.h"
 #include "gpu.h"
+#include "huge.h"
 #include "manager.h"
 #include "policy.h"
 #include "prefix.h"
@@ -336,7 +337,7 @@ int kvt_manager_create_with(const struct kvt_config *cfg, const struct kvt_backe
 
 static void free_layer_tables(struct kvt_seq_layer *ly)
 {
-	free(ly->groups);
+	kvt_huge_free(ly->groups);
 	free(ly->frames);
 	free(ly->topk);
 }

@@ -16,6 +16,7 @@
 
 #include "base.h"
 #include "gpu.h"
+#include "huge.h"
 #include "par.h"
 #include "policy.h"
 #include "recall.h"
@@ -121,16 +122,16 @@ void kvt_recall_layer_free(struct kvt_manager *m, struct kvt_recall_layer *rc)
 		m->ops->dmem_free(m->be, rc->dreg);
 		m->dmeta_bytes -= dreg_layout(m, rc->dscap, rc->dvcap).bytes;
 	}
-	free(rc->meta);
-	free(rc->rg.slot);
-	free(rc->rg.key);
-	free(rc->rg.link);
-	free(rc->frame);
-	free(rc->view_n);
-	free(rc->view);
-	free(rc->ws.bucket);
-	free(rc->qcand);
-	free(rc);
+	kvt_huge_free(rc->meta);
+	kvt_huge_free(rc->rg.slot);
+	kvt_huge_free(rc->rg.key);
+	kvt_huge_free(rc->rg.link);
+	kvt_huge_free(rc->frame);
+	kvt_huge_free(rc->view_n);
+	kvt_huge_free(rc->view);
+	kvt_huge_free(rc->ws.bucket);
+	kvt_huge_free(rc->qcand);
+	kvt_huge_free(rc);
 }
 
 void kvt_recall_free_seq(struct kvt_manager *m, struct kvt_seq *s)
@@ -151,10 +152,11 @@ static uint32_t count_spilled(const struct kvt_seq_layer *ly)
 	return k;
 }
 
-/* Grows one table of n_old to n_new elements of sz bytes, new ones filled with byte `fill`. */
+/* Grows one table of n_old to n_new elements of sz bytes, new ones filled with byte `fill`.
+   The tables a call reads at random live in table memory (huge.h). */
 static int grow(void **p, size_t n_old, size_t n_new, size_t sz, int fill)
 {
-	void *q = kvt_realloc(*p, n_new * sz);
+	void *q = kvt_huge_realloc(*p, n_new * sz);
 
 	if (!q)
 		return -ENOMEM;
@@ -221,7 +223,7 @@ static int rc_layer_get(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_
 	size_t H = m->cfg.n_kv_heads, old, want;
 
 	if (!rc) {
-		rc = kvt_calloc(1, sizeof(*rc));
+		rc = kvt_huge_calloc(1, sizeof(*rc));
 		if (!rc)
 			return kvt_be_fail(m->be, -ENOMEM, "no memory for the recall state");
 		rc->rg.head = rc->rg.tail = KVT_REGION_PENDING;
@@ -1401,20 +1403,20 @@ static int view_reserve(struct kvt_manager *m, struct kvt_recall_layer *rc, uint
 	uint32_t *v;
 
 	if (!rc->view_n) {
-		rc->view_n = kvt_calloc(H, sizeof(*rc->view_n));
+		rc->view_n = kvt_huge_calloc(H, sizeof(*rc->view_n));
 		if (!rc->view_n)
 			return -ENOMEM;
 	}
 	if (r <= rc->view_cap)
 		return 0;
 	/* The old view is laid out for the old capacity: re-lay it out per head. */
-	v = kvt_malloc(H * r * sizeof(*v));
+	v = kvt_huge_realloc(NULL, H * r * sizeof(*v));
 	if (!v)
 		return -ENOMEM;
 	for (size_t h = 0; h < H; h++)
 		if (rc->view_n[h])
 			memcpy(v + h * r, rc->view + h * rc->view_cap, rc->view_n[h] * sizeof(*v));
-	free(rc->view);
+	kvt_huge_free(rc->view);
 	rc->view = v;
 	rc->view_cap = r;
 	return 0;
@@ -1557,8 +1559,9 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 		if (rc_layer_get(m, ly, ly->n_groups, NULL) || view_reserve(m, ly->rc, r) ||
 		    (!ly->rc->ws.bucket &&
 		     !(ly->rc->ws.bucket =
-			       kvt_calloc(m->cfg.ws_window, sizeof(*ly->rc->ws.bucket)))) ||
-		    (!ly->rc->qcand && !(ly->rc->qcand = kvt_calloc(H, sizeof(*ly->rc->qcand)))))
+			       kvt_huge_calloc(m->cfg.ws_window, sizeof(*ly->rc->ws.bucket)))) ||
+		    (!ly->rc->qcand &&
+		     !(ly->rc->qcand = kvt_huge_calloc(H, sizeof(*ly->rc->qcand)))))
 			return kvt_fail(m, -ENOMEM,
 					"recall: sequence %llu: no memory for its "
 					"recall tables",

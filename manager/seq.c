@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base.h"
+#include "huge.h"
 #include "policy.h"
 #include "prefix.h"
 #include "recall.h"
@@ -116,7 +117,7 @@ static struct kvt_seq *seq_new(struct kvt_manager *m, uint64_t seq, uint32_t pro
 static void seq_free(struct kvt_manager *m, struct kvt_seq *s)
 {
 	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
-		free(s->layers[l].groups);
+		kvt_huge_free(s->layers[l].groups);
 	kvt_seq_px_free(s->px);
 	free(s);
 	m->seq_frees++;
@@ -225,7 +226,8 @@ KVT_API int kvt_seq_create_prefix(struct kvt_manager *m, uint64_t seq, uint32_t 
 		goto nomem;
 	full = DIV_UP(prompt_tokens, m->cfg.block_tokens);
 	for (; layers_ok < m->cfg.n_layers; layers_ok++) {
-		s->layers[layers_ok].groups = kvt_malloc((size_t)full * sizeof(uint32_t));
+		s->layers[layers_ok].groups =
+			kvt_huge_realloc(NULL, (size_t)full * sizeof(uint32_t));
 		if (!s->layers[layers_ok].groups)
 			goto nomem;
 		s->layers[layers_ok].cap_groups = full;
@@ -282,7 +284,7 @@ static void release_layer(struct kvt_manager *m, struct kvt_seq *s, struct kvt_s
 	else if (ly->groups)
 		kvt_host_release(m, ly->groups, ly->n_groups);
 	free(ly->frames);
-	free(ly->groups);
+	kvt_huge_free(ly->groups);
 	free(ly->topk);
 	*ly = (struct kvt_seq_layer){0};
 }
@@ -579,7 +581,7 @@ static int prefill_tables(struct kvt_manager *m, struct prefill *p)
 	}
 	if (ly->cap_groups < full) {
 		/* the layer's whole table at once; a capacity change is not visible */
-		uint32_t *g = kvt_realloc(ly->groups, (size_t)full * sizeof(*g));
+		uint32_t *g = kvt_huge_realloc(ly->groups, (size_t)full * sizeof(*g));
 
 		if (!g)
 			goto nomem;
@@ -1077,8 +1079,8 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 		if (ly->n_groups == ly->cap_groups) {
 			uint32_t cap = ly->cap_groups;
 
-			if (kvt_reserve((void **)&ly->groups, &cap, ly->n_groups + 1,
-					sizeof(*ly->groups)))
+			if (kvt_huge_reserve((void **)&ly->groups, &cap, ly->n_groups + 1,
+					     sizeof(*ly->groups)))
 				return kvt_fail(m, -ENOMEM,
 						"decode: sequence %llu: no memory for its "
 						"block table",
