@@ -1525,20 +1525,18 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 		struct kvt_seq_layer *ly;
 		uint32_t nb, need = 0;
 
-		/* A step's members are known: their state, cold since the layer's last call, comes
-		   in a few members ahead, the sequence and its layer's line first, then (once
-		   that line is in) the region it points to. */
-		if (m->step.active) {
-			const struct kvt_seq *a = i + 6 < n ? m->step.of[i + 6] : NULL,
-					     *b = i + 3 < n ? m->step.of[i + 3] : NULL;
+		/* The members' state, cold since the layer's last call, comes in a few members
+		   ahead: the sequence and its layer's line first, then (once that line is in) the
+		   region it points to. A member not live is reported when its turn comes. */
+		const struct kvt_seq *far = i + 6 < n ? kvt_member(m, seqs, i + 6) : NULL,
+				     *near = i + 3 < n ? kvt_member(m, seqs, i + 3) : NULL;
 
-			if (a) {
-				__builtin_prefetch(a, 1);
-				__builtin_prefetch(&a->layers[layer], 1);
-			}
-			if (b && b->layers[layer].rc)
-				rc_prefetch(b->layers[layer].rc);
+		if (far) {
+			__builtin_prefetch(far, 1);
+			__builtin_prefetch(&far->layers[layer], 1);
 		}
+		if (near && near->layers[layer].rc)
+			rc_prefetch(near->layers[layer].rc);
 		s = kvt_batch_member(m, seqs, i, layer, stamp, "recall", &err);
 		if (!s)
 			return err;
@@ -1734,7 +1732,8 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 	    kvt_reserve((void **)&m->xf, &m->xf_cap, (uint32_t)loads, sizeof(*m->xf)) ||
 	    kvt_reserve((void **)&c->xmember, &c->x_cap, (uint32_t)loads, sizeof(*c->xmember)) ||
 	    kvt_reserve((void **)&c->xslot, &c->xslot_cap, (uint32_t)loads, sizeof(*c->xslot)) ||
-	    kvt_reserve((void **)&c->ld, &c->ld_cap, recall_slots(m) * H * r, sizeof(*c->ld)) ||
+	    /* two lists a slot: a member's loads are written out during the next one's call */
+	    kvt_reserve((void **)&c->ld, &c->ld_cap, 2 * recall_slots(m) * H * r, sizeof(*c->ld)) ||
 	    kvt_spill_want_reserve(m, (uint32_t)loads))
 		return kvt_fail(m, -ENOMEM, "recall: no memory for the load list");
 	return 0;
@@ -1882,11 +1881,12 @@ static void recall_size(struct kvt_manager *m, uint32_t n, uint64_t regions)
    own until recall_pass2 sums the items in batch order. */
 struct recall_part {
 	uint32_t i0, i1, base;
-	uint32_t nx;   /* loads written from base */
-	uint64_t held; /* loads into empty slots (frames newly holding a block) */
-	int64_t ws;    /* change of the working sets' sum */
-	uint64_t wait; /* the latest save ticket of a member that loads */
-	struct kvt_region_load *ld;
+	uint32_t nx;		       /* loads written from base */
+	uint64_t held;		       /* loads into empty slots (frames newly holding a block) */
+	int64_t ws;		       /* change of the working sets' sum */
+	uint64_t wait;		       /* the latest save ticket of a member that loads */
+	struct kvt_region_load *ld[2]; /* the loads of members of even and odd index */
+	uint32_t nl[2];
 	struct kvt_region_tally r;
 };
 
@@ -1912,16 +1912,18 @@ static bool dsel_bad(const struct kvt_manager *m, const struct kvt_seq_layer *ly
 }
 
 /* Pass 2 for one member (s, layer) and its selection sel[H][r] (dsel: a SEL_DEVICE one): the
-   region's decisions (policy/region.h), its loads written in its part's stretch of m->xf, its
-   view. Touches only the member's own state and the part's. Nothing fails. */
+   region's decisions (policy/region.h) and its view; its loads go to p->ld[i & 1] (p->nl[i &
+   1] of them), whose group entries and frames are requested here and read by recall_fill
+   after the next member's call. Touches only the member's own state and the part's. Nothing
+   fails. */
 static void recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, uint32_t layer,
 			  const uint32_t *sel, bool dsel, uint32_t r, struct recall_part *p,
 			  const struct kvt_region_ahead *ahead)
 {
-	struct kvt_recall_cache *c = &m->rc;
 	struct kvt_seq_layer *ly = &s->layers[layer];
 	struct kvt_recall_layer *rc = ly->rc;
 	struct kvt_region_geom g = geom_of(m, ly->n_tokens);
+	struct kvt_region_load *ld = p->ld[i & 1];
 	uint32_t H = m->cfg.n_kv_heads, nl = 0;
 	/* A selection the caller keeps on the device is checked where it lies, member by member:
 	   one naming a block past its history leaves the member's region as it was and its views
@@ -1929,13 +1931,14 @@ static void recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, 
 	bool bad = dsel && dsel_bad(m, ly, sel, r);
 	int err = 0;
 
+	p->nl[i & 1] = 0;
 	if (NEVER(r > rc->view_cap)) /* recall_validate made room for the view */
 		return;
 	/* views are laid out view_cap apart per head: the region writes r apart, so a call with
 	   r < view_cap spreads them after */
 	if (!bad)
 		err = kvt_region_recall_ahead(&rc->rg, &g, sel, r, &rc->ws, rc->view, rc->view_n,
-					      p->ld, &nl, &p->r, ahead);
+					      ld, &nl, &p->r, ahead);
 	/* A live region's working set counts from its next call on (recall_validate): a device
 	   doing this call's lookups reports the total a step late. Until it has one counted, it
 	   counts as all its call can look up, so that a new region aims at a part of the cache
@@ -1959,39 +1962,52 @@ static void recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, 
 		for (uint32_t h = H; h-- > 1;)
 			memmove(rc->view + (size_t)h * rc->view_cap, rc->view + (size_t)h * r,
 				rc->view_n[h] * sizeof(*rc->view));
-	/* The group entries and frames the loads read, all requested before the first is used: a
-	   call loads a few blocks, so fetching the member's whole group table ahead would bring
-	   in far more lines than it reads. */
+	/* The group entries and frames the loads read, cold: requested now, read a member's
+	   call later. A call loads a few blocks, so fetching the member's whole group table ahead
+	   would bring in far more lines than it reads. */
 	for (uint32_t x = 0; x < nl; x++) {
-		__builtin_prefetch(&ly->groups[p->ld[x].key / H]);
-		__builtin_prefetch(&rc->frame[p->ld[x].slot]);
+		__builtin_prefetch(&ly->groups[ld[x].key / H]);
+		__builtin_prefetch(&rc->frame[ld[x].slot]);
 	}
-	for (uint32_t x = 0; x < nl; x++) {
-		const struct kvt_region_load *ld = &p->ld[x];
-		uint32_t b = ld->key / H, h = ld->key % H, at = p->base + p->nx++;
-
-		/* A spilled block is read back after this pass (src 0 until then; recall_core
-		   lists it). recall_room reserved the list. */
-		p->held += ld->old == KVT_REGION_NONE;
-		c->xmember[at] = i;
-		c->xslot[at] = ld->slot;
-		m->xf[at] = (struct kvt_xfer){
-			.src = ly->groups[b] & KVT_SPILLED ? 0
-							   : kvt_host_row(m, ly, h, b << m->lbt),
-			.dst = kvt_slot_frame(m, rc, ld->slot),
-			.bytes = (uint32_t)m->block_bytes,
-			.reps = 1,
-		};
-	}
+	p->nl[i & 1] = nl;
 	rc->view_failed = false;
 	rc->view_bad_sel = false;
 	if (nl && s->save_ticket > p->wait)
 		p->wait = s->save_ticket;
 }
 
+/* Writes member i's loads (recall_member's list) in its part's stretch of m->xf. */
+static void recall_fill(struct kvt_manager *m, uint32_t i, uint32_t layer, struct recall_part *p)
+{
+	struct kvt_recall_cache *c = &m->rc;
+	const struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
+	const struct kvt_recall_layer *rc = ly->rc;
+	const struct kvt_region_load *ld = p->ld[i & 1];
+	uint32_t H = m->cfg.n_kv_heads;
+
+	for (uint32_t x = 0; x < p->nl[i & 1]; x++) {
+		uint32_t b = ld[x].key / H, h = ld[x].key % H, at = p->base + p->nx++;
+
+		/* A spilled block is read back after this pass (src 0 until then; recall_core
+		   lists it). recall_room reserved the list. */
+		p->held += ld[x].old == KVT_REGION_NONE;
+		c->xmember[at] = i;
+		c->xslot[at] = ld[x].slot;
+		m->xf[at] = (struct kvt_xfer){
+			.src = ly->groups[b] & KVT_SPILLED ? 0
+							   : kvt_host_row(m, ly, h, b << m->lbt),
+			.dst = kvt_slot_frame(m, rc, ld[x].slot),
+			.bytes = (uint32_t)m->block_bytes,
+			.reps = 1,
+		};
+	}
+	p->nl[i & 1] = 0;
+}
+
 /* Runs pass 2 over one item's members, with the scratch of slot `slot`. Each member's tables
    are its own but cold: while member i works, the key entries of member i + 2 and the slots of
-   member i + 1 come in (kvt_region_ahead). */
+   member i + 1 come in (kvt_region_ahead), and member i - 1's loads, whose entries were
+   requested during its call, are written out. */
 static void recall_run_part(void *ctx, uint32_t slot, uint32_t k)
 {
 	struct recall_job *j = ctx;
@@ -2000,7 +2016,9 @@ static void recall_run_part(void *ctx, uint32_t slot, uint32_t k)
 	uint32_t H = m->cfg.n_kv_heads, r = j->r, layer = j->layer;
 	const uint32_t *sel = j->sel;
 
-	p->ld = m->rc.ld + (size_t)slot * H * r;
+	p->ld[0] = m->rc.ld + (size_t)slot * 2 * H * r;
+	p->ld[1] = p->ld[0] + (size_t)H * r;
+	p->nl[0] = p->nl[1] = 0;
 	for (uint32_t i = p->i0; i < p->i0 + 2 && i < p->i1; i++)
 		kvt_region_prefetch(&m->rc.mrc[i]->rg, H, sel + (size_t)i * H * r, r, true);
 	if (p->i0 < p->i1)
@@ -2019,7 +2037,11 @@ static void recall_run_part(void *ctx, uint32_t slot, uint32_t k)
 		}
 		recall_member(m, i, m->batch[i], layer, sel + (size_t)i * H * r, j->dsel, r, p,
 			      &ahead);
+		if (i > p->i0)
+			recall_fill(m, i - 1, layer, p);
 	}
+	if (p->i1 > p->i0)
+		recall_fill(m, p->i1 - 1, layer, p);
 }
 
 /* Pass 2 of a call of n members: the items run (shared by the team when there is one), then
