@@ -69,6 +69,36 @@ static inline void ws_touch(struct kvt_ws *ws, uint32_t *touched, uint32_t t)
 	}
 }
 
+/* A working set's window as one call's loop holds it: at step t, bucket[cur] that step's. */
+struct ws_now {
+	uint32_t *bucket;
+	uint32_t w, cur, t;
+	uint32_t add;  /* lookups counted at t (bucket[cur] takes them when the call ends) */
+	int32_t total; /* change of the total (likewise) */
+};
+
+/* ws_touch when the window ends at the call's step (ws->step == t, w >= 1): the step's own
+   bucket and the total change only by what the call gathers in n (a decrement never falls in
+   the step's bucket: it is a step before t, less than w steps back). */
+static inline void ws_touch_now(struct ws_now *n, uint32_t *touched)
+{
+	uint32_t x = *touched;
+
+	if (x) {
+		uint32_t d = n->t - (x - 1); /* steps since its latest lookup */
+
+		if (x - 1 >= n->t)
+			return; /* already counted at this step or a later one */
+		if (d < n->w) {
+			n->bucket[n->cur >= d ? n->cur - d : n->cur + n->w - d]--;
+			n->total--;
+		}
+	}
+	*touched = n->t + 1;
+	n->add++;
+	n->total++;
+}
+
 void kvt_ws_touch(struct kvt_ws *ws, uint32_t *touched, uint32_t t)
 {
 	if (!ws->bucket || !ws->w)
@@ -281,13 +311,16 @@ static inline void prefetch_w(const void *p)
 static inline void prefetch_head(const struct kvt_region *rg, uint32_t n_heads, uint32_t h,
 				 const uint32_t *hs, uint32_t r, bool keys)
 {
+	const struct kvt_region_key *key = rg->key;
+	const uint32_t cap = rg->cap_blocks;
+
 	for (uint32_t j = 0; j < r; j++) {
 		uint32_t b = hs[j];
 		const struct kvt_region_key *ke;
 
-		if (b == KVT_REGION_NONE || b >= rg->cap_blocks)
+		if (b >= cap) /* KVT_REGION_NONE too */
 			continue;
-		ke = &rg->key[(size_t)b * n_heads + h];
+		ke = &key[(size_t)b * n_heads + h];
 		if (keys)
 			prefetch_w(ke);
 		else if (ke->slot && ke->slot <= rg->n_slots) {
@@ -352,7 +385,7 @@ int kvt_region_recall_ahead(struct kvt_region *rg, const struct kvt_region_geom 
 			    struct kvt_region_tally *t, const struct kvt_region_ahead *ahead)
 {
 	const uint32_t H = g->n_heads, N = g->n_tokens, bt = 1u << g->lbt;
-	uint32_t c, nl = 0, n_new = 0, hits0 = t->hits;
+	uint32_t c, nl = 0, n_new = 0;
 	uint16_t v;
 	int err = 0;
 
@@ -364,7 +397,20 @@ int kvt_region_recall_ahead(struct kvt_region *rg, const struct kvt_region_geom 
 		ws = NULL; /* no working set kept: kvt_ws_touch would do nothing */
 
 	/* 1. Lookups: hits and reloads keep their slots; misses are listed (their keys marked
-	   pending, so a repeat is seen) and get slots in step 2. */
+	   pending, so a repeat is seen) and get slots in step 2. The loop keeps its tables and
+	   counts in locals (the stores through slots and keys would otherwise make the compiler
+	   reload them every lookup). Blocks [mid_lo, mid_hi) are whole and overlap neither the
+	   sink nor the ring: resident exactly when all their tokens are top-K ones. */
+	struct kvt_region_key *const key = rg->key;
+	struct kvt_region_slot *const slot = rg->slot;
+	const uint32_t mid_lo = (g->sink + bt - 1) >> g->lbt,
+		       mid_hi = (g->ring0 >> g->lbt) < (N >> g->lbt) ? g->ring0 >> g->lbt
+								     : N >> g->lbt;
+	const uint32_t mid_n = mid_hi > mid_lo ? mid_hi - mid_lo : 0;
+	uint32_t n_look = 0, n_hit = 0, n_reload = 0;
+	struct ws_now wn = {0};
+	bool ws_at = false; /* the window is at N: ws_touch_now applies */
+
 	for (uint32_t h = 0; h < H; h++) {
 		const uint32_t *hs = sel + (size_t)h * r;
 		uint32_t *hv = view + (size_t)h * r, vn = 0;
@@ -381,27 +427,33 @@ int kvt_region_recall_ahead(struct kvt_region *rg, const struct kvt_region_geom 
 
 			if (b == KVT_REGION_NONE)
 				continue;
-			nv = N - (b << g->lbt) < bt ? N - (b << g->lbt) : bt;
-			if (kvt_region_resident(rg, g, h, b, nv))
-				continue;
 			k = b * H + h;
-			ke = &rg->key[k];
+			ke = &key[k];
+			if (b - mid_lo < mid_n) { /* mid_lo <= b < mid_hi */
+				nv = bt;
+				if (ke->tk == bt)
+					continue;
+			} else {
+				nv = N - (b << g->lbt) < bt ? N - (b << g->lbt) : bt;
+				if (kvt_region_resident(rg, g, h, b, nv))
+					continue;
+			}
 			if (ke->slot == KVT_REGION_PENDING)
 				continue; /* a repeated miss */
 			if (ke->slot) {
 				uint32_t i = ke->slot - 1u;
-				struct kvt_region_slot *s = &rg->slot[i];
+				struct kvt_region_slot *sl = &slot[i];
 
-				if (s->stamp == c)
+				if (sl->stamp == c)
 					continue; /* a repeated hit */
-				s->stamp = c;
-				s->rank = h * r + j;
-				if (s->n_valid != nv) { /* the block grew since: reload it */
+				sl->stamp = c;
+				sl->rank = h * r + j;
+				if (sl->n_valid != nv) { /* the block grew since: reload it */
 					load[nl++] = (struct kvt_region_load){i, k, k, nv};
-					s->n_valid = nv;
-					t->loads++;
+					sl->n_valid = nv;
+					n_reload++;
 				} else {
-					t->hits++;
+					n_hit++;
 				}
 				hv[vn++] = i;
 			} else {
@@ -411,18 +463,35 @@ int kvt_region_recall_ahead(struct kvt_region *rg, const struct kvt_region_geom 
 				hv[vn++] = KVT_REGION_VIEW_MISS | nl++;
 				n_new++;
 			}
-			t->lookups++;
-			if (ws)
+			n_look++;
+			if (!ws)
+				continue;
+			if (!wn.bucket) { /* the call's first lookup moves the window */
+				if (N > ws->step)
+					kvt_ws_advance(ws, N);
+				ws_at = ws->step == N;
+				wn = (struct ws_now){ws->bucket, ws->w, ws->cur, N, 0, 0};
+			}
+			if (ws_at)
+				ws_touch_now(&wn, &ke->touched);
+			else
 				ws_touch(ws, &ke->touched, N);
 		}
 		view_n[h] = vn;
 	}
+	if (ws_at) {
+		ws->bucket[ws->cur] += wn.add;
+		ws->total += (uint32_t)wn.total;
+	}
+	t->lookups += n_look;
+	t->hits += n_hit;
+	t->loads += n_reload;
 
 	/* 2. Victims in ascending (stamp, rank), skipping the slots this call used (their
 	   stamp is c, so they sort last: the walk passes at most the call's hits). Every slot
 	   not used by this call is a candidate, so the misses fit when n_new <= n_slots -
 	   used. */
-	if (n_new > rg->n_slots - (nl - n_new) - (t->hits - hits0)) {
+	if (n_new > rg->n_slots - (nl - n_new) - n_hit) {
 		/* The caller's sizing contract is broken: the misses are dropped (their
 		   pending marks undone, gone from the views), the rest of the call stands. */
 		uint32_t kept = 0;
