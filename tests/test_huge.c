@@ -6,8 +6,9 @@
  * allocation without touching the old block; calloc zeroes and refuses an overflowing size;
  * reserve doubles from 64 and leaves everything as it was on failure; every call is a
  * KVT_FAULT_ALLOC site. Where the arena is in use (unsanitized builds), its blocks come from an
- * arena of their own, not the process heap's, and a large table lies in a mapping the kernel
- * may back with huge pages (THPeligible in /proc/self/smaps) unless the system turned THP off.
+ * arena of their own, not one of jemalloc's usual ones, and a large table lies in a mapping the
+ * kernel may back with huge pages (THPeligible in /proc/self/smaps) unless the system turned
+ * THP off.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -163,7 +164,7 @@ static char thp_mode(void)
 static void test_arena(void **state)
 {
 	size_t big = (size_t)16 << 20, sz = sizeof(unsigned);
-	unsigned a_tab, a_heap;
+	unsigned a_tab, a_usual;
 	uint8_t *t, *h;
 
 	(void)state;
@@ -171,22 +172,22 @@ static void test_arena(void **state)
 	if (!kvt_huge_active())
 		skip();
 	t = kvt_huge_realloc(NULL, big);
-	h = malloc(big);
+	h = mallocx(big, MALLOCX_TCACHE_NONE); /* jemalloc's own arenas (malloc may not be it) */
 	assert_non_null(t);
 	assert_non_null(h);
 	memset(t, 1, big);
 	memset(h, 1, big);
 	assert_int_equal(mallctl("arenas.lookup", &a_tab, &sz, &t, sizeof(t)), 0);
-	assert_int_equal(mallctl("arenas.lookup", &a_heap, &sz, &h, sizeof(h)), 0);
-	assert_int_not_equal(a_tab, a_heap);
+	assert_int_equal(mallctl("arenas.lookup", &a_usual, &sz, &h, sizeof(h)), 0);
+	assert_int_not_equal(a_tab, a_usual);
 	if (thp_mode() != 'n')
 		assert_int_equal(thp_eligible(t + big / 2), 1);
-	/* Under "madvise" only the marking makes it so: the heap's block is not (unless jemalloc
-	   was told to mark everything). */
+	/* Under "madvise" only the marking makes it so: a block of jemalloc's usual arenas is not
+	   (unless it was told to mark everything). */
 	if (thp_mode() == 'm' && !getenv("MALLOC_CONF"))
 		assert_int_equal(thp_eligible(h + big / 2), 0);
 	kvt_huge_free(t);
-	free(h);
+	dallocx(h, MALLOCX_TCACHE_NONE);
 }
 
 int main(void)
