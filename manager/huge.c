@@ -61,7 +61,9 @@ static void huge_init(void)
 	extent_hooks_t *hp = &huge.hooks;
 	size_t sz = sizeof(huge.dflt);
 
-	if (HUGE_SANITIZED)
+	const char *off = getenv("KVTIER_HUGE_TABLES");
+
+	if (HUGE_SANITIZED || (off && strcmp(off, "0") == 0))
 		return;
 	if (mallctl("arena.0.extent_hooks", &huge.dflt, &sz, NULL, 0) != 0 || !huge.dflt ||
 	    !huge.dflt->alloc)

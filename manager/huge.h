@@ -9,10 +9,12 @@
  * them with 2 MiB pages where it can (the system's THP setting "madvise" or "always"; with
  * "never" they stay small and nothing else changes).
  *
- * Builds with AddressSanitizer or ThreadSanitizer, and a process where the arena cannot be
- * made, use the C library's allocator instead, so that the sanitizers see every table. The
- * choice is made once per process; a pointer from kvt_huge_realloc goes back only through
- * kvt_huge_realloc or kvt_huge_free.
+ * Builds with AddressSanitizer or ThreadSanitizer, a process where the arena cannot be made,
+ * and one started with KVTIER_HUGE_TABLES=0 in its environment use the C library's allocator
+ * instead (so that the sanitizers see every table; or where huge pages cost more than they
+ * save, e.g. a kernel that compacts memory on faults in marked mappings). The choice is made
+ * once per process; a pointer from kvt_huge_realloc goes back only through kvt_huge_realloc
+ * or kvt_huge_free.
  */
 #ifndef KVT_HUGE_H
 #define KVT_HUGE_H
