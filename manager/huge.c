@@ -58,10 +58,9 @@ static void *huge_alloc(extent_hooks_t *h, void *new_addr, size_t size, size_t a
 
 static void huge_init(void)
 {
+	const char *off = getenv("KVTIER_HUGE_TABLES");
 	extent_hooks_t *hp = &huge.hooks;
 	size_t sz = sizeof(huge.dflt);
-
-	const char *off = getenv("KVTIER_HUGE_TABLES");
 
 	if (HUGE_SANITIZED || (off && strcmp(off, "0") == 0))
 		return;
