@@ -24,7 +24,7 @@ int kvt_fail(struct kvt_manager *m, int err, const char *fmt, ...)
 	return err;
 }
 
-int kvt_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz)
+int kvt_reserve_with(void *(*re)(void *, size_t), void **arr, uint32_t *cap, uint32_t n, size_t sz)
 {
 	uint32_t c = *cap ? *cap : 64;
 	void *p;
@@ -33,12 +33,22 @@ int kvt_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz)
 		return 0;
 	while (c < n)
 		c = c > UINT32_MAX / 2 ? n : c * 2;
-	p = kvt_realloc(*arr, (size_t)c * sz);
+	p = re(*arr, (size_t)c * sz);
 	if (!p)
 		return -ENOMEM;
 	*arr = p;
 	*cap = c;
 	return 0;
+}
+
+static void *libc_realloc(void *p, size_t n)
+{
+	return kvt_realloc(p, n);
+}
+
+int kvt_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz)
+{
+	return kvt_reserve_with(libc_realloc, arr, cap, n, sz);
 }
 
 int kvt_host_copy(struct kvt_manager *m, const void *src, uint64_t bytes, void *stream)

@@ -332,8 +332,11 @@ static inline uint64_t kvt_host_cursor(const struct kvt_manager *m, const struct
 int kvt_fail(struct kvt_manager *m, int err, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
-/* Grows a scratch array to hold n elements of size sz (never shrinks). 0 or -ENOMEM. */
+/* Grows a scratch array to hold n elements of size sz (never shrinks), doubling from *cap (64
+   when 0). 0 or -ENOMEM (nothing changed). */
 int kvt_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz);
+/* kvt_reserve with the array's own realloc (e.g. kvt_huge_realloc for table memory). */
+int kvt_reserve_with(void *(*re)(void *, size_t), void **arr, uint32_t *cap, uint32_t n, size_t sz);
 
 /* Calls backend transfer op `op` (copy_d2d, gather_h2d, save, append, read_d2h) unless the
    fault hook fails this transfer site, which then returns -EIO as a failed copy would. */

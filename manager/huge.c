@@ -6,7 +6,6 @@
  * mapping MADV_HUGEPAGE. jemalloc grows an arena's mappings geometrically from 2 MiB, so a few
  * mappings hold every table.
  */
-#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -101,23 +100,6 @@ void *kvt_huge_calloc(size_t n, size_t size)
 	if (p)
 		memset(p, 0, n * size);
 	return p;
-}
-
-int kvt_huge_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz)
-{
-	uint32_t c = *cap ? *cap : 64;
-	void *p;
-
-	if (n <= *cap)
-		return 0;
-	while (c < n)
-		c = c > UINT32_MAX / 2 ? n : c * 2;
-	p = kvt_huge_realloc(*arr, (size_t)c * sz);
-	if (!p)
-		return -ENOMEM;
-	*arr = p;
-	*cap = c;
-	return 0;
 }
 
 void kvt_huge_free(void *p)

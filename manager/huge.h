@@ -21,7 +21,6 @@
 
 #include <stdbool.h>
 #include <stddef.h>
-#include <stdint.h>
 
 /* realloc in table memory (p NULL: a fresh block), behind the KVT_FAULT_ALLOC site. NULL when
    out of memory or n == 0, and p then stays as it was. */
@@ -30,10 +29,6 @@ void *kvt_huge_realloc(void *p, size_t n);
 /* calloc in table memory, behind the KVT_FAULT_ALLOC site: NULL when out of memory, when
    n * size overflows or is 0. */
 void *kvt_huge_calloc(size_t n, size_t size);
-
-/* kvt_reserve in table memory: grows *arr (from kvt_huge_realloc) to hold n elements of sz
-   bytes, doubling from *cap (64 when 0). 0 or -ENOMEM (nothing changed). */
-int kvt_huge_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz);
 
 /* Frees p (NULL: nothing). */
 void kvt_huge_free(void *p);

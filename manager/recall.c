@@ -2001,7 +2001,6 @@ static void recall_fill(struct kvt_manager *m, uint32_t i, uint32_t layer, struc
 			.reps = 1,
 		};
 	}
-	p->nl[i & 1] = 0;
 }
 
 /* Runs pass 2 over one item's members, with the scratch of slot `slot`. Each member's tables
@@ -2018,7 +2017,6 @@ static void recall_run_part(void *ctx, uint32_t slot, uint32_t k)
 
 	p->ld[0] = m->rc.ld + (size_t)slot * 2 * H * r;
 	p->ld[1] = p->ld[0] + (size_t)H * r;
-	p->nl[0] = p->nl[1] = 0;
 	for (uint32_t i = p->i0; i < p->i0 + 2 && i < p->i1; i++)
 		kvt_region_prefetch(&m->rc.mrc[i]->rg, H, sel + (size_t)i * H * r, r, true);
 	if (p->i0 < p->i1)

@@ -1079,8 +1079,8 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 		if (ly->n_groups == ly->cap_groups) {
 			uint32_t cap = ly->cap_groups;
 
-			if (kvt_huge_reserve((void **)&ly->groups, &cap, ly->n_groups + 1,
-					     sizeof(*ly->groups)))
+			if (kvt_reserve_with(kvt_huge_realloc, (void **)&ly->groups, &cap,
+					     ly->n_groups + 1, sizeof(*ly->groups)))
 				return kvt_fail(m, -ENOMEM,
 						"decode: sequence %llu: no memory for its "
 						"block table",

@@ -4,11 +4,11 @@
  *
  * Checked against huge.h's contract: realloc keeps contents and refuses n == 0 and a failed
  * allocation without touching the old block; calloc zeroes and refuses an overflowing size;
- * reserve doubles from 64 and leaves everything as it was on failure; every call is a
- * KVT_FAULT_ALLOC site. Where the arena is in use (unsanitized builds), its blocks come from an
- * arena of their own, not one of jemalloc's usual ones, and a large table lies in a mapping the
- * kernel may back with huge pages (THPeligible in /proc/self/smaps) unless the system turned
- * THP off.
+ * kvt_reserve_with(kvt_huge_realloc) doubles from 64 and leaves everything as it was on
+ * failure; every call is a KVT_FAULT_ALLOC site. Where the arena is in use (unsanitized
+ * builds), its blocks come from an arena of their own, not one of jemalloc's usual ones, and a
+ * large table lies in a mapping the kernel may back with huge pages (THPeligible in
+ * /proc/self/smaps) unless the system turned THP off.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -26,6 +26,7 @@
 
 #include <jemalloc/jemalloc.h>
 
+#include "base.h"
 #include "fault.h"
 #include "huge.h"
 
@@ -86,12 +87,12 @@ static void test_reserve(void **state)
 	uint32_t cap = 0;
 
 	(void)state;
-	assert_int_equal(kvt_huge_reserve((void **)&a, &cap, 1, sizeof(*a)), 0);
+	assert_int_equal(kvt_reserve_with(kvt_huge_realloc, (void **)&a, &cap, 1, sizeof(*a)), 0);
 	assert_int_equal(cap, 64);
 	a[63] = 11;
-	assert_int_equal(kvt_huge_reserve((void **)&a, &cap, 64, sizeof(*a)), 0);
+	assert_int_equal(kvt_reserve_with(kvt_huge_realloc, (void **)&a, &cap, 64, sizeof(*a)), 0);
 	assert_int_equal(cap, 64); /* it fits: nothing done */
-	assert_int_equal(kvt_huge_reserve((void **)&a, &cap, 300, sizeof(*a)), 0);
+	assert_int_equal(kvt_reserve_with(kvt_huge_realloc, (void **)&a, &cap, 300, sizeof(*a)), 0);
 	assert_int_equal(cap, 512);
 	assert_int_equal(a[63], 11);
 	kvt_huge_free(a);
@@ -112,7 +113,8 @@ static void test_faults(void **state)
 	assert_int_equal(p[5], 9);
 
 	assert_int_equal(kvt_fault_arm(1u << KVT_FAULT_ALLOC, 1), 0);
-	assert_int_equal(kvt_huge_reserve((void **)&p, &cap, 65, sizeof(*p)), -ENOMEM);
+	assert_int_equal(kvt_reserve_with(kvt_huge_realloc, (void **)&p, &cap, 65, sizeof(*p)),
+			 -ENOMEM);
 	assert_int_equal(kvt_fault_disarm(), 1);
 	assert_int_equal(cap, 64);
 	assert_int_equal(p[5], 9);
