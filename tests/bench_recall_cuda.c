@@ -30,8 +30,13 @@
  * recall per layer (kvt_step_recall, or kvt_step_recall_device_blocks), kvt_step_end, all
  * timed; the step's calls look no sequence up by id.
  *
- * Usage: bench_recall_cuda [--cuda-only] [--blocks] [--step] [SEQS LAYERS PROMPT R STEPS]
- *        (default 16 4 4096 16 8)
+ * --head-dim D sets the heads' dimension (default 128): the host's part of a call does not
+ * depend on it, the memory does, so a smaller one lets the emulated runtime hold the full
+ * 256 x 32 x 8 shape (its regions' host state as cold as a real step leaves it) on a machine
+ * that cannot hold 128.
+ *
+ * Usage: bench_recall_cuda [--cuda-only] [--blocks] [--step] [--head-dim D]
+ *                          [SEQS LAYERS PROMPT R STEPS] (default 16 4 4096 16 8)
  * Exit status 0, 1 on a failure, 2 on bad usage, 77 without a usable device.
  */
 #include <errno.h>
@@ -96,7 +101,7 @@ static double median(double *t, uint32_t n)
 
 int main(int argc, char **argv)
 {
-	uint32_t seqs = 16, layers = 4, prompt = 4096, r = 16, steps = 8;
+	uint32_t seqs = 16, layers = 4, prompt = 4096, r = 16, steps = 8, head_dim = 0;
 	struct kvt_manager *m[2] = {NULL, NULL}; /* host, cuda */
 	bool cuda_only = false, given = false, step = false;
 	int first, n_dev = 0; /* the first manager made: host, or cuda */
@@ -116,6 +121,16 @@ int main(int argc, char **argv)
 			given = true;
 		} else if (strcmp(argv[1], "--step") == 0) {
 			step = true;
+		} else if (strcmp(argv[1], "--head-dim") == 0 && argc > 2) {
+			char *end;
+
+			head_dim = (uint32_t)strtoul(argv[2], &end, 10);
+			if (*end || head_dim == 0) {
+				fprintf(stderr,
+					"bench_recall_cuda: --head-dim: a positive integer\n");
+				return 2;
+			}
+			argc--, argv++;
 		} else {
 			fprintf(stderr, "bench_recall_cuda: unknown option %s\n", argv[1]);
 			return 2;
@@ -130,7 +145,8 @@ int main(int argc, char **argv)
 		steps = (uint32_t)strtoul(argv[5], NULL, 10);
 	} else if (argc != 1) {
 		fprintf(stderr,
-			"usage: %s [--cuda-only] [--blocks] [--step] [SEQS LAYERS PROMPT R STEPS]\n",
+			"usage: %s [--cuda-only] [--blocks] [--step] [--head-dim D] [SEQS LAYERS "
+			"PROMPT R STEPS]\n",
 			argv[0]);
 		return 2;
 	}
@@ -147,6 +163,8 @@ int main(int argc, char **argv)
 	c.save_threads = 0;
 	c.topk_tokens = 0;
 	c.recall_blocks = r;
+	if (head_dim)
+		c.head_dim = head_dim;
 
 	uint32_t H = c.n_kv_heads, Hq = c.n_q_heads, D = c.head_dim, bt = c.block_tokens;
 	uint64_t row = (uint64_t)D * 2, block = 2ull * bt * row, group = H * block;

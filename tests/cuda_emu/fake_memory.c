@@ -37,9 +37,29 @@
 
 /* ---- The allocation table ------------------------------------------------------------------ */
 
+/* Live allocations in ascending order of base (they do not overlap), so that resolving an
+   address is a binary search: a manager at 256 x 32 holds tens of thousands of allocations,
+   and a scan of them per resolved range (every copy, every kernel's view) made the emulated
+   runtime's own bookkeeping most of a step's host time. */
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct alloc *table;
 static size_t n_table, cap_table;
+
+/* The number of live allocations whose base is <= p (table_lock held). */
+static size_t table_upto(uintptr_t p)
+{
+	size_t lo = 0, hi = n_table;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (table[mid].base <= p)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
 
 static const char *kind_name(enum kind k)
 {
@@ -69,7 +89,13 @@ static int table_add(const struct alloc *a)
 		table = t;
 		cap_table = cap;
 	}
-	table[n_table++] = *a;
+	{
+		size_t at = table_upto(a->base);
+
+		memmove(table + at + 1, table + at, (n_table - at) * sizeof(*table));
+		table[at] = *a;
+		n_table++;
+	}
 out:
 	pthread_mutex_unlock(&table_lock);
 	return err;
@@ -80,19 +106,20 @@ out:
 static int table_take(uintptr_t p, enum kind kind, struct alloc *out)
 {
 	int err = -ENOENT;
+	size_t i;
 
 	pthread_mutex_lock(&table_lock);
-	for (size_t i = 0; i < n_table; i++) {
-		if (table[i].base != p)
-			continue;
+	i = table_upto(p);
+	if (i > 0 && table[i - 1].base == p) {
+		i--;
 		if (table[i].kind != kind) {
 			err = -EINVAL;
-			break;
+		} else {
+			*out = table[i];
+			memmove(table + i, table + i + 1, (n_table - i - 1) * sizeof(*table));
+			n_table--;
+			err = 0;
 		}
-		*out = table[i];
-		table[i] = table[--n_table];
-		err = 0;
-		break;
 	}
 	pthread_mutex_unlock(&table_lock);
 	return err;
@@ -102,14 +129,14 @@ static int table_take(uintptr_t p, enum kind kind, struct alloc *out)
 enum kind fake_table_find(uintptr_t p, struct alloc *out)
 {
 	enum kind k = PAGEABLE;
+	size_t i;
 
 	pthread_mutex_lock(&table_lock);
-	for (size_t i = 0; i < n_table; i++)
-		if (p >= table[i].base && p - table[i].base < table[i].span) {
-			*out = table[i];
-			k = table[i].kind;
-			break;
-		}
+	i = table_upto(p);
+	if (i > 0 && p - table[i - 1].base < table[i - 1].span) {
+		*out = table[i - 1];
+		k = table[i - 1].kind;
+	}
 	pthread_mutex_unlock(&table_lock);
 	return k;
 }

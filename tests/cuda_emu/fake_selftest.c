@@ -13,6 +13,11 @@
  * checks; `fake_selftest fold-overlap` folds two sequences into one entry, which the stand-in's
  * footprint check must stop (meson expects it to fail).
  *
+ * `fake_selftest table` checks the allocation table (kept sorted, found by halving): hundreds of
+ * device and pinned allocations of mixed sizes, a third freed in between, and every live one's
+ * first and last bytes written and read back through copies whose direction the table must
+ * tell, pinned ones found from any byte by cudaHostGetDevicePointer.
+ *
  * `kernels` also walks three recall regions at random through the stand-ins of the region
  * kernels (fake_region.c) on device memory and the stream, beside the CPU reference
  * (kvt_region_* on host copies, and a free-frame stack used as manager/recall.c uses it: a
@@ -72,6 +77,57 @@ static int reuse(void)
 			return fail("reused device memory is not poisoned afresh");
 	if (cudaFreeHost(h2) || cudaFree(d2))
 		return fail("free after reuse");
+	return 0;
+}
+
+#define TABLE_N 600
+
+/* The table (see the top): 0 when every lookup found the right allocation. */
+static int table(void)
+{
+	static unsigned char *p[TABLE_N];
+	static size_t sz[TABLE_N];
+	uint32_t rng = 12345;
+
+	for (int round = 0; round < 2; round++) {
+		for (int i = 0; i < TABLE_N; i++) {
+			if (p[i])
+				continue;
+			rng = rng * 1664525u + 1013904223u;
+			sz[i] = 1 + (rng >> 8) % 20000;
+			if (i % 2 ? cudaHostAlloc((void **)&p[i], sz[i], 0)
+				  : cudaMalloc((void **)&p[i], sz[i]))
+				return fail("table: allocation");
+		}
+		for (int i = 0; i < TABLE_N; i++) {
+			unsigned char v[2] = {(unsigned char)i, (unsigned char)(i * 7 + round)},
+				      w[2];
+			enum cudaMemcpyKind in = i % 2 ? cudaMemcpyHostToHost
+						       : cudaMemcpyHostToDevice,
+					    out = i % 2 ? cudaMemcpyHostToHost
+							: cudaMemcpyDeviceToHost;
+			void *d;
+
+			if (cudaMemcpy(p[i], &v[0], 1, in) ||
+			    cudaMemcpy(p[i] + sz[i] - 1, &v[1], 1, in) ||
+			    cudaMemcpy(&w[0], p[i], 1, out) ||
+			    cudaMemcpy(&w[1], p[i] + sz[i] - 1, 1, out))
+				return fail("table: a copy to or from an allocation's edge");
+			if (w[0] != v[0] || w[1] != v[1])
+				return fail("table: an allocation's edges read back wrong");
+			if (i % 2 && (cudaHostGetDevicePointer(&d, p[i] + sz[i] / 2, 0) ||
+				      d != p[i] + sz[i] / 2))
+				return fail("table: pinned memory not found from its middle");
+		}
+		for (int i = round; i < TABLE_N; i += 3) { /* a third freed, then made again */
+			if (i % 2 ? cudaFreeHost(p[i]) : cudaFree(p[i]))
+				return fail("table: free");
+			p[i] = NULL;
+		}
+	}
+	for (int i = 0; i < TABLE_N; i++)
+		if (p[i] && (i % 2 ? cudaFreeHost(p[i]) : cudaFree(p[i])))
+			return fail("table: free at the end");
 	return 0;
 }
 
@@ -1180,12 +1236,14 @@ int main(int argc, char **argv)
 {
 	if (argc == 2 && strcmp(argv[1], "reuse") == 0)
 		return reuse();
+	if (argc == 2 && strcmp(argv[1], "table") == 0)
+		return table();
 	if (argc == 2 && strcmp(argv[1], "write-after-free") == 0)
 		return write_after_free();
 	if (argc == 2 && strcmp(argv[1], "kernels") == 0)
 		return fold() || quest() || regions();
 	if (argc == 2 && strcmp(argv[1], "fold-overlap") == 0)
 		return fold_overlap();
-	fprintf(stderr, "usage: fake_selftest reuse|write-after-free|kernels|fold-overlap\n");
+	fprintf(stderr, "usage: fake_selftest reuse|table|write-after-free|kernels|fold-overlap\n");
 	return 2;
 }
