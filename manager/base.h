@@ -152,6 +152,10 @@ struct kvt_recall_cache {
 	uint32_t *fifo;		/* [n_layers] */
 	uint32_t fifo_head, n_pending;
 	uint64_t repairs; /* calls whose loads read blocks back from disk (dev_repair) */
+	/* of the call being made (recall_room for dev_run): the group entries its program
+	   writes, and the latest save ticket of its members */
+	uint32_t dgup;
+	uint64_t dwait;
 };
 
 struct kvt_spill_ref;
@@ -292,6 +296,13 @@ static inline uint64_t kvt_host_row(const struct kvt_manager *m, const struct kv
 {
 	return m->host_base + (uint64_t)ly->groups[pos >> m->lbt] * m->group_bytes +
 	       h * m->block_bytes + (uint64_t)(pos & (m->cfg.block_tokens - 1)) * m->row_bytes;
+}
+
+/* Blocks a layer of N tokens spans: DIV_UP(N, block_tokens) with a shift (block_tokens is a
+   power of two), as the per-member loops of a recall call compute it for every member. */
+static inline uint32_t kvt_blocks(const struct kvt_manager *m, uint32_t N)
+{
+	return (uint32_t)(((uint64_t)N + m->cfg.block_tokens - 1) >> m->lbt);
 }
 
 /* First position of the ring window of a layer holding N tokens: max(sink, N - recent). The

@@ -545,20 +545,19 @@ static void dgroup_write(const struct kvt_manager *m, const struct kvt_recall_la
 	gval[(*n)++] = kvt_dgroup_val(m, ly->groups[b]);
 }
 
-/* The descriptor of region rc in a program: its state, its cell x's counts and working set
-   (ws: a member's), member i's selection (its part of the call's [n][H][r] at device address
-   sel) and loads (i < n), view stride vr. */
-static struct kvt_gpu_region dev_desc(const struct kvt_manager *m,
-				      const struct kvt_recall_layer *rc,
-				      const struct prog_layout *l, uint32_t x, uint32_t i,
-				      uint32_t n, uint32_t vr, uint32_t r, uint64_t sel)
+/* Writes to *out the descriptor of region rc in a program: its state, its cell x's counts and
+   working set (ws: a member's), member i's selection (its part of the call's [n][H][r] at
+   device address sel) and loads (i < n), its layer's N tokens (0 for a region that only drops
+   or grows), view stride vr. */
+static void dev_desc(struct kvt_gpu_region *out, const struct kvt_manager *m,
+		     const struct kvt_recall_layer *rc, const struct prog_layout *l, uint32_t x,
+		     uint32_t i, uint32_t n, uint32_t N, uint32_t vr, uint32_t r, uint64_t sel)
 {
 	struct dreg_layout g = dreg_layout(m, rc->dscap, rc->dvcap);
 	uint64_t H = m->cfg.n_kv_heads, cell = m->rc.dcall + l->cell + x * sizeof(struct dcell);
-	uint32_t N = m->batch && i < n ? m->batch[i]->layers[rc->layer].n_tokens : 0;
 
 #define DEV(t, a) ((t)(uintptr_t)(a))
-	return (struct kvt_gpu_region){
+	*out = (struct kvt_gpu_region){
 		.slot = DEV(struct kvt_region_slot *, rc->dreg + g.slot),
 		.key = DEV(struct kvt_region_key *, kvt_dkey(m, rc)),
 		.clock = DEV(uint32_t *, cell + offsetof(struct dcell, clock)),
@@ -1051,7 +1050,7 @@ static void dev_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
 			if (!rc || !rc->rg.n_slots)
 				continue;
 			cell[j].n_slots = rc->rg.n_slots;
-			*g = dev_desc(m, rc, &pl, j, 1, 0, rc->dview_r, 0, 0);
+			dev_desc(g, m, rc, &pl, j, 1, 0, 0, rc->dview_r, 0, 0);
 			((uint32_t *)(c->hblob + pl.drop_off))[j] = top;
 			top += rc->rg.n_slots;
 			j++;
@@ -1453,19 +1452,19 @@ static uint32_t quest_need(const struct kvt_manager *m, const struct kvt_seq *s,
 {
 	struct kvt_recall_layer *rc = ly->rc;
 	struct kvt_region_geom g = geom_of(m, ly->n_tokens);
-	uint32_t H = m->cfg.n_kv_heads, bt = m->cfg.block_tokens, nb = DIV_UP(ly->n_tokens, bt);
+	uint32_t H = m->cfg.n_kv_heads, bt = m->cfg.block_tokens, nb = kvt_blocks(m, ly->n_tokens);
 	/* blocks [0, lo) lie wholly below the ring and the history; [lo, hi) reach into
 	   [lo * bt, ring0) */
-	uint32_t lo = (g.ring0 < ly->n_tokens ? g.ring0 : ly->n_tokens) / bt,
-		 hi = DIV_UP(g.ring0, bt) < nb ? DIV_UP(g.ring0, bt) : nb, need = 0;
+	uint32_t lo = (g.ring0 < ly->n_tokens ? g.ring0 : ly->n_tokens) >> m->lbt,
+		 hi = kvt_blocks(m, g.ring0) < nb ? kvt_blocks(m, g.ring0) : nb, need = 0;
 	uint64_t full;
 
 	/* At most this many blocks of a head are fully resident: those touching the sink or the
 	   ring (the last one, possibly partial, among them), and blocks of bt top-K positions
 	   (each position counts in one block's top-K count). With r more blocks than that,
 	   every head has r candidates: no block needs reading. */
-	full = DIV_UP(m->cfg.sink_tokens, bt) + s->valid_topk / bt + 1 +
-	       (g.ring0 < ly->n_tokens ? DIV_UP(ly->n_tokens - g.ring0, bt) + 1 : 0);
+	full = kvt_blocks(m, m->cfg.sink_tokens) + (s->valid_topk >> m->lbt) + 1 +
+	       (g.ring0 < ly->n_tokens ? kvt_blocks(m, ly->n_tokens - g.ring0) + 1 : 0);
 	if (nb >= full + r)
 		return H * r;
 	/* Otherwise the candidates are counted, a block at most once in the layer's life: a
@@ -1510,7 +1509,7 @@ static inline void rc_prefetch(const struct kvt_recall_layer *rc)
 static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
 			   const uint32_t *sel, enum sel_kind kind, uint32_t r)
 {
-	uint32_t H = m->cfg.n_kv_heads, bt = m->cfg.block_tokens;
+	uint32_t H = m->cfg.n_kv_heads;
 	uint64_t stamp = ++m->stamp;
 	int err = 0;
 
@@ -1541,7 +1540,7 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 		if (!s)
 			return err;
 		ly = &s->layers[layer];
-		nb = DIV_UP(ly->n_tokens, bt);
+		nb = kvt_blocks(m, ly->n_tokens);
 		for (size_t j = 0; sel && kind != SEL_DEVICE && j < (size_t)H * r; j++) {
 			uint32_t b = sel[((size_t)i * H) * r + j];
 
@@ -1554,7 +1553,11 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 						(unsigned long long)seqs[i], layer, b, nb);
 			need++;
 		}
-		if (rc_layer_get(m, ly, ly->n_groups, NULL) || view_reserve(m, ly->rc, r) ||
+		/* (the tables have room but while the history grows past them) */
+		if (((!ly->rc || ly->n_groups > ly->rc->rg.cap_blocks ||
+		      (m->dev_meta && ly->n_groups > ly->rc->dcap)) &&
+		     rc_layer_get(m, ly, ly->n_groups, NULL)) ||
+		    (r > ly->rc->view_cap && view_reserve(m, ly->rc, r)) ||
 		    (!ly->rc->ws.bucket &&
 		     !(ly->rc->ws.bucket =
 			       kvt_huge_calloc(m->cfg.ws_window, sizeof(*ly->rc->ws.bucket)))) ||
@@ -1634,7 +1637,7 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 	struct kvt_recall_cache *c = &m->rc;
 	uint32_t H = m->cfg.n_kv_heads;
 	uint64_t regions = c->n_regions, avail = c->n_free, floor = 0, loads = 0, other = 0,
-		 mine = 0, gup = 0;
+		 mine = 0, gup = 0, wait = 0;
 	bool exact = false;
 
 	for (uint32_t i = 0; i < n; i++) {
@@ -1698,8 +1701,7 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 		/* on the device, room for what two calls can look up at first: each growth
 		   there is an allocation and a copy on the device */
 		if (m->dev_regions) {
-			uint32_t nb =
-				DIV_UP(m->batch[i]->layers[layer].n_tokens, m->cfg.block_tokens);
+			uint32_t nb = kvt_blocks(m, m->batch[i]->layers[layer].n_tokens);
 			int err = dreg_reserve(m, rc,
 					       rc->dreg || rc->cap_slots >= 2 * H * r
 						       ? rc->cap_slots
@@ -1712,6 +1714,12 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 				return kvt_fail(m, err, "recall: a region on the device: %s",
 						m->be->err);
 			gup += dgroup_writes(rc, nb);
+			/* what dev_run needs of the member before it writes its program: its
+			   cell, and the saves its loads must wait for */
+			rc->cell = i;
+			rc->cell_stamp = m->stamp;
+			if (m->batch[i]->save_ticket > wait)
+				wait = m->batch[i]->save_ticket;
 		}
 		loads += (uint64_t)H * r;
 	}
@@ -1720,6 +1728,8 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 
 		if (err)
 			return err;
+		c->dgup = gup;
+		c->dwait = wait;
 	}
 	/* the sizing's logs (recall_size): any live region and any member may drop, a member
 	   may grow */
@@ -1903,7 +1913,7 @@ struct recall_job {
 static bool dsel_bad(const struct kvt_manager *m, const struct kvt_seq_layer *ly,
 		     const uint32_t *sel, uint32_t r)
 {
-	uint32_t nb = DIV_UP(ly->n_tokens, m->cfg.block_tokens);
+	uint32_t nb = kvt_blocks(m, ly->n_tokens);
 
 	for (size_t j = 0; j < (size_t)m->cfg.n_kv_heads * r; j++)
 		if (sel[j] != KVT_REGION_NONE && sel[j] >= nb)
@@ -2444,8 +2454,8 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 	uint8_t *hb = ln->blob;
 	const struct kvt_config *cf = &m->cfg;
 	uint32_t H = cf->n_kv_heads, w = cf->ws_window, nc = n, nd = c->n_drop, ng = c->n_grow;
-	uint32_t n_g = 0, gup = 0;
-	uint64_t stamp = m->stamp, wait = 0, *gat, *gval, dsel;
+	uint32_t n_g = 0, gup = c->dgup; /* (recall_room counted them, set the members' cells) */
+	uint64_t stamp = m->stamp, wait = c->dwait, *gat, *gval, dsel;
 	struct prog_layout l;
 	struct dcell *cell;
 	uint32_t *bkt;
@@ -2455,15 +2465,6 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 	uint32_t done;
 	int err;
 
-	for (uint32_t i = 0; i < n; i++) {
-		uint32_t nb = DIV_UP(m->batch[i]->layers[layer].n_tokens, cf->block_tokens);
-
-		c->mrc[i]->cell = i;
-		c->mrc[i]->cell_stamp = stamp;
-		if (m->batch[i]->save_ticket > wait)
-			wait = m->batch[i]->save_ticket;
-		gup += dgroup_writes(c->mrc[i], nb);
-	}
 	for (uint32_t d = 0; d < nd; d++)
 		if (c->drop[d].rc->cell_stamp != stamp) {
 			c->drop[d].rc->cell = nc++;
@@ -2484,10 +2485,35 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 	bkt = (uint32_t *)(hb + l.bucket);
 	gat = (uint64_t *)(hb + l.gat);
 	gval = (uint64_t *)(hb + l.gval);
+	/* The regions that drop, and those that grow, first: the drops' descriptors name the view
+	   as its region's last call left it (dview_r), which a member's own turn below moves on.
+	   The call as its settling will see it: the members (ln->rc[i]), then the regions that
+	   dropped. */
+	for (uint32_t d = 0; d < nd; d++) {
+		struct kvt_recall_layer *rc = c->drop[d].rc;
+		struct kvt_gpu_region *g = (struct kvt_gpu_region *)(hb + l.drg) + d;
+
+		if (rc->cell >= n) /* not a member: its count is carried by its own cell */
+			cell[rc->cell].n_slots = rc->dn0;
+		dev_desc(g, m, rc, &l, rc->cell, n, n, 0, rc->dview_r, r, 0);
+		if (c->drop[d].mark)
+			g->stale = (uint32_t *)(uintptr_t)(c->dcall + l.stale + (uint64_t)d * 4);
+		((uint32_t *)(hb + l.drop_k))[d] = c->drop[d].n;
+		((uint32_t *)(hb + l.drop_off))[d] = c->drop[d].off;
+		ln->rc[n + d] = rc; /* (region_shrink marked it dirty) */
+	}
+	for (uint32_t k = 0; k < ng; k++) {
+		struct kvt_recall_layer *rc = c->grow[k].rc;
+
+		dev_desc((struct kvt_gpu_region *)(hb + l.grg) + k, m, rc, &l, rc->cell, n, n, 0, r,
+			 r, 0);
+		((uint32_t *)(hb + l.grow_n))[k] = rc->rg.n_slots;
+		((uint32_t *)(hb + l.grow_off))[k] = c->grow[k].off;
+	}
 	for (uint32_t i = 0; i < n; i++) {
 		struct kvt_recall_layer *rc = c->mrc[i];
 		const struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
-		uint32_t nb = DIV_UP(ly->n_tokens, cf->block_tokens), from;
+		uint32_t nb = kvt_blocks(m, ly->n_tokens), from;
 
 		cell[i].clock = rc->rg.clock;
 		cell[i].n_slots = rc->dn0_stamp == stamp ? rc->dn0 : rc->rg.n_slots;
@@ -2495,8 +2521,8 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		cell[i].ws.bucket =
 			(uint32_t *)(uintptr_t)(c->dcall + l.bucket + (uint64_t)i * w * 4);
 		memcpy(bkt + (size_t)i * w, rc->ws.bucket, (size_t)w * sizeof(*bkt));
-		((struct kvt_gpu_region *)(hb + l.rg))[i] =
-			dev_desc(m, rc, &l, i, i, n, r, r, dsel);
+		dev_desc((struct kvt_gpu_region *)(hb + l.rg) + i, m, rc, &l, i, i, n, ly->n_tokens,
+			 r, r, dsel);
 		if (q)
 			((struct kvt_gpu_quest *)(hb + l.qs))[i] = quest_desc(m, ly);
 		/* the blocks' host groups the device has not seen, and those that moved */
@@ -2506,28 +2532,17 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 				dgroup_write(m, rc, ly, rc->moved[x], gat, gval, &n_g);
 		for (uint32_t b = from; b < nb; b++)
 			dgroup_write(m, rc, ly, b, gat, gval, &n_g);
+		ln->rc[i] = rc;
+		ln->n_slots[i] = rc->rg.n_slots;
+		/* as recall_member */
+		if (rc->rg.n_slots && !rc->ws_counted)
+			ws_recount(c, rc, H * r);
+		rc->dview_r = r;
+		rc->dirty = true;
+		rc->dgroups = nb;
+		rc->n_moved = 0;
 	}
 	ALWAYS(n_g == gup);
-	for (uint32_t d = 0; d < nd; d++) {
-		struct kvt_recall_layer *rc = c->drop[d].rc;
-		struct kvt_gpu_region *g = (struct kvt_gpu_region *)(hb + l.drg) + d;
-
-		if (rc->cell >= n) /* not a member: its count is carried by its own cell */
-			cell[rc->cell].n_slots = rc->dn0;
-		*g = dev_desc(m, rc, &l, rc->cell, n, n, rc->dview_r, r, 0);
-		if (c->drop[d].mark)
-			g->stale = (uint32_t *)(uintptr_t)(c->dcall + l.stale + (uint64_t)d * 4);
-		((uint32_t *)(hb + l.drop_k))[d] = c->drop[d].n;
-		((uint32_t *)(hb + l.drop_off))[d] = c->drop[d].off;
-	}
-	for (uint32_t k = 0; k < ng; k++) {
-		struct kvt_recall_layer *rc = c->grow[k].rc;
-
-		((struct kvt_gpu_region *)(hb + l.grg))[k] =
-			dev_desc(m, rc, &l, rc->cell, n, n, r, r, 0);
-		((uint32_t *)(hb + l.grow_n))[k] = rc->rg.n_slots;
-		((uint32_t *)(hb + l.grow_off))[k] = c->grow[k].off;
-	}
 	if (kind == SEL_GIVEN)
 		memcpy(hb + l.sel, sel, (size_t)n * H * r * sizeof(*sel));
 	up = (struct kvt_dcopy){
@@ -2568,27 +2583,11 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		.n_rd = 1,
 		.lane = layer + 1,
 	};
-	/* the call as its settling will see it: the members, then the regions that dropped */
 	ln->l = l;
 	ln->n = n;
 	ln->nd = nd;
 	ln->r = r;
 	ln->dsel = kind == SEL_DEVICE;
-	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_recall_layer *rc = c->mrc[i];
-
-		ln->rc[i] = rc;
-		ln->n_slots[i] = rc->rg.n_slots;
-		/* as recall_member */
-		if (rc->rg.n_slots && !rc->ws_counted)
-			ws_recount(c, rc, H * r);
-		rc->dview_r = r;
-		rc->dirty = true;
-		rc->dgroups = DIV_UP(m->batch[i]->layers[layer].n_tokens, cf->block_tokens);
-		rc->n_moved = 0;
-	}
-	for (uint32_t d = 0; d < nd; d++) /* (region_shrink marked them dirty) */
-		ln->rc[n + d] = c->drop[d].rc;
 	/* the blocks a load reads must have landed in the host history */
 	done = KVT_RS_UPLOAD;
 	err = wait ? m->ops->save_wait(m->be, wait) : 0;
