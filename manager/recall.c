@@ -1625,6 +1625,15 @@ static uint32_t recall_items(const struct kvt_manager *m, uint32_t n)
 	return k < RECALL_MAX_ITEMS ? k : RECALL_MAX_ITEMS;
 }
 
+/* A region's first table on the device holds what this many calls can look up (n_kv_heads * r
+   each), or its host capacity if larger. A region outgrowing its table gets a new one: every
+   pending program settled first (the host waits for the device), an allocation, three copies
+   and a deferred free. Two calls' worth left regions still growing after 30 steps at
+   256 x 32 x 8 (0.26 growths a call, more than half of recall_room's host time); four leave
+   none after the first call (bench_recall_emu --head-dim 8, 2026-12-05), for 20 bytes a slot:
+   10 KiB a region at r = 16, under 1% of the recall cache. */
+#define DREG_FIRST 4u
+
 /* Sizes the regions of a call (before anything changes): member i needs at least need[i] slots
    and aims at its target (target_of); frames come from the free ones, from members above
    their target, and when those are not enough from other regions (reclaim). Sets rc.want[i],
@@ -1698,15 +1707,14 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 		if (rc_slots_reserve(rc, c->want[i]))
 			return kvt_fail(m, -ENOMEM, "recall: no memory for a region of %u frames",
 					c->want[i]);
-		/* on the device, room for what two calls can look up at first: each growth
-		   there is an allocation and a copy on the device */
+		/* on the device, room for what DREG_FIRST calls can look up at first (above) */
 		if (m->dev_regions) {
 			uint32_t nb = kvt_blocks(m, m->batch[i]->layers[layer].n_tokens);
 			int err = dreg_reserve(m, rc,
-					       rc->dreg || rc->cap_slots >= 2 * H * r
+					       rc->dreg || rc->cap_slots >= DREG_FIRST * H * r
 						       ? rc->cap_slots
-						       : (2 * H * r < KVT_REGION_MAX_SLOTS
-								  ? 2 * H * r
+						       : (DREG_FIRST * H * r < KVT_REGION_MAX_SLOTS
+								  ? DREG_FIRST * H * r
 								  : KVT_REGION_MAX_SLOTS),
 					       rc->view_cap, stream);
 
