@@ -1553,7 +1553,7 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 						(unsigned long long)seqs[i], layer, b, nb);
 			need++;
 		}
-		/* (the tables have room but while the history grows past them) */
+		/* (the tables grow only when the history has outgrown them) */
 		if (((!ly->rc || ly->n_groups > ly->rc->rg.cap_blocks ||
 		      (m->dev_meta && ly->n_groups > ly->rc->dcap)) &&
 		     rc_layer_get(m, ly, ly->n_groups, NULL)) ||
