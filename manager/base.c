@@ -41,14 +41,9 @@ int kvt_reserve_with(void *(*re)(void *, size_t), void **arr, uint32_t *cap, uin
 	return 0;
 }
 
-static void *libc_realloc(void *p, size_t n)
-{
-	return kvt_realloc(p, n);
-}
-
 int kvt_reserve(void **arr, uint32_t *cap, uint32_t n, size_t sz)
 {
-	return kvt_reserve_with(libc_realloc, arr, cap, n, sz);
+	return kvt_reserve_with(kvt_realloc, arr, cap, n, sz);
 }
 
 int kvt_host_copy(struct kvt_manager *m, const void *src, uint64_t bytes, void *stream)

@@ -152,10 +152,6 @@ struct kvt_recall_cache {
 	uint32_t *fifo;		/* [n_layers] */
 	uint32_t fifo_head, n_pending;
 	uint64_t repairs; /* calls whose loads read blocks back from disk (dev_repair) */
-	/* of the call being made (recall_room for dev_run): the group entries its program
-	   writes, and the latest save ticket of its members */
-	uint32_t dgup;
-	uint64_t dwait;
 };
 
 struct kvt_spill_ref;

@@ -214,10 +214,9 @@ static int dmeta_grow(struct kvt_manager *m, struct kvt_recall_layer *rc, uint32
 	return 0;
 }
 
-/* The layer's recall state with room for n_blocks blocks (capacity only: nothing a caller can
-   see changes); a device copy of its metadata grows on stream. 0 or -ENOMEM. */
-static int rc_layer_get(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t n_blocks,
-			void *stream)
+/* rc_layer_get's work when the state is missing or its tables are too small. */
+static int rc_layer_grow(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t n_blocks,
+			 void *stream)
 {
 	struct kvt_recall_layer *rc = ly->rc;
 	size_t H = m->cfg.n_kv_heads, old, want;
@@ -248,6 +247,19 @@ static int rc_layer_get(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_
 				   n_blocks);
 	rc->rg.cap_blocks = (uint32_t)want;
 	return 0;
+}
+
+/* The layer's recall state with room for n_blocks blocks (capacity only: nothing a caller can
+   see changes); a device copy of its metadata grows on stream. 0 or -ENOMEM. Every recall call
+   asks for each member: the tables almost always fit. */
+static inline int rc_layer_get(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t n_blocks,
+			       void *stream)
+{
+	const struct kvt_recall_layer *rc = ly->rc;
+
+	if (rc && n_blocks <= rc->rg.cap_blocks && (!m->dev_meta || n_blocks <= rc->dcap))
+		return 0;
+	return rc_layer_grow(m, ly, n_blocks, stream);
 }
 
 /* Room for n slots in the layer's region (capacity only). 0 or -ENOMEM. */
@@ -1401,6 +1413,8 @@ static int view_reserve(struct kvt_manager *m, struct kvt_recall_layer *rc, uint
 	size_t H = m->cfg.n_kv_heads;
 	uint32_t *v;
 
+	if (rc->view_n && r <= rc->view_cap) /* (every recall call asks) */
+		return 0;
 	if (!rc->view_n) {
 		rc->view_n = kvt_huge_calloc(H, sizeof(*rc->view_n));
 		if (!rc->view_n)
@@ -1553,11 +1567,7 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 						(unsigned long long)seqs[i], layer, b, nb);
 			need++;
 		}
-		/* (the tables grow only when the history has outgrown them) */
-		if (((!ly->rc || ly->n_groups > ly->rc->rg.cap_blocks ||
-		      (m->dev_meta && ly->n_groups > ly->rc->dcap)) &&
-		     rc_layer_get(m, ly, ly->n_groups, NULL)) ||
-		    (r > ly->rc->view_cap && view_reserve(m, ly->rc, r)) ||
+		if (rc_layer_get(m, ly, ly->n_groups, NULL) || view_reserve(m, ly->rc, r) ||
 		    (!ly->rc->ws.bucket &&
 		     !(ly->rc->ws.bucket =
 			       kvt_huge_calloc(m->cfg.ws_window, sizeof(*ly->rc->ws.bucket)))) ||
@@ -1634,13 +1644,22 @@ static uint32_t recall_items(const struct kvt_manager *m, uint32_t n)
    10 KiB a region at r = 16, under 1% of the recall cache. */
 #define DREG_FIRST 4u
 
+/* What recall_room counts for the rest of the call: the regions the targets count (for
+   recall_size) and, with the regions on the device, the group entries the program writes and
+   the latest save ticket of the members (for dev_run). */
+struct room_out {
+	uint64_t regions;
+	uint32_t gup;
+	uint64_t wait;
+};
+
 /* Sizes the regions of a call (before anything changes): member i needs at least need[i] slots
    and aims at its target (target_of); frames come from the free ones, from members above
    their target, and when those are not enough from other regions (reclaim). Sets rc.want[i],
-   *n_regions (the regions the targets count, for recall_size), and reserves the slots, the load
-   list and the working tables. 0, or -ENOSPC or -ENOMEM recorded (nothing changed). */
+   *out, and, on the device, each member's program cell; reserves the slots, the load list and
+   the working tables. 0, or -ENOSPC or -ENOMEM recorded (nothing changed). */
 static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *sel,
-		       enum sel_kind kind, uint32_t n, uint32_t r, uint64_t *n_regions,
+		       enum sel_kind kind, uint32_t n, uint32_t r, struct room_out *out,
 		       void *stream)
 {
 	struct kvt_recall_cache *c = &m->rc;
@@ -1653,7 +1672,7 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 		regions += c->mrc[i]->rg.n_slots == 0;
 		mine += c->mrc[i]->rg.n_slots;
 	}
-	*n_regions = regions;
+	out->regions = regions;
 	/* Every frame is free or held by a live region: the other regions hold the rest. */
 	if (ALWAYS(c->n - c->n_free >= mine))
 		other = c->n - c->n_free - mine;
@@ -1736,8 +1755,8 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 
 		if (err)
 			return err;
-		c->dgup = gup;
-		c->dwait = wait;
+		out->gup = (uint32_t)gup;
+		out->wait = wait;
 	}
 	/* the sizing's logs (recall_size): any live region and any member may drop, a member
 	   may grow */
@@ -2455,15 +2474,16 @@ undo:
    returns (dev_repair). 0 or the error, recorded (a program that could not be queued whole is
    finished without its loads, and waited for). */
 static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint32_t *sel,
-		   enum sel_kind kind, const void *q, uint32_t r, bool repair, void *stream)
+		   enum sel_kind kind, const void *q, uint32_t r, const struct room_out *ro,
+		   bool repair, void *stream)
 {
 	struct kvt_recall_cache *c = &m->rc;
 	struct kvt_dlane *ln = &c->lane[layer];
 	uint8_t *hb = ln->blob;
 	const struct kvt_config *cf = &m->cfg;
 	uint32_t H = cf->n_kv_heads, w = cf->ws_window, nc = n, nd = c->n_drop, ng = c->n_grow;
-	uint32_t n_g = 0, gup = c->dgup; /* (recall_room counted them, set the members' cells) */
-	uint64_t stamp = m->stamp, wait = c->dwait, *gat, *gval, dsel;
+	uint32_t n_g = 0, gup = ro->gup; /* (recall_room counted them, set the members' cells) */
+	uint64_t stamp = m->stamp, wait = ro->wait, *gat, *gval, dsel;
 	struct prog_layout l;
 	struct dcell *cell;
 	uint32_t *bkt;
@@ -2675,7 +2695,8 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	struct recall_job j = {
 		.m = m, .layer = layer, .r = r, .sel = sel, .dsel = kind == SEL_DEVICE};
 	struct kvt_region_tally t = {0};
-	uint64_t wait = 0, regions = 0;
+	struct room_out ro = {0};
+	uint64_t wait = 0;
 	uint32_t nx = 0;
 	bool repair;
 	int err;
@@ -2703,15 +2724,15 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	if (repair)
 		err = kvt_recall_settle(m);
 	if (!err)
-		err = recall_room(m, layer, sel, kind, n, r, &regions, stream);
+		err = recall_room(m, layer, sel, kind, n, r, &ro, stream);
 	if (err)
 		return err;
 
 	/* Pass 2: sizes, then each member's region decides. Nothing below fails except the
 	   fetch and the gather. */
-	recall_size(m, n, regions);
+	recall_size(m, n, ro.regions);
 	if (m->dev_regions) { /* the figures come when the call is settled */
-		err = dev_run(m, layer, n, sel, kind, q, r, repair, stream);
+		err = dev_run(m, layer, n, sel, kind, q, r, &ro, repair, stream);
 		if (!err) {
 			m->st.recall_calls++;
 			rc->layer_done[layer]++;

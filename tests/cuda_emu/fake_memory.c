@@ -76,6 +76,7 @@ static const char *kind_name(enum kind k)
 static int table_add(const struct alloc *a)
 {
 	int err = 0;
+	size_t at;
 
 	pthread_mutex_lock(&table_lock);
 	if (n_table == cap_table) {
@@ -89,13 +90,10 @@ static int table_add(const struct alloc *a)
 		table = t;
 		cap_table = cap;
 	}
-	{
-		size_t at = table_upto(a->base);
-
-		memmove(table + at + 1, table + at, (n_table - at) * sizeof(*table));
-		table[at] = *a;
-		n_table++;
-	}
+	at = table_upto(a->base);
+	memmove(table + at + 1, table + at, (n_table - at) * sizeof(*table));
+	table[at] = *a;
+	n_table++;
 out:
 	pthread_mutex_unlock(&table_lock);
 	return err;
