@@ -274,7 +274,7 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 	   call with a member whose layer has spilled blocks reads back what its loads need
 	   before it returns (recall.c, dev_repair). */
 	m->dev_regions = m->dev_meta && ops->region_run && ops->region_host && ops->region_wait &&
-			 c.n_kv_heads <= KVT_GPU_REGION_MAX_HEADS;
+			 ops->region_order && c.n_kv_heads <= KVT_GPU_REGION_MAX_HEADS;
 	m->st.save_threads = c.save_threads;
 	*out = m;
 	return 0;

@@ -174,9 +174,20 @@ static size_t cap_for(size_t cap, uint32_t n)
 	return cap;
 }
 
+/* Orders the copy of a region's device tables into larger ones, queued on stream, with the
+   programs: after the latest one (a program of another layer may have dropped slots of the
+   region, on another stream, and forgotten their keys) and before the next (which writes the
+   new tables). before: ahead of the copy, else behind it. 0 or the error. Nothing to order
+   while the programs keep no regions on the device. */
+static int dtables_order(struct kvt_manager *m, void *stream, bool before)
+{
+	return m->dev_regions ? m->ops->region_order(m->be, stream, before) : 0;
+}
+
 /* The device copy of the layer's metadata and key table with room for n_blocks blocks: a new
-   one takes the old one's contents on stream (the old one goes back to the backend once the
-   device is done with it). 0 or -ENOMEM, nothing changed. */
+   one takes the old one's contents on stream, in order with the programs (dtables_order; the
+   old one goes back to the backend once the device is done with it). 0 or the error, nothing
+   changed. */
 static int dmeta_grow(struct kvt_manager *m, struct kvt_recall_layer *rc, uint32_t n_blocks,
 		      void *stream)
 {
@@ -193,7 +204,10 @@ static int dmeta_grow(struct kvt_manager *m, struct kvt_recall_layer *rc, uint32
 		return err;
 	if (rc->dmeta) {
 		old_key = kvt_dkey(m, rc);
-		err = m->ops->dmem_copy(m->be, addr, rc->dmeta, NULL, rc->dcap * H * mb, stream);
+		err = dtables_order(m, stream, true);
+		if (!err)
+			err = m->ops->dmem_copy(m->be, addr, rc->dmeta, NULL, rc->dcap * H * mb,
+						stream);
 		if (!err)
 			err = m->ops->dmem_copy(m->be, addr + want * H * mb, old_key, NULL,
 						rc->dcap * H * kb, stream);
@@ -201,6 +215,8 @@ static int dmeta_grow(struct kvt_manager *m, struct kvt_recall_layer *rc, uint32
 			err = m->ops->dmem_copy(m->be, addr + want * H * (mb + kb),
 						kvt_dgroup(m, rc), NULL,
 						rc->dcap * sizeof(uint64_t), stream);
+		if (!err)
+			err = dtables_order(m, stream, false);
 		if (err) {
 			m->ops->dmem_free(m->be, addr);
 			return err;
@@ -283,7 +299,8 @@ static int rc_slots_reserve(struct kvt_recall_layer *rc, uint32_t n)
 }
 
 /* The device copy of a region kept there with room for scap slots and vcap view entries per
-   head: a new one takes the old one's parts on stream. 0 or the error (nothing changed). */
+   head: a new one takes the old one's parts on stream, in order with the programs
+   (dtables_order), without waiting for them. 0 or the error (nothing changed). */
 static int dreg_reserve(struct kvt_manager *m, struct kvt_recall_layer *rc, uint32_t scap,
 			uint32_t vcap, void *stream)
 {
@@ -293,10 +310,6 @@ static int dreg_reserve(struct kvt_manager *m, struct kvt_recall_layer *rc, uint
 
 	if (scap <= rc->dscap && vcap <= rc->dvcap)
 		return 0;
-	/* a pending program of another layer may have dropped from it, on another stream */
-	err = kvt_recall_settle(m);
-	if (err)
-		return err;
 	scap = scap > rc->dscap ? scap : rc->dscap;
 	vcap = vcap > rc->dvcap ? vcap : rc->dvcap;
 	o = dreg_layout(m, rc->dscap, rc->dvcap);
@@ -305,15 +318,19 @@ static int dreg_reserve(struct kvt_manager *m, struct kvt_recall_layer *rc, uint
 	if (err)
 		return err;
 	if (rc->dreg) {
-		err = m->ops->dmem_copy(m->be, addr + l.slot, rc->dreg + o.slot, NULL,
-					(uint64_t)rc->dscap * sizeof(struct kvt_region_slot),
-					stream);
+		err = dtables_order(m, stream, true);
+		if (!err)
+			err = m->ops->dmem_copy(
+				m->be, addr + l.slot, rc->dreg + o.slot, NULL,
+				(uint64_t)rc->dscap * sizeof(struct kvt_region_slot), stream);
 		if (!err)
 			err = m->ops->dmem_copy(m->be, addr + l.frame, rc->dreg + o.frame, NULL,
 						(uint64_t)rc->dscap * sizeof(uint32_t), stream);
 		if (!err) /* view_n and the view, laid out the same (the stride is a call's r) */
 			err = m->ops->dmem_copy(m->be, addr + l.view_n, rc->dreg + o.view_n, NULL,
 						o.bytes - o.view_n, stream);
+		if (!err)
+			err = dtables_order(m, stream, false);
 		if (err) {
 			m->ops->dmem_free(m->be, addr);
 			return err;
@@ -1517,11 +1534,11 @@ static inline void rc_prefetch(const struct kvt_recall_layer *rc)
 
 /* Validates a recall batch (pass 1): every sequence live, once, prefilled for layer, resident,
    every block index of a selection in host memory inside its history; grows the tables the call
-   will write. Fills m->batch, and rc.need[i] with an upper bound of what member i needs (its
-   entries naming a block; a Quest selection's exact floor; n_kv_heads * r for a SEL_DEVICE one,
-   which is not read here). */
+   will write (those on the device on stream). Fills m->batch, and rc.need[i] with an upper bound of
+   what member i needs (its entries naming a block; a Quest selection's exact floor; n_kv_heads * r
+   for a SEL_DEVICE one, which is not read here). */
 static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
-			   const uint32_t *sel, enum sel_kind kind, uint32_t r)
+			   const uint32_t *sel, enum sel_kind kind, uint32_t r, void *stream)
 {
 	uint32_t H = m->cfg.n_kv_heads;
 	uint64_t stamp = ++m->stamp;
@@ -1567,7 +1584,7 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 						(unsigned long long)seqs[i], layer, b, nb);
 			need++;
 		}
-		if (rc_layer_get(m, ly, ly->n_groups, NULL) || view_reserve(m, ly->rc, r) ||
+		if (rc_layer_get(m, ly, ly->n_groups, stream) || view_reserve(m, ly->rc, r) ||
 		    (!ly->rc->ws.bucket &&
 		     !(ly->rc->ws.bucket =
 			       kvt_huge_calloc(m->cfg.ws_window, sizeof(*ly->rc->ws.bucket)))) ||
@@ -1602,7 +1619,7 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 		/* On the device, the region's resident test reads the top-K counts there. */
 		if (m->dev_regions && !ly->rc->dtk) {
 			err = KVT_XFER(m, dmem_copy, kvt_dkey(m, ly->rc), 0, ly->rc->rg.key,
-				       (uint64_t)nb * H * sizeof(*ly->rc->rg.key), NULL);
+				       (uint64_t)nb * H * sizeof(*ly->rc->rg.key), stream);
 			if (err)
 				return kvt_fail(m, err, "recall: sequence %llu: top-K counts: %s",
 						(unsigned long long)seqs[i], m->be->err);
@@ -1636,12 +1653,12 @@ static uint32_t recall_items(const struct kvt_manager *m, uint32_t n)
 }
 
 /* A region's first table on the device holds what this many calls can look up (n_kv_heads * r
-   each), or its host capacity if larger. A region outgrowing its table gets a new one: every
-   pending program settled first (the host waits for the device), an allocation, three copies
-   and a deferred free. Two calls' worth left regions still growing after 30 steps at
-   256 x 32 x 8 (0.26 growths a call, more than half of recall_room's host time); four leave
-   none after the first call (bench_recall_emu --head-dim 8, 2026-12-05), for 20 bytes a slot:
-   10 KiB a region at r = 16, under 1% of the recall cache. */
+   each), or its host capacity if larger. A region outgrowing its table gets a new one: an
+   allocation, three copies (ordered after the pending programs on the device) and a deferred
+   free; until 2026-12-05 every pending program was settled first. Two calls' worth left regions
+   still growing after 30 steps at 256 x 32 x 8 (0.26 growths a call, more than half of
+   recall_room's host time); four leave none after the first call (bench_recall_emu --head-dim 8,
+   2026-12-05), for 20 bytes a slot: 10 KiB a region at r = 16, under 1% of the recall cache. */
 #define DREG_FIRST 4u
 
 /* What recall_room counts for the rest of the call: the regions the targets count (for
@@ -2717,7 +2734,7 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 			m, rc->dbroken,
 			"recall: an earlier call failed on the device: its regions' state is "
 			"unknown");
-	err = recall_validate(m, layer, seqs, n, sel, kind, r);
+	err = recall_validate(m, layer, seqs, n, sel, kind, r, stream);
 	/* a call whose loads may read blocks back from disk is settled at once (dev_run), in
 	   its turn: the calls before it first (nothing below spills or reads back) */
 	repair = !err && m->dev_regions && batch_spilled(m, n, layer);

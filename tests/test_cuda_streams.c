@@ -476,3 +476,208 @@ void test_tables_one_wait(void **state)
 	pair_fini(&p);
 	g_ctx[0] = '\0';
 }
+
+/* ---- a region's tables grown on one stream while another stream's program drops from them --- */
+
+/* (seq, layer)'s recall state on m, as the host keeps it (nothing read back). */
+static struct kvt_recall_layer *rc_of(struct kvt_manager *m, uint64_t seq, uint32_t layer)
+{
+	struct kvt_seq *s = kvt_seqmap_get(&m->seqs, seq);
+
+	assert_non_null(s);
+	return s->layers[layer].rc;
+}
+
+/* kvt_recall_blocks of one sequence ([N_KV][r] blocks) on both managers, the CUDA one's on
+   stream st. */
+static void recall_given(struct pair *p, uint64_t id, uint32_t layer, const uint32_t *sel,
+			 uint32_t r, cudaStream_t st)
+{
+	CHECK_RC(kvt_recall_blocks(p->h, layer, &id, 1, sel, r, NULL), 0);
+	CHECK_RC(kvt_recall_blocks(p->c, layer, &id, 1, sel, r, st), 0);
+}
+
+/* Both managers' views of (id, layer) read alike (the same error, or the same blocks), and the
+   CUDA manager's frames hold what the host manager's do. Returns the last head's error (0). */
+static int same_views(struct pair *p, uint64_t id, uint32_t layer)
+{
+	int got = 0;
+
+	for (uint32_t h = 0; h < N_KV; h++) {
+		struct kvt_recall_ref rv[2][VIEW_CAP];
+		uint32_t nv[2];
+		int rc[2];
+
+		for (int s = 0; s < 2; s++)
+			rc[s] = kvt_seq_recall_view(s ? p->c : p->h, id, layer, h, rv[s], VIEW_CAP,
+						    &nv[s]);
+		CHECK_EQ(rc[1], rc[0]);
+		CHECK_EQ(nv[1], nv[0]);
+		got = rc[0];
+		if (rc[0])
+			continue;
+		for (uint32_t i = 0; i < nv[0]; i++) {
+			uint8_t fh[2 * BT * ROW_MAX], fc[2 * BT * ROW_MAX];
+
+			CHECK_EQ(rv[1][i].block, rv[0][i].block);
+			CHECK_EQ(rv[1][i].n_valid, rv[0][i].n_valid);
+			addr_get(fh, rv[0][i].frame, p->block_bytes, false);
+			addr_get(fc, rv[1][i].frame, p->block_bytes, true);
+			if (memcmp(fh, fc, p->block_bytes))
+				fail_msg("seq %llu layer %u head %u: the frame of block %u differs",
+					 ULL(id), layer, h, rv[0][i].block);
+		}
+	}
+	return got;
+}
+
+/* A recall program of one layer may take frames from a region of another layer (the sizing's
+   reclaim, or its sweep), and forgets their blocks in that region's key table on the device. A
+   decode append of that other layer whose token starts a block past its device tables moves
+   them to larger ones, copied on the append's stream. The copy must come after the drops, and
+   a later program after the copy, whatever the streams: here each call has its own
+   non-blocking stream, and nothing waits for the program's stream until the copy has run. */
+void test_tables_grow_across_streams(void **state)
+{
+	enum { L = 64 * BT }; /* the device tables hold exactly its 64 blocks */
+	cudaStream_t sa, sb, own;
+	struct pair p;
+	struct tseq ts, ty, *bt[1] = {&ts}, *by[1] = {&ty};
+	struct kvt_config cc;
+	uint32_t s0[N_KV * R_BLOCKS], s1[N_KV * R_BLOCKS], sw[N_KV * 2 * R_BLOCKS], dvcap;
+	uint64_t w0;
+
+	(void)state;
+	set_ctx("tables grow across streams: setup");
+	pair_init(&p, KVT_DTYPE_BF16, NULL, L + 8, 1);
+	/* a recall cache of 8 frames, which layer 0's call below fills */
+	kvt_manager_destroy(p.h);
+	kvt_manager_destroy(p.c);
+	p.cfg.recall_cache_bytes = 8 * p.block_bytes;
+	cc = p.cfg;
+	cc.backend = KVT_BACKEND_CUDA;
+	p.h = t_mk(&p.cfg);
+	p.c = t_mk(&cc);
+	own = p.stream;
+	CUDA_OK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
+	CUDA_OK(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking));
+	tseq_gen(&ts, &p.cfg, 0x57a3e0001ull, L, 8);
+	tseq_gen(&ty, &p.cfg, 0x57a3e0002ull, L - BT, 2 * BT); /* a block short of a growth */
+	CHECK_RC(kvt_seq_create(p.h, ts.id, ts.L), 0);
+	CHECK_RC(kvt_seq_create(p.c, ts.id, ts.L), 0);
+	CHECK_RC(kvt_seq_create(p.h, ty.id, ty.L), 0);
+	CHECK_RC(kvt_seq_create(p.c, ty.id, ty.L), 0);
+	for (uint32_t l = 0; l < N_LAYERS; l++) {
+		PREFILL_BOTH(&p, &ts, l);
+		PREFILL_BOTH(&p, &ty, l);
+	}
+	sync_both(&p);
+	for (uint32_t j = 0; j < R_BLOCKS; j++) {
+		s0[j] = 20 + j;
+		s0[R_BLOCKS + j] = 24 + j;
+		s1[j] = 30 + j;
+		s1[R_BLOCKS + j] = KVT_NO_ENTRY;
+	}
+
+	set_ctx("tables grow across streams: layer 0 takes the cache");
+	recall_given(&p, ts.id, 0, s0, R_BLOCKS, sb);
+	sync_both(&p);
+	CHECK_EQ(rc_of(p.h, ts.id, 0)->rg.n_slots, 8);
+
+	set_ctx("tables grow across streams: layer 1 takes 4 of layer 0's frames, on stream B");
+	recall_given(&p, ts.id, 1, s1, R_BLOCKS, sb);
+	CHECK_EQ(rc_of(p.h, ts.id, 0)->rg.n_slots, 4);
+	CHECK_EQ(rc_of(p.c, ts.id, 0)->rg.n_slots, 4); /* the sizing's count, on the host */
+
+	set_ctx("tables grow across streams: layer 0's next token, on stream A");
+	if (p.c->dev_regions)
+		CHECK_EQ(rc_of(p.c, ts.id, 0)->dcap, 64);
+	p.stream = sa;
+	DECODE_BOTH(&p, bt, 1, 0);
+	if (p.c->dev_regions)
+		CHECK_EQ(rc_of(p.c, ts.id, 0)->dcap, 128);
+	/* stream A's work first (the asynchronous fake runs work only when a wait needs it), then
+	   the program on B, which the settling waits for */
+	CHECK_RC(kvt_manager_sync(p.c, sa), 0);
+	CHECK_RC(kvt_recall_check(p.c), 0);
+	CHECK_RC(kvt_recall_check(p.h), 0);
+
+	set_ctx("tables grow across streams: layer 0 again, on stream A");
+	recall_given(&p, ts.id, 0, s0, R_BLOCKS, sa);
+	CHECK_RC(kvt_manager_sync(p.c, sa), 0);
+	sync_both(&p);
+	CHECK_RC(kvt_recall_check(p.c), 0);
+	same_views(&p, ts.id, 0);
+	CHECK_EQ(same_views(&p, ts.id, 1), -ESTALE); /* layer 0 took its frames back */
+	COMPARE_STATS(&p, false);
+
+	/* The same with a region's slots and view: layer 0 recalls with twice the entries a
+	   head, so its region's device table grows in the call, copied on the call's stream,
+	   without waiting for the program before (which dropped from it). */
+	set_ctx("tables grow across streams: layer 1 takes 4 of layer 0's frames again, on B");
+	recall_given(&p, ts.id, 1, s1, R_BLOCKS, sb);
+	CHECK_EQ(rc_of(p.c, ts.id, 0)->rg.n_slots, 4);
+	set_ctx("tables grow across streams: layer 0 with twice the entries, on stream A");
+	for (uint32_t h = 0; h < N_KV; h++)
+		for (uint32_t j = 0; j < 2 * R_BLOCKS; j++)
+			sw[h * 2 * R_BLOCKS + j] =
+				j < R_BLOCKS ? s0[h * R_BLOCKS + j] : KVT_NO_ENTRY;
+	dvcap = p.c->dev_regions ? rc_of(p.c, ts.id, 0)->dvcap : 0;
+	w0 = DEVICE_WAITS();
+	recall_given(&p, ts.id, 0, sw, 2 * R_BLOCKS, sa);
+#ifdef KVT_TEST_EMULATED
+	CHECK_EQ(DEVICE_WAITS() - w0, 0); /* the growth is ordered on the device */
+#else
+	(void)w0;
+#endif
+	if (p.c->dev_regions) {
+		CHECK_EQ(dvcap, R_BLOCKS);
+		CHECK_EQ(rc_of(p.c, ts.id, 0)->dvcap, 2 * R_BLOCKS);
+	}
+	CHECK_RC(kvt_manager_sync(p.c, sa), 0);
+	sync_both(&p);
+	CHECK_RC(kvt_recall_check(p.c), 0);
+	CHECK_RC(kvt_recall_check(p.h), 0);
+	same_views(&p, ts.id, 0);
+	COMPARE_STATS(&p, false);
+
+	/* And the other way round: an append's growth, then a program on another stream that
+	   drops from the new tables, before the test waits for the append's stream. (The fake
+	   runs the append's stream's work when the append's save waits for its rows, before the
+	   program is queued: this holds the outcome, and cannot tell whether the program is
+	   fenced behind the copy, which a GPU needs when that stream is busy.) */
+	set_ctx("tables grow across streams: the second sequence's layer 0 takes the cache");
+	recall_given(&p, ty.id, 0, s0, R_BLOCKS, sa);
+	for (uint32_t t = 0; t < BT; t++) /* the last token of its last block */
+		DECODE_BOTH(&p, by, 1, 0);
+	CHECK_RC(kvt_manager_sync(p.c, sa), 0);
+	sync_both(&p);
+	CHECK_EQ(rc_of(p.c, ty.id, 0)->rg.n_slots, 8);
+	set_ctx("tables grow across streams: its next token starts a block, on stream A");
+	if (p.c->dev_regions)
+		CHECK_EQ(rc_of(p.c, ty.id, 0)->dcap, 64);
+	DECODE_BOTH(&p, by, 1, 0);
+	if (p.c->dev_regions)
+		CHECK_EQ(rc_of(p.c, ty.id, 0)->dcap, 128);
+	set_ctx("tables grow across streams: its layer 1 takes 4 of layer 0's frames, on B");
+	recall_given(&p, ty.id, 1, s1, R_BLOCKS, sb);
+	CHECK_EQ(rc_of(p.c, ty.id, 0)->rg.n_slots, 4);
+	/* stream B's work (and what it waits for), not A's */
+	CHECK_RC(kvt_manager_sync(p.c, sb), 0);
+	CHECK_RC(kvt_recall_check(p.c), 0);
+	CHECK_RC(kvt_manager_sync(p.c, sa), 0);
+	sync_both(&p);
+	CHECK_RC(kvt_recall_check(p.c), 0);
+	CHECK_RC(kvt_recall_check(p.h), 0);
+	same_views(&p, ty.id, 0);
+	same_views(&p, ty.id, 1);
+	COMPARE_STATS(&p, false);
+
+	p.stream = own;
+	tseq_free(&ts);
+	tseq_free(&ty);
+	pair_fini(&p);
+	CUDA_OK(cudaStreamDestroy(sa));
+	CUDA_OK(cudaStreamDestroy(sb));
+	g_ctx[0] = '\0';
+}

@@ -9,6 +9,7 @@
 #define KVT_BACKEND_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kvtier.h"
@@ -307,7 +308,8 @@ struct kvt_backend_ops {
 		     uint32_t g_count, uint32_t lbt, uint32_t r, const struct kvt_gpu_quest *qs,
 		     uint32_t n, const void *q, uint32_t *sel, void *stream);
 
-	/* ---- Optional (NULL), with the five above: recall regions kept on the device. ----
+	/* ---- Optional (NULL), with the five above, all four or none: recall regions kept on the
+	   device. ----
 	   Queues the program's stages [start, stop) on stream in the order of enum
 	   kvt_region_stage (uploads, group entries, clears, drops, grows, selection, recall,
 	   gather, empties, reads) and waits for stream: the reads are in host memory when it
@@ -326,6 +328,12 @@ struct kvt_backend_ops {
 	/* Waits for lane k's fence (its latest program; none: returns at once): 0, or the error
 	   of the device's work (a program that failed on the device; its reads did not land). */
 	int (*region_wait)(struct kvt_be *b, uint32_t lane);
+	/* Orders work the manager queues on stream outside the programs (a copy of a region's
+	   tables into larger ones) with the programs, whatever their streams. before = true,
+	   ahead of that work: it runs after the latest program. before = false, behind it: the
+	   next program runs after stream's work so far. 0, or the error (nothing ordered: the
+	   caller gives up what it queued). */
+	int (*region_order)(struct kvt_be *b, void *stream, bool before);
 
 	/* Transfer figures for kvt_stats. */
 	void (*stats)(struct kvt_be *b, struct kvt_be_stats *out);

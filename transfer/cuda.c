@@ -1777,6 +1777,30 @@ static int cuda_region_host(struct kvt_be *b, uint32_t lane, uint64_t bytes, voi
 	return 0;
 }
 
+static int cuda_region_order(struct kvt_be *b, void *stream, bool before)
+{
+	struct cuda_backend *cb = (struct cuda_backend *)b;
+	cudaStream_t st = (cudaStream_t)stream;
+	int err = bind(cb);
+
+	if (err)
+		return err;
+	if (before) /* after the latest program (none pending: it was waited for) */
+		return cb->rr_fenced && cb->rr_stream != st
+			       ? CU(cb, cudaStreamWaitEvent(st, cb->rr_done, 0),
+				    "recall regions: order after the program before")
+			       : 0;
+	/* the next program after this: the fence moves behind stream's work */
+	err = event_once(cb, &cb->rr_done, cudaEventDisableTiming);
+	if (!err)
+		err = CU(cb, cudaEventRecord(cb->rr_done, st), "recall regions: fence");
+	if (err) /* rr_done as it was: the caller gives up the work it ordered */
+		return err;
+	cb->rr_fenced = true;
+	cb->rr_stream = st;
+	return 0;
+}
+
 static int cuda_region_wait(struct kvt_be *b, uint32_t lane)
 {
 	struct cuda_backend *cb = (struct cuda_backend *)b;
@@ -1851,6 +1875,7 @@ const struct kvt_backend_ops kvt_backend_cuda_ops = {
 	.region_run = cuda_region_run,
 	.region_host = cuda_region_host,
 	.region_wait = cuda_region_wait,
+	.region_order = cuda_region_order,
 	.stats = cuda_stats,
 };
 
