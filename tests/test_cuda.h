@@ -111,6 +111,15 @@ struct tseq {
 #define DEVICE_WAITS() 0ull
 #endif
 
+/* The manager's device tables come from the backend's memory pool, in stream order: a call
+   that grows them makes no cudaMalloc, which a GPU may make wait. The emulated runtime counts
+   cudaMalloc calls; a GPU cannot. */
+#ifdef KVT_TEST_EMULATED
+#define MALLOCS() fake_cuda_mallocs()
+#else
+#define MALLOCS() 0ull
+#endif
+
 /* With the regions on the device, a recall call queues its program and returns: the calling
    thread waits for nothing but the programs of earlier calls it settles (kvt_recall_settle),
    and only for those the device has not finished (a GPU finishes them a step ago, as a rule).

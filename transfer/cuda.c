@@ -126,9 +126,14 @@ struct cuda_backend {
 	struct kvt_cuda_calib calib;
 	uint64_t kernel_launches, dma_batches;
 
-	/* Policy tables given back by dmem_free: work still queued may read them, so they are
-	   freed (cudaFree, which waits for the whole device) at the next device-wide wait of
-	   sync, when an allocation fails, when GRAVE_MAX have gathered, or at destroy. */
+	/* The manager's device tables (dmem_alloc): from a memory pool of the backend's own,
+	   allocated in stream order (cudaMallocFromPoolAsync: no cudaMalloc, which may wait, on
+	   the decode path) and kept by the pool once given back; NULL where the device has no
+	   pools or the pool could not be made: cudaMalloc. */
+	cudaMemPool_t tpool;
+	/* Tables given back by dmem_free: work still queued may read them, so they are freed at
+	   the next device-wide wait of sync, or after one when an allocation fails, when
+	   GRAVE_MAX have gathered, or at destroy. */
 	void **grave;
 	size_t n_grave, cap_grave;
 
@@ -854,7 +859,8 @@ static uint32_t env_u32(const char *name, uint32_t dflt, uint32_t lo, uint32_t h
 }
 
 static void cuda_destroy(struct kvt_be *b);
-static void grave_flush(struct cuda_backend *cb);
+static void grave_flush(struct cuda_backend *cb, bool idle);
+static void tpool_create(struct cuda_backend *cb);
 
 static int cuda_create(const struct kvt_backend_params *p, struct kvt_be **out)
 {
@@ -887,6 +893,7 @@ static int cuda_create(const struct kvt_backend_params *p, struct kvt_be **out)
 	if (err)
 		goto fail;
 	cb->numa_node = gpu_numa_node(cb->device);
+	tpool_create(cb);
 	cb->gather_ctas =
 		env_u32("KVTIER_GATHER_CTAS", KVT_GATHER_CTAS_DEFAULT, 1, KVT_GATHER_CTAS_MAX);
 	/* Copies within the device are bounded by HBM, not PCIe: a few CTAs per SM. */
@@ -992,8 +999,12 @@ static void cuda_destroy(struct kvt_be *b)
 	free(cb->rd_x);
 	dev_buf_free(&cb->io);
 	dev_buf_free(&cb->layer);
-	grave_flush(cb);
+	grave_flush(cb, true); /* (waited for above) */
 	free(cb->grave);
+	if (cb->tpool) {
+		cudaStreamSynchronize(NULL); /* the frees just queued */
+		cudaMemPoolDestroy(cb->tpool);
+	}
 	pinned_arena_destroy(cb);
 	free(cb->b_dst);
 	free(cb->b_src);
@@ -1309,7 +1320,7 @@ static int cuda_sync(struct kvt_be *b, void *stream)
 		return CU(cb, cudaStreamSynchronize((cudaStream_t)stream), "stream synchronize");
 	err = CU(cb, cudaDeviceSynchronize(), "device synchronize");
 	if (!err)
-		grave_flush(cb); /* nothing queued can read them now: the frees wait for nothing */
+		grave_flush(cb, true); /* nothing queued can read them now */
 	return err;
 }
 
@@ -1427,12 +1438,54 @@ static int cuda_attend(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, u
 
 /* ---- Block metadata on the device (dmem_*, meta_build, quest) ----------------------------- */
 
-/* Frees the tables dmem_free gave back (the first cudaFree waits for the whole device). */
-static void grave_flush(struct cuda_backend *cb)
+/* Frees the tables in the grave (see struct cuda_backend), after the whole device unless idle
+   says it just waited for it. The pool then keeps at most TPOOL_KEEP bytes of what it was given
+   back, for the tables to come; the rest goes back to the driver, for the engine's own
+   allocations. */
+#define TPOOL_KEEP ((size_t)256 << 20)
+static void grave_flush(struct cuda_backend *cb, bool idle)
 {
+	if (!cb->n_grave)
+		return;
+	if (cb->tpool && !idle)
+		cudaDeviceSynchronize(); /* (cudaFree waits for it itself) */
 	for (size_t i = 0; i < cb->n_grave; i++)
-		cudaFree(cb->grave[i]);
+		if (cb->tpool)
+			cudaFreeAsync(cb->grave[i],
+				      NULL); /* the device is idle: no order to keep */
+		else
+			cudaFree(cb->grave[i]);
 	cb->n_grave = 0;
+	if (cb->tpool)
+		cudaMemPoolTrimTo(cb->tpool, TPOOL_KEEP);
+}
+
+/* The pool of the device tables (struct cuda_backend's tpool), where the device has pools: it
+   keeps what is given back (release threshold at its maximum), so that later tables come from
+   it without the driver. A device or driver that refuses leaves tpool NULL (cudaMalloc). */
+static void tpool_create(struct cuda_backend *cb)
+{
+	struct cudaMemPoolProps pp;
+	uint64_t keep = UINT64_MAX;
+	int pools = 0;
+
+	if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, cb->device) !=
+		    cudaSuccess ||
+	    !pools)
+		return;
+	memset(&pp, 0, sizeof(pp));
+	pp.allocType = cudaMemAllocationTypePinned;
+	pp.location.type = cudaMemLocationTypeDevice;
+	pp.location.id = cb->device;
+	if (cudaMemPoolCreate(&cb->tpool, &pp) != cudaSuccess) {
+		cb->tpool = NULL;
+		return;
+	}
+	if (cudaMemPoolSetAttribute(cb->tpool, cudaMemPoolAttrReleaseThreshold, &keep) !=
+	    cudaSuccess) {
+		cudaMemPoolDestroy(cb->tpool);
+		cb->tpool = NULL;
+	}
 }
 
 static int cuda_dmem_alloc(struct kvt_be *b, uint64_t bytes, void *stream, uint64_t *addr)
@@ -1449,10 +1502,13 @@ static int cuda_dmem_alloc(struct kvt_be *b, uint64_t bytes, void *stream, uint6
 	if (kvt_cuda_host->fault(KVT_FAULT_CUDA))
 		return be_fail(b, -ENOMEM, "device table of %llu bytes: injected fault",
 			       (unsigned long long)bytes);
-	e = cudaMalloc(&p, (size_t)bytes);
+	e = cb->tpool ? cudaMallocFromPoolAsync(&p, (size_t)bytes, cb->tpool, (cudaStream_t)stream)
+		      : cudaMalloc(&p, (size_t)bytes);
 	if (e == cudaErrorMemoryAllocation && cb->n_grave) {
-		grave_flush(cb); /* what waits to be freed may make the room */
-		e = cudaMalloc(&p, (size_t)bytes);
+		grave_flush(cb, false); /* what waits to be freed may make the room */
+		e = cb->tpool ? cudaMallocFromPoolAsync(&p, (size_t)bytes, cb->tpool,
+							(cudaStream_t)stream)
+			      : cudaMalloc(&p, (size_t)bytes);
 	}
 	if (e != cudaSuccess)
 		return be_fail(b, -ENOMEM, "device table of %llu bytes: %s",
@@ -1460,7 +1516,10 @@ static int cuda_dmem_alloc(struct kvt_be *b, uint64_t bytes, void *stream, uint6
 	err = CU(cb, cudaMemsetAsync(p, 0, (size_t)bytes, (cudaStream_t)stream),
 		 "device table: zero fill");
 	if (err) {
-		cudaFree(p);
+		if (cb->tpool)
+			cudaFreeAsync(p, (cudaStream_t)stream);
+		else
+			cudaFree(p);
 		return err;
 	}
 	*addr = (uint64_t)(uintptr_t)p;
@@ -1476,13 +1535,18 @@ static void cuda_dmem_free(struct kvt_be *b, uint64_t addr)
 		return;
 	cudaSetDevice(cb->device); /* the frees' (a failure shows at the next call's bind) */
 	if (cb->n_grave >= GRAVE_MAX)
-		grave_flush(cb);
+		grave_flush(cb, false);
 	if (cb->n_grave == cb->cap_grave) {
 		size_t cap = cb->cap_grave ? 2 * cb->cap_grave : 64;
 		void **g = realloc(cb->grave, cap * sizeof(*g));
 
 		if (!g) { /* no room to defer it: free it now, after the device */
-			cudaFree(p);
+			if (cb->tpool) {
+				cudaDeviceSynchronize();
+				cudaFreeAsync(p, NULL);
+			} else {
+				cudaFree(p);
+			}
 			return;
 		}
 		cb->grave = g;

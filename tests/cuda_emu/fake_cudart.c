@@ -164,6 +164,7 @@ cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr attr, int d)
 	switch (attr) {
 	case cudaDevAttrUnifiedAddressing:
 	case cudaDevAttrCanMapHostMemory:
+	case cudaDevAttrMemoryPoolsSupported:
 		*v = 1;
 		return cudaSuccess;
 	case cudaDevAttrMultiProcessorCount:

@@ -74,6 +74,10 @@ void fake_cuda_check_footprint(const struct fake_range *w, size_t n_w, const str
    included: the tests count those a call makes. */
 uint64_t fake_cuda_device_waits(void);
 
+/* How many cudaMalloc calls the process made so far (not the stream-ordered allocations,
+   cudaMallocAsync and cudaMallocFromPoolAsync): the tests count those on a call's path. */
+uint64_t fake_cuda_mallocs(void);
+
 /* How many waits (stream, event or device synchronisation) the calling thread made so far:
    the tests count those of a call that should queue its work and return. */
 uint64_t fake_cuda_thread_waits(void);

@@ -58,6 +58,7 @@ struct range {
 FAKE_HIDDEN enum kind fake_table_find(uintptr_t p, struct alloc *out);
 FAKE_HIDDEN struct range fake_resolve(const void *p, size_t n, const char *what);
 FAKE_HIDDEN size_t fake_list_leaks(void);
+FAKE_HIDDEN void fake_free_device_now(void *p, const char *what);
 
 /* ---- Streams and the asynchronous fake (fake_queue.c) -------------------------------------- */
 
@@ -73,7 +74,7 @@ struct skey {
 	enum scls cls;
 };
 
-enum op_kind { OP_COPY, OP_SET, OP_WORK, OP_MARK };
+enum op_kind { OP_COPY, OP_SET, OP_WORK, OP_MARK, OP_FREE };
 
 /* Pinned memory that a queued operation reads or writes, with a checksum of it: until the
    operation has run, only queued operations may change it (the host waits first). */
@@ -89,6 +90,7 @@ struct op {
 	struct skey on;
 	enum op_kind kind;
 	bool done, take;   /* take: scratch of run_deps */
+	bool queued_dev;   /* OP_COPY: both sides device-accessible when queued */
 	unsigned int refs; /* events whose latest record this is */
 	const char *what;
 	void *dst;

@@ -341,7 +341,23 @@ static bool reuse_map(enum kind kind, size_t span, struct kept_map *out)
 	return found;
 }
 
+static atomic_ulong n_mallocs;
+
+uint64_t fake_cuda_mallocs(void)
+{
+	return atomic_load(&n_mallocs);
+}
+
+static cudaError_t device_alloc(void **p, size_t n);
+
 cudaError_t cudaMalloc(void **p, size_t n)
+{
+	atomic_fetch_add(&n_mallocs, 1);
+	return device_alloc(p, n);
+}
+
+/* cudaMalloc's work, and the stream-ordered allocations'. */
+static cudaError_t device_alloc(void **p, size_t n)
 {
 	struct alloc a = {.size = n, .span = page_up(n), .kind = DEVICE};
 	void *dev = MAP_FAILED, *shadow = MAP_FAILED;
@@ -439,6 +455,115 @@ cudaError_t cudaFree(void *p)
 {
 	return free_kind(p, DEVICE, "cudaFree", "pinned host memory (cudaFreeHost frees it)",
 			 "cudaMalloc");
+}
+
+/* Stream-ordered allocation: the memory is valid at once, for work queued anywhere after the
+   call (CUDA's is valid for work ordered after it on the stream; nothing that uses it early
+   can be seen here). */
+cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s)
+{
+	if (!fake_stream_ok(s, "cudaMallocAsync"))
+		return cudaErrorInvalidResourceHandle;
+	return device_alloc(p, n);
+}
+
+/* Memory pools: one kind, device memory of device 0 (what the backend creates); an allocation
+   from one is a cudaMallocAsync one, and freeing it is cudaFreeAsync's or cudaFree's. */
+#define POOL_MAGIC 0x504f4f4cu
+
+struct CUmemPoolHandle_st {
+	uint32_t magic;
+};
+
+static bool pool_ok(cudaMemPool_t p, const char *what)
+{
+	if (p && p->magic == POOL_MAGIC)
+		return true;
+	fake_cuda_warn("%s: memory pool %p is not live", what, (void *)p);
+	return false;
+}
+
+cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool, const struct cudaMemPoolProps *props)
+{
+	if (!pool || !props || props->allocType != cudaMemAllocationTypePinned ||
+	    props->location.type != cudaMemLocationTypeDevice || props->location.id != 0) {
+		fake_cuda_warn("cudaMemPoolCreate: only device memory of device 0 is emulated");
+		return cudaErrorInvalidValue;
+	}
+	*pool = calloc(1, sizeof(**pool));
+	if (!*pool)
+		return cudaErrorMemoryAllocation;
+	(*pool)->magic = POOL_MAGIC;
+	return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value)
+{
+	if (!pool_ok(pool, "cudaMemPoolSetAttribute"))
+		return cudaErrorInvalidValue;
+	if (!value || attr != cudaMemPoolAttrReleaseThreshold) {
+		fake_cuda_warn("cudaMemPoolSetAttribute: attribute %d is not emulated", (int)attr);
+		return cudaErrorInvalidValue;
+	}
+	return cudaSuccess;
+}
+
+/* Nothing to give back: the fake's pool keeps no memory of its own. */
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t keep)
+{
+	(void)keep;
+	return pool_ok(pool, "cudaMemPoolTrimTo") ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool)
+{
+	if (!pool_ok(pool, "cudaMemPoolDestroy"))
+		return cudaErrorInvalidValue;
+	pool->magic = 0;
+	free(pool);
+	return cudaSuccess;
+}
+
+cudaError_t cudaMallocFromPoolAsync(void **p, size_t n, cudaMemPool_t pool, cudaStream_t s)
+{
+	if (!pool_ok(pool, "cudaMallocFromPoolAsync"))
+		return cudaErrorInvalidValue;
+	if (!fake_stream_ok(s, "cudaMallocFromPoolAsync"))
+		return cudaErrorInvalidResourceHandle;
+	return device_alloc(p, n);
+}
+
+/* Frees a device allocation now, as the queued operation of cudaFreeAsync: no wait. */
+void fake_free_device_now(void *p, const char *what)
+{
+	struct alloc a;
+
+	if (table_take((uintptr_t)p, DEVICE, &a) != 0)
+		fake_cuda_die("%s(%p): the allocation was freed before its free ran", what, p);
+	keep_map(DEVICE, a.span, (char *)a.base, a.shadow);
+}
+
+/* Stream-ordered free: p must start a device allocation now; it is freed when the stream
+   gets there (the asynchronous fake: when a wait needs the stream's work, after the work
+   queued before it there; the synchronous one: at once), and work that touches it after
+   that dies on the freed address. */
+cudaError_t cudaFreeAsync(void *p, cudaStream_t s)
+{
+	struct alloc a;
+	struct op *o;
+
+	if (!fake_stream_ok(s, "cudaFreeAsync"))
+		return cudaErrorInvalidResourceHandle;
+	if (!p)
+		return cudaSuccess;
+	if (fake_table_find((uintptr_t)p, &a) != DEVICE || a.base != (uintptr_t)p) {
+		fake_cuda_warn("cudaFreeAsync(%p): not the start of a cudaMalloc allocation", p);
+		return cudaErrorInvalidValue;
+	}
+	o = fake_op_new(fake_key_of(s), OP_FREE, "cudaFreeAsync", 0);
+	o->dst = p;
+	fake_submit(o);
+	return cudaSuccess;
 }
 
 /* Pinned memory is mapped, not malloc'ed: the backend hands it to jemalloc as extents, which a
@@ -573,9 +698,10 @@ static cudaError_t copy(void *dst, const void *src, size_t n, enum cudaMemcpyKin
 	   memory (CUDA's "API synchronization behavior"): a pageable side is staged or waited
 	   for, host to host is synchronous, and cudaMemcpy waits unless both sides are device. */
 	if ((d.kind == DEVICE || r.kind == DEVICE) && d.kind != PAGEABLE && r.kind != PAGEABLE &&
-	    !(blocking && (d.kind != DEVICE || r.kind != DEVICE)))
+	    !(blocking && (d.kind != DEVICE || r.kind != DEVICE))) {
+		o->queued_dev = true;
 		fake_submit(o);
-	else
+	} else
 		fake_submit_blocking(o);
 	return cudaSuccess;
 }

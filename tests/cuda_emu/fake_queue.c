@@ -216,6 +216,9 @@ static void op_run(struct op *o)
 	case OP_COPY:
 		d = fake_resolve(o->dst, o->n, o->what);
 		r = fake_resolve(o->src, o->n, o->what);
+		if (o->queued_dev && (d.kind == PAGEABLE || r.kind == PAGEABLE))
+			fake_cuda_die("%s: %p <- %p, %zu bytes: memory freed before it ran",
+				      o->what, o->dst, o->src, o->n);
 		if (d.kind == DEVICE && r.kind == DEVICE)
 			fake_tsan_hide(true);
 		memcpy(d.view, r.view, o->n);
@@ -224,6 +227,9 @@ static void op_run(struct op *o)
 		break;
 	case OP_SET:
 		d = fake_resolve(o->dst, o->n, o->what);
+		if (d.kind == PAGEABLE) /* device-accessible when queued: freed since */
+			fake_cuda_die("%s: %p + %zu bytes were freed before it ran", o->what,
+				      o->dst, o->n);
 		if (d.kind == DEVICE)
 			fake_tsan_hide(true);
 		memset(d.view, o->value, o->n);
@@ -241,6 +247,9 @@ static void op_run(struct op *o)
 		break;
 	}
 	case OP_MARK:
+		break;
+	case OP_FREE:
+		fake_free_device_now(o->dst, o->what);
 		break;
 	}
 	o->done = true;

@@ -13,6 +13,11 @@
  * checks; `fake_selftest fold-overlap` folds two sequences into one entry, which the stand-in's
  * footprint check must stop (meson expects it to fail).
  *
+ * `fake_selftest free-async` frees device memory on a stream (cudaFreeAsync) behind work that
+ * uses it, which sees it, and checks that it is gone once the stream got there; `fake_selftest
+ * free-async-early` runs work of another stream on it after that, which the fake must stop
+ * (meson expects it to fail; with FAKE_CUDA_ASYNC, so that the free runs before the work).
+ *
  * `fake_selftest table` checks the allocation table (kept sorted, found by halving): hundreds of
  * device and pinned allocations of mixed sizes, a third freed in between, and every live one's
  * first and last bytes written and read back through copies whose direction the table must
@@ -144,6 +149,51 @@ static int write_after_free(void)
 		return fail("allocation after free");
 	cudaFreeHost(h2);
 	return 0; /* not caught: meson's should_fail turns this into a failure */
+}
+
+/* cudaFreeAsync (`free-async`): memory freed on a stream stays usable by the work queued there
+   before the free, and is given back once the stream got there. 0 when so. */
+static int free_async(void)
+{
+	unsigned char back[N];
+	size_t before, after, total;
+	cudaStream_t s;
+	void *d, *d2;
+
+	if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) || cudaMallocAsync(&d, N, s) ||
+	    cudaMalloc(&d2, N))
+		return fail("setup");
+	if (cudaMemsetAsync(d, 5, N, s) || cudaMemcpyAsync(d2, d, N, cudaMemcpyDeviceToDevice, s))
+		return fail("work before the free");
+	if (cudaMemGetInfo(&before, &total) || cudaFreeAsync(d, s))
+		return fail("cudaFreeAsync");
+	if (cudaStreamSynchronize(s) || cudaMemGetInfo(&after, &total))
+		return fail("the stream's wait");
+	if (after != before + N)
+		return fail("the memory was not given back when the stream got to its free");
+	if (cudaMemcpy(back, d2, N, cudaMemcpyDeviceToHost) || cudaFree(d2))
+		return fail("copy out");
+	for (size_t i = 0; i < N; i++)
+		if (back[i] != 5)
+			return fail("the work queued before the free did not see its memory");
+	return cudaStreamDestroy(s) ? fail("stream destroy") : 0;
+}
+
+/* `free-async-early`: work on another stream, not ordered after a cudaFreeAsync, that runs
+   after the free touches freed memory, which the fake must stop (meson expects a failure). */
+static int free_async_early(void)
+{
+	cudaStream_t s, t;
+	void *d;
+
+	if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) ||
+	    cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking) || cudaMalloc(&d, N))
+		return fail("setup");
+	if (cudaFreeAsync(d, s) || cudaMemsetAsync(d, 1, N, t))
+		return fail("queueing");
+	cudaStreamSynchronize(s); /* the free runs ... */
+	cudaStreamSynchronize(t); /* ... and then the memset, on freed memory */
+	return 0;		  /* not caught */
 }
 
 /* ---- the stand-ins ---------------------------------------------------------------------- */
@@ -1238,12 +1288,18 @@ int main(int argc, char **argv)
 		return reuse();
 	if (argc == 2 && strcmp(argv[1], "table") == 0)
 		return table();
+	if (argc == 2 && strcmp(argv[1], "free-async") == 0)
+		return free_async();
+	if (argc == 2 && strcmp(argv[1], "free-async-early") == 0)
+		return free_async_early();
 	if (argc == 2 && strcmp(argv[1], "write-after-free") == 0)
 		return write_after_free();
 	if (argc == 2 && strcmp(argv[1], "kernels") == 0)
 		return fold() || quest() || regions();
 	if (argc == 2 && strcmp(argv[1], "fold-overlap") == 0)
 		return fold_overlap();
-	fprintf(stderr, "usage: fake_selftest reuse|table|write-after-free|kernels|fold-overlap\n");
+	fprintf(stderr,
+		"usage: fake_selftest reuse|table|free-async|free-async-early|write-after-free|"
+		"kernels|fold-overlap\n");
 	return 2;
 }

@@ -33,12 +33,21 @@ static void *cu_in(const void *h, size_t n)
 	return d;
 }
 
-/* Frees a device copy once the work queued on the legacy stream (the suites pass NULL) that
-   reads it is done: cudaFree waits for the device. */
-static void cu_drop(void *d, const void *h)
+/* Frees a device copy once the work queued on stream before it (the call that reads it) is
+   done, in stream order (cudaFreeAsync), without waiting: work the call left queued stays
+   queued, as it would in an engine's loop (under the asynchronous fake, it runs only when a
+   wait needs it). */
+static void cu_drop(void *d, const void *h, void *stream)
 {
-	if (d && d != h)
-		cudaFree(d);
+	cudaError_t e;
+
+	if (!d || d == h)
+		return;
+	e = cudaFreeAsync(d, (cudaStream_t)stream);
+	if (e != cudaSuccess) {
+		fprintf(stderr, "test: freeing a device copy: %s\n", cudaGetErrorString(e));
+		abort();
+	}
 }
 
 /* Shapes come from the manager itself; where it cannot say (a NULL or destroyed manager, an
@@ -87,9 +96,9 @@ static int cu_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t layer,
 	dv = cu_in(v, kv);
 	dq = cu_in(q_obs, (size_t)c.n_q_heads * c.obs_window * row);
 	rc = kvt_prefill_layer(m, seq, layer, dk, dv, dq, stream);
-	cu_drop(dk, k);
-	cu_drop(dv, v);
-	cu_drop(dq, q_obs);
+	cu_drop(dk, k, stream);
+	cu_drop(dv, v, stream);
+	cu_drop(dq, q_obs, stream);
 	return rc;
 }
 
@@ -107,8 +116,8 @@ static int cu_decode_append(struct kvt_manager *m, uint32_t layer, const uint64_
 	dk = cu_in(k, bytes);
 	dv = cu_in(v, bytes);
 	rc = kvt_decode_append(m, layer, seqs, n, dk, dv, stream);
-	cu_drop(dk, k);
-	cu_drop(dv, v);
+	cu_drop(dk, k, stream);
+	cu_drop(dv, v, stream);
 	return rc;
 }
 
@@ -123,7 +132,7 @@ static int cu_decode_recall(struct kvt_manager *m, uint32_t layer, const uint64_
 		return kvt_decode_recall(m, layer, seqs, n, q, stream);
 	dq = cu_in(q, (size_t)n * c.n_q_heads * c.head_dim * kvt_dtype_size(c.dtype));
 	rc = kvt_decode_recall(m, layer, seqs, n, dq, stream);
-	cu_drop(dq, q);
+	cu_drop(dq, q, stream);
 	return rc;
 }
 
@@ -141,8 +150,8 @@ static int cu_step_append(struct kvt_manager *m, uint32_t layer, uint32_t n, con
 	dk = cu_in(k, bytes);
 	dv = cu_in(v, bytes);
 	rc = kvt_step_append(m, layer, dk, dv, stream);
-	cu_drop(dk, k);
-	cu_drop(dv, v);
+	cu_drop(dk, k, stream);
+	cu_drop(dv, v, stream);
 	return rc;
 }
 
@@ -157,7 +166,7 @@ static int cu_step_recall(struct kvt_manager *m, uint32_t layer, uint32_t n, con
 		return kvt_step_recall(m, layer, q, stream);
 	dq = cu_in(q, (size_t)n * c.n_q_heads * c.head_dim * kvt_dtype_size(c.dtype));
 	rc = kvt_step_recall(m, layer, dq, stream);
-	cu_drop(dq, q);
+	cu_drop(dq, q, stream);
 	return rc;
 }
 
@@ -172,7 +181,7 @@ static int cu_recall_device_blocks(struct kvt_manager *m, uint32_t layer, const 
 		return kvt_recall_device_blocks(m, layer, seqs, n, blocks, r, stream);
 	db = cu_in(blocks, (size_t)n * c.n_kv_heads * r * sizeof(*blocks));
 	rc = kvt_recall_device_blocks(m, layer, seqs, n, db, r, stream);
-	cu_drop(db, blocks);
+	cu_drop(db, blocks, stream);
 	return rc;
 }
 
@@ -187,7 +196,7 @@ static int cu_step_recall_device_blocks(struct kvt_manager *m, uint32_t layer, u
 		return kvt_step_recall_device_blocks(m, layer, blocks, r, stream);
 	db = cu_in(blocks, (size_t)n * c.n_kv_heads * r * sizeof(*blocks));
 	rc = kvt_step_recall_device_blocks(m, layer, db, r, stream);
-	cu_drop(db, blocks);
+	cu_drop(db, blocks, stream);
 	return rc;
 }
 
@@ -210,9 +219,9 @@ static int cu_prefill_chunk(struct kvt_manager *m, uint64_t seq, uint32_t layer,
 	dv = cu_in(v, kv);
 	dq = cu_in(q_obs, (size_t)c.n_q_heads * c.obs_window * row);
 	rc = kvt_prefill_chunk(m, seq, layer, pos, n, kv_from, dk, dv, dq, stream);
-	cu_drop(dk, k);
-	cu_drop(dv, v);
-	cu_drop(dq, q_obs);
+	cu_drop(dk, k, stream);
+	cu_drop(dv, v, stream);
+	cu_drop(dq, q_obs, stream);
 	return rc;
 }
 
@@ -268,7 +277,7 @@ static void cu_outs(void *const *h, const size_t *n, void *const *dv, int k, voi
 	for (int i = 0; i < k; i++) {
 		if (dv[i] != h[i])
 			cu_dev_read(h[i], (uint64_t)(uintptr_t)dv[i], n[i]);
-		cu_drop(dv[i], h[i]);
+		cu_drop(dv[i], h[i], stream);
 	}
 }
 
@@ -364,7 +373,7 @@ static int cu_step_attend(struct kvt_manager *m, uint32_t layer, uint32_t n, con
 	cu_ins(h, nb, dv, 3);
 	rc = kvt_step_attend(m, layer, dv[0], dv[1], dv[2], stream);
 	cu_outs(h + 1, nb + 1, dv + 1, 2, stream); /* out and lse; q is only read */
-	cu_drop(dv[0], q);
+	cu_drop(dv[0], q, stream);
 	return rc;
 }
 
@@ -396,7 +405,7 @@ static int cu_attend_tables(struct kvt_manager *m, const struct kvt_attn_tables 
 			       (uint64_t)((int64_t)need - scratch_short), stream);
 	cu_outs(h + 8, n + 8, dv + 8, 2, stream); /* out and lse; the rest is only read */
 	for (int i = 0; i < 8; i++)
-		cu_drop(dv[i], h[i]);
+		cu_drop(dv[i], h[i], stream);
 	if (scratch)
 		cudaFree(scratch);
 	return rc;
