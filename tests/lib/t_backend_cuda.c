@@ -15,17 +15,18 @@
 #include "policy.h"
 #include "t_backend.h"
 
-/* A device copy of n bytes of host memory h; NULL or empty tensors pass as they are. */
-static void *cu_in(const void *h, size_t n)
+/* A device copy of n bytes of host memory h, made in stream order on the call's stream (which
+   frees it after the call: cu_drop); NULL or empty tensors pass as they are. */
+static void *cu_in(const void *h, size_t n, void *stream)
 {
 	void *d = NULL;
 	cudaError_t e;
 
 	if (!h || !n)
 		return (void *)h;
-	e = cudaMalloc(&d, n);
-	if (e == cudaSuccess)
-		e = cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
+	e = cudaMallocAsync(&d, n, (cudaStream_t)stream);
+	if (e == cudaSuccess) /* (from pageable memory: h may be reused when it returns) */
+		e = cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, (cudaStream_t)stream);
 	if (e != cudaSuccess) {
 		fprintf(stderr, "test: a device copy of %zu bytes: %s\n", n, cudaGetErrorString(e));
 		abort();
@@ -92,9 +93,9 @@ static int cu_prefill_layer(struct kvt_manager *m, uint64_t seq, uint32_t layer,
 		return kvt_prefill_layer(m, seq, layer, k, v, q_obs, stream);
 	row = (size_t)c.head_dim * kvt_dtype_size(c.dtype);
 	kv = (size_t)c.n_kv_heads * L * row;
-	dk = cu_in(k, kv);
-	dv = cu_in(v, kv);
-	dq = cu_in(q_obs, (size_t)c.n_q_heads * c.obs_window * row);
+	dk = cu_in(k, kv, stream);
+	dv = cu_in(v, kv, stream);
+	dq = cu_in(q_obs, (size_t)c.n_q_heads * c.obs_window * row, stream);
 	rc = kvt_prefill_layer(m, seq, layer, dk, dv, dq, stream);
 	cu_drop(dk, k, stream);
 	cu_drop(dv, v, stream);
@@ -113,8 +114,8 @@ static int cu_decode_append(struct kvt_manager *m, uint32_t layer, const uint64_
 	if (cu_shape(m, 0, &c, NULL))
 		return kvt_decode_append(m, layer, seqs, n, k, v, stream);
 	bytes = (size_t)n * c.n_kv_heads * c.head_dim * kvt_dtype_size(c.dtype);
-	dk = cu_in(k, bytes);
-	dv = cu_in(v, bytes);
+	dk = cu_in(k, bytes, stream);
+	dv = cu_in(v, bytes, stream);
 	rc = kvt_decode_append(m, layer, seqs, n, dk, dv, stream);
 	cu_drop(dk, k, stream);
 	cu_drop(dv, v, stream);
@@ -130,7 +131,7 @@ static int cu_decode_recall(struct kvt_manager *m, uint32_t layer, const uint64_
 
 	if (cu_shape(m, 0, &c, NULL))
 		return kvt_decode_recall(m, layer, seqs, n, q, stream);
-	dq = cu_in(q, (size_t)n * c.n_q_heads * c.head_dim * kvt_dtype_size(c.dtype));
+	dq = cu_in(q, (size_t)n * c.n_q_heads * c.head_dim * kvt_dtype_size(c.dtype), stream);
 	rc = kvt_decode_recall(m, layer, seqs, n, dq, stream);
 	cu_drop(dq, q, stream);
 	return rc;
@@ -147,8 +148,8 @@ static int cu_step_append(struct kvt_manager *m, uint32_t layer, uint32_t n, con
 	if (cu_shape(m, 0, &c, NULL))
 		return kvt_step_append(m, layer, k, v, stream);
 	bytes = (size_t)n * c.n_kv_heads * c.head_dim * kvt_dtype_size(c.dtype);
-	dk = cu_in(k, bytes);
-	dv = cu_in(v, bytes);
+	dk = cu_in(k, bytes, stream);
+	dv = cu_in(v, bytes, stream);
 	rc = kvt_step_append(m, layer, dk, dv, stream);
 	cu_drop(dk, k, stream);
 	cu_drop(dv, v, stream);
@@ -164,7 +165,7 @@ static int cu_step_recall(struct kvt_manager *m, uint32_t layer, uint32_t n, con
 
 	if (cu_shape(m, 0, &c, NULL))
 		return kvt_step_recall(m, layer, q, stream);
-	dq = cu_in(q, (size_t)n * c.n_q_heads * c.head_dim * kvt_dtype_size(c.dtype));
+	dq = cu_in(q, (size_t)n * c.n_q_heads * c.head_dim * kvt_dtype_size(c.dtype), stream);
 	rc = kvt_step_recall(m, layer, dq, stream);
 	cu_drop(dq, q, stream);
 	return rc;
@@ -179,7 +180,7 @@ static int cu_recall_device_blocks(struct kvt_manager *m, uint32_t layer, const 
 
 	if (cu_shape(m, 0, &c, NULL))
 		return kvt_recall_device_blocks(m, layer, seqs, n, blocks, r, stream);
-	db = cu_in(blocks, (size_t)n * c.n_kv_heads * r * sizeof(*blocks));
+	db = cu_in(blocks, (size_t)n * c.n_kv_heads * r * sizeof(*blocks), stream);
 	rc = kvt_recall_device_blocks(m, layer, seqs, n, db, r, stream);
 	cu_drop(db, blocks, stream);
 	return rc;
@@ -194,7 +195,7 @@ static int cu_step_recall_device_blocks(struct kvt_manager *m, uint32_t layer, u
 
 	if (cu_shape(m, 0, &c, NULL))
 		return kvt_step_recall_device_blocks(m, layer, blocks, r, stream);
-	db = cu_in(blocks, (size_t)n * c.n_kv_heads * r * sizeof(*blocks));
+	db = cu_in(blocks, (size_t)n * c.n_kv_heads * r * sizeof(*blocks), stream);
 	rc = kvt_step_recall_device_blocks(m, layer, db, r, stream);
 	cu_drop(db, blocks, stream);
 	return rc;
@@ -215,9 +216,9 @@ static int cu_prefill_chunk(struct kvt_manager *m, uint64_t seq, uint32_t layer,
 		return kvt_prefill_chunk(m, seq, layer, pos, n, kv_from, k, v, q_obs, stream);
 	row = (size_t)c.head_dim * kvt_dtype_size(c.dtype);
 	kv = (size_t)c.n_kv_heads * (pos + n - kv_from) * row;
-	dk = cu_in(k, kv);
-	dv = cu_in(v, kv);
-	dq = cu_in(q_obs, (size_t)c.n_q_heads * c.obs_window * row);
+	dk = cu_in(k, kv, stream);
+	dv = cu_in(v, kv, stream);
+	dq = cu_in(q_obs, (size_t)c.n_q_heads * c.obs_window * row, stream);
 	rc = kvt_prefill_chunk(m, seq, layer, pos, n, kv_from, dk, dv, dq, stream);
 	cu_drop(dk, k, stream);
 	cu_drop(dv, v, stream);
@@ -262,10 +263,10 @@ static void cu_dev_read(void *dst, uint64_t addr, size_t n)
 }
 
 /* Device copies dv[k] of the k host buffers h[k] of n[k] bytes (NULL ones stay NULL). */
-static void cu_ins(void *const *h, const size_t *n, void **dv, int k)
+static void cu_ins(void *const *h, const size_t *n, void **dv, int k, void *stream)
 {
 	for (int i = 0; i < k; i++)
-		dv[i] = cu_in(h[i], n[i]);
+		dv[i] = cu_in(h[i], n[i], stream);
 }
 
 /* After a call that wrote the device copies of cu_ins on stream: reads each back into its
@@ -284,7 +285,7 @@ static void cu_outs(void *const *h, const size_t *n, void *const *dv, int k, voi
 /* Device copies of t's seven buffers (h[0..7) and n[0..7) get their host addresses and
    sizes, dv[0..7) the copies): t with the copies in place. */
 static struct kvt_attn_tables cu_tables_in(const struct kvt_attn_tables *t, uint32_t H, void **h,
-					   size_t *n, void **dv)
+					   size_t *n, void **dv, void *stream)
 {
 	struct kvt_attn_tables d = *t;
 	size_t rows = (size_t)t->max_batch * H;
@@ -296,7 +297,7 @@ static struct kvt_attn_tables cu_tables_in(const struct kvt_attn_tables *t, uint
 	h[4] = t->recall, n[4] = rows * t->max_recall * 4;
 	h[5] = t->recall_tokens, n[5] = rows * t->max_recall * 4;
 	h[6] = t->recall_skip, n[6] = rows * t->max_recall * 8;
-	cu_ins(h, n, dv, 7);
+	cu_ins(h, n, dv, 7, stream);
 	d.n_batch = dv[0];
 	d.n_tokens = dv[1];
 	d.frames = dv[2];
@@ -320,7 +321,7 @@ static int cu_step_tables(struct kvt_manager *m, uint32_t layer, const struct kv
 
 	if (!t || t->size < sizeof(*t) || cu_shape(m, 0, &c, NULL))
 		return kvt_step_tables(m, layer, t, stream);
-	d = cu_tables_in(t, c.n_kv_heads, h, n, dv);
+	d = cu_tables_in(t, c.n_kv_heads, h, n, dv, stream);
 	rc = kvt_step_tables(m, layer, &d, stream);
 	cu_outs(h, n, dv, 7, stream);
 	return rc;
@@ -345,7 +346,7 @@ static int cu_step_paged(struct kvt_manager *m, uint32_t layer, const struct kvt
 	h[2] = p->last_page_len, n[2] = rows * 4;
 	h[3] = p->r_indptr, n[3] = (rows + 1) * 4;
 	h[4] = p->r_indices, n[4] = (size_t)p->max_tokens * 4;
-	cu_ins(h, n, dv, 5);
+	cu_ins(h, n, dv, 5, stream);
 	d.indptr = dv[0];
 	d.indices = dv[1];
 	d.last_page_len = dv[2];
@@ -370,7 +371,7 @@ static int cu_step_attend(struct kvt_manager *m, uint32_t layer, uint32_t n, con
 		return kvt_step_attend(m, layer, q, out, lse, stream);
 	nb[0] = nb[1] = (size_t)n * c.n_q_heads * c.head_dim * kvt_dtype_size(c.dtype);
 	nb[2] = (size_t)n * c.n_q_heads * sizeof(float);
-	cu_ins(h, nb, dv, 3);
+	cu_ins(h, nb, dv, 3, stream);
 	rc = kvt_step_attend(m, layer, dv[0], dv[1], dv[2], stream);
 	cu_outs(h + 1, nb + 1, dv + 1, 2, stream); /* out and lse; q is only read */
 	cu_drop(dv[0], q, stream);
@@ -392,12 +393,12 @@ static int cu_attend_tables(struct kvt_manager *m, const struct kvt_attn_tables 
 	if (!t || t->size < sizeof(*t) || !q || !out || cu_shape(m, 0, &c, NULL) ||
 	    kvt_attend_tables_scratch(m, t, &need))
 		return kvt_attend_tables(m, t, q, out, lse, NULL, 0, stream);
-	d = cu_tables_in(t, c.n_kv_heads, h, n, dv);
+	d = cu_tables_in(t, c.n_kv_heads, h, n, dv, stream);
 	h[7] = (void *)(uintptr_t)q;
 	n[7] = n[8] = (size_t)t->max_batch * c.n_q_heads * c.head_dim * kvt_dtype_size(c.dtype);
 	h[8] = out;
 	h[9] = lse, n[9] = (size_t)t->max_batch * c.n_q_heads * sizeof(float);
-	cu_ins(h + 7, n + 7, dv + 7, 3);
+	cu_ins(h + 7, n + 7, dv + 7, 3, stream);
 	if ((int64_t)need > scratch_short &&
 	    cudaMalloc(&scratch, (size_t)((int64_t)need - scratch_short)) != cudaSuccess)
 		abort();
