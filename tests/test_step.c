@@ -626,6 +626,31 @@ static void test_step_tables_contract(void **state)
 	kvt_manager_destroy(m);
 }
 
+/* The stream of manager 1's next call on layer l (walk's `streams`; NULL without): one of st[3]
+   at random, ordered after that layer's latest call (lay[l]). */
+static void *layer_stream(void *const *st, void **lay, uint32_t l, bool streams)
+{
+	void *s;
+
+	if (!streams)
+		return NULL;
+	s = st[t_rng_below(3)];
+	t_be->stream_after(s, lay[l]);
+	lay[l] = s;
+	return s;
+}
+
+/* The legacy stream after every stream's work so far, and each layer's next call after it. */
+static void streams_join(void *const *st, void **lay, uint32_t n_layers, bool streams)
+{
+	if (!streams)
+		return;
+	for (int x = 0; x < 3; x++)
+		t_be->stream_after(NULL, st[x]);
+	for (uint32_t l = 0; l < n_layers; l++)
+		lay[l] = NULL;
+}
+
 /* Steps are the plain calls: manager 0 runs each decode step as kvt_seq_fetch of the batch (what
    kvt_step_begin reads back) and, per layer, kvt_decode_append and kvt_decode_recall or
    kvt_recall_blocks on the batch; manager 1 as kvt_step_begin, kvt_step_append,
@@ -638,8 +663,13 @@ static void test_step_tables_contract(void **state)
    With `twin_cpu`, manager 0 keeps its recall regions on the CPU: on a backend that keeps them
    on its device (dev_regions), the two must still agree, call for call, frame for frame; with
    a disk tier too, the device's calls read spilled blocks back (dev_repair) as the CPU's
-   do. */
-static void walk(bool disk, bool twin_cpu)
+   do. With `streams`, manager 1's step calls go to three streams of their own at random
+   (non-blocking on the CUDA backend), ordered as an engine orders them: a layer's calls after
+   that layer's calls before (its tokens, its recall), everything after the legacy stream's
+   work and the legacy stream after everything before a call that is not a step call and
+   before the checks. Calls of different layers are left unordered, and a lazy step checks
+   nothing until later: what orders their work is the manager's own doing. */
+static void walk(bool disk, bool twin_cpu, bool streams)
 {
 	struct kvt_config c = step_config(72);
 	struct kvt_manager *mm[2];
@@ -653,9 +683,15 @@ static void walk(bool disk, bool twin_cpu)
 		*v = t_xmalloc(SEQS * c.n_kv_heads * row);
 	uint8_t *q = t_xmalloc(SEQS * qs);
 	long ops = t_pick_ops(1600);
+	/* streams: manager 1's, and the one each layer's latest call went to */
+	void *st[3] = {NULL, NULL, NULL}, *lay[4] = {NULL, NULL, NULL, NULL};
 
-	print_message("# step: seed %llu%s%s\n", (unsigned long long)seed, disk ? "" : ", no disk",
-		      twin_cpu ? ", the twin's regions on the CPU" : "");
+	print_message("# step: seed %llu%s%s%s\n", (unsigned long long)seed,
+		      disk ? "" : ", no disk", twin_cpu ? ", the twin's regions on the CPU" : "",
+		      streams ? ", three streams" : "");
+	assert_true(c.n_layers <= 4);
+	for (int x = 0; streams && x < 3; x++)
+		st[x] = t_be->stream_new();
 	t_rng_seed(seed);
 	assert_non_null(mkdtemp(dir));
 	c.spill_dir = disk ? dir : NULL;
@@ -709,6 +745,8 @@ static void walk(bool disk, bool twin_cpu)
 					uint32_t y = (uint32_t)(batch[hit] - 500);
 					bool kill = pre[y] || t_rng_below(2);
 
+					streams_join(st, lay, c.n_layers, streams);
+
 					broken++;
 					for (int m = 0; m < 2; m++)
 						CHECK_RC(kill ? kvt_seq_destroy(mm[m], batch[hit])
@@ -726,10 +764,13 @@ static void walk(bool disk, bool twin_cpu)
 				}
 				batch_tokens(mm[0], &c, batch, n, l, k, v);
 				rc[0] = t_decode_append(mm[0], l, batch, n, k, v, NULL);
-				rc[1] = t_step_append(mm[1], l, n, k, v, NULL);
+				rc[1] = t_step_append(mm[1], l, n, k, v,
+						      layer_stream(st, lay, l, streams));
 				CHECK_EQ(rc[0], rc[1]);
-				if (!lazy)
+				if (!lazy) {
+					streams_join(st, lay, c.n_layers, streams);
 					same_stats(mm);
+				}
 				bad = NONE;
 				if (t_rng_below(2)) { /* Quest: the managers score */
 					for (uint32_t x = 0; x < n; x++)
@@ -738,7 +779,8 @@ static void walk(bool disk, bool twin_cpu)
 								   q + x * qs + g * row, batch[x],
 								   77, 2000 + g, (uint32_t)op, 0);
 					rc[0] = t_decode_recall(mm[0], l, batch, n, q, NULL);
-					rc[1] = t_step_recall(mm[1], l, n, q, NULL);
+					rc[1] = t_step_recall(mm[1], l, n, q,
+							      layer_stream(st, lay, l, streams));
 					scored++;
 				} else {
 					/* a third given in device memory, a quarter of those with
@@ -765,14 +807,16 @@ static void walk(bool disk, bool twin_cpu)
 					if (dev) {
 						rc[0] = t_recall_device_blocks(mm[0], l, batch, n,
 									       sel, R, NULL);
-						rc[1] = t_step_recall_device_blocks(mm[1], l, n,
-										    sel, R, NULL);
+						rc[1] = t_step_recall_device_blocks(
+							mm[1], l, n, sel, R,
+							layer_stream(st, lay, l, streams));
 						devsel++;
 					} else {
 						rc[0] = kvt_recall_blocks(mm[0], l, batch, n, sel,
 									  R, NULL);
-						rc[1] = kvt_step_recall_blocks(mm[1], l, sel, R,
-									       NULL);
+						rc[1] = kvt_step_recall_blocks(
+							mm[1], l, sel, R,
+							layer_stream(st, lay, l, streams));
 					}
 				}
 				CHECK_EQ(rc[0], rc[1]);
@@ -780,6 +824,7 @@ static void walk(bool disk, bool twin_cpu)
 				lazies += lazy;
 				if (lazy)
 					continue;
+				streams_join(st, lay, c.n_layers, streams);
 				same_stats(mm);
 				for (uint32_t x = 0; x < n; x++)
 					t_same_views(mm, &c, batch[x], l, R, origin);
@@ -820,6 +865,7 @@ static void walk(bool disk, bool twin_cpu)
 			if (lazy)
 				continue;
 		} else if (what < 90 && live[i]) { /* preempt or resume */
+			streams_join(st, lay, c.n_layers, streams);
 			for (int m = 0; m < 2; m++)
 				rc[m] = pre[i] ? kvt_seq_resume(mm[m], ids[i], NULL)
 					       : kvt_seq_preempt(mm[m], ids[i]);
@@ -827,17 +873,20 @@ static void walk(bool disk, bool twin_cpu)
 			if (rc[0] == 0)
 				pre[i] = !pre[i];
 		} else if (live[i]) { /* destroy, and prefill again */
+			streams_join(st, lay, c.n_layers, streams);
 			for (int m = 0; m < 2; m++) {
 				CHECK_RC(kvt_seq_destroy(mm[m], ids[i]), 0);
 				t_prefill_seq(mm[m], &c, ids[i], 40 + t_mix(op) % 120);
 			}
 			pre[i] = false;
 		} else { /* a sequence destroyed inside a step comes back */
+			streams_join(st, lay, c.n_layers, streams);
 			for (int m = 0; m < 2; m++)
 				t_prefill_seq(mm[m], &c, ids[i], 40 + t_mix(op) % 120);
 			live[i] = true;
 			pre[i] = false;
 		}
+		streams_join(st, lay, c.n_layers, streams);
 		same_stats(mm);
 		/* frames conserved, regions consistent (the sizing regroups their frames) */
 		for (int m = 0; m < 2; m++)
@@ -865,6 +914,10 @@ static void walk(bool disk, bool twin_cpu)
 			      (unsigned long long)mm[1]->rc.repairs);
 		assert_true(mm[1]->rc.repairs > 0);
 	}
+	streams_join(st, lay, c.n_layers, streams);
+	CHECK_RC(kvt_manager_sync(mm[1], NULL), 0);
+	for (int x = 0; x < 3; x++)
+		t_be->stream_free(st[x]);
 	for (int m = 0; m < 2; m++)
 		kvt_manager_destroy(mm[m]);
 	free(k);
@@ -876,19 +929,27 @@ static void walk(bool disk, bool twin_cpu)
 static void test_step_same_as_plain(void **state)
 {
 	(void)state;
-	walk(true, false);
+	walk(true, false, false);
 }
 
 static void test_step_device_as_host(void **state)
 {
 	(void)state;
-	walk(false, true);
+	walk(false, true, false);
+}
+
+/* The same, manager 1's calls on three streams of their own (see walk): a layer's calls on
+   the device unordered with the other layer's, as an engine leaves them. */
+static void test_step_device_as_host_streams(void **state)
+{
+	(void)state;
+	walk(true, true, true);
 }
 
 static void test_step_device_as_host_disk(void **state)
 {
 	(void)state;
-	walk(true, true);
+	walk(true, true, false);
 }
 
 /* A recall call whose loads read spilled blocks back, each disk I/O of that read failed in turn
@@ -1147,6 +1208,7 @@ int main(void)
 		cmocka_unit_test(test_step_same_as_plain),
 		cmocka_unit_test(test_step_device_as_host),
 		cmocka_unit_test(test_step_device_as_host_disk),
+		cmocka_unit_test(test_step_device_as_host_streams),
 		cmocka_unit_test(test_step_recall_disk_faults),
 		cmocka_unit_test(test_step_begin_faults),
 	};

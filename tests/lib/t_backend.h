@@ -79,6 +79,14 @@ struct t_backend {
 	   backend extra bytes of scratch: the fixture passes that many fewer) */
 	int (*attend_tables)(struct kvt_manager *m, const struct kvt_attn_tables *t, const void *q,
 			     void *out, float *lse, int64_t scratch_short, void *stream);
+	/* Streams for the calls above, as an engine keeps several: a new one (on the CUDA
+	   backend non-blocking, ordered with nothing but itself; NULL on the host backend,
+	   whose calls finish before they return), its end, and an order: the work queued on s
+	   after the call runs after the work queued on t before it (either NULL: the legacy
+	   stream). */
+	void *(*stream_new)(void);
+	void (*stream_free)(void *s);
+	void (*stream_after)(void *s, void *t);
 };
 
 extern const struct t_backend t_backend_host;

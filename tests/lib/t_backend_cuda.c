@@ -412,6 +412,41 @@ static int cu_attend_tables(struct kvt_manager *m, const struct kvt_attn_tables 
 	return rc;
 }
 
+static void cu_fatal(cudaError_t e, const char *what)
+{
+	if (e != cudaSuccess) {
+		fprintf(stderr, "test: %s: %s\n", what, cudaGetErrorString(e));
+		abort();
+	}
+}
+
+static void *cu_stream_new(void)
+{
+	cudaStream_t s = NULL;
+
+	cu_fatal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "a stream");
+	return s;
+}
+
+static void cu_stream_free(void *s)
+{
+	if (s)
+		cu_fatal(cudaStreamDestroy((cudaStream_t)s), "a stream's end");
+}
+
+/* An event recorded on t, waited for on s, and given back (the wait keeps what it needs). */
+static void cu_stream_after(void *s, void *t)
+{
+	cudaEvent_t e;
+
+	if (s == t)
+		return;
+	cu_fatal(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "an event");
+	cu_fatal(cudaEventRecord(e, (cudaStream_t)t), "an event's record");
+	cu_fatal(cudaStreamWaitEvent((cudaStream_t)s, e, 0), "a stream's wait");
+	cu_fatal(cudaEventDestroy(e), "an event's end");
+}
+
 const struct t_backend t_backend_cuda = {
 	.name = "cuda",
 	.kind = KVT_BACKEND_CUDA,
@@ -430,6 +465,9 @@ const struct t_backend t_backend_cuda = {
 	.step_paged = cu_step_paged,
 	.step_attend = cu_step_attend,
 	.attend_tables = cu_attend_tables,
+	.stream_new = cu_stream_new,
+	.stream_free = cu_stream_free,
+	.stream_after = cu_stream_after,
 };
 
 const struct t_backend *const t_be = &t_backend_cuda;

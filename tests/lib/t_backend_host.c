@@ -44,6 +44,22 @@ static int host_attend_tables(struct kvt_manager *m, const struct kvt_attn_table
 	return kvt_attend_tables(m, t, q, out, lse, NULL, 0, stream);
 }
 
+static void *host_stream_new(void)
+{
+	return NULL;
+}
+
+static void host_stream_free(void *s)
+{
+	(void)s;
+}
+
+static void host_stream_after(void *s, void *t)
+{
+	(void)s;
+	(void)t;
+}
+
 const struct t_backend t_backend_host = {
 	.name = "host",
 	.kind = KVT_BACKEND_HOST,
@@ -62,6 +78,9 @@ const struct t_backend t_backend_host = {
 	.step_paged = kvt_step_paged,
 	.step_attend = host_step_attend,
 	.attend_tables = host_attend_tables,
+	.stream_new = host_stream_new,
+	.stream_free = host_stream_free,
+	.stream_after = host_stream_after,
 };
 
 const struct t_backend *const t_be = &t_backend_host;
