@@ -586,32 +586,35 @@ static void dev_desc(struct kvt_gpu_region *out, const struct kvt_manager *m,
 	uint64_t H = m->cfg.n_kv_heads, cell = m->rc.dcall + l->cell + x * sizeof(struct dcell);
 
 #define DEV(t, a) ((t)(uintptr_t)(a))
-	*out = (struct kvt_gpu_region){
-		.slot = DEV(struct kvt_region_slot *, rc->dreg + g.slot),
-		.key = DEV(struct kvt_region_key *, kvt_dkey(m, rc)),
-		.clock = DEV(uint32_t *, cell + offsetof(struct dcell, clock)),
-		.n_slots = DEV(uint32_t *, cell + offsetof(struct dcell, n_slots)),
-		.frame = DEV(uint32_t *, rc->dreg + g.frame),
-		.ws = i < n ? DEV(struct kvt_ws *, cell + offsetof(struct dcell, ws)) : NULL,
-		.sel = i < n ? DEV(const uint32_t *, sel + i * H * r * 4) : NULL,
-		.view = DEV(uint32_t *, rc->dreg + g.view),
-		.view_n = DEV(uint32_t *, rc->dreg + g.view_n),
-		.load = i < n ? DEV(struct kvt_region_load *,
-				    m->rc.dcall + l->load +
-					    i * H * r * sizeof(struct kvt_region_load))
-			      : NULL,
-		.n_load = DEV(uint32_t *, cell + offsetof(struct dcell, n_load)),
-		.tally = DEV(struct kvt_region_tally *, cell + offsetof(struct dcell, tally)),
-		.err = DEV(int32_t *, cell + offsetof(struct dcell, err)),
-		.group = DEV(const uint64_t *, kvt_dgroup(m, rc)),
-		.n_heads = (uint32_t)H,
-		.r = vr,
-		.lbt = m->lbt,
-		.n_tokens = N,
-		.sink = m->cfg.sink_tokens,
-		.ring0 = kvt_ring0(m, N),
-		.cap_blocks = rc->dcap,
-	};
+	/* field by field: an initializer would clear the whole descriptor first (a rep stos a
+	   member), then write it again; every field is written (the size below says none was
+	   added since) */
+	_Static_assert(sizeof(struct kvt_gpu_region) == 15 * 8 + 8 * 4,
+		       "dev_desc writes each field of struct kvt_gpu_region");
+	out->slot = DEV(struct kvt_region_slot *, rc->dreg + g.slot);
+	out->key = DEV(struct kvt_region_key *, kvt_dkey(m, rc));
+	out->clock = DEV(uint32_t *, cell + offsetof(struct dcell, clock));
+	out->n_slots = DEV(uint32_t *, cell + offsetof(struct dcell, n_slots));
+	out->frame = DEV(uint32_t *, rc->dreg + g.frame);
+	out->ws = i < n ? DEV(struct kvt_ws *, cell + offsetof(struct dcell, ws)) : NULL;
+	out->sel = i < n ? DEV(const uint32_t *, sel + i * H * r * 4) : NULL;
+	out->view = DEV(uint32_t *, rc->dreg + g.view);
+	out->view_n = DEV(uint32_t *, rc->dreg + g.view_n);
+	out->load = i < n ? DEV(struct kvt_region_load *,
+				m->rc.dcall + l->load + i * H * r * sizeof(struct kvt_region_load))
+			  : NULL;
+	out->n_load = DEV(uint32_t *, cell + offsetof(struct dcell, n_load));
+	out->tally = DEV(struct kvt_region_tally *, cell + offsetof(struct dcell, tally));
+	out->err = DEV(int32_t *, cell + offsetof(struct dcell, err));
+	out->stale = NULL;
+	out->group = DEV(const uint64_t *, kvt_dgroup(m, rc));
+	out->n_heads = (uint32_t)H;
+	out->r = vr;
+	out->lbt = m->lbt;
+	out->n_tokens = N;
+	out->sink = m->cfg.sink_tokens;
+	out->ring0 = kvt_ring0(m, N);
+	out->cap_blocks = rc->dcap;
 #undef DEV
 }
 
