@@ -1438,6 +1438,22 @@ static int cuda_attend(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, u
 
 /* ---- Block metadata on the device (dmem_*, meta_build, quest) ----------------------------- */
 
+/* One device table of bytes on stream: from the pool (struct cuda_backend's tpool), else
+   cudaMalloc. */
+static cudaError_t table_alloc(struct cuda_backend *cb, void **p, size_t bytes, cudaStream_t st)
+{
+	return cb->tpool ? cudaMallocFromPoolAsync(p, bytes, cb->tpool, st) : cudaMalloc(p, bytes);
+}
+
+/* Gives back a table that no work queued anywhere but on st before now touches. */
+static void table_release(struct cuda_backend *cb, void *p, cudaStream_t st)
+{
+	if (cb->tpool)
+		cudaFreeAsync(p, st);
+	else
+		cudaFree(p);
+}
+
 /* Frees the tables in the grave (see struct cuda_backend), after the whole device unless idle
    says it just waited for it. The pool then keeps at most TPOOL_KEEP bytes of what it was given
    back, for the tables to come; the rest goes back to the driver, for the engine's own
@@ -1447,14 +1463,10 @@ static void grave_flush(struct cuda_backend *cb, bool idle)
 {
 	if (!cb->n_grave)
 		return;
-	if (cb->tpool && !idle)
-		cudaDeviceSynchronize(); /* (cudaFree waits for it itself) */
+	if (!idle)
+		cudaDeviceSynchronize();
 	for (size_t i = 0; i < cb->n_grave; i++)
-		if (cb->tpool)
-			cudaFreeAsync(cb->grave[i],
-				      NULL); /* the device is idle: no order to keep */
-		else
-			cudaFree(cb->grave[i]);
+		table_release(cb, cb->grave[i], NULL); /* the device is idle: no order to keep */
 	cb->n_grave = 0;
 	if (cb->tpool)
 		cudaMemPoolTrimTo(cb->tpool, TPOOL_KEEP);
@@ -1502,13 +1514,10 @@ static int cuda_dmem_alloc(struct kvt_be *b, uint64_t bytes, void *stream, uint6
 	if (kvt_cuda_host->fault(KVT_FAULT_CUDA))
 		return be_fail(b, -ENOMEM, "device table of %llu bytes: injected fault",
 			       (unsigned long long)bytes);
-	e = cb->tpool ? cudaMallocFromPoolAsync(&p, (size_t)bytes, cb->tpool, (cudaStream_t)stream)
-		      : cudaMalloc(&p, (size_t)bytes);
+	e = table_alloc(cb, &p, (size_t)bytes, (cudaStream_t)stream);
 	if (e == cudaErrorMemoryAllocation && cb->n_grave) {
 		grave_flush(cb, false); /* what waits to be freed may make the room */
-		e = cb->tpool ? cudaMallocFromPoolAsync(&p, (size_t)bytes, cb->tpool,
-							(cudaStream_t)stream)
-			      : cudaMalloc(&p, (size_t)bytes);
+		e = table_alloc(cb, &p, (size_t)bytes, (cudaStream_t)stream);
 	}
 	if (e != cudaSuccess)
 		return be_fail(b, -ENOMEM, "device table of %llu bytes: %s",
@@ -1516,10 +1525,7 @@ static int cuda_dmem_alloc(struct kvt_be *b, uint64_t bytes, void *stream, uint6
 	err = CU(cb, cudaMemsetAsync(p, 0, (size_t)bytes, (cudaStream_t)stream),
 		 "device table: zero fill");
 	if (err) {
-		if (cb->tpool)
-			cudaFreeAsync(p, (cudaStream_t)stream);
-		else
-			cudaFree(p);
+		table_release(cb, p, (cudaStream_t)stream);
 		return err;
 	}
 	*addr = (uint64_t)(uintptr_t)p;
@@ -1541,12 +1547,8 @@ static void cuda_dmem_free(struct kvt_be *b, uint64_t addr)
 		void **g = realloc(cb->grave, cap * sizeof(*g));
 
 		if (!g) { /* no room to defer it: free it now, after the device */
-			if (cb->tpool) {
-				cudaDeviceSynchronize();
-				cudaFreeAsync(p, NULL);
-			} else {
-				cudaFree(p);
-			}
+			cudaDeviceSynchronize();
+			table_release(cb, p, NULL);
 			return;
 		}
 		cb->grave = g;
@@ -1634,6 +1636,29 @@ static int cuda_quest(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, ui
 
 #define DPTR(a) ((void *)(uintptr_t)(a))
 
+/* Work queued on st from now on runs after the latest program, whatever its stream (none
+   fenced: it was waited for). 0 or the error. */
+static int rr_after(struct cuda_backend *cb, cudaStream_t st)
+{
+	if (!cb->rr_fenced || cb->rr_stream == st)
+		return 0;
+	return CU(cb, cudaStreamWaitEvent(st, cb->rr_done, 0),
+		  "recall regions: order after the program before");
+}
+
+/* The next program runs after st's work so far: the fence moves behind it. 0, or the error
+   (the fence as it was). */
+static int rr_fence(struct cuda_backend *cb, cudaStream_t st)
+{
+	int err = CU(cb, cudaEventRecord(cb->rr_done, st), "recall regions: fence");
+
+	if (!err) {
+		cb->rr_fenced = true;
+		cb->rr_stream = st;
+	}
+	return err;
+}
+
 static int cuda_region_run(struct kvt_be *b, const struct kvt_region_run *r, void *stream,
 			   uint32_t *done)
 {
@@ -1654,9 +1679,7 @@ static int cuda_region_run(struct kvt_be *b, const struct kvt_region_run *r, voi
 		ln = &cb->lane[r->lane - 1];
 	}
 	/* after the program before it, whatever its stream (programs share the regions) */
-	if (cb->rr_fenced && cb->rr_stream != st)
-		err = CU(cb, cudaStreamWaitEvent(st, cb->rr_done, 0),
-			 "recall regions: order after the program before");
+	err = rr_after(cb, st);
 	if (!err && ln) {
 		ln->fenced = false;
 		err = CU(cb, cudaEventRecord(ln->start, st), "recall regions: start");
@@ -1757,11 +1780,9 @@ static int cuda_region_run(struct kvt_be *b, const struct kvt_region_run *r, voi
 		/* no wait: the lane's fence, and the order of the next program */
 		err = CU(cb, cudaEventRecord(ln->done, st), "recall regions: fence");
 		if (!err)
-			err = CU(cb, cudaEventRecord(cb->rr_done, st), "recall regions: fence");
+			err = rr_fence(cb, st);
 		if (!err) {
 			ln->fenced = true;
-			cb->rr_fenced = true;
-			cb->rr_stream = st;
 			return 0;
 		}
 	}
@@ -1849,20 +1870,11 @@ static int cuda_region_order(struct kvt_be *b, void *stream, bool before)
 
 	if (err)
 		return err;
-	if (before) /* after the latest program (none pending: it was waited for) */
-		return cb->rr_fenced && cb->rr_stream != st
-			       ? CU(cb, cudaStreamWaitEvent(st, cb->rr_done, 0),
-				    "recall regions: order after the program before")
-			       : 0;
-	/* the next program after this: the fence moves behind stream's work */
+	if (before)
+		return rr_after(cb, st);
+	/* (on failure rr_done as it was: the caller gives up the work it ordered) */
 	err = event_once(cb, &cb->rr_done, cudaEventDisableTiming);
-	if (!err)
-		err = CU(cb, cudaEventRecord(cb->rr_done, st), "recall regions: fence");
-	if (err) /* rr_done as it was: the caller gives up the work it ordered */
-		return err;
-	cb->rr_fenced = true;
-	cb->rr_stream = st;
-	return 0;
+	return err ? err : rr_fence(cb, st);
 }
 
 static int cuda_region_wait(struct kvt_be *b, uint32_t lane)

@@ -15,6 +15,15 @@
 #include "policy.h"
 #include "t_backend.h"
 
+/* Stops the test where the runtime refused what it needs (what: the step). */
+static void cu_fatal(cudaError_t e, const char *what)
+{
+	if (e != cudaSuccess) {
+		fprintf(stderr, "test: %s: %s\n", what, cudaGetErrorString(e));
+		abort();
+	}
+}
+
 /* A device copy of n bytes of host memory h, made in stream order on the call's stream (which
    frees it after the call: cu_drop); NULL or empty tensors pass as they are. */
 static void *cu_in(const void *h, size_t n, void *stream)
@@ -27,10 +36,7 @@ static void *cu_in(const void *h, size_t n, void *stream)
 	e = cudaMallocAsync(&d, n, (cudaStream_t)stream);
 	if (e == cudaSuccess) /* (from pageable memory: h may be reused when it returns) */
 		e = cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, (cudaStream_t)stream);
-	if (e != cudaSuccess) {
-		fprintf(stderr, "test: a device copy of %zu bytes: %s\n", n, cudaGetErrorString(e));
-		abort();
-	}
+	cu_fatal(e, "a device copy of a tensor");
 	return d;
 }
 
@@ -40,15 +46,8 @@ static void *cu_in(const void *h, size_t n, void *stream)
    wait needs it). */
 static void cu_drop(void *d, const void *h, void *stream)
 {
-	cudaError_t e;
-
-	if (!d || d == h)
-		return;
-	e = cudaFreeAsync(d, (cudaStream_t)stream);
-	if (e != cudaSuccess) {
-		fprintf(stderr, "test: freeing a device copy: %s\n", cudaGetErrorString(e));
-		abort();
-	}
+	if (d && d != h)
+		cu_fatal(cudaFreeAsync(d, (cudaStream_t)stream), "freeing a device copy");
 }
 
 /* Shapes come from the manager itself; where it cannot say (a NULL or destroyed manager, an
@@ -410,14 +409,6 @@ static int cu_attend_tables(struct kvt_manager *m, const struct kvt_attn_tables 
 	if (scratch)
 		cudaFree(scratch);
 	return rc;
-}
-
-static void cu_fatal(cudaError_t e, const char *what)
-{
-	if (e != cudaSuccess) {
-		fprintf(stderr, "test: %s: %s\n", what, cudaGetErrorString(e));
-		abort();
-	}
 }
 
 static void *cu_stream_new(void)
