@@ -682,6 +682,7 @@ int main(void)
 		cmocka_unit_test(test_save_side_stream),
 		cmocka_unit_test(test_tables_one_wait),
 		cmocka_unit_test(test_tables_grow_across_streams),
+		cmocka_unit_test(test_program_after_stream_reused),
 		cmocka_unit_test(test_fault_prefill),
 		cmocka_unit_test(test_fault_decode),
 		cmocka_unit_test(test_fault_recall),

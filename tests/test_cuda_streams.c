@@ -682,3 +682,85 @@ void test_tables_grow_across_streams(void **state)
 	CUDA_OK(cudaStreamDestroy(sb));
 	g_ctx[0] = '\0';
 }
+
+/* The backend orders a program after the one before unless both come on the same stream: the
+   same stream, not the same handle. A stream made after another was destroyed may get its
+   handle (the C library hands the freed memory back: so does the fake's), and a program on it
+   must still wait for the one queued on the stream destroyed, whose work goes on. (Neither is
+   cudaStreamPerThread one stream: each thread has its own.) Here layer 0's program fills the
+   cache on stream A, A is destroyed with it still queued, and layer 1's program, on a new
+   stream B, takes half of layer 0's frames. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define T_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define T_SANITIZED 1
+#endif
+#endif
+#ifndef T_SANITIZED
+#define T_SANITIZED 0
+#endif
+
+void test_program_after_stream_reused(void **state)
+{
+	enum { L = 64 * BT };
+	cudaStream_t sa, sb;
+	const void *was;
+	struct pair p;
+	struct tseq ts;
+	struct kvt_config cc;
+	uint32_t s0[N_KV * R_BLOCKS], s1[N_KV * R_BLOCKS];
+
+	(void)state;
+	set_ctx("program after a stream reused: setup");
+	pair_init(&p, KVT_DTYPE_BF16, NULL, L + 8, 1);
+	kvt_manager_destroy(p.h);
+	kvt_manager_destroy(p.c);
+	p.cfg.recall_cache_bytes = 8 * p.block_bytes;
+	cc = p.cfg;
+	cc.backend = KVT_BACKEND_CUDA;
+	p.h = t_mk(&p.cfg);
+	p.c = t_mk(&cc);
+	tseq_gen(&ts, &p.cfg, 0x57a3e0003ull, L, 8);
+	CHECK_RC(kvt_seq_create(p.h, ts.id, ts.L), 0);
+	CHECK_RC(kvt_seq_create(p.c, ts.id, ts.L), 0);
+	for (uint32_t l = 0; l < N_LAYERS; l++)
+		PREFILL_BOTH(&p, &ts, l);
+	sync_both(&p);
+	for (uint32_t j = 0; j < R_BLOCKS; j++) {
+		s0[j] = 20 + j;
+		s0[R_BLOCKS + j] = 24 + j;
+		s1[j] = 30 + j;
+		s1[R_BLOCKS + j] = KVT_NO_ENTRY;
+	}
+
+	set_ctx("program after a stream reused: layer 0 takes the cache on stream A");
+	CUDA_OK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
+	recall_given(&p, ts.id, 0, s0, R_BLOCKS, sa);
+	CHECK_EQ(rc_of(p.c, ts.id, 0)->rg.n_slots, 8);
+	was = sa;
+	CUDA_OK(cudaStreamDestroy(sa)); /* its work stays queued */
+	CUDA_OK(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking));
+#if !T_SANITIZED /* (the sanitizers' allocators hold freed memory back) */
+	CHECK_EQ(sb == was, true);
+#endif
+
+	set_ctx("program after a stream reused: layer 1 takes 4 of its frames on stream B");
+	recall_given(&p, ts.id, 1, s1, R_BLOCKS, sb);
+	CHECK_EQ(rc_of(p.c, ts.id, 0)->rg.n_slots, 4);
+	/* stream B's work and what it waits for: the asynchronous fake runs work only when a
+	   wait needs it, so without the wait for layer 0's program, B's ran first */
+	CHECK_RC(kvt_manager_sync(p.c, sb), 0);
+	CHECK_RC(kvt_recall_check(p.c), 0);
+	sync_both(&p);
+	CHECK_RC(kvt_recall_check(p.c), 0);
+	CHECK_RC(kvt_recall_check(p.h), 0);
+	same_views(&p, ts.id, 0);
+	same_views(&p, ts.id, 1);
+	COMPARE_STATS(&p, false);
+
+	tseq_free(&ts);
+	pair_fini(&p);
+	CUDA_OK(cudaStreamDestroy(sb));
+	g_ctx[0] = '\0';
+}

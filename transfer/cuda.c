@@ -138,8 +138,10 @@ struct cuda_backend {
 	size_t n_grave, cap_grave;
 
 	/* region_run's lanes (index k - 1 for lane k): a pinned buffer, the fence of the lane's
-	   latest program; and the event and stream that end the latest program of any lane, which
-	   the next one waits for when it is queued on another stream. */
+	   latest program; and the event that ends the latest program of any lane, and the id of
+	   its stream (cudaStreamGetId), which the next one waits for when it is queued on another
+	   stream. By id, not by handle: a stream made after one was destroyed may get its handle,
+	   and cudaStreamPerThread names another stream on each thread. */
 	struct lane {
 		void *host;
 		uint64_t cap;
@@ -149,7 +151,7 @@ struct cuda_backend {
 	uint64_t region_ns;
 	uint32_t n_lane;
 	cudaEvent_t rr_done;
-	cudaStream_t rr_stream;
+	unsigned long long rr_stream;
 	bool rr_fenced;
 };
 
@@ -1636,25 +1638,34 @@ static int cuda_quest(struct kvt_be *b, enum kvt_dtype dt, uint32_t head_dim, ui
 
 #define DPTR(a) ((void *)(uintptr_t)(a))
 
-/* Work queued on st from now on runs after the latest program, whatever its stream (none
-   fenced: it was waited for). 0 or the error. */
-static int rr_after(struct cuda_backend *cb, cudaStream_t st)
+/* The id of stream st (cudaStreamGetId: NULL the legacy stream's, cudaStreamPerThread the
+   calling thread's). 0 or the error. */
+static int rr_id(struct cuda_backend *cb, cudaStream_t st, unsigned long long *id)
 {
-	if (!cb->rr_fenced || cb->rr_stream == st)
-		return 0;
+	return CU(cb, cudaStreamGetId(st, id), "recall regions: the stream's id");
+}
+
+/* Work queued on st (whose id is *id, which this sets) from now on runs after the latest
+   program, whatever its stream (none fenced: it was waited for). 0 or the error. */
+static int rr_after(struct cuda_backend *cb, cudaStream_t st, unsigned long long *id)
+{
+	int err = rr_id(cb, st, id);
+
+	if (err || !cb->rr_fenced || cb->rr_stream == *id)
+		return err;
 	return CU(cb, cudaStreamWaitEvent(st, cb->rr_done, 0),
 		  "recall regions: order after the program before");
 }
 
-/* The next program runs after st's work so far: the fence moves behind it. 0, or the error
-   (the fence as it was). */
-static int rr_fence(struct cuda_backend *cb, cudaStream_t st)
+/* The next program runs after the work so far of st (of id `id`, from rr_after): the fence
+   moves behind it. 0, or the error (the fence as it was). */
+static int rr_fence(struct cuda_backend *cb, cudaStream_t st, unsigned long long id)
 {
 	int err = CU(cb, cudaEventRecord(cb->rr_done, st), "recall regions: fence");
 
 	if (!err) {
 		cb->rr_fenced = true;
-		cb->rr_stream = st;
+		cb->rr_stream = id;
 	}
 	return err;
 }
@@ -1667,6 +1678,7 @@ static int cuda_region_run(struct kvt_be *b, const struct kvt_region_run *r, voi
 	const struct kvt_gpu_region *rg = DPTR(r->rg);
 	uint32_t stop = r->stop ? r->stop : KVT_RS_END, at = r->start;
 	struct lane *ln = NULL;
+	unsigned long long sid = 0;
 	int err = bind(cb);
 
 	*done = at;
@@ -1679,7 +1691,7 @@ static int cuda_region_run(struct kvt_be *b, const struct kvt_region_run *r, voi
 		ln = &cb->lane[r->lane - 1];
 	}
 	/* after the program before it, whatever its stream (programs share the regions) */
-	err = rr_after(cb, st);
+	err = rr_after(cb, st, &sid);
 	if (!err && ln) {
 		ln->fenced = false;
 		err = CU(cb, cudaEventRecord(ln->start, st), "recall regions: start");
@@ -1780,7 +1792,7 @@ static int cuda_region_run(struct kvt_be *b, const struct kvt_region_run *r, voi
 		/* no wait: the lane's fence, and the order of the next program */
 		err = CU(cb, cudaEventRecord(ln->done, st), "recall regions: fence");
 		if (!err)
-			err = rr_fence(cb, st);
+			err = rr_fence(cb, st, sid);
 		if (!err) {
 			ln->fenced = true;
 			return 0;
@@ -1866,15 +1878,18 @@ static int cuda_region_order(struct kvt_be *b, void *stream, bool before)
 {
 	struct cuda_backend *cb = (struct cuda_backend *)b;
 	cudaStream_t st = (cudaStream_t)stream;
+	unsigned long long sid;
 	int err = bind(cb);
 
 	if (err)
 		return err;
 	if (before)
-		return rr_after(cb, st);
+		return rr_after(cb, st, &sid);
 	/* (on failure rr_done as it was: the caller gives up the work it ordered) */
 	err = event_once(cb, &cb->rr_done, cudaEventDisableTiming);
-	return err ? err : rr_fence(cb, st);
+	if (!err)
+		err = rr_id(cb, st, &sid);
+	return err ? err : rr_fence(cb, st, sid);
 }
 
 static int cuda_region_wait(struct kvt_be *b, uint32_t lane)

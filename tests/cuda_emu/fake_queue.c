@@ -535,6 +535,18 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
 	return cudaSuccess;
 }
 
+/* A stream's id, unique for the process's life (the legacy stream's is 0): a stream made after
+   another was destroyed may get its handle, never its id. */
+cudaError_t cudaStreamGetId(cudaStream_t s, unsigned long long *id)
+{
+	if (!id)
+		return cudaErrorInvalidValue;
+	if (!fake_stream_ok(s, "cudaStreamGetId"))
+		return cudaErrorInvalidResourceHandle;
+	*id = s ? s->id : 0;
+	return cudaSuccess;
+}
+
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
 	if (!fake_stream_ok(s, "cudaStreamSynchronize"))
