@@ -138,8 +138,9 @@ struct cuda_backend {
 	size_t n_grave, cap_grave;
 
 	/* region_run's lanes (index k - 1 for lane k): a pinned buffer, the fence of the lane's
-	   latest program; and the event that ends the latest program of any lane, and the id of
-	   its stream (cudaStreamGetId), which the next one waits for when it is queued on another
+	   latest program; and the event that ends the latest program of any lane or the latest
+	   copy of a region's tables (rr_last: that lane's fence, or rr_done), and the id of its
+	   stream (cudaStreamGetId), which the next program waits for when it is queued on another
 	   stream. By id, not by handle: a stream made after one was destroyed may get its handle,
 	   and cudaStreamPerThread names another stream on each thread. */
 	struct lane {
@@ -150,7 +151,7 @@ struct cuda_backend {
 	} * lane;
 	uint64_t region_ns;
 	uint32_t n_lane;
-	cudaEvent_t rr_done;
+	cudaEvent_t rr_done, rr_last;
 	unsigned long long rr_stream;
 	bool rr_fenced;
 };
@@ -1653,8 +1654,16 @@ static int rr_after(struct cuda_backend *cb, cudaStream_t st, unsigned long long
 
 	if (err || !cb->rr_fenced || cb->rr_stream == *id)
 		return err;
-	return CU(cb, cudaStreamWaitEvent(st, cb->rr_done, 0),
+	return CU(cb, cudaStreamWaitEvent(st, cb->rr_last, 0),
 		  "recall regions: order after the program before");
+}
+
+/* Event e, recorded on the stream of id `id`, is the point the next program comes after. */
+static void rr_mark(struct cuda_backend *cb, cudaEvent_t e, unsigned long long id)
+{
+	cb->rr_last = e;
+	cb->rr_fenced = true;
+	cb->rr_stream = id;
 }
 
 /* The next program runs after the work so far of st (of id `id`, from rr_after): the fence
@@ -1663,10 +1672,8 @@ static int rr_fence(struct cuda_backend *cb, cudaStream_t st, unsigned long long
 {
 	int err = CU(cb, cudaEventRecord(cb->rr_done, st), "recall regions: fence");
 
-	if (!err) {
-		cb->rr_fenced = true;
-		cb->rr_stream = id;
-	}
+	if (!err)
+		rr_mark(cb, cb->rr_done, id);
 	return err;
 }
 
@@ -1789,11 +1796,10 @@ static int cuda_region_run(struct kvt_be *b, const struct kvt_region_run *r, voi
 	if (!err)
 		*done = KVT_RS_END;
 	if (!err && ln) {
-		/* no wait: the lane's fence, and the order of the next program */
+		/* no wait: the lane's fence, which the next program comes after */
 		err = CU(cb, cudaEventRecord(ln->done, st), "recall regions: fence");
-		if (!err)
-			err = rr_fence(cb, st, sid);
 		if (!err) {
+			rr_mark(cb, ln->done, sid);
 			ln->fenced = true;
 			return 0;
 		}
