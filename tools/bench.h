@@ -22,6 +22,18 @@ static inline void bench_rand_bf16(uint64_t *rng, uint16_t *dst, size_t n, uint3
 
 /* kvtier-bench recall (tools/bench_recall.c): argv[0] is "recall". Exit status. */
 int bench_recall(int argc, char **argv);
+
+/* kvtier-bench recall's options (its --help). */
+struct bench_recall_opts {
+	uint32_t seqs, layers, prompt, steps, r, churn_pct, cache_pct, threads, head_dim;
+	bool quest, step, tables, cuda;
+	const char *csv;
+};
+
+/* kvtier-bench recall --backend cuda (tools/bench_recall_cuda.c): exit status (0; 1 on a
+   failure, a CUDA error or the two managers deciding differently; 77 without a usable device
+   or runtime). */
+int bench_recall_cuda(const struct bench_recall_opts *o);
 /* kvtier-bench attend (tools/bench_attend.c). */
 int bench_attend(int argc, char **argv);
 

@@ -32,16 +32,11 @@
  * tests/bench_recall_cuda.c is, would not be `kvtier-bench attend` and would need a second
  * build for the emulator. kvtier-bench does not link the CUDA runtime, so that it builds and
  * runs where there is none. So, as the plugin opens cuBLAS for `kvtier-bench
- * calibrate`, this mode opens the CUDA runtime with dlopen ($KVTIER_CUDART alone when set,
- * else libcudart.so.<the headers' major>, libcudart.so, then the toolkit's library directories)
- * and looks up the few functions it needs (device buffers, copies, a stream, events). Device
- * memory and streams are the device's primary context's, shared with the plugin's own
- * (static) runtime, as the GPU tests share theirs. Over the CPU emulator (tests/cuda_emu)
- * KVTIER_CUDART names the fake runtime the emulated plugin is linked with, so both see one
- * device (the fake's event times are made up: the run checks the code path and the output).
+ * calibrate`, this mode opens the CUDA runtime with dlopen (bench_cudart.h) for the few
+ * functions it needs (device buffers, copies, a stream, events). Over the CPU emulator the
+ * fake's event times are made up: the run checks the code path and the output.
  * Exit 77 (skipped) when the plugin, a usable device or the runtime is missing.
  */
-#include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
@@ -52,11 +47,11 @@
 #include <string.h>
 
 #include "bench.h"
+#include "bench_cudart.h"
 #include "kvtier.h"
-#include "plugin.h"
 
 #define TOOL "kvtier-bench attend"
-#define SKIP 77 /* the test harness's skip status */
+#define SKIP 77 /* the test harness's skip status (BENCH_SKIP) */
 
 #ifndef KVT_BENCH_CUDART
 
@@ -72,44 +67,15 @@ int bench_attend_cuda(const struct bench_attend_opts *o)
 
 #include <cuda_runtime_api.h>
 
-#ifndef KVT_CUDA_ROOT
-#define KVT_CUDA_ROOT "/usr/local/cuda"
-#endif
-/* The name a runtime function has in the library: the one its header's macros give it. */
-#define SYM_(f) #f
-#define SYM(f) SYM_(f)
 #define TABLES 7 /* buffers of struct kvt_attn_tables */
-
-/* The CUDA runtime as dlopen found it: the functions' types are those its header declares. */
-struct rt {
-	void *lib;
-	__typeof__(cudaGetDeviceCount) *device_count;
-	__typeof__(cudaGetDevice) *get_device;
-	__typeof__(cudaGetDeviceProperties) *properties;
-	__typeof__(cudaGetErrorString) *error_string;
-	__typeof__(cudaMalloc) *malloc;
-	__typeof__(cudaFree) *free;
-	__typeof__(cudaMemGetInfo) *mem_info;
-	__typeof__(cudaMemcpy) *memcpy;
-	__typeof__(cudaMemcpyAsync) *memcpy_async;
-	__typeof__(cudaStreamCreate) *stream_create;
-	__typeof__(cudaStreamDestroy) *stream_destroy;
-	__typeof__(cudaStreamSynchronize) *stream_sync;
-	__typeof__(cudaEventCreate) *event_create;
-	__typeof__(cudaEventDestroy) *event_destroy;
-	__typeof__(cudaEventRecord) *event_record;
-	__typeof__(cudaEventSynchronize) *event_sync;
-	__typeof__(cudaEventElapsedTime) *elapsed;
-};
 
 /* One run: its options, the runtime, the manager, and what it allocated (NULL until then). */
 struct run {
 	const struct bench_attend_opts *o;
-	struct rt rt;
+	struct bench_rt rt;
 	struct kvt_config c;
 	struct kvt_manager *m;
 	struct bench_attend_in in;
-	char device[256];
 	cudaStream_t st;
 	cudaEvent_t ev[2];
 	void *dk, *dqo, *dq, *dout[2], *scratch, *copy[2];
@@ -130,10 +96,13 @@ static double median(double *t, uint32_t n)
 /* Whether e is an error (then reported, naming what failed). */
 static bool cu_failed(const struct run *r, cudaError_t e, const char *what)
 {
-	if (e == cudaSuccess)
-		return false;
-	fprintf(stderr, TOOL ": %s: %s (CUDA error %d)\n", what, r->rt.error_string(e), (int)e);
-	return true;
+	return bench_cu_failed(&r->rt, e, what);
+}
+
+/* A device copy of n bytes of src (uninitialized when src is NULL): NULL on an error. */
+static void *dev_buf(struct run *r, const void *src, size_t n, const char *what)
+{
+	return bench_dev_buf(&r->rt, src, n, what);
 }
 
 /* Whether err is a library error (then reported with the manager's last error). */
@@ -144,101 +113,6 @@ static bool kvt_failed(const struct run *r, int err, const char *what)
 	fprintf(stderr, TOOL ": %s: %s (%s)\n", what, kvt_strerror(err),
 		r->m ? kvt_manager_last_error(r->m) : "");
 	return true;
-}
-
-/* Looks up each function by name: 0, or -1 naming the one missing in why. */
-static int rt_symbols(struct rt *rt, const char *lib, char *why, size_t why_len)
-{
-	static const struct {
-		const char *name;
-		size_t off;
-	} f[] = {
-		{SYM(cudaGetDeviceCount), offsetof(struct rt, device_count)},
-		{SYM(cudaGetDevice), offsetof(struct rt, get_device)},
-		{SYM(cudaGetDeviceProperties), offsetof(struct rt, properties)},
-		{SYM(cudaGetErrorString), offsetof(struct rt, error_string)},
-		{SYM(cudaMalloc), offsetof(struct rt, malloc)},
-		{SYM(cudaFree), offsetof(struct rt, free)},
-		{SYM(cudaMemGetInfo), offsetof(struct rt, mem_info)},
-		{SYM(cudaMemcpy), offsetof(struct rt, memcpy)},
-		{SYM(cudaMemcpyAsync), offsetof(struct rt, memcpy_async)},
-		{SYM(cudaStreamCreate), offsetof(struct rt, stream_create)},
-		{SYM(cudaStreamDestroy), offsetof(struct rt, stream_destroy)},
-		{SYM(cudaStreamSynchronize), offsetof(struct rt, stream_sync)},
-		{SYM(cudaEventCreate), offsetof(struct rt, event_create)},
-		{SYM(cudaEventDestroy), offsetof(struct rt, event_destroy)},
-		{SYM(cudaEventRecord), offsetof(struct rt, event_record)},
-		{SYM(cudaEventSynchronize), offsetof(struct rt, event_sync)},
-		{SYM(cudaEventElapsedTime), offsetof(struct rt, elapsed)},
-	};
-
-	for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
-		void *sym = dlsym(rt->lib, f[i].name);
-
-		if (!sym) {
-			snprintf(why, why_len, "%.900s has no %s", lib, f[i].name);
-			return -1;
-		}
-		memcpy((char *)rt + f[i].off, &sym, sizeof(sym));
-	}
-	return 0;
-}
-
-/* Opens the CUDA runtime ($KVTIER_CUDART alone when set; else the soname of the headers' major
-   version and the development link, through the dynamic linker, then in the toolkit's library
-   directories). 0, or -1 with every dlopen error (or the missing function) in why. */
-static int rt_open(struct rt *rt, char *why, size_t why_len)
-{
-	const char *env = getenv("KVTIER_CUDART"), *lib = NULL;
-	char names[6][512];
-	size_t n = 0, used = 0;
-
-	if (env && *env) {
-		snprintf(names[n++], sizeof(names[0]), "%s", env);
-	} else {
-		const char *root = getenv("CUDA_HOME");
-
-		snprintf(names[n++], sizeof(names[0]), "libcudart.so.%d", CUDART_VERSION / 1000);
-		snprintf(names[n++], sizeof(names[0]), "libcudart.so");
-		if (root && *root)
-			snprintf(names[n++], sizeof(names[0]), "%s/lib64/libcudart.so.%d", root,
-				 CUDART_VERSION / 1000);
-		snprintf(names[n++], sizeof(names[0]), "%s/lib64/libcudart.so.%d", KVT_CUDA_ROOT,
-			 CUDART_VERSION / 1000);
-		snprintf(names[n++], sizeof(names[0]), "%s/lib/libcudart.so.%d", KVT_CUDA_ROOT,
-			 CUDART_VERSION / 1000);
-	}
-	why[0] = '\0';
-	for (size_t i = 0; !rt->lib && i < n; i++) {
-		const char *e;
-
-		lib = names[i];
-		rt->lib = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
-		e = rt->lib ? NULL : dlerror();
-		if (e && used < why_len)
-			used += (size_t)snprintf(why + used, why_len - used, "%s%s",
-						 used ? "; " : "", e);
-	}
-	if (!rt->lib)
-		return -1;
-	/* kept open to the end of the process, as the plugin is (the fake runtime checks for
-	   leaks at exit) */
-	return rt_symbols(rt, lib, why, why_len);
-}
-
-/* A device copy of n bytes of src (n bytes uninitialized when src is NULL): NULL on an error
-   (reported). */
-static void *dev_buf(struct run *r, const void *src, size_t n, const char *what)
-{
-	void *d = NULL;
-
-	if (cu_failed(r, r->rt.malloc(&d, n), what))
-		return NULL;
-	if (src && cu_failed(r, r->rt.memcpy(d, src, n, cudaMemcpyHostToDevice), what)) {
-		(void)r->rt.free(d);
-		return NULL;
-	}
-	return d;
 }
 
 /* The tables' buffers, device and host, in struct kvt_attn_tables's order; dt names the
@@ -458,17 +332,11 @@ static int run(struct run *r)
 {
 	const struct bench_attend_opts *o = r->o;
 	struct kvt_attn_tables dt, ht;
-	struct cudaDeviceProp prop;
 	double t_tab, t_step, h_step, t_copy, max_err;
 	size_t copy_bytes, rows;
 	uint64_t tokens;
-	int dev = 0, err;
+	int err;
 
-	memset(&prop, 0, sizeof(prop));
-	if (cu_failed(r, r->rt.get_device(&dev), "cudaGetDevice") ||
-	    cu_failed(r, r->rt.properties(&prop, dev), "cudaGetDeviceProperties"))
-		return 1;
-	snprintf(r->device, sizeof(r->device), "%s", prop.name);
 	if (cu_failed(r, r->rt.stream_create(&r->st), "cudaStreamCreate"))
 		return 1;
 	for (int i = 0; i < 2; i++)
@@ -540,8 +408,8 @@ static int run(struct run *r)
 	       ": CUDA backend on %s: %u sequences x 8 kv heads (32 q heads, d=128, bf16), "
 	       "prompt %u, r = %u, one layer; median of %u repetitions after one warm-up, CUDA "
 	       "events on one stream\n",
-	       r->device, o->seqs, o->prompt, o->r, o->reps);
-	if (strncmp(r->device, "CPU emulation", 13) == 0)
+	       r->rt.device, o->seqs, o->prompt, o->r, o->reps);
+	if (bench_rt_emulated(&r->rt))
 		printf("(emulated runtime: its event times are made up, and so are the figures "
 		       "below; the output check is real)\n");
 	printf("bytes per call: K and V rows of %llu tokens (resident and recalled, each once) "
@@ -596,31 +464,10 @@ static void run_free(struct run *r)
 int bench_attend_cuda(const struct bench_attend_opts *o)
 {
 	struct run r = {.o = o};
-	const struct kvt_plugin *p;
-	char why[1024];
-	int err = 0, n = 0, rc;
-	cudaError_t e;
+	int rc = bench_rt_start(&r.rt, TOOL);
 
-	p = kvt_plugin_load(&err);
-	if (!p) {
-		fprintf(stderr, TOOL ": the CUDA backend plugin is not available (%s): skipped\n",
-			kvt_plugin_error()[0] ? kvt_plugin_error() : "not built or not found");
-		return SKIP;
-	}
-	if (p->probe(why, sizeof(why))) {
-		fprintf(stderr, TOOL ": %s: skipped\n", why); /* "no usable CUDA device: ..." */
-		return SKIP;
-	}
-	if (rt_open(&r.rt, why, sizeof(why))) {
-		fprintf(stderr, TOOL ": cannot load the CUDA runtime (%s): skipped\n", why);
-		return SKIP;
-	}
-	e = r.rt.device_count(&n);
-	if (e != cudaSuccess || n == 0) {
-		fprintf(stderr, TOOL ": no CUDA device (%s): skipped\n",
-			e != cudaSuccess ? r.rt.error_string(e) : "the runtime reports none");
-		return SKIP;
-	}
+	if (rc)
+		return rc;
 	rc = run(&r);
 	run_free(&r);
 	return rc;

@@ -19,12 +19,6 @@
 #include "manager.h"
 #include "kvtier.h"
 
-struct ropts {
-	uint32_t seqs, layers, prompt, steps, r, churn_pct, cache_pct, threads;
-	bool quest, step, tables;
-	const char *csv;
-};
-
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -54,24 +48,56 @@ static void usage(FILE *f)
 		"                 calls and the median time per step of each (slow: use few\n"
 		"                 --steps)\n"
 		"  --csv FILE     one line per step: step,ns,loads,hits\n"
+		"  --backend B    null (default: the above) or cuda: the CUDA backend with the\n"
+		"                 recall regions on the device, through decode steps with the\n"
+		"                 selection in device memory (kvt_step_recall_device_blocks),\n"
+		"                 beside the CPU reference (the null backend's steps) on the same\n"
+		"                 selections in the same run: (a) the CUDA backend's host time\n"
+		"                 per step (over the CPU emulator, its kernels' work left out),\n"
+		"                 (b) the reference's, (c) on a GPU the programs' device time;\n"
+		"                 the two must decide alike. No top-K (the prompts are real\n"
+		"                 device tensors: the host tier holds seqs x layers x prompt\n"
+		"                 tokens; --prompt defaults to 2048). Needs the CUDA plugin and\n"
+		"                 runtime (exit 77 without); not with --quest, --step, --tables,\n"
+		"                 --csv\n"
+		"  --head-dim D   with --backend cuda: the heads' dimension (default 128; the\n"
+		"                 host's work does not depend on it, the memory does)\n"
 		"  -h, --help     this text\n"
 		"Exit status: 0 on success, 1 on a library error, 2 on bad usage.\n");
 }
 
-static int parse(int argc, char **argv, struct ropts *o)
+static int parse(int argc, char **argv, struct bench_recall_opts *o)
 {
 	static const struct option lo[] = {
-		{"seqs", required_argument, NULL, 's'},	   {"layers", required_argument, NULL, 'l'},
-		{"prompt", required_argument, NULL, 'p'},  {"r", required_argument, NULL, 'r'},
-		{"steps", required_argument, NULL, 'n'},   {"churn", required_argument, NULL, 'u'},
-		{"cache", required_argument, NULL, 'k'},   {"csv", required_argument, NULL, 'c'},
-		{"threads", required_argument, NULL, 't'}, {"quest", no_argument, NULL, 'Q'},
-		{"step", no_argument, NULL, 'S'},	   {"tables", no_argument, NULL, 'T'},
-		{"help", no_argument, NULL, 'h'},	   {NULL, 0, NULL, 0},
+		{"seqs", required_argument, NULL, 's'},
+		{"layers", required_argument, NULL, 'l'},
+		{"prompt", required_argument, NULL, 'p'},
+		{"r", required_argument, NULL, 'r'},
+		{"steps", required_argument, NULL, 'n'},
+		{"churn", required_argument, NULL, 'u'},
+		{"cache", required_argument, NULL, 'k'},
+		{"csv", required_argument, NULL, 'c'},
+		{"threads", required_argument, NULL, 't'},
+		{"quest", no_argument, NULL, 'Q'},
+		{"step", no_argument, NULL, 'S'},
+		{"tables", no_argument, NULL, 'T'},
+		{"backend", required_argument, NULL, 'B'},
+		{"head-dim", required_argument, NULL, 'D'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
 	};
 	int c, bad, li = 0;
+	bool prompt_set = false, head_dim_set = false;
 
-	*o = (struct ropts){256, 32, 8192, 64, 16, 10, 150, 1, false, false, false, NULL};
+	*o = (struct bench_recall_opts){.seqs = 256,
+					.layers = 32,
+					.prompt = 8192,
+					.steps = 64,
+					.r = 16,
+					.churn_pct = 10,
+					.cache_pct = 150,
+					.threads = 1,
+					.head_dim = 128};
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", lo, &li)) != -1) {
 		bad = 0;
@@ -84,6 +110,7 @@ static int parse(int argc, char **argv, struct ropts *o)
 			break;
 		case 'p':
 			bad = sim_parse_u32(optarg, 1024, 1u << 22, &o->prompt);
+			prompt_set = true;
 			break;
 		case 'r':
 			bad = sim_parse_u32(optarg, 1, 1024, &o->r);
@@ -112,6 +139,16 @@ static int parse(int argc, char **argv, struct ropts *o)
 		case 'T':
 			o->tables = true;
 			break;
+		case 'B':
+			if (strcmp(optarg, "cuda") == 0)
+				o->cuda = true;
+			else if (strcmp(optarg, "null") != 0)
+				bad = 1;
+			break;
+		case 'D':
+			bad = sim_parse_u32(optarg, 1, 1024, &o->head_dim);
+			head_dim_set = true;
+			break;
 		case 'h':
 			usage(stdout);
 			exit(0);
@@ -127,6 +164,29 @@ static int parse(int argc, char **argv, struct ropts *o)
 	if (o->tables && (!o->step || o->quest)) {
 		fprintf(stderr, "kvtier-bench: --tables goes with --step (and not --quest)\n");
 		return -1;
+	}
+	if (o->cuda && (o->quest || o->step || o->tables || o->csv)) {
+		fprintf(stderr, "kvtier-bench: --backend cuda runs decode steps itself: not with "
+				"--quest, --step, --tables or --csv\n");
+		return -1;
+	}
+	if (head_dim_set && !o->cuda) {
+		fprintf(stderr, "kvtier-bench: --head-dim goes with --backend cuda\n");
+		return -1;
+	}
+	if (o->cuda && !prompt_set)
+		o->prompt = 2048;
+	if (o->cuda) { /* (its configuration's sink, ring and blocks are the defaults) */
+		struct kvt_config d = KVT_CONFIG_INIT;
+
+		if (o->prompt < d.sink_tokens + d.recent_tokens + (o->r + 1) * d.block_tokens) {
+			fprintf(stderr,
+				"kvtier-bench: --backend cuda: prompt %u leaves no more than r = %u "
+				"blocks outside the sink and the recent ring: every one would stay "
+				"resident\n",
+				o->prompt, o->r);
+			return -1;
+		}
 	}
 	return 0;
 }
@@ -179,7 +239,7 @@ static void tab_bufs_fini(struct tab_bufs *b)
 /* One step's attention inputs, both ways, inside the open step: the tables of every layer
    (*tab ns), then the accessors for every (sequence, layer, kv head) (*acc ns). The two must
    agree on what they count: the tables' recalled blocks against the views'. */
-static int tab_step(struct kvt_manager *m, const struct ropts *o, const uint64_t *ids,
+static int tab_step(struct kvt_manager *m, const struct bench_recall_opts *o, const uint64_t *ids,
 		    struct tab_bufs *b, double *tab, double *acc)
 {
 	uint32_t H = 8, nf, ns, nr;
@@ -218,7 +278,7 @@ static int tab_step(struct kvt_manager *m, const struct ropts *o, const uint64_t
    of the token's coordinates), so the block metadata and the scores are real; the top-K is off
    so that prefill runs no SnapKV. Each step appends a token to every layer, then times one
    kvt_decode_recall per layer with fresh random queries. */
-static int bench_quest(const struct ropts *o)
+static int bench_quest(const struct bench_recall_opts *o)
 {
 	struct kvt_config c = KVT_CONFIG_INIT;
 	struct kvt_manager *m = NULL;
@@ -313,7 +373,7 @@ int bench_recall(int argc, char **argv)
 {
 	struct kvt_config c = KVT_CONFIG_INIT;
 	struct kvt_manager *m = NULL;
-	struct ropts o;
+	struct bench_recall_opts o;
 	uint64_t *ids = NULL, rng = 42;
 	uint32_t *sel = NULL;
 	double *t = NULL, *loads = NULL, *hits = NULL, *tt = NULL, *ta = NULL;
@@ -326,6 +386,8 @@ int bench_recall(int argc, char **argv)
 		return 2;
 	if (o.quest)
 		return bench_quest(&o);
+	if (o.cuda)
+		return bench_recall_cuda(&o);
 	c.n_layers = o.layers;
 	c.backend = KVT_BACKEND_HOST;
 	c.save_threads = 0;

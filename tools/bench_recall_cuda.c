@@ -1,0 +1,353 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvtier-bench recall --backend cuda: what a decode step's recall costs the host on the CUDA
+ * backend, with the regions on the device, beside the CPU reference on the same inputs in the
+ * same run, and the recall programs' device time.
+ *
+ * Two managers of one configuration (Llama-3-8B's geometry but the heads' dimension, --head-dim;
+ * no top-K, so that prefill runs no SnapKV): the CUDA backend's, given its prompts as device
+ * tensors, and the CPU reference's, on the null backend (the bookkeeping alone, as the host
+ * mode measures it). Each step appends a token to every (sequence, layer) of both, outside the
+ * timing, then times on each, in turn, a decode step as an engine makes it: kvt_step_begin, one
+ * recall per layer with r blocks per (sequence, kv head) chosen by the caller, kvt_step_end. The
+ * CUDA manager gets the selection in device memory (kvt_step_recall_device_blocks, copied there
+ * outside the timing), the reference the same blocks in host memory (kvt_step_recall_blocks).
+ * The selections are the host mode's: r distinct blocks outside the sink and the recent ring,
+ * --churn percent of them replaced each step.
+ *
+ * Nothing is settled by the benchmark inside the run: a layer's call settles the layer's call of
+ * the step before (its reports applied on the host), as it does in an engine's loop, so that work
+ * is in the figure and no wait for the device is (the stream is idle when a step begins: the
+ * appends between steps are waited for). The figures are medians over the steps after the
+ * first, (a) the CUDA backend's host time per step, (b) the reference's, and their ratio; on a
+ * GPU (c) the programs' device time per step (kvt_stats.recall_device_ns, read at the end: its
+ * mean). Over the CPU emulator the kernels' CPU stand-ins are left out of (a) (the fake runtime's
+ * fake_cuda_work_seconds: a GPU does that work), the runtime's own bookkeeping stays in (an upper
+ * bound of what a GPU's runtime costs the host), and (c) is not a figure (the fake's event times
+ * are made up). The two managers must decide alike: the run fails unless their lookups, hits and
+ * loads agree.
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "bench_cudart.h"
+#include "kvtier.h"
+#include "manager.h"
+
+#define TOOL "kvtier-bench recall"
+
+#ifndef KVT_BENCH_CUDART
+
+int bench_recall_cuda(const struct bench_recall_opts *o)
+{
+	(void)o;
+	fprintf(stderr, TOOL ": --backend cuda: this kvtier-bench was built without the CUDA "
+			     "runtime's headers: skipped\n");
+	return 77;
+}
+
+#else /* KVT_BENCH_CUDART */
+
+/* One run: the runtime, the managers (CUDA, reference), the inputs and the figures. */
+struct run {
+	const struct bench_recall_opts *o;
+	struct bench_rt rt;
+	struct kvt_config c;
+	struct kvt_manager *m[2]; /* CUDA backend, CPU reference (null backend) */
+	cudaStream_t st;
+	uint64_t *ids;
+	uint32_t *sel, *dsel; /* [layers][seqs][n_kv_heads][r], host and device */
+	uint16_t *k;	      /* [n_kv_heads][prompt][head_dim]: the prompts' rows */
+	void *dk, *dkd;	      /* their device copy; one decode token [seqs][n_kv_heads][head_dim] */
+	uint8_t *dummy;	      /* the reference's tensors (the null backend reads none) */
+	double *t[2], *work;  /* per step: host time of each manager; the fake's kernel time */
+};
+
+/* Whether err is a library error (then reported with manager m's last error). */
+static bool kvt_failed(const struct run *r, int b, int err, const char *what)
+{
+	if (!err)
+		return false;
+	fprintf(stderr, TOOL ": %s manager: %s: %s (%s)\n", b ? "reference" : "CUDA", what,
+		kvt_strerror(err), r->m[b] ? kvt_manager_last_error(r->m[b]) : "");
+	return true;
+}
+
+/* The median of t[1 .. n) (sorts it; the first step fills the cache). */
+static double median(double *t, uint32_t n)
+{
+	qsort(t + 1, n - 1, sizeof(*t), sim_cmp_double);
+	return t[1 + (n - 1) / 2];
+}
+
+/* The configuration both managers share: tiers sized for the batch, a recall cache of cache_pct
+   percent of the blocks one step asks for. */
+static void config(const struct bench_recall_opts *o, struct kvt_config *c)
+{
+	*c = (struct kvt_config)KVT_CONFIG_INIT;
+	c->n_layers = o->layers;
+	c->save_threads = 0;
+	c->topk_tokens = 0;
+	c->recall_blocks = o->r;
+	c->recall_threads = o->threads;
+	c->head_dim = o->head_dim;
+
+	uint32_t H = c->n_kv_heads, bt = c->block_tokens;
+	uint64_t block = 2ull * bt * c->head_dim * 2, group = H * block;
+	uint64_t frames = (c->sink_tokens + c->recent_tokens) / bt + 2;
+	uint64_t blocks = (o->prompt + o->steps + bt - 1) / bt + 1;
+	uint64_t per_step = (uint64_t)o->seqs * o->layers * H * o->r;
+
+	c->recall_cache_bytes = per_step * o->cache_pct / 100 * block;
+	c->device_bytes = group * frames * o->layers * o->seqs + c->recall_cache_bytes;
+	c->host_bytes = group * blocks * o->layers * o->seqs;
+}
+
+/* Managers, tensors, sequences prefilled, the first selection. 0, or 1 (reported). */
+static int setup(struct run *r)
+{
+	const struct bench_recall_opts *o = r->o;
+	uint32_t H, D, bt;
+	size_t krow, kn, sn;
+	uint64_t rng = 7;
+	uint16_t *kd;
+	int err;
+
+	config(o, &r->c);
+	H = r->c.n_kv_heads;
+	D = r->c.head_dim;
+	bt = r->c.block_tokens;
+	krow = (size_t)H * o->prompt * D;
+	kn = (size_t)o->seqs * H * D;
+	sn = (size_t)o->layers * o->seqs * H * o->r;
+	r->c.backend = KVT_BACKEND_CUDA;
+	err = kvt_manager_create(&r->c, &r->m[0]);
+	if (!err) {
+		r->c.backend = KVT_BACKEND_HOST;
+		err = kvt_manager_create_with(&r->c, &kvt_backend_null_ops, &r->m[1]);
+	}
+	if (err) {
+		fprintf(stderr,
+			TOOL ": cannot create the %s manager (%.1f GiB of host tier, %.1f GiB of "
+			     "device tier): %s%s\n",
+			r->m[0] ? "reference" : "CUDA", (double)r->c.host_bytes / (1 << 30),
+			(double)r->c.device_bytes / (1 << 30), kvt_strerror(err),
+			err == -ENOMEM ? " (lower --seqs, --prompt or --head-dim)" : "");
+		return err == -ENODEV ? BENCH_SKIP : 1;
+	}
+	r->ids = calloc(o->seqs, sizeof(*r->ids));
+	r->sel = malloc(sn * sizeof(*r->sel));
+	r->k = malloc(krow * sizeof(*r->k));
+	r->dummy = calloc(1, 64);
+	r->t[0] = calloc(o->steps, sizeof(double));
+	r->t[1] = calloc(o->steps, sizeof(double));
+	r->work = calloc(o->steps, sizeof(double));
+	if (!r->ids || !r->sel || !r->k || !r->dummy || !r->t[0] || !r->t[1] || !r->work) {
+		fprintf(stderr, TOOL ": out of memory\n");
+		return 1;
+	}
+	bench_rand_bf16(&rng, r->k, krow, 0x7fu);
+	kd = calloc(kn, 2); /* the decode tokens' rows: zeros */
+	if (!kd) {
+		fprintf(stderr, TOOL ": out of memory\n");
+		return 1;
+	}
+	err = bench_cu_failed(&r->rt, r->rt.stream_create(&r->st), "cudaStreamCreate") ||
+	      !(r->dk = bench_dev_buf(&r->rt, r->k, krow * 2, "cudaMalloc (prompt rows)")) ||
+	      !(r->dkd = bench_dev_buf(&r->rt, kd, kn * 2, "cudaMalloc (decode rows)")) ||
+	      !(r->dsel = bench_dev_buf(&r->rt, NULL, sn * sizeof(*r->sel),
+					"cudaMalloc (selections)"));
+	free(kd);
+	if (err)
+		return 1;
+	for (uint32_t i = 0; i < o->seqs; i++) {
+		r->ids[i] = 9000 + (uint64_t)i;
+		for (int b = 0; b < 2; b++) {
+			const void *kk = b ? (const void *)r->dummy : r->dk;
+
+			if (kvt_failed(r, b, kvt_seq_create(r->m[b], r->ids[i], o->prompt),
+				       "kvt_seq_create"))
+				return 1;
+			for (uint32_t l = 0; l < o->layers; l++)
+				if (kvt_failed(r, b,
+					       kvt_prefill_layer(r->m[b], r->ids[i], l, kk, kk, kk,
+								 b ? NULL : r->st),
+					       "kvt_prefill_layer"))
+					return 1;
+		}
+	}
+	/* r distinct blocks per (layer, sequence, head), outside the sink and the ring */
+	uint32_t lo = r->c.sink_tokens / bt, span = (o->prompt - r->c.recent_tokens) / bt - lo;
+
+	for (size_t g = 0; g < sn / o->r; g++)
+		for (uint32_t j = 0; j < o->r; j++)
+			r->sel[g * o->r + j] = lo + (uint32_t)((g * 7 + j * 5) % span);
+	return 0;
+}
+
+/* Step s on manager b: the appends and, timed, the step's recalls. 0, or 1 (reported). */
+static int step(struct run *r, int b, uint32_t s)
+{
+	const struct bench_recall_opts *o = r->o;
+	struct kvt_manager *m = r->m[b];
+	size_t per_layer = (size_t)o->seqs * r->c.n_kv_heads * o->r;
+	double t0, w0;
+	int err = 0;
+
+	for (uint32_t l = 0; l < o->layers && !err; l++)
+		err = kvt_decode_append(m, l, r->ids, o->seqs, b ? (void *)r->dummy : r->dkd,
+					b ? (void *)r->dummy : r->dkd, b ? NULL : r->st);
+	if (!err && !b) /* its saves and its stream: the device is idle when the step begins */
+		err = kvt_manager_sync(m, r->st);
+	if (kvt_failed(r, b, err, "kvt_decode_append"))
+		return 1;
+	w0 = r->rt.work_seconds && !b ? r->rt.work_seconds() : 0;
+	t0 = sim_now_s();
+	err = kvt_step_begin(m, r->ids, o->seqs);
+	for (uint32_t l = 0; l < o->layers && !err; l++)
+		err = b ? kvt_step_recall_blocks(m, l, r->sel + l * per_layer, o->r, NULL)
+			: kvt_step_recall_device_blocks(m, l, r->dsel + l * per_layer, o->r, r->st);
+	if (!err)
+		err = kvt_step_end(m);
+	r->t[b][s] = sim_now_s() - t0;
+	if (r->rt.work_seconds && !b) {
+		r->work[s] = r->rt.work_seconds() - w0;
+		r->t[b][s] -= r->work[s];
+	}
+	return kvt_failed(r, b, err, "decode step");
+}
+
+/* Everything after the device was found: 0, 1 or BENCH_SKIP. */
+static int run(struct run *r)
+{
+	const struct bench_recall_opts *o = r->o;
+	struct kvt_stats st[2] = {KVT_STATS_INIT, KVT_STATS_INIT}, st1 = KVT_STATS_INIT;
+	uint64_t rng = 42;
+	int rc = setup(r);
+
+	if (rc)
+		return rc;
+
+	size_t sn = (size_t)o->layers * o->seqs * r->c.n_kv_heads * o->r;
+	uint32_t lo = r->c.sink_tokens / r->c.block_tokens,
+		 span = (o->prompt - r->c.recent_tokens) / r->c.block_tokens - lo;
+
+	for (uint32_t s = 0; s < o->steps; s++) {
+		for (size_t x = 0; s && x < sn && o->churn_pct; x++)
+			if (sim_splitmix64(&rng) % 100 < o->churn_pct)
+				r->sel[x] = lo + (uint32_t)(sim_splitmix64(&rng) % span);
+		if (bench_cu_failed(&r->rt,
+				    r->rt.memcpy(r->dsel, r->sel, sn * sizeof(*r->sel),
+						 cudaMemcpyHostToDevice),
+				    "cudaMemcpy (selections)"))
+			return 1;
+		for (int b = 0; b < 2; b++)
+			if (step(r, b, s))
+				return 1;
+		/* the first step's programs settled (read) before the figures start */
+		if (s == 0 &&
+		    kvt_failed(r, 0, kvt_manager_stats(r->m[0], &st1), "kvt_manager_stats"))
+			return 1;
+	}
+	for (int b = 0; b < 2; b++)
+		if (kvt_failed(r, b, kvt_manager_stats(r->m[b], &st[b]), "kvt_manager_stats"))
+			return 1;
+	if (st[0].recall_lookups != st[1].recall_lookups ||
+	    st[0].recall_hits != st[1].recall_hits || st[0].recall_loads != st[1].recall_loads) {
+		fprintf(stderr,
+			TOOL ": the CUDA backend and the reference decided differently: lookups "
+			     "%llu/%llu, hits %llu/%llu, loads %llu/%llu\n",
+			(unsigned long long)st[0].recall_lookups,
+			(unsigned long long)st[1].recall_lookups,
+			(unsigned long long)st[0].recall_hits,
+			(unsigned long long)st[1].recall_hits,
+			(unsigned long long)st[0].recall_loads,
+			(unsigned long long)st[1].recall_loads);
+		return 1;
+	}
+
+	uint32_t H = r->c.n_kv_heads, n = o->steps - 1;
+	uint64_t per_step = (uint64_t)o->seqs * o->layers * H * o->r;
+	double ma = median(r->t[0], o->steps), mb = median(r->t[1], o->steps),
+	       mw = median(r->work, o->steps), ml = (double)o->seqs * o->layers;
+	bool emu = bench_rt_emulated(&r->rt),
+	     full = o->seqs == 256 && o->layers == 32 && o->r == 16;
+
+	printf(TOOL
+	       " --backend cuda: %s: %u sequences x %u layers x %u kv heads (%u q heads, "
+	       "d=%u, bf16), prompt %u, r = %u, %u steps (first excluded), churn %u%%, recall "
+	       "cache %llu frames (%u%% of the %llu blocks a step asks for); decode steps, the "
+	       "selection given (in device memory on the CUDA backend)\n",
+	       r->rt.device, o->seqs, o->layers, H, r->c.n_q_heads, r->c.head_dim, o->prompt, o->r,
+	       o->steps, o->churn_pct, (unsigned long long)(per_step * o->cache_pct / 100),
+	       o->cache_pct, (unsigned long long)per_step);
+	printf("(a) CUDA backend, host side: median %.3f ms per step, %.3f us per (sequence, "
+	       "layer)",
+	       ma * 1e3, ma * 1e6 / ml);
+	if (r->rt.work_seconds)
+		printf("; emulated runtime: its kernels' CPU stand-ins (median %.3f ms a step) "
+		       "left out, its own bookkeeping in",
+		       mw * 1e3);
+	printf("\n(b) CPU reference (null backend, kvt_step_recall_blocks): median %.3f ms per "
+	       "step, %.3f us per (sequence, layer)\n",
+	       mb * 1e3, mb * 1e6 / ml);
+	if (emu)
+		printf("(c) recall programs' device time: not measured (the emulated runtime's "
+		       "event times are made up)\n");
+	else
+		printf("(c) recall programs' device time (recall_device_ns): mean %.3f ms per step "
+		       "over steps 1..%u\n",
+		       1e-6 * (double)(st[0].recall_device_ns - st1.recall_device_ns) / n, n);
+	printf("ratio (b) / (a): %.2f\n", mb / (ma > 0 ? ma : 1e-12));
+	printf("decisions: %llu lookups, %llu hits (hit rate %.3f), %llu loads: the same on both\n",
+	       (unsigned long long)st[0].recall_lookups, (unsigned long long)st[0].recall_hits,
+	       (double)st[0].recall_hits /
+		       (double)(st[0].recall_lookups ? st[0].recall_lookups : 1),
+	       (unsigned long long)st[0].recall_loads);
+	printf("target (a) < 500 us per step at 256 x 32 x 8, r = 16: %s (median / target = "
+	       "%.2f)\n",
+	       full ? (ma < 500e-6 ? "met" : "NOT met") : "n/a (other shape)", ma / 500e-6);
+	return 0;
+}
+
+/* Frees what run made (after the stream's work), the managers first. */
+static void run_free(struct run *r)
+{
+	if (r->st)
+		(void)r->rt.stream_sync(r->st);
+	for (int b = 0; b < 2; b++)
+		kvt_manager_destroy(r->m[b]);
+	void *bufs[] = {r->dk, r->dkd, r->dsel};
+
+	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+		if (bufs[i])
+			(void)r->rt.free(bufs[i]);
+	if (r->st)
+		(void)r->rt.stream_destroy(r->st);
+	free(r->ids);
+	free(r->sel);
+	free(r->k);
+	free(r->dummy);
+	free(r->t[0]);
+	free(r->t[1]);
+	free(r->work);
+}
+
+int bench_recall_cuda(const struct bench_recall_opts *o)
+{
+	struct run r = {.o = o};
+	int rc = bench_rt_start(&r.rt, TOOL);
+
+	if (rc)
+		return rc;
+	rc = run(&r);
+	run_free(&r);
+	return rc;
+}
+
+#endif /* KVT_BENCH_CUDART */
