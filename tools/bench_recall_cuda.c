@@ -85,6 +85,12 @@ static double median(double *t, uint32_t n)
 	return t[1 + (n - 1) / 2];
 }
 
+/* The 90th percentile of t[1 .. n) once median() sorted it. */
+static double p90(const double *t, uint32_t n)
+{
+	return t[1 + (n - 1) * 9 / 10];
+}
+
 /* The configuration both managers share: tiers sized for the batch, a recall cache of cache_pct
    percent of the blocks one step asks for. */
 static void config(const struct bench_recall_opts *o, struct kvt_config *c)
@@ -286,16 +292,16 @@ static int run(struct run *r)
 	       r->rt.device, o->seqs, o->layers, H, r->c.n_q_heads, r->c.head_dim, o->prompt, o->r,
 	       o->steps, o->churn_pct, (unsigned long long)(per_step * o->cache_pct / 100),
 	       o->cache_pct, (unsigned long long)per_step);
-	printf("(a) CUDA backend, host side: median %.3f ms per step, %.3f us per (sequence, "
-	       "layer)",
-	       ma * 1e3, ma * 1e6 / ml);
+	printf("(a) CUDA backend, host side: median %.3f ms per step (p90 %.3f, max %.3f), %.3f us "
+	       "per (sequence, layer)",
+	       ma * 1e3, p90(r->t[0], o->steps) * 1e3, r->t[0][o->steps - 1] * 1e3, ma * 1e6 / ml);
 	if (r->rt.work_seconds)
 		printf("; emulated runtime: its kernels' CPU stand-ins (median %.3f ms a step) "
 		       "left out, its own bookkeeping in",
 		       mw * 1e3);
 	printf("\n(b) CPU reference (null backend, kvt_step_recall_blocks): median %.3f ms per "
-	       "step, %.3f us per (sequence, layer)\n",
-	       mb * 1e3, mb * 1e6 / ml);
+	       "step (p90 %.3f, max %.3f), %.3f us per (sequence, layer)\n",
+	       mb * 1e3, p90(r->t[1], o->steps) * 1e3, r->t[1][o->steps - 1] * 1e3, mb * 1e6 / ml);
 	if (emu)
 		printf("(c) recall programs' device time: not measured (the emulated runtime's "
 		       "event times are made up)\n");
