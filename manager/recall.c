@@ -278,8 +278,26 @@ static inline int rc_layer_get(struct kvt_manager *m, struct kvt_seq_layer *ly, 
 	return rc_layer_grow(m, ly, n_blocks, stream);
 }
 
-/* Room for n slots in the layer's region (capacity only). 0 or -ENOMEM. */
-static int rc_slots_reserve(struct kvt_recall_layer *rc, uint32_t n)
+/* The host's slot arrays of a region (rg.slot, rg.link, frame) with room for n slots, their
+   contents kept. 0 or -ENOMEM. */
+static int rc_host_slots(struct kvt_recall_layer *rc, uint32_t n)
+{
+	if (n <= rc->hcap_slots)
+		return 0;
+	if (grow((void **)&rc->rg.slot, rc->hcap_slots, n, sizeof(*rc->rg.slot), 0) ||
+	    grow((void **)&rc->rg.link, rc->hcap_slots, n, sizeof(*rc->rg.link), 0) ||
+	    grow((void **)&rc->frame, rc->hcap_slots, n, sizeof(*rc->frame), 0))
+		return -ENOMEM; /* (those that grew keep their contents) */
+	rc->hcap_slots = n;
+	return 0;
+}
+
+/* Room for n slots in the layer's region (capacity only), doubling. On the host its slot
+   arrays grow; on the device (dev_regions) only the count, which its device tables follow
+   (dreg_reserve): the host's copies are made when it is read back (pull_unpack), so a step on
+   the device never grows host memory for them (8,192 regions growing at once cost a step 60 ms
+   and more at 256 x 32, mostly fresh pages, 2026-12-05). 0 or -ENOMEM. */
+static int rc_slots_reserve(struct kvt_manager *m, struct kvt_recall_layer *rc, uint32_t n)
 {
 	uint32_t want;
 
@@ -290,9 +308,7 @@ static int rc_slots_reserve(struct kvt_recall_layer *rc, uint32_t n)
 		want *= 2;
 	if (want > KVT_REGION_MAX_SLOTS)
 		want = KVT_REGION_MAX_SLOTS;
-	if (grow((void **)&rc->rg.slot, rc->cap_slots, want, sizeof(*rc->rg.slot), 0) ||
-	    grow((void **)&rc->rg.link, rc->cap_slots, want, sizeof(*rc->rg.link), 0) ||
-	    grow((void **)&rc->frame, rc->cap_slots, want, sizeof(*rc->frame), 0))
+	if (!m->dev_regions && rc_host_slots(rc, want))
 		return -ENOMEM;
 	rc->cap_slots = want;
 	return 0;
@@ -1176,8 +1192,10 @@ static int pull_unpack(struct kvt_manager *m, struct kvt_recall_layer *rc, const
 	struct dreg_layout g = dreg_layout(m, rc->dscap, rc->dvcap);
 	struct order_key *ok = kvt_malloc((n ? n : 1) * sizeof(*ok));
 
-	if (!ok)
+	if (!ok || (n > rc->hcap_slots && rc_host_slots(rc, rc->cap_slots))) {
+		free(ok);
 		return -ENOMEM;
+	}
 	if (n) { /* (a region given back may have no slot arrays) */
 		memcpy(rc->rg.slot, tmp + g.slot, (size_t)n * sizeof(*rc->rg.slot));
 		memcpy(rc->frame, tmp + g.frame, (size_t)n * sizeof(*rc->frame));
@@ -1743,7 +1761,7 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 		if (c->want[i] > KVT_REGION_MAX_SLOTS || c->need[i] > KVT_REGION_MAX_SLOTS)
 			return kvt_fail(m, -ENOSPC, "recall: more than %u blocks of one layer",
 					KVT_REGION_MAX_SLOTS);
-		if (rc_slots_reserve(rc, c->want[i]))
+		if (rc_slots_reserve(m, rc, c->want[i]))
 			return kvt_fail(m, -ENOMEM, "recall: no memory for a region of %u frames",
 					c->want[i]);
 		/* on the device, room for what DREG_FIRST calls can look up at first (above) */

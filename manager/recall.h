@@ -22,12 +22,14 @@ struct kvt_recall_layer {
 	uint8_t *meta;	      /* [block][head] metadata (policy.h), 2 * row_bytes each; NULL unless
 				 the manager keeps metadata */
 	struct kvt_region rg; /* slots [0, rg.n_slots) hold frames frame[slot] of the cache */
-	uint32_t *frame;      /* [cap_slots] */
-	uint32_t cap_slots;
-	uint32_t meta_n; /* tokens folded into meta: decode tokens are folded in at the next
-			    scoring, from the host history (so a decode append never waits for
-			    the device to hand its keys to the CPU) */
-	bool tk_ready;	 /* rg.key[].tk counted from the layer's top-K (at its first recall) */
+	uint32_t *frame;      /* [hcap_slots] */
+	uint32_t cap_slots;   /* the slots the region may hold (on the device: its tables' room) */
+	uint32_t hcap_slots;  /* the room of rg.slot, rg.link and frame: cap_slots on the host; on
+				 the device what the last read-back needed (kvt_recall_pull) */
+	uint32_t meta_n;      /* tokens folded into meta: decode tokens are folded in at the next
+				 scoring, from the host history (so a decode append never waits for
+				 the device to hand its keys to the CPU) */
+	bool tk_ready;	      /* rg.key[].tk counted from the layer's top-K (at its first recall) */
 	/* A Quest call's floor (quest_need): per head, the blocks not fully resident among the
 	   first qsettled, which lie wholly below the ring and do not change; NULL until its first
 	   recall */
@@ -47,7 +49,8 @@ struct kvt_recall_layer {
 	   (dreg_layout: slot [dscap], frame [dscap], view_n [H], view [H][dview_r of dvcap]),
 	   written by the device's calls. The host keeps the counts (rg.n_slots, rg.clock) and
 	   the working set (ws), sends them with each call and reads them back after it; rg.slot,
-	   rg.key, frame, view_n and view are copies made by kvt_recall_pull when dirty. */
+	   rg.key, frame, view_n and view are copies made by kvt_recall_pull when dirty (rg.slot,
+	   rg.link and frame allocated there, not as the region grows). */
 	uint64_t dreg;
 	uint32_t dscap, dvcap, dview_r;
 	uint32_t dgroups;   /* blocks of the device group table written (those from it on are
