@@ -531,6 +531,34 @@ static int same_views(struct pair *p, uint64_t id, uint32_t layer)
 	return got;
 }
 
+/* A pair for sequences of up to max_L tokens whose recall cache holds 8 frames (one call of
+   layer 0 below fills it). */
+static void pair_init_8(struct pair *p, uint32_t max_L)
+{
+	struct kvt_config cc;
+
+	pair_init(p, KVT_DTYPE_BF16, NULL, max_L, 1);
+	kvt_manager_destroy(p->h);
+	kvt_manager_destroy(p->c);
+	p->cfg.recall_cache_bytes = 8 * p->block_bytes;
+	cc = p->cfg;
+	cc.backend = KVT_BACKEND_CUDA;
+	p->h = t_mk(&p->cfg);
+	p->c = t_mk(&cc);
+}
+
+/* The selections of those tests: s0 fills the 8 frames (4 blocks on each of 2 heads), s1
+   asks for 4 other blocks on the first head. */
+static void sel_8(uint32_t *s0, uint32_t *s1)
+{
+	for (uint32_t j = 0; j < R_BLOCKS; j++) {
+		s0[j] = 20 + j;
+		s0[R_BLOCKS + j] = 24 + j;
+		s1[j] = 30 + j;
+		s1[R_BLOCKS + j] = KVT_NO_ENTRY;
+	}
+}
+
 /* A recall program of one layer may take frames from a region of another layer (the sizing's
    reclaim, or its sweep), and forgets their blocks in that region's key table on the device. A
    decode append of that other layer whose token starts a block past its device tables moves
@@ -543,21 +571,12 @@ void test_tables_grow_across_streams(void **state)
 	cudaStream_t sa, sb, own;
 	struct pair p;
 	struct tseq ts, ty, *bt[1] = {&ts}, *by[1] = {&ty};
-	struct kvt_config cc;
 	uint32_t s0[N_KV * R_BLOCKS], s1[N_KV * R_BLOCKS], sw[N_KV * 2 * R_BLOCKS], dvcap;
 	uint64_t w0, m0;
 
 	(void)state;
 	set_ctx("tables grow across streams: setup");
-	pair_init(&p, KVT_DTYPE_BF16, NULL, L + 8, 1);
-	/* a recall cache of 8 frames, which layer 0's call below fills */
-	kvt_manager_destroy(p.h);
-	kvt_manager_destroy(p.c);
-	p.cfg.recall_cache_bytes = 8 * p.block_bytes;
-	cc = p.cfg;
-	cc.backend = KVT_BACKEND_CUDA;
-	p.h = t_mk(&p.cfg);
-	p.c = t_mk(&cc);
+	pair_init_8(&p, L + 8);
 	own = p.stream;
 	CUDA_OK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
 	CUDA_OK(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking));
@@ -572,12 +591,7 @@ void test_tables_grow_across_streams(void **state)
 		PREFILL_BOTH(&p, &ty, l);
 	}
 	sync_both(&p);
-	for (uint32_t j = 0; j < R_BLOCKS; j++) {
-		s0[j] = 20 + j;
-		s0[R_BLOCKS + j] = 24 + j;
-		s1[j] = 30 + j;
-		s1[R_BLOCKS + j] = KVT_NO_ENTRY;
-	}
+	sel_8(s0, s1);
 
 	set_ctx("tables grow across streams: layer 0 takes the cache");
 	recall_given(&p, ts.id, 0, s0, R_BLOCKS, sb);
@@ -708,31 +722,18 @@ void test_program_after_stream_reused(void **state)
 	const void *was;
 	struct pair p;
 	struct tseq ts;
-	struct kvt_config cc;
 	uint32_t s0[N_KV * R_BLOCKS], s1[N_KV * R_BLOCKS];
 
 	(void)state;
 	set_ctx("program after a stream reused: setup");
-	pair_init(&p, KVT_DTYPE_BF16, NULL, L + 8, 1);
-	kvt_manager_destroy(p.h);
-	kvt_manager_destroy(p.c);
-	p.cfg.recall_cache_bytes = 8 * p.block_bytes;
-	cc = p.cfg;
-	cc.backend = KVT_BACKEND_CUDA;
-	p.h = t_mk(&p.cfg);
-	p.c = t_mk(&cc);
+	pair_init_8(&p, L + 8);
 	tseq_gen(&ts, &p.cfg, 0x57a3e0003ull, L, 8);
 	CHECK_RC(kvt_seq_create(p.h, ts.id, ts.L), 0);
 	CHECK_RC(kvt_seq_create(p.c, ts.id, ts.L), 0);
 	for (uint32_t l = 0; l < N_LAYERS; l++)
 		PREFILL_BOTH(&p, &ts, l);
 	sync_both(&p);
-	for (uint32_t j = 0; j < R_BLOCKS; j++) {
-		s0[j] = 20 + j;
-		s0[R_BLOCKS + j] = 24 + j;
-		s1[j] = 30 + j;
-		s1[R_BLOCKS + j] = KVT_NO_ENTRY;
-	}
+	sel_8(s0, s1);
 
 	set_ctx("program after a stream reused: layer 0 takes the cache on stream A");
 	CUDA_OK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
