@@ -1847,9 +1847,7 @@ static int cuda_region_host(struct kvt_be *b, uint32_t lane, uint64_t bytes, voi
 		cb->n_lane = lane;
 	}
 	ln = &cb->lane[lane - 1];
-	err = event_once(cb, &cb->rr_done, cudaEventDisableTiming);
-	if (!err)
-		err = event_once(cb, &ln->start, cudaEventDefault);
+	err = event_once(cb, &ln->start, cudaEventDefault);
 	if (!err)
 		err = event_once(cb, &ln->done, cudaEventBlockingSync);
 	if (err)
