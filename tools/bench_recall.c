@@ -174,11 +174,11 @@ static int parse(int argc, char **argv, struct bench_recall_opts *o)
 		fprintf(stderr, "kvtier-bench: --head-dim goes with --backend cuda\n");
 		return -1;
 	}
-	if (o->cuda && !prompt_set)
-		o->prompt = 2048;
 	if (o->cuda) { /* (its configuration's sink, ring and blocks are the defaults) */
 		struct kvt_config d = KVT_CONFIG_INIT;
 
+		if (!prompt_set)
+			o->prompt = 2048;
 		if (o->prompt < d.sink_tokens + d.recent_tokens + (o->r + 1) * d.block_tokens) {
 			fprintf(stderr,
 				"kvtier-bench: --backend cuda: prompt %u leaves no more than r = %u "

@@ -62,6 +62,8 @@ struct run {
 	cudaStream_t st;
 	uint64_t *ids;
 	uint32_t *sel, *dsel; /* [layers][seqs][n_kv_heads][r], host and device */
+	size_t sn;	      /* their entries */
+	uint32_t lo, span;    /* the blocks they name: [lo, lo + span), outside sink and ring */
 	uint16_t *k;	      /* [n_kv_heads][prompt][head_dim]: the prompts' rows */
 	void *dk, *dkd;	      /* their device copy; one decode token [seqs][n_kv_heads][head_dim] */
 	uint8_t *dummy;	      /* the reference's tensors (the null backend reads none) */
@@ -119,7 +121,7 @@ static int setup(struct run *r)
 {
 	const struct bench_recall_opts *o = r->o;
 	uint32_t H, D, bt;
-	size_t krow, kn, sn;
+	size_t krow, kn;
 	uint64_t rng = 7;
 	uint16_t *kd;
 	int err;
@@ -130,7 +132,9 @@ static int setup(struct run *r)
 	bt = r->c.block_tokens;
 	krow = (size_t)H * o->prompt * D;
 	kn = (size_t)o->seqs * H * D;
-	sn = (size_t)o->layers * o->seqs * H * o->r;
+	r->sn = (size_t)o->layers * o->seqs * H * o->r;
+	r->lo = r->c.sink_tokens / bt;
+	r->span = (o->prompt - r->c.recent_tokens) / bt - r->lo;
 	r->c.backend = KVT_BACKEND_CUDA;
 	err = kvt_manager_create(&r->c, &r->m[0]);
 	if (!err) {
@@ -147,7 +151,7 @@ static int setup(struct run *r)
 		return err == -ENODEV ? BENCH_SKIP : 1;
 	}
 	r->ids = calloc(o->seqs, sizeof(*r->ids));
-	r->sel = malloc(sn * sizeof(*r->sel));
+	r->sel = malloc(r->sn * sizeof(*r->sel));
 	r->k = malloc(krow * sizeof(*r->k));
 	r->dummy = calloc(1, 64);
 	r->t[0] = calloc(o->steps, sizeof(double));
@@ -166,7 +170,7 @@ static int setup(struct run *r)
 	err = bench_cu_failed(&r->rt, r->rt.stream_create(&r->st), "cudaStreamCreate") ||
 	      !(r->dk = bench_dev_buf(&r->rt, r->k, krow * 2, "cudaMalloc (prompt rows)")) ||
 	      !(r->dkd = bench_dev_buf(&r->rt, kd, kn * 2, "cudaMalloc (decode rows)")) ||
-	      !(r->dsel = bench_dev_buf(&r->rt, NULL, sn * sizeof(*r->sel),
+	      !(r->dsel = bench_dev_buf(&r->rt, NULL, r->sn * sizeof(*r->sel),
 					"cudaMalloc (selections)"));
 	free(kd);
 	if (err)
@@ -187,12 +191,10 @@ static int setup(struct run *r)
 					return 1;
 		}
 	}
-	/* r distinct blocks per (layer, sequence, head), outside the sink and the ring */
-	uint32_t lo = r->c.sink_tokens / bt, span = (o->prompt - r->c.recent_tokens) / bt - lo;
-
-	for (size_t g = 0; g < sn / o->r; g++)
+	/* r distinct blocks per (layer, sequence, head) */
+	for (size_t g = 0; g < r->sn / o->r; g++)
 		for (uint32_t j = 0; j < o->r; j++)
-			r->sel[g * o->r + j] = lo + (uint32_t)((g * 7 + j * 5) % span);
+			r->sel[g * o->r + j] = r->lo + (uint32_t)((g * 7 + j * 5) % r->span);
 	return 0;
 }
 
@@ -238,17 +240,12 @@ static int run(struct run *r)
 
 	if (rc)
 		return rc;
-
-	size_t sn = (size_t)o->layers * o->seqs * r->c.n_kv_heads * o->r;
-	uint32_t lo = r->c.sink_tokens / r->c.block_tokens,
-		 span = (o->prompt - r->c.recent_tokens) / r->c.block_tokens - lo;
-
 	for (uint32_t s = 0; s < o->steps; s++) {
-		for (size_t x = 0; s && x < sn && o->churn_pct; x++)
+		for (size_t x = 0; s && x < r->sn && o->churn_pct; x++)
 			if (sim_splitmix64(&rng) % 100 < o->churn_pct)
-				r->sel[x] = lo + (uint32_t)(sim_splitmix64(&rng) % span);
+				r->sel[x] = r->lo + (uint32_t)(sim_splitmix64(&rng) % r->span);
 		if (bench_cu_failed(&r->rt,
-				    r->rt.memcpy(r->dsel, r->sel, sn * sizeof(*r->sel),
+				    r->rt.memcpy(r->dsel, r->sel, r->sn * sizeof(*r->sel),
 						 cudaMemcpyHostToDevice),
 				    "cudaMemcpy (selections)"))
 			return 1;
