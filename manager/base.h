@@ -140,6 +140,7 @@ struct kvt_recall_cache {
 	/* On the device (dev_regions): the free-frame stack (dstack, [n], set up at the first
 	   call), a call's program (dcall, dcall_cap bytes, its upload part written at hblob) */
 	uint64_t dstack, dcall, dcall_cap;
+	uint64_t dver_seq; /* the latest version given a region's device tables (dver) */
 	bool dstack_ready;
 	uint8_t *hblob;
 	uint32_t hblob_cap;

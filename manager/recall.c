@@ -227,6 +227,7 @@ static int dmeta_grow(struct kvt_manager *m, struct kvt_recall_layer *rc, uint32
 	m->dmeta_bytes += dmeta_size(m, want);
 	rc->dmeta = addr;
 	rc->dcap = (uint32_t)want;
+	rc->dver = ++m->rc.dver_seq;
 	return 0;
 }
 
@@ -358,6 +359,7 @@ static int dreg_reserve(struct kvt_manager *m, struct kvt_recall_layer *rc, uint
 	rc->dreg = addr;
 	rc->dscap = scap;
 	rc->dvcap = vcap;
+	rc->dver = ++m->rc.dver_seq;
 	return 0;
 }
 
@@ -381,12 +383,16 @@ struct dcell {
 
 /* Where a program of n members, nc cells (members first, then the other regions that drop),
    nd drops, ng grows, r entries per head and H heads has its parts (the Quest descriptors
-   when the call scores: quest): [0, rd) is read back, [0, up) uploaded (with the selection
-   when host_sel), the rest is the device's. */
+   when the call scores: quest). The members' loads and descriptors come first, at places that
+   depend on n, H and r only (dev_run keeps the descriptors of a lane's previous call). [rd0,
+   rd) is read back, [up0, up) uploaded ([up0, sel_end) with the selection when the host gives
+   it), the rest is the device's. */
 struct prog_layout {
+	uint64_t load, rg;
 	uint64_t cell, bucket, gone, stale, missing, fresh, rd; /* read back */
-	uint64_t rg, drg, grg, qs, drop_k, drop_off, grow_n, grow_off, gat, gval, up;
-	uint64_t sel, load, pairs, fix, bytes;
+	uint64_t drg, grg, qs, drop_k, drop_off, grow_n, grow_off, gat, gval, up;
+	uint64_t sel, sel_end, pairs, fix, bytes;
+	uint64_t rd0, up0;
 };
 
 static struct prog_layout prog_layout(const struct kvt_manager *m, uint64_t n, uint64_t nc,
@@ -394,16 +400,17 @@ static struct prog_layout prog_layout(const struct kvt_manager *m, uint64_t n, u
 				      bool quest)
 {
 	uint64_t H = m->cfg.n_kv_heads, w = m->cfg.ws_window;
-	struct prog_layout l = {.cell = 0};
+	struct prog_layout l = {.load = 0};
 
-	l.bucket = ALIGN16(nc * sizeof(struct dcell));
+	l.rg = ALIGN16(n * H * r * sizeof(struct kvt_region_load));
+	l.cell = ALIGN16(l.rg + n * sizeof(struct kvt_gpu_region));
+	l.bucket = ALIGN16(l.cell + nc * sizeof(struct dcell));
 	l.gone = ALIGN16(l.bucket + nc * w * sizeof(uint32_t));
 	l.stale = ALIGN16(l.gone + nd * sizeof(uint32_t));
 	l.missing = ALIGN16(l.stale + nd * sizeof(uint32_t));
 	l.fresh = l.missing + sizeof(uint32_t);
 	l.rd = ALIGN16(l.fresh + sizeof(uint32_t));
-	l.rg = l.rd;
-	l.drg = ALIGN16(l.rg + n * sizeof(struct kvt_gpu_region));
+	l.drg = l.rd;
 	l.grg = ALIGN16(l.drg + nd * sizeof(struct kvt_gpu_region));
 	l.qs = ALIGN16(l.grg + ng * sizeof(struct kvt_gpu_region));
 	l.drop_k = ALIGN16(l.qs + (quest ? n * sizeof(struct kvt_gpu_quest) : 0));
@@ -414,11 +421,13 @@ static struct prog_layout prog_layout(const struct kvt_manager *m, uint64_t n, u
 	l.gval = l.gat + gup * sizeof(uint64_t);
 	l.up = ALIGN16(l.gval + gup * sizeof(uint64_t));
 	l.sel = l.up;
-	l.load = ALIGN16(l.sel + n * H * r * sizeof(uint32_t));
-	l.pairs = ALIGN16(l.load + n * H * r * sizeof(struct kvt_region_load));
+	l.sel_end = ALIGN16(l.sel + n * H * r * sizeof(uint32_t));
+	l.pairs = l.sel_end;
 	/* with a disk tier, dev_repair's group entries: [n * H * r] addresses, then values */
 	l.fix = ALIGN16(l.pairs + n * H * r * 2 * sizeof(uint32_t));
 	l.bytes = ALIGN16(l.fix + (m->disk ? n * H * r * 2 * sizeof(uint64_t) : 0));
+	l.rd0 = l.cell;
+	l.up0 = l.rg;
 	return l;
 }
 
@@ -433,6 +442,13 @@ static struct prog_layout prog_layout(const struct kvt_manager *m, uint64_t n, u
    views it made, a later drop's on the views it made stale. (A layer's call settles the
    layer's previous one before it makes new views.) */
 
+/* What the members' descriptors of a call read besides their regions' tables and tokens: the
+   program's device buffer and places, and the call's selection and r. */
+struct desc_key {
+	uint64_t dcall, rg, cell, load, sel;
+	uint32_t n, r;
+};
+
 /* A call made and not yet settled (lane[layer]). */
 struct kvt_dlane {
 	bool pending;
@@ -445,6 +461,11 @@ struct kvt_dlane {
 	bool dsel; /* the selection was the caller's (SEL_DEVICE): a member's -EINVAL is its own */
 	struct kvt_recall_layer **rc; /* [n + nd]: the members, then the regions that dropped */
 	uint32_t *n_slots;	      /* [n]: the members' slot counts after the sizing */
+	/* The members' descriptors stay in the blob from one call to the next: the one at place
+	   i was written from region tables of version dver[i], in a program keyed desc (zero:
+	   none kept); dev_run rewrites only their tokens while both still hold. */
+	uint64_t *dver;
+	struct desc_key desc;
 };
 
 /* Frees the lanes' tables (their pinned buffers are the backend's). */
@@ -455,6 +476,7 @@ static void lanes_free(struct kvt_manager *m)
 	for (uint32_t l = 0; c->lane && l < m->cfg.n_layers; l++) {
 		free(c->lane[l].rc);
 		free(c->lane[l].n_slots);
+		free(c->lane[l].dver);
 	}
 	free(c->lane);
 	free(c->fifo);
@@ -491,12 +513,14 @@ static int prog_reserve(struct kvt_manager *m, uint32_t layer, uint32_t n, uint3
 	if (n + (uint64_t)nx > UINT32_MAX)
 		return kvt_fail(m, -ENOMEM, "recall: no memory for a call's program");
 	if (n + nx > ln->cap) {
-		uint32_t c1 = ln->cap, c2 = ln->cap;
+		uint32_t c1 = ln->cap, c2 = ln->cap, c3 = ln->cap;
 
 		if (kvt_reserve((void **)&ln->rc, &c1, n + nx, sizeof(*ln->rc)) ||
-		    kvt_reserve((void **)&ln->n_slots, &c2, n + nx, sizeof(*ln->n_slots)))
+		    kvt_reserve((void **)&ln->n_slots, &c2, n + nx, sizeof(*ln->n_slots)) ||
+		    kvt_reserve((void **)&ln->dver, &c3, n + nx, sizeof(*ln->dver)))
 			return kvt_fail(m, -ENOMEM, "recall: no memory for a call's program");
 		ln->cap = c1 < c2 ? c1 : c2;
+		ln->cap = ln->cap < c3 ? ln->cap : c3;
 	}
 	/* the host side holds all of it (dev_undo reads the loads back) */
 	if (l.bytes > ln->blob_cap) {
@@ -508,6 +532,7 @@ static int prog_reserve(struct kvt_manager *m, uint32_t layer, uint32_t n, uint3
 					m->be->err);
 		ln->blob = host;
 		ln->blob_cap = l.bytes;
+		ln->desc = (struct desc_key){0}; /* it keeps no descriptors */
 	}
 	if (!c->dstack_ready) {
 		if (!c->dstack) {
@@ -1103,8 +1128,12 @@ static void dev_drop_seq(struct kvt_manager *m, struct kvt_seq *s)
 			top += rc->rg.n_slots;
 			j++;
 		}
-		cp = (struct kvt_dcopy){.dev = c->dcall, .host = c->hblob, .bytes = pl.up};
-		back = (struct kvt_dcopy){.dev = c->dcall, .host = c->hblob, .bytes = pl.rd};
+		cp = (struct kvt_dcopy){.dev = c->dcall + pl.up0,
+					.host = c->hblob + pl.up0,
+					.bytes = pl.up - pl.up0};
+		back = (struct kvt_dcopy){.dev = c->dcall + pl.rd0,
+					  .host = c->hblob + pl.rd0,
+					  .bytes = pl.rd - pl.rd0};
 		run = (struct kvt_region_run){
 			.up = &cp,
 			.n_up = 1,
@@ -2311,7 +2340,7 @@ static int dev_undo(struct kvt_manager *m, struct kvt_dlane *ln, const struct kv
 	const struct kvt_region_load *ld = (const struct kvt_region_load *)(ln->blob + l->load);
 	uint32_t *pairs = (uint32_t *)(ln->blob + l->pairs), np = 0, fresh = 0, dd;
 	struct kvt_dcopy back[2] = {
-		{.dev = c->dcall, .host = ln->blob, .bytes = l->rd},
+		{.dev = c->dcall + l->rd0, .host = ln->blob + l->rd0, .bytes = l->rd - l->rd0},
 		{.dev = c->dcall + l->load,
 		 .host = ln->blob + l->load,
 		 .bytes = n * H * r * sizeof(struct kvt_region_load)},
@@ -2524,6 +2553,9 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 	uint64_t stamp = m->stamp, wait = ro->wait, *gat, *gval, dsel;
 	struct prog_layout l;
 	struct dcell *cell;
+	struct kvt_gpu_region *g;
+	struct desc_key key;
+	bool same;
 	uint32_t *bkt;
 	struct kvt_region_run run;
 	struct kvt_dcopy rd, up;
@@ -2549,6 +2581,16 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 	dsel = kind == SEL_DEVICE ? (uint64_t)(uintptr_t)sel : c->dcall + l.sel;
 	cell = (struct dcell *)(hb + l.cell);
 	bkt = (uint32_t *)(hb + l.bucket);
+	g = (struct kvt_gpu_region *)(hb + l.rg);
+	key = (struct desc_key){.dcall = c->dcall,
+				.rg = l.rg,
+				.cell = l.cell,
+				.load = l.load,
+				.sel = dsel,
+				.n = n,
+				.r = r};
+	same = !memcmp(&key, &ln->desc, sizeof(key));
+	ln->desc = key;
 	gat = (uint64_t *)(hb + l.gat);
 	gval = (uint64_t *)(hb + l.gval);
 	/* The regions that drop, and those that grow, first: the drops' descriptors name the view
@@ -2557,13 +2599,13 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 	   dropped. */
 	for (uint32_t d = 0; d < nd; d++) {
 		struct kvt_recall_layer *rc = c->drop[d].rc;
-		struct kvt_gpu_region *g = (struct kvt_gpu_region *)(hb + l.drg) + d;
+		struct kvt_gpu_region *dg = (struct kvt_gpu_region *)(hb + l.drg) + d;
 
 		if (rc->cell >= n) /* not a member: its count is carried by its own cell */
 			cell[rc->cell].n_slots = rc->dn0;
-		dev_desc(g, m, rc, &l, rc->cell, n, n, 0, rc->dview_r, r, 0);
+		dev_desc(dg, m, rc, &l, rc->cell, n, n, 0, rc->dview_r, r, 0);
 		if (c->drop[d].mark)
-			g->stale = (uint32_t *)(uintptr_t)(c->dcall + l.stale + (uint64_t)d * 4);
+			dg->stale = (uint32_t *)(uintptr_t)(c->dcall + l.stale + (uint64_t)d * 4);
 		((uint32_t *)(hb + l.drop_k))[d] = c->drop[d].n;
 		((uint32_t *)(hb + l.drop_off))[d] = c->drop[d].off;
 		ln->rc[n + d] = rc; /* (region_shrink marked it dirty) */
@@ -2587,8 +2629,21 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		cell[i].ws.bucket =
 			(uint32_t *)(uintptr_t)(c->dcall + l.bucket + (uint64_t)i * w * 4);
 		memcpy(bkt + (size_t)i * w, rc->ws.bucket, (size_t)w * sizeof(*bkt));
-		dev_desc((struct kvt_gpu_region *)(hb + l.rg) + i, m, rc, &l, i, i, n, ly->n_tokens,
-			 r, r, dsel);
+		/* the descriptor of the same region's tables in the same place: its tokens */
+		if (same && ln->dver[i] == rc->dver) {
+			g[i].n_tokens = ly->n_tokens;
+			g[i].ring0 = kvt_ring0(m, ly->n_tokens);
+		} else {
+			dev_desc(g + i, m, rc, &l, i, i, n, ly->n_tokens, r, r, dsel);
+			ln->dver[i] = rc->dver;
+		}
+		if (kvt_invariant_aborts) { /* (test builds) the one it would write now */
+			struct kvt_gpu_region full;
+
+			dev_desc(&full, m, rc, &l, i, i, n, ly->n_tokens, r, r, dsel);
+			NEVER(memcmp(&full, g + i,
+				     offsetof(struct kvt_gpu_region, cap_blocks) + 4));
+		}
 		if (q)
 			((struct kvt_gpu_quest *)(hb + l.qs))[i] = quest_desc(m, ly);
 		/* the blocks' host groups the device has not seen, and those that moved */
@@ -2611,9 +2666,10 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 	ALWAYS(n_g == gup);
 	if (kind == SEL_GIVEN)
 		memcpy(hb + l.sel, sel, (size_t)n * H * r * sizeof(*sel));
-	up = (struct kvt_dcopy){
-		.dev = c->dcall, .host = hb, .bytes = kind == SEL_GIVEN ? l.load : l.up};
-	rd = (struct kvt_dcopy){.dev = c->dcall, .host = hb, .bytes = l.rd};
+	up = (struct kvt_dcopy){.dev = c->dcall + l.up0,
+				.host = hb + l.up0,
+				.bytes = (kind == SEL_GIVEN ? l.sel_end : l.up) - l.up0};
+	rd = (struct kvt_dcopy){.dev = c->dcall + l.rd0, .host = hb + l.rd0, .bytes = l.rd - l.rd0};
 	run = (struct kvt_region_run){
 		.up = &up,
 		.n_up = 1,

@@ -53,6 +53,8 @@ struct kvt_recall_layer {
 	   rg.link and frame allocated there, not as the region grows). */
 	uint64_t dreg;
 	uint32_t dscap, dvcap, dview_r;
+	uint64_t dver; /* the version of dmeta, dcap, dreg, dscap and dvcap (unique across regions:
+			  rc.dver_seq), as a program descriptor written from them remembers it */
 	uint32_t dgroups;   /* blocks of the device group table written (those from it on are
 			       written by the next call's program) */
 	uint32_t n_spilled; /* the layer's blocks in the spill file (counted at its creation,
