@@ -56,6 +56,7 @@ static int rt_symbols(struct bench_rt *rt, const char *lib, char *why, size_t wh
 	}
 	/* the fake runtime's only (tests/cuda_emu/fake_cudart.h) */
 	*(void **)&rt->work_seconds = dlsym(rt->lib, "fake_cuda_work_seconds");
+	*(void **)&rt->copy_seconds = dlsym(rt->lib, "fake_cuda_copy_seconds");
 	return 0;
 }
 

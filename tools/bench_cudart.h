@@ -48,6 +48,9 @@ struct bench_rt {
 	/* the fake runtime's fake_cuda_work_seconds (its kernels' CPU time so far); NULL on a
 	   real runtime */
 	double (*work_seconds)(void);
+	/* and its fake_cuda_copy_seconds (the CPU time of its copies between pinned and device
+	   memory, a copy engine's work on a GPU); NULL on a real runtime */
+	double (*copy_seconds)(void);
 	char device[256]; /* the device's name (cudaGetDeviceProperties) */
 };
 

@@ -23,9 +23,10 @@
  * GPU (c) the programs' device time per step (kvt_stats.recall_device_ns, read at the end: its
  * mean). Over the CPU emulator the kernels' CPU stand-ins are left out of (a) (the fake runtime's
  * fake_cuda_work_seconds: a GPU does that work), the runtime's own bookkeeping stays in (an upper
- * bound of what a GPU's runtime costs the host), and (c) is not a figure (the fake's event times
- * are made up). The two managers must decide alike: the run fails unless their lookups, hits and
- * loads agree.
+ * bound of what a GPU's runtime costs the host; its copies between pinned and device memory,
+ * a copy engine's work on a GPU, are printed apart: fake_cuda_copy_seconds), and (c) is not a
+ * figure (the fake's event times are made up). The two managers must decide alike: the run fails
+ * unless their lookups, hits and loads agree.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -67,7 +68,8 @@ struct run {
 	uint16_t *k;	      /* [n_kv_heads][prompt][head_dim]: the prompts' rows */
 	void *dk, *dkd;	      /* their device copy; one decode token [seqs][n_kv_heads][head_dim] */
 	uint8_t *dummy;	      /* the reference's tensors (the null backend reads none) */
-	double *t[2], *work;  /* per step: host time of each manager; the fake's kernel time */
+	double *t[2], *work, *copy; /* per step: host time of each manager; the fake's kernel
+				      time, and its copies' (pinned to device and back) */
 };
 
 /* Whether err is a library error (then reported with manager m's last error). */
@@ -157,7 +159,9 @@ static int setup(struct run *r)
 	r->t[0] = calloc(o->steps, sizeof(double));
 	r->t[1] = calloc(o->steps, sizeof(double));
 	r->work = calloc(o->steps, sizeof(double));
-	if (!r->ids || !r->sel || !r->k || !r->dummy || !r->t[0] || !r->t[1] || !r->work) {
+	r->copy = calloc(o->steps, sizeof(double));
+	if (!r->ids || !r->sel || !r->k || !r->dummy || !r->t[0] || !r->t[1] || !r->work ||
+	    !r->copy) {
 		fprintf(stderr, TOOL ": out of memory\n");
 		return 1;
 	}
@@ -204,7 +208,7 @@ static int step(struct run *r, int b, uint32_t s)
 	const struct bench_recall_opts *o = r->o;
 	struct kvt_manager *m = r->m[b];
 	size_t per_layer = (size_t)o->seqs * r->c.n_kv_heads * o->r;
-	double t0, w0;
+	double t0, w0, c0;
 	int err = 0;
 
 	for (uint32_t l = 0; l < o->layers && !err; l++)
@@ -215,6 +219,7 @@ static int step(struct run *r, int b, uint32_t s)
 	if (kvt_failed(r, b, err, "kvt_decode_append"))
 		return 1;
 	w0 = r->rt.work_seconds && !b ? r->rt.work_seconds() : 0;
+	c0 = r->rt.copy_seconds && !b ? r->rt.copy_seconds() : 0;
 	t0 = sim_now_s();
 	err = kvt_step_begin(m, r->ids, o->seqs);
 	for (uint32_t l = 0; l < o->layers && !err; l++)
@@ -227,6 +232,8 @@ static int step(struct run *r, int b, uint32_t s)
 		r->work[s] = r->rt.work_seconds() - w0;
 		r->t[b][s] -= r->work[s];
 	}
+	if (r->rt.copy_seconds && !b)
+		r->copy[s] = r->rt.copy_seconds() - c0;
 	return kvt_failed(r, b, err, "decode step");
 }
 
@@ -277,7 +284,8 @@ static int run(struct run *r)
 	uint32_t H = r->c.n_kv_heads, n = o->steps - 1;
 	uint64_t per_step = (uint64_t)o->seqs * o->layers * H * o->r;
 	double ma = median(r->t[0], o->steps), mb = median(r->t[1], o->steps),
-	       mw = median(r->work, o->steps), ml = (double)o->seqs * o->layers;
+	       mw = median(r->work, o->steps), mc = median(r->copy, o->steps),
+	       ml = (double)o->seqs * o->layers;
 	bool emu = bench_rt_emulated(&r->rt),
 	     full = o->seqs == 256 && o->layers == 32 && o->r == 16;
 
@@ -296,6 +304,11 @@ static int run(struct run *r)
 		printf("; emulated runtime: its kernels' CPU stand-ins (median %.3f ms a step) "
 		       "left out, its own bookkeeping in",
 		       mw * 1e3);
+	if (r->rt.copy_seconds)
+		printf(", of which its copies between pinned and device memory (a copy engine's "
+		       "work on a GPU; in the call where the runtime is synchronous) median %.3f ms "
+		       "a step",
+		       mc * 1e3);
 	printf("\n(b) CPU reference (null backend, kvt_step_recall_blocks): median %.3f ms per "
 	       "step (p90 %.3f, max %.3f), %.3f us per (sequence, layer)\n",
 	       mb * 1e3, p90(r->t[1], o->steps) * 1e3, r->t[1][o->steps - 1] * 1e3, mb * 1e6 / ml);
@@ -339,6 +352,7 @@ static void run_free(struct run *r)
 	free(r->t[0]);
 	free(r->t[1]);
 	free(r->work);
+	free(r->copy);
 }
 
 int bench_recall_cuda(const struct bench_recall_opts *o)

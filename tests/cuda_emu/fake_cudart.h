@@ -44,6 +44,11 @@ int fake_cuda_launch(void *stream, const char *kernel, fake_cuda_work fn, const 
    every thread: what a benchmark of the host side subtracts, since a GPU would do that work. */
 double fake_cuda_work_seconds(void);
 
+/* Seconds the copies between pinned host memory and device memory have taken in this process so
+   far, on every thread: a GPU's copy engine does them, so a benchmark of the host side may count
+   them apart (they stay in its figure otherwise). */
+double fake_cuda_copy_seconds(void);
+
 /* Whether this is the asynchronous fake (FAKE_CUDA_ASYNC): work queued runs later, on its own
    thread. A stand-in that only prepares for that (watching what its queued work will read)
    skips it otherwise. */

@@ -82,6 +82,7 @@ struct skey fake_key_of(cudaStream_t s)
 
 static pthread_mutex_t dev_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_uint_fast64_t work_ns; /* fake_cuda_work_seconds */
+static atomic_uint_fast64_t copy_ns; /* fake_cuda_copy_seconds */
 static struct op **pend;	     /* queued, not yet run, in the order queued (dev_lock) */
 static size_t n_pend, cap_pend;
 static uint64_t *need; /* run_deps' streams (dev_lock) */
@@ -221,7 +222,19 @@ static void op_run(struct op *o)
 				      o->what, o->dst, o->src, o->n);
 		if (d.kind == DEVICE && r.kind == DEVICE)
 			fake_tsan_hide(true);
-		memcpy(d.view, r.view, o->n);
+		if ((d.kind == DEVICE && r.kind == PINNED) ||
+		    (d.kind == PINNED && r.kind == DEVICE)) {
+			struct timespec t0, t1;
+
+			clock_gettime(CLOCK_MONOTONIC, &t0);
+			memcpy(d.view, r.view, o->n);
+			clock_gettime(CLOCK_MONOTONIC, &t1);
+			atomic_fetch_add(&copy_ns,
+					 (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000LL +
+						    (t1.tv_nsec - t0.tv_nsec)));
+		} else {
+			memcpy(d.view, r.view, o->n);
+		}
 		if (d.kind == DEVICE && r.kind == DEVICE)
 			fake_tsan_hide(false);
 		break;
@@ -456,6 +469,11 @@ bool fake_cuda_async(void)
 double fake_cuda_work_seconds(void)
 {
 	return 1e-9 * (double)atomic_load(&work_ns);
+}
+
+double fake_cuda_copy_seconds(void)
+{
+	return 1e-9 * (double)atomic_load(&copy_ns);
 }
 
 const void *fake_cuda_peek(uint64_t addr, size_t n)

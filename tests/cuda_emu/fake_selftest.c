@@ -18,6 +18,9 @@
  * free-async-early` runs work of another stream on it after that, which the fake must stop
  * (meson expects it to fail; with FAKE_CUDA_ASYNC, so that the free runs before the work).
  *
+ * `fake_selftest copy-seconds` checks that fake_cuda_copy_seconds counts the copies between
+ * pinned and device memory, both ways, and no other.
+ *
  * `fake_selftest table` checks the allocation table (kept sorted, found by halving): hundreds of
  * device and pinned allocations of mixed sizes, a third freed in between, and every live one's
  * first and last bytes written and read back through copies whose direction the table must
@@ -46,6 +49,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "fake_cudart.h"
 #include "gpu.h"
 #include "policy.h"
 #include "region.h"
@@ -177,6 +181,39 @@ static int free_async(void)
 		if (back[i] != 5)
 			return fail("the work queued before the free did not see its memory");
 	return cudaStreamDestroy(s) ? fail("stream destroy") : 0;
+}
+
+/* `copy-seconds`: fake_cuda_copy_seconds counts the copies between pinned and device memory
+   (a copy engine's on a GPU), both ways, and no other copy. 0 when so. */
+static int copy_seconds(void)
+{
+	size_t n = (size_t)64 << 20;
+	void *h, *d, *d2, *p = malloc(n);
+	double c0, c1, c2, c3;
+
+	if (!p || cudaMallocHost(&h, n) || cudaMalloc(&d, n) || cudaMalloc(&d2, n))
+		return fail("setup");
+	memset(p, 1, n);
+	memset(h, 2, n);
+	c0 = fake_cuda_copy_seconds();
+	if (cudaMemcpy(d, p, n, cudaMemcpyHostToDevice) ||
+	    cudaMemcpy(d2, d, n, cudaMemcpyDeviceToDevice))
+		return fail("pageable and device-to-device copies");
+	c1 = fake_cuda_copy_seconds();
+	if (cudaMemcpy(d, h, n, cudaMemcpyHostToDevice))
+		return fail("pinned to device");
+	c2 = fake_cuda_copy_seconds();
+	if (cudaMemcpy(h, d2, n, cudaMemcpyDeviceToHost))
+		return fail("device to pinned");
+	c3 = fake_cuda_copy_seconds();
+	if (c1 != c0)
+		return fail("a pageable or device-to-device copy was counted");
+	if (!(c2 > c1) || !(c3 > c2))
+		return fail("a copy between pinned and device memory was not counted");
+	if (((unsigned char *)h)[n - 1] != 1)
+		return fail("the copies did not copy");
+	free(p);
+	return cudaFree(d) || cudaFree(d2) || cudaFreeHost(h) ? fail("free") : 0;
 }
 
 /* `free-async-early`: work on another stream, not ordered after a cudaFreeAsync, that runs
@@ -1298,8 +1335,10 @@ int main(int argc, char **argv)
 		return fold() || quest() || regions();
 	if (argc == 2 && strcmp(argv[1], "fold-overlap") == 0)
 		return fold_overlap();
+	if (argc == 2 && strcmp(argv[1], "copy-seconds") == 0)
+		return copy_seconds();
 	fprintf(stderr,
 		"usage: fake_selftest reuse|table|free-async|free-async-early|write-after-free|"
-		"kernels|fold-overlap\n");
+		"kernels|fold-overlap|copy-seconds\n");
 	return 2;
 }
