@@ -1480,7 +1480,7 @@ static int view_reserve(struct kvt_manager *m, struct kvt_recall_layer *rc, uint
 	size_t H = m->cfg.n_kv_heads;
 	uint32_t *v;
 
-	if (rc->view_n && r <= rc->view_cap) /* (every recall call asks) */
+	if (r <= rc->view_cap) /* (every recall call asks; view_n is there once view_cap is) */
 		return 0;
 	if (!rc->view_n) {
 		rc->view_n = kvt_huge_calloc(H, sizeof(*rc->view_n));
@@ -1583,12 +1583,15 @@ static uint32_t quest_need(const struct kvt_manager *m, const struct kvt_seq *s,
    2026-12-05), the CPU reference's the same. */
 #define RC_AHEAD 16u
 
-/* Prefetches the lines of a region's host state that a call reads and writes per member (its
-   counts, working set, view and order fields: the whole struct, a few lines). */
+/* Prefetches the lines of a region's host state that a call reads and writes per member (the
+   struct's first part, up to drop_stamp: its counts, working set and stamps). */
 static inline void rc_prefetch(const struct kvt_recall_layer *rc)
 {
-	for (size_t o = 0; o < sizeof(*rc); o += 64)
-		__builtin_prefetch((const char *)rc + o, 1);
+	uintptr_t a = (uintptr_t)rc & ~(uintptr_t)63,
+		  end = (uintptr_t)rc + offsetof(struct kvt_recall_layer, drop_stamp);
+
+	for (; a < end; a += 64)
+		__builtin_prefetch((const void *)a, 1);
 }
 
 /* Validates a recall batch (pass 1): every sequence live, once, prefilled for layer, resident,
@@ -1648,10 +1651,10 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 		}
 		if (rc_layer_get(m, ly, ly->n_groups, stream) || view_reserve(m, ly->rc, r) ||
 		    (!ly->rc->ws.bucket &&
-		     !(ly->rc->ws.bucket =
-			       kvt_huge_calloc(m->cfg.ws_window, sizeof(*ly->rc->ws.bucket)))) ||
-		    (!ly->rc->qcand &&
-		     !(ly->rc->qcand = kvt_huge_calloc(H, sizeof(*ly->rc->qcand)))))
+		     ((!ly->rc->qcand &&
+		       !(ly->rc->qcand = kvt_huge_calloc(H, sizeof(*ly->rc->qcand)))) ||
+		      !(ly->rc->ws.bucket =
+				kvt_huge_calloc(m->cfg.ws_window, sizeof(*ly->rc->ws.bucket))))))
 			return kvt_fail(m, -ENOMEM,
 					"recall: sequence %llu: no memory for its "
 					"recall tables",
@@ -1809,7 +1812,7 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 		if (m->dev_regions) {
 			uint32_t nb = kvt_blocks(m, m->batch[i]->layers[layer].n_tokens);
 			int err = dreg_reserve(m, rc,
-					       rc->dreg || rc->cap_slots >= DREG_FIRST * H * r
+					       rc->dscap || rc->cap_slots >= DREG_FIRST * H * r
 						       ? rc->cap_slots
 						       : (DREG_FIRST * H * r < KVT_REGION_MAX_SLOTS
 								  ? DREG_FIRST * H * r

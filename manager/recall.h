@@ -19,70 +19,75 @@
    it: its block metadata and its region of the recall cache (policy/region.h), whose key table
    holds cap_blocks blocks. */
 struct kvt_recall_layer {
-	uint8_t *meta;	      /* [block][head] metadata (policy.h), 2 * row_bytes each; NULL unless
-				 the manager keeps metadata */
+	/* ---- What every recall call reads or writes of a member, in its first three lines
+	   (rc_prefetch asks for these alone) ---- */
 	struct kvt_region rg; /* slots [0, rg.n_slots) hold frames frame[slot] of the cache */
-	uint32_t *frame;      /* [hcap_slots] */
-	uint32_t cap_slots;   /* the slots the region may hold (on the device: its tables' room) */
-	uint32_t hcap_slots;  /* the room of rg.slot, rg.link and frame: cap_slots on the host; on
-				 the device what the last read-back needed (kvt_recall_pull) */
-	uint32_t meta_n;      /* tokens folded into meta: decode tokens are folded in at the next
-				 scoring, from the host history (so a decode append never waits for
-				 the device to hand its keys to the CPU) */
-	bool tk_ready;	      /* rg.key[].tk counted from the layer's top-K (at its first recall) */
-	/* A Quest call's floor (quest_need): per head, the blocks not fully resident among the
-	   first qsettled, which lie wholly below the ring and do not change; NULL until its first
-	   recall */
-	uint32_t *qcand;
-	uint32_t qsettled;
+	struct kvt_ws ws;     /* its recall working set; bucket NULL until its first recall */
+	struct kvt_seq *seq;  /* its sequence (set with layer by each call naming it) */
+	uint64_t stamp;	      /* the latest recall call naming it (m->stamp) */
+	uint64_t last_call;   /* rc.layer_calls[layer] at that call */
+	uint64_t dn0_stamp;
+	uint64_t cell_stamp;
+	uint64_t dver; /* the version of dmeta, dcap, dreg, dscap and dvcap (unique across regions:
+			  rc.dver_seq), as a program descriptor written from them remembers it */
+	uint32_t cap_slots; /* the slots the region may hold (on the device: its tables' room) */
+	uint32_t dcap;	    /* (below, with dmeta) */
+	uint32_t layer;
+	uint32_t ws_counted; /* its working set as counted in the cache's sum_ws (0 unless live):
+				n_kv_heads * r at its first call, then ws_next at each later one */
+	uint32_t ws_next;    /* ws.total after its latest call, counted at its next call (a
+				device keeping the working set hands it back a step late) */
+	uint32_t view_cap;   /* (below, with view) */
+	uint32_t dscap, dvcap, dview_r; /* (below, with dreg) */
+	uint32_t dgroups;		/* blocks of the device group table written (those from it
+					   on are written by the next call's program) */
+	uint32_t n_moved;		/* entries of moved[] */
+	uint32_t dn0;			/* rg.n_slots before the sizing of dn0_stamp changed it */
+	uint32_t cell;	   /* its place in the call's program (cell_stamp: that call) */
+	bool tk_ready;	   /* rg.key[].tk counted from the layer's top-K (at its first recall) */
+	bool dtk;	   /* the top-K counts are on the device */
+	bool dirty;	   /* the host copies are older than the device's state */
+	bool view_failed;  /* the latest recall naming it failed: its view reads as stale */
+	bool view_bad_sel; /* ... because the caller's device selection named a block past the
+			      layer's history (kvt_recall_device_blocks) */
+	/* ---- The rest: read when a sizing changes the region, by a read-back, or by the host's
+	   own calls ---- */
+	uint64_t drop_stamp, grow_stamp; /* the latest sizing it dropped, grew in (m->stamp) */
+	uint32_t drop_tag;		 /* its index in rc.drop in that sizing */
 	/* Device copy, on a backend with device metadata (m->dev_meta), instead of meta: the
 	   metadata [dcap][H][2][head_dim] at dmeta, then the key table [dcap * H] (only its top-K
 	   counts are read: kvt_gpu_quest) at kvt_dkey(); 0 until the layer's prefill. Decode
 	   appends fold their keys in on the device, so it is always current. */
 	uint64_t dmeta;
-	uint32_t dcap;
-	bool dtk;			 /* the top-K counts are on the device */
-	uint64_t stamp;			 /* the latest recall call naming it (m->stamp) */
-	uint64_t drop_stamp, grow_stamp; /* the latest sizing it dropped, grew in (m->stamp) */
-	uint32_t drop_tag;		 /* its index in rc.drop in that sizing */
 	/* On the device (m->dev_regions): the region's slots, frames and view live at dreg
 	   (dreg_layout: slot [dscap], frame [dscap], view_n [H], view [H][dview_r of dvcap]),
-	   written by the device's calls. The host keeps the counts (rg.n_slots, rg.clock) and
-	   the working set (ws), sends them with each call and reads them back after it; rg.slot,
-	   rg.key, frame, view_n and view are copies made by kvt_recall_pull when dirty (rg.slot,
-	   rg.link and frame allocated there, not as the region grows). */
+	   written by the device's calls; dscap is 0 until dreg is. The host keeps the counts
+	   (rg.n_slots, rg.clock) and the working set (ws), sends them with each call and reads
+	   them back after it; rg.slot, rg.key, frame, view_n and view are copies made by
+	   kvt_recall_pull when dirty (rg.slot, rg.link and frame allocated there, not as the
+	   region grows). */
 	uint64_t dreg;
-	uint32_t dscap, dvcap, dview_r;
-	uint64_t dver; /* the version of dmeta, dcap, dreg, dscap and dvcap (unique across regions:
-			  rc.dver_seq), as a program descriptor written from them remembers it */
-	uint32_t dgroups;   /* blocks of the device group table written (those from it on are
-			       written by the next call's program) */
 	uint32_t n_spilled; /* the layer's blocks in the spill file (counted at its creation,
 			       then kept by the spill tier: kvt_recall_group_moved) */
 	uint32_t moved[KVT_RC_MOVED]; /* blocks below dgroups that moved in the host tier since
 					 the last program: it writes their entries again */
-	uint32_t n_moved;
-	uint32_t dn0; /* rg.n_slots before the sizing of dn0_stamp changed it */
-	uint64_t dn0_stamp;
-	uint32_t cell; /* its place in the call's program (cell_stamp: that call) */
-	uint64_t cell_stamp;
-	bool dirty;	    /* the host copies are older than the device's state */
-	uint64_t last_call; /* rc.layer_calls[layer] at that call */
-	uint32_t layer;
-	struct kvt_seq *seq; /* its sequence (set with layer by each call naming it) */
-	struct kvt_ws ws;    /* its recall working set; bucket NULL until its first recall */
-	uint32_t ws_counted; /* its working set as counted in the cache's sum_ws (0 unless live):
-				n_kv_heads * r at its first call, then ws_next at each later one */
-	uint32_t ws_next;    /* ws.total after its latest call, counted at its next call (a
-				device keeping the working set hands it back a step late) */
+	/* A Quest call's floor (quest_need): per head, the blocks not fully resident among the
+	   first qsettled, which lie wholly below the ring and do not change; NULL until its first
+	   recall (allocated before ws.bucket) */
+	uint32_t *qcand;
+	uint32_t qsettled;
+	uint8_t *meta;	     /* [block][head] metadata (policy.h), 2 * row_bytes each; NULL unless
+				the manager keeps metadata */
+	uint32_t *frame;     /* [hcap_slots] */
+	uint32_t hcap_slots; /* the room of rg.slot, rg.link and frame: cap_slots on the host; on
+				the device what the last read-back needed (kvt_recall_pull) */
+	uint32_t meta_n;     /* tokens folded into meta: decode tokens are folded in at the next
+				scoring, from the host history (so a decode append never waits for
+				the device to hand its keys to the CPU) */
 	/* the cache's list of regions holding frames, oldest first */
 	struct kvt_recall_layer *lprev, *lnext;
 	/* view of the latest recall call naming this (sequence, layer): per head view_n[h]
-	   slots at [h * view_cap ...] */
-	uint32_t view_cap;
-	bool view_failed;  /* the latest recall naming it failed: its view reads as stale */
-	bool view_bad_sel; /* ... because the caller's device selection named a block past the
-			      layer's history (kvt_recall_device_blocks) */
+	   slots at [h * view_cap ...] (view_n allocated before view_cap is set) */
 	uint32_t *view_n;
 	uint32_t *view;
 };
