@@ -1583,12 +1583,15 @@ static uint32_t quest_need(const struct kvt_manager *m, const struct kvt_seq *s,
    2026-12-05), the CPU reference's the same. */
 #define RC_AHEAD 16u
 
-/* Prefetches the lines of a region's host state that a call reads and writes per member (the
-   struct's first part, up to drop_stamp: its counts, working set and stamps). */
-static inline void rc_prefetch(const struct kvt_recall_layer *rc)
+/* Prefetches the lines of a region's host state that a call reads and writes per member: with
+   the regions on the device the struct's first part, up to drop_stamp (its counts, working set
+   and stamps); on the host, whose calls read the host tables' addresses too, all of it. */
+static inline void rc_prefetch(const struct kvt_manager *m, const struct kvt_recall_layer *rc)
 {
 	uintptr_t a = (uintptr_t)rc & ~(uintptr_t)63,
-		  end = (uintptr_t)rc + offsetof(struct kvt_recall_layer, drop_stamp);
+		  end = (uintptr_t)rc + (m->dev_regions
+						 ? offsetof(struct kvt_recall_layer, drop_stamp)
+						 : sizeof(*rc));
 
 	for (; a < end; a += 64)
 		__builtin_prefetch((const void *)a, 1);
@@ -1631,7 +1634,7 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 			__builtin_prefetch(&far->layers[layer], 1);
 		}
 		if (near && near->layers[layer].rc)
-			rc_prefetch(near->layers[layer].rc);
+			rc_prefetch(m, near->layers[layer].rc);
 		s = kvt_batch_member(m, seqs, i, layer, stamp, "recall", &err);
 		if (!s)
 			return err;
@@ -2237,7 +2240,7 @@ static void dev_apply(struct kvt_manager *m, const struct kvt_dlane *ln, bool fa
 
 		/* the members' host state, cold since their call: RC_AHEAD ahead */
 		if (i + RC_AHEAD < n)
-			rc_prefetch(ln->rc[i + RC_AHEAD]);
+			rc_prefetch(m, ln->rc[i + RC_AHEAD]);
 		if (i + RC_AHEAD / 2 < n)
 			__builtin_prefetch(ln->rc[i + RC_AHEAD / 2]->ws.bucket, 1);
 		/* a caller's selection naming a block past the member's history: the kernel
