@@ -207,10 +207,22 @@ static void op_queue(struct op *o)
 		most_pending = n_pend;
 }
 
+/* Adds the time since t0 to *ns. */
+static void add_since(atomic_uint_fast64_t *ns, const struct timespec *t0)
+{
+	struct timespec t1;
+
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	atomic_fetch_add(ns, (uint64_t)((t1.tv_sec - t0->tv_sec) * 1000000000LL +
+					(t1.tv_nsec - t0->tv_nsec)));
+}
+
 /* Does o's work (dev_lock held, or the synchronous fake). */
 static void op_run(struct op *o)
 {
 	struct range d, r;
+	struct timespec t0;
+	bool engine;
 
 	watch_check(o);
 	switch (o->kind) {
@@ -222,19 +234,13 @@ static void op_run(struct op *o)
 				      o->what, o->dst, o->src, o->n);
 		if (d.kind == DEVICE && r.kind == DEVICE)
 			fake_tsan_hide(true);
-		if ((d.kind == DEVICE && r.kind == PINNED) ||
-		    (d.kind == PINNED && r.kind == DEVICE)) {
-			struct timespec t0, t1;
-
+		engine = (d.kind == DEVICE && r.kind == PINNED) ||
+			 (d.kind == PINNED && r.kind == DEVICE);
+		if (engine)
 			clock_gettime(CLOCK_MONOTONIC, &t0);
-			memcpy(d.view, r.view, o->n);
-			clock_gettime(CLOCK_MONOTONIC, &t1);
-			atomic_fetch_add(&copy_ns,
-					 (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000LL +
-						    (t1.tv_nsec - t0.tv_nsec)));
-		} else {
-			memcpy(d.view, r.view, o->n);
-		}
+		memcpy(d.view, r.view, o->n);
+		if (engine)
+			add_since(&copy_ns, &t0);
 		if (d.kind == DEVICE && r.kind == DEVICE)
 			fake_tsan_hide(false);
 		break;
@@ -249,16 +255,11 @@ static void op_run(struct op *o)
 		if (d.kind == DEVICE)
 			fake_tsan_hide(false);
 		break;
-	case OP_WORK: {
-		struct timespec t0, t1;
-
+	case OP_WORK:
 		clock_gettime(CLOCK_MONOTONIC, &t0);
 		o->fn(o->args);
-		clock_gettime(CLOCK_MONOTONIC, &t1);
-		atomic_fetch_add(&work_ns, (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000LL +
-						      (t1.tv_nsec - t0.tv_nsec)));
+		add_since(&work_ns, &t0);
 		break;
-	}
 	case OP_MARK:
 		break;
 	case OP_FREE:
