@@ -443,9 +443,10 @@ static struct prog_layout prog_layout(const struct kvt_manager *m, uint64_t n, u
    layer's previous one before it makes new views.) */
 
 /* What the members' descriptors of a call read besides their regions' tables and tokens: the
-   program's device buffer and places, and the call's selection and r. */
+   program's device buffer, the call's selection, r, and n (which with r sets the places of
+   the members' cells and loads: prog_layout). */
 struct desc_key {
-	uint64_t dcall, rg, cell, load, sel;
+	uint64_t dcall, sel;
 	uint32_t n, r;
 };
 
@@ -2600,13 +2601,7 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 	cell = (struct dcell *)(hb + l.cell);
 	bkt = (uint32_t *)(hb + l.bucket);
 	g = (struct kvt_gpu_region *)(hb + l.rg);
-	key = (struct desc_key){.dcall = c->dcall,
-				.rg = l.rg,
-				.cell = l.cell,
-				.load = l.load,
-				.sel = dsel,
-				.n = n,
-				.r = r};
+	key = (struct desc_key){.dcall = c->dcall, .sel = dsel, .n = n, .r = r};
 	same = !memcmp(&key, &ln->desc, sizeof(key));
 	ln->desc = key;
 	gat = (uint64_t *)(hb + l.gat);
