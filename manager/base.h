@@ -65,17 +65,32 @@ _Static_assert(sizeof(struct kvt_seq_layer) == 64, "a sequence layer is one cach
 #define KVT_SPILLED 0x80000000u
 #define KVT_WS_MAX 64u
 
+/* The latest save that wrote into a block of a sequence's history by a decode append
+   (kvt_seq.bt). */
+struct kvt_blk_ticket {
+	uint64_t ticket;
+	uint32_t block;
+};
+
+/* What a batch call reads of every member (the stamp, the tickets, lost and preempted) sits in
+   the first line. */
 struct kvt_seq {
 	uint64_t id;
 	uint64_t stamp;	      /* last decode call that named it (duplicate detection) */
 	uint64_t save_ticket; /* latest save that wrote into its host blocks */
+	uint64_t bulk_ticket; /* latest save of rows other than a decode append's (a prefill's, a
+				 chunk's, a prefix's spans) */
+	/* [m->bt_n]: decode appends' saves by block, block b's at b % bt_n (its latest, where
+	   block == b): what a recall's loads wait for (kvt_load_ticket). In the same allocation,
+	   after layers[]. */
+	struct kvt_blk_ticket *bt;
+	int32_t lost;	    /* -EBADMSG once its history could not be read back, else 0 */
+	uint32_t preempted; /* device frames freed (kvt_seq_preempt) */
 	uint32_t prompt_tokens;
 	uint32_t valid_topk; /* same for every layer and head: depends on the prompt length */
 	uint32_t n_frames;   /* frame groups per layer */
 	uint32_t layers_prefilled;
-	uint32_t preempted;    /* device frames freed (kvt_seq_preempt) */
 	uint32_t n_spilled;    /* group table entries (all layers) that are in the spill file */
-	int32_t lost;	       /* -EBADMSG once its history could not be read back, else 0 */
 	uint64_t ws_counted;   /* the part of the recall cache's sum_ws of its layers' regions */
 	struct kvt_seq_px *px; /* prefix and chunk state (prefix.h), NULL when it has none */
 	struct kvt_seq_layer layers[];
@@ -185,6 +200,8 @@ struct kvt_manager {
 
 	/* derived geometry */
 	uint32_t esize, row_bytes, group_q, lbt, slots_sr; /* slots_sr = sink + recent */
+	uint32_t bt_n; /* entries of a sequence's bt: the blocks an append's token takes to leave
+			  the ring (recent_tokens / block_tokens + 1), and two */
 	uint64_t block_bytes, group_bytes, v_offset;
 
 	uint64_t dev_base, host_base, dev_arena_bytes, host_arena_bytes;
@@ -309,6 +326,54 @@ static inline uint32_t kvt_ring0(const struct kvt_manager *m, uint32_t N)
 	uint32_t r = N > m->cfg.recent_tokens ? N - m->cfg.recent_tokens : 0;
 
 	return r < m->cfg.sink_tokens ? m->cfg.sink_tokens : r;
+}
+
+/* The save that a recall's loads from layer ly of s wait for (0: none). A load reads a whole
+   block holding a token outside the resident set, one of [sink, ring0) (kvt_ring0), so a block
+   up to (ring0 - 1) / block_tokens: those blocks' rows came from the prompt's saves
+   (bulk_ticket) and from the appends whose blocks' entries bt keeps. A decode append writes
+   into the ring, which its token leaves recent_tokens appends later, so in a decode step
+   (append, then recall, layer by layer) a recall does not wait for the saves of the step's
+   appends: the device need not have reached them. */
+static inline uint64_t kvt_load_ticket(const struct kvt_manager *m, const struct kvt_seq *s,
+				       const struct kvt_seq_layer *ly)
+{
+	uint32_t ring0 = kvt_ring0(m, ly->n_tokens), b;
+	const struct kvt_blk_ticket *e;
+	uint64_t t;
+
+	if (ring0 <= m->cfg.sink_tokens) /* nothing outside the resident set */
+		return 0;
+	b = (ring0 - 1) >> m->lbt;
+	e = &s->bt[b % m->bt_n];
+	/* The entry names block b (its latest append, after those of the blocks before it), an
+	   older block (no append wrote into b, so none into a block before it) or a later one
+	   (this layer trails the appends by more than bt_n blocks: every save, to be safe). */
+	t = e->block == b ? e->ticket : e->block > b ? s->save_ticket : 0;
+	return t > s->bulk_ticket ? t : s->bulk_ticket;
+}
+
+/* Asks for the entry kvt_load_ticket reads (a batch call's walk, members ahead). */
+static inline void kvt_load_ticket_prefetch(const struct kvt_manager *m, const struct kvt_seq *s,
+					    const struct kvt_seq_layer *ly)
+{
+	uint32_t ring0 = kvt_ring0(m, ly->n_tokens);
+
+	if (ring0 > m->cfg.sink_tokens)
+		__builtin_prefetch(&s->bt[((ring0 - 1) >> m->lbt) % m->bt_n]);
+}
+
+/* Records that a decode append's save `ticket` wrote into block b of s. */
+static inline void kvt_note_append(const struct kvt_manager *m, struct kvt_seq *s, uint32_t b,
+				   uint64_t ticket)
+{
+	struct kvt_blk_ticket *e = &s->bt[b % m->bt_n];
+
+	if (e->block > b) /* a layer trailing the others: b's entry is gone, so waits take all */
+		s->bulk_ticket = ticket > s->bulk_ticket ? ticket : s->bulk_ticket;
+	else if (e->block < b || ticket > e->ticket)
+		*e = (struct kvt_blk_ticket){.ticket = ticket, .block = b};
+	s->save_ticket = ticket > s->save_ticket ? ticket : s->save_ticket;
 }
 
 /* Index of the first of the n ascending top-K positions t[] that is >= pos (n if none). */

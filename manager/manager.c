@@ -187,6 +187,7 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 	m->group_q = c.n_q_heads / c.n_kv_heads;
 	m->lbt = (uint32_t)__builtin_ctz(c.block_tokens);
 	m->slots_sr = c.sink_tokens + c.recent_tokens;
+	m->bt_n = c.recent_tokens / c.block_tokens + 3;
 	m->block_bytes = 2ull * c.block_tokens * m->row_bytes;
 	m->group_bytes = m->block_bytes * c.n_kv_heads;
 	m->v_offset = (uint64_t)c.block_tokens * m->row_bytes;

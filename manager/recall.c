@@ -1634,8 +1634,10 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 			__builtin_prefetch(far, 1);
 			__builtin_prefetch(&far->layers[layer], 1);
 		}
-		if (near && near->layers[layer].rc)
+		if (near && near->layers[layer].rc) {
 			rc_prefetch(m, near->layers[layer].rc);
+			kvt_load_ticket_prefetch(m, near, &near->layers[layer]);
+		}
 		s = kvt_batch_member(m, seqs, i, layer, stamp, "recall", &err);
 		if (!s)
 			return err;
@@ -1831,8 +1833,10 @@ static int recall_room(struct kvt_manager *m, uint32_t layer, const uint32_t *se
 			   cell, and the saves its loads must wait for */
 			rc->cell = i;
 			rc->cell_stamp = m->stamp;
-			if (m->batch[i]->save_ticket > wait)
-				wait = m->batch[i]->save_ticket;
+			uint64_t t = kvt_load_ticket(m, m->batch[i], &m->batch[i]->layers[layer]);
+
+			if (t > wait)
+				wait = t;
 		}
 		loads += (uint64_t)H * r;
 	}
@@ -2095,8 +2099,8 @@ static void recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, 
 	p->nl[i & 1] = nl;
 	rc->view_failed = false;
 	rc->view_bad_sel = false;
-	if (nl && s->save_ticket > p->wait)
-		p->wait = s->save_ticket;
+	if (nl && kvt_load_ticket(m, s, ly) > p->wait)
+		p->wait = kvt_load_ticket(m, s, ly);
 }
 
 /* Writes member i's loads (recall_member's list) in its part's stretch of m->xf. */

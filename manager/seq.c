@@ -85,7 +85,9 @@ static struct kvt_seq *seq_new(struct kvt_manager *m, uint64_t seq, uint32_t pro
 	struct kvt_snapkv sp;
 	struct kvt_seq *s;
 	uint32_t count;
-	size_t bytes = sizeof(*s) + (size_t)m->cfg.n_layers * sizeof(s->layers[0]);
+	/* (aligned_alloc takes a multiple of the alignment) */
+	size_t bytes = sizeof(*s) + (size_t)m->cfg.n_layers * sizeof(s->layers[0]) +
+		       ((size_t)m->bt_n * sizeof(*s->bt) + 63) / 64 * 64;
 
 	if (prompt_tokens == 0 || prompt_tokens > INT32_MAX) {
 		*err = kvt_fail(m, -EINVAL, "sequence %llu: prompt of %u tokens (1..2^31-1)",
@@ -106,6 +108,7 @@ static struct kvt_seq *seq_new(struct kvt_manager *m, uint64_t seq, uint32_t pro
 		return NULL;
 	}
 	memset(s, 0, bytes);
+	s->bt = (struct kvt_blk_ticket *)&s->layers[m->cfg.n_layers];
 	s->id = seq;
 	s->prompt_tokens = prompt_tokens;
 	s->valid_topk = count;
@@ -262,6 +265,7 @@ KVT_API int kvt_seq_create_prefix(struct kvt_manager *m, uint64_t seq, uint32_t 
 	for (uint32_t i = 0; i < k; i++)
 		s->save_ticket = px->spans[i]->ticket > s->save_ticket ? px->spans[i]->ticket
 								       : s->save_ticket;
+	s->bulk_ticket = s->save_ticket;
 	ALWAYS(kvt_idmap_put(&m->seqs, seq, s) == 0); /* room reserved above */
 	m->seq_creates++;
 	m->st.prefix_tokens_asked += prompt_tokens;
@@ -896,7 +900,8 @@ static void prefill_commit(struct kvt_manager *m, struct prefill *p, uint64_t ti
 	struct kvt_seq *s = p->s;
 	uint32_t L = p->L, H = m->cfg.n_kv_heads;
 
-	s->save_ticket = ticket;
+	s->save_ticket = ticket > s->save_ticket ? ticket : s->save_ticket;
+	s->bulk_ticket = ticket > s->bulk_ticket ? ticket : s->bulk_ticket;
 	m->st.saves_submitted++;
 	m->st.tokens_saved += p->n;
 	m->st.bytes_d2h += 2ull * H * p->n * m->row_bytes;
@@ -1167,7 +1172,7 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 				       : kvt_dev_row(m, ly, 0, slot);
 		ly->ring_slot = slot;
 		ly->host_next = (++ly->n_tokens & bt_mask) ? m->ap[i].host + m->row_bytes : 0;
-		s->save_ticket = ticket;
+		kvt_note_append(m, s, (ly->n_tokens - 1) >> m->lbt, ticket);
 	}
 	m->st.decode_calls++;
 	m->st.saves_submitted++;

@@ -42,22 +42,27 @@ static struct kvt_config recall_config(uint32_t r, uint64_t cache_frames)
 	return c;
 }
 
-/* Appends `steps` tokens to seq on every layer (positions from its current length). */
-static void decode(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq, uint32_t steps)
+/* Appends one token to seq on layer l (at its current length). */
+static void decode_layer(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq,
+			 uint32_t l)
 {
 	size_t row = t_rowb(c);
 	void *k = t_xmalloc(c->n_kv_heads * row), *v = t_xmalloc(c->n_kv_heads * row);
+	uint32_t pos;
 
-	for (uint32_t t = 0; t < steps; t++)
-		for (uint32_t l = 0; l < c->n_layers; l++) {
-			uint32_t pos;
-
-			CHECK_RC(kvt_seq_tokens(m, seq, l, &pos), 0);
-			t_fill_decode(c, &seq, &pos, 1, l, k, v);
-			CHECK_RC(t_decode_append(m, l, &seq, 1, k, v, NULL), 0);
-		}
+	CHECK_RC(kvt_seq_tokens(m, seq, l, &pos), 0);
+	t_fill_decode(c, &seq, &pos, 1, l, k, v);
+	CHECK_RC(t_decode_append(m, l, &seq, 1, k, v, NULL), 0);
 	free(k);
 	free(v);
+}
+
+/* Appends `steps` tokens to seq on every layer (positions from its current length). */
+static void decode(struct kvt_manager *m, const struct kvt_config *c, uint64_t seq, uint32_t steps)
+{
+	for (uint32_t t = 0; t < steps; t++)
+		for (uint32_t l = 0; l < c->n_layers; l++)
+			decode_layer(m, c, seq, l);
 }
 
 /* Decode queries of one sequence ([n_q_heads][D] of dtype) and the same in f32. */
@@ -667,6 +672,71 @@ static void test_recall_device_blocks(void **state)
 	kvt_manager_destroy(m);
 }
 
+/* What a recall's loads wait for (kvt_load_ticket): nothing while every block a load could read
+   lies in the resident set; the prompt's save while those blocks hold prompt rows only; then
+   the latest append's save into the last block before the ring's start. In a decode step made
+   as an engine makes it (append, then recall, layer by layer), never the save of the step's
+   own append, which the device may not have reached: the recall would wait for it on the host.
+   A layer trailing the appends by more than the entries kept waits for every save. */
+static void test_load_ticket(void **state)
+{
+	struct kvt_config c = recall_config(2, 64);
+	struct kvt_manager *m = t_mk(&c);
+	uint32_t bt = c.block_tokens, S = c.sink_tokens, P = 20, steps = 12 * bt, n_sel = 0;
+	uint64_t seq = 1, bulk, *tk = calloc(P + steps + 16 * bt, sizeof(*tk));
+	uint32_t sel[2 * 2], n_kind[3] = {0};
+	struct kvt_seq *s;
+	(void)state;
+
+	assert_non_null(tk);
+	t_prefill_seq(m, &c, seq, P);
+	s = kvt_seqmap_get(&m->seqs, seq);
+	bulk = s->save_ticket;
+	assert_true(bulk > 0);
+	assert_int_equal(s->bulk_ticket, bulk);
+	for (uint32_t t = 0; t < steps; t++)
+		for (uint32_t l = 0; l < c.n_layers; l++) {
+			const struct kvt_seq_layer *ly = &s->layers[l];
+			uint32_t N = P + t + 1,
+				 ring0 = N > c.recent_tokens ? N - c.recent_tokens : 0, B, last;
+			uint64_t want;
+
+			decode_layer(m, &c, seq, l);
+			tk[P + t] = s->save_ticket; /* the last layer's: the block's latest */
+			ring0 = ring0 < S ? S : ring0;
+			B = (ring0 - 1) / bt;
+			last = (B + 1) * bt - 1; /* the block's last row, appended long since */
+			want = ring0 <= S ? 0 : last < P ? bulk : tk[last];
+			assert_true(last < N - 1 || ring0 <= S);
+			n_kind[ring0 <= S ? 0 : last < P ? 1 : 2]++;
+			assert_int_equal(kvt_load_ticket(m, s, ly), want);
+			assert_true(kvt_load_ticket(m, s, ly) < s->save_ticket);
+			/* the recall the step makes next: a block outside the ring, loaded */
+			if (ring0 <= S + bt)
+				continue;
+			for (uint32_t h = 0; h < 2; h++) {
+				sel[h * 2] = S / bt + n_sel++ % (B - S / bt + 1);
+				sel[h * 2 + 1] = NONE;
+			}
+			CHECK_RC(kvt_recall_blocks(m, l, &seq, 1, sel, 2, NULL), 0);
+		}
+	for (int k = 0; k < 3; k++) /* none, the prompt's, an append's: each was seen */
+		assert_true(n_kind[k] > 0);
+	/* layer 0 runs 7 blocks ahead of layer 1, more than the 5 entries kept: layer 1's loads
+	   wait for every save, and once it appends into a block whose entry is gone, so do the
+	   loads of every layer */
+	assert_int_equal(m->bt_n, c.recent_tokens / bt + 3);
+	for (uint32_t t = 0; t < 7 * bt; t++)
+		decode_layer(m, &c, seq, 0);
+	assert_int_equal(kvt_load_ticket(m, s, &s->layers[1]), s->save_ticket);
+	assert_true(s->bulk_ticket < s->save_ticket);
+	decode_layer(m, &c, seq, 1);
+	assert_int_equal(s->bulk_ticket, s->save_ticket);
+	assert_int_equal(kvt_load_ticket(m, s, &s->layers[1]), s->save_ticket);
+	free(tk);
+	kvt_manager_destroy(m);
+}
+
 /* The recall working set is the union of blocks recalled over the last w steps. */
 static void test_working_set_window(void **state)
 {
@@ -1035,6 +1105,7 @@ int main(void)
 		cmocka_unit_test(test_recall_regions),
 		cmocka_unit_test(test_recall_errors),
 		cmocka_unit_test(test_recall_device_blocks),
+		cmocka_unit_test(test_load_ticket),
 		cmocka_unit_test(test_working_set_window),
 		cmocka_unit_test(test_preempt_resume),
 		cmocka_unit_test(test_recall_threads_same),
