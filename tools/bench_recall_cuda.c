@@ -5,24 +5,26 @@
  * same run, and the recall programs' device time.
  *
  * Two managers of one configuration (Llama-3-8B's geometry but the heads' dimension, --head-dim;
- * no top-K, so that prefill runs no SnapKV): the CUDA backend's, given its prompts as device
- * tensors, and the CPU reference's, on the null backend (the bookkeeping alone, as the host
- * mode measures it). Each step appends a token to every (sequence, layer) of both, outside the
- * timing, then times on each, in turn, a decode step as an engine makes it: kvt_step_begin, one
- * recall per layer with r blocks per (sequence, kv head) chosen by the caller, kvt_step_end. The
- * CUDA manager gets the selection in device memory (kvt_step_recall_device_blocks, copied there
- * outside the timing), the reference the same blocks in host memory (kvt_step_recall_blocks).
- * The selections are the host mode's: r distinct blocks outside the sink and the recent ring,
- * --churn percent of them replaced each step.
+ * no top-K, so that prefill runs no SnapKV; the default save threads): the CUDA backend's, given
+ * its prompts as device tensors, and the CPU reference's, on the null backend (the bookkeeping
+ * alone, as the host mode measures it). Each runs, in turn, a decode step as an engine makes
+ * it: kvt_step_begin, then layer by layer the append of the step's token (not timed) and the
+ * layer's recall with r blocks per (sequence, kv head) chosen by the caller, then kvt_step_end.
+ * The CUDA manager gets the selection in device memory (kvt_step_recall_device_blocks, copied
+ * there outside the timing), the reference the same blocks in host memory
+ * (kvt_step_recall_blocks). The selections are the host mode's: r distinct blocks outside the
+ * sink and the recent ring, --churn percent of them replaced each step.
  *
- * Nothing is settled by the benchmark inside the run: a layer's call settles the layer's call of
- * the step before (its reports applied on the host), as it does in an engine's loop, so that work
- * is in the figure and no wait for the device is (the stream is idle when a step begins: the
- * appends between steps are waited for). The figures are medians over the steps after the
+ * Nothing is settled or waited for by the benchmark inside the run: a layer's call settles the
+ * layer's call of the step before (its reports applied on the host), as in an engine's loop, so
+ * that work is in the figure, and so is any wait a call makes (for the device, or for a save).
+ * The figures are medians over the steps after the
  * first, (a) the CUDA backend's host time per step, (b) the reference's, and their ratio; on a
  * GPU (c) the programs' device time per step (kvt_stats.recall_device_ns, read at the end: its
- * mean). Over the CPU emulator the kernels' CPU stand-ins are left out of (a) (the fake runtime's
- * fake_cuda_work_seconds: a GPU does that work), the runtime's own bookkeeping stays in (an upper
+ * mean). Over the CPU emulator the kernels' CPU stand-ins run on the calling thread (the
+ * synchronous fake) are left out of (a) (the fake runtime's fake_cuda_work_seconds: a GPU does
+ * that work; with the asynchronous fake they run on its own thread, and what (a) holds of them
+ * is the calls' waits for them), the runtime's own bookkeeping stays in (an upper
  * bound of what a GPU's runtime costs the host; its copies between pinned and device memory,
  * a copy engine's work on a GPU, are printed apart: fake_cuda_copy_seconds), and (c) is not a
  * figure (the fake's event times are made up). The two managers must decide alike: the run fails
@@ -101,7 +103,6 @@ static void config(const struct bench_recall_opts *o, struct kvt_config *c)
 {
 	*c = (struct kvt_config)KVT_CONFIG_INIT;
 	c->n_layers = o->layers;
-	c->save_threads = 0;
 	c->topk_tokens = 0;
 	c->recall_blocks = o->r;
 	c->recall_threads = o->threads;
@@ -202,39 +203,71 @@ static int setup(struct run *r)
 	return 0;
 }
 
-/* Step s on manager b: the appends and, timed, the step's recalls. 0, or 1 (reported). */
+/* A timed stretch of a step: its start, and the fake's kernel and copy seconds then. */
+struct lap {
+	double t, w, c;
+};
+
+static void lap_start(const struct run *r, int b, struct lap *x)
+{
+	x->w = r->rt.work_seconds && !b ? r->rt.work_seconds() : 0;
+	x->c = r->rt.copy_seconds && !b ? r->rt.copy_seconds() : 0;
+	x->t = sim_now_s();
+}
+
+/* Adds the stretch begun at x to step s of manager b: its time less the kernels' work (which
+   goes to work[s]), and its copies to copy[s]. */
+static void lap_end(struct run *r, int b, uint32_t s, const struct lap *x)
+{
+	double w;
+
+	r->t[b][s] += sim_now_s() - x->t;
+	if (r->rt.work_seconds && !b) {
+		w = r->rt.work_seconds() - x->w;
+		r->work[s] += w;
+		r->t[b][s] -= w;
+	}
+	if (r->rt.copy_seconds && !b)
+		r->copy[s] += r->rt.copy_seconds() - x->c;
+}
+
+/* Step s on manager b, as an engine makes it: kvt_step_begin, then layer by layer the append
+   of the step's token (not timed) and the layer's recall, then kvt_step_end. 0, or 1
+   (reported). */
 static int step(struct run *r, int b, uint32_t s)
 {
 	const struct bench_recall_opts *o = r->o;
 	struct kvt_manager *m = r->m[b];
 	size_t per_layer = (size_t)o->seqs * r->c.n_kv_heads * o->r;
-	double t0, w0, c0;
-	int err = 0;
+	void *kv = b ? (void *)r->dummy : r->dkd, *st = b ? NULL : r->st;
+	const char *what = "kvt_step_begin";
+	struct lap x;
+	int err;
 
-	for (uint32_t l = 0; l < o->layers && !err; l++)
-		err = kvt_decode_append(m, l, r->ids, o->seqs, b ? (void *)r->dummy : r->dkd,
-					b ? (void *)r->dummy : r->dkd, b ? NULL : r->st);
-	if (!err && !b) /* its saves and its stream: the device is idle when the step begins */
-		err = kvt_manager_sync(m, r->st);
-	if (kvt_failed(r, b, err, "kvt_decode_append"))
-		return 1;
-	w0 = r->rt.work_seconds && !b ? r->rt.work_seconds() : 0;
-	c0 = r->rt.copy_seconds && !b ? r->rt.copy_seconds() : 0;
-	t0 = sim_now_s();
+	r->t[b][s] = 0;
+	if (!b)
+		r->work[s] = r->copy[s] = 0;
+	lap_start(r, b, &x);
 	err = kvt_step_begin(m, r->ids, o->seqs);
-	for (uint32_t l = 0; l < o->layers && !err; l++)
+	lap_end(r, b, s, &x);
+	for (uint32_t l = 0; l < o->layers && !err; l++) {
+		what = "kvt_step_append";
+		err = kvt_step_append(m, l, kv, kv, st);
+		if (err)
+			break;
+		what = "the step's recall";
+		lap_start(r, b, &x);
 		err = b ? kvt_step_recall_blocks(m, l, r->sel + l * per_layer, o->r, NULL)
-			: kvt_step_recall_device_blocks(m, l, r->dsel + l * per_layer, o->r, r->st);
-	if (!err)
-		err = kvt_step_end(m);
-	r->t[b][s] = sim_now_s() - t0;
-	if (r->rt.work_seconds && !b) {
-		r->work[s] = r->rt.work_seconds() - w0;
-		r->t[b][s] -= r->work[s];
+			: kvt_step_recall_device_blocks(m, l, r->dsel + l * per_layer, o->r, st);
+		lap_end(r, b, s, &x);
 	}
-	if (r->rt.copy_seconds && !b)
-		r->copy[s] = r->rt.copy_seconds() - c0;
-	return kvt_failed(r, b, err, "decode step");
+	if (!err) {
+		what = "kvt_step_end";
+		lap_start(r, b, &x);
+		err = kvt_step_end(m);
+		lap_end(r, b, s, &x);
+	}
+	return kvt_failed(r, b, err, what);
 }
 
 /* Everything after the device was found: 0, 1 or BENCH_SKIP. */

@@ -40,13 +40,15 @@ struct fake_range {
 int fake_cuda_launch(void *stream, const char *kernel, fake_cuda_work fn, const void *args,
 		     size_t size, const struct fake_range *reads, size_t n_reads);
 
-/* Seconds the launches' CPU work (fake_cuda_launch's fn) has taken in this process so far, on
-   every thread: what a benchmark of the host side subtracts, since a GPU would do that work. */
+/* Seconds the launches' CPU work (fake_cuda_launch's fn) has taken so far on the calling thread:
+   what a benchmark of the host side subtracts, since a GPU would do that work. With the
+   asynchronous fake the work runs on the fake's own thread, whose time is not the caller's: a
+   wait of the caller's for it stays in the caller's figure, as a wait for a GPU would. */
 double fake_cuda_work_seconds(void);
 
-/* Seconds the copies between pinned host memory and device memory have taken in this process so
-   far, on every thread: a GPU's copy engine does them, so a benchmark of the host side may count
-   them apart (they stay in its figure otherwise). */
+/* Seconds the copies between pinned host memory and device memory have taken so far on the
+   calling thread (as fake_cuda_work_seconds): a GPU's copy engine does them, so a benchmark of
+   the host side may count them apart (they stay in its figure otherwise). */
 double fake_cuda_copy_seconds(void);
 
 /* Whether this is the asynchronous fake (FAKE_CUDA_ASYNC): work queued runs later, on its own

@@ -81,9 +81,9 @@ struct skey fake_key_of(cudaStream_t s)
 }
 
 static pthread_mutex_t dev_lock = PTHREAD_MUTEX_INITIALIZER;
-static atomic_uint_fast64_t work_ns; /* fake_cuda_work_seconds */
-static atomic_uint_fast64_t copy_ns; /* fake_cuda_copy_seconds */
-static struct op **pend;	     /* queued, not yet run, in the order queued (dev_lock) */
+/* fake_cuda_work_seconds and fake_cuda_copy_seconds: what each thread ran */
+static _Thread_local uint64_t work_ns, copy_ns;
+static struct op **pend; /* queued, not yet run, in the order queued (dev_lock) */
 static size_t n_pend, cap_pend;
 static uint64_t *need; /* run_deps' streams (dev_lock) */
 static size_t cap_need;
@@ -208,13 +208,12 @@ static void op_queue(struct op *o)
 }
 
 /* Adds the time since t0 to *ns. */
-static void add_since(atomic_uint_fast64_t *ns, const struct timespec *t0)
+static void add_since(uint64_t *ns, const struct timespec *t0)
 {
 	struct timespec t1;
 
 	clock_gettime(CLOCK_MONOTONIC, &t1);
-	atomic_fetch_add(ns, (uint64_t)((t1.tv_sec - t0->tv_sec) * 1000000000LL +
-					(t1.tv_nsec - t0->tv_nsec)));
+	*ns += (uint64_t)((t1.tv_sec - t0->tv_sec) * 1000000000LL + (t1.tv_nsec - t0->tv_nsec));
 }
 
 /* Does o's work (dev_lock held, or the synchronous fake). */
@@ -469,12 +468,12 @@ bool fake_cuda_async(void)
 
 double fake_cuda_work_seconds(void)
 {
-	return 1e-9 * (double)atomic_load(&work_ns);
+	return 1e-9 * (double)work_ns;
 }
 
 double fake_cuda_copy_seconds(void)
 {
-	return 1e-9 * (double)atomic_load(&copy_ns);
+	return 1e-9 * (double)copy_ns;
 }
 
 const void *fake_cuda_peek(uint64_t addr, size_t n)
