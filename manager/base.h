@@ -335,16 +335,24 @@ static inline uint32_t kvt_ring0(const struct kvt_manager *m, uint32_t N)
    into the ring, which its token leaves recent_tokens appends later, so in a decode step
    (append, then recall, layer by layer) a recall does not wait for the saves of the step's
    appends: the device need not have reached them. */
+/* The last block a load from layer ly can read, KVT_NO_ENTRY when none can (nothing is
+   outside the resident set). */
+static inline uint32_t kvt_load_block(const struct kvt_manager *m, const struct kvt_seq_layer *ly)
+{
+	uint32_t ring0 = kvt_ring0(m, ly->n_tokens);
+
+	return ring0 > m->cfg.sink_tokens ? (ring0 - 1) >> m->lbt : KVT_NO_ENTRY;
+}
+
 static inline uint64_t kvt_load_ticket(const struct kvt_manager *m, const struct kvt_seq *s,
 				       const struct kvt_seq_layer *ly)
 {
-	uint32_t ring0 = kvt_ring0(m, ly->n_tokens), b;
+	uint32_t b = kvt_load_block(m, ly);
 	const struct kvt_blk_ticket *e;
 	uint64_t t;
 
-	if (ring0 <= m->cfg.sink_tokens) /* nothing outside the resident set */
+	if (b == KVT_NO_ENTRY)
 		return 0;
-	b = (ring0 - 1) >> m->lbt;
 	e = &s->bt[b % m->bt_n];
 	/* The entry names block b (its latest append, after those of the blocks before it), an
 	   older block (no append wrote into b, so none into a block before it) or a later one
@@ -357,10 +365,10 @@ static inline uint64_t kvt_load_ticket(const struct kvt_manager *m, const struct
 static inline void kvt_load_ticket_prefetch(const struct kvt_manager *m, const struct kvt_seq *s,
 					    const struct kvt_seq_layer *ly)
 {
-	uint32_t ring0 = kvt_ring0(m, ly->n_tokens);
+	uint32_t b = kvt_load_block(m, ly);
 
-	if (ring0 > m->cfg.sink_tokens)
-		__builtin_prefetch(&s->bt[((ring0 - 1) >> m->lbt) % m->bt_n]);
+	if (b != KVT_NO_ENTRY)
+		__builtin_prefetch(&s->bt[b % m->bt_n]);
 }
 
 /* Records that a decode append's save `ticket` wrote into block b of s. */

@@ -2099,8 +2099,12 @@ static void recall_member(struct kvt_manager *m, uint32_t i, struct kvt_seq *s, 
 	p->nl[i & 1] = nl;
 	rc->view_failed = false;
 	rc->view_bad_sel = false;
-	if (nl && kvt_load_ticket(m, s, ly) > p->wait)
-		p->wait = kvt_load_ticket(m, s, ly);
+	if (nl) {
+		uint64_t t = kvt_load_ticket(m, s, ly);
+
+		if (t > p->wait)
+			p->wait = t;
+	}
 }
 
 /* Writes member i's loads (recall_member's list) in its part's stretch of m->xf. */

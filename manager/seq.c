@@ -87,7 +87,7 @@ static struct kvt_seq *seq_new(struct kvt_manager *m, uint64_t seq, uint32_t pro
 	uint32_t count;
 	/* (aligned_alloc takes a multiple of the alignment) */
 	size_t bytes = sizeof(*s) + (size_t)m->cfg.n_layers * sizeof(s->layers[0]) +
-		       ((size_t)m->bt_n * sizeof(*s->bt) + 63) / 64 * 64;
+		       DIV_UP((size_t)m->bt_n * sizeof(*s->bt), 64) * 64;
 
 	if (prompt_tokens == 0 || prompt_tokens > INT32_MAX) {
 		*err = kvt_fail(m, -EINVAL, "sequence %llu: prompt of %u tokens (1..2^31-1)",
