@@ -188,6 +188,16 @@ struct kvt_gpu_region {
    view and load past view_n[h] and *n_load are scratch. */
 int kvt_gpu_region_recall(const struct kvt_gpu_region *rg, uint32_t n, void *stream);
 
+/* kvt_gpu_region_recall that also writes n_groups entries of group tables as
+   kvt_gpu_region_groups(at, val, n_groups) does, in the same launch (its CTAs share them out):
+   a recall program's new blocks reach the device without a launch of their own. No region of
+   the call reads a group table (kvt_gpu_region_gather, queued after it, does). Returns
+   cudaErrorInvalidValue, nothing launched, for kvt_gpu_region_recall's cases and for at or val
+   NULL with n_groups > 0 or n_groups above INT32_MAX; n == 0 launches nothing (entries
+   included: kvt_gpu_region_groups writes them alone). (policy/region.cu) */
+int kvt_gpu_region_recall_groups(const struct kvt_gpu_region *rg, uint32_t n, const uint64_t *at,
+				 const uint64_t *val, uint32_t n_groups, void *stream);
+
 /* kvt_region_grow on each of the n regions of rg to n_new[i] slots (device array; clamped to
    KVT_REGION_MAX_SLOTS; no-op where not above *n_slots): the new slots are empty (their old
    memory is not read) and *n_slots is set. With a free-frame stack (stack and in_off device

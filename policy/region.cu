@@ -150,8 +150,18 @@ static __device__ bool check_call(const struct kvt_gpu_region *R, uint32_t n_slo
 	return scalars;
 }
 
+/* The group-table entries a recall launch writes besides its regions' decisions
+   (kvt_gpu_region_recall_groups): its threads share them out; no region reads them. */
+static __device__ void recall_groups(const uint64_t *at, const uint64_t *val, uint32_t n)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * RG_THREADS + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * RG_THREADS)
+		*(uint64_t *)(uintptr_t)at[i] = val[i];
+}
+
 static __global__ void __launch_bounds__(RG_THREADS)
-	region_recall_kernel(const struct kvt_gpu_region *rgs)
+	region_recall_kernel(const struct kvt_gpu_region *rgs, const uint64_t *g_at,
+			     const uint64_t *g_val, uint32_t n_groups)
 {
 	__shared__ struct rg_smem sm;
 	const struct kvt_gpu_region *R = &rgs[blockIdx.x];
@@ -166,6 +176,8 @@ static __global__ void __launch_bounds__(RG_THREADS)
 	struct kvt_region_load *load = R->load;
 	uint32_t c, status, lookups, hits, reloads, misses, nl;
 	bool enospc, scalars;
+
+	recall_groups(g_at, g_val, n_groups); /* (before any CTA returns) */
 
 	if (tid == 0) {
 		uint32_t clock = *R->clock;
@@ -733,14 +745,21 @@ static __global__ void __launch_bounds__(RG_THREADS)
 		had[x] = k != KVT_REGION_NONE;
 }
 
-extern "C" int kvt_gpu_region_recall(const struct kvt_gpu_region *rg, uint32_t n, void *stream)
+extern "C" int kvt_gpu_region_recall_groups(const struct kvt_gpu_region *rg, uint32_t n,
+					    const uint64_t *at, const uint64_t *val,
+					    uint32_t n_groups, void *stream)
 {
 	if (n == 0)
 		return cudaSuccess;
-	if (!rg || n > 0x7fffffffu)
+	if (!rg || n > 0x7fffffffu || (n_groups && (!at || !val)) || n_groups > 0x7fffffffu)
 		return cudaErrorInvalidValue;
-	region_recall_kernel<<<n, RG_THREADS, 0, (cudaStream_t)stream>>>(rg);
+	region_recall_kernel<<<n, RG_THREADS, 0, (cudaStream_t)stream>>>(rg, at, val, n_groups);
 	return cudaGetLastError();
+}
+
+extern "C" int kvt_gpu_region_recall(const struct kvt_gpu_region *rg, uint32_t n, void *stream)
+{
+	return kvt_gpu_region_recall_groups(rg, n, nullptr, nullptr, 0, stream);
 }
 
 extern "C" int kvt_gpu_region_grow(const struct kvt_gpu_region *rg, const uint32_t *n_new,

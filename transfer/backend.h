@@ -109,7 +109,8 @@ enum kvt_region_stage {
 struct kvt_region_run {
 	const struct kvt_dcopy *up; /* host -> device, first */
 	uint32_t n_up;
-	/* kvt_gpu_region_groups(group_at, group_val, n_groups) */
+	/* kvt_gpu_region_groups(group_at, group_val, n_groups); written by the recall's launch
+	   instead (kvt_gpu_region_recall_groups) when the run queues the recall of n > 0 members */
 	uint64_t group_at, group_val;
 	uint32_t n_groups;
 	/* kvt_gpu_region_clear(clear_rg, clear_gone, clear_off, stack) */
@@ -124,8 +125,8 @@ struct kvt_region_run {
 	uint64_t stack; /* the free-frame stack */
 	/* The recall of n members: with qs, the Quest selection of their queries q (device) writes
 	   sel ([n][n_heads][r]) first, as the quest op (qs: device array of n kvt_gpu_quest);
-	   then kvt_gpu_region_recall(rg) and kvt_gpu_region_gather(rg, block_bytes, frame_base,
-	   missing, fresh). */
+	   then kvt_gpu_region_recall(rg) (with the group entries above) and
+	   kvt_gpu_region_gather(rg, block_bytes, frame_base, missing, fresh). */
 	uint64_t rg, qs, sel, missing, fresh;
 	uint32_t n;
 	const void *q;

@@ -1684,6 +1684,10 @@ static int cuda_region_run(struct kvt_be *b, const struct kvt_region_run *r, voi
 	cudaStream_t st = (cudaStream_t)stream;
 	const struct kvt_gpu_region *rg = DPTR(r->rg);
 	uint32_t stop = r->stop ? r->stop : KVT_RS_END, at = r->start;
+	/* The group entries go with the regions' decisions, in their launch, when this run
+	   queues that (a run resumed after the groups and before the decisions writes them
+	   again there: the same values at the same places); else in a launch of their own. */
+	bool groups_late = r->n && at <= KVT_RS_RECALL && stop > KVT_RS_RECALL;
 	struct lane *ln = NULL;
 	unsigned long long sid = 0;
 	int err = bind(cb);
@@ -1717,7 +1721,7 @@ static int cuda_region_run(struct kvt_be *b, const struct kvt_region_run *r, voi
 					 "recall regions: upload");
 			break;
 		case KVT_RS_GROUPS:
-			if (r->n_groups)
+			if (r->n_groups && !groups_late)
 				err = CU(cb,
 					 (cudaError_t)kvt_gpu_region_groups(DPTR(r->group_at),
 									    DPTR(r->group_val),
@@ -1761,7 +1765,10 @@ static int cuda_region_run(struct kvt_be *b, const struct kvt_region_run *r, voi
 			break;
 		case KVT_RS_RECALL:
 			if (r->n)
-				err = CU(cb, (cudaError_t)kvt_gpu_region_recall(rg, r->n, stream),
+				err = CU(cb,
+					 (cudaError_t)kvt_gpu_region_recall_groups(
+						 rg, r->n, DPTR(r->group_at), DPTR(r->group_val),
+						 groups_late ? r->n_groups : 0, stream),
 					 "recall regions: recall");
 			break;
 		case KVT_RS_GATHER:

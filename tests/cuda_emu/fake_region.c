@@ -175,6 +175,8 @@ static void state_views(const struct kvt_gpu_region *R, uint32_t n, struct kvt_r
 struct recall_args {
 	const struct kvt_gpu_region *rg;
 	uint32_t n;
+	const uint64_t *g_at, *g_val; /* kvt_gpu_region_recall_groups' entries */
+	uint32_t n_groups;
 };
 
 /* The kernel's verdict before anything changes (region.cu's check_call): 0, -EOVERFLOW (which
@@ -225,9 +227,27 @@ static void recall_work(void *args)
 	bool *empty = malloc((size_t)a->n * sizeof(*empty)); /* the view emptied (sel) */
 	struct ranges w = {0}, r = {0};
 
+	const uint64_t *g_at = NULL, *g_val = NULL;
+
 	if (!verdict || !empty)
 		fake_cuda_die("%s: no memory for %u regions", what, a->n);
 	add(&r, a->rg, (size_t)a->n * sizeof(*D));
+	/* the group entries first (the kernel's CTAs write them before any decides): writes of
+	   the launch too, so one that overlaps a region's table, or another entry, is caught */
+	if (a->n_groups) {
+		g_at = VIEW(a->g_at, (size_t)a->n_groups * sizeof(*g_at), what);
+		g_val = VIEW(a->g_val, (size_t)a->n_groups * sizeof(*g_val), what);
+		add(&r, a->g_at, (size_t)a->n_groups * sizeof(*g_at));
+		add(&r, a->g_val, (size_t)a->n_groups * sizeof(*g_val));
+		for (uint32_t x = 0; x < a->n_groups; x++) {
+			if (g_at[x] % 8)
+				fake_cuda_die("%s: group entry %u's address %#llx is not 8-byte "
+					      "aligned",
+					      what, x, (unsigned long long)g_at[x]);
+			VIEW(g_at[x], sizeof(uint64_t), what);
+			add(&w, (const void *)(uintptr_t)g_at[x], sizeof(uint64_t));
+		}
+	}
 	for (uint32_t i = 0; i < a->n; i++) {
 		const struct kvt_gpu_region *R = &D[i];
 		const size_t hr = (size_t)R->n_heads * R->r;
@@ -275,6 +295,8 @@ static void recall_work(void *args)
 	}
 	check(&w, &r, what);
 
+	for (uint32_t x = 0; x < a->n_groups; x++)
+		*(uint64_t *)VIEW(g_at[x], sizeof(uint64_t), what) = g_val[x];
 	for (uint32_t i = 0; i < a->n; i++) {
 		const struct kvt_gpu_region *R = &D[i];
 		const size_t hr = (size_t)R->n_heads * R->r;
@@ -328,16 +350,22 @@ static void recall_work(void *args)
 	free(empty);
 }
 
-int kvt_gpu_region_recall(const struct kvt_gpu_region *rg, uint32_t n, void *stream)
+int kvt_gpu_region_recall_groups(const struct kvt_gpu_region *rg, uint32_t n, const uint64_t *at,
+				 const uint64_t *val, uint32_t n_groups, void *stream)
 {
-	struct recall_args a = {rg, n};
+	struct recall_args a = {rg, n, at, val, n_groups};
 
 	if (n == 0)
 		return cudaSuccess;
-	if (!rg || n > MAX_GRID)
+	if (!rg || n > MAX_GRID || (n_groups && (!at || !val)) || n_groups > 0x7fffffffu)
 		return cudaErrorInvalidValue;
 	return fake_cuda_launch(stream, "kvt_gpu_region_recall", recall_work, &a, sizeof(a), NULL,
 				0);
+}
+
+int kvt_gpu_region_recall(const struct kvt_gpu_region *rg, uint32_t n, void *stream)
+{
+	return kvt_gpu_region_recall_groups(rg, n, NULL, NULL, 0, stream);
 }
 
 /* ---- kvt_gpu_region_grow --------------------------------------------------------------------- */

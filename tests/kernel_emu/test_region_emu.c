@@ -104,7 +104,14 @@ static struct {
 	uint64_t overdrops, empties, empties_key, clears;
 	uint64_t grows_stack, popped, stale_drop, stale_moved, stale_set, stale_moved_only;
 	uint64_t stale_kept, stale_null, clears_freed, pushed_clear;
+	uint64_t group_calls, groups; /* launches writing group entries too, and the entries */
 } seen;
+
+/* A group table the recall launches write entries of (kvt_gpu_region_recall_groups), and what
+   it must hold. */
+#define GROUP_CAP (3u * N_SEQS * 256u) /* three entries a thread of the largest launch */
+static uint64_t group_table[GROUP_CAP], group_want[GROUP_CAP], group_at[GROUP_CAP],
+	group_val[GROUP_CAP];
 
 static uint32_t rnd(uint32_t n)
 {
@@ -878,7 +885,29 @@ static void launch(uint32_t step, uint32_t layer)
 		}
 		d[x] = desc_of(g, shared ? &shared_tally[1] : &g->side[1].tally);
 	}
-	assert_int_equal(kvt_gpu_region_recall(d, n, NULL), 0);
+	if (n && chance(50)) {
+		/* with entries of a group table to write, more or fewer than its threads, at
+		   distinct places: the decisions must not change, and the table holds exactly
+		   them after */
+		uint32_t k = rnd(3 * n * 256 + 1), base = rnd(GROUP_CAP - k + 1);
+
+		for (uint32_t x = 0; x < k; x++) {
+			/* a permutation of [base, base + k): 7919 is prime, above GROUP_CAP */
+			uint32_t y = base + (uint32_t)(((uint64_t)x * 7919u) % k);
+
+			group_at[x] = (uint64_t)(uintptr_t)&group_table[y];
+			group_val[x] =
+				((uint64_t)step << 32) ^ ((uint64_t)layer << 20) ^ x ^ 0x5a5a0000u;
+			group_want[y] = group_val[x];
+		}
+		assert_int_equal(kvt_gpu_region_recall_groups(d, n, group_at, group_val, k, NULL),
+				 0);
+		assert_memory_equal(group_table, group_want, sizeof(group_table));
+		seen.group_calls++;
+		seen.groups += k;
+	} else {
+		assert_int_equal(kvt_gpu_region_recall(d, n, NULL), 0);
+	}
 	for (uint32_t x = 0; x < n; x++) {
 		struct reg *g = &regs[idx[x]];
 		struct kvt_region_geom geo = geom_of(g);
@@ -1035,9 +1064,12 @@ static void test_region_random(void **state)
 			(unsigned long long)seen.pushed_clear);
 		/* the frequent cases (tens a run of 120 steps; clears are too rare to count on:
 		   frames_case has them) */
+		print_message("#   %llu launches writing %llu group entries too\n",
+			      (unsigned long long)seen.group_calls,
+			      (unsigned long long)seen.groups);
 		if (steps >= 100)
 			assert_true(seen.grows_stack && seen.stale_drop && seen.stale_moved_only &&
-				    seen.stale_kept && seen.stale_null);
+				    seen.stale_kept && seen.stale_null && seen.group_calls);
 	}
 	kemu_set_schedule(KEMU_SCHED_LOCKSTEP);
 }
@@ -1373,6 +1405,14 @@ static void test_region_invalid(void **state)
 	/* the wrappers */
 	assert_int_equal(kvt_gpu_region_recall(NULL, 1, NULL), KEMU_ERR_INVALID_VALUE);
 	assert_int_equal(kvt_gpu_region_recall(NULL, 0, NULL), 0);
+	assert_int_equal(kvt_gpu_region_recall_groups(&d, 1, NULL, &group_want[0], 1, NULL),
+			 KEMU_ERR_INVALID_VALUE);
+	assert_int_equal(kvt_gpu_region_recall_groups(&d, 1, &group_want[0], NULL, 1, NULL),
+			 KEMU_ERR_INVALID_VALUE);
+	assert_int_equal(kvt_gpu_region_recall_groups(&d, 1, &group_want[0], &group_want[0],
+						      0x80000000u, NULL),
+			 KEMU_ERR_INVALID_VALUE);
+	assert_int_equal(kvt_gpu_region_recall_groups(NULL, 0, NULL, NULL, 5, NULL), 0);
 	assert_int_equal(kvt_gpu_region_grow(&d, NULL, NULL, NULL, 1, NULL),
 			 KEMU_ERR_INVALID_VALUE);
 	assert_int_equal(kvt_gpu_region_grow(NULL, &n, NULL, NULL, 1, NULL),
