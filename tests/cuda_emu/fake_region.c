@@ -170,6 +170,37 @@ static void state_views(const struct kvt_gpu_region *R, uint32_t n, struct kvt_r
 	*key = VIEW(R->key, key_span(*slot, n) * sizeof(**key), what);
 }
 
+/* ---- group-table entries (kvt_gpu_region_groups, kvt_gpu_region_recall_groups) ----------- */
+
+/* Views n entries *at[i] = val[i] of a launch and adds them to its footprint: the arrays read,
+   each entry's 8 bytes written (two entries at one address collide at check()). Returns the
+   host view of at (val's in *val_view); dies on an entry not 8-byte aligned. */
+static const uint64_t *groups_open(const uint64_t *at_dev, const uint64_t *val_dev, uint32_t n,
+				   struct ranges *w, struct ranges *r, const char *what,
+				   const uint64_t **val_view)
+{
+	const uint64_t *at = VIEW(at_dev, (size_t)n * sizeof(*at), what);
+
+	*val_view = VIEW(val_dev, (size_t)n * sizeof(**val_view), what);
+	add(r, at_dev, (size_t)n * sizeof(*at));
+	add(r, val_dev, (size_t)n * sizeof(**val_view));
+	for (uint32_t i = 0; i < n; i++) {
+		if (at[i] % 8)
+			fake_cuda_die("%s: entry %u's address %#llx is not 8-byte aligned", what, i,
+				      (unsigned long long)at[i]);
+		VIEW(at[i], sizeof(uint64_t), what);
+		add(w, (const void *)(uintptr_t)at[i], sizeof(uint64_t));
+	}
+	return at;
+}
+
+/* Writes the entries groups_open viewed (after the launch's check). */
+static void groups_write(const uint64_t *at, const uint64_t *val, uint32_t n, const char *what)
+{
+	for (uint32_t i = 0; i < n; i++)
+		*(uint64_t *)VIEW(at[i], sizeof(uint64_t), what) = val[i];
+}
+
 /* ---- kvt_gpu_region_recall ------------------------------------------------------------------- */
 
 struct recall_args {
@@ -226,7 +257,6 @@ static void recall_work(void *args)
 	int32_t *verdict = malloc((size_t)a->n * sizeof(*verdict));
 	bool *empty = malloc((size_t)a->n * sizeof(*empty)); /* the view emptied (sel) */
 	struct ranges w = {0}, r = {0};
-
 	const uint64_t *g_at = NULL, *g_val = NULL;
 
 	if (!verdict || !empty)
@@ -234,20 +264,8 @@ static void recall_work(void *args)
 	add(&r, a->rg, (size_t)a->n * sizeof(*D));
 	/* the group entries first (the kernel's CTAs write them before any decides): writes of
 	   the launch too, so one that overlaps a region's table, or another entry, is caught */
-	if (a->n_groups) {
-		g_at = VIEW(a->g_at, (size_t)a->n_groups * sizeof(*g_at), what);
-		g_val = VIEW(a->g_val, (size_t)a->n_groups * sizeof(*g_val), what);
-		add(&r, a->g_at, (size_t)a->n_groups * sizeof(*g_at));
-		add(&r, a->g_val, (size_t)a->n_groups * sizeof(*g_val));
-		for (uint32_t x = 0; x < a->n_groups; x++) {
-			if (g_at[x] % 8)
-				fake_cuda_die("%s: group entry %u's address %#llx is not 8-byte "
-					      "aligned",
-					      what, x, (unsigned long long)g_at[x]);
-			VIEW(g_at[x], sizeof(uint64_t), what);
-			add(&w, (const void *)(uintptr_t)g_at[x], sizeof(uint64_t));
-		}
-	}
+	if (a->n_groups)
+		g_at = groups_open(a->g_at, a->g_val, a->n_groups, &w, &r, what, &g_val);
 	for (uint32_t i = 0; i < a->n; i++) {
 		const struct kvt_gpu_region *R = &D[i];
 		const size_t hr = (size_t)R->n_heads * R->r;
@@ -295,8 +313,7 @@ static void recall_work(void *args)
 	}
 	check(&w, &r, what);
 
-	for (uint32_t x = 0; x < a->n_groups; x++)
-		*(uint64_t *)VIEW(g_at[x], sizeof(uint64_t), what) = g_val[x];
+	groups_write(g_at, g_val, a->n_groups, what);
 	for (uint32_t i = 0; i < a->n; i++) {
 		const struct kvt_gpu_region *R = &D[i];
 		const size_t hr = (size_t)R->n_heads * R->r;
@@ -974,22 +991,11 @@ static void groups_work(void *args)
 {
 	const struct groups_args *a = args;
 	const char *what = "kvt_gpu_region_groups";
-	const uint64_t *at = VIEW(a->at, (size_t)a->n * sizeof(*at), what);
-	const uint64_t *val = VIEW(a->val, (size_t)a->n * sizeof(*val), what);
 	struct ranges w = {0}, r = {0};
+	const uint64_t *val, *at = groups_open(a->at, a->val, a->n, &w, &r, what, &val);
 
-	add(&r, a->at, (size_t)a->n * sizeof(*at));
-	add(&r, a->val, (size_t)a->n * sizeof(*val));
-	for (uint32_t i = 0; i < a->n; i++) {
-		if (at[i] % 8)
-			fake_cuda_die("%s: entry %u's address %#llx is not 8-byte aligned", what, i,
-				      (unsigned long long)at[i]);
-		VIEW(at[i], sizeof(uint64_t), what);
-		add(&w, (const void *)(uintptr_t)at[i], sizeof(uint64_t));
-	}
 	check(&w, &r, what); /* two entries at one address collide */
-	for (uint32_t i = 0; i < a->n; i++)
-		*(uint64_t *)VIEW(at[i], sizeof(uint64_t), what) = val[i];
+	groups_write(at, val, a->n, what);
 }
 
 int kvt_gpu_region_groups(const uint64_t *at, const uint64_t *val, uint32_t n, void *stream)

@@ -1062,11 +1062,11 @@ static void test_region_random(void **state)
 			(unsigned long long)seen.stale_kept, (unsigned long long)seen.stale_null,
 			(unsigned long long)seen.clears_freed,
 			(unsigned long long)seen.pushed_clear);
-		/* the frequent cases (tens a run of 120 steps; clears are too rare to count on:
-		   frames_case has them) */
 		print_message("#   %llu launches writing %llu group entries too\n",
 			      (unsigned long long)seen.group_calls,
 			      (unsigned long long)seen.groups);
+		/* the frequent cases (tens a run of 120 steps; clears are too rare to count on:
+		   frames_case has them) */
 		if (steps >= 100)
 			assert_true(seen.grows_stack && seen.stale_drop && seen.stale_moved_only &&
 				    seen.stale_kept && seen.stale_null && seen.group_calls);
