@@ -728,7 +728,9 @@ KVT_API int kvt_seq_frames(struct kvt_manager *m, uint64_t seq, uint32_t layer, 
    batch, in its order (row i of every tensor is member i), with the same results and errors,
    but they look no sequence up by id: a step costs O(layers) library calls and O(batch)
    lookups. One step is open per manager at a time; the plain calls stay usable beside it (on
-   any batch). A member destroyed while the step is open fails the step's next call with
+   any batch). While a step is open, every recall call (the step's and the plain ones) sizes
+   the recall regions by the working sets as counted when the step began; outside a step, each
+   call by those counted up to it (docs/design.md, "Recall regions"). A member destroyed while the step is open fails the step's next call with
    -ENOENT, one preempted with -EINVAL, as the plain call would; the step stays open (end it
    and begin one without that member). */
 

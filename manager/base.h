@@ -92,6 +92,8 @@ struct kvt_seq {
 	uint32_t layers_prefilled;
 	uint32_t n_spilled;    /* group table entries (all layers) that are in the spill file */
 	uint64_t ws_counted;   /* the part of the recall cache's sum_ws of its layers' regions */
+	uint64_t ws_snap;      /* ws_counted when the cache's sums were last frozen (snap_at), */
+	uint64_t ws_snap_at;   /* copied when it first changes after that (recall.c, ws_freeze) */
 	struct kvt_seq_px *px; /* prefix and chunk state (prefix.h), NULL when it has none */
 	struct kvt_seq_layer layers[];
 };
@@ -113,10 +115,15 @@ struct kvt_recall_cache {
 	uint64_t base;	/* device address of frame 0; frame i at base + i * block_bytes */
 	uint32_t *free; /* [n] stack of free frames */
 	uint32_t n_free;
-	uint64_t n_regions;    /* (sequence, layer) regions holding frames */
-	uint64_t n_held;       /* frames holding a block */
-	uint64_t sum_ws;       /* the working sets of the regions holding frames, as last counted */
-	uint64_t *layer_ws;    /* [n_layers]: the part of sum_ws of each layer's regions */
+	uint64_t n_regions; /* (sequence, layer) regions holding frames */
+	uint64_t n_held;    /* frames holding a block */
+	uint64_t sum_ws;    /* the working sets of the regions holding frames, as last counted */
+	uint64_t *layer_ws; /* [n_layers]: the part of sum_ws of each layer's regions */
+	/* The sums a sizing reads (target_of): sum_ws and layer_ws as they were when last frozen,
+	   at kvt_step_begin or, outside a step, by each call once its members are counted;
+	   snap_at counts the freezes (a sequence's part: kvt_seq.ws_snap). */
+	uint64_t snap_sum, snap_at;
+	uint64_t *snap_layer;  /* [n_layers] */
 	uint64_t *layer_done;  /* [n_layers]: each layer's recall calls that sized and succeeded */
 	uint64_t *layer_swept; /* [n_layers]: layer_done + 1 of the layer's call that last swept
 				  (recall_size): a call that fails and its retry sweep once */

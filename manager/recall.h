@@ -119,6 +119,10 @@ static inline uint64_t kvt_slot_frame(const struct kvt_manager *m,
 /* Returns every region frame of s to the cache and empties its views (preempt, destroy). */
 void kvt_recall_drop_seq(struct kvt_manager *m, struct kvt_seq *s);
 
+/* Freezes the sums the sizing of the recall calls reads (each region's aim, target_of) as they
+   stand: kvt_step_begin's, so that every call of a step sizes by the same figures. O(layers). */
+void kvt_recall_freeze(struct kvt_manager *m);
+
 /* Checks the recall cache's invariants: every frame is free (once) or held by one slot of one
    live region; the live list, the region count, n_held and sum_ws (its parts per layer and per
    sequence too) agree with the regions; each region passes kvt_region_check; each layer's

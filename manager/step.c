@@ -19,6 +19,7 @@
 
 #include "base.h"
 #include "kvtier.h"
+#include "recall.h"
 #include "tables.h"
 
 /* Makes the step's members the resolved states of the calls that follow (kvt_member), after
@@ -103,6 +104,8 @@ KVT_API int kvt_step_begin(struct kvt_manager *m, const uint64_t *seqs, uint32_t
 	st->frees = m->seq_frees;
 	st->creates = m->seq_creates;
 	st->open = true;
+	/* every recall of the step sizes its regions by the working sets as counted now */
+	kvt_recall_freeze(m);
 	return 0;
 }
 

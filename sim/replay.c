@@ -1194,20 +1194,27 @@ static int mrun_iteration(struct mrun *mr)
 	w.prefill_layer_tokens = mr->layer_tokens;
 	if (mrun_prefill(mr, &b, &w, &ir))
 		goto nomem;
+	/* The decode items are a step, as an engine runs them: its recalls size the regions by
+	   the working sets counted when it began. */
 	t0 = sim_now_s();
+	err = nd ? kvt_step_begin(mr->m, mr->dseq, nd) : 0;
+	if (err) {
+		mr->cpu_s += sim_now_s() - t0;
+		ERRF("kvt_step_begin: %s (%s)", kvt_strerror(err), kvt_manager_last_error(mr->m));
+		return err;
+	}
 	for (uint32_t l = 0; nd && l < mr->cfg.n_layers && !err; l++)
 		err = kvt_decode_append(mr->m, l, mr->dseq, nd, mr->dummy, mr->dummy, NULL);
 	mr->cpu_s += sim_now_s() - t0;
-	if (err) {
+	if (err)
 		ERRF("kvt_decode_append: %s (%s)", kvt_strerror(err),
 		     kvt_manager_last_error(mr->m));
-		return err;
-	}
-	if (mr->recall && nd) {
+	if (!err && mr->recall && nd)
 		err = mrun_recall(mr, nd, &recall_h2d_ns);
-		if (err)
-			return err;
-	}
+	if (nd)
+		(void)kvt_step_end(mr->m); /* (open: begun above) */
+	if (err)
+		return err;
 	w.kv_bytes_read = decode_kv_bytes(mr, nd);
 	t0 = sim_now_s();
 	err = kvt_sched_commit(mr->s);

@@ -651,10 +651,11 @@ static void streams_join(void *const *st, void **lay, uint32_t n_layers, bool st
 		lay[l] = NULL;
 }
 
-/* Steps are the plain calls: manager 0 runs each decode step as kvt_seq_fetch of the batch (what
-   kvt_step_begin reads back) and, per layer, kvt_decode_append and kvt_decode_recall or
-   kvt_recall_blocks on the batch; manager 1 as kvt_step_begin, kvt_step_append,
-   kvt_step_recall or kvt_step_recall_blocks, kvt_step_end. Random batches in random order, a
+/* Steps are the plain calls: manager 0 runs each decode step as kvt_step_begin (which reads the
+   batch's spilled blocks back and freezes the sums the recall's sizing reads) and, per layer,
+   the plain kvt_decode_append and kvt_decode_recall or kvt_recall_blocks naming the batch;
+   manager 1 as kvt_step_begin, kvt_step_append, kvt_step_recall or kvt_step_recall_blocks,
+   both then kvt_step_end. Random batches in random order, a
    host tier a third of the histories (the disk tier reads blocks back), a recall cache small
    enough to evict; between steps preempt, resume, destroy and prefill again; inside a step a
    member destroyed (and sometimes created and prefilled again under its id: the step must
@@ -730,7 +731,7 @@ static void walk(bool disk, bool twin_cpu, bool streams)
 			}
 			if (!n)
 				continue;
-			rc[0] = kvt_seq_fetch(mm[0], batch, n);
+			rc[0] = kvt_step_begin(mm[0], batch, n);
 			rc[1] = kvt_step_begin(mm[1], batch, n);
 			CHECK_EQ(rc[0], rc[1]);
 			if (rc[1]) {
@@ -861,7 +862,8 @@ static void walk(bool disk, bool twin_cpu, bool streams)
 					tabled += check_tables(mm[1], &c, batch, n, l, op);
 				}
 			}
-			CHECK_RC(kvt_step_end(mm[1]), 0);
+			for (int m = 0; m < 2; m++)
+				CHECK_RC(kvt_step_end(mm[m]), 0);
 			if (lazy)
 				continue;
 		} else if (what < 90 && live[i]) { /* preempt or resume */
@@ -1133,6 +1135,104 @@ static void test_step_contract(void **state)
 	free(q);
 }
 
+/* A sequence's part of the sums the sizing reads, as the recall cache froze them. */
+static uint64_t frozen_part(const struct kvt_manager *m, uint64_t id)
+{
+	const struct kvt_seq *s = kvt_seqmap_get(&m->seqs, id);
+
+	assert_non_null(s);
+	return s->ws_snap_at == m->rc.snap_at ? s->ws_snap : s->ws_counted;
+}
+
+/* The slots of a sequence's region of layer l. */
+static uint32_t slots_of(const struct kvt_manager *m, uint64_t id, uint32_t l)
+{
+	const struct kvt_seq *s = kvt_seqmap_get(&m->seqs, id);
+
+	assert_non_null(s);
+	return s->layers[l].rc ? s->layers[l].rc->rg.n_slots : 0;
+}
+
+/* Every recall of a step sizes its regions by the working sets as they were counted when the
+   step began (kvt_step_begin freezes the cache's sum, each layer's and each sequence's): the
+   layers' calls count their members' working sets meanwhile, which moves the live sums, and
+   the frozen ones stay put until the next step. Outside a step each call freezes them. */
+static void test_step_sizing_frozen(void **state)
+{
+	struct kvt_config c = step_config(24);
+	struct kvt_manager *m, *twin;
+	uint64_t ids[4] = {1, 2, 3, 4}, part[4], lay[4], sum, at;
+	uint32_t sel[4 * 2 * R], moved = 0, parts_moved = 0, sized_apart = 0;
+	(void)state;
+
+	t_rng_seed(t_pick_seed());
+	m = t_mk(&c);
+	twin = t_mk(&c); /* the same calls outside a step: each freezes the sums anew */
+	assert_true(c.n_layers <= 4 && c.n_kv_heads <= 2);
+	for (uint32_t i = 0; i < 4; i++) {
+		t_prefill_seq(m, &c, ids[i], 100 + 40 * i);
+		t_prefill_seq(twin, &c, ids[i], 100 + 40 * i);
+	}
+	for (uint32_t step = 0; step < 24; step++) {
+		uint32_t n = 2 + step % 3, first = n < 4 ? step % 2 : 0; /* batches that change */
+
+		CHECK_RC(kvt_step_begin(m, ids + first, n), 0);
+		sum = m->rc.snap_sum;
+		at = m->rc.snap_at;
+		CHECK_EQ(sum, m->rc.sum_ws);
+		for (uint32_t l = 0; l < c.n_layers; l++) {
+			lay[l] = m->rc.snap_layer[l];
+			CHECK_EQ(lay[l], m->rc.layer_ws[l]);
+		}
+		for (uint32_t i = 0; i < 4; i++) {
+			part[i] = frozen_part(m, ids[i]);
+			CHECK_EQ(part[i], kvt_seqmap_get(&m->seqs, ids[i])->ws_counted);
+		}
+		for (uint32_t l = 0; l < c.n_layers; l++) {
+			for (uint32_t x = 0; x < n; x++) {
+				uint32_t nb =
+					DIV_UP(t_tokens_of(m, ids[first + x], l), c.block_tokens);
+
+				for (uint32_t j = 0; j < c.n_kv_heads * R; j++)
+					sel[x * c.n_kv_heads * R + j] = t_rng_below(nb);
+			}
+			CHECK_RC(kvt_step_recall_blocks(m, l, sel, R, NULL), 0);
+			CHECK_RC(kvt_recall_blocks(twin, l, ids + first, n, sel, R, NULL), 0);
+			for (uint32_t x = 0; x < n; x++)
+				sized_apart += slots_of(m, ids[first + x], l) !=
+					       slots_of(twin, ids[first + x], l);
+			CHECK_EQ(m->rc.snap_at, at);
+			CHECK_EQ(m->rc.snap_sum, sum);
+			for (uint32_t y = 0; y < c.n_layers; y++)
+				CHECK_EQ(m->rc.snap_layer[y], lay[y]);
+			for (uint32_t i = 0; i < 4; i++) {
+				CHECK_EQ(frozen_part(m, ids[i]), part[i]);
+				parts_moved +=
+					kvt_seqmap_get(&m->seqs, ids[i])->ws_counted != part[i];
+			}
+			moved += m->rc.sum_ws != sum;
+		}
+		CHECK_RC(kvt_step_end(m), 0);
+		CHECK_RC(kvt_recall_check(m), 0);
+	}
+	print_message("# step sizing: the live sum moved in %u calls, a sequence's part %u times; "
+		      "%u regions sized apart from the twin's\n",
+		      moved, parts_moved, sized_apart);
+	assert_true(moved > 0 && parts_moved > 0); /* else nothing was shown */
+	/* the sizing reads the frozen sums: the twin, freezing at each call, sizes otherwise */
+	assert_true(sized_apart > 0);
+	/* outside a step, each call freezes the sums once (when its members are counted) */
+	at = m->rc.snap_at;
+	for (uint32_t l = 0; l < c.n_layers; l++) {
+		for (uint32_t j = 0; j < c.n_kv_heads * R; j++)
+			sel[j] = t_rng_below(DIV_UP(t_tokens_of(m, ids[0], l), c.block_tokens));
+		CHECK_RC(kvt_recall_blocks(m, l, ids, 1, sel, R, NULL), 0);
+		CHECK_EQ(m->rc.snap_at, at + 1 + l);
+	}
+	kvt_manager_destroy(twin);
+	kvt_manager_destroy(m);
+}
+
 /* kvt_step_begin reading a spilled member's block back: every allocation and disk I/O of the
    call failed in turn (a walk over its fault sites) fails it with -ENOMEM or -EIO and leaves
    the open step as it was (its next append goes to its own members); the walk ends with the
@@ -1211,6 +1311,7 @@ int main(void)
 		cmocka_unit_test(test_step_device_as_host_streams),
 		cmocka_unit_test(test_step_recall_disk_faults),
 		cmocka_unit_test(test_step_begin_faults),
+		cmocka_unit_test(test_step_sizing_frozen),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
