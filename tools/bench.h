@@ -27,8 +27,17 @@ int bench_recall(int argc, char **argv);
 struct bench_recall_opts {
 	uint32_t seqs, layers, prompt, steps, r, churn_pct, cache_pct, threads, head_dim;
 	bool quest, step, tables, cuda;
+	bool stagger; /* sequence i's prompt is bench_recall_prompt's */
 	const char *csv;
 };
+
+/* Sequence i's prompt: o->prompt, or with o->stagger o->prompt - i % bt, so that the batch's
+   members reach a block's end a few at a time (bt the block's tokens). */
+static inline uint32_t bench_recall_prompt(const struct bench_recall_opts *o, uint32_t i,
+					   uint32_t bt)
+{
+	return o->stagger ? o->prompt - i % bt : o->prompt;
+}
 
 /* kvtier-bench recall --backend cuda (tools/bench_recall_cuda.c): exit status (0; 1 on a
    failure, a CUDA error or the two managers deciding differently; 77 without a usable device

@@ -47,6 +47,11 @@ static void usage(FILE *f)
 		"                 kvt_seq_recall_view per sequence, layer and kv head): the\n"
 		"                 calls and the median time per step of each (slow: use few\n"
 		"                 --steps)\n"
+		"  --stagger      sequence i's prompt is P - (i mod 32) tokens (P: --prompt), so\n"
+		"                 that a few members reach a block's end each step, as in an\n"
+		"                 engine's batch of mixed lengths (default: every prompt P, so\n"
+		"                 that all of them cross a block boundary together, every 32\n"
+		"                 steps); not with --quest\n"
 		"  --csv FILE     one line per step: step,ns,loads,hits\n"
 		"  --backend B    null (default: the above) or cuda: the CUDA backend with the\n"
 		"                 recall regions on the device, through decode steps with the\n"
@@ -83,6 +88,7 @@ static int parse(int argc, char **argv, struct bench_recall_opts *o)
 		{"tables", no_argument, NULL, 'T'},
 		{"backend", required_argument, NULL, 'B'},
 		{"head-dim", required_argument, NULL, 'D'},
+		{"stagger", no_argument, NULL, 'G'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -139,6 +145,9 @@ static int parse(int argc, char **argv, struct bench_recall_opts *o)
 		case 'T':
 			o->tables = true;
 			break;
+		case 'G':
+			o->stagger = true;
+			break;
 		case 'B':
 			if (strcmp(optarg, "cuda") == 0)
 				o->cuda = true;
@@ -170,6 +179,10 @@ static int parse(int argc, char **argv, struct bench_recall_opts *o)
 				"--quest, --step, --tables or --csv\n");
 		return -1;
 	}
+	if (o->stagger && o->quest) {
+		fprintf(stderr, "kvtier-bench: --stagger is not for --quest\n");
+		return -1;
+	}
 	if (head_dim_set && !o->cuda) {
 		fprintf(stderr, "kvtier-bench: --head-dim goes with --backend cuda\n");
 		return -1;
@@ -179,7 +192,8 @@ static int parse(int argc, char **argv, struct bench_recall_opts *o)
 
 		if (!prompt_set)
 			o->prompt = 2048;
-		if (o->prompt < d.sink_tokens + d.recent_tokens + (o->r + 1) * d.block_tokens) {
+		if (bench_recall_prompt(o, d.block_tokens - 1, d.block_tokens) <
+		    d.sink_tokens + d.recent_tokens + (o->r + 1) * d.block_tokens) {
 			fprintf(stderr,
 				"kvtier-bench: --backend cuda: prompt %u leaves no more than r = %u "
 				"blocks outside the sink and the recent ring: every one would stay "
@@ -401,7 +415,8 @@ int bench_recall(int argc, char **argv)
 	/* Blocks nobody holds on the device with the null backend's top-K choice (the last
 	   candidates before the ring): after the sink, before the top-K range. */
 	uint32_t lo_b = c.sink_tokens / bt;
-	uint32_t hi_b = (o.prompt - c.recent_tokens - c.topk_tokens) / bt;
+	uint32_t hi_b =
+		(bench_recall_prompt(&o, bt - 1, bt) - c.recent_tokens - c.topk_tokens) / bt;
 
 	if (hi_b < lo_b + o.r) {
 		fprintf(stderr,
@@ -436,7 +451,7 @@ int bench_recall(int argc, char **argv)
 	}
 	for (uint32_t i = 0; i < o.seqs && !err; i++) {
 		ids[i] = 5000 + 3 * (uint64_t)i;
-		err = kvt_seq_create(m, ids[i], o.prompt);
+		err = kvt_seq_create(m, ids[i], bench_recall_prompt(&o, i, bt));
 		for (uint32_t l = 0; !err && l < o.layers; l++)
 			err = kvt_prefill_layer(m, ids[i], l, dummy, dummy, dummy, NULL);
 	}
@@ -509,8 +524,9 @@ int bench_recall(int argc, char **argv)
 	double med = t[1 + n / 2], p90 = t[1 + n * 9 / 10];
 
 	printf("kvtier-bench recall: null backend (bookkeeping only), %u sequences x %u layers "
-	       "x 8 kv heads, r = %u, prompt %u, %u steps (first excluded), churn %u%%%s\n",
-	       o.seqs, o.layers, o.r, o.prompt, o.steps, o.churn_pct, o.step ? ", step API" : "");
+	       "x 8 kv heads, r = %u, prompt %u%s, %u steps (first excluded), churn %u%%%s\n",
+	       o.seqs, o.layers, o.r, o.prompt, o.stagger ? " (staggered: less i mod 32)" : "",
+	       o.steps, o.churn_pct, o.step ? ", step API" : "");
 	printf("recall cache %llu frames (%u%% of the %llu blocks one step asks for)\n",
 	       (unsigned long long)(per_step * o.cache_pct / 100), o.cache_pct,
 	       (unsigned long long)per_step);

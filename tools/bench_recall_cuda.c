@@ -137,7 +137,7 @@ static int setup(struct run *r)
 	kn = (size_t)o->seqs * H * D;
 	r->sn = (size_t)o->layers * o->seqs * H * o->r;
 	r->lo = r->c.sink_tokens / bt;
-	r->span = (o->prompt - r->c.recent_tokens) / bt - r->lo;
+	r->span = (bench_recall_prompt(o, bt - 1, bt) - r->c.recent_tokens) / bt - r->lo;
 	r->c.backend = KVT_BACKEND_CUDA;
 	err = kvt_manager_create(&r->c, &r->m[0]);
 	if (!err) {
@@ -185,7 +185,9 @@ static int setup(struct run *r)
 		for (int b = 0; b < 2; b++) {
 			const void *kk = b ? (const void *)r->dummy : r->dk;
 
-			if (kvt_failed(r, b, kvt_seq_create(r->m[b], r->ids[i], o->prompt),
+			if (kvt_failed(r, b,
+				       kvt_seq_create(r->m[b], r->ids[i],
+						      bench_recall_prompt(o, i, bt)),
 				       "kvt_seq_create"))
 				return 1;
 			for (uint32_t l = 0; l < o->layers; l++)
@@ -324,12 +326,13 @@ static int run(struct run *r)
 
 	printf(TOOL
 	       " --backend cuda: %s: %u sequences x %u layers x %u kv heads (%u q heads, "
-	       "d=%u, bf16), prompt %u, r = %u, %u steps (first excluded), churn %u%%, recall "
+	       "d=%u, bf16), prompt %u%s, r = %u, %u steps (first excluded), churn %u%%, recall "
 	       "cache %llu frames (%u%% of the %llu blocks a step asks for); decode steps, the "
 	       "selection given (in device memory on the CUDA backend)\n",
-	       r->rt.device, o->seqs, o->layers, H, r->c.n_q_heads, r->c.head_dim, o->prompt, o->r,
-	       o->steps, o->churn_pct, (unsigned long long)(per_step * o->cache_pct / 100),
-	       o->cache_pct, (unsigned long long)per_step);
+	       r->rt.device, o->seqs, o->layers, H, r->c.n_q_heads, r->c.head_dim, o->prompt,
+	       o->stagger ? " (staggered: less i mod 32)" : "", o->r, o->steps, o->churn_pct,
+	       (unsigned long long)(per_step * o->cache_pct / 100), o->cache_pct,
+	       (unsigned long long)per_step);
 	printf("(a) CUDA backend, host side: median %.3f ms per step (p90 %.3f, max %.3f), %.3f us "
 	       "per (sequence, layer)",
 	       ma * 1e3, p90(r->t[0], o->steps) * 1e3, r->t[0][o->steps - 1] * 1e3, ma * 1e6 / ml);
