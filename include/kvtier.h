@@ -730,9 +730,9 @@ KVT_API int kvt_seq_frames(struct kvt_manager *m, uint64_t seq, uint32_t layer, 
    lookups. One step is open per manager at a time; the plain calls stay usable beside it (on
    any batch). While a step is open, every recall call (the step's and the plain ones) sizes
    the recall regions by the working sets as counted when the step began; outside a step, each
-   call by those counted up to it (docs/design.md, "Recall regions"). A member destroyed while the step is open fails the step's next call with
-   -ENOENT, one preempted with -EINVAL, as the plain call would; the step stays open (end it
-   and begin one without that member). */
+   call by those counted up to it (docs/design.md, "Recall regions"). A member destroyed while
+   the step is open fails the step's next call with -ENOENT, one preempted with -EINVAL, as
+   the plain call would; the step stays open (end it and begin one without that member). */
 
 /* Opens a decode step over the n sequences seqs (copied), closing the one open, if any. Each
    must be live, named once and not preempted. With a disk tier the blocks the step's appends

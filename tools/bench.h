@@ -39,6 +39,13 @@ static inline uint32_t bench_recall_prompt(const struct bench_recall_opts *o, ui
 	return o->stagger ? o->prompt - i % bt : o->prompt;
 }
 
+/* The shortest prompt of any sequence (bench_recall_prompt at most): what a check of the
+   blocks every prompt has must use. */
+static inline uint32_t bench_recall_shortest(const struct bench_recall_opts *o, uint32_t bt)
+{
+	return bench_recall_prompt(o, bt - 1, bt);
+}
+
 /* kvtier-bench recall --backend cuda (tools/bench_recall_cuda.c): exit status (0; 1 on a
    failure, a CUDA error or the two managers deciding differently; 77 without a usable device
    or runtime). */

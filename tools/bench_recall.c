@@ -192,7 +192,7 @@ static int parse(int argc, char **argv, struct bench_recall_opts *o)
 
 		if (!prompt_set)
 			o->prompt = 2048;
-		if (bench_recall_prompt(o, d.block_tokens - 1, d.block_tokens) <
+		if (bench_recall_shortest(o, d.block_tokens) <
 		    d.sink_tokens + d.recent_tokens + (o->r + 1) * d.block_tokens) {
 			fprintf(stderr,
 				"kvtier-bench: --backend cuda: prompt %u leaves no more than r = %u "
@@ -415,8 +415,7 @@ int bench_recall(int argc, char **argv)
 	/* Blocks nobody holds on the device with the null backend's top-K choice (the last
 	   candidates before the ring): after the sink, before the top-K range. */
 	uint32_t lo_b = c.sink_tokens / bt;
-	uint32_t hi_b =
-		(bench_recall_prompt(&o, bt - 1, bt) - c.recent_tokens - c.topk_tokens) / bt;
+	uint32_t hi_b = (bench_recall_shortest(&o, bt) - c.recent_tokens - c.topk_tokens) / bt;
 
 	if (hi_b < lo_b + o.r) {
 		fprintf(stderr,

@@ -137,7 +137,7 @@ static int setup(struct run *r)
 	kn = (size_t)o->seqs * H * D;
 	r->sn = (size_t)o->layers * o->seqs * H * o->r;
 	r->lo = r->c.sink_tokens / bt;
-	r->span = (bench_recall_prompt(o, bt - 1, bt) - r->c.recent_tokens) / bt - r->lo;
+	r->span = (bench_recall_shortest(o, bt) - r->c.recent_tokens) / bt - r->lo;
 	r->c.backend = KVT_BACKEND_CUDA;
 	err = kvt_manager_create(&r->c, &r->m[0]);
 	if (!err) {
