@@ -64,6 +64,15 @@ PY
 if "$py" -c 'import venv, ensurepip' 2>/dev/null || "$py" -m pip --version >/dev/null 2>&1; then
 	"$py" -m venv --system-site-packages "$stage/venv" >/dev/null 2>&1 ||
 		{ echo "install_test: no venv, pip check skipped"; exit 0; }
+	# An interpreter that is itself a virtual environment's (the PyTorch one of a GPU machine):
+	# the new venv's system packages are its base interpreter's, not its own, so pip would look
+	# for NumPy on the network. A .pth file hands the new venv the outer one's site directories.
+	if "$py" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
+		purelib=$("$stage/venv/bin/python" -c \
+			'import sysconfig; print(sysconfig.get_path("purelib"))')
+		"$py" -c 'import site; print("\n".join(site.getsitepackages()))' \
+			> "$purelib/outer-venv.pth"
+	fi
 	cp -r "$src/python" "$stage/pysrc"
 	"$stage/venv/bin/python" -m pip install --quiet --no-build-isolation --no-index \
 		"$stage/pysrc" || fail "pip install ./python failed"
