@@ -91,6 +91,18 @@ static double median(double *t, uint32_t n)
 	return t[1 + (n - 1) / 2];
 }
 
+/* The step of t[1 .. n) that took longest (before median() sorts it): the first measured steps,
+   where the regions still grow into the cache, as a rule. */
+static uint32_t slowest(const double *t, uint32_t n)
+{
+	uint32_t at = 1;
+
+	for (uint32_t s = 2; s < n; s++)
+		if (t[s] > t[at])
+			at = s;
+	return at;
+}
+
 /* The 90th percentile of t[1 .. n) once median() sorted it. */
 static double p90(const double *t, uint32_t n)
 {
@@ -317,6 +329,7 @@ static int run(struct run *r)
 	}
 
 	uint32_t H = r->c.n_kv_heads, n = o->steps - 1;
+	uint32_t slow[2] = {slowest(r->t[0], o->steps), slowest(r->t[1], o->steps)};
 	uint64_t per_step = (uint64_t)o->seqs * o->layers * H * o->r;
 	double ma = median(r->t[0], o->steps), mb = median(r->t[1], o->steps),
 	       mw = median(r->work, o->steps), mc = median(r->copy, o->steps),
@@ -333,9 +346,10 @@ static int run(struct run *r)
 	       o->stagger ? " (staggered: less i mod 32)" : "", o->r, o->steps, o->churn_pct,
 	       (unsigned long long)(per_step * o->cache_pct / 100), o->cache_pct,
 	       (unsigned long long)per_step);
-	printf("(a) CUDA backend, host side: median %.3f ms per step (p90 %.3f, max %.3f), %.3f us "
-	       "per (sequence, layer)",
-	       ma * 1e3, p90(r->t[0], o->steps) * 1e3, r->t[0][o->steps - 1] * 1e3, ma * 1e6 / ml);
+	printf("(a) CUDA backend, host side: median %.3f ms per step (p90 %.3f, max %.3f at step "
+	       "%u), %.3f us per (sequence, layer)",
+	       ma * 1e3, p90(r->t[0], o->steps) * 1e3, r->t[0][o->steps - 1] * 1e3, slow[0],
+	       ma * 1e6 / ml);
 	if (r->rt.work_seconds)
 		printf("; emulated runtime: its kernels' CPU stand-ins (median %.3f ms a step) "
 		       "left out, its own bookkeeping in",
@@ -346,8 +360,9 @@ static int run(struct run *r)
 		       "a step",
 		       mc * 1e3);
 	printf("\n(b) CPU reference (null backend, kvt_step_recall_blocks): median %.3f ms per "
-	       "step (p90 %.3f, max %.3f), %.3f us per (sequence, layer)\n",
-	       mb * 1e3, p90(r->t[1], o->steps) * 1e3, r->t[1][o->steps - 1] * 1e3, mb * 1e6 / ml);
+	       "step (p90 %.3f, max %.3f at step %u), %.3f us per (sequence, layer)\n",
+	       mb * 1e3, p90(r->t[1], o->steps) * 1e3, r->t[1][o->steps - 1] * 1e3, slow[1],
+	       mb * 1e6 / ml);
 	if (emu)
 		printf("(c) recall programs' device time: not measured (the emulated runtime's "
 		       "event times are made up)\n");
