@@ -282,9 +282,13 @@ for phase in "${phases[@]}"; do
 	profile)
 		# Where the kernels' time goes (Nsight Compute, appended to transfer.txt): the batched
 		# attention at 32 sequences (its part and merge kernels, three launches after two),
-		# then the recall program's kernels through decode steps at 64 x 2 x 8 (selection
-		# given, twelve launches after the first forty): throughput against the device's
-		# peaks, occupancy, warp stalls, launch shapes. Half the time left to each.
+		# then the recall programs' kernels (region_*, and the append's metadata fold) through
+		# decode steps at 64 x 2 x 8 (selection given, twelve of their launches after the
+		# first 36, which are the first six steps': ncu counts only the launches its name
+		# filter lets through, and a run without the filter profiled the prefill's gathers):
+		# throughput against the device's peaks, occupancy, warp stalls, launch shapes; then
+		# each of those kernels' device time over 12 steps at 256 x 4 x 8 (one metric, every
+		# launch: where recall_device_ns goes). A third of the time left to each.
 		ncu=$(cuda_tool ncu)
 		if [ -z "$ncu" ]; then
 			note "profile: no ncu on this machine"
@@ -294,18 +298,25 @@ for phase in "${phases[@]}"; do
 		sections=(--section SpeedOfLight --section Occupancy --section WarpStateStats
 			--section LaunchStats)
 		echo "==== ncu: kvtier-bench attend --backend cuda --seqs 32 --reps 5" >> "$out/transfer.txt"
-		KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" timed "$(($(left) / 2))" "$ncu" \
+		KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" timed "$(($(left) / 3))" "$ncu" \
 			--kernel-name regex:'af_part|ab_part|ab_merge' --launch-skip 2 --launch-count 3 \
 			"${sections[@]}" "$build/tools/kvtier-bench" attend --backend cuda --seqs 32 \
 			--reps 5 >> "$out/transfer.txt" 2>&1 || status=1
-		echo "==== ncu: bench_recall_cuda --cuda-only --step --blocks 64 2 2048 16 8" \
+		echo "==== ncu: bench_recall_cuda --cuda-only --step --blocks 64 2 2048 16 12" \
 			>> "$out/transfer.txt"
+		KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" timed "$(($(left) / 2))" "$ncu" \
+			--kernel-name regex:'region_|fold_' --launch-skip 36 --launch-count 12 \
+			"${sections[@]}" "$build/tests/bench_recall_cuda" --cuda-only --step --blocks \
+			64 2 2048 16 12 >> "$out/transfer.txt" 2>&1 || status=1
+		echo "==== ncu per kernel:" \
+			"bench_recall_cuda --cuda-only --step --blocks 256 4 2048 16 12" >> "$out/transfer.txt"
 		KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" timed "$(left)" "$ncu" \
-			--launch-skip 40 --launch-count 12 "${sections[@]}" \
-			"$build/tests/bench_recall_cuda" --cuda-only --step --blocks 64 2 2048 16 8 \
-			>> "$out/transfer.txt" 2>&1 || status=1
+			--kernel-name regex:'region_|fold_|append_' --metrics gpu__time_duration.sum \
+			--print-summary per-kernel "$build/tests/bench_recall_cuda" --cuda-only --step \
+			--blocks 256 4 2048 16 12 >> "$out/transfer.txt" 2>&1 || status=1
 		sed -n '/^==== ncu: kvtier-bench attend/,$p' "$out/transfer.txt" |
-			grep -E '^====|^  [a-z_]+.*\(|Duration|Throughput|Occupancy|Registers|Cycles Per'
+			grep -E -e '^====|^  [a-z_]+.*\(|Duration|Throughput|Occupancy|Registers|Cycles Per' \
+				-e 'gpu__time_duration'
 		;;
 	sanitize)
 		# The GPU suite's own test and the transfer smoke run under compute-sanitizer: out of
