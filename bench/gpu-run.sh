@@ -215,9 +215,9 @@ for phase in "${phases[@]}"; do
 		# selection given on the device, beside the CPU reference on the same selections
 		# (kvtier-bench recall --backend cuda: (a) the host's time, (b) the reference's, (c) the
 		# programs' device time), the heads' dimension cut to 16 so that it fits (the host's
-		# part does not depend on it); then the CPU reference's bookkeeping at the issue's
-		# 8,192-token prompts (kvtier-bench recall, null backend, two threads); appended to
-		# transfer.txt.
+		# part does not depend on it), and at four other points of it; then the CPU
+		# reference's bookkeeping at the issue's 8,192-token prompts (kvtier-bench recall, null
+		# backend, two threads); appended to transfer.txt.
 		secs=$(($(left) - attend_secs - calib_secs))
 		[ "$secs" -gt 100 ] && secs=100
 		if [ "$secs" -ge 25 ]; then
@@ -234,6 +234,22 @@ for phase in "${phases[@]}"; do
 			KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" timed "$((secs / 6))" \
 				"$build/tools/kvtier-bench" recall --backend cuda --head-dim 16 --steps 60 \
 				>> "$out/transfer.txt" 2>&1 || status=1
+			# The other points at that shape, 40 steps each while the budget allows (each took
+			# under 10 s on an H100): 8 sequences (against 256, a layer-call's fixed host cost
+			# apart from its members'), r = 8 and 32, and 4,096-token prompts (twice the blocks
+			# of a sequence).
+			for args in "--seqs 8" "--r 8" "--r 32" "--prompt 4096"; do
+				if [ $(($(left) - attend_secs - calib_secs)) -lt 40 ]; then
+					note "bench: recall --backend cuda $args and after skipped, out of time"
+					break
+				fi
+				echo "==== kvtier-bench recall --backend cuda --head-dim 16 --steps 40 $args" \
+					>> "$out/transfer.txt"
+				read -ra a <<< "$args"
+				KVTIER_CUDA_PLUGIN="$build/libkvtier-cuda.so" timed 20 \
+					"$build/tools/kvtier-bench" recall --backend cuda --head-dim 16 \
+					--steps 40 "${a[@]}" >> "$out/transfer.txt" 2>&1 || status=1
+			done
 			echo "==== kvtier-bench recall --steps 24 --threads 2" >> "$out/transfer.txt"
 			timed "$((secs / 6))" "$build/tools/kvtier-bench" recall --steps 24 --threads 2 \
 				>> "$out/transfer.txt" 2>&1 || status=1
