@@ -8,7 +8,9 @@
  * (sequence generation, layer, kv head, position), so every row read back is compared bit for
  * bit. Checked, and a violation abort()s:
  *   - every call returns 0 or a negative errno; calls the contract says must fail do fail, and
- *     calls that must succeed fail only for a resource reason (memory, disk);
+ *     calls that must succeed fail only for a resource reason (memory, disk); a decode step's
+ *     call (kvt_step_*) is held to the plain call on the step's ids as they stand, or fails
+ *     when no step is open;
  *   - a failed call changes nothing visible: token counts, prefilled layers and the preempted
  *     flag of every sequence stay as they were (checked after every call);
  *   - kvt_seq_read_token is bit-exact; resident positions ascend and are the positions whose
@@ -63,6 +65,11 @@ static struct {
 	uint32_t esz, bt, gen;
 	bool disk, trace;
 	struct slot s[NSLOTS];
+	struct { /* the open decode step (kvt_step_begin), as the model sees it */
+		bool open;
+		uint32_t n;
+		int slots[MAX_BATCH]; /* its members: slot indices (unknown ids past NSLOTS) */
+	} step;
 	uint32_t op; /* index of the operation, for messages */
 } F;
 
@@ -528,14 +535,19 @@ static bool batch_ready(const int *slots, uint32_t n, uint32_t layer, bool need_
 	return true;
 }
 
-static void op_decode(struct in *in)
+/* The step calls (kvt_step_*) are the plain ones on the step's batch: a step call gives the
+   plain call's result on the members' ids, or -EINVAL when no step is open, and changes what
+   the plain call would. `step` selects the step call; slots and n are then the step's. */
+static bool step_ok(bool step)
+{
+	return !step || F.step.open;
+}
+
+static void run_decode(uint32_t layer, const int *slots, uint32_t n, bool distinct, bool step)
 {
 	static uint8_t k[MAX_BATCH * NKV * HD * MAX_ESZ], v[sizeof(k)];
-	int slots[MAX_BATCH];
 	uint64_t ids[MAX_BATCH];
-	uint32_t layer = u8(in) % (NL + 1);
-	bool distinct, ok;
-	uint32_t n = batch(in, slots, &distinct);
+	bool ok;
 	int rc;
 
 	for (uint32_t i = 0; i < n; i++) {
@@ -553,12 +565,14 @@ static void op_decode(struct in *in)
 				  v + off);
 		}
 	}
-	ok = distinct && batch_ready(slots, n, layer, true);
-	rc = kvt_decode_append(F.m, layer, ids, n, k, v, NULL);
-	trace("decode layer %u n %u first %llu -> %d", layer, n, (unsigned long long)ids[0], rc);
+	ok = step_ok(step) && distinct && batch_ready(slots, n, layer, true);
+	rc = step ? kvt_step_append(F.m, layer, k, v, NULL)
+		  : kvt_decode_append(F.m, layer, ids, n, k, v, NULL);
+	trace("%s layer %u n %u first %llu -> %d", step ? "step_append" : "decode", layer, n,
+	      n ? (unsigned long long)ids[0] : 0ull, rc);
 	check_errno(rc);
 	if (!ok) {
-		CHECK_RC(rc < 0, rc);
+		CHECK_RC(rc < 0 && (step_ok(step) || rc == -EINVAL), rc);
 	} else if (rc) {
 		if (rc == -EBADMSG)
 			refresh_lost();
@@ -569,28 +583,37 @@ static void op_decode(struct in *in)
 	}
 }
 
-static void op_decode_recall(struct in *in)
+static void op_decode(struct in *in)
+{
+	int slots[MAX_BATCH];
+	uint32_t layer = u8(in) % (NL + 1);
+	bool distinct;
+	uint32_t n = batch(in, slots, &distinct);
+
+	run_decode(layer, slots, n, distinct, false);
+}
+
+static void run_decode_recall(uint32_t layer, uint8_t seed, const int *slots, uint32_t n,
+			      bool distinct, bool step)
 {
 	static uint8_t q[MAX_BATCH * NQ * HD * MAX_ESZ];
-	int slots[MAX_BATCH];
 	uint64_t ids[MAX_BATCH];
-	uint32_t layer = u8(in) % (NL + 1);
-	uint8_t seed = u8(in);
-	bool distinct, ok;
-	uint32_t n = batch(in, slots, &distinct);
+	bool ok;
 	int rc;
 
 	for (uint32_t i = 0; i < n; i++)
 		ids[i] = id_of(slots[i]);
 	for (uint32_t i = 0; i < n * NQ * HD; i++)
 		put_val(q + i * F.esz, query_val(seed, i));
-	ok = distinct && batch_ready(slots, n, layer, false) && F.cfg.recall_blocks > 0;
-	rc = kvt_decode_recall(F.m, layer, ids, n, q, NULL);
-	trace("decode_recall layer %u n %u first %llu -> %d", layer, n, (unsigned long long)ids[0],
-	      rc);
+	ok = step_ok(step) && distinct && batch_ready(slots, n, layer, false) &&
+	     F.cfg.recall_blocks > 0;
+	rc = step ? kvt_step_recall(F.m, layer, q, NULL)
+		  : kvt_decode_recall(F.m, layer, ids, n, q, NULL);
+	trace("%s layer %u n %u first %llu -> %d", step ? "step_recall" : "decode_recall", layer, n,
+	      n ? (unsigned long long)ids[0] : 0ull, rc);
 	check_errno(rc);
 	if (!ok) {
-		CHECK_RC(rc < 0, rc);
+		CHECK_RC(rc < 0 && (step_ok(step) || rc == -EINVAL), rc);
 	} else if (rc) {
 		if (rc == -EBADMSG)
 			refresh_lost();
@@ -598,15 +621,29 @@ static void op_decode_recall(struct in *in)
 	}
 }
 
-static void op_recall_blocks(struct in *in)
+static void op_decode_recall(struct in *in)
+{
+	int slots[MAX_BATCH];
+	uint32_t layer = u8(in) % (NL + 1);
+	uint8_t seed = u8(in);
+	bool distinct;
+	uint32_t n = batch(in, slots, &distinct);
+
+	run_decode_recall(layer, seed, slots, n, distinct, false);
+}
+
+/* kvt_recall_blocks, or with dev kvt_recall_device_blocks (the selection in "device" memory,
+   host memory on the host backend), or the step's call of either. A device selection naming
+   a block past a member's history does not fail the call: that member's views read as stale
+   (-ESTALE from kvt_attend) until it is recalled again, the others are recalled. */
+static void run_recall_blocks(struct in *in, uint32_t layer, uint32_t r, const int *slots,
+			      uint32_t n, bool distinct, bool step, bool dev)
 {
 	static uint32_t blocks[MAX_BATCH * NKV * 3];
-	int slots[MAX_BATCH];
 	uint64_t ids[MAX_BATCH];
-	uint32_t layer = u8(in) % (NL + 1);
-	uint32_t r = u8(in) % 4; /* 0: invalid */
-	bool distinct, ok, in_range = true;
-	uint32_t n = batch(in, slots, &distinct);
+	bool ok, in_range = true, bad[MAX_BATCH] = {false};
+	const char *what = dev ? (step ? "step_recall_device_blocks" : "recall_device_blocks")
+			       : (step ? "step_recall_blocks" : "recall_blocks");
 	int rc;
 
 	for (uint32_t i = 0; i < n; i++) {
@@ -620,21 +657,214 @@ static void op_recall_blocks(struct in *in)
 
 			blocks[i * NKV * r + j] = blk;
 			if (blk != UINT32_MAX && blk >= have)
-				in_range = false;
+				bad[i] = true;
 		}
+		in_range = in_range && !bad[i];
 	}
-	ok = distinct && r > 0 && in_range && batch_ready(slots, n, layer, false);
-	rc = kvt_recall_blocks(F.m, layer, ids, n, blocks, r, NULL);
-	trace("recall_blocks layer %u n %u r %u first %llu -> %d", layer, n, r,
-	      (unsigned long long)ids[0], rc);
+	ok = step_ok(step) && distinct && r > 0 && (in_range || dev) &&
+	     batch_ready(slots, n, layer, false);
+	if (dev)
+		rc = step ? kvt_step_recall_device_blocks(F.m, layer, blocks, r, NULL)
+			  : kvt_recall_device_blocks(F.m, layer, ids, n, blocks, r, NULL);
+	else
+		rc = step ? kvt_step_recall_blocks(F.m, layer, blocks, r, NULL)
+			  : kvt_recall_blocks(F.m, layer, ids, n, blocks, r, NULL);
+	trace("%s layer %u n %u r %u first %llu -> %d", what, layer, n, r,
+	      n ? (unsigned long long)ids[0] : 0ull, rc);
 	check_errno(rc);
 	if (!ok) {
-		CHECK_RC(rc < 0, rc);
+		CHECK_RC(rc < 0 && (step_ok(step) || rc == -EINVAL), rc);
 	} else if (rc) {
 		if (rc == -EBADMSG)
 			refresh_lost();
 		CHECK_RC(rc == -ENOSPC || resource_error(rc) || rc == -EBADMSG, rc);
+	} else if (dev) {
+		for (uint32_t i = 0; i < n; i++) {
+			float q[NQ * HD] = {0}, out[NQ * HD];
+
+			if (!bad[i])
+				continue;
+			rc = kvt_attend(F.m, ids[i], layer, q, out);
+			trace("  attend %llu (a selection past its history) -> %d",
+			      (unsigned long long)ids[i], rc);
+			CHECK_RC(rc == -ESTALE, rc);
+		}
 	}
+}
+
+/* A plain call of run_recall_blocks: its layer, r and batch from the input. */
+static void recall_blocks_op(struct in *in, bool dev)
+{
+	int slots[MAX_BATCH];
+	uint32_t layer = u8(in) % (NL + 1);
+	uint32_t r = u8(in) % 4; /* 0: invalid */
+	bool distinct;
+	uint32_t n = batch(in, slots, &distinct);
+
+	run_recall_blocks(in, layer, r, slots, n, distinct, false, dev);
+}
+
+static void op_recall_blocks(struct in *in)
+{
+	recall_blocks_op(in, false);
+}
+
+static void op_recall_device_blocks(struct in *in)
+{
+	recall_blocks_op(in, true);
+}
+
+/* ---- decode steps ----------------------------------------------------------------------- */
+
+/* kvt_step_begin over a batch that may repeat or not know an id, name one preempted or lost:
+   it opens the step when every member is live, named once, not preempted and not lost
+   (failing then only for a resource), and otherwise fails leaving the open step as it was. */
+static void op_step_begin(struct in *in)
+{
+	int slots[MAX_BATCH];
+	uint64_t ids[MAX_BATCH];
+	bool distinct = true, ok;
+	uint8_t mode = u8(in);
+	uint32_t n = 0;
+	int rc;
+
+	if (mode & 0x80) {
+		/* up to 1 + mode % MAX_BATCH live sequences not preempted, from a slot on: a
+		   batch that opens (an input of random ids rarely does) */
+		uint32_t want = 1 + mode % MAX_BATCH, at = u8(in);
+
+		for (uint32_t k = 0; k < NSLOTS && n < want; k++) {
+			int slot = (int)((at + k) % NSLOTS);
+
+			if (live(slot) && !F.s[slot].preempted)
+				slots[n++] = slot;
+		}
+	} else {
+		n = batch(in, slots, &distinct);
+	}
+	ok = distinct && n > 0;
+	for (uint32_t i = 0; i < n; i++) {
+		ids[i] = id_of(slots[i]);
+		ok &= live(slots[i]) && !F.s[slots[i]].preempted && !F.s[slots[i]].lost;
+	}
+	rc = kvt_step_begin(F.m, ids, n);
+	trace("step_begin n %u first %llu -> %d", n, n ? (unsigned long long)ids[0] : 0ull, rc);
+	check_errno(rc);
+	if (!ok) {
+		CHECK_RC(rc < 0, rc);
+		return;
+	}
+	if (rc) {
+		if (rc == -EBADMSG)
+			refresh_lost();
+		CHECK_RC(resource_error(rc) || rc == -EBADMSG, rc);
+		return;
+	}
+	F.step.open = true;
+	F.step.n = n;
+	memcpy(F.step.slots, slots, n * sizeof(*slots));
+}
+
+static void op_step_append(struct in *in)
+{
+	uint32_t layer = u8(in) % (NL + 1);
+
+	run_decode(layer, F.step.slots, F.step.open ? F.step.n : 0, true, true);
+}
+
+static void op_step_recall(struct in *in)
+{
+	uint32_t layer = u8(in) % (NL + 1);
+	uint8_t seed = u8(in);
+
+	run_decode_recall(layer, seed, F.step.slots, F.step.open ? F.step.n : 0, true, true);
+}
+
+static void op_step_recall_blocks(struct in *in)
+{
+	uint32_t layer = u8(in) % (NL + 1);
+	uint32_t r = u8(in) % 4; /* 0: invalid */
+
+	run_recall_blocks(in, layer, r, F.step.slots, F.step.open ? F.step.n : 0, true, true,
+			  false);
+}
+
+static void attend_rows_check(uint32_t layer, const int *slots, uint32_t n, const uint8_t *q,
+			      const uint8_t *out, const float *lse, const char *what);
+
+/* kvt_step_tables, then kvt_attend_tables over what it wrote: the same out and log-sum-exp,
+   bit for bit, as kvt_attend_batch on the step's batch (the host backend runs both over the
+   same rows), and each member's out as the reference's; fails as the step's calls do, or
+   -ENOSPC when a row passes the tables' capacities. */
+#define TF 64 /* max_frames: a layer's blocks, with room to spare */
+#define TR 8  /* max_recall: a view's blocks (r <= 3) */
+static void op_step_tables(struct in *in)
+{
+	static uint32_t n_batch, n_tok[MAX_BATCH * NKV], frames[MAX_BATCH * NKV * TF],
+		n_rec[MAX_BATCH * NKV], rec[MAX_BATCH * NKV * TR], rec_tok[MAX_BATCH * NKV * TR];
+	static uint64_t skip[MAX_BATCH * NKV * TR];
+	static uint8_t q[MAX_BATCH * NQ * HD * MAX_ESZ], out_t[sizeof(q)], out_b[sizeof(q)];
+	float lse_t[MAX_BATCH * NQ], lse_b[MAX_BATCH * NQ];
+	struct kvt_attn_tables t = {
+		.size = sizeof(t),
+		.max_batch = MAX_BATCH,
+		.max_frames = TF,
+		.max_recall = TR,
+		.n_batch = &n_batch,
+		.n_tokens = n_tok,
+		.frames = frames,
+		.n_recall = n_rec,
+		.recall = rec,
+		.recall_tokens = rec_tok,
+		.recall_skip = skip,
+	};
+	uint32_t layer = u8(in) % (NL + 1), n = F.step.open ? F.step.n : 0;
+	uint8_t seed = u8(in);
+	uint64_t ids[MAX_BATCH];
+	bool ok = F.step.open && layer < NL;
+	int rc;
+
+	for (uint32_t i = 0; i < n; i++) {
+		ids[i] = id_of(F.step.slots[i]);
+		ok = ok && live(F.step.slots[i]) && !F.s[F.step.slots[i]].preempted &&
+		     F.s[F.step.slots[i]].tokens[layer];
+	}
+	rc = kvt_step_tables(F.m, layer, &t, NULL);
+	trace("step_tables layer %u n %u -> %d", layer, n, rc);
+	check_errno(rc);
+	if (!ok) {
+		CHECK_RC(rc < 0 && (F.step.open || rc == -EINVAL), rc);
+		return;
+	}
+	if (rc) {
+		if (rc == -EBADMSG)
+			refresh_lost();
+		CHECK_RC(rc == -ESTALE || rc == -ENOSPC || resource_error(rc) || rc == -EBADMSG,
+			 rc);
+		return;
+	}
+	CHECK(n_batch == n);
+	for (uint32_t i = 0; i < n * NQ * HD; i++) /* every member asks with the same queries */
+		put_val(q + i * F.esz, query_val(seed, i % (NQ * HD)));
+	rc = kvt_attend_tables(F.m, &t, q, out_t, lse_t, NULL, 0, NULL);
+	trace("attend_tables -> %d", rc);
+	CHECK_RC(rc == 0, rc);
+	rc = kvt_attend_batch(F.m, layer, ids, n, q, out_b, lse_b, NULL);
+	CHECK_RC(rc == 0, rc);
+	CHECK(memcmp(out_t, out_b, (size_t)n * NQ * HD * F.esz) == 0);
+	CHECK(memcmp(lse_t, lse_b, (size_t)n * NQ * sizeof(*lse_t)) == 0);
+	attend_rows_check(layer, F.step.slots, n, q, out_t, lse_t, "attend_tables");
+}
+
+/* kvt_step_end: 0 with a step open (then none is), -EALREADY without. */
+static void op_step_end(struct in *in)
+{
+	int rc = kvt_step_end(F.m);
+
+	(void)in;
+	trace("step_end -> %d", rc);
+	CHECK_RC(F.step.open ? rc == 0 : rc == -EALREADY, rc);
+	F.step.open = false;
 }
 
 static void op_preempt(struct in *in)
@@ -862,35 +1092,18 @@ static double to_double(const uint8_t *p)
 	return 0.0;
 }
 
-static void op_attend(struct in *in)
+/* Checks one sequence's attention out ([NQ][HD]) and, when lse is not NULL, its log-sum-exp
+   ([NQ]) for queries q ([NQ][HD]) against a softmax in double over its resident plus
+   recalled (non-resident) tokens, within tol (relative, and absolute near 0). */
+static void attend_check(int slot, uint32_t layer, const float *q, const double *out,
+			 const double *lse, double tol, const char *what)
 {
-	float q[NQ * HD], out[NQ * HD];
-	int slot = pick(u8(in));
-	uint8_t b = u8(in), seed = u8(in);
-	uint32_t layer = b % (NL + 1);
-	bool valid = live(slot) && layer < NL && F.s[slot].tokens[layer] && !F.s[slot].preempted;
-	int rc;
-
-	for (uint32_t i = 0; i < NQ * HD; i++)
-		q[i] = query_val(seed, i);
-	rc = kvt_attend(F.m, id_of(slot), layer, q, out);
-	trace("attend %llu layer %u -> %d", (unsigned long long)id_of(slot), layer, rc);
-	check_errno(rc);
-	if (!valid) {
-		CHECK_RC(rc < 0, rc);
-		return;
-	}
-	if (rc) {
-		CHECK_RC(rc == -ESTALE || resource_error(rc) || (F.s[slot].lost && rc == -EBADMSG),
-			 rc);
-		return;
-	}
-	/* reference: softmax over resident plus recalled (non-resident) tokens, in double */
 	for (uint32_t h = 0; h < NKV; h++) {
 		int32_t pos[MAX_TOK + 64];
 		uint8_t kr[HD * MAX_ESZ], vr[HD * MAX_ESZ];
 		uint32_t nrec = 0;
 		int nres = resident(slot, layer, h, pos, MAX_TOK);
+		int rc;
 
 		CHECK_RC(nres >= 0, nres);
 		rc = recalled(slot, layer, h, pos + nres, 64, &nrec);
@@ -919,17 +1132,147 @@ static void op_attend(struct in *in)
 			for (uint32_t d = 0; d < HD; d++) {
 				double r = n ? ref[d] / sum : 0.0, o = out[g * HD + d];
 
-				if (!(fabs(o - r) <= 1e-3 + 1e-3 * fabs(r))) {
+				if (!(fabs(o - r) <= tol + tol * fabs(r))) {
 					fprintf(stderr,
-						"fuzz_api: attend seq %llu layer %u q head %u dim "
-						"%u: %.9g, reference %.9g over %u tokens\n",
-						(unsigned long long)id_of(slot), layer, g, d, o, r,
-						n);
-					die(__LINE__, "attend differs from the reference", 0);
+						"fuzz_api: %s seq %llu layer %u q head %u dim %u: "
+						"%.9g, reference %.9g over %u tokens\n",
+						what, (unsigned long long)id_of(slot), layer, g, d,
+						o, r, n);
+					die(__LINE__, "attention differs from the reference", 0);
+				}
+			}
+			if (lse) {
+				double r = n ? mx + log(sum) : -INFINITY;
+				bool same = n ? fabs(lse[g] - r) <= 1e-3 + 1e-3 * fabs(r)
+					      : lse[g] == -INFINITY;
+
+				if (!same) {
+					fprintf(stderr,
+						"fuzz_api: %s seq %llu layer %u q head %u: lse %.9g, "
+						"reference %.9g over %u tokens\n",
+						what, (unsigned long long)id_of(slot), layer, g,
+						lse[g], r, n);
+					die(__LINE__, "log-sum-exp differs from the reference", 0);
 				}
 			}
 		}
 	}
+}
+
+static void op_attend(struct in *in)
+{
+	float q[NQ * HD], out[NQ * HD];
+	double o[NQ * HD];
+	int slot = pick(u8(in));
+	uint8_t b = u8(in), seed = u8(in);
+	uint32_t layer = b % (NL + 1);
+	bool valid = live(slot) && layer < NL && F.s[slot].tokens[layer] && !F.s[slot].preempted;
+	int rc;
+
+	for (uint32_t i = 0; i < NQ * HD; i++)
+		q[i] = query_val(seed, i);
+	rc = kvt_attend(F.m, id_of(slot), layer, q, out);
+	trace("attend %llu layer %u -> %d", (unsigned long long)id_of(slot), layer, rc);
+	check_errno(rc);
+	if (!valid) {
+		CHECK_RC(rc < 0, rc);
+		return;
+	}
+	if (rc) {
+		CHECK_RC(rc == -ESTALE || resource_error(rc) || (F.s[slot].lost && rc == -EBADMSG),
+			 rc);
+		return;
+	}
+	for (uint32_t i = 0; i < NQ * HD; i++)
+		o[i] = out[i];
+	attend_check(slot, layer, q, o, NULL, 1e-3, "attend");
+}
+
+/* attend_check of each member i < n of a batched call: out [n][NQ][HD] in config.dtype, lse
+   [n][NQ], every member asked with the same queries q ([NQ][HD] in config.dtype), which the
+   reference takes as the call read them; out rounded to the dtype: a looser bound for 16-bit
+   ones. */
+static void attend_rows_check(uint32_t layer, const int *slots, uint32_t n, const uint8_t *q,
+			      const uint8_t *out, const float *lse, const char *what)
+{
+	double tol = F.esz == 4 ? 1e-3 : F.cfg.dtype == KVT_DTYPE_F16 ? 2e-3 : 1e-2;
+	double o[NQ * HD], l[NQ];
+	float qf[NQ * HD];
+
+	for (uint32_t x = 0; x < NQ * HD; x++)
+		qf[x] = (float)to_double(q + x * F.esz);
+	for (uint32_t i = 0; i < n; i++) {
+		for (uint32_t x = 0; x < NQ * HD; x++)
+			o[x] = to_double(out + ((size_t)i * NQ * HD + x) * F.esz);
+		for (uint32_t g = 0; g < NQ; g++)
+			l[g] = lse[i * NQ + g];
+		attend_check(slots[i], layer, qf, o, l, tol, what);
+	}
+}
+
+/* kvt_attend_batch, or kvt_step_attend on the step's batch: q and out in config.dtype, every
+   member checked as kvt_attend is (its out rounded to the dtype: a looser bound for 16-bit
+   ones), with its log-sum-exp. */
+static void run_attend_batch(uint32_t layer, uint8_t seed, const int *slots, uint32_t n,
+			     bool distinct, bool step)
+{
+	static uint8_t q[MAX_BATCH * NQ * HD * MAX_ESZ], out[sizeof(q)];
+	float lse[MAX_BATCH * NQ];
+	uint64_t ids[MAX_BATCH];
+	bool ok = step_ok(step) && distinct && n > 0 && layer < NL;
+	int rc;
+
+	for (uint32_t i = 0; i < n; i++) {
+		ids[i] = id_of(slots[i]);
+		ok = ok && live(slots[i]) && !F.s[slots[i]].preempted &&
+		     F.s[slots[i]].tokens[layer];
+	}
+	/* every member asks with the same queries */
+	for (uint32_t i = 0; i < n * NQ * HD; i++)
+		put_val(q + i * F.esz, query_val(seed, i % (NQ * HD)));
+	rc = step ? kvt_step_attend(F.m, layer, q, out, lse, NULL)
+		  : kvt_attend_batch(F.m, layer, ids, n, q, out, lse, NULL);
+	trace("%s layer %u n %u first %llu -> %d", step ? "step_attend" : "attend_batch", layer, n,
+	      n ? (unsigned long long)ids[0] : 0ull, rc);
+	check_errno(rc);
+	if (!ok) {
+		CHECK_RC(rc < 0 && (step_ok(step) || rc == -EINVAL), rc);
+		return;
+	}
+	if (rc) {
+		if (rc == -EBADMSG)
+			refresh_lost();
+		CHECK_RC(rc == -ESTALE || resource_error(rc) || rc == -EBADMSG, rc);
+		return;
+	}
+	attend_rows_check(layer, slots, n, q, out, lse, step ? "step_attend" : "attend_batch");
+}
+
+static void op_attend_batch(struct in *in)
+{
+	int slots[MAX_BATCH];
+	uint32_t layer = u8(in) % (NL + 1);
+	uint8_t seed = u8(in);
+	bool distinct;
+	uint32_t n = batch(in, slots, &distinct);
+
+	run_attend_batch(layer, seed, slots, n, distinct, false);
+}
+
+static void op_step_recall_device_blocks(struct in *in)
+{
+	uint32_t layer = u8(in) % (NL + 1);
+	uint32_t r = u8(in) % 4; /* 0: invalid */
+
+	run_recall_blocks(in, layer, r, F.step.slots, F.step.open ? F.step.n : 0, true, true, true);
+}
+
+static void op_step_attend(struct in *in)
+{
+	uint32_t layer = u8(in) % (NL + 1);
+	uint8_t seed = u8(in);
+
+	run_attend_batch(layer, seed, F.step.slots, F.step.open ? F.step.n : 0, true, true);
 }
 
 static void op_info(struct in *in)
@@ -995,11 +1338,41 @@ static void op_sync(struct in *in)
 }
 
 typedef void (*op_fn)(struct in *in);
+/* Opcode byte % N_OPS; the decode steps' operations last (a step is begun and ended less often
+   than its calls are made). */
 static const op_fn ops[] = {
-	op_create,   op_prefill,  op_decode,  op_decode, op_decode_recall, op_recall_blocks,
-	op_preempt,  op_resume,	  op_read,    op_attend, op_info,	   op_frames,
-	op_view,     op_resident, op_destroy, op_spill,	 op_fetch,	   op_sync,
-	op_read_seq, op_prefill,  op_create,
+	op_create,
+	op_prefill,
+	op_decode,
+	op_decode,
+	op_decode_recall,
+	op_recall_blocks,
+	op_preempt,
+	op_resume,
+	op_read,
+	op_attend,
+	op_info,
+	op_frames,
+	op_view,
+	op_resident,
+	op_destroy,
+	op_spill,
+	op_fetch,
+	op_sync,
+	op_read_seq,
+	op_prefill,
+	op_create,
+	op_step_begin,
+	op_step_append,
+	op_step_append,
+	op_step_recall,
+	op_step_recall_blocks,
+	op_step_end,
+	op_attend_batch,
+	op_step_attend,
+	op_step_tables,
+	op_recall_device_blocks,
+	op_step_recall_device_blocks,
 };
 #define N_OPS (sizeof(ops) / sizeof(ops[0]))
 
@@ -1024,6 +1397,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct in in = {data, size};
 
 	memset(&F.s, 0, sizeof(F.s));
+	memset(&F.step, 0, sizeof(F.step));
 	F.op = 0;
 	F.gen = 0;
 	if (size < 2)

@@ -97,7 +97,9 @@ put('fuzz_preset', 'truncated.json', b'{"model": {"n_layers": 8},\n "gpu": {"lin
 
 # ---- fuzz_api: opcodes of fuzz_api.c's ops[]
 (CREATE, PREFILL, DECODE, DECODE2, DRECALL, RBLOCKS, PREEMPT, RESUME, READ, ATTEND, INFO,
- FRAMES, VIEW, RESIDENT, DESTROY, SPILL, FETCH, SYNC, READSEQ, PREFILL2, CREATE2) = range(21)
+ FRAMES, VIEW, RESIDENT, DESTROY, SPILL, FETCH, SYNC, READSEQ, PREFILL2, CREATE2,
+ SBEGIN, SAPPEND, SAPPEND2, SRECALL, SRBLOCKS, SEND, ABATCH, SATTEND, STABLES, RDEV,
+ SRDEV) = range(32)
 
 
 def api(cfg_a, cfg_b, *ops):
@@ -138,6 +140,21 @@ full += [(PREEMPT, 0), (PREEMPT, 1), (RESUME, 0), (RESUME, 1), (SPILL, 2), (FETC
 disk = life(0, 80, 2) + life(1, 80, 2) + [(SPILL, 0), (READ, 0, 0, 10, 0), (FETCH, 0, 0),
                                             (SPILL, 1), (SPILL, 1), (FETCH, 1, 0, 1),
                                             (DECODE, 0, 1, 0, 1), (SPILL, 240)]
+# decode steps: a step over sequences 0 and 1, layer by layer (append, recall, batched
+# attention, attention tables), selections in device memory (one naming a block past its
+# member's history), then the step's calls with a member destroyed, created again and
+# prefilled, preempted and resumed, a step begun over a repeated id and one ended twice
+step = life(0, 90, 2) + life(1, 70, 2) + [
+    (SBEGIN, 0, 1, 0, 1), (SAPPEND, 0), (SRECALL, 0, 5), (SATTEND, 0, 5), (STABLES, 0, 5),
+    (SAPPEND, 1), (SRBLOCKS, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3), (SATTEND, 1, 6),
+    (ABATCH, 1, 7, 1, 1, 0), (SEND,),
+    (SATTEND, 0, 1), (STABLES, 1, 1), (ABATCH, 0, 2, 1, 0, 0),
+    (RDEV, 1, 2, 1, 0, 1, 0, 1, 2, 3, 0, 1, 2, 3), (RDEV, 0, 1, 1, 0, 1, 0, 1, 30, 31),
+    (SBEGIN, 0x81, 0), (SAPPEND, 0), (SAPPEND, 1), (DESTROY, 1), (SAPPEND, 0), (SRECALL, 0, 3),
+    (CREATE, 1, 40), (PREFILL, 1, 0, 2), (PREFILL, 1, 1, 2), (SAPPEND, 0), (SRECALL, 1, 4),
+    (SRDEV, 0, 1, 0, 1, 2, 31), (SRDEV, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3),
+    (PREEMPT, 0), (SAPPEND, 1), (RESUME, 0), (SAPPEND, 1), (SEND,), (SEND,), (SAPPEND, 0),
+    (SBEGIN, 0, 1, 0, 0), (SBEGIN, 0, 2, 0, 1, 240), (SRECALL, 0, 1)]
 # config byte a: bit0 save thread, bits1-2 dtype, bits3-4 device, bits5-6 host, bit7 disk
 for i, (a, b) in enumerate([(0x00, 0x00), (0x01, 0x00), (0x7b, 0x10), (0x02, 0x31),
                             (0x04, 0x42), (0x79, 0x83), (0x99, 0x20)]):
@@ -150,4 +167,6 @@ for i, (a, b) in enumerate([(0x78, 0x00), (0x00, 0x00), (0x79, 0x30), (0x19, 0x0
     put('fuzz_api', 'full-%d' % i, api(a, b, *full))
 for i, (a, b) in enumerate([(0x80, 0x00), (0x81, 0x10), (0xa3, 0x31), (0xfb, 0x00)]):
     put('fuzz_api', 'disk-%d' % i, api(a, b, *disk))
+for i, (a, b) in enumerate([(0x79, 0x30), (0x7b, 0x34), (0xf9, 0x70), (0x7c, 0xb2)]):
+    put('fuzz_api', 'step-%d' % i, api(a, b, *step))
 put('fuzz_api', 'short', b'\x00')
