@@ -157,8 +157,7 @@ void test_host_arena_reuse(void **state)
 
 		assert_int_equal(o->arena_alloc(b, KVT_TIER_DEVICE, 1 << 20, &dev), 0);
 		assert_int_equal(o->arena_alloc(b, KVT_TIER_HOST, 3 << 20, &host), 0);
-		/* written: the pages of a reused arena come back usable (ASan would report
-		   otherwise) */
+		/* written: a reused arena's pages come back mapped and writable */
 		for (uint64_t x = 0; x < (1 << 20); x += 4096)
 			((volatile uint8_t *)(uintptr_t)dev)[x] = 0x5a;
 		for (uint64_t x = 0; x < (3 << 20); x += 4096)
