@@ -2,8 +2,7 @@
 /*
  * A private jemalloc arena per backend instance: host-tier arenas and staging buffers come from
  * it, so their pages never mix with the process's malloc heap and destroying the arena returns
- * everything at once. Destroyed arenas are kept, emptied, for the next backend (jarena.c says
- * why). The CUDA backend gives its arena extent hooks that hand out pinned memory.
+ * everything at once. The CUDA backend gives its arena extent hooks that hand out pinned memory.
  */
 #ifndef KVT_JARENA_H
 #define KVT_JARENA_H
@@ -17,9 +16,7 @@ struct kvt_jarena {
 
 /* 0 or -ENOMEM. */
 int kvt_jarena_create(struct kvt_jarena *a);
-/* Discards every allocation still in the arena and gives the arena back: its unused pages go
-   back to the system, its address space to the next kvt_jarena_create. Safe on a never-created
-   arena. */
+/* Discards the arena and every allocation still in it. Safe on a never-created arena. */
 void kvt_jarena_destroy(struct kvt_jarena *a);
 /* Page-aligned (or align, if larger) allocation; NULL on failure or bytes == 0. */
 void *kvt_jarena_alloc(struct kvt_jarena *a, size_t bytes, size_t align);
