@@ -139,6 +139,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_host_create),
 		cmocka_unit_test(test_host_arena),
+		cmocka_unit_test(test_host_arena_reuse),
 		cmocka_unit_test(test_host_copy_d2d),
 		cmocka_unit_test(test_host_gather_h2d),
 		cmocka_unit_test(test_host_save_multi_source),

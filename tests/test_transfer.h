@@ -51,6 +51,7 @@ void offsets_to_addrs(struct kvt_xfer *x, uint32_t n, const void *src, const voi
 /* test_transfer_host.c */
 void test_host_create(void **state);
 void test_host_arena(void **state);
+void test_host_arena_reuse(void **state);
 void test_host_copy_d2d(void **state);
 void test_host_gather_h2d(void **state);
 void test_host_save_multi_source(void **state);

@@ -821,14 +821,11 @@ static void op_step_tables(struct in *in)
 	uint32_t layer = u8(in) % (NL + 1), n = F.step.open ? F.step.n : 0;
 	uint8_t seed = u8(in);
 	uint64_t ids[MAX_BATCH];
-	bool ok = F.step.open && layer < NL;
+	bool ok = F.step.open && layer < NL && batch_ready(F.step.slots, n, layer, false);
 	int rc;
 
-	for (uint32_t i = 0; i < n; i++) {
+	for (uint32_t i = 0; i < n; i++)
 		ids[i] = id_of(F.step.slots[i]);
-		ok = ok && live(F.step.slots[i]) && !F.s[F.step.slots[i]].preempted &&
-		     F.s[F.step.slots[i]].tokens[layer];
-	}
 	rc = kvt_step_tables(F.m, layer, &t, NULL);
 	trace("step_tables layer %u n %u -> %d", layer, n, rc);
 	check_errno(rc);
@@ -1219,14 +1216,11 @@ static void run_attend_batch(uint32_t layer, uint8_t seed, const int *slots, uin
 	static uint8_t q[MAX_BATCH * NQ * HD * MAX_ESZ], out[sizeof(q)];
 	float lse[MAX_BATCH * NQ];
 	uint64_t ids[MAX_BATCH];
-	bool ok = step_ok(step) && distinct && n > 0 && layer < NL;
+	bool ok = step_ok(step) && distinct && n > 0 && batch_ready(slots, n, layer, false);
 	int rc;
 
-	for (uint32_t i = 0; i < n; i++) {
+	for (uint32_t i = 0; i < n; i++)
 		ids[i] = id_of(slots[i]);
-		ok = ok && live(slots[i]) && !F.s[slots[i]].preempted &&
-		     F.s[slots[i]].tokens[layer];
-	}
 	/* every member asks with the same queries */
 	for (uint32_t i = 0; i < n * NQ * HD; i++)
 		put_val(q + i * F.esz, query_val(seed, i % (NQ * HD)));
