@@ -2,7 +2,9 @@
 /*
  * A private jemalloc arena per backend instance: host-tier arenas and staging buffers come from
  * it, so their pages never mix with the process's malloc heap and destroying the arena returns
- * everything at once. The CUDA backend gives its arena extent hooks that hand out pinned memory.
+ * everything at once. Its extent hooks map anonymous memory and unmap it, so a destroyed arena
+ * leaves no address space behind (jarena.c says why). The CUDA backend does not use it: its
+ * pinned arena, with hooks of its own, is in cuda.c.
  */
 #ifndef KVT_JARENA_H
 #define KVT_JARENA_H
