@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI: libFuzzer targets of tests/fuzz. Builds them with clang under ASan+UBSan (build-ci-fuzz),
 # runs each over its corpus as a regression test (meson suite 'fuzz'), then fuzzes all targets
-# at once for FUZZ_SECONDS (default 30; four targets on two cores get about 15 CPU-seconds
+# at once for FUZZ_SECONDS (default 30; five targets on two cores get about 12 CPU-seconds
 # each) on temporary copies of their corpora, so the repository is never written. Prints one
 # line per target with its executions and a closing total; exits non-zero on any crash, leak,
 # timeout or sanitizer report. Needs clang and libclang-rt-14-dev (the CI image installs them);
@@ -20,6 +20,13 @@ rm -rf "$build"
 CC=clang meson setup "$build" -Dfuzz=true -Dtests=false -Db_sanitize=address,undefined \
 	-Db_lundef=false -Dbuildtype=debug >/dev/null
 ninja -C "$build" "${targets[@]/#/tests/fuzz/}"
+# fuzz_api_cuda (fuzz_api on the CUDA backend over the fake runtime, against the host backend)
+# where the CUDA runtime's headers are, as on CI's machines
+if ninja -C "$build" -t targets all | grep -q '^tests/fuzz/fuzz_api_cuda:'; then
+	ninja -C "$build" tests/fuzz/fuzz_api_cuda tests/cuda_emu/rt/libkvtier-cuda-emu.so
+	targets+=(fuzz_api_cuda)
+	export KVTIER_CUDA_PLUGIN=$PWD/$build/tests/cuda_emu/rt/libkvtier-cuda-emu.so
+fi
 
 status=0
 meson test -C "$build" --suite fuzz --print-errorlogs || status=1

@@ -3096,8 +3096,8 @@ KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint6
 			      uint32_t n, const void *q, void *stream)
 {
 	uint32_t H, r, nb = 1;
-	uint64_t qstride;
-	int err;
+	uint64_t qstride, stamp;
+	int err = 0;
 
 	if (!m)
 		return -EINVAL;
@@ -3119,6 +3119,21 @@ KVT_API int kvt_decode_recall(struct kvt_manager *m, uint32_t layer, const uint6
 				n);
 	if (m->dev_regions) /* the selection stays on the device */
 		return recall_core(m, layer, seqs, n, NULL, SEL_QUEST, r, q, stream);
+	/* The batch first: one that names a member twice, or one that cannot be recalled, fails
+	   before any scoring, copy or read from disk (which could otherwise fail first, for a
+	   reason the call's arguments already ruled out), and fails in recall_validate, as it
+	   does where the selection stays on the device: the same error, and the same counts
+	   left behind (a call's validation counts it in its layer's calls, region_idle). */
+	if (!m->rc.n) /* (fails: no recall cache) */
+		return recall_core(m, layer, seqs, n, NULL, SEL_QUEST, r, NULL, stream);
+	stamp = ++m->stamp;
+	for (uint32_t i = 0; i < n; i++)
+		if (!kvt_batch_member(m, seqs, i, layer, stamp, "recall", &err)) {
+			err = recall_validate(m, layer, seqs, n, NULL, SEL_QUEST, r, stream);
+			if (NEVER(!err)) /* it fails at member i at the latest */
+				return kvt_fail(m, -EIO, "recall: inconsistent batch check");
+			return err;
+		}
 	if (m->dev_meta) {
 		err = score_dev(m, layer, seqs, n, q, stream);
 		return err ? err
