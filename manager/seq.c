@@ -195,7 +195,8 @@ static uint32_t share_run(struct kvt_manager *m, struct kvt_seq_px *px, uint32_t
 	if (disk && disk <= UINT32_MAX)
 		kvt_spill_room(m, (uint32_t)disk);
 	ok = kvt_prefix_restore(m, px->spans, k);
-	kvt_prefix_unhold(m, px->spans + ok, k - ok);
+	if (ok < k) /* (an empty chain has no spans array: NULL + 0 is undefined) */
+		kvt_prefix_unhold(m, px->spans + ok, k - ok);
 	return ok;
 }
 

@@ -57,11 +57,20 @@ static const uint64_t slot_ids[NSLOTS] = {
 static const uint64_t unknown_ids[] = {2, 7, UINT64_MAX - 1, 43};
 #define N_UNKNOWN (sizeof(unknown_ids) / sizeof(unknown_ids[0]))
 
+#define MAX_HASHES 8
 struct slot {
 	bool live, preempted, lost;
 	uint32_t gen; /* contents: unique per kvt_seq_create */
 	uint32_t prompt;
 	uint32_t tokens[NL]; /* 0: layer not prefilled */
+	/* kvt_seq_create_prefix: its chain (n_hashes hashes of hash_tokens tokens each; the
+	   contents of positions [0, n_hashes * hash_tokens) follow from the hashes, so that
+	   sequences on the same leading hashes hold the same tokens there), the tokens it
+	   shared, and each layer's positions in the host history before its prefill completes
+	   (the shared prefix, then kvt_prefill_chunk's chunks) */
+	uint32_t n_hashes, hash_tokens, matched;
+	uint64_t hashes[MAX_HASHES];
+	uint32_t filled[NL];
 };
 
 static struct {
@@ -267,12 +276,27 @@ static void put_val(void *dst, float v)
 	}
 }
 
-/* The K (kv = 0) or V (kv = 1) row of a token in config.dtype. */
+/* The K (kv = 0) or V (kv = 1) row of a token in config.dtype: in a hashed span, a function
+   of that span's hash (which covers every position before it), else of the sequence. */
 static void token_row(const struct slot *s, uint32_t layer, uint32_t head, uint32_t pos, int kv,
 		      uint8_t *row)
 {
+	uint32_t gen = s->gen;
+
+	if (s->n_hashes && pos < s->n_hashes * s->hash_tokens) {
+		uint64_t h = mix(s->hashes[pos / s->hash_tokens]);
+
+		gen = 0x80000000u | (uint32_t)(h ^ h >> 32); /* (kvt_seq_create's are small) */
+	}
 	for (uint32_t d = 0; d < HD; d++)
-		put_val(row + d * F.esz, token_val(s->gen, layer, head, pos, kv, d));
+		put_val(row + d * F.esz, token_val(gen, layer, head, pos, kv, d));
+}
+
+/* A layer's positions in the host history: its tokens once prefilled, else its shared prefix
+   and chunks. */
+static uint32_t history(const struct slot *s, uint32_t layer)
+{
+	return s->tokens[layer] ? s->tokens[layer] : s->filled[layer];
 }
 
 /* ---- model checks ------------------------------------------------------------------------ */
@@ -314,7 +338,7 @@ static void check_model(void)
 
 	for (int i = 0; i < NSLOTS + (int)N_UNKNOWN; i++) {
 		struct kvt_seq_info info = {.size = sizeof(info)};
-		uint32_t n = 12345, most = 0, prefilled = 0;
+		uint32_t n = 12345, most = 0, prefilled = 0, filled = UINT32_MAX;
 		uint64_t blocks = 0;
 		int rc;
 
@@ -327,7 +351,8 @@ static void check_model(void)
 			CHECK_RC(rc == 0 && n == F.s[i].tokens[l], rc);
 			most = n > most ? n : most;
 			prefilled += n > 0;
-			blocks += (n + F.bt - 1) / F.bt * NKV;
+			blocks += (history(&F.s[i], l) + F.bt - 1) / F.bt * NKV;
+			filled = history(&F.s[i], l) < filled ? history(&F.s[i], l) : filled;
 		}
 		rc = kvt_seq_info(F.m, id_of(i), &info);
 		if (!live(i)) {
@@ -342,6 +367,8 @@ static void check_model(void)
 		CHECK(info.preempted == F.s[i].preempted);
 		CHECK(info.tokens == most);
 		CHECK(info.host_blocks == blocks);
+		CHECK(info.filled_tokens == filled);
+		CHECK(info.prefix_tokens == F.s[i].matched);
 		CHECK(info.disk_blocks <= info.host_blocks);
 		CHECK(F.s[i].preempted
 			      ? info.device_frames == 0
@@ -563,6 +590,17 @@ static int be_attend_batch(uint32_t layer, const uint64_t *ids, uint32_t n, cons
 	return kvt_attend_batch(F.m, layer, ids, n, q, out, lse, NULL);
 }
 
+/* kvt_seq_load_kv into host buffers (on the CUDA backend through device ones). */
+static int be_load_kv(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint32_t pos, uint32_t n,
+		      void *k, void *v, void *stream)
+{
+#ifdef FUZZ_API_CUDA
+	if (F.cuda)
+		return t_backend_cuda.load_kv(m, seq, layer, pos, n, k, v, stream);
+#endif
+	return kvt_seq_load_kv(m, seq, layer, pos, n, k, v, stream);
+}
+
 /* ---- operations -------------------------------------------------------------------------- */
 
 static void op_create(struct in *in)
@@ -641,7 +679,210 @@ static void op_prefill(struct in *in)
 		CHECK_RC(resource_error(rc) || (s->lost && rc == -EBADMSG), rc);
 	} else {
 		F.s[slot].tokens[layer] = L;
+		F.s[slot].filled[layer] = L;
 	}
+}
+
+/* ---- prefix reuse and prefill in pieces -------------------------------------------------- */
+
+/* A hash chain from one byte: one of four chains, chains 0 and 1 (and 2 and 3) sharing their
+   first hash, so that a match may end early; hash_tokens one block (b's top bits 111: a size
+   that is no multiple of it, which must be refused). Returns the number of hashes. */
+static uint32_t chain_of(uint8_t b, uint64_t *hashes, uint32_t *ht)
+{
+	uint32_t chain = b & 3, n = (b >> 2) % (MAX_HASHES + 1);
+
+	*ht = (b >> 5) == 7 ? F.bt + 1 : F.bt;
+	for (uint32_t i = 0; i < n; i++)
+		hashes[i] = mix(((uint64_t)(i ? chain : chain >> 1) << 40) ^ ((uint64_t)i << 8) ^
+				*ht ^ 0xc4a1ull);
+	return n;
+}
+
+/* kvt_seq_create_prefix: shares the cached run of its chain (never its last max(1,
+   obs_window) tokens), or fails as kvt_seq_create does, or for a bad chain. */
+static void op_create_prefix(struct in *in)
+{
+	int slot = pick(u8(in)) % NSLOTS;
+	uint8_t p = u8(in), b = u8(in);
+	uint32_t prompt = 1 + p % MAX_PROMPT, ht, matched = 12345;
+	uint64_t hashes[MAX_HASHES];
+	uint32_t nh = chain_of(b, hashes, &ht);
+	uint32_t keep = F.cfg.obs_window > 1 ? F.cfg.obs_window : 1;
+	bool ok = !live(slot) && ht % F.bt == 0 && nh * ht <= prompt;
+	int rc = kvt_seq_create_prefix(F.m, id_of(slot), prompt, hashes, nh, ht, &matched);
+
+	trace("create_prefix %llu prompt %u chain %u hashes %u tokens %u -> %d matched %u",
+	      (unsigned long long)id_of(slot), prompt, b & 3, nh, ht, rc, rc ? 0 : matched);
+	check_errno(rc);
+	if (!ok) {
+		CHECK_RC(rc < 0, rc);
+		return;
+	}
+	if (rc) {
+		CHECK_RC(resource_error(rc), rc);
+		return;
+	}
+	CHECK(matched % ht == 0 && matched <= nh * ht);
+	/* the rest to prefill: the last max(1, obs_window) tokens, the last one alone when the
+	   prefill selects nothing */
+	if (F.cfg.topk_tokens > 0 && prompt > F.cfg.sink_tokens + F.cfg.recent_tokens &&
+	    prompt > F.cfg.obs_window)
+		CHECK(matched + keep <= prompt);
+	else
+		CHECK(matched < prompt);
+	F.s[slot] = (struct slot){.live = true,
+				  .gen = ++F.gen,
+				  .prompt = prompt,
+				  .n_hashes = nh,
+				  .hash_tokens = ht,
+				  .matched = matched};
+	memcpy(F.s[slot].hashes, hashes, nh * sizeof(*hashes));
+	for (uint32_t l = 0; l < NL; l++)
+		F.s[slot].filled[l] = matched;
+	/* the shared positions read as written by whoever cached them */
+	for (uint32_t l = 0; l < NL && matched; l++) {
+		uint8_t k[NKV * HD * MAX_ESZ], v[sizeof(k)], ek[HD * MAX_ESZ], ev[HD * MAX_ESZ];
+		uint32_t pos = (p * 7u + l) % matched;
+
+		rc = be_load_kv(F.m, id_of(slot), l, pos, 1, k, v, NULL);
+		trace("  load_kv %llu layer %u pos %u -> %d", (unsigned long long)id_of(slot), l,
+		      pos, rc);
+		if (rc == -EBADMSG)
+			refresh_lost();
+		if (rc) {
+			CHECK_RC(resource_error(rc) || rc == -EBADMSG, rc);
+			continue;
+		}
+		for (uint32_t h = 0; h < NKV; h++) { /* [NKV][1][HD] */
+			token_row(&F.s[slot], l, h, pos, 0, ek);
+			token_row(&F.s[slot], l, h, pos, 1, ev);
+			if (memcmp(k + h * HD * F.esz, ek, HD * F.esz) ||
+			    memcmp(v + h * HD * F.esz, ev, HD * F.esz))
+				die(__LINE__, "a shared prefix position reads back wrong", 0);
+		}
+	}
+}
+
+/* kvt_prefix_match: changes nothing; a run of whole spans of the chain. */
+static void op_prefix_match(struct in *in)
+{
+	uint8_t b = u8(in);
+	uint64_t hashes[MAX_HASHES];
+	uint32_t ht, tokens = 12345;
+	uint32_t nh = chain_of(b, hashes, &ht);
+	int rc = kvt_prefix_match(F.m, hashes, nh, ht, &tokens);
+
+	trace("prefix_match chain %u hashes %u tokens %u -> %d matched %u", b & 3, nh, ht, rc,
+	      rc ? 0 : tokens);
+	check_errno(rc);
+	if (ht % F.bt) {
+		CHECK_RC(rc == -EINVAL, rc);
+		return;
+	}
+	CHECK_RC(rc == 0, rc);
+	CHECK(tokens % ht == 0 && tokens <= nh * ht);
+}
+
+/* kvt_prefill_chunk: positions [pos, pos + n) of a layer, pos its positions so far (a wrong
+   one must be refused), the tensors from kv_from (pos: the chunk alone; 0: the layer from its
+   start); the last chunk completes the layer as kvt_prefill_layer would. */
+static void op_prefill_chunk(struct in *in)
+{
+	/* (room for a chunk that passes the prompt, pos + n <= prompt + 11: the CUDA fixture
+	   copies the tensors to the device before the call refuses them) */
+	static uint8_t k[NKV * (MAX_PROMPT + 16) * HD * MAX_ESZ], v[sizeof(k)];
+	static uint8_t q[NQ * 8 * HD * MAX_ESZ];
+	int slot = pick(u8(in));
+	uint8_t b = u8(in), c = u8(in), seed = u8(in);
+	uint32_t layer = b % (NL + 1);
+	struct slot *s = &F.s[slot < NSLOTS ? slot : 0];
+	uint32_t L = s->prompt, ow = F.cfg.obs_window;
+	uint32_t have = live(slot) && layer < NL ? history(s, layer) : 0;
+	uint32_t pos = (b & 0x60) == 0x60 ? have + 1 + c % 3 : have;
+	uint32_t n = c >= 0xf8 ? 0 : pos < L && c < 0xc0 ? 1 + c % (L - pos) : 1 + c % 8;
+	uint32_t kv_from = b & 0x10 ? 0 : b & 0x08 ? pos - (pos ? 1 : 0) : pos;
+	bool no_q = b & 0x80, last = pos + n == L;
+	bool selects =
+		F.cfg.topk_tokens > 0 && L > F.cfg.sink_tokens + F.cfg.recent_tokens && L > ow;
+	bool ok = live(slot) && layer < NL && !s->preempted && !s->tokens[layer] && n > 0 &&
+		  pos == have && pos + n <= L && !(last && no_q && selects);
+	int rc;
+
+	if (live(slot) && pos + n <= L && L <= MAX_PROMPT)
+		for (uint32_t h = 0; h < NKV; h++)
+			for (uint32_t x = kv_from; x < pos + n; x++) {
+				size_t off = ((size_t)h * (pos + n - kv_from) + x - kv_from) * HD *
+					     F.esz;
+
+				token_row(s, layer < NL ? layer : 0, h, x, 0, k + off);
+				token_row(s, layer < NL ? layer : 0, h, x, 1, v + off);
+			}
+	for (uint32_t i = 0; i < NQ * ow * HD; i++)
+		put_val(q + i * F.esz, query_val(seed, i));
+	rc = BE(prefill_chunk, F.m, id_of(slot), layer, pos, n, kv_from, k, v, no_q ? NULL : q,
+		NULL);
+	trace("prefill_chunk %llu layer %u pos %u n %u from %u%s -> %d",
+	      (unsigned long long)id_of(slot), layer, pos, n, kv_from, no_q ? " (no q)" : "", rc);
+	check_errno(rc);
+	if (!ok) {
+		CHECK_RC(rc < 0, rc);
+		return;
+	}
+	if (rc) {
+		if (rc == -EBADMSG)
+			refresh_lost();
+		CHECK_RC(resource_error(rc) || (s->lost && rc == -EBADMSG), rc);
+		return;
+	}
+	s->filled[layer] = pos + n;
+	if (last)
+		s->tokens[layer] = L;
+}
+
+/* kvt_seq_load_kv: any run of a layer's history, prefilled or not, bit-exact. */
+static void op_load_kv(struct in *in)
+{
+	static uint8_t k[NKV * MAX_TOK * HD * MAX_ESZ], v[sizeof(k)];
+	int slot = pick(u8(in));
+	uint8_t b = u8(in), c = u8(in);
+	uint32_t layer = b % (NL + 1);
+	const struct slot *s = &F.s[slot < NSLOTS ? slot : 0];
+	uint32_t have = live(slot) && layer < NL ? history(s, layer) : 0;
+	uint32_t pos = have ? c % have : c % 4, n = 1 + (b >> 2) % 16;
+	bool ok;
+	int rc;
+
+	if (have && pos + n > have && !(b & 0x80))
+		n = have - pos; /* mostly in range */
+	ok = live(slot) && layer < NL && pos + n <= have && !s->lost;
+	rc = be_load_kv(F.m, id_of(slot), layer, pos, n, k, v, NULL);
+	trace("load_kv %llu layer %u pos %u n %u -> %d", (unsigned long long)id_of(slot), layer,
+	      pos, n, rc);
+	check_errno(rc);
+	if (!ok) {
+		CHECK_RC(rc < 0, rc);
+		return;
+	}
+	if (rc) {
+		if (rc == -EBADMSG)
+			refresh_lost();
+		CHECK_RC(resource_error(rc) || rc == -EBADMSG, rc);
+		return;
+	}
+	for (uint32_t h = 0; h < NKV; h++)
+		for (uint32_t x = 0; x < n; x++) {
+			uint8_t ek[HD * MAX_ESZ], ev[HD * MAX_ESZ];
+			size_t off = ((size_t)h * n + x) * HD * F.esz;
+
+			token_row(s, layer, h, pos + x, 0, ek);
+			token_row(s, layer, h, pos + x, 1, ev);
+			if (memcmp(k + off, ek, HD * F.esz) || memcmp(v + off, ev, HD * F.esz)) {
+				fprintf(stderr, "fuzz_api: seq %llu layer %u head %u pos %u\n",
+					(unsigned long long)id_of(slot), layer, h, pos + x);
+				die(__LINE__, "load_kv not bit-exact", 0);
+			}
+		}
 }
 
 /* A batch of ids for decode, recall and fetch; *valid: every id live, distinct, not lost. */
@@ -1518,6 +1759,14 @@ static const op_fn ops[] = {
 	op_step_tables,
 	op_recall_device_blocks,
 	op_step_recall_device_blocks,
+	op_create_prefix,
+	op_prefill_chunk,
+	op_prefill_chunk,
+	op_load_kv,
+	op_prefix_match,
+	op_create_prefix,
+	op_prefill_chunk,
+	op_read,
 };
 #define N_OPS (sizeof(ops) / sizeof(ops[0]))
 

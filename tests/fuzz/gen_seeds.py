@@ -99,7 +99,7 @@ put('fuzz_preset', 'truncated.json', b'{"model": {"n_layers": 8},\n "gpu": {"lin
 (CREATE, PREFILL, DECODE, DECODE2, DRECALL, RBLOCKS, PREEMPT, RESUME, READ, ATTEND, INFO,
  FRAMES, VIEW, RESIDENT, DESTROY, SPILL, FETCH, SYNC, READSEQ, PREFILL2, CREATE2,
  SBEGIN, SAPPEND, SAPPEND2, SRECALL, SRBLOCKS, SEND, ABATCH, SATTEND, STABLES, RDEV,
- SRDEV) = range(32)
+ SRDEV, CPREFIX, CHUNK, CHUNK2, LOADKV, PMATCH, CPREFIX2, CHUNK3, READ2) = range(40)
 
 
 def api(cfg_a, cfg_b, *ops):
@@ -155,6 +155,18 @@ step = life(0, 90, 2) + life(1, 70, 2) + [
     (SRDEV, 0, 1, 0, 1, 2, 31), (SRDEV, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3),
     (PREEMPT, 0), (SAPPEND, 1), (RESUME, 0), (SAPPEND, 1), (SEND,), (SEND,), (SAPPEND, 0),
     (SBEGIN, 0, 1, 0, 0), (SBEGIN, 0, 2, 0, 1, 240), (SRECALL, 0, 1)]
+# prefix reuse and prefill in pieces: a sequence on chain 0 (four spans) prefilled whole on
+# layer 0 and in three chunks on layer 1, then sequences on chain 1 (its first span shared)
+# and chain 0 (all four), loads of the shared rows, their rest prefilled as a chunk from the
+# match (and the layer from its start), decodes and a recall over them; then bad chains
+prefix = [(CPREFIX, 0, 89, 0x10), (PREFILL, 0, 0, 7), (CHUNK, 0, 1, 20, 7), (CHUNK, 0, 1, 0xbf, 7),
+          (CHUNK, 0, 1, 14, 7), (PMATCH, 0x10), (PMATCH, 0x11), (CPREFIX, 1, 89, 0x11),
+          (CPREFIX, 2, 89, 0x10), (LOADKV, 2, 0x0c, 3), (LOADKV, 1, 0x10, 0),
+          (CHUNK, 2, 0x00, 0xbe, 3), (CHUNK, 2, 0x11, 0xbe, 3), (CHUNK, 1, 0x00, 0xbe, 3),
+          (CHUNK, 1, 0x61, 3, 3), (PREFILL, 1, 1, 3), (DECODE, 0, 2, 0, 1, 2),
+          (DECODE, 1, 2, 0, 1, 2), (DRECALL, 0, 5, 2, 0, 1, 2), (READSEQ, 2), (READSEQ, 1),
+          (CPREFIX, 3, 10, 0xf0), (CPREFIX, 3, 5, 0x10), (CHUNK, 0, 0, 0xf9, 0),
+          (LOADKV, 0, 0x80, 0xff), (DESTROY, 0), (CPREFIX, 0, 89, 0x10), (READSEQ, 0)]
 # config byte a: bit0 save thread, bits1-2 dtype, bits3-4 device, bits5-6 host, bit7 disk
 for i, (a, b) in enumerate([(0x00, 0x00), (0x01, 0x00), (0x7b, 0x10), (0x02, 0x31),
                             (0x04, 0x42), (0x79, 0x83), (0x99, 0x20)]):
@@ -169,4 +181,6 @@ for i, (a, b) in enumerate([(0x80, 0x00), (0x81, 0x10), (0xa3, 0x31), (0xfb, 0x0
     put('fuzz_api', 'disk-%d' % i, api(a, b, *disk))
 for i, (a, b) in enumerate([(0x79, 0x30), (0x7b, 0x34), (0xf9, 0x70), (0x7c, 0xb2)]):
     put('fuzz_api', 'step-%d' % i, api(a, b, *step))
+for i, (a, b) in enumerate([(0x79, 0x30), (0x7b, 0x03), (0xf9, 0x70), (0x19, 0x41)]):
+    put('fuzz_api', 'prefix-%d' % i, api(a, b, *prefix))
 put('fuzz_api', 'short', b'\x00')
