@@ -89,7 +89,8 @@ static struct {
 	/* fuzz_api_cuda: what each operation printed (trace) in the host backend's run, which
 	   the CUDA backend's run of the same input must print too */
 	bool record, compare;
-	bool unlogged; /* trace prints, neither keeps nor compares */
+	bool diverged; /* from here on trace prints, neither keeps nor compares (disk_used,
+			  recall_done) */
 	char *log;
 	size_t log_len, log_cap, log_at;
 } F;
@@ -178,7 +179,7 @@ static void trace(const char *fmt, ...)
 		fprintf(stderr, "%s%s%s%s\n", F.cuda ? "cuda " : "", line,
 			F.m && strstr(line, "-> -") ? ": " : "",
 			F.m && strstr(line, "-> -") ? kvt_manager_last_error(F.m) : "");
-	if ((F.record || F.compare) && !F.unlogged)
+	if ((F.record || F.compare) && !F.diverged)
 		log_line(line);
 }
 
@@ -306,6 +307,38 @@ static uint64_t id_of(int slot)
 	return slot < NSLOTS ? slot_ids[slot] : unknown_ids[slot - NSLOTS];
 }
 
+/* After a valid recall call that returned rc (its trace compared): a recall that failed for
+   a resource ends the comparison of the two runs (both reach it at the same call). The host
+   backend may fail before anything changed, reading a block back to build its metadata,
+   where the CUDA backend fails after its program ran, when the blocks its loads read do not
+   come back: its members' views then read as stale and their working sets keep the call's
+   blocks (kvtier.h), and the regions' later decisions may differ. An -ENOSPC without a disk
+   tier is the sizing's, made before anything changes on both. */
+static void recall_done(int rc)
+{
+	if (F.diverged ||
+	    !(rc == -ENOMEM || rc == -EIO || rc == -EBADMSG || (rc == -ENOSPC && F.disk)))
+		return;
+	F.diverged = true;
+	trace("  (the runs are compared no further: a recall failed for a resource)");
+}
+
+/* fuzz_api_cuda with a disk tier: the comparison ends once a block is in the spill file.
+   The host backend then reads spilled blocks back to build a recalled layer's block metadata
+   from the host history, which the CUDA backend never needs (it folds the metadata in on the
+   device as tokens are appended): the host tiers' contents differ from there on, and with
+   them which calls find room. */
+static void disk_used(void)
+{
+	struct kvt_stats st = KVT_STATS_INIT;
+
+	CHECK(kvt_manager_stats(F.m, &st) == 0);
+	if (!st.disk_blocks_used && !st.disk_blocks_spilled)
+		return;
+	F.diverged = true;
+	trace("  (the runs are compared no further: blocks in the spill file)");
+}
+
 /* A sequence id from one byte: mostly the slots', sometimes one never created. */
 static int pick(uint8_t b)
 {
@@ -379,11 +412,8 @@ static void check_model(void)
 		trace("info %llu ws %llu step %llu lost %d", (unsigned long long)id_of(i),
 		      (unsigned long long)info.recall_ws_frames,
 		      (unsigned long long)info.recall_step_frames, info.lost);
-		/* With a disk tier the backends' tiers may differ (tiers below) */
-		F.unlogged = F.disk;
 		trace("info %llu disk %llu", (unsigned long long)id_of(i),
 		      (unsigned long long)info.disk_blocks);
-		F.unlogged = false;
 	}
 	CHECK(kvt_manager_stats(F.m, &st) == 0);
 	CHECK(st.live_seqs == n_live);
@@ -407,15 +437,11 @@ static void check_model(void)
 	      (unsigned long long)st.decode_calls, (unsigned long long)st.saves_submitted,
 	      (unsigned long long)st.preemptions, (unsigned long long)st.resumes,
 	      (unsigned long long)st.seqs_lost);
-	/* With a disk tier the host backend also reads spilled blocks back to build a recalled
-	   layer's block metadata from the host history (the CUDA backend folds it in on the
-	   device as tokens are appended): the tiers' figures are the host backend's own. */
-	F.unlogged = F.disk;
+
 	trace("tiers host %llu/%llu disk %llu/%llu/%llu", (unsigned long long)st.host_blocks_used,
 	      (unsigned long long)st.host_blocks_total, (unsigned long long)st.disk_blocks_used,
 	      (unsigned long long)st.disk_blocks_spilled,
 	      (unsigned long long)st.disk_blocks_fetched);
-	F.unlogged = false;
 }
 
 /* Reads one token and compares it with the model. Returns the call's result. */
@@ -994,10 +1020,11 @@ static void run_decode_recall(uint32_t layer, uint8_t seed, const int *slots, ui
 	check_errno(rc);
 	if (!ok) {
 		CHECK_RC(rc < 0 && (step_ok(step) || rc == -EINVAL), rc);
-	} else if (rc) {
+	} else {
+		recall_done(rc);
 		if (rc == -EBADMSG)
 			refresh_lost();
-		CHECK_RC(rc == -ENOSPC || resource_error(rc) || rc == -EBADMSG, rc);
+		CHECK_RC(!rc || rc == -ENOSPC || resource_error(rc) || rc == -EBADMSG, rc);
 	}
 }
 
@@ -1052,6 +1079,8 @@ static void run_recall_blocks(struct in *in, uint32_t layer, uint32_t r, const i
 	trace("%s layer %u n %u r %u first %llu -> %d", what, layer, n, r,
 	      n ? (unsigned long long)ids[0] : 0ull, rc);
 	check_errno(rc);
+	if (ok)
+		recall_done(rc);
 	if (!ok) {
 		CHECK_RC(rc < 0 && (step_ok(step) || rc == -EINVAL), rc);
 	} else if (rc) {
@@ -1793,6 +1822,7 @@ static void run_input(const uint8_t *data, size_t size)
 
 	memset(&F.s, 0, sizeof(F.s));
 	memset(&F.step, 0, sizeof(F.step));
+	F.diverged = false;
 	F.op = 0;
 	F.gen = 0;
 	make_manager(&in);
@@ -1801,6 +1831,8 @@ static void run_input(const uint8_t *data, size_t size)
 
 		F.op++;
 		ops[opcode % N_OPS](&in);
+		if (F.disk && (F.record || F.compare) && !F.diverged)
+			disk_used();
 #ifdef FUZZ_API_CUDA
 		/* An opcode's top bit leaves the checks for a later operation: they read the
 		   recall calls' reports, settling the device's pending work, which the next
