@@ -328,12 +328,10 @@ static void recall_done(int rc)
    from the host history, which the CUDA backend never needs (it folds the metadata in on the
    device as tokens are appended): the host tiers' contents differ from there on, and with
    them which calls find room. */
-static void disk_used(void)
+static void disk_used(const struct kvt_stats *st)
 {
-	struct kvt_stats st = KVT_STATS_INIT;
-
-	CHECK(kvt_manager_stats(F.m, &st) == 0);
-	if (!st.disk_blocks_used && !st.disk_blocks_spilled)
+	if (!F.disk || !(F.record || F.compare) || F.diverged ||
+	    (!st->disk_blocks_used && !st->disk_blocks_spilled))
 		return;
 	F.diverged = true;
 	trace("  (the runs are compared no further: blocks in the spill file)");
@@ -362,6 +360,21 @@ static void refresh_lost(void)
 	}
 }
 
+/* Holds a call's result to the contract: one that must fail (!ok) failed; one that may
+   succeed failed only for a resource or a lost history (then the lost ones are read again).
+   Whether it succeeded. */
+static bool succeeded(bool ok, int rc)
+{
+	if (!ok) {
+		CHECK_RC(rc < 0, rc);
+		return false;
+	}
+	if (rc == -EBADMSG)
+		refresh_lost();
+	CHECK_RC(!rc || resource_error(rc) || rc == -EBADMSG, rc);
+	return !rc;
+}
+
 /* What every sequence shows through the API equals the model: a failed call changed
    nothing, a successful one what it should. */
 static void check_model(void)
@@ -369,6 +382,8 @@ static void check_model(void)
 	struct kvt_stats st = KVT_STATS_INIT;
 	uint32_t n_live = 0;
 
+	CHECK(kvt_manager_stats(F.m, &st) == 0);
+	disk_used(&st);
 	for (int i = 0; i < NSLOTS + (int)N_UNKNOWN; i++) {
 		struct kvt_seq_info info = {.size = sizeof(info)};
 		uint32_t n = 12345, most = 0, prefilled = 0, filled = UINT32_MAX;
@@ -409,13 +424,11 @@ static void check_model(void)
 		CHECK(info.lost == 0 || info.lost == -EBADMSG);
 		CHECK(!F.s[i].lost || info.lost);
 		CHECK(F.disk || info.lost == 0);
-		trace("info %llu ws %llu step %llu lost %d", (unsigned long long)id_of(i),
+		trace("info %llu ws %llu step %llu disk %llu lost %d", (unsigned long long)id_of(i),
 		      (unsigned long long)info.recall_ws_frames,
-		      (unsigned long long)info.recall_step_frames, info.lost);
-		trace("info %llu disk %llu", (unsigned long long)id_of(i),
-		      (unsigned long long)info.disk_blocks);
+		      (unsigned long long)info.recall_step_frames,
+		      (unsigned long long)info.disk_blocks, info.lost);
 	}
-	CHECK(kvt_manager_stats(F.m, &st) == 0);
 	CHECK(st.live_seqs == n_live);
 	CHECK(st.device_frames_used + st.device_frames_free == st.device_frames_total);
 	CHECK(st.host_blocks_used + st.host_blocks_free == st.host_blocks_total);
@@ -437,7 +450,6 @@ static void check_model(void)
 	      (unsigned long long)st.decode_calls, (unsigned long long)st.saves_submitted,
 	      (unsigned long long)st.preemptions, (unsigned long long)st.resumes,
 	      (unsigned long long)st.seqs_lost);
-
 	trace("tiers host %llu/%llu disk %llu/%llu/%llu", (unsigned long long)st.host_blocks_used,
 	      (unsigned long long)st.host_blocks_total, (unsigned long long)st.disk_blocks_used,
 	      (unsigned long long)st.disk_blocks_spilled,
@@ -711,6 +723,26 @@ static void op_prefill(struct in *in)
 
 /* ---- prefix reuse and prefill in pieces -------------------------------------------------- */
 
+/* The rows kvt_seq_load_kv read of positions [pos, pos + n) of (slot, layer), k and v
+   [NKV][n][HD], are those written there. */
+static void loaded_check(int slot, uint32_t layer, uint32_t pos, uint32_t n, const uint8_t *k,
+			 const uint8_t *v)
+{
+	for (uint32_t h = 0; h < NKV; h++)
+		for (uint32_t x = 0; x < n; x++) {
+			uint8_t ek[HD * MAX_ESZ], ev[HD * MAX_ESZ];
+			size_t off = ((size_t)h * n + x) * HD * F.esz;
+
+			token_row(&F.s[slot], layer, h, pos + x, 0, ek);
+			token_row(&F.s[slot], layer, h, pos + x, 1, ev);
+			if (memcmp(k + off, ek, HD * F.esz) || memcmp(v + off, ev, HD * F.esz)) {
+				fprintf(stderr, "fuzz_api: seq %llu layer %u head %u pos %u\n",
+					(unsigned long long)id_of(slot), layer, h, pos + x);
+				die(__LINE__, "load_kv not bit-exact", 0);
+			}
+		}
+}
+
 /* A hash chain from one byte: one of four chains, chains 0 and 1 (and 2 and 3) sharing their
    first hash, so that a match may end early; hash_tokens one block (b's top bits 111: a size
    that is no multiple of it, which must be refused). Returns the number of hashes. */
@@ -768,25 +800,14 @@ static void op_create_prefix(struct in *in)
 		F.s[slot].filled[l] = matched;
 	/* the shared positions read as written by whoever cached them */
 	for (uint32_t l = 0; l < NL && matched; l++) {
-		uint8_t k[NKV * HD * MAX_ESZ], v[sizeof(k)], ek[HD * MAX_ESZ], ev[HD * MAX_ESZ];
+		uint8_t k[NKV * HD * MAX_ESZ], v[sizeof(k)];
 		uint32_t pos = (p * 7u + l) % matched;
 
 		rc = be_load_kv(F.m, id_of(slot), l, pos, 1, k, v, NULL);
 		trace("  load_kv %llu layer %u pos %u -> %d", (unsigned long long)id_of(slot), l,
 		      pos, rc);
-		if (rc == -EBADMSG)
-			refresh_lost();
-		if (rc) {
-			CHECK_RC(resource_error(rc) || rc == -EBADMSG, rc);
-			continue;
-		}
-		for (uint32_t h = 0; h < NKV; h++) { /* [NKV][1][HD] */
-			token_row(&F.s[slot], l, h, pos, 0, ek);
-			token_row(&F.s[slot], l, h, pos, 1, ev);
-			if (memcmp(k + h * HD * F.esz, ek, HD * F.esz) ||
-			    memcmp(v + h * HD * F.esz, ev, HD * F.esz))
-				die(__LINE__, "a shared prefix position reads back wrong", 0);
-		}
+		if (succeeded(true, rc))
+			loaded_check(slot, l, pos, 1, k, v);
 	}
 }
 
@@ -886,29 +907,8 @@ static void op_load_kv(struct in *in)
 	trace("load_kv %llu layer %u pos %u n %u -> %d", (unsigned long long)id_of(slot), layer,
 	      pos, n, rc);
 	check_errno(rc);
-	if (!ok) {
-		CHECK_RC(rc < 0, rc);
-		return;
-	}
-	if (rc) {
-		if (rc == -EBADMSG)
-			refresh_lost();
-		CHECK_RC(resource_error(rc) || rc == -EBADMSG, rc);
-		return;
-	}
-	for (uint32_t h = 0; h < NKV; h++)
-		for (uint32_t x = 0; x < n; x++) {
-			uint8_t ek[HD * MAX_ESZ], ev[HD * MAX_ESZ];
-			size_t off = ((size_t)h * n + x) * HD * F.esz;
-
-			token_row(s, layer, h, pos + x, 0, ek);
-			token_row(s, layer, h, pos + x, 1, ev);
-			if (memcmp(k + off, ek, HD * F.esz) || memcmp(v + off, ev, HD * F.esz)) {
-				fprintf(stderr, "fuzz_api: seq %llu layer %u head %u pos %u\n",
-					(unsigned long long)id_of(slot), layer, h, pos + x);
-				die(__LINE__, "load_kv not bit-exact", 0);
-			}
-		}
+	if (succeeded(ok, rc))
+		loaded_check(slot, layer, pos, n, k, v);
 }
 
 /* A batch of ids for decode, recall and fetch; *valid: every id live, distinct, not lost. */
@@ -1159,16 +1159,8 @@ static void op_step_begin(struct in *in)
 	rc = kvt_step_begin(F.m, ids, n);
 	trace("step_begin n %u first %llu -> %d", n, n ? (unsigned long long)ids[0] : 0ull, rc);
 	check_errno(rc);
-	if (!ok) {
-		CHECK_RC(rc < 0, rc);
+	if (!succeeded(ok, rc))
 		return;
-	}
-	if (rc) {
-		if (rc == -EBADMSG)
-			refresh_lost();
-		CHECK_RC(resource_error(rc) || rc == -EBADMSG, rc);
-		return;
-	}
 	F.step.open = true;
 	F.step.n = n;
 	memcpy(F.step.slots, slots, n * sizeof(*slots));
@@ -1831,14 +1823,20 @@ static void run_input(const uint8_t *data, size_t size)
 
 		F.op++;
 		ops[opcode % N_OPS](&in);
-		if (F.disk && (F.record || F.compare) && !F.diverged)
-			disk_used();
 #ifdef FUZZ_API_CUDA
 		/* An opcode's top bit leaves the checks for a later operation: they read the
 		   recall calls' reports, settling the device's pending work, which the next
-		   calls should also meet unsettled. */
-		if (opcode & 0x80)
+		   calls should also meet unsettled (but with a disk tier, the counters that
+		   end the comparison). */
+		if (opcode & 0x80) {
+			struct kvt_stats st = KVT_STATS_INIT;
+
+			if (F.disk) {
+				CHECK(kvt_manager_stats(F.m, &st) == 0);
+				disk_used(&st);
+			}
 			continue;
+		}
 #endif
 		check_model();
 	}
