@@ -16,6 +16,8 @@
  *   - kvt_seq_read_token is bit-exact; resident positions ascend and are the positions whose
  *     rows kvt_seq_frames's slots hold; recalled frames hold their blocks' rows; kvt_attend
  *     equals a double-precision reference over resident plus recalled tokens;
+ *   - kvt_step_paged writes the paged form of kvt_step_tables's tables, or fails with -ENOSPC
+ *     exactly when they pass the caller's capacities, writing nothing;
  *   - at the end, every token of every live sequence reads back bit-exact (-EBADMSG only when
  *     kvt_seq_info reports the sequence lost), then kvt_manager_destroy.
  * FUZZ_API_TRACE=1 in the environment prints each operation (to follow a reproducer).
@@ -1199,26 +1201,38 @@ static void attend_rows_check(uint32_t layer, const int *slots, uint32_t n, cons
    -ENOSPC when a row passes the tables' capacities. */
 #define TF 64 /* max_frames: a layer's blocks, with room to spare */
 #define TR 8  /* max_recall: a view's blocks (r <= 3) */
-static void op_step_tables(struct in *in)
+#define TB_ROWS (MAX_BATCH * NKV)
+
+/* The buffers of the attention tables the step's operations have written (tables_buf). */
+static struct {
+	uint32_t n_batch, n_tok[TB_ROWS], frames[TB_ROWS * TF], n_rec[TB_ROWS], rec[TB_ROWS * TR],
+		rec_tok[TB_ROWS * TR];
+	uint64_t skip[TB_ROWS * TR];
+} TB;
+
+/* Tables of MAX_BATCH rows over TB's buffers. */
+static struct kvt_attn_tables tables_buf(void)
 {
-	static uint32_t n_batch, n_tok[MAX_BATCH * NKV], frames[MAX_BATCH * NKV * TF],
-		n_rec[MAX_BATCH * NKV], rec[MAX_BATCH * NKV * TR], rec_tok[MAX_BATCH * NKV * TR];
-	static uint64_t skip[MAX_BATCH * NKV * TR];
-	static uint8_t q[MAX_BATCH * NQ * HD * MAX_ESZ], out_t[sizeof(q)], out_b[sizeof(q)];
-	float lse_t[MAX_BATCH * NQ], lse_b[MAX_BATCH * NQ];
-	struct kvt_attn_tables t = {
-		.size = sizeof(t),
+	return (struct kvt_attn_tables){
+		.size = sizeof(struct kvt_attn_tables),
 		.max_batch = MAX_BATCH,
 		.max_frames = TF,
 		.max_recall = TR,
-		.n_batch = &n_batch,
-		.n_tokens = n_tok,
-		.frames = frames,
-		.n_recall = n_rec,
-		.recall = rec,
-		.recall_tokens = rec_tok,
-		.recall_skip = skip,
+		.n_batch = &TB.n_batch,
+		.n_tokens = TB.n_tok,
+		.frames = TB.frames,
+		.n_recall = TB.n_rec,
+		.recall = TB.rec,
+		.recall_tokens = TB.rec_tok,
+		.recall_skip = TB.skip,
 	};
+}
+
+static void op_step_tables(struct in *in)
+{
+	static uint8_t q[MAX_BATCH * NQ * HD * MAX_ESZ], out_t[sizeof(q)], out_b[sizeof(q)];
+	float lse_t[MAX_BATCH * NQ], lse_b[MAX_BATCH * NQ];
+	struct kvt_attn_tables t = tables_buf();
 	uint32_t layer = u8(in) % (NL + 1), n = F.step.open ? F.step.n : 0;
 	uint8_t seed = u8(in);
 	uint64_t ids[MAX_BATCH];
@@ -1241,7 +1255,7 @@ static void op_step_tables(struct in *in)
 			 rc);
 		return;
 	}
-	CHECK(n_batch == n);
+	CHECK(TB.n_batch == n);
 	for (uint32_t i = 0; i < n * NQ * HD; i++) /* every member asks with the same queries */
 		put_val(q + i * F.esz, query_val(seed, i % (NQ * HD)));
 #ifdef FUZZ_API_CUDA
@@ -1257,6 +1271,108 @@ static void op_step_tables(struct in *in)
 	CHECK(memcmp(out_t, out_b, (size_t)n * NQ * HD * F.esz) == 0);
 	CHECK(memcmp(lse_t, lse_b, (size_t)n * NQ * sizeof(*lse_t)) == 0);
 	attend_rows_check(layer, F.step.slots, n, q, out_t, lse_t, "attend_tables");
+}
+
+/* kvt_step_paged after kvt_step_tables on the same layer, both with every buffer poisoned
+   first: the paged form is the tables' (kvtier.h): row r's pages are its first frames, as many
+   as its tokens fill, the last one holding what is left; its recalled tokens are each recalled
+   block's rows below the block's count whose skip bit is clear, x = block * 2 * block_tokens +
+   row, in the tables' order; the rows past the batch, up to max_batch, empty. Capacities
+   from the input: too small a max_batch, max_pages or max_tokens fails with -ENOSPC, and a
+   failure writes nothing. */
+#define PG_ROWS TB_ROWS
+#define PG_PAGES (PG_ROWS * TF)
+#define PG_TOKENS (PG_ROWS * TR * 16) /* block_tokens <= 16 */
+static void op_step_paged(struct in *in)
+{
+	static int32_t indptr[PG_ROWS + 1], indices[PG_PAGES], last[PG_ROWS], r_indptr[PG_ROWS + 1],
+		r_indices[PG_TOKENS];
+	const int32_t poison = 0x7f7f7f7f;
+	const uint32_t *n_tok = TB.n_tok, *frames = TB.frames, *n_rec = TB.n_rec, *rec = TB.rec,
+		       *rec_tok = TB.rec_tok;
+	const uint64_t *skip = TB.skip;
+	struct kvt_attn_tables t = tables_buf();
+	uint32_t layer = u8(in) % (NL + 1), n = F.step.open ? F.step.n : 0;
+	uint8_t cb = u8(in), cp = u8(in), ct = u8(in);
+	struct kvt_paged_tables p = {
+		.size = sizeof(p),
+		.max_batch = cb & 0x80 ? (cb & 0x7f) % (MAX_BATCH + 1) : MAX_BATCH,
+		.max_pages = cp & 0x80 ? cp & 0x1f : PG_PAGES,
+		.max_tokens = ct & 0x80 ? ct & 0x3f : PG_TOKENS,
+		.indptr = indptr,
+		.indices = indices,
+		.last_page_len = last,
+		.r_indptr = r_indptr,
+		.r_indices = r_indices,
+	};
+	bool ok = F.step.open && layer < NL && batch_ready(F.step.slots, n, layer, false);
+	uint32_t pages = 0, tokens = 0, rows = n * NKV;
+	int rt, rc, want;
+
+	rt = BE(step_tables, F.m, layer, &t, NULL);
+	memset(indptr, 0x7f, sizeof(indptr));
+	memset(indices, 0x7f, sizeof(indices));
+	memset(last, 0x7f, sizeof(last));
+	memset(r_indptr, 0x7f, sizeof(r_indptr));
+	memset(r_indices, 0x7f, sizeof(r_indices));
+	rc = BE(step_paged, F.m, layer, &p, NULL);
+	trace("step_paged layer %u n %u max %u/%u/%u -> %d (tables %d)", layer, n, p.max_batch,
+	      p.max_pages, p.max_tokens, rc, rt);
+	check_errno(rc);
+	if (rc) { /* nothing written */
+		if (rc == -EBADMSG)
+			refresh_lost();
+		for (uint32_t r = 0; r <= PG_ROWS; r++)
+			CHECK(indptr[r] == poison && r_indptr[r] == poison &&
+			      (r == PG_ROWS || last[r] == poison));
+		for (uint32_t x = 0; x < PG_PAGES; x++)
+			CHECK(indices[x] == poison);
+		for (uint32_t x = 0; x < PG_TOKENS; x++)
+			CHECK(r_indices[x] == poison);
+	}
+	if (!ok) {
+		CHECK_RC(rc < 0 && (F.step.open || rc == -EINVAL), rc);
+		return;
+	}
+	if (rt) {
+		/* the tables' own capacities aside, the member's error comes first where the
+		   batch fits (tables_check, the same checks in the same order) */
+		if (rt == -ENOSPC)
+			CHECK_RC(rc == 0 || rc == -ENOSPC || resource_error(rc), rc);
+		else if (p.max_batch >= n)
+			CHECK_RC(rc == rt || resource_error(rc), rc);
+		else
+			CHECK_RC(rc == -ENOSPC, rc);
+		return;
+	}
+	CHECK(TB.n_batch == n);
+	for (uint32_t r = 0; r < rows; r++) {
+		pages += (n_tok[r] + F.bt - 1) / F.bt;
+		for (uint32_t j = 0; j < n_rec[r]; j++)
+			for (uint32_t w = 0; w < rec_tok[r * TR + j]; w++)
+				tokens += !(skip[r * TR + j] >> w & 1);
+	}
+	want = p.max_batch < n || pages > p.max_pages || tokens > p.max_tokens ? -ENOSPC : 0;
+	CHECK_RC(rc == want || resource_error(rc), rc);
+	if (rc)
+		return;
+	trace("  pages %u tokens %u", pages, tokens);
+	CHECK(indptr[0] == 0 && r_indptr[0] == 0);
+	for (uint32_t r = 0, pg_at = 0, tk_at = 0; r < p.max_batch * NKV; r++) {
+		uint32_t tk = r < rows ? n_tok[r] : 0, pg = (tk + F.bt - 1) / F.bt;
+
+		for (uint32_t e = 0; e < pg; e++) {
+			CHECK(frames[r * TF + e] != UINT32_MAX);
+			CHECK(indices[pg_at++] == (int32_t)frames[r * TF + e]);
+		}
+		CHECK(last[r] == (int32_t)(pg ? tk - (pg - 1) * F.bt : 0));
+		for (uint32_t j = 0; r < rows && j < n_rec[r]; j++)
+			for (uint32_t w = 0; w < rec_tok[r * TR + j]; w++)
+				if (!(skip[r * TR + j] >> w & 1))
+					CHECK(r_indices[tk_at++] ==
+					      (int32_t)(rec[r * TR + j] * 2 * F.bt + w));
+		CHECK(indptr[r + 1] == (int32_t)pg_at && r_indptr[r + 1] == (int32_t)tk_at);
+	}
 }
 
 /* kvt_step_end: 0 with a step open (then none is), -EALREADY without. */
@@ -1786,7 +1902,7 @@ static const op_fn ops[] = {
 	op_load_kv,
 	op_prefix_match,
 	op_create_prefix,
-	op_prefill_chunk,
+	op_step_paged,
 	op_read,
 };
 #define N_OPS (sizeof(ops) / sizeof(ops[0]))

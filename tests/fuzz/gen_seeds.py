@@ -99,7 +99,7 @@ put('fuzz_preset', 'truncated.json', b'{"model": {"n_layers": 8},\n "gpu": {"lin
 (CREATE, PREFILL, DECODE, DECODE2, DRECALL, RBLOCKS, PREEMPT, RESUME, READ, ATTEND, INFO,
  FRAMES, VIEW, RESIDENT, DESTROY, SPILL, FETCH, SYNC, READSEQ, PREFILL2, CREATE2,
  SBEGIN, SAPPEND, SAPPEND2, SRECALL, SRBLOCKS, SEND, ABATCH, SATTEND, STABLES, RDEV,
- SRDEV, CPREFIX, CHUNK, CHUNK2, LOADKV, PMATCH, CPREFIX2, CHUNK3, READ2) = range(40)
+ SRDEV, CPREFIX, CHUNK, CHUNK2, LOADKV, PMATCH, CPREFIX2, SPAGED, READ2) = range(40)
 
 
 def api(cfg_a, cfg_b, *ops):
@@ -141,12 +141,14 @@ disk = life(0, 80, 2) + life(1, 80, 2) + [(SPILL, 0), (READ, 0, 0, 10, 0), (FETC
                                             (SPILL, 1), (SPILL, 1), (FETCH, 1, 0, 1),
                                             (DECODE, 0, 1, 0, 1), (SPILL, 240)]
 # decode steps: a step over sequences 0 and 1, layer by layer (append, recall, batched
-# attention, attention tables), selections in device memory (one naming a block past its
-# member's history), then the step's calls with a member destroyed, created again and
+# attention, attention tables, their paged form with room and without), selections in
+# device memory (one naming a block past its member's history), then the step's calls with a member destroyed, created again and
 # prefilled, preempted and resumed, a step begun over a repeated id and one ended twice
 step = life(0, 90, 2) + life(1, 70, 2) + [
     (SBEGIN, 0, 1, 0, 1), (SAPPEND, 0), (SRECALL, 0, 5), (SATTEND, 0, 5), (STABLES, 0, 5),
-    (SAPPEND, 1), (SRBLOCKS, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3), (SATTEND, 1, 6),
+    (SPAGED, 0, 0, 0, 0), (SPAGED, 0, 0x81, 0, 0), (SPAGED, 0, 0, 0x82, 0),
+    (SPAGED, 0, 0, 0, 0x83), (SAPPEND, 1), (SRBLOCKS, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3),
+    (SATTEND, 1, 6), (SPAGED, 1, 0, 0, 0), (SPAGED, 2, 0, 0, 0),
     (ABATCH, 1, 7, 1, 1, 0), (SEND,),
     (SATTEND, 0, 1), (STABLES, 1, 1), (ABATCH, 0, 2, 1, 0, 0),
     (RDEV, 1, 2, 1, 0, 1, 0, 1, 2, 3, 0, 1, 2, 3), (RDEV, 0, 1, 1, 0, 1, 0, 1, 30, 31),
