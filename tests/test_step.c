@@ -360,6 +360,9 @@ static uint32_t check_tables(struct kvt_manager *m, const struct kvt_config *c,
 	{
 		float *lo = t_xmalloc(n * c->n_q_heads * 4), *of = t_xmalloc(n * qn * 4);
 
+		uint8_t *ob2 = t_xmalloc(n * qn * es);
+		float *lo2 = t_xmalloc(n * c->n_q_heads * 4);
+
 		CHECK_RC(t_step_attend(m, l, n, qb, ob, lo, NULL), 0);
 		kvt_to_f32(c->dtype, ob, of, n * qn);
 		for (size_t e = 0; e < n * qn; e++)
@@ -367,6 +370,13 @@ static uint32_t check_tables(struct kvt_manager *m, const struct kvt_config *c,
 					   (es == 2 ? 2e-3f : 1e-5f) * (1.0f + fabsf(bo[e])));
 		for (size_t e = 0; e < (size_t)n * c->n_q_heads; e++)
 			assert_float_equal(lo[e], bl[e], 1e-4f * (1.0f + fabsf(bl[e])));
+		/* the plain call on the step's ids: the same, bit for bit */
+		memset(ob2, 0x5a, n * qn * es);
+		CHECK_RC(t_attend_batch(m, l, batch, n, qb, ob2, lo2, NULL), 0);
+		assert_memory_equal(ob2, ob, n * qn * es);
+		assert_memory_equal(lo2, lo, (size_t)n * c->n_q_heads * 4);
+		free(ob2);
+		free(lo2);
 		free(lo);
 		free(of);
 	}

@@ -16,8 +16,9 @@
  *   - kvt_seq_read_token is bit-exact; resident positions ascend and are the positions whose
  *     rows kvt_seq_frames's slots hold; recalled frames hold their blocks' rows; kvt_attend
  *     equals a double-precision reference over resident plus recalled tokens;
- *   - kvt_step_paged writes the paged form of kvt_step_tables's tables, or fails with -ENOSPC
- *     exactly when they pass the caller's capacities, writing nothing;
+ *   - kvt_step_paged writes the paged form of kvt_step_tables's tables, its recalled tokens'
+ *     rows in the pool where it says, or fails with -ENOSPC exactly when they pass the
+ *     caller's capacities, writing nothing;
  *   - at the end, every token of every live sequence reads back bit-exact (-EBADMSG only when
  *     kvt_seq_info reports the sequence lost), then kvt_manager_destroy.
  * FUZZ_API_TRACE=1 in the environment prints each operation (to follow a reproducer).
@@ -600,34 +601,6 @@ static void frame_read(void *dst, uint64_t addr, size_t n)
 	}
 #endif
 	memcpy(dst, (const void *)(uintptr_t)addr, n);
-}
-
-/* kvt_attend_batch with q, out and lse in the backend's memory (out and lse read back whatever
-   the call returned). */
-static int be_attend_batch(uint32_t layer, const uint64_t *ids, uint32_t n, const void *q,
-			   void *out, float *lse)
-{
-#ifdef FUZZ_API_CUDA
-	if (F.cuda) {
-		size_t nb = (size_t)n * NQ * HD * F.esz, nl = (size_t)n * NQ * sizeof(float);
-		void *dq = NULL, *dout = NULL, *dlse = NULL;
-		int rc;
-
-		if (!n) /* (no tensors to copy: the call fails on its batch) */
-			return kvt_attend_batch(F.m, layer, ids, n, q, out, lse, NULL);
-		CHECK(cudaMalloc(&dq, nb) == cudaSuccess && cudaMalloc(&dout, nb) == cudaSuccess &&
-		      cudaMalloc(&dlse, nl) == cudaSuccess &&
-		      cudaMemcpy(dq, q, nb, cudaMemcpyHostToDevice) == cudaSuccess);
-		rc = kvt_attend_batch(F.m, layer, ids, n, dq, dout, dlse, NULL);
-		CHECK(cudaDeviceSynchronize() == cudaSuccess);
-		frame_read(out, (uint64_t)(uintptr_t)dout, nb);
-		frame_read(lse, (uint64_t)(uintptr_t)dlse, nl);
-		CHECK(cudaFree(dq) == cudaSuccess && cudaFree(dout) == cudaSuccess &&
-		      cudaFree(dlse) == cudaSuccess);
-		return rc;
-	}
-#endif
-	return kvt_attend_batch(F.m, layer, ids, n, q, out, lse, NULL);
 }
 
 /* kvt_seq_load_kv into host buffers (on the CUDA backend through device ones). */
@@ -1266,11 +1239,67 @@ static void op_step_tables(struct in *in)
 #endif
 	trace("attend_tables -> %d", rc);
 	CHECK_RC(rc == 0, rc);
-	rc = be_attend_batch(layer, ids, n, q, out_b, lse_b);
+	rc = BE(attend_batch, F.m, layer, ids, n, q, out_b, lse_b, NULL);
 	CHECK_RC(rc == 0, rc);
 	CHECK(memcmp(out_t, out_b, (size_t)n * NQ * HD * F.esz) == 0);
 	CHECK(memcmp(lse_t, lse_b, (size_t)n * NQ * sizeof(*lse_t)) == 0);
 	attend_rows_check(layer, F.step.slots, n, q, out_t, lse_t, "attend_tables");
+}
+
+/* The paged form p of the open step's layer `layer` (written, checked against the tables)
+   read where it says, over the pool of kvt_manager_pool: every resident page a block of the
+   device tier, every recalled token a row of a recall frame, and that row, K and V, the
+   token's, the blocks as each member's recall view names them. */
+static void paged_rows_check(uint32_t layer, const struct kvt_paged_tables *p)
+{
+	struct kvt_pool_info pool;
+	struct kvt_recall_ref refs[TR];
+	uint8_t got[HD * MAX_ESZ], want[HD * MAX_ESZ];
+	size_t rb = (size_t)HD * F.esz;
+	int rc = kvt_manager_pool(F.m, &pool);
+
+	CHECK_RC(rc == 0, rc);
+	CHECK(pool.row_bytes == rb && pool.block_tokens == F.bt);
+	for (uint32_t i = 0; i < F.step.n; i++) {
+		int slot = F.step.slots[i];
+
+		for (uint32_t h = 0; h < NKV; h++) {
+			uint32_t r = i * NKV + h, nv = 0;
+			int32_t e = p->r_indptr[r];
+
+			for (int32_t x = p->indptr[r]; x < p->indptr[r + 1]; x++)
+				CHECK(p->indices[x] >= 0 &&
+				      (uint64_t)p->indices[x] < pool.first_recall);
+			rc = kvt_seq_recall_view(F.m, id_of(slot), layer, h, refs, TR, &nv);
+			CHECK_RC(rc == 0, rc);
+			CHECK(nv == TB.n_rec[r]);
+			for (uint32_t j = 0; j < nv; j++) {
+				CHECK(refs[j].frame ==
+				      pool.base + (uint64_t)TB.rec[r * TR + j] * pool.block_bytes);
+				for (uint32_t w = 0; w < refs[j].n_valid; w++) {
+					uint64_t x, at;
+
+					if (refs[j].resident >> w & 1)
+						continue;
+					CHECK(e < p->r_indptr[r + 1]);
+					x = (uint64_t)p->r_indices[e++];
+					CHECK(x >= pool.first_recall * 2 * F.bt &&
+					      x < pool.n_blocks * 2 * F.bt);
+					at = pool.base + x * pool.row_bytes;
+					for (int kv = 0; kv < 2; kv++) {
+						frame_read(got, at + (kv ? pool.v_offset : 0), rb);
+						token_row(&F.s[slot], layer, h,
+							  refs[j].block * F.bt + w, kv, want);
+						if (memcmp(got, want, rb))
+							die(__LINE__,
+							    "a paged recalled row differs from the history",
+							    0);
+					}
+				}
+			}
+			CHECK(e == p->r_indptr[r + 1]);
+		}
+	}
 }
 
 /* kvt_step_paged after kvt_step_tables on the same layer, both with every buffer poisoned
@@ -1373,6 +1402,7 @@ static void op_step_paged(struct in *in)
 					      (int32_t)(rec[r * TR + j] * 2 * F.bt + w));
 		CHECK(indptr[r + 1] == (int32_t)pg_at && r_indptr[r + 1] == (int32_t)tk_at);
 	}
+	paged_rows_check(layer, &p);
 }
 
 /* kvt_step_end: 0 with a step open (then none is), -EALREADY without. */
@@ -1754,7 +1784,7 @@ static void run_attend_batch(uint32_t layer, uint8_t seed, const int *slots, uin
 	for (uint32_t i = 0; i < n * NQ * HD; i++)
 		put_val(q + i * F.esz, query_val(seed, i % (NQ * HD)));
 	rc = step ? BE_STEP(step_attend, F.m, layer, n, q, out, lse, NULL)
-		  : be_attend_batch(layer, ids, n, q, out, lse);
+		  : BE(attend_batch, F.m, layer, ids, n, q, out, lse, NULL);
 	trace("%s layer %u n %u first %llu -> %d", step ? "step_attend" : "attend_batch", layer, n,
 	      n ? (unsigned long long)ids[0] : 0ull, rc);
 	check_errno(rc);

@@ -71,6 +71,9 @@ struct t_backend {
 	/* kvt_step_paged into p's buffers (host memory here, as step_tables) */
 	int (*step_paged)(struct kvt_manager *m, uint32_t layer, const struct kvt_paged_tables *p,
 			  void *stream);
+	/* kvt_attend_batch; q, out and lse in host memory here */
+	int (*attend_batch)(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
+			    const void *q, void *out, float *lse, void *stream);
 	/* kvt_step_attend; n: the step's batch size; q, out and lse in host memory here */
 	int (*step_attend)(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *q,
 			   void *out, float *lse, void *stream);
@@ -168,6 +171,12 @@ static inline int t_step_paged(struct kvt_manager *m, uint32_t layer,
 			       const struct kvt_paged_tables *p, void *stream)
 {
 	return t_be->step_paged(m, layer, p, stream);
+}
+
+static inline int t_attend_batch(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs,
+				 uint32_t n, const void *q, void *out, float *lse, void *stream)
+{
+	return t_be->attend_batch(m, layer, seqs, n, q, out, lse, stream);
 }
 
 static inline int t_step_attend(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *q,

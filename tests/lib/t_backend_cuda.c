@@ -356,10 +356,10 @@ static int cu_step_paged(struct kvt_manager *m, uint32_t layer, const struct kvt
 	return rc;
 }
 
-/* kvt_step_attend over device copies of q, out and lse (out and lse read back after the call,
-   whatever it returned). */
-static int cu_step_attend(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *q,
-			  void *out, float *lse, void *stream)
+/* kvt_attend_batch (seqs non-NULL) or kvt_step_attend over device copies of the n members'
+   q, out and lse (out and lse read back after the call, whatever it returned). */
+static int cu_attend(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
+		     const void *q, void *out, float *lse, void *stream)
 {
 	struct kvt_config c;
 	size_t nb[3];
@@ -367,14 +367,30 @@ static int cu_step_attend(struct kvt_manager *m, uint32_t layer, uint32_t n, con
 	int rc;
 
 	if (cu_shape(m, 0, &c, NULL))
-		return kvt_step_attend(m, layer, q, out, lse, stream);
+		return seqs ? kvt_attend_batch(m, layer, seqs, n, q, out, lse, stream)
+			    : kvt_step_attend(m, layer, q, out, lse, stream);
 	nb[0] = nb[1] = (size_t)n * c.n_q_heads * c.head_dim * kvt_dtype_size(c.dtype);
 	nb[2] = (size_t)n * c.n_q_heads * sizeof(float);
 	cu_ins(h, nb, dv, 3, stream);
-	rc = kvt_step_attend(m, layer, dv[0], dv[1], dv[2], stream);
+	rc = seqs ? kvt_attend_batch(m, layer, seqs, n, dv[0], dv[1], dv[2], stream)
+		  : kvt_step_attend(m, layer, dv[0], dv[1], dv[2], stream);
 	cu_outs(h + 1, nb + 1, dv + 1, 2, stream); /* out and lse; q is only read */
 	cu_drop(dv[0], q, stream);
 	return rc;
+}
+
+static int cu_attend_batch(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
+			   const void *q, void *out, float *lse, void *stream)
+{
+	if (!seqs) /* (the call's own refusal, not the step's) */
+		return kvt_attend_batch(m, layer, seqs, n, q, out, lse, stream);
+	return cu_attend(m, layer, seqs, n, q, out, lse, stream);
+}
+
+static int cu_step_attend(struct kvt_manager *m, uint32_t layer, uint32_t n, const void *q,
+			  void *out, float *lse, void *stream)
+{
+	return cu_attend(m, layer, NULL, n, q, out, lse, stream);
 }
 
 /* kvt_attend_tables over device copies of t's buffers, q, out and lse (out and lse read back
@@ -454,6 +470,7 @@ const struct t_backend t_backend_cuda = {
 	.dev_read = cu_dev_read,
 	.step_tables = cu_step_tables,
 	.step_paged = cu_step_paged,
+	.attend_batch = cu_attend_batch,
 	.step_attend = cu_step_attend,
 	.attend_tables = cu_attend_tables,
 	.stream_new = cu_stream_new,

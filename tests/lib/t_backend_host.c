@@ -76,6 +76,7 @@ const struct t_backend t_backend_host = {
 	.dev_read = host_dev_read,
 	.step_tables = kvt_step_tables,
 	.step_paged = kvt_step_paged,
+	.attend_batch = kvt_attend_batch,
 	.step_attend = host_step_attend,
 	.attend_tables = host_attend_tables,
 	.stream_new = host_stream_new,
