@@ -517,6 +517,9 @@ struct kvt_seq_info {
 	uint32_t filled_tokens; /* tokens in the host history of its least advanced layer
 				   (shared prefix, prefill chunks and decode tokens) */
 	uint64_t shared_blocks; /* of host_blocks, those shared with the prefix cache */
+	uint64_t serial;	/* its creation under this manager, from 1: a sequence destroyed and
+				   created again under the same id has another (a scheduler, an engine,
+				   tells a new request from the one it knew under that id) */
 };
 
 /* Fills *out up to out->size (at least the first two fields; a larger size: the whole struct)
@@ -995,10 +998,12 @@ KVT_API int kvt_sched_create(struct kvt_manager *m, const struct kvt_sched_confi
 KVT_API void kvt_sched_destroy(struct kvt_sched *s);
 /* Queues live sequence seq (not prefilled yet) to produce max_new_tokens (>= 1) tokens: the
    first comes from its prefill, each further one from a decode step. -ENOENT (not live),
-   -EEXIST (already queued), -EINVAL, -E2BIG when the device tier could never hold it alone, or,
-   with a disk tier, when one layer of its history (prompt + max_new_tokens) would not fit
-   the host tier (what one call may touch). With a disk tier, admission also keeps what the
-   batch touches in an iteration within the host tier (per decode, the block each layer's
+   -EEXIST (already queued; a request whose sequence the engine has destroyed since, perhaps
+   creating another under the id, is forgotten here, as the next step would, and the id is
+   then queued or refused as if it never had been), -EINVAL, -E2BIG when the device tier could never
+   hold it alone, or, with a disk tier, when one layer of its history (prompt + max_new_tokens)
+   would not fit the host tier (what one call may touch). With a disk tier, admission also keeps
+   what the batch touches in an iteration within the host tier (per decode, the block each layer's
    token goes to and its recall working set; per prefill, one layer of its prompt), and
    kvt_sched_step reads the blocks the admitted decodes append to back (kvt_seq_fetch)
    before it returns. */

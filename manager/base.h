@@ -76,6 +76,7 @@ struct kvt_blk_ticket {
    the first line. */
 struct kvt_seq {
 	uint64_t id;
+	uint64_t serial;      /* m->seq_creates when it was created (kvt_seq_info.serial) */
 	uint64_t stamp;	      /* last decode call that named it (duplicate detection) */
 	uint64_t save_ticket; /* latest save that wrote into its host blocks */
 	uint64_t bulk_ticket; /* latest save of rows other than a decode append's (a prefill's, a

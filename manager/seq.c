@@ -142,7 +142,7 @@ KVT_API int kvt_seq_create(struct kvt_manager *m, uint64_t seq, uint32_t prompt_
 		return kvt_fail(m, err, "sequence %llu: cannot grow the sequence table",
 				(unsigned long long)seq);
 	}
-	m->seq_creates++;
+	s->serial = ++m->seq_creates;
 	return 0;
 }
 
@@ -268,7 +268,7 @@ KVT_API int kvt_seq_create_prefix(struct kvt_manager *m, uint64_t seq, uint32_t 
 								       : s->save_ticket;
 	s->bulk_ticket = s->save_ticket;
 	ALWAYS(kvt_idmap_put(&m->seqs, seq, s) == 0); /* room reserved above */
-	m->seq_creates++;
+	s->serial = ++m->seq_creates;
 	m->st.prefix_tokens_asked += prompt_tokens;
 	m->st.prefix_tokens_hit += px->prefix_tokens;
 	*matched_tokens = px->prefix_tokens;
@@ -1744,6 +1744,7 @@ KVT_API int kvt_seq_info(struct kvt_manager *m, uint64_t seq, struct kvt_seq_inf
 	in.recall_step_frames = step;
 	in.disk_blocks = (uint64_t)s->n_spilled * m->cfg.n_kv_heads;
 	in.lost = s->lost;
+	in.serial = s->serial;
 	memcpy(out, &in, size);
 	return 0;
 }

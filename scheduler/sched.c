@@ -19,7 +19,9 @@
  *
  * The manager stays the authority: the scheduler reads kvt_seq_info before admitting a
  * request and after executing one, so a sequence that the engine destroyed, preempted or
- * prefilled on its own is noticed rather than assumed.
+ * prefilled on its own is noticed rather than assumed. A request knows its sequence by id and
+ * serial (kvt_seq_info.serial): one the engine destroyed and created again under the same id
+ * is another sequence, not the request's.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -48,7 +50,8 @@ struct link {
 /* One submitted request. DONE requests are not kept: commit reports and frees them. */
 struct sreq {
 	uint64_t seq;
-	uint64_t order; /* arrival number: the FCFS key of every list */
+	uint64_t serial; /* its sequence's kvt_seq_info.serial: the sequence it was submitted for */
+	uint64_t order;	 /* arrival number: the FCFS key of every list */
 	uint32_t prompt, max_new, generated;
 	uint32_t work;	 /* prompt tokens a layer's prefill computes: past its shared prefix */
 	uint32_t layers; /* layers prefilled, as of the latest kvt_seq_info */
@@ -99,7 +102,9 @@ struct kvt_sched {
 	uint32_t n_failed;
 	/* completed requests whose frames the preempt at commit could not free (a device error):
 	   freed at the next step instead (release_completed); max_requests entries */
-	uint64_t *release;
+	struct release {
+		uint64_t seq, serial;
+	} * release;
 	uint32_t n_release;
 	struct kvt_sched_iter cur, last;
 	uint64_t snap_lookups, snap_hits, snap_loads;
@@ -206,6 +211,15 @@ static int seq_info(struct kvt_sched *s, uint64_t seq, struct kvt_seq_info *info
 	return kvt_seq_info(s->m, seq, info);
 }
 
+/* kvt_seq_info of the sequence r was submitted for: -ENOENT when it is gone, also when the
+   engine destroyed it and created another under its id (another serial), which is not r's. */
+static int req_info(struct kvt_sched *s, const struct sreq *r, struct kvt_seq_info *info)
+{
+	int err = seq_info(s, r->seq, info);
+
+	return !err && info->serial != r->serial ? -ENOENT : err;
+}
+
 /* ---- create / destroy ------------------------------------------------------------------- */
 
 KVT_API int kvt_sched_create(struct kvt_manager *m, const struct kvt_sched_config *cfg,
@@ -290,6 +304,17 @@ static inline uint64_t full_layer_frames(const struct kvt_sched *s, uint32_t pro
 	return (uint64_t)DIV_UP(prompt, s->block_tokens) * s->n_heads;
 }
 
+/* Takes r out of the current batch, if it is there. */
+static void unbatch(struct kvt_sched *s, struct sreq *r)
+{
+	if (!r->admitted)
+		return;
+	r->admitted = false;
+	for (uint32_t i = 0; i < s->n_items; i++)
+		if (s->item_req[i] == r)
+			s->item_req[i] = NULL;
+}
+
 KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new_tokens)
 {
 	struct kvt_stats st = KVT_STATS_INIT;
@@ -300,8 +325,15 @@ KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new
 
 	if (!s || max_new_tokens == 0)
 		return -EINVAL;
-	if (kvt_idmap_get(&s->map, seq))
-		return -EEXIST;
+	r = kvt_idmap_get(&s->map, seq);
+	if (r) {
+		if (req_info(s, r, &info) != -ENOENT)
+			return -EEXIST;
+		/* its sequence is gone (destroyed by the engine, perhaps created again under
+		   the id): forgotten now, as the next step would */
+		unbatch(s, r);
+		drop(s, r);
+	}
 	err = seq_info(s, seq, &info);
 	if (err)
 		return err;
@@ -325,6 +357,7 @@ KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new
 	if (!r)
 		return -ENOMEM;
 	r->seq = seq;
+	r->serial = info.serial;
 	r->order = s->next_order;
 	r->prompt = info.prompt_tokens;
 	r->work = info.prompt_tokens - info.prefix_tokens;
@@ -340,17 +373,6 @@ KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new
 	return 0;
 }
 
-/* Takes r out of the current batch, if it is there. */
-static void unbatch(struct kvt_sched *s, struct sreq *r)
-{
-	if (!r->admitted)
-		return;
-	r->admitted = false;
-	for (uint32_t i = 0; i < s->n_items; i++)
-		if (s->item_req[i] == r)
-			s->item_req[i] = NULL;
-}
-
 KVT_API int kvt_sched_finish(struct kvt_sched *s, uint64_t seq)
 {
 	struct kvt_seq_info info;
@@ -362,7 +384,8 @@ KVT_API int kvt_sched_finish(struct kvt_sched *s, uint64_t seq)
 	r = kvt_idmap_get(&s->map, seq);
 	if (!r)
 		return -ENOENT;
-	err = seq_info(s, seq, &info);
+	/* (a sequence created again under the id is not r's: its frames stay) */
+	err = req_info(s, r, &info);
 	if (!err && !info.preempted && info.device_frames) {
 		err = kvt_seq_preempt(s->m, seq);
 		if (err && err != -EALREADY && err != -ENOENT)
@@ -421,9 +444,10 @@ static void admit(struct kvt_sched *s, const struct kvt_stats *st)
 		}
 		if (s->n_plan && tokens + tok > s->cfg.max_tokens)
 			break;
-		err = seq_info(s, r->seq, &info);
+		err = req_info(s, r, &info);
 		if (err == -ENOENT) {
-			/* destroyed by the engine behind the scheduler's back */
+			/* destroyed by the engine behind the scheduler's back (perhaps created
+			   again under its id: another request) */
 			drop(s, r);
 			continue;
 		}
@@ -520,7 +544,7 @@ static uint64_t spare_frames(struct kvt_sched *s)
 		struct kvt_seq_info info;
 
 		if (!v->admitted) {
-			int err = seq_info(s, v->seq, &info);
+			int err = req_info(s, v, &info);
 
 			if (err == -ENOENT)
 				drop(s, v);
@@ -675,22 +699,24 @@ static void emit(struct kvt_sched *s)
 }
 
 /* Frees the frames of the completed requests whose preempt failed at commit, before the step
-   counts free frames; keeps those that fail again for the next step. A sequence gone, already
-   preempted, holding nothing or submitted again as a new request is no longer ours to free. */
+   counts free frames; keeps those that fail again for the next step. A sequence gone (or
+   created again under the id), already preempted, holding nothing or submitted again as a new
+   request is no longer ours to free. */
 static void release_completed(struct kvt_sched *s)
 {
 	uint32_t w = 0;
 
 	for (uint32_t i = 0; i < s->n_release; i++) {
-		uint64_t seq = s->release[i];
+		uint64_t seq = s->release[i].seq;
 		struct kvt_seq_info info;
 		int err = seq_info(s, seq, &info);
 
-		if (err || info.preempted || !info.device_frames || kvt_idmap_get(&s->map, seq))
+		if (err || info.serial != s->release[i].serial || info.preempted ||
+		    !info.device_frames || kvt_idmap_get(&s->map, seq))
 			continue;
 		err = kvt_seq_preempt(s->m, seq);
 		if (err && err != -EALREADY && err != -ENOENT)
-			s->release[w++] = seq;
+			s->release[w++] = s->release[i];
 	}
 	s->n_release = w;
 }
@@ -746,7 +772,7 @@ static void complete(struct kvt_sched *s, struct sreq *r)
 	   not wait for the device) changed nothing: the request completed all the same, and the
 	   next step frees its frames, unless the engine has destroyed it by then. */
 	if (err && err != -EALREADY && err != -ENOENT && s->n_release < s->cfg.max_requests)
-		s->release[s->n_release++] = r->seq;
+		s->release[s->n_release++] = (struct release){r->seq, r->serial};
 	s->completed[s->n_completed++] = r->seq;
 	drop(s, r);
 }
@@ -768,7 +794,7 @@ KVT_API int kvt_sched_commit(struct kvt_sched *s)
 		if (!r)
 			continue;
 		r->admitted = false;
-		err = seq_info(s, r->seq, &info);
+		err = req_info(s, r, &info);
 		if (err == -ENOENT) {
 			drop(s, r);
 			continue;

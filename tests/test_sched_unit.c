@@ -82,6 +82,7 @@ void test_create_errors(void **state)
 
 void test_submit_errors(void **state)
 {
+	uint64_t serial;
 	/* 30 frames: L=40 needs 2 x 10 resident + 10 of full KV under ws_control = 30 */
 	struct kvt_config c = cfg_frames(30, 0);
 	struct kvt_sched_config sc = sched_cfg(4, 1024, 4096, 1);
@@ -160,6 +161,47 @@ void test_submit_errors(void **state)
 	eng_reap(&e, &b);
 	CHECK_EQ(b.n_items, 0);
 	CHECK_RC(kvt_sched_commit(e.s), 0);
+
+	/* destroyed and created again under its id: another sequence (kvt_seq_info.serial), not
+	   the request's. Submitting the id while it is gone is -ENOENT and forgets the request;
+	   submitting it once created again queues the new one, which starts with its prefill
+	   (before, -EEXIST: the old request stayed, and its next step planned a decode for a
+	   sequence never prefilled) */
+	CHECK_RC(eng_add(&e, 8, 16, 4), 0);
+	eng_iter(&e, &b);
+	CHECK_ITEMS(&b, "8:0-2");
+	serial = info_of(&e, 8).serial;
+	assert_true(serial >= 1);
+	CHECK_RC(kvt_seq_destroy(e.m, 8), 0);
+	e.r[8].live = e.r[8].queued = false;
+	CHECK_RC(kvt_sched_submit(e.s, 8, 2), -ENOENT);
+	CHECK_EQ(kvt_sched_pending(e.s), 0);
+	CHECK_RC(eng_add(&e, 9, 16, 4), 0);
+	eng_iter(&e, &b);
+	CHECK_ITEMS(&b, "9:0-2");
+	assert_true(info_of(&e, 9).serial > serial); /* created after 8 */
+	serial = info_of(&e, 9).serial;
+	CHECK_RC(kvt_seq_destroy(e.m, 9), 0);
+	e.r[9].live = e.r[9].queued = false;
+	CHECK_RC(eng_add(&e, 9, 24, 2), 0);
+	assert_true(info_of(&e, 9).serial > serial);
+	CHECK_EQ(kvt_sched_pending(e.s), 1);
+	eng_iter(&e, &b);
+	CHECK_ITEMS(&b, "9:0-2");
+	/* between a step and its commit: the request whose sequence was replaced is dropped at
+	   the commit, and the new sequence is no request until submitted */
+	CHECK_RC(kvt_sched_step(e.s, &b), 0);
+	CHECK_ITEMS(&b, "9:d");
+	CHECK_RC(kvt_seq_destroy(e.m, 9), 0);
+	CHECK_RC(kvt_seq_create(e.m, 9, 16), 0);
+	e.r[9] = (struct treq){.L = 16, .max_new = 2, .live = true};
+	CHECK_RC(kvt_sched_commit(e.s), 0);
+	CHECK_EQ(kvt_sched_pending(e.s), 0);
+	CHECK_RC(kvt_sched_submit(e.s, 9, 2), 0);
+	e.r[9].queued = true;
+	e.r[9].arrival = e.n_submitted++;
+	eng_iter(&e, &b);
+	CHECK_ITEMS(&b, "9:0-2");
 	eng_fini(&e);
 
 	/* without ws_control the full-KV reservation is not counted: 20 frames fit in 30 */

@@ -135,7 +135,7 @@ class SeqInfo(_Struct):
         ("disk_blocks", c_uint64),
         ("lost", c_int32), ("reserved", c_uint32),
         ("prefix_tokens", c_uint32), ("filled_tokens", c_uint32),
-        ("shared_blocks", c_uint64),
+        ("shared_blocks", c_uint64), ("serial", c_uint64),
     ]
 
 

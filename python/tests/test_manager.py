@@ -86,6 +86,12 @@ def test_prefill_and_decode_read_back_bit_exact(dtype, rng):
                     assert rv.tobytes() == v[h, pos].tobytes()
         rk, rv = m.read_token(3, 1, 1, T)
         assert rk.tobytes() == k1[0, 1].tobytes() and rv.tobytes() == v1[0, 1].tobytes()
+        # a sequence created again under the same id is another one: a later serial
+        serial = m.info(3).serial
+        assert serial >= 1
+        m.destroy_seq(3)
+        m.create_seq(3, T)
+        assert m.info(3).serial > serial
 
 
 def test_resident_set_is_sink_topk_ring(mgr, rng):
