@@ -19,6 +19,8 @@
  *   - kvt_step_paged writes the paged form of kvt_step_tables's tables, its recalled tokens'
  *     rows in the pool where it says, or fails with -ENOSPC exactly when they pass the
  *     caller's capacities, writing nothing;
+ *   - kvt_sched_step's batches keep the scheduler's contract (item count, distinct live
+ *     sequences, prefills first, layer ranges), and its calls fail where they must;
  *   - at the end, every token of every live sequence reads back bit-exact (-EBADMSG only when
  *     kvt_seq_info reports the sequence lost), then kvt_manager_destroy.
  * FUZZ_API_TRACE=1 in the environment prints each operation (to follow a reproducer).
@@ -74,12 +76,14 @@ struct slot {
 	uint32_t n_hashes, hash_tokens, matched;
 	uint64_t hashes[MAX_HASHES];
 	uint32_t filled[NL];
+	uint64_t serial; /* kvt_seq_info.serial */
 };
 
 static struct {
 	struct kvt_manager *m;
 	struct kvt_config cfg;
 	uint32_t esz, bt, gen;
+	uint64_t serial; /* the latest sequence's kvt_seq_info.serial */
 	bool disk, trace;
 	struct slot s[NSLOTS];
 	struct { /* the open decode step (kvt_step_begin), as the model sees it */
@@ -89,6 +93,11 @@ static struct {
 	} step;
 	uint32_t op; /* index of the operation, for messages */
 	bool cuda;   /* this run's manager is on the CUDA backend (fuzz_api_cuda) */
+	/* the scheduler over the manager (op_sched), its limits and its batch not committed */
+	struct kvt_sched *sched;
+	struct kvt_sched_config scfg;
+	struct kvt_sched_batch sb;
+	bool sb_open;
 	/* fuzz_api_cuda: what each operation printed (trace) in the host backend's run, which
 	   the CUDA backend's run of the same input must print too */
 	bool record, compare;
@@ -351,7 +360,9 @@ static bool live(int slot)
 	return slot < NSLOTS && F.s[slot].live;
 }
 
-static void refresh_lost(void)
+/* The lost flag of every live sequence as the manager has it, and with preempted its
+   preempted flag too (the scheduler preempts and resumes on its own). */
+static void refresh(bool preempted)
 {
 	for (int i = 0; i < NSLOTS; i++) {
 		struct kvt_seq_info info = {.size = sizeof(info)};
@@ -360,7 +371,14 @@ static void refresh_lost(void)
 			continue;
 		CHECK(kvt_seq_info(F.m, slot_ids[i], &info) == 0);
 		F.s[i].lost = info.lost != 0;
+		if (preempted)
+			F.s[i].preempted = info.preempted != 0;
 	}
+}
+
+static void refresh_lost(void)
+{
+	refresh(false);
 }
 
 /* Holds a call's result to the contract: one that must fail (!ok) failed; one that may
@@ -420,6 +438,7 @@ static void check_model(void)
 		CHECK(info.host_blocks == blocks);
 		CHECK(info.filled_tokens == filled);
 		CHECK(info.prefix_tokens == F.s[i].matched);
+		CHECK(info.serial == F.s[i].serial);
 		CHECK(info.disk_blocks <= info.host_blocks);
 		CHECK(F.s[i].preempted
 			      ? info.device_frames == 0
@@ -616,6 +635,16 @@ static int be_load_kv(struct kvt_manager *m, uint64_t seq, uint32_t layer, uint3
 
 /* ---- operations -------------------------------------------------------------------------- */
 
+/* A sequence created in slot: its serial follows every earlier one's. */
+static void note_created(int slot)
+{
+	struct kvt_seq_info info = {.size = sizeof(info)};
+
+	CHECK(kvt_seq_info(F.m, slot_ids[slot], &info) == 0);
+	CHECK(info.serial > F.serial);
+	F.serial = F.s[slot].serial = info.serial;
+}
+
 static void op_create(struct in *in)
 {
 	static const uint32_t bad_prompt[] = {0, (uint32_t)INT32_MAX + 1, UINT32_MAX};
@@ -636,6 +665,7 @@ static void op_create(struct in *in)
 	}
 	CHECK_RC(rc == 0, rc);
 	F.s[slot] = (struct slot){.live = true, .gen = ++F.gen, .prompt = prompt};
+	note_created(slot);
 }
 
 static void op_destroy(struct in *in)
@@ -650,16 +680,14 @@ static void op_destroy(struct in *in)
 		F.s[slot].live = false;
 }
 
-static void op_prefill(struct in *in)
+/* kvt_prefill_layer of slot's layer with the model's rows, queries from seed (none with
+   no_q), or no K with null_kv. */
+static void run_prefill(int slot, uint32_t layer, uint8_t seed, bool no_q, bool null_kv)
 {
 	static uint8_t k[NKV * MAX_PROMPT * HD * MAX_ESZ], v[sizeof(k)];
 	static uint8_t q[NQ * 8 * HD * MAX_ESZ];
-	int slot = pick(u8(in));
-	uint8_t b = u8(in), seed = u8(in);
-	uint32_t layer = b % (NL + 1);
 	const struct slot *s = &F.s[slot < NSLOTS ? slot : 0];
 	uint32_t L = s->prompt, ow = F.cfg.obs_window;
-	bool no_q = b & 0x10, null_kv = (b & 0xe0) == 0xe0;
 	bool selects =
 		F.cfg.topk_tokens > 0 && L > F.cfg.sink_tokens + F.cfg.recent_tokens && L > ow;
 	bool ok, must_fail;
@@ -694,6 +722,14 @@ static void op_prefill(struct in *in)
 		F.s[slot].tokens[layer] = L;
 		F.s[slot].filled[layer] = L;
 	}
+}
+
+static void op_prefill(struct in *in)
+{
+	int slot = pick(u8(in));
+	uint8_t b = u8(in), seed = u8(in);
+
+	run_prefill(slot, b % (NL + 1), seed, b & 0x10, (b & 0xe0) == 0xe0);
 }
 
 /* ---- prefix reuse and prefill in pieces -------------------------------------------------- */
@@ -770,6 +806,7 @@ static void op_create_prefix(struct in *in)
 				  .n_hashes = nh,
 				  .hash_tokens = ht,
 				  .matched = matched};
+	note_created(slot);
 	memcpy(F.s[slot].hashes, hashes, nh * sizeof(*hashes));
 	for (uint32_t l = 0; l < NL; l++)
 		F.s[slot].filled[l] = matched;
@@ -1890,6 +1927,174 @@ static void op_sync(struct in *in)
 	CHECK(kvt_manager_sync(F.m, NULL) == 0);
 }
 
+/* ---- the scheduler ------------------------------------------------------------------------ */
+
+/* The live slot of id, or -1. */
+static int live_slot(uint64_t id)
+{
+	for (int i = 0; i < NSLOTS; i++)
+		if (slot_ids[i] == id && F.s[i].live)
+			return i;
+	return -1;
+}
+
+/* The slot a scheduled id names: a live one. */
+static int slot_of(uint64_t id)
+{
+	int slot = live_slot(id);
+
+	if (slot < 0)
+		die(__LINE__, "the scheduler names a sequence that is not live", 0);
+	return slot;
+}
+
+/* The batch of kvt_sched_step against its contract: at most max_requests items, distinct live
+   sequences, prefills (layer ranges inside the model) first, then decode steps; its counts
+   agree; the completed and failed ones live. */
+static void sched_batch_check(const struct kvt_sched_batch *b)
+{
+	bool decodes = false;
+
+	CHECK(b->n_items <= F.scfg.max_requests && b->n_items <= MAX_BATCH);
+	CHECK(b->it.batch_size == b->n_items && b->it.n_decode + b->it.n_prefill == b->n_items);
+	for (uint32_t i = 0; i < b->n_items; i++) {
+		const struct kvt_sched_item *it = &b->items[i];
+
+		trace("  item %llu layers %u..%u decode %u", (unsigned long long)it->seq,
+		      it->layer_begin, it->layer_end, it->decode);
+		(void)slot_of(it->seq);
+		for (uint32_t j = 0; j < i; j++)
+			CHECK(b->items[j].seq != it->seq);
+		if (it->decode) {
+			CHECK(it->decode == 1 && it->layer_begin == 0 && it->layer_end == 0);
+			decodes = true;
+		} else {
+			CHECK(!decodes && it->layer_begin < it->layer_end && it->layer_end <= NL);
+		}
+	}
+	CHECK(b->it.n_decode == (uint32_t)(decodes ? b->n_items - b->it.n_prefill : 0));
+	for (uint32_t i = 0; i < b->n_completed; i++)
+		trace("  completed %llu", (unsigned long long)b->completed[i]);
+	for (uint32_t i = 0; i < b->n_failed; i++)
+		trace("  failed %llu", (unsigned long long)b->failed[i]);
+}
+
+/* The engine's part: each prefill item's layers, then the decode items' step, every layer;
+   the items whose sequence it destroyed since the step left out. */
+static void sched_execute(const struct kvt_sched_batch *b, uint8_t seed)
+{
+	int slots[MAX_BATCH];
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < b->n_items; i++) {
+		const struct kvt_sched_item *it = &b->items[i];
+		int slot = live_slot(it->seq);
+
+		if (slot < 0)
+			continue;
+		if (it->decode) {
+			slots[n++] = slot;
+			continue;
+		}
+		for (uint32_t l = it->layer_begin; l < it->layer_end; l++)
+			run_prefill(slot, l, seed, false, false);
+	}
+	for (uint32_t l = 0; n && l < NL; l++)
+		run_decode(l, slots, n, true, false);
+}
+
+/* The working-set-aware scheduler (kvt_sched_*) over the manager, as an engine drives it:
+   create (limits from the input; again: destroy first), submit, step (its batch checked),
+   execute and commit, finish, destroy; each refused as its contract says where it must be
+   (no scheduler, a sequence not live, a step before the commit, a commit without a step).
+   The scheduler preempts and resumes sequences itself: the model reads their flags again. */
+static void op_sched(struct in *in)
+{
+	static const uint32_t max_tokens[] = {2, 5, 64, 8192};
+	static const uint64_t inject[] = {1, 40, 200, 2048 * NL};
+	uint8_t what = u8(in), a = u8(in), b = u8(in);
+	int slot = pick(a), rc;
+
+	switch (what % 6) {
+	case 0: /* create */
+		if (F.sched) {
+			kvt_sched_destroy(F.sched);
+			F.sched = NULL;
+			F.sb_open = false;
+		}
+		F.scfg = (struct kvt_sched_config)KVT_SCHED_CONFIG_INIT;
+		F.scfg.max_requests = 1 + a % MAX_BATCH;
+		F.scfg.max_tokens = max_tokens[a >> 2 & 3];
+		F.scfg.max_inject_tokens = inject[a >> 4 & 3];
+		F.scfg.ws_control = a >> 6 & 1;
+		rc = kvt_sched_create(F.m, &F.scfg, &F.sched);
+		trace("sched_create requests %u tokens %u inject %llu ws %u -> %d",
+		      F.scfg.max_requests, F.scfg.max_tokens,
+		      (unsigned long long)F.scfg.max_inject_tokens, F.scfg.ws_control, rc);
+		CHECK_RC(rc == 0 || rc == -ENOMEM, rc);
+		if (rc)
+			F.sched = NULL;
+		break;
+	case 1: /* submit */
+		rc = kvt_sched_submit(F.sched, id_of(slot), b % 8);
+		trace("sched_submit %llu new %u -> %d", (unsigned long long)id_of(slot), b % 8, rc);
+		check_errno(rc);
+		if (!F.sched || b % 8 == 0)
+			CHECK_RC(rc == -EINVAL, rc);
+		else if (!live(slot))
+			CHECK_RC(rc == -ENOENT, rc);
+		else
+			CHECK_RC(rc == 0 || rc == -EEXIST || rc == -E2BIG || rc == -EINVAL ||
+					 resource_error(rc),
+				 rc);
+		break;
+	case 2: /* step */
+		rc = kvt_sched_step(F.sched, &F.sb);
+		trace("sched_step -> %d", rc);
+		check_errno(rc);
+		if (!F.sched) {
+			CHECK_RC(rc == -EINVAL, rc);
+			break;
+		}
+		if (F.sb_open) {
+			CHECK_RC(rc == -EBUSY, rc);
+			break;
+		}
+		refresh(true);
+		if (rc) {
+			CHECK_RC(resource_error(rc) || rc == -EBADMSG, rc);
+			break;
+		}
+		F.sb_open = true;
+		sched_batch_check(&F.sb);
+		break;
+	case 3: /* the engine executes the batch, then commits it */
+		if (F.sb_open)
+			sched_execute(&F.sb, b);
+		rc = kvt_sched_commit(F.sched);
+		trace("sched_commit -> %d", rc);
+		check_errno(rc);
+		CHECK_RC(F.sb_open ? rc == 0 : rc == -EINVAL, rc);
+		F.sb_open = false;
+		refresh(true);
+		break;
+	case 4: /* finish */
+		rc = kvt_sched_finish(F.sched, id_of(slot));
+		trace("sched_finish %llu -> %d", (unsigned long long)id_of(slot), rc);
+		check_errno(rc);
+		CHECK_RC(F.sched ? rc == 0 || rc == -ENOENT : rc == -EINVAL, rc);
+		refresh(true);
+		break;
+	default: /* destroy */
+		trace("sched_destroy");
+		kvt_sched_destroy(F.sched);
+		F.sched = NULL;
+		F.sb_open = false;
+		refresh(true);
+		break;
+	}
+}
+
 typedef void (*op_fn)(struct in *in);
 /* Opcode byte % N_OPS; the decode steps' operations last (a step is begun and ended less often
    than its calls are made). */
@@ -1933,7 +2138,7 @@ static const op_fn ops[] = {
 	op_prefix_match,
 	op_create_prefix,
 	op_step_paged,
-	op_read,
+	op_sched,
 };
 #define N_OPS (sizeof(ops) / sizeof(ops[0]))
 
@@ -1960,9 +2165,12 @@ static void run_input(const uint8_t *data, size_t size)
 
 	memset(&F.s, 0, sizeof(F.s));
 	memset(&F.step, 0, sizeof(F.step));
+	F.sched = NULL;
+	F.sb_open = false;
 	F.diverged = false;
 	F.op = 0;
 	F.gen = 0;
+	F.serial = 0;
 	make_manager(&in);
 	while (in.n && F.op < MAX_OPS) {
 		uint8_t opcode = u8(&in);
@@ -1992,6 +2200,8 @@ static void run_input(const uint8_t *data, size_t size)
 	for (int i = 0; i < NSLOTS; i++)
 		if (F.s[i].live)
 			read_all(i);
+	kvt_sched_destroy(F.sched);
+	F.sched = NULL;
 	kvt_manager_destroy(F.m);
 	F.m = NULL;
 }

@@ -99,7 +99,7 @@ put('fuzz_preset', 'truncated.json', b'{"model": {"n_layers": 8},\n "gpu": {"lin
 (CREATE, PREFILL, DECODE, DECODE2, DRECALL, RBLOCKS, PREEMPT, RESUME, READ, ATTEND, INFO,
  FRAMES, VIEW, RESIDENT, DESTROY, SPILL, FETCH, SYNC, READSEQ, PREFILL2, CREATE2,
  SBEGIN, SAPPEND, SAPPEND2, SRECALL, SRBLOCKS, SEND, ABATCH, SATTEND, STABLES, RDEV,
- SRDEV, CPREFIX, CHUNK, CHUNK2, LOADKV, PMATCH, CPREFIX2, SPAGED, READ2) = range(40)
+ SRDEV, CPREFIX, CHUNK, CHUNK2, LOADKV, PMATCH, CPREFIX2, SPAGED, SCHED) = range(40)
 
 
 def api(cfg_a, cfg_b, *ops):
@@ -169,6 +169,20 @@ prefix = [(CPREFIX, 0, 89, 0x10), (PREFILL, 0, 0, 7), (CHUNK, 0, 1, 20, 7), (CHU
           (DECODE, 1, 2, 0, 1, 2), (DRECALL, 0, 5, 2, 0, 1, 2), (READSEQ, 2), (READSEQ, 1),
           (CPREFIX, 3, 10, 0xf0), (CPREFIX, 3, 5, 0x10), (CHUNK, 0, 0, 0xf9, 0),
           (LOADKV, 0, 0x80, 0xff), (DESTROY, 0), (CPREFIX, 0, 89, 0x10), (READSEQ, 0)]
+# the scheduler: three requests submitted before their prefill, iterations stepped, executed
+# and committed until they complete (prefill layers, then decode steps), a step before the
+# commit, a commit without a step, a request finished early, one whose sequence the engine
+# destroyed, calls without a scheduler, then a scheduler created again with tight limits
+sched = [(CREATE, 0, 60), (CREATE, 1, 40), (CREATE, 2, 90), (SCHED, 2, 0, 0),
+         (SCHED, 0, 0x7f, 0), (SCHED, 1, 0, 3), (SCHED, 1, 1, 5), (SCHED, 1, 2, 2),
+         (SCHED, 1, 0, 3), (SCHED, 1, 4, 1), (SCHED, 1, 2, 0)]
+sched += [(SCHED, 2, 0, 0), (SCHED, 2, 0, 0), (SCHED, 3, 0, 7)] * 3
+sched += [(SCHED, 3, 0, 1), (SCHED, 4, 1, 0), (DESTROY, 2)]
+sched += [(SCHED, 2, 0, 0), (SCHED, 3, 0, 9)] * 4
+sched += [(SCHED, 5, 0, 0), (SCHED, 2, 0, 0), (SCHED, 4, 0, 0), (CREATE, 3, 80),
+          (CREATE, 4, 70), (SCHED, 0, 0x41, 0), (SCHED, 1, 3, 7), (SCHED, 1, 4, 7),
+          (SCHED, 1, 0, 7)]
+sched += [(SCHED, 2, 0, 0), (SCHED, 3, 0, 4)] * 8
 # config byte a: bit0 save thread, bits1-2 dtype, bits3-4 device, bits5-6 host, bit7 disk
 for i, (a, b) in enumerate([(0x00, 0x00), (0x01, 0x00), (0x7b, 0x10), (0x02, 0x31),
                             (0x04, 0x42), (0x79, 0x83), (0x99, 0x20)]):
@@ -185,4 +199,6 @@ for i, (a, b) in enumerate([(0x79, 0x30), (0x7b, 0x34), (0xf9, 0x70), (0x7c, 0xb
     put('fuzz_api', 'step-%d' % i, api(a, b, *step))
 for i, (a, b) in enumerate([(0x79, 0x30), (0x7b, 0x03), (0xf9, 0x70), (0x19, 0x41)]):
     put('fuzz_api', 'prefix-%d' % i, api(a, b, *prefix))
+for i, (a, b) in enumerate([(0x79, 0x30), (0x01, 0x00), (0xf9, 0x70), (0x7b, 0x34)]):
+    put('fuzz_api', 'sched-%d' % i, api(a, b, *sched))
 put('fuzz_api', 'short', b'\x00')
