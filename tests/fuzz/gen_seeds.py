@@ -142,8 +142,9 @@ disk = life(0, 80, 2) + life(1, 80, 2) + [(SPILL, 0), (READ, 0, 0, 10, 0), (FETC
                                             (DECODE, 0, 1, 0, 1), (SPILL, 240)]
 # decode steps: a step over sequences 0 and 1, layer by layer (append, recall, batched
 # attention, attention tables, their paged form with room and without), selections in
-# device memory (one naming a block past its member's history), then the step's calls with a member destroyed, created again and
-# prefilled, preempted and resumed, a step begun over a repeated id and one ended twice
+# device memory (one naming a block past its member's history), then the step's calls with
+# a member destroyed, created again and prefilled, preempted and resumed, a step begun over a
+# repeated id and one ended twice
 step = life(0, 90, 2) + life(1, 70, 2) + [
     (SBEGIN, 0, 1, 0, 1), (SAPPEND, 0), (SRECALL, 0, 5), (SATTEND, 0, 5), (STABLES, 0, 5),
     (SPAGED, 0, 0, 0, 0), (SPAGED, 0, 0x81, 0, 0), (SPAGED, 0, 0, 0x82, 0),
