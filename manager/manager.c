@@ -470,6 +470,13 @@ KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out
 	return 0;
 }
 
+void kvt_manager_be_stats(const struct kvt_manager *m, struct kvt_be_stats *out)
+{
+	*out = (struct kvt_be_stats){0};
+	if (m->ops->stats)
+		m->ops->stats(m->be, out);
+}
+
 KVT_API int kvt_manager_save_event(struct kvt_manager *m, void *event)
 {
 	int err;

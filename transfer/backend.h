@@ -14,7 +14,7 @@
 
 #include "kvtier.h"
 
-#define KVT_BACKEND_OPS_VERSION 7
+#define KVT_BACKEND_OPS_VERSION 8
 
 enum kvt_tier {
 	KVT_TIER_DEVICE = 0,
@@ -71,8 +71,11 @@ struct kvt_be_stats {
 	uint32_t calibrated;	      /* 1: gather_min was measured at create */
 	uint32_t gather_min[3];	      /* per piece-size class (<= 4 KiB, <= 16 KiB, larger): the
 					 fewest pieces the kernel takes; UINT32_MAX: DMA only */
-	uint64_t region_ns; /* device time of the lanes' programs whose fences were waited for:
-			       from an event before the first stage to the fence */
+	uint64_t region_ns;  /* device time of the lanes' programs whose fences were waited for:
+				from an event before the first stage to the fence */
+	uint64_t runtime_ns; /* host time inside the CUDA runtime's calls, counted only with
+				KVTIER_CUDA_TIME_CALLS=1 (with the fake runtime, its synchronous
+				kernels' CPU work included) */
 };
 
 struct kvt_snapkv;

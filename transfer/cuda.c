@@ -150,6 +150,8 @@ struct cuda_backend {
 		bool fenced;
 	} * lane;
 	uint64_t region_ns;
+	bool time_calls;		  /* KVTIER_CUDA_TIME_CALLS=1: CU times the calls */
+	atomic_uint_least64_t runtime_ns; /* their host time so far (cu_end) */
 	uint32_t n_lane;
 	cudaEvent_t rr_done, rr_last;
 	unsigned long long rr_stream;
@@ -205,9 +207,40 @@ static int cu_result(struct cuda_backend *cb, cudaError_t e, const char *what)
 		       cudaGetErrorName(e));
 }
 
-/* Runs a CUDA call unless fault injection says this hit fails (then the call never runs). */
-#define CU(cb, expr, what) \
-	cu_result((cb), kvt_cuda_host->fault(KVT_FAULT_CUDA) ? cudaErrorUnknown : (expr), (what))
+/* With KVTIER_CUDA_TIME_CALLS=1 (cb->time_calls), the host time of every call CU makes counts
+   in cb->runtime_ns (kvt_be_stats.runtime_ns): the runtime's share of the host's time, which
+   kvtier-bench recall --backend cuda prints apart. cu_t0: the calling thread's call's start. */
+static _Thread_local uint64_t cu_t0;
+
+static inline uint64_t cu_clock(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static inline void cu_begin(const struct cuda_backend *cb)
+{
+	if (cb->time_calls)
+		cu_t0 = cu_clock();
+}
+
+static inline cudaError_t cu_end(struct cuda_backend *cb, cudaError_t e)
+{
+	if (cb->time_calls)
+		atomic_fetch_add_explicit(&cb->runtime_ns, cu_clock() - cu_t0,
+					  memory_order_relaxed);
+	return e;
+}
+
+/* Runs a CUDA call unless fault injection says this hit fails (then the call never runs), timed
+   when asked (cu_begin, then the call as cu_end's argument). */
+#define CU(cb, expr, what)                                                                         \
+	(cu_begin(cb),                                                                             \
+	 cu_result((cb),                                                                           \
+		   cu_end((cb), kvt_cuda_host->fault(KVT_FAULT_CUDA) ? cudaErrorUnknown : (expr)), \
+		   (what)))
 
 /* ---- The pinned jemalloc arena ------------------------------------------------------------ */
 
@@ -873,6 +906,7 @@ static int cuda_create(const struct kvt_backend_params *p, struct kvt_be **out)
 
 	if (!cb)
 		return -ENOMEM;
+	cb->time_calls = env_u32("KVTIER_CUDA_TIME_CALLS", 0, 0, 1) != 0;
 	cb->base.ops = &kvt_backend_cuda_ops;
 	pthread_mutex_init(&cb->reg_lock, NULL);
 	cb->numa_node = -1;
@@ -1942,6 +1976,7 @@ static void cuda_stats(struct kvt_be *b, struct kvt_be_stats *out)
 		.h2d_kernel_launches = cb->kernel_launches,
 		.h2d_dma_batches = cb->dma_batches,
 		.region_ns = cb->region_ns,
+		.runtime_ns = atomic_load_explicit(&cb->runtime_ns, memory_order_relaxed),
 		.calibrated = cb->calib.measured,
 	};
 	memcpy(out->gather_min, cb->calib.gather_min, sizeof(out->gather_min));
