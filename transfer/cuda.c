@@ -1952,17 +1952,21 @@ static int cuda_region_wait(struct kvt_be *b, uint32_t lane)
 	err = bind(cb);
 	if (err)
 		return err;
-	/* done already (a step ago, as a rule): no wait */
+	/* done already (a step ago, as a rule): no wait (timed as CU's calls are) */
+	cu_begin(cb);
 	e = cudaEventQuery(ln->done);
 	if (e == cudaErrorNotReady)
 		e = cudaEventSynchronize(ln->done);
+	e = cu_end(cb, e);
 	ln->fenced = false;
 	err = CU(cb, e, "recall regions: a program on the device");
 	if (!err) {
 		float ms = 0;
 
 		/* a figure only: a failure here costs the figure, not the call */
-		if (cudaEventElapsedTime(&ms, ln->start, ln->done) == cudaSuccess && ms > 0)
+		cu_begin(cb);
+		if (cu_end(cb, cudaEventElapsedTime(&ms, ln->start, ln->done)) == cudaSuccess &&
+		    ms > 0)
 			cb->region_ns += (uint64_t)((double)ms * 1e6 + 0.5);
 	}
 	return err;
