@@ -884,23 +884,24 @@ KVT_API int kvt_attend_batch(struct kvt_manager *m, uint32_t layer, const uint64
 KVT_API int kvt_step_attend(struct kvt_manager *m, uint32_t layer, const void *q, void *out,
 			    float *lse, void *stream);
 
-/* Batched decode attention over attention tables the caller holds (written by
-   kvt_step_tables, read where they lie), for an engine that captures its decode step in a CUDA
-   graph: the work depends on t's capacities only, never on the batch. Member i < *t->n_batch
-   (read when the work runs; min(*n_batch, max_batch) on the host) gets out[i] and lse[i] as
-   kvt_attend_batch gives them over the tables' rows; the rows of members past it are not
-   written. q and out are [t->max_batch][n_q_heads][head_dim] of config.dtype, lse
-   [t->max_batch][n_q_heads] f32 or NULL, all in backend memory. The tables are read as they
-   are: counts past the capacities are clamped to them and blocks outside the pool skipped, so
-   no table makes the call read outside the pool; tables written before a call that moves
-   blocks (a recall, an append, a preemption) name the old ones. On the CUDA backend the call
-   queues two kernels on `stream` over every row of t's capacities, reading n_batch and the
-   counts on the device, and nothing else: no copy, no allocation, no wait, so it may be
-   captured in a graph; `scratch` is device memory of at least kvt_attend_tables_scratch's
-   bytes, which the kernels use until they finish. On the host backend it runs when called and
-   scratch may be NULL. Errors change nothing: -EINVAL (NULL m, t, a buffer, q or out;
-   t->size too small; a capacity of 0), -E2BIG (capacities too large for one launch), -ENOSPC
-   (scratch NULL or too small on the CUDA backend), -ENOTSUP (a backend without payload),
+/* Batched decode attention over attention tables the caller holds (written by kvt_step_tables, read
+   where they lie), for an engine that captures its decode step in a CUDA graph: the work depends on
+   t's capacities only, never on the batch. Member i < *t->n_batch (read when the work runs;
+   min(*n_batch, max_batch) on the host) gets out[i] and lse[i] as kvt_attend_batch gives them over
+   the tables' rows: bit for bit on the host backend, within f32 rounding on the CUDA backend, whose
+   kernels split a row's tokens into parts by t's capacities here and by the batch's longest row
+   there, parts that merge in another order; the rows of members past it are not written. q and out
+   are [t->max_batch][n_q_heads][head_dim] of config.dtype, lse [t->max_batch][n_q_heads] f32 or
+   NULL, all in backend memory. The tables are read as they are: counts past the capacities are
+   clamped to them and blocks outside the pool skipped, so no table makes the call read outside the
+   pool; tables written before a call that moves blocks (a recall, an append, a preemption) name the
+   old ones. On the CUDA backend the call queues two kernels on `stream` over every row of t's
+   capacities, reading n_batch and the counts on the device, and nothing else: no copy, no
+   allocation, no wait, so it may be captured in a graph; `scratch` is device memory of at least
+   kvt_attend_tables_scratch's bytes, which the kernels use until they finish. On the host backend
+   it runs when called and scratch may be NULL. Errors change nothing: -EINVAL (NULL m, t, a buffer,
+   q or out; t->size too small; a capacity of 0), -E2BIG (capacities too large for one launch),
+   -ENOSPC (scratch NULL or too small on the CUDA backend), -ENOTSUP (a backend without payload),
    -ENOMEM, and the device's errors of the launch (-EIO, -ENODEV, -EINVAL). */
 KVT_API int kvt_attend_tables(struct kvt_manager *m, const struct kvt_attn_tables *t, const void *q,
 			      void *out, float *lse, void *scratch, uint64_t scratch_bytes,

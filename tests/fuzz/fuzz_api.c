@@ -1278,9 +1278,20 @@ static void op_step_tables(struct in *in)
 	CHECK_RC(rc == 0, rc);
 	rc = BE(attend_batch, F.m, layer, ids, n, q, out_b, lse_b, NULL);
 	CHECK_RC(rc == 0, rc);
+	attend_rows_check(layer, F.step.slots, n, q, out_t, lse_t, "attend_tables");
+#ifdef FUZZ_API_CUDA
+	/* The kernels split a row's tokens by the tables' capacities here, by the batch's longest
+	   row in kvt_attend_batch: the parts merge in another order (kvtier.h), so the two agree
+	   within f32 rounding, and each is held to the model. */
+	if (F.cuda) {
+		for (uint32_t x = 0; x < n * NQ; x++)
+			CHECK(fabsf(lse_t[x] - lse_b[x]) <= 1e-5f * (1.0f + fabsf(lse_b[x])));
+		attend_rows_check(layer, F.step.slots, n, q, out_b, lse_b, "attend_batch");
+		return;
+	}
+#endif
 	CHECK(memcmp(out_t, out_b, (size_t)n * NQ * HD * F.esz) == 0);
 	CHECK(memcmp(lse_t, lse_b, (size_t)n * NQ * sizeof(*lse_t)) == 0);
-	attend_rows_check(layer, F.step.slots, n, q, out_t, lse_t, "attend_tables");
 }
 
 /* The paged form p of the open step's layer `layer` (written, checked against the tables)
