@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CI: libFuzzer targets of tests/fuzz. Builds them with clang under ASan+UBSan (build-ci-fuzz),
-# runs each over its corpus as a regression test (meson suite 'fuzz'), then fuzzes all targets
+# runs each over its corpus as a regression test (meson suite 'fuzz'; fuzz_api_cuda's also over
+# the real kernels where CI's default build made the kernel emulator), then fuzzes all targets
 # at once for FUZZ_SECONDS (default 30; five targets on two cores get about 12 CPU-seconds
 # each) on temporary copies of their corpora, so the repository is never written. Prints one
 # line per target with its executions and a closing total; exits non-zero on any crash, leak,
@@ -30,6 +31,27 @@ fi
 
 status=0
 meson test -C "$build" --suite fuzz --print-errorlogs || status=1
+
+# The fuzz_api_cuda corpus once more, over the CUDA backend's real kernels: the kernel
+# emulator's plugin of CI's default build (build-ci, where it is built), its device memory
+# readable at its own address as the kernels read it. The plugin shares the fuzzing build's fake
+# runtime (one library of that name per process).
+kemu=$PWD/build-ci/tests/kernel_emu/libkvtier-cuda-kemu.so
+if [[ " ${targets[*]} " == *" fuzz_api_cuda "* ]] && [ -f "$kemu" ]; then
+	klog=$(mktemp)
+	if KVTIER_CUDA_PLUGIN=$kemu FAKE_CUDA_DEVICE_READABLE=1 \
+		"$build/tests/fuzz/fuzz_api_cuda" -runs=0 tests/fuzz/corpus/fuzz_api_cuda >"$klog" 2>&1; then
+		echo "fuzz: fuzz_api_cuda corpus over the real kernels (kernel emulator):" \
+			"$(ls tests/fuzz/corpus/fuzz_api_cuda | wc -l) inputs passed"
+	else
+		status=1
+		echo "fuzz: fuzz_api_cuda corpus over the real kernels FAILED; the end of its log:"
+		tail -n 60 "$klog"
+	fi
+	rm -f "$klog"
+else
+	echo "fuzz: no kernel emulator plugin at $kemu: the corpus over the real kernels skipped"
+fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
