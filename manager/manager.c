@@ -457,7 +457,7 @@ KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out
 	if (m->ops->stats) {
 		struct kvt_be_stats bs;
 
-		m->ops->stats(m->be, &bs);
+		kvt_manager_be_stats(m, &bs);
 		st.h2d_kernel_launches = bs.h2d_kernel_launches;
 		st.h2d_dma_batches = bs.h2d_dma_batches;
 		st.xfer_calibrated = bs.calibrated;

@@ -73,7 +73,7 @@ struct run {
 	double *t[2], *work, *copy; /* per step: host time of each manager; the fake's kernel
 				      time, and its copies' (pinned to device and back) */
 	double *inrt, *own; /* per step, of t[0]: inside the CUDA runtime's calls (less the fake's
-			     kernel time), and the rest: the library's own */
+			     kernel time); the rest, the library's own (made at the report) */
 };
 
 /* Whether err is a library error (then reported with manager m's last error). */
@@ -251,9 +251,9 @@ static void lap_start(const struct run *r, int b, struct lap *x)
    goes to work[s]), and its copies to copy[s]. */
 static void lap_end(struct run *r, int b, uint32_t s, const struct lap *x)
 {
-	double w = 0, t = sim_now_s() - x->t;
+	double w = 0;
 
-	r->t[b][s] += t;
+	r->t[b][s] += sim_now_s() - x->t;
 	if (r->rt.work_seconds && !b) {
 		w = r->rt.work_seconds() - x->w;
 		r->work[s] += w;
@@ -261,12 +261,8 @@ static void lap_end(struct run *r, int b, uint32_t s, const struct lap *x)
 	}
 	if (r->rt.copy_seconds && !b)
 		r->copy[s] += r->rt.copy_seconds() - x->c;
-	if (!b) { /* the kernels' work ran inside the calls (the synchronous fake) */
-		double in = 1e-9 * (double)(runtime_ns(r) - x->rt) - w;
-
-		r->inrt[s] += in;
-		r->own[s] += t - w - in;
-	}
+	if (!b) /* the kernels' work ran inside the calls (the synchronous fake) */
+		r->inrt[s] += 1e-9 * (double)(runtime_ns(r) - x->rt) - w;
 }
 
 /* Step s on manager b, as an engine makes it: kvt_step_begin, then layer by layer the append
@@ -284,7 +280,7 @@ static int step(struct run *r, int b, uint32_t s)
 
 	r->t[b][s] = 0;
 	if (!b)
-		r->work[s] = r->copy[s] = r->inrt[s] = r->own[s] = 0;
+		r->work[s] = r->copy[s] = r->inrt[s] = 0;
 	lap_start(r, b, &x);
 	err = kvt_step_begin(m, r->ids, o->seqs);
 	lap_end(r, b, s, &x);
@@ -354,7 +350,12 @@ static int run(struct run *r)
 
 	uint32_t H = r->c.n_kv_heads, n = o->steps - 1;
 	uint32_t slow[2] = {slowest(r->t[0], o->steps), slowest(r->t[1], o->steps)};
-	double mr = median(r->inrt, o->steps), mo = median(r->own, o->steps);
+	double mr, mo;
+
+	for (uint32_t s = 0; s < o->steps; s++) /* (before the medians sort t[0] and inrt) */
+		r->own[s] = r->t[0][s] - r->inrt[s];
+	mr = median(r->inrt, o->steps);
+	mo = median(r->own, o->steps);
 	uint64_t per_step = (uint64_t)o->seqs * o->layers * H * o->r;
 	double ma = median(r->t[0], o->steps), mb = median(r->t[1], o->steps),
 	       mw = median(r->work, o->steps), mc = median(r->copy, o->steps),
