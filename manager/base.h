@@ -201,6 +201,12 @@ struct kvt_prefix {
 	uint32_t gids_cap;
 };
 
+/* The phases of a recall call whose host time a manager can keep (base.h's phase_on): settling
+   the layer's previous call (its results applied), checking the batch (members, their tables,
+   the spilled ones), sizing the regions, and the decisions and loads (on the device: the
+   program written and queued). */
+enum kvt_phase { KVT_PH_SETTLE, KVT_PH_CHECK, KVT_PH_SIZE, KVT_PH_RUN, KVT_PH_N };
+
 struct kvt_manager {
 	struct kvt_config cfg;
 	const struct kvt_backend_ops *ops;
@@ -296,6 +302,13 @@ struct kvt_manager {
 	struct kvt_prefix px;
 
 	struct kvt_stats st;
+	/* The recall calls' host time by phase (enum kvt_phase), kept only with
+	   KVTIER_TIME_PHASES=1 at create: each phase's wall time less the backend's time inside
+	   the runtime's calls during it (kvt_be_stats.runtime_ns, zero unless the backend times
+	   them), read by kvt_manager_phases. phase_t and phase_rt: the latest mark's. */
+	bool phase_on;
+	uint64_t phase_ns[KVT_PH_N];
+	uint64_t phase_t, phase_rt;
 	char err[256];
 };
 

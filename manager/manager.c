@@ -173,6 +173,7 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 {
 	struct kvt_backend_params bp;
 	struct kvt_manager *m;
+	const char *phases;
 	uint32_t n_dev, n_host;
 	uint64_t n_rc;
 	int err;
@@ -181,6 +182,9 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 	if (!m)
 		return -ENOMEM;
 	m->cfg = c;
+	/* a benchmark's split of the recall calls' host time (kvt_manager_phases) */
+	phases = getenv("KVTIER_TIME_PHASES");
+	m->phase_on = phases && strcmp(phases, "1") == 0;
 	m->ops = ops;
 	m->esize = kvt_dtype_size(c.dtype);
 	m->row_bytes = c.head_dim * m->esize;
@@ -475,6 +479,14 @@ void kvt_manager_be_stats(const struct kvt_manager *m, struct kvt_be_stats *out)
 	*out = (struct kvt_be_stats){0};
 	if (m->ops->stats)
 		m->ops->stats(m->be, out);
+}
+
+void kvt_manager_phases(const struct kvt_manager *m, struct kvt_phases *out)
+{
+	*out = (struct kvt_phases){.settle = m->phase_ns[KVT_PH_SETTLE],
+				   .check = m->phase_ns[KVT_PH_CHECK],
+				   .size = m->phase_ns[KVT_PH_SIZE],
+				   .run = m->phase_ns[KVT_PH_RUN]};
 }
 
 KVT_API int kvt_manager_save_event(struct kvt_manager *m, void *event)

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base.h"
 #include "gpu.h"
@@ -2842,6 +2843,44 @@ static int recall_fetch(struct kvt_manager *m, uint32_t layer, uint32_t nx)
    SEL_QUEST: Quest's, in host memory or, on the device (dev_regions, sel NULL), made there from
    the device queries q; SEL_DEVICE: the caller's, in device memory with the regions on the
    device, host memory otherwise. */
+/* ---- Phase timing (base.h's phase_on: kvt_manager_phases) ---- */
+
+/* Now (ns), and the backend's time inside the runtime's calls so far in *rt. */
+static uint64_t phase_clock(const struct kvt_manager *m, uint64_t *rt)
+{
+	struct kvt_be_stats bs = {0};
+	struct timespec t;
+
+	if (m->ops->stats)
+		m->ops->stats(m->be, &bs);
+	*rt = bs.runtime_ns;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* A phase begins now. */
+static inline void phase_mark(struct kvt_manager *m)
+{
+	if (m->phase_on)
+		m->phase_t = phase_clock(m, &m->phase_rt);
+}
+
+/* Phase k ends now: the time since the latest mark, less the runtime's part of it, is its; the
+   next phase begins. */
+static inline void phase_end(struct kvt_manager *m, enum kvt_phase k)
+{
+	uint64_t rt, t, wall, inrt;
+
+	if (!m->phase_on)
+		return;
+	t = phase_clock(m, &rt);
+	wall = t - m->phase_t;
+	inrt = rt - m->phase_rt;
+	m->phase_ns[k] += wall > inrt ? wall - inrt : 0;
+	m->phase_t = t;
+	m->phase_rt = rt;
+}
+
 static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
 		       const uint32_t *sel, enum sel_kind kind, uint32_t r, const void *q,
 		       void *stream)
@@ -2862,11 +2901,13 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	if (rc->n == 0)
 		return kvt_fail(m, -EINVAL, "recall: no recall cache (config.recall_cache_bytes)");
 	/* the layer's previous call first: its members' working sets are counted now */
+	phase_mark(m);
 	if (m->dev_regions && rc->lane && rc->lane[layer].pending) {
 		err = settle_through(m, layer);
 		if (err)
 			return err;
 	}
+	phase_end(m, KVT_PH_SETTLE);
 	if (m->dev_regions && rc->dbroken)
 		return kvt_fail(
 			m, rc->dbroken,
@@ -2881,6 +2922,7 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	repair = !err && m->dev_regions && batch_spilled(m, n, layer);
 	if (repair)
 		err = kvt_recall_settle(m);
+	phase_end(m, KVT_PH_CHECK);
 	if (!err)
 		err = recall_room(m, layer, sel, kind, n, r, &ro, stream);
 	if (err)
@@ -2889,8 +2931,10 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 	/* Pass 2: sizes, then each member's region decides. Nothing below fails except the
 	   fetch and the gather. */
 	recall_size(m, n, ro.regions);
+	phase_end(m, KVT_PH_SIZE);
 	if (m->dev_regions) { /* the figures come when the call is settled */
 		err = dev_run(m, layer, n, sel, kind, q, r, &ro, repair, stream);
+		phase_end(m, KVT_PH_RUN);
 		if (!err) {
 			m->st.recall_calls++;
 			rc->layer_done[layer]++;
@@ -2918,6 +2962,7 @@ static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *se
 		return kvt_fail(m, err, "recall: layer %u: loading %u blocks: %s", layer, nx,
 				m->be->err);
 	}
+	phase_end(m, KVT_PH_RUN);
 	m->st.recall_calls++;
 	rc->layer_done[layer]++;
 	m->st.recall_lookups += t.lookups;

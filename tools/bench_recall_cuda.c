@@ -74,6 +74,8 @@ struct run {
 				      time, and its copies' (pinned to device and back) */
 	double *inrt, *own; /* per step, of t[0]: inside the CUDA runtime's calls (less the fake's
 			     kernel time); the rest, the library's own (made at the report) */
+	double *ph[5];	    /* per step, of own: the recall calls' phases (struct kvt_phases, in its
+			       order), and the rest (made at the report) */
 };
 
 /* Whether err is a library error (then reported with manager m's last error). */
@@ -153,9 +155,12 @@ static int setup(struct run *r)
 	r->lo = r->c.sink_tokens / bt;
 	r->span = (bench_recall_shortest(o, bt) - r->c.recent_tokens) / bt - r->lo;
 	r->c.backend = KVT_BACKEND_CUDA;
-	/* the backend times its runtime calls: (a) is printed in two parts */
+	/* the backend times its runtime calls, the manager its recall calls' phases: (a) is
+	   printed in two parts, the second by phase */
 	setenv("KVTIER_CUDA_TIME_CALLS", "1", 1);
+	setenv("KVTIER_TIME_PHASES", "1", 1);
 	err = kvt_manager_create(&r->c, &r->m[0]);
+	unsetenv("KVTIER_TIME_PHASES"); /* (the reference's time as an engine's) */
 	if (!err) {
 		r->c.backend = KVT_BACKEND_HOST;
 		err = kvt_manager_create_with(&r->c, &kvt_backend_null_ops, &r->m[1]);
@@ -179,8 +184,11 @@ static int setup(struct run *r)
 	r->copy = calloc(o->steps, sizeof(double));
 	r->inrt = calloc(o->steps, sizeof(double));
 	r->own = calloc(o->steps, sizeof(double));
+	for (int k = 0; k < 5; k++)
+		r->ph[k] = calloc(o->steps, sizeof(double));
 	if (!r->ids || !r->sel || !r->k || !r->dummy || !r->t[0] || !r->t[1] || !r->work ||
-	    !r->copy || !r->inrt || !r->own) {
+	    !r->copy || !r->inrt || !r->own || !r->ph[0] || !r->ph[1] || !r->ph[2] || !r->ph[3] ||
+	    !r->ph[4]) {
 		fprintf(stderr, TOOL ": out of memory\n");
 		return 1;
 	}
@@ -323,9 +331,17 @@ static int run(struct run *r)
 						 cudaMemcpyHostToDevice),
 				    "cudaMemcpy (selections)"))
 			return 1;
+		struct kvt_phases p0, p1;
+
+		kvt_manager_phases(r->m[0], &p0);
 		for (int b = 0; b < 2; b++)
 			if (step(r, b, s))
 				return 1;
+		kvt_manager_phases(r->m[0], &p1);
+		r->ph[0][s] = 1e-9 * (double)(p1.settle - p0.settle);
+		r->ph[1][s] = 1e-9 * (double)(p1.check - p0.check);
+		r->ph[2][s] = 1e-9 * (double)(p1.size - p0.size);
+		r->ph[3][s] = 1e-9 * (double)(p1.run - p0.run);
 		/* the first step's programs settled (read) before the figures start */
 		if (s == 0 &&
 		    kvt_failed(r, 0, kvt_manager_stats(r->m[0], &st1), "kvt_manager_stats"))
@@ -352,8 +368,14 @@ static int run(struct run *r)
 	uint32_t slow[2] = {slowest(r->t[0], o->steps), slowest(r->t[1], o->steps)};
 	double mr, mo;
 
-	for (uint32_t s = 0; s < o->steps; s++) /* (before the medians sort t[0] and inrt) */
+	double mp[5];
+
+	for (uint32_t s = 0; s < o->steps; s++) { /* (before the medians sort t[0] and inrt) */
 		r->own[s] = r->t[0][s] - r->inrt[s];
+		r->ph[4][s] = r->own[s] - r->ph[0][s] - r->ph[1][s] - r->ph[2][s] - r->ph[3][s];
+	}
+	for (int k = 0; k < 5; k++)
+		mp[k] = median(r->ph[k], o->steps);
 	mr = median(r->inrt, o->steps);
 	mo = median(r->own, o->steps);
 	uint64_t per_step = (uint64_t)o->seqs * o->layers * H * o->r;
@@ -391,6 +413,11 @@ static int run(struct run *r)
 	       r->rt.work_seconds ? " (the emulated runtime's own work, its kernels' left out)"
 				  : "",
 	       mo * 1e3);
+	printf("    (a) the library's own by phase of the recall calls, medians a step: settling "
+	       "the layer's previous call %.1f us, checking the batch %.1f, sizing the regions "
+	       "%.1f, writing and queuing the program %.1f; the rest (the step's begin and end, "
+	       "the calls' entries) %.1f\n",
+	       mp[0] * 1e6, mp[1] * 1e6, mp[2] * 1e6, mp[3] * 1e6, mp[4] * 1e6);
 	printf("(b) CPU reference (null backend, kvt_step_recall_blocks): median %.3f ms per "
 	       "step (p90 %.3f, max %.3f at step %u), %.3f us per (sequence, layer)\n",
 	       mb * 1e3, p90(r->t[1], o->steps) * 1e3, r->t[1][o->steps - 1] * 1e3, slow[1],
@@ -438,6 +465,8 @@ static void run_free(struct run *r)
 	free(r->copy);
 	free(r->inrt);
 	free(r->own);
+	for (int k = 0; k < 5; k++)
+		free(r->ph[k]);
 }
 
 int bench_recall_cuda(const struct bench_recall_opts *o)
