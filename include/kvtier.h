@@ -1034,6 +1034,12 @@ KVT_API uint32_t kvt_sched_pending(const struct kvt_sched *s);
    recall counters between that step and its commit). -EINVAL on NULL, -ENOENT before the first
    commit. */
 KVT_API int kvt_sched_last(const struct kvt_sched *s, struct kvt_sched_iter *out);
+/* Detail of the latest failed call on s (kvt_sched_submit, kvt_sched_finish, kvt_sched_step,
+   kvt_sched_commit): what was refused and why, with the manager's detail where a call of the
+   manager's failed ("" when none failed yet; "no scheduler" when s is NULL). Owned by s; valid
+   until the next call on s. kvt_sched_create's refusals of a configuration are logged
+   (KVT_LOG_WARN) instead. */
+KVT_API const char *kvt_sched_last_error(const struct kvt_sched *s);
 
 #ifdef __cplusplus
 }

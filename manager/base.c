@@ -10,17 +10,22 @@
 
 #include "base.h"
 
+void kvt_verror(char *buf, size_t len, const char *who, int err, const char *fmt, va_list ap)
+{
+	int n = vsnprintf(buf, len, fmt, ap);
+
+	if (n >= 0 && (size_t)n < len - 3)
+		snprintf(buf + n, len - (size_t)n, " (%s)", kvt_strerror(err));
+	kvt_log(KVT_LOG_DEBUG, "%s%s", who, buf);
+}
+
 int kvt_fail(struct kvt_manager *m, int err, const char *fmt, ...)
 {
 	va_list ap;
-	int n;
 
 	va_start(ap, fmt);
-	n = vsnprintf(m->err, sizeof(m->err), fmt, ap);
+	kvt_verror(m->err, sizeof(m->err), "", err, fmt, ap);
 	va_end(ap);
-	if (n >= 0 && (size_t)n < sizeof(m->err) - 3)
-		snprintf(m->err + n, sizeof(m->err) - (size_t)n, " (%s)", kvt_strerror(err));
-	kvt_log(KVT_LOG_DEBUG, "%s", m->err);
 	return err;
 }
 

@@ -7,6 +7,7 @@
 #ifndef KVT_UTIL_H
 #define KVT_UTIL_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -54,5 +55,11 @@ uint64_t kvt_invariant_failures(void);
 /* Logging (manager/log.c): level checked before formatting, messages prefixed "kvtier: ". */
 bool kvt_log_enabled(enum kvt_log_level level);
 void kvt_log(enum kvt_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Writes a failure's detail into buf (len bytes): the formatted text, then err's text in
+   parentheses where it fits; logs it at debug level, after `who` (manager/base.c). What
+   kvt_manager_last_error and kvt_sched_last_error return. */
+void kvt_verror(char *buf, size_t len, const char *who, int err, const char *fmt, va_list ap)
+	__attribute__((format(printf, 5, 0)));
 
 #endif /* KVT_UTIL_H */

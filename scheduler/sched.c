@@ -24,9 +24,11 @@
  * is another sequence, not the request's.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,7 +110,31 @@ struct kvt_sched {
 	uint32_t n_release;
 	struct kvt_sched_iter cur, last;
 	uint64_t snap_lookups, snap_hits, snap_loads;
+	char err[256]; /* the latest failed call's detail (kvt_sched_last_error) */
 };
+
+/* ---- errors ----------------------------------------------------------------------------- */
+
+/* Records a failed call's detail, with err's text after it, and returns err. */
+__attribute__((format(printf, 3, 4))) static int sfail(struct kvt_sched *s, int err,
+						       const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	kvt_verror(s->err, sizeof(s->err), "scheduler: ", err, fmt, ap);
+	va_end(ap);
+	return err;
+}
+
+/* Records a failed call of the manager's as the scheduler's: what for, then the manager's
+   detail (which names the error). Returns err. */
+static int sfail_m(struct kvt_sched *s, int err, const char *what)
+{
+	snprintf(s->err, sizeof(s->err), "%s: %s", what, kvt_manager_last_error(s->m));
+	kvt_log(KVT_LOG_DEBUG, "scheduler: %s", s->err);
+	return err;
+}
 
 /* ---- lists ------------------------------------------------------------------------------ */
 
@@ -233,12 +259,32 @@ KVT_API int kvt_sched_create(struct kvt_manager *m, const struct kvt_sched_confi
 	uint32_t n;
 	int err;
 
-	if (!m || !cfg || !out || (cfg->size != old_size && cfg->size != sizeof(*cfg)) ||
-	    cfg->version != KVT_SCHED_CONFIG_VERSION || cfg->reserved)
+	if (!m || !cfg || !out)
 		return -EINVAL;
+	/* (no scheduler to keep the detail: logged, as the manager's configuration errors; a
+	   struct of an unknown size is not read further) */
+	if (cfg->size != old_size && cfg->size != sizeof(*cfg)) {
+		kvt_log(KVT_LOG_WARN,
+			"scheduler: configuration: size %u, expected %zu (or %zu, before `stream`)",
+			cfg->size, sizeof(*cfg), old_size);
+		return -EINVAL;
+	}
+	if (cfg->version != KVT_SCHED_CONFIG_VERSION || cfg->reserved) {
+		kvt_log(KVT_LOG_WARN,
+			"scheduler: configuration: version %u, reserved %u: expected version %u, "
+			"reserved 0",
+			cfg->version, cfg->reserved, KVT_SCHED_CONFIG_VERSION);
+		return -EINVAL;
+	}
 	if (cfg->max_requests == 0 || cfg->max_tokens == 0 || cfg->max_inject_tokens == 0 ||
-	    cfg->ws_control > 1 || cfg->max_requests > (1u << 24))
+	    cfg->ws_control > 1 || cfg->max_requests > (1u << 24)) {
+		kvt_log(KVT_LOG_WARN,
+			"scheduler: configuration: max_requests %u (1..%u), max_tokens %u, "
+			"max_inject_tokens %llu (both at least 1), ws_control %u (0 or 1)",
+			cfg->max_requests, 1u << 24, cfg->max_tokens,
+			(unsigned long long)cfg->max_inject_tokens, cfg->ws_control);
 		return -EINVAL;
+	}
 	err = kvt_manager_config(m, &mc);
 	if (err)
 		return err;
@@ -323,12 +369,16 @@ KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new
 	uint64_t alone;
 	int err;
 
-	if (!s || max_new_tokens == 0)
+	if (!s)
 		return -EINVAL;
+	if (max_new_tokens == 0)
+		return sfail(s, -EINVAL, "submit: sequence %llu: max_new_tokens is 0 (at least 1)",
+			     (unsigned long long)seq);
 	r = kvt_idmap_get(&s->map, seq);
 	if (r) {
 		if (req_info(s, r, &info) != -ENOENT)
-			return -EEXIST;
+			return sfail(s, -EEXIST, "submit: sequence %llu: already queued",
+				     (unsigned long long)seq);
 		/* its sequence is gone (destroyed by the engine, perhaps created again under
 		   the id): forgotten now, as the next step would */
 		unbatch(s, r);
@@ -336,26 +386,45 @@ KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new
 	}
 	err = seq_info(s, seq, &info);
 	if (err)
-		return err;
+		return sfail_m(s, err, "submit");
 	if (info.layers_prefilled)
-		return -EINVAL;
+		return sfail(s, -EINVAL,
+			     "submit: sequence %llu: prefilled already (%u layer%s; submit it "
+			     "before its prefill)",
+			     (unsigned long long)seq, info.layers_prefilled,
+			     info.layers_prefilled == 1 ? "" : "s");
 	err = kvt_manager_stats(s->m, &st);
 	if (err)
-		return err;
+		return sfail_m(s, err, "submit");
 	alone = (uint64_t)info.frames_per_layer * s->n_layers;
 	if (s->cfg.ws_control)
 		alone += full_layer_frames(s, info.prompt_tokens);
 	if (alone > st.device_frames_total)
-		return -E2BIG;
+		return sfail(
+			s, -E2BIG,
+			"submit: sequence %llu needs %llu device frames alone, the device tier "
+			"has %llu",
+			(unsigned long long)seq, (unsigned long long)alone,
+			(unsigned long long)st.device_frames_total);
 	/* With a disk tier, the host tier holds what one call touches: at most one layer of a
 	   sequence's history (its prefill, or the resident set a resume gathers). */
 	if (st.disk_blocks_total &&
 	    DIV_UP((uint64_t)info.prompt_tokens + max_new_tokens, s->block_tokens) * s->n_heads >
 		    st.host_blocks_total)
-		return -E2BIG;
+		return sfail(
+			s, -E2BIG,
+			"submit: sequence %llu: one layer of %llu tokens (prompt and "
+			"max_new_tokens) takes %llu host blocks, the host tier has %llu",
+			(unsigned long long)seq,
+			(unsigned long long)info.prompt_tokens + max_new_tokens,
+			(unsigned long long)DIV_UP((uint64_t)info.prompt_tokens + max_new_tokens,
+						   s->block_tokens) *
+				s->n_heads,
+			(unsigned long long)st.host_blocks_total);
 	r = kvt_calloc(1, sizeof(*r));
 	if (!r)
-		return -ENOMEM;
+		return sfail(s, -ENOMEM, "submit: sequence %llu: no memory for its request",
+			     (unsigned long long)seq);
 	r->seq = seq;
 	r->serial = info.serial;
 	r->order = s->next_order;
@@ -366,7 +435,8 @@ KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new
 	err = kvt_idmap_put(&s->map, r->seq, r);
 	if (err) {
 		free(r);
-		return err;
+		return sfail(s, err, "submit: sequence %llu: no memory for its request",
+			     (unsigned long long)seq);
 	}
 	s->next_order++;
 	list_insert(&s->pre, r, L_QUEUE);
@@ -383,13 +453,14 @@ KVT_API int kvt_sched_finish(struct kvt_sched *s, uint64_t seq)
 		return -EINVAL;
 	r = kvt_idmap_get(&s->map, seq);
 	if (!r)
-		return -ENOENT;
+		return sfail(s, -ENOENT, "finish: sequence %llu: not scheduled here",
+			     (unsigned long long)seq);
 	/* (a sequence created again under the id is not r's: its frames stay) */
 	err = req_info(s, r, &info);
 	if (!err && !info.preempted && info.device_frames) {
 		err = kvt_seq_preempt(s->m, seq);
 		if (err && err != -EALREADY && err != -ENOENT)
-			return err;
+			return sfail_m(s, err, "finish: freeing its frames");
 	}
 	unbatch(s, r);
 	drop(s, r);
@@ -726,14 +797,17 @@ KVT_API int kvt_sched_step(struct kvt_sched *s, struct kvt_sched_batch *out)
 	struct kvt_stats st = KVT_STATS_INIT;
 	int err;
 
-	if (!s || !out)
+	if (!s)
 		return -EINVAL;
+	if (!out)
+		return sfail(s, -EINVAL, "step: NULL batch");
 	if (s->open)
-		return -EBUSY;
+		return sfail(s, -EBUSY,
+			     "step: the previous batch is not committed (kvt_sched_commit)");
 	release_completed(s);
 	err = kvt_manager_stats(s->m, &st);
 	if (err)
-		return err;
+		return sfail_m(s, err, "step");
 	s->cur = (struct kvt_sched_iter){.iteration = s->iteration, .completed = s->n_completed};
 	s->n_failed = 0;
 	admit(s, &st);
@@ -782,8 +856,10 @@ KVT_API int kvt_sched_commit(struct kvt_sched *s)
 	struct kvt_stats st = KVT_STATS_INIT;
 	uint64_t touched = 0;
 
-	if (!s || !s->open)
+	if (!s)
 		return -EINVAL;
+	if (!s->open)
+		return sfail(s, -EINVAL, "commit: no batch to commit (kvt_sched_step first)");
 	s->n_completed = 0;
 	for (uint32_t i = 0; i < s->n_items; i++) {
 		const struct kvt_sched_item *item = &s->items[i];
@@ -842,4 +918,9 @@ KVT_API int kvt_sched_last(const struct kvt_sched *s, struct kvt_sched_iter *out
 		return -ENOENT;
 	*out = s->last;
 	return 0;
+}
+
+KVT_API const char *kvt_sched_last_error(const struct kvt_sched *s)
+{
+	return s ? s->err : "no scheduler";
 }

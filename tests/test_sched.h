@@ -65,6 +65,17 @@ struct eng {
 
 #define CHECK_FRAMES(e) check_frames((e), __FILE__, __LINE__)
 
+/* The scheduler's latest failure detail (kvt_sched_last_error) holds text. */
+#define CHECK_SERR(s, text)                                                     \
+	do {                                                                    \
+		const char *e_ = kvt_sched_last_error(s);                       \
+		if (!strstr(e_, (text)))                                        \
+			fail_at(__FILE__, __LINE__,                             \
+				"kvt_sched_last_error: \"%s\", expected it to " \
+				"hold \"%s\"",                                  \
+				e_, (text));                                    \
+	} while (0)
+
 #define CHECK_BATCH(e, b) check_batch((e), (b), __FILE__, __LINE__)
 
 #define CHECK_ITEMS(b, want)                                                                  \

@@ -64,15 +64,23 @@ void test_create_errors(void **state)
 	CHECK_RC(kvt_sched_finish(NULL, 1), -EINVAL);
 
 	CHECK_RC(kvt_sched_create(m, &sc, &s), 0);
+	/* each refusal says what was refused and why (kvt_sched_last_error) */
+	assert_string_equal(kvt_sched_last_error(s), "");
+	assert_string_equal(kvt_sched_last_error(NULL), "no scheduler");
 	CHECK_RC(kvt_sched_step(s, NULL), -EINVAL);
+	CHECK_SERR(s, "step: NULL batch (");
 	/* an empty iteration is an iteration */
 	CHECK_RC(kvt_sched_commit(s), -EINVAL);
+	CHECK_SERR(s, "commit: no batch to commit");
 	CHECK_RC(kvt_sched_step(s, &b), 0);
 	CHECK_EQ(b.n_items, 0);
 	CHECK_EQ(b.it.iteration, 0);
+	CHECK_SERR(s, "commit: no batch to commit"); /* (a call that works leaves it) */
 	CHECK_RC(kvt_sched_step(s, &b), -EBUSY);
+	CHECK_SERR(s, "step: the previous batch is not committed");
 	CHECK_RC(kvt_sched_commit(s), 0);
 	CHECK_RC(kvt_sched_commit(s), -EINVAL);
+	CHECK_SERR(s, "commit: no batch to commit");
 	CHECK_RC(kvt_sched_step(s, &b), 0);
 	CHECK_EQ(b.it.iteration, 1);
 	CHECK_RC(kvt_sched_commit(s), 0);
@@ -96,20 +104,32 @@ void test_submit_errors(void **state)
 	eng_init(&e, &c, &sc, 16, 128);
 	CHECK_EQ(t_stats_of(e.m).device_frames_total, 30);
 	CHECK_RC(kvt_sched_submit(e.s, 9, 1), -ENOENT);
+	/* the manager's refusal, with what the scheduler was doing */
+	{
+		char want[300];
+
+		snprintf(want, sizeof(want), "submit: %s", kvt_manager_last_error(e.m));
+		assert_string_equal(kvt_sched_last_error(e.s), want);
+		assert_non_null(strstr(want, "9"));
+	}
 	CHECK_RC(kvt_seq_create(e.m, 1, 40), 0);
 	CHECK_RC(kvt_sched_submit(e.s, 1, 0), -EINVAL);
+	CHECK_SERR(e.s, "submit: sequence 1: max_new_tokens is 0 (at least 1) (");
 	CHECK_EQ(kvt_sched_pending(e.s), 0);
 	CHECK_RC(kvt_seq_destroy(e.m, 1), 0);
 	CHECK_RC(eng_add(&e, 1, 40, 3), 0);
 	CHECK_RC(kvt_sched_submit(e.s, 1, 3), -EEXIST);
+	CHECK_SERR(e.s, "submit: sequence 1: already queued (");
 	CHECK_EQ(kvt_sched_pending(e.s), 1);
 	/* 20 resident + 26 of full KV > 30 */
 	CHECK_RC(eng_add(&e, 2, 100, 3), -E2BIG);
+	CHECK_SERR(e.s, "submit: sequence 2 needs 46 device frames alone, the device tier has 30");
 	/* a sequence the engine prefilled already */
 	CHECK_RC(kvt_seq_create(e.m, 3, 40), 0);
 	t_fill_prefill(&c, 3, 0, 40, e.k, e.v, e.q);
 	CHECK_RC(t_prefill_layer(e.m, 3, 0, e.k, e.v, e.q, NULL), 0);
 	CHECK_RC(kvt_sched_submit(e.s, 3, 3), -EINVAL);
+	CHECK_SERR(e.s, "submit: sequence 3: prefilled already (1 layer");
 	CHECK_RC(kvt_seq_destroy(e.m, 3), 0);
 	CHECK_EQ(kvt_sched_pending(e.s), 1);
 	CHECK_RC(kvt_sched_last(e.s, &li), -ENOENT);
@@ -117,6 +137,7 @@ void test_submit_errors(void **state)
 
 	/* finish: unknown, queued, running (its frames are freed, the sequence stays) */
 	CHECK_RC(kvt_sched_finish(e.s, 2), -ENOENT);
+	CHECK_SERR(e.s, "finish: sequence 2: not scheduled here (");
 	CHECK_RC(eng_add(&e, 4, 16, 5), 0);
 	eng_iter(&e, &b);
 	CHECK_ITEMS(&b, "1:0-2");
@@ -548,6 +569,8 @@ void test_disk_history_beyond_host(void **state)
 	CHECK_RC(eng_add(&e, 3, 60, 9), 0);
 	/* 100 + 5 tokens: 14 groups a layer */
 	CHECK_RC(eng_add(&e, 4, 100, 5), -E2BIG);
+	CHECK_SERR(e.s, "submit: sequence 4: one layer of 105 tokens (prompt and max_new_tokens) "
+			"takes 28 host blocks, the host tier has 24");
 	CHECK_RC(kvt_seq_destroy(e.m, 4), 0);
 	e.r[4].live = false;
 	eng_drain(&e, 200);

@@ -153,7 +153,8 @@ def strerror(err: int) -> str:
 class Error(OSError):
     """A kvtier call failed. ``errno`` is the positive errno (compare with the errno module),
     ``strerror`` kvt_strerror's text, ``func`` the C function and ``detail`` the manager's
-    last error (which names the sequence, layer or limit at fault; "" when none)."""
+    last error, or the scheduler's for a scheduler call (which names the sequence, layer or
+    limit at fault; "" when none)."""
 
     def __init__(self, err: int, func: str, detail: str = "") -> None:
         text = strerror(err)
@@ -1028,9 +1029,18 @@ class Scheduler:
         return self._s
 
     def _call(self, fn: Any, *args: Any) -> None:
-        """fn(scheduler, *args) under the manager's lock; a failure raises Error."""
+        """fn(scheduler, *args) under the manager's lock; a failure raises Error with the
+        scheduler's detail (kvt_sched_last_error)."""
         with self._m._lock:
-            self._m._check(fn(self._h(), *args), fn.__name__)
+            err = fn(self._h(), *args)
+            if err:
+                raise Error(err, fn.__name__, _lib.kvt_sched_last_error(self._s).decode())
+
+    @property
+    def last_error(self) -> str:
+        """kvt_sched_last_error: detail of the latest failed call ("" when none failed)."""
+        with self._m._lock:
+            return _lib.kvt_sched_last_error(self._h()).decode()
 
     def submit(self, seq: int, max_new_tokens: int) -> None:
         """kvt_sched_submit: queues live, not yet prefilled sequence seq for max_new_tokens."""

@@ -302,6 +302,7 @@ _PROTOTYPES: List[Any] = [
     ("kvt_sched_finish", c_int, [c_void_p, c_uint64]),
     ("kvt_sched_pending", c_uint32, [c_void_p]),
     ("kvt_sched_last", c_int, [c_void_p, POINTER(IterStats)]),
+    ("kvt_sched_last_error", c_char_p, [c_void_p]),
 ]
 
 

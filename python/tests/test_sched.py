@@ -65,23 +65,33 @@ def test_engine_loop_completes_every_request(rng):
 
 def test_scheduler_errors(mgr):
     with kvtier.Scheduler(mgr) as s:
+        assert s.last_error == ""
         with pytest.raises(kvtier.Error) as e:
             s.submit(5, 3)
         assert e.value.errno == errno.ENOENT
+        # the scheduler's detail, the manager's within it
+        assert e.value.detail.startswith("submit: ") and "5" in e.value.detail
+        assert s.last_error.startswith(e.value.detail)
         mgr.create_seq(5, 40)
         s.submit(5, 3)
         with pytest.raises(kvtier.Error) as e:
             s.submit(5, 3)
         assert e.value.errno == errno.EEXIST
+        assert e.value.detail == "submit: sequence 5: already queued"
         with pytest.raises(kvtier.Error) as e:
             s.commit()
         assert e.value.errno == errno.EINVAL
+        assert "no batch to commit" in e.value.detail
         s.step()
         with pytest.raises(kvtier.Error) as e:
             s.step()
         assert e.value.errno == errno.EBUSY
+        assert "not committed" in str(e.value)
         s.finish(5)
         assert s.pending == 0
+        with pytest.raises(kvtier.Error) as e:
+            s.finish(5)
+        assert e.value.detail == "finish: sequence 5: not scheduled here"
     with pytest.raises(kvtier.Error):
         kvtier.Scheduler(mgr, max_requests=0)
 
