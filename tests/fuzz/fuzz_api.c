@@ -201,6 +201,19 @@ static void check_errno(int rc)
 	CHECK_RC(rc == 0 || (rc < 0 && rc > -4096), rc);
 }
 
+/* A scheduler call that failed on a scheduler left its detail: the scheduler's text, which
+   names the error in parentheses, or the manager's detail after what the scheduler was
+   doing (kvt_sched_last_error). */
+static void check_sched_detail(int rc)
+{
+	const char *d;
+
+	if (!rc || !F.sched)
+		return;
+	d = kvt_sched_last_error(F.sched);
+	CHECK_RC(d[0] != '\0' && (strstr(d, kvt_strerror(rc)) || strchr(d, ':')), rc);
+}
+
 /* Failures that no argument can rule out: memory and the disk tier. */
 static bool resource_error(int rc)
 {
@@ -2050,6 +2063,7 @@ static void op_sched(struct in *in)
 		rc = kvt_sched_submit(F.sched, id_of(slot), b % 8);
 		trace("sched_submit %llu new %u -> %d", (unsigned long long)id_of(slot), b % 8, rc);
 		check_errno(rc);
+		check_sched_detail(rc);
 		if (!F.sched || b % 8 == 0)
 			CHECK_RC(rc == -EINVAL, rc);
 		else if (!live(slot))
@@ -2063,6 +2077,7 @@ static void op_sched(struct in *in)
 		rc = kvt_sched_step(F.sched, &F.sb);
 		trace("sched_step -> %d", rc);
 		check_errno(rc);
+		check_sched_detail(rc);
 		if (!F.sched) {
 			CHECK_RC(rc == -EINVAL, rc);
 			break;
@@ -2085,6 +2100,7 @@ static void op_sched(struct in *in)
 		rc = kvt_sched_commit(F.sched);
 		trace("sched_commit -> %d", rc);
 		check_errno(rc);
+		check_sched_detail(rc);
 		CHECK_RC(F.sb_open ? rc == 0 : rc == -EINVAL, rc);
 		F.sb_open = false;
 		refresh(true);
@@ -2093,6 +2109,7 @@ static void op_sched(struct in *in)
 		rc = kvt_sched_finish(F.sched, id_of(slot));
 		trace("sched_finish %llu -> %d", (unsigned long long)id_of(slot), rc);
 		check_errno(rc);
+		check_sched_detail(rc);
 		CHECK_RC(F.sched ? rc == 0 || rc == -ENOENT : rc == -EINVAL, rc);
 		refresh(true);
 		break;
