@@ -21,8 +21,8 @@ void kvt_manager_be_stats(const struct kvt_manager *m, struct kvt_be_stats *out)
 /* The recall calls' host time so far by phase, in ns: each phase's wall time less the backend's
    time inside the runtime's calls during it (kvt_be_stats.runtime_ns: zero unless the backend
    times its calls, KVTIER_CUDA_TIME_CALLS=1). Kept only when the manager was created with
-   KVTIER_TIME_PHASES=1 in the environment (all zero otherwise); the marks cost two clock reads
-   and two backend figure reads a phase. */
+   KVTIER_TIME_PHASES=1 in the environment (all zero otherwise); a call makes five marks, each a
+   clock read and a read of the backend's figures. */
 struct kvt_phases {
 	uint64_t settle; /* the layer's previous call settled: its fence waited for when not done,
 			    its results applied to the host's copies */

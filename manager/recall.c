@@ -2839,10 +2839,6 @@ static int recall_fetch(struct kvt_manager *m, uint32_t layer, uint32_t nx)
 	return 0;
 }
 
-/* One recall call: the selection sel ([n][H][r]) of the given kind: host memory for SEL_GIVEN;
-   SEL_QUEST: Quest's, in host memory or, on the device (dev_regions, sel NULL), made there from
-   the device queries q; SEL_DEVICE: the caller's, in device memory with the regions on the
-   device, host memory otherwise. */
 /* ---- Phase timing (base.h's phase_on: kvt_manager_phases) ---- */
 
 /* Now (ns), and the backend's time inside the runtime's calls so far in *rt. */
@@ -2881,6 +2877,10 @@ static inline void phase_end(struct kvt_manager *m, enum kvt_phase k)
 	m->phase_rt = rt;
 }
 
+/* One recall call: the selection sel ([n][H][r]) of the given kind: host memory for SEL_GIVEN;
+   SEL_QUEST: Quest's, in host memory or, on the device (dev_regions, sel NULL), made there from
+   the device queries q; SEL_DEVICE: the caller's, in device memory with the regions on the
+   device, host memory otherwise. */
 static int recall_core(struct kvt_manager *m, uint32_t layer, const uint64_t *seqs, uint32_t n,
 		       const uint32_t *sel, enum sel_kind kind, uint32_t r, const void *q,
 		       void *stream)
