@@ -474,13 +474,6 @@ KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out
 	return 0;
 }
 
-void kvt_manager_be_stats(const struct kvt_manager *m, struct kvt_be_stats *out)
-{
-	*out = (struct kvt_be_stats){0};
-	if (m->ops->stats)
-		m->ops->stats(m->be, out);
-}
-
 void kvt_manager_phases(const struct kvt_manager *m, struct kvt_phases *out)
 {
 	*out = (struct kvt_phases){.settle = m->phase_ns[KVT_PH_SETTLE],

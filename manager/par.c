@@ -5,7 +5,6 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "par.h"
 #include "thread.h"
@@ -52,22 +51,14 @@ static void par_claim(struct kvt_par *p, kvt_par_fn fn, void *ctx, uint32_t n_it
    little. OpenMP runtimes spin far longer (KMP_BLOCKTIME: 200 ms). */
 #define PAR_POLL_NS 250000
 
-static uint64_t now_ns(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-
 /* Looks for a job after `seen` for up to PAR_POLL_NS, giving the CPU to any other runnable
    thread between looks (so a busy machine loses nothing to it but the looks). */
 static void par_poll(struct kvt_par *p, uint64_t seen)
 {
-	uint64_t t0 = now_ns();
+	uint64_t t0 = kvt_now_ns();
 
 	while (atomic_load_explicit(&p->gen, memory_order_relaxed) == seen &&
-	       now_ns() - t0 < PAR_POLL_NS)
+	       kvt_now_ns() - t0 < PAR_POLL_NS)
 		sched_yield();
 }
 

@@ -13,11 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "base.h"
 #include "gpu.h"
 #include "huge.h"
+#include "manager.h"
 #include "par.h"
 #include "policy.h"
 #include "recall.h"
@@ -2844,14 +2844,11 @@ static int recall_fetch(struct kvt_manager *m, uint32_t layer, uint32_t nx)
 /* Now (ns), and the backend's time inside the runtime's calls so far in *rt. */
 static uint64_t phase_clock(const struct kvt_manager *m, uint64_t *rt)
 {
-	struct kvt_be_stats bs = {0};
-	struct timespec t;
+	struct kvt_be_stats bs;
 
-	if (m->ops->stats)
-		m->ops->stats(m->be, &bs);
+	kvt_manager_be_stats(m, &bs);
 	*rt = bs.runtime_ns;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+	return kvt_now_ns();
 }
 
 /* A phase begins now. */

@@ -56,6 +56,9 @@ uint64_t kvt_invariant_failures(void);
 bool kvt_log_enabled(enum kvt_log_level level);
 void kvt_log(enum kvt_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* CLOCK_MONOTONIC now, in ns (manager/base.c). */
+uint64_t kvt_now_ns(void);
+
 /* Writes a failure's detail into buf (len bytes): the formatted text, then err's text in
    parentheses where it fits; logs it at debug level, after `who` (manager/base.c). What
    kvt_manager_last_error and kvt_sched_last_error return. */

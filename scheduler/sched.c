@@ -366,7 +366,7 @@ KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new
 	struct kvt_stats st = KVT_STATS_INIT;
 	struct kvt_seq_info info;
 	struct sreq *r;
-	uint64_t alone;
+	uint64_t alone, host;
 	int err;
 
 	if (!s)
@@ -408,19 +408,14 @@ KVT_API int kvt_sched_submit(struct kvt_sched *s, uint64_t seq, uint32_t max_new
 			(unsigned long long)st.device_frames_total);
 	/* With a disk tier, the host tier holds what one call touches: at most one layer of a
 	   sequence's history (its prefill, or the resident set a resume gathers). */
-	if (st.disk_blocks_total &&
-	    DIV_UP((uint64_t)info.prompt_tokens + max_new_tokens, s->block_tokens) * s->n_heads >
-		    st.host_blocks_total)
-		return sfail(
-			s, -E2BIG,
-			"submit: sequence %llu: one layer of %llu tokens (prompt and "
-			"max_new_tokens) takes %llu host blocks, the host tier has %llu",
-			(unsigned long long)seq,
-			(unsigned long long)info.prompt_tokens + max_new_tokens,
-			(unsigned long long)DIV_UP((uint64_t)info.prompt_tokens + max_new_tokens,
-						   s->block_tokens) *
-				s->n_heads,
-			(unsigned long long)st.host_blocks_total);
+	host = DIV_UP((uint64_t)info.prompt_tokens + max_new_tokens, s->block_tokens) * s->n_heads;
+	if (st.disk_blocks_total && host > st.host_blocks_total)
+		return sfail(s, -E2BIG,
+			     "submit: sequence %llu: one layer of %llu tokens (prompt and "
+			     "max_new_tokens) takes %llu host blocks, the host tier has %llu",
+			     (unsigned long long)seq,
+			     (unsigned long long)info.prompt_tokens + max_new_tokens,
+			     (unsigned long long)host, (unsigned long long)st.host_blocks_total);
 	r = kvt_calloc(1, sizeof(*r));
 	if (!r)
 		return sfail(s, -ENOMEM, "submit: sequence %llu: no memory for its request",

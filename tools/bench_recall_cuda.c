@@ -57,6 +57,10 @@ int bench_recall_cuda(const struct bench_recall_opts *o)
 #else /* KVT_BENCH_CUDART */
 
 /* One run: the runtime, the managers (CUDA, reference), the inputs and the figures. */
+/* The parts of the library's own time a step is split into: struct kvt_phases's four, then the
+   rest. */
+#define N_PH 5
+
 struct run {
 	const struct bench_recall_opts *o;
 	struct bench_rt rt;
@@ -74,7 +78,7 @@ struct run {
 				      time, and its copies' (pinned to device and back) */
 	double *inrt, *own; /* per step, of t[0]: inside the CUDA runtime's calls (less the fake's
 			     kernel time); the rest, the library's own (made at the report) */
-	double *ph[5];	    /* per step, of own: the recall calls' phases (struct kvt_phases, in its
+	double *ph[N_PH];   /* per step, of own: the recall calls' phases (struct kvt_phases, in its
 			       order), and the rest (made at the report) */
 };
 
@@ -184,7 +188,7 @@ static int setup(struct run *r)
 	r->copy = calloc(o->steps, sizeof(double));
 	r->inrt = calloc(o->steps, sizeof(double));
 	r->own = calloc(o->steps, sizeof(double));
-	for (int k = 0; k < 5; k++)
+	for (int k = 0; k < N_PH; k++)
 		r->ph[k] = calloc(o->steps, sizeof(double));
 	if (!r->ids || !r->sel || !r->k || !r->dummy || !r->t[0] || !r->t[1] || !r->work ||
 	    !r->copy || !r->inrt || !r->own || !r->ph[0] || !r->ph[1] || !r->ph[2] || !r->ph[3] ||
@@ -366,15 +370,13 @@ static int run(struct run *r)
 
 	uint32_t H = r->c.n_kv_heads, n = o->steps - 1;
 	uint32_t slow[2] = {slowest(r->t[0], o->steps), slowest(r->t[1], o->steps)};
-	double mr, mo;
-
-	double mp[5];
+	double mr, mo, mp[N_PH];
 
 	for (uint32_t s = 0; s < o->steps; s++) { /* (before the medians sort t[0] and inrt) */
 		r->own[s] = r->t[0][s] - r->inrt[s];
 		r->ph[4][s] = r->own[s] - r->ph[0][s] - r->ph[1][s] - r->ph[2][s] - r->ph[3][s];
 	}
-	for (int k = 0; k < 5; k++)
+	for (int k = 0; k < N_PH; k++)
 		mp[k] = median(r->ph[k], o->steps);
 	mr = median(r->inrt, o->steps);
 	mo = median(r->own, o->steps);
@@ -465,7 +467,7 @@ static void run_free(struct run *r)
 	free(r->copy);
 	free(r->inrt);
 	free(r->own);
-	for (int k = 0; k < 5; k++)
+	for (int k = 0; k < N_PH; k++)
 		free(r->ph[k]);
 }
 
