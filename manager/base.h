@@ -92,6 +92,8 @@ struct kvt_seq {
 	uint32_t n_frames;   /* frame groups per layer */
 	uint32_t layers_prefilled;
 	uint32_t n_spilled;    /* group table entries (all layers) that are in the spill file */
+	uint32_t slot;	       /* its place among the live sequences (kvt_manager.slots): where
+				  its layers' recall states lie (recall.c, rc_slot) */
 	uint64_t ws_counted;   /* the part of the recall cache's sum_ws of its layers' regions */
 	uint64_t ws_snap;      /* ws_counted when the cache's sums were last frozen (snap_at), */
 	uint64_t ws_snap_at;   /* copied when it first changes after that (recall.c, ws_freeze) */
@@ -142,6 +144,11 @@ struct kvt_recall_cache {
 	struct kvt_region_load *ld; /* [threads][H * r]: each thread's scratch (by slot) */
 	uint32_t ld_cap;
 	struct kvt_par *par; /* config.recall_threads >= 2: the team sharing a call */
+	/* The recall states (struct kvt_recall_layer) of layer l lie in slab[l], chunks of
+	   RC_CHUNK by sequence slot (recall.c, rc_slot); each layer's table has slab_chunks
+	   entries, a chunk NULL until a slot of it is used. Chunks live until the manager does. */
+	struct kvt_recall_layer ***slab;
+	uint32_t slab_chunks;
 	/* The frames a call's sizing (recall_size) moves, applied when it ends so that a device
 	   can replay them as one launch of drops and one of grows: every region's freed frames
 	   pushed together, regions in the order of their first drop, then every grown region's
@@ -229,6 +236,12 @@ struct kvt_manager {
 	uint64_t stamp;
 	/* sequence states freed and created so far: a step's members resolve again */
 	uint64_t seq_frees, seq_creates;
+	/* The live sequences' places (kvt_seq.slot), dense: n_made given out so far, the free
+	   ones a stack (free[0, n_free)) taken from the top. */
+	struct kvt_slots {
+		uint32_t *free;
+		uint32_t n_free, cap, n_made;
+	} slots;
 	uint64_t dmeta_bytes; /* device metadata tables held (kvt_stats.device_meta_bytes) */
 	/* The open decode step (manager/step.c): its members named once at kvt_step_begin and
 	   resolved to their states, so that its per-layer calls look nothing up by id. */

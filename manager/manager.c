@@ -391,6 +391,7 @@ KVT_API void kvt_manager_destroy(struct kvt_manager *m)
 	free(m->dq);
 	free(m->hcopy);
 	free(m->seg_off);
+	free(m->slots.free);
 	free(m);
 }
 

@@ -127,9 +127,10 @@ void kvt_recall_freeze(struct kvt_manager *m);
    live region; the live list, the region count, n_held and sum_ws (its parts per layer and per
    sequence too) agree with the regions; each region passes kvt_region_check; each layer's
    top-K counts agree with its top-K positions, its count of spilled blocks is right, and so
-   is every entry of its device group table (dev_regions) that did not move since. 0, or a
-   negative code of the first broken one. For tests: O(frames + the regions' key tables + the
-   histories' blocks and top-K positions). */
+   is every entry of its device group table (dev_regions) that did not move since; each live
+   sequence has a slot of its own, the others are free once, and each recall state lies at
+   its slot's place in its layer's slab. 0, or a negative code of the first broken one. For tests:
+   O(frames + the regions' key tables + the histories' blocks and top-K positions). */
 int kvt_recall_check(struct kvt_manager *m);
 /* The device key table of a layer's recall state (dev_meta). */
 static inline uint64_t kvt_dkey(const struct kvt_manager *m, const struct kvt_recall_layer *rc)
@@ -202,17 +203,21 @@ int kvt_recall_pull(struct kvt_manager *m, struct kvt_recall_layer *rc);
    0, or the error, recorded: regions read before it may be clean, the others stay dirty. */
 int kvt_recall_pull_many(struct kvt_manager *m, struct kvt_recall_layer *const *rcs, uint32_t n);
 
-/* Frees one layer's recall state (NULL is a no-op), its device copy through the backend. */
+/* Frees one layer's recall state (NULL is a no-op), its device copy through the backend; its
+   place in the layer's slab (rc_slot) is left zeroed for the next sequence given its slot. */
 void kvt_recall_layer_free(struct kvt_manager *m, struct kvt_recall_layer *rc);
 /* Frees the recall state of every layer of s (destroy). */
 void kvt_recall_free_seq(struct kvt_manager *m, struct kvt_seq *s);
+/* In the two calls below, ly is layer `layer` of s, or the copy of it that a prefill builds
+   (its recall state, when it makes one, is s's for that layer all the same). */
 /* Block metadata of a prefilled layer from the caller's K tensor ([H][L][D]): 0 or -ENOMEM. */
-int kvt_meta_prefill(struct kvt_manager *m, struct kvt_seq_layer *ly, const void *k, uint32_t L);
+int kvt_meta_prefill(struct kvt_manager *m, const struct kvt_seq *s, uint32_t layer,
+		     struct kvt_seq_layer *ly, const void *k, uint32_t L);
 /* Makes room for the metadata of n_blocks blocks of ly (prefill, decode boundary); a device copy
    grows on stream (its contents copied there). 0 or -ENOMEM (nothing a caller sees changed;
    the backend's detail in m->be->err for a device copy). */
-int kvt_meta_reserve(struct kvt_manager *m, struct kvt_seq_layer *ly, uint32_t n_blocks,
-		     void *stream);
+int kvt_meta_reserve(struct kvt_manager *m, const struct kvt_seq *s, uint32_t layer,
+		     struct kvt_seq_layer *ly, uint32_t n_blocks, void *stream);
 /* Brings the block metadata of (s, layer ly) up to its tokens: folds the keys of positions
    [meta_n, n_tokens) in from the host history, after waiting for its saves; the caller has
    brought those blocks into the host tier (kvt_spill_want). 0 or the error, recorded. */

@@ -108,6 +108,19 @@ static struct kvt_seq *seq_new(struct kvt_manager *m, uint64_t seq, uint32_t pro
 		return NULL;
 	}
 	memset(s, 0, bytes);
+	/* its place among the live ones: a freed one first, so that the places stay dense */
+	if (m->slots.n_free) {
+		s->slot = m->slots.free[--m->slots.n_free];
+	} else if (m->slots.n_made < UINT32_MAX &&
+		   !kvt_reserve((void **)&m->slots.free, &m->slots.cap, m->slots.n_made + 1,
+				sizeof(*m->slots.free))) {
+		s->slot = m->slots.n_made++; /* (room to give it back made now: free cannot fail) */
+	} else {
+		free(s);
+		*err = kvt_fail(m, -ENOMEM, "sequence %llu: no memory for its state",
+				(unsigned long long)seq);
+		return NULL;
+	}
 	s->bt = (struct kvt_blk_ticket *)&s->layers[m->cfg.n_layers];
 	s->id = seq;
 	s->prompt_tokens = prompt_tokens;
@@ -122,6 +135,8 @@ static void seq_free(struct kvt_manager *m, struct kvt_seq *s)
 	for (uint32_t l = 0; l < m->cfg.n_layers; l++)
 		kvt_huge_free(s->layers[l].groups);
 	kvt_seq_px_free(s->px);
+	if (ALWAYS(m->slots.n_free < m->slots.cap))
+		m->slots.free[m->slots.n_free++] = s->slot;
 	free(s);
 	m->seq_frees++;
 }
@@ -138,7 +153,7 @@ KVT_API int kvt_seq_create(struct kvt_manager *m, uint64_t seq, uint32_t prompt_
 		return err;
 	err = kvt_idmap_put(&m->seqs, seq, s);
 	if (err) {
-		free(s);
+		seq_free(m, s);
 		return kvt_fail(m, err, "sequence %llu: cannot grow the sequence table",
 				(unsigned long long)seq);
 	}
@@ -614,7 +629,7 @@ static int prefill_tables(struct kvt_manager *m, struct prefill *p)
 		}
 	}
 	if (!err && m->keep_meta && !m->cpu_device)
-		err = kvt_meta_reserve(m, ly, full, p->stream);
+		err = kvt_meta_reserve(m, p->s, p->layer, ly, full, p->stream);
 	if (err && err != -ENOMEM)
 		return kvt_fail(m, err, "sequence %llu layer %u: block metadata: %s",
 				(unsigned long long)p->seq, p->layer, m->be->err);
@@ -788,7 +803,7 @@ static int prefill_select(struct kvt_manager *m, struct prefill *p)
 	if (count && m->payload && NEVER(!topk_in_order(m, p)))
 		return kvt_fail(m, -EIO, "sequence %llu layer %u: selected positions out of order",
 				(unsigned long long)p->seq, p->layer);
-	if (m->keep_meta && m->cpu_device && kvt_meta_prefill(m, ly, fk, L))
+	if (m->keep_meta && m->cpu_device && kvt_meta_prefill(m, p->s, p->layer, ly, fk, L))
 		return kvt_fail(m, -ENOMEM, "sequence %llu layer %u: no memory for its tables",
 				(unsigned long long)p->seq, p->layer);
 	if (m->keep_meta && !m->cpu_device) {
@@ -1093,7 +1108,8 @@ KVT_API int kvt_decode_append(struct kvt_manager *m, uint32_t layer, const uint6
 						(unsigned long long)seqs[i]);
 			ly->cap_groups = cap;
 		}
-		if (m->keep_meta && (err = kvt_meta_reserve(m, ly, ly->n_groups + 1, stream)))
+		if (m->keep_meta &&
+		    (err = kvt_meta_reserve(m, s, layer, ly, ly->n_groups + 1, stream)))
 			return kvt_fail(m, err, "decode: sequence %llu: block metadata: %s",
 					(unsigned long long)seqs[i], m->be->err);
 		m->fresh[n_fresh++] = i;

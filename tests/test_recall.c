@@ -27,6 +27,7 @@
 #include "t_manager.h"
 #include "base.h"
 #include "policy.h"
+#include "recall.h"
 #include "util.h"
 
 #define NONE UINT32_MAX
@@ -529,6 +530,79 @@ static void test_recall_regions(void **state)
 }
 
 /* Errors change nothing: the cache and counters stay as they were. */
+/* The recall states of a layer lie in one slab by sequence slot (recall.c, rc_slot): the live
+   sequences' slots are dense, a destroyed sequence's slot and places go to the next one created,
+   which starts from a clean state. */
+static void test_state_slots(void **state)
+{
+	struct kvt_config c = recall_config(2, 64);
+	struct kvt_manager *m;
+	struct kvt_recall_layer *was[2][2];
+	uint32_t slot[2], sel[2] = {1, 2};
+	(void)state;
+
+	c.n_layers = 2;
+	m = t_mk(&c);
+	for (uint64_t id = 1; id <= 5; id++) {
+		t_prefill_seq(m, &c, id, 200);
+		for (uint32_t l = 0; l < c.n_layers; l++) {
+			uint32_t s2[16];
+
+			for (uint32_t h = 0; h < c.n_kv_heads; h++)
+				memcpy(s2 + h * 2, sel, sizeof(sel));
+			CHECK_RC(kvt_recall_blocks(m, l, &id, 1, s2, 2, NULL), 0);
+		}
+	}
+	assert_int_equal(m->slots.n_made, 5);
+	for (uint32_t l = 0; l < c.n_layers; l++) /* a layer's states side by side, by slot */
+		for (uint64_t id = 2; id <= 5; id++) {
+			const struct kvt_seq *a = kvt_seqmap_get(&m->seqs, id - 1),
+					     *b = kvt_seqmap_get(&m->seqs, id);
+
+			assert_int_equal(b->slot, a->slot + 1);
+			assert_ptr_equal(b->layers[l].rc, a->layers[l].rc + 1);
+		}
+	CHECK_RC(kvt_recall_check(m), 0);
+	for (uint32_t j = 0; j < 2; j++) {
+		const struct kvt_seq *s = kvt_seqmap_get(&m->seqs, 2 + 2 * j);
+
+		slot[j] = s->slot;
+		for (uint32_t l = 0; l < c.n_layers; l++)
+			was[j][l] = s->layers[l].rc;
+		CHECK_RC(kvt_seq_destroy(m, 2 + 2 * j), 0);
+	}
+	CHECK_RC(kvt_recall_check(m), 0);
+	/* 6 and 7 take the slots of 4 and 2 (the latest freed first) and their places, clean:
+	   their recalls load what they name, as a new sequence's do */
+	for (uint64_t id = 6; id <= 7; id++) {
+		const struct kvt_seq *s;
+		struct kvt_stats s0 = t_stats_of(m);
+		uint32_t j = id == 6 ? 1 : 0, s2[16];
+
+		t_prefill_seq(m, &c, id, 200);
+		s = kvt_seqmap_get(&m->seqs, id);
+		assert_int_equal(s->slot, slot[j]);
+		for (uint32_t l = 0; l < c.n_layers; l++) {
+			assert_ptr_equal(s->layers[l].rc, was[j][l]);
+			for (uint32_t h = 0; h < c.n_kv_heads; h++)
+				memcpy(s2 + h * 2, sel, sizeof(sel));
+			CHECK_RC(kvt_recall_blocks(m, l, &id, 1, s2, 2, NULL), 0);
+		}
+		assert_int_equal(t_stats_of(m).recall_hits, s0.recall_hits);
+		assert_int_equal(t_stats_of(m).recall_loads - s0.recall_loads,
+				 (uint64_t)c.n_layers * c.n_kv_heads * 2);
+	}
+	assert_int_equal(m->slots.n_made, 5);
+	assert_int_equal(m->slots.n_free, 0);
+	CHECK_RC(kvt_recall_check(m), 0);
+	CHECK_RC(kvt_seq_create(m, 8, 100), 0); /* a sixth live one: a new slot */
+	assert_int_equal(kvt_seqmap_get(&m->seqs, 8)->slot, 5);
+	CHECK_RC(kvt_seq_create(m, 8, 100), -EEXIST); /* refused: no slot taken */
+	assert_int_equal(m->slots.n_made, 6);
+	CHECK_RC(kvt_recall_check(m), 0);
+	kvt_manager_destroy(m);
+}
+
 static void test_recall_errors(void **state)
 {
 	struct kvt_config c = recall_config(4, 8);
@@ -1103,6 +1177,7 @@ int main(void)
 		cmocka_unit_test(test_recall_all_equals_full),
 		cmocka_unit_test(test_recall_finds_needle),
 		cmocka_unit_test(test_recall_regions),
+		cmocka_unit_test(test_state_slots),
 		cmocka_unit_test(test_recall_errors),
 		cmocka_unit_test(test_recall_device_blocks),
 		cmocka_unit_test(test_load_ticket),
