@@ -138,7 +138,8 @@ void kvt_recall_layer_free(struct kvt_manager *m, struct kvt_recall_layer *rc)
 	kvt_huge_free(rc->frame);
 	kvt_huge_free(rc->view_n);
 	kvt_huge_free(rc->view);
-	kvt_huge_free(rc->ws.bucket);
+	if (rc->ws.bucket) /* in the slab (rc_bucket), for the next sequence of its slot */
+		memset(rc->ws.bucket, 0, (size_t)m->cfg.ws_window * sizeof(*rc->ws.bucket));
 	kvt_huge_free(rc->qcand);
 	memset(rc, 0, sizeof(*rc)); /* its place in the slab, for the next sequence of its slot */
 }
@@ -289,9 +290,22 @@ static struct kvt_recall_layer *rc_slot(struct kvt_manager *m, uint32_t slot, ui
 		c->slab_chunks = want;
 	}
 	t = c->slab[layer];
-	if (!t[k] && !(t[k] = kvt_huge_calloc(RC_CHUNK, sizeof(**t))))
+	/* the chunk's states, then their working sets' buckets (rc_bucket) */
+	if (!t[k] &&
+	    !(t[k] = kvt_huge_calloc(RC_CHUNK, sizeof(**t) + m->cfg.ws_window * sizeof(uint32_t))))
 		return NULL;
 	return rc_place(c, slot, layer);
+}
+
+/* The working-set buckets ([ws_window]) of the recall state of slot `slot`'s layer `layer`,
+   after its chunk's states: those of a layer's members lie together, as the states do.
+   Zeroed while no sequence's first recall of the layer has taken them (rc->ws.bucket NULL). */
+static inline uint32_t *rc_bucket(const struct kvt_manager *m, uint32_t slot, uint32_t layer)
+{
+	const struct kvt_recall_cache *c = &m->rc;
+
+	return (uint32_t *)(c->slab[layer][slot / RC_CHUNK] + RC_CHUNK) +
+	       (size_t)(slot % RC_CHUNK) * m->cfg.ws_window;
 }
 
 /* rc_layer_get's work when the state is missing or its tables are too small. */
@@ -1566,7 +1580,8 @@ int kvt_recall_check(struct kvt_manager *m)
 
 			if (!ly->rc)
 				continue;
-			if (ly->rc != rc_place(c, s->slot, l)) /* where rc_slot put it */
+			if (ly->rc != rc_place(c, s->slot, l) || /* where rc_slot put it */
+			    (ly->rc->ws.bucket && ly->rc->ws.bucket != rc_bucket(m, s->slot, l)))
 				err = -18;
 			else if (ly->rc->ws_counted && (ly->rc->seq != s || ly->rc->layer != l))
 				err = -15;
@@ -1778,8 +1793,7 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 		    (!ly->rc->ws.bucket &&
 		     ((!ly->rc->qcand &&
 		       !(ly->rc->qcand = kvt_huge_calloc(H, sizeof(*ly->rc->qcand)))) ||
-		      !(ly->rc->ws.bucket =
-				kvt_huge_calloc(m->cfg.ws_window, sizeof(*ly->rc->ws.bucket))))))
+		      !(ly->rc->ws.bucket = rc_bucket(m, s->slot, layer)))))
 			return kvt_fail(m, -ENOMEM,
 					"recall: sequence %llu: no memory for its "
 					"recall tables",

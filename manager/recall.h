@@ -22,7 +22,8 @@ struct kvt_recall_layer {
 	/* ---- What every recall call reads or writes of a member, in its first three lines
 	   (rc_prefetch asks for these alone) ---- */
 	struct kvt_region rg; /* slots [0, rg.n_slots) hold frames frame[slot] of the cache */
-	struct kvt_ws ws;     /* its recall working set; bucket NULL until its first recall */
+	struct kvt_ws ws;     /* its recall working set; bucket (in the slab: rc_bucket) NULL
+				 until its first recall */
 	struct kvt_seq *seq;  /* its sequence (set with layer by each call naming it) */
 	uint64_t stamp;	      /* the latest recall call naming it (m->stamp) */
 	uint64_t last_call;   /* rc.layer_calls[layer] at that call */
@@ -129,8 +130,9 @@ void kvt_recall_freeze(struct kvt_manager *m);
    top-K counts agree with its top-K positions, its count of spilled blocks is right, and so
    is every entry of its device group table (dev_regions) that did not move since; each live
    sequence has a slot of its own, the others are free once, and each recall state lies at
-   its slot's place in its layer's slab. 0, or a negative code of the first broken one. For tests:
-   O(frames + the regions' key tables + the histories' blocks and top-K positions). */
+   its slot's place in its layer's slab, its working set's buckets at theirs. 0, or a negative code
+   of the first broken one. For tests: O(frames + the regions' key tables + the histories' blocks
+   and top-K positions). */
 int kvt_recall_check(struct kvt_manager *m);
 /* The device key table of a layer's recall state (dev_meta). */
 static inline uint64_t kvt_dkey(const struct kvt_manager *m, const struct kvt_recall_layer *rc)
