@@ -561,6 +561,9 @@ static void test_state_slots(void **state)
 
 			assert_int_equal(b->slot, a->slot + 1);
 			assert_ptr_equal(b->layers[l].rc, a->layers[l].rc + 1);
+			/* and so are their working sets' buckets */
+			assert_ptr_equal(b->layers[l].rc->ws.bucket,
+					 a->layers[l].rc->ws.bucket + c.ws_window);
 		}
 	CHECK_RC(kvt_recall_check(m), 0);
 	for (uint32_t j = 0; j < 2; j++) {
@@ -587,6 +590,14 @@ static void test_state_slots(void **state)
 			for (uint32_t h = 0; h < c.n_kv_heads; h++)
 				memcpy(s2 + h * 2, sel, sizeof(sel));
 			CHECK_RC(kvt_recall_blocks(m, l, &id, 1, s2, 2, NULL), 0);
+			/* its working set is its own call's: the buckets came back zeroed */
+			const struct kvt_ws *ws = &s->layers[l].rc->ws;
+			uint32_t sum = 0;
+
+			for (uint32_t x = 0; x < ws->w; x++)
+				sum += ws->bucket[x];
+			assert_int_equal(ws->total, c.n_kv_heads * 2);
+			assert_int_equal(sum, ws->total);
 		}
 		assert_int_equal(t_stats_of(m).recall_hits, s0.recall_hits);
 		assert_int_equal(t_stats_of(m).recall_loads - s0.recall_loads,
