@@ -590,9 +590,12 @@ static void test_state_slots(void **state)
 			for (uint32_t h = 0; h < c.n_kv_heads; h++)
 				memcpy(s2 + h * 2, sel, sizeof(sel));
 			CHECK_RC(kvt_recall_blocks(m, l, &id, 1, s2, 2, NULL), 0);
-			/* its working set is its own call's: the buckets came back zeroed */
+			/* its working set is its own call's: the buckets came back zeroed (the
+			   device's, a call later on the host unless settled) */
 			const struct kvt_ws *ws = &s->layers[l].rc->ws;
 			uint32_t sum = 0;
+
+			CHECK_RC(kvt_recall_settle(m), 0);
 
 			for (uint32_t x = 0; x < ws->w; x++)
 				sum += ws->bucket[x];
