@@ -484,9 +484,11 @@ static struct prog_layout prog_layout(const struct kvt_manager *m, uint64_t n, u
 	struct prog_layout l = {.load = 0};
 
 	l.rg = ALIGN16(n * H * r * sizeof(struct kvt_region_load));
-	l.cell = ALIGN16(l.rg + n * sizeof(struct kvt_gpu_region));
-	l.bucket = ALIGN16(l.cell + nc * sizeof(struct dcell));
-	l.gone = ALIGN16(l.bucket + nc * w * sizeof(uint32_t));
+	/* the members' buckets and cells at places that depend on n, H and r only: a member
+	   at the place it had in the lane's previous call finds its own there (in_lane) */
+	l.bucket = ALIGN16(l.rg + n * sizeof(struct kvt_gpu_region));
+	l.cell = ALIGN16(l.bucket + n * w * sizeof(uint32_t));
+	l.gone = ALIGN16(l.cell + nc * sizeof(struct dcell));
 	l.stale = ALIGN16(l.gone + nd * sizeof(uint32_t));
 	l.missing = ALIGN16(l.stale + nd * sizeof(uint32_t));
 	l.fresh = l.missing + sizeof(uint32_t);
@@ -507,7 +509,7 @@ static struct prog_layout prog_layout(const struct kvt_manager *m, uint64_t n, u
 	/* with a disk tier, dev_repair's group entries: [n * H * r] addresses, then values */
 	l.fix = ALIGN16(l.pairs + n * H * r * 2 * sizeof(uint32_t));
 	l.bytes = ALIGN16(l.fix + (m->disk ? n * H * r * 2 * sizeof(uint64_t) : 0));
-	l.rd0 = l.cell;
+	l.rd0 = l.bucket;
 	l.up0 = l.rg;
 	return l;
 }
@@ -540,6 +542,7 @@ struct kvt_dlane {
 	uint64_t blob_cap;
 	struct prog_layout l;
 	uint32_t n, nd, r, cap;
+	uint64_t stamp; /* the call's (m->stamp) */
 	bool dsel; /* the selection was the caller's (SEL_DEVICE): a member's -EINVAL is its own */
 	struct kvt_recall_layer **rc; /* [n + nd]: the members, then the regions that dropped */
 	uint32_t *n_slots;	      /* [n]: the members' slot counts after the sizing */
@@ -549,6 +552,59 @@ struct kvt_dlane {
 	uint64_t *dver;
 	struct desc_key desc;
 };
+
+/* Region rc's clock and working set where its latest device call left them: in its lane's
+   buffer (in_lane), which the call's read-back wrote, until a reader on the host wants them
+   here (settled first: the lane's buffer holds the read-back once its call is settled).
+   Settling a call copies none of them, and a call that finds a member at the place it had
+   in the lane's previous call sends them from there again (dev_run). */
+static void rc_sync(struct kvt_manager *m, struct kvt_recall_layer *rc)
+{
+	const struct kvt_dlane *ln;
+	const struct dcell *e;
+	uint32_t w = m->cfg.ws_window;
+
+	if (!rc->in_lane)
+		return;
+	ln = &m->rc.lane[rc->layer];
+	rc->in_lane = false;
+	if (NEVER(ln->pending) || NEVER(rc->lcell >= ln->n))
+		return;
+	e = (const struct dcell *)(ln->blob + ln->l.cell) + rc->lcell;
+	rc->rg.clock = e->clock;
+	rc->ws.step = e->ws.step;
+	rc->ws.cur = e->ws.cur;
+	rc->ws.total = e->ws.total;
+	memcpy(rc->ws.bucket, (const uint32_t *)(ln->blob + ln->l.bucket) + (size_t)rc->lcell * w,
+	       (size_t)w * sizeof(*rc->ws.bucket));
+	rc->ws_next = rc->ws.total;
+}
+
+/* rc->ws_next as rc_sync would make it, without copying the rest. */
+static inline uint32_t rc_ws_next(const struct kvt_manager *m, const struct kvt_recall_layer *rc)
+{
+	const struct kvt_dlane *ln;
+
+	if (!rc->in_lane)
+		return rc->ws_next;
+	ln = &m->rc.lane[rc->layer];
+	return ((const struct dcell *)(ln->blob + ln->l.cell))[rc->lcell].ws.total;
+}
+
+/* Before lane's buffer is written again or given up: the regions whose state is in it
+   (rc_sync), but those at the places of keep[] (NULL: none), which take the same places. */
+static void lane_sync(struct kvt_manager *m, struct kvt_dlane *ln,
+		      struct kvt_recall_layer *const *keep)
+{
+	for (uint32_t i = 0; i < ln->n; i++) {
+		struct kvt_recall_layer *rc = ln->rc[i];
+
+		/* (a region given back since: its state cleared, in_lane with it) */
+		if (rc->in_lane && rc->lcell == i && &m->rc.lane[rc->layer] == ln &&
+		    !(keep && keep[i] == rc))
+			rc_sync(m, rc);
+	}
+}
 
 /* Frees the lanes' tables (their pinned buffers are the backend's). */
 static void lanes_free(struct kvt_manager *m)
@@ -608,6 +664,7 @@ static int prog_reserve(struct kvt_manager *m, uint32_t layer, uint32_t n, uint3
 	if (l.bytes > ln->blob_cap) {
 		void *host;
 
+		lane_sync(m, ln, NULL); /* the buffer goes */
 		err = KVT_XFER(m, region_host, layer + 1, l.bytes, &host);
 		if (err)
 			return kvt_fail(m, err, "recall: no pinned memory for a call's program: %s",
@@ -904,6 +961,7 @@ uint32_t kvt_ws_frames(struct kvt_manager *m, struct kvt_seq *s, uint32_t t, uin
 
 		if (!ws || !ws->bucket)
 			continue;
+		rc_sync(m, s->layers[l].rc); /* (it moves the window on) */
 		kvt_ws_advance(ws, t);
 		if (ws->step == t)
 			*step_frames += ws->bucket[ws->cur];
@@ -1464,6 +1522,15 @@ out:
 	return err;
 }
 
+int kvt_recall_sync(struct kvt_manager *m, struct kvt_recall_layer *rc)
+{
+	int err = kvt_recall_settle(m);
+
+	if (!err)
+		rc_sync(m, rc);
+	return err;
+}
+
 int kvt_recall_pull(struct kvt_manager *m, struct kvt_recall_layer *rc)
 {
 	return kvt_recall_pull_many(m, &rc, 1);
@@ -1529,9 +1596,11 @@ int kvt_recall_check(struct kvt_manager *m)
 	if (m->dev_regions && c->dstack_ready) { /* the device's state, read */
 		if (KVT_XFER(m, read_d2h, c->free, c->dstack, (uint64_t)c->n_free * 4, NULL))
 			return -11;
-		for (struct kvt_recall_layer *rc = c->live_head; rc; rc = rc->lnext)
+		for (struct kvt_recall_layer *rc = c->live_head; rc; rc = rc->lnext) {
 			if (kvt_recall_pull(m, rc))
 				return -12;
+			rc_sync(m, rc); /* (its clock, which the slots' stamps are checked by) */
+		}
 	}
 	seen = kvt_calloc(c->n ? c->n : 1, 1);
 	if (!seen)
@@ -1802,8 +1871,12 @@ static int recall_validate(struct kvt_manager *m, uint32_t layer, const uint64_t
 		ly->rc->layer = layer;
 		ly->rc->seq = s;
 		/* the working set its previous call left, counted now (recall_member) */
-		if (ly->rc->rg.n_slots && ly->rc->ws_next != ly->rc->ws_counted)
-			ws_recount(&m->rc, ly->rc, ly->rc->ws_next);
+		if (ly->rc->rg.n_slots) {
+			uint32_t next = rc_ws_next(m, ly->rc);
+
+			if (next != ly->rc->ws_counted)
+				ws_recount(&m->rc, ly->rc, next);
+		}
 		ly->rc->stamp = stamp;
 		ly->rc->last_call = m->rc.layer_calls[layer];
 		if (!ly->rc->tk_ready)
@@ -2370,43 +2443,35 @@ static void dev_apply(struct kvt_manager *m, const struct kvt_dlane *ln, bool fa
 	struct kvt_recall_cache *c = &m->rc;
 	const struct prog_layout *l = &ln->l;
 	const struct dcell *cell = (const struct dcell *)(ln->blob + l->cell);
-	const uint32_t *bkt = (const uint32_t *)(ln->blob + l->bucket),
-		       *gone = (const uint32_t *)(ln->blob + l->gone),
+	const uint32_t *gone = (const uint32_t *)(ln->blob + l->gone),
 		       *stale = (const uint32_t *)(ln->blob + l->stale);
-	uint32_t w = m->cfg.ws_window, n = ln->n;
+	uint32_t n = ln->n;
 	struct kvt_region_tally t = {0};
 	uint64_t lost = 0, nx = 0;
 
+	/* The members' clocks and working sets stay in their cells (in_lane, set by dev_run,
+	   which also read their views as fresh): their host state is not touched unless the
+	   call failed for them. */
 	for (uint32_t i = 0; i < n; i++) {
-		struct kvt_recall_layer *rc = ln->rc[i];
 		const struct dcell *e = &cell[i];
-
-		/* the members' host state, cold since their call: RC_AHEAD ahead */
-		if (i + RC_AHEAD < n)
-			rc_prefetch(m, ln->rc[i + RC_AHEAD]);
-		if (i + RC_AHEAD / 2 < n)
-			__builtin_prefetch(ln->rc[i + RC_AHEAD / 2]->ws.bucket, 1);
 		/* a caller's selection naming a block past the member's history: the kernel
 		   changed nothing of that region (recall_member's rule) */
 		bool bad = ln->dsel && e->err == -EINVAL;
 
 		NEVER((e->err != 0 && !bad) || e->n_slots != ln->n_slots[i]); /* sized for it */
-		rc->rg.clock = e->clock;
-		rc->ws.step = e->ws.step;
-		rc->ws.cur = e->ws.cur;
-		rc->ws.total = e->ws.total;
-		memcpy(rc->ws.bucket, bkt + (size_t)i * w, (size_t)w * sizeof(*bkt));
 		t.lookups += e->tally.lookups;
 		t.hits += e->tally.hits;
 		t.evictions += e->tally.evictions;
 		nx += e->n_load;
-		rc->ws_next = rc->ws.total;
-		rc->view_failed = failed || bad;
-		rc->view_bad_sel = bad;
+		if (failed || bad) {
+			ln->rc[i]->view_failed = true;
+			ln->rc[i]->view_bad_sel = bad;
+		}
 	}
 	for (uint32_t d = 0; d < ln->nd; d++) {
 		lost += gone[d];
-		if (stale[d])
+		/* (a view made since, by a call of its layer queued after this one, stands) */
+		if (stale[d] && ln->rc[n + d]->view_stamp <= ln->stamp)
 			ln->rc[n + d]->view_failed = true;
 	}
 	if (!failed) {
@@ -2454,7 +2519,8 @@ static int dev_settle(struct kvt_manager *m, uint32_t layer)
 	if (!c->dbroken)
 		c->dbroken = err;
 	for (uint32_t i = 0; i < ln->n + ln->nd; i++)
-		ln->rc[i]->view_failed = true;
+		if (ln->rc[i]->view_stamp <= ln->stamp) /* (as dev_apply's drops) */
+			ln->rc[i]->view_failed = true;
 	return kvt_fail(m, err, "recall: layer %u on the device: %s", layer, m->be->err);
 }
 
@@ -2716,7 +2782,7 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 	struct dcell *cell;
 	struct kvt_gpu_region *g;
 	struct desc_key key;
-	bool same;
+	bool same, keep;
 	uint32_t *bkt;
 	struct kvt_region_run run;
 	struct kvt_dcopy rd, up;
@@ -2732,10 +2798,19 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 	l = prog_layout(m, n, nc, nd, ng, r, gup, q != NULL);
 	if (NEVER(l.bytes > ln->blob_cap)) /* prog_reserve made room */
 		return kvt_fail(m, -ENOMEM, "recall: a call's program outgrew its lane");
-	/* what the kernels add to or the host does not write below: the cells' counts and tallies,
-	   the drops' reports, the missing and fresh counts (the rest of the upload is written in
-	   full) */
-	memset(hb + l.cell, 0, (size_t)nc * sizeof(struct dcell));
+	/* The regions whose state the lane's previous call left in the buffer keep it there when
+	   they take the same places in a program laid out alike (its cells at the same device
+	   address); the others' is copied out before the buffer is written. */
+	keep = ln->n == n && ln->r == r && ln->desc.dcall == c->dcall && ln->l.cell == l.cell;
+	lane_sync(m, ln, keep ? c->mrc : NULL);
+	ln->l = l;
+	ln->n = n;
+	ln->r = r;
+	/* what the kernels add to or the host does not write below: the cells' counts and tallies
+	   (the members' below), the drops' reports, the missing and fresh counts (the rest of
+	   the upload is written in full) */
+	memset(hb + l.cell + (size_t)n * sizeof(struct dcell), 0,
+	       (size_t)(nc - n) * sizeof(struct dcell));
 	memset(hb + l.gone, 0, l.rd - l.gone);
 	/* the members' selections: the caller's on the device, else the program's (uploaded,
 	   or written there by the Quest selection) */
@@ -2778,12 +2853,32 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		const struct kvt_seq_layer *ly = &m->batch[i]->layers[layer];
 		uint32_t nb = kvt_blocks(m, ly->n_tokens), from;
 
-		cell[i].clock = rc->rg.clock;
+		/* the descriptor's tokens, written a step ago: cold (the rest is warm from the
+		   sizing) */
+		if (i + RC_AHEAD < n)
+			__builtin_prefetch(&g[i + RC_AHEAD].n_tokens, 1);
+		/* its clock and working set: in its cell still (from the read-back), or from
+		   the host's copy */
+		if (!rc->in_lane) {
+			cell[i].clock = rc->rg.clock;
+			cell[i].ws = rc->ws;
+			cell[i].ws.bucket =
+				(uint32_t *)(uintptr_t)(c->dcall + l.bucket + (uint64_t)i * w * 4);
+			memcpy(bkt + (size_t)i * w, rc->ws.bucket, (size_t)w * sizeof(*bkt));
+			rc->in_lane = true;
+			rc->lcell = i;
+		} else {
+			NEVER(rc->lcell != i || !keep);
+		}
 		cell[i].n_slots = rc->dn0_stamp == stamp ? rc->dn0 : rc->rg.n_slots;
-		cell[i].ws = rc->ws;
-		cell[i].ws.bucket =
-			(uint32_t *)(uintptr_t)(c->dcall + l.bucket + (uint64_t)i * w * 4);
-		memcpy(bkt + (size_t)i * w, rc->ws.bucket, (size_t)w * sizeof(*bkt));
+		cell[i].n_load = 0;
+		cell[i].err = 0;
+		cell[i].tally = (struct kvt_region_tally){0};
+		/* its view is made again: read as fresh unless the call fails (dev_apply); the
+		   verdicts of earlier calls' drops, settled later, are on the old one */
+		rc->view_failed = false;
+		rc->view_bad_sel = false;
+		rc->view_stamp = stamp;
 		/* the descriptor of the same region's tables in the same place: its tokens */
 		if (same && ln->dver[i] == rc->dver) {
 			g[i].n_tokens = ly->n_tokens;
@@ -2860,10 +2955,8 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		.n_rd = 1,
 		.lane = layer + 1,
 	};
-	ln->l = l;
-	ln->n = n;
 	ln->nd = nd;
-	ln->r = r;
+	ln->stamp = stamp;
 	ln->dsel = kind == SEL_DEVICE;
 	/* the blocks a load reads must have landed in the host history */
 	done = KVT_RS_UPLOAD;

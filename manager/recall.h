@@ -29,6 +29,7 @@ struct kvt_recall_layer {
 	uint64_t last_call;   /* rc.layer_calls[layer] at that call */
 	uint64_t dn0_stamp;
 	uint64_t cell_stamp;
+	uint64_t view_stamp; /* on the device: the call that made its view (m->stamp) */
 	uint64_t dver; /* the version of dmeta, dcap, dreg, dscap and dvcap (unique across regions:
 			  rc.dver_seq), as a program descriptor written from them remembers it */
 	uint32_t cap_slots; /* the slots the region may hold (on the device: its tables' room) */
@@ -45,9 +46,13 @@ struct kvt_recall_layer {
 	uint32_t n_moved;		/* entries of moved[] */
 	uint32_t dn0;			/* rg.n_slots before the sizing of dn0_stamp changed it */
 	uint32_t cell;	   /* its place in the call's program (cell_stamp: that call) */
+	uint32_t lcell;	   /* with in_lane: its cell in its layer's lane */
 	bool tk_ready;	   /* rg.key[].tk counted from the layer's top-K (at its first recall) */
 	bool dtk;	   /* the top-K counts are on the device */
 	bool dirty;	   /* the host copies are older than the device's state */
+	bool in_lane;	   /* on the device: rg.clock, ws (its scalars and buckets) and ws_next
+			      are those of cell lcell of lane[layer]'s pinned buffer, which its
+			      latest call read back there, until rc_sync copies them here */
 	bool view_failed;  /* the latest recall naming it failed: its view reads as stale */
 	bool view_bad_sel; /* ... because the caller's device selection named a block past the
 			      layer's history (kvt_recall_device_blocks) */
@@ -64,9 +69,10 @@ struct kvt_recall_layer {
 	   (dreg_layout: slot [dscap], frame [dscap], view_n [H], view [H][dview_r of dvcap]),
 	   written by the device's calls; dscap is 0 until dreg is. The host keeps the counts
 	   (rg.n_slots, rg.clock) and the working set (ws), sends them with each call and reads
-	   them back after it; rg.slot, rg.key, frame, view_n and view are copies made by
-	   kvt_recall_pull when dirty (rg.slot, rg.link and frame allocated there, not as the
-	   region grows). */
+	   them back after it, into the lane's buffer (in_lane), where the next call of the
+	   layer sends them from again when the region keeps its place; rg.slot, rg.key, frame,
+	   view_n and view are copies made by kvt_recall_pull when dirty (rg.slot, rg.link and frame
+	   allocated there, not as the region grows). */
 	uint64_t dreg;
 	uint32_t n_spilled; /* the layer's blocks in the spill file (counted at its creation,
 			       then kept by the spill tier: kvt_recall_group_moved) */
@@ -199,6 +205,12 @@ int kvt_recall_settle(struct kvt_manager *m);
    order list, frame, view_n, view): a synchronous read, after kvt_recall_settle. 0 or the
    error, recorded. */
 int kvt_recall_pull(struct kvt_manager *m, struct kvt_recall_layer *rc);
+
+/* rc's clock and working set (rg.clock, ws, ws_next) as its latest call left them, copied to
+   the host's fields where the device path keeps them in its lane (in_lane), after settling
+   every pending call. 0, or the settling's error, recorded (nothing copied). The reads of the
+   views (kvt_recall_pull) do not need them. */
+int kvt_recall_sync(struct kvt_manager *m, struct kvt_recall_layer *rc);
 
 /* kvt_recall_pull of every region of rcs[0 .. n) (NULL entries skipped) at once: one wait for
    the device and one read of all the dirty ones (the backend's read_many where it has one).

@@ -328,8 +328,10 @@ static struct kvt_recall_layer *region_of(struct kvt_manager *m, uint64_t seq, u
 	struct kvt_seq *s = kvt_seqmap_get(&m->seqs, seq);
 	struct kvt_recall_layer *rc = s ? s->layers[layer].rc : NULL;
 
-	if (rc)
+	if (rc) {
 		CHECK_RC(kvt_recall_pull(m, rc), 0);
+		CHECK_RC(kvt_recall_sync(m, rc), 0);
+	}
 	return rc;
 }
 

@@ -533,6 +533,62 @@ static void test_recall_regions(void **state)
 /* The recall states of a layer lie in one slab by sequence slot (recall.c, rc_slot): the live
    sequences' slots are dense, a destroyed sequence's slot and places go to the next one created,
    which starts from a clean state. */
+/* A device call leaves each member's clock and working set in its cell of the layer's lane and
+   sends them from there at the layer's next call when the member keeps its place (the same
+   batch size and r), else from the host's copy, brought home first. Through calls that keep
+   the members' places, swap them, shrink the batch and read the working sets in between (the
+   scheduler's kvt_seq_info), each region's clock counts every call that named it and its
+   working set every block it touched (all at one step: no token appended), on every backend. */
+static void test_lane_places(void **state)
+{
+	struct kvt_config c = recall_config(2, 64);
+	static const uint64_t order[][3] = {{1, 2, 3}, {1, 2, 3}, {3, 1, 2}, {3, 1, 2},
+					    {2, 1, 0}, {2, 1, 0}, {1, 2, 0}, {1, 2, 3}};
+	uint32_t calls[4] = {0}, last[4] = {0};
+	struct kvt_manager *m;
+	(void)state;
+
+	c.n_layers = 1;
+	m = t_mk(&c);
+	for (uint64_t id = 1; id <= 3; id++)
+		t_prefill_seq(m, &c, id, 200);
+	for (uint32_t k = 0; k < sizeof(order) / sizeof(order[0]); k++) {
+		uint32_t n = order[k][2] ? 3 : 2, sel[3 * 16];
+
+		for (uint32_t i = 0; i < n; i++) {
+			uint64_t id = order[k][i];
+
+			/* two blocks a head, one further on each call of the sequence */
+			for (uint32_t h = 0; h < c.n_kv_heads; h++) {
+				sel[(i * c.n_kv_heads + h) * 2] = 1 + calls[id] % 6;
+				sel[(i * c.n_kv_heads + h) * 2 + 1] = 2 + calls[id] % 6;
+			}
+			last[id] = 2 + calls[id] % 6 > last[id] ? 2 + calls[id] % 6 : last[id];
+			calls[id]++;
+		}
+		CHECK_RC(kvt_recall_blocks(m, 0, order[k], n, sel, 2, NULL), 0);
+		if (k == 5) { /* the working sets read between two calls of the same places */
+			struct kvt_seq_info in = {.size = sizeof(in)};
+
+			CHECK_RC(kvt_seq_info(m, 2, &in), 0);
+			assert_int_equal(in.recall_ws_frames, c.n_kv_heads * last[2]);
+		}
+	}
+	for (uint64_t id = 1; id <= 3; id++) {
+		struct kvt_recall_layer *rc = kvt_seqmap_get(&m->seqs, id)->layers[0].rc;
+		uint32_t sum = 0;
+
+		CHECK_RC(kvt_recall_sync(m, rc), 0);
+		assert_int_equal(rc->rg.clock, calls[id]);
+		assert_int_equal(rc->ws.total, c.n_kv_heads * last[id]); /* blocks 1 .. last */
+		for (uint32_t x = 0; x < rc->ws.w; x++)
+			sum += rc->ws.bucket[x];
+		assert_int_equal(sum, rc->ws.total);
+	}
+	CHECK_RC(kvt_recall_check(m), 0);
+	kvt_manager_destroy(m);
+}
+
 static void test_state_slots(void **state)
 {
 	struct kvt_config c = recall_config(2, 64);
@@ -591,12 +647,11 @@ static void test_state_slots(void **state)
 				memcpy(s2 + h * 2, sel, sizeof(sel));
 			CHECK_RC(kvt_recall_blocks(m, l, &id, 1, s2, 2, NULL), 0);
 			/* its working set is its own call's: the buckets came back zeroed (the
-			   device's, a call later on the host unless settled) */
+			   device's in its lane until synced) */
 			const struct kvt_ws *ws = &s->layers[l].rc->ws;
 			uint32_t sum = 0;
 
-			CHECK_RC(kvt_recall_settle(m), 0);
-
+			CHECK_RC(kvt_recall_sync(m, s->layers[l].rc), 0);
 			for (uint32_t x = 0; x < ws->w; x++)
 				sum += ws->bucket[x];
 			assert_int_equal(ws->total, c.n_kv_heads * 2);
@@ -1192,6 +1247,7 @@ int main(void)
 		cmocka_unit_test(test_recall_finds_needle),
 		cmocka_unit_test(test_recall_regions),
 		cmocka_unit_test(test_state_slots),
+		cmocka_unit_test(test_lane_places),
 		cmocka_unit_test(test_recall_errors),
 		cmocka_unit_test(test_recall_device_blocks),
 		cmocka_unit_test(test_load_ticket),

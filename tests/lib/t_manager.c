@@ -95,8 +95,10 @@ void t_same_region(struct kvt_manager *const mm[2], uint64_t seq, uint32_t layer
 	for (int k = 0; k < 2; k++) {
 		s[k] = kvt_seqmap_get(&mm[k]->seqs, seq);
 		rc[k] = s[k] && !s[k]->preempted ? s[k]->layers[layer].rc : NULL;
-		if (rc[k])
+		if (rc[k]) {
 			CHECK_RC(kvt_recall_pull(mm[k], rc[k]), 0);
+			CHECK_RC(kvt_recall_sync(mm[k], rc[k]), 0);
+		}
 	}
 	if (!rc[0] || !rc[1]) {
 		CHECK_EQ(!rc[0], !rc[1]);
