@@ -2454,6 +2454,9 @@ static void dev_apply(struct kvt_manager *m, const struct kvt_dlane *ln, bool fa
 	   call failed for them. */
 	for (uint32_t i = 0; i < n; i++) {
 		const struct dcell *e = &cell[i];
+
+		if (i + RC_AHEAD < n) /* the read-back, cold since the layer's previous call */
+			__builtin_prefetch(&cell[i + RC_AHEAD]);
 		/* a caller's selection naming a block past the member's history: the kernel
 		   changed nothing of that region (recall_member's rule) */
 		bool bad = ln->dsel && e->err == -EINVAL;

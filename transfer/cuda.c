@@ -1949,9 +1949,7 @@ static int cuda_region_wait(struct kvt_be *b, uint32_t lane)
 	ln = &cb->lane[lane - 1];
 	if (!ln->fenced)
 		return 0;
-	err = bind(cb);
-	if (err)
-		return err;
+	/* (no bind: an event is queried, waited for and timed from any device's thread) */
 	/* done already (a step ago, as a rule): no wait (timed as CU's calls are) */
 	cu_begin(cb);
 	e = cudaEventQuery(ln->done);
