@@ -530,9 +530,6 @@ static void test_recall_regions(void **state)
 }
 
 /* Errors change nothing: the cache and counters stay as they were. */
-/* The recall states of a layer lie in one slab by sequence slot (recall.c, rc_slot): the live
-   sequences' slots are dense, a destroyed sequence's slot and places go to the next one created,
-   which starts from a clean state. */
 /* A device call leaves each member's clock and working set in its cell of the layer's lane and
    sends them from there at the layer's next call when the member keeps its place (the same
    batch size and r), else from the host's copy, brought home first. Through calls that keep
@@ -589,6 +586,9 @@ static void test_lane_places(void **state)
 	kvt_manager_destroy(m);
 }
 
+/* The recall states of a layer lie in one slab by sequence slot (recall.c, rc_slot): the live
+   sequences' slots are dense, a destroyed sequence's slot and places go to the next one created,
+   which starts from a clean state. */
 static void test_state_slots(void **state)
 {
 	struct kvt_config c = recall_config(2, 64);
