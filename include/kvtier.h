@@ -294,10 +294,15 @@ struct kvt_stats {
 	   frames and views, the blocks' host addresses, the free-frame stack and a call's
 	   program buffer; 0 on the other backends */
 	uint64_t device_meta_bytes;
-	/* Device time of the recall calls with the regions on the device (CUDA backend), those
-	   whose reports were read so far: per call, from an event before its first
-	   kernel to one after its last copy (launch gaps included); 0 on the other backends */
+	/* Device time of the recall calls with the regions on the device (CUDA backend): a
+	   sample of them is timed, one call of a layer in 16 (the timed layer moving from step to
+	   step; KVTIER_RECALL_TIME_EVERY=N at create: one in N, 1 every call, 0 none), since
+	   timing costs two runtime calls. recall_device_ns sums the timed calls whose reports
+	   were read so far, per call from an event before its first kernel to one after its
+	   last copy (launch gaps included); recall_device_timed counts them, so a call's mean
+	   is the ratio. 0 on the other backends. */
 	uint64_t recall_device_ns;
+	uint64_t recall_device_timed;
 };
 
 #define KVT_STATS_INIT                                                         \

@@ -320,6 +320,14 @@ struct kvt_manager {
 	   the runtime's calls during it (kvt_be_stats.runtime_ns, zero unless the backend times
 	   them), read by kvt_manager_phases. phase_t and phase_rt: the latest mark's. */
 	bool phase_on;
+	/* With the recall regions on the device, one call of a layer in time_every has its
+	   program's device time measured (kvt_stats.recall_device_ns): the layer's calls whose
+	   count plus the layer is a multiple of it, so the timed layer moves from step to step.
+	   Timing costs two runtime calls (an event before the program, its elapsed time at the
+	   settle). KVTIER_RECALL_TIME_EVERY at create: 0 none, 1 every call; KVT_TIME_EVERY
+	   unless set. */
+	uint32_t time_every;
+#define KVT_TIME_EVERY 16u
 	uint64_t phase_ns[KVT_PH_N];
 	uint64_t phase_t, phase_rt;
 	char err[256];

@@ -167,6 +167,26 @@ static int spill_errno(int err)
 	}
 }
 
+/* The manager's time_every (base.h): KVTIER_RECALL_TIME_EVERY, a count 0..2^20, or
+   KVT_TIME_EVERY when unset or not such a count (logged). */
+static uint32_t time_every(void)
+{
+	const char *s = getenv("KVTIER_RECALL_TIME_EVERY");
+	char *end;
+	unsigned long v;
+
+	if (!s || !*s)
+		return KVT_TIME_EVERY;
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno || *end || s[0] == '-' || v > (1ul << 20)) {
+		kvt_log(KVT_LOG_WARN, "KVTIER_RECALL_TIME_EVERY=%s ignored (want 0..%lu)", s,
+			1ul << 20);
+		return KVT_TIME_EVERY;
+	}
+	return (uint32_t)v;
+}
+
 /* Builds a manager from a configuration load_config has already validated. */
 static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 			 struct kvt_manager **out)
@@ -185,6 +205,7 @@ static int create_loaded(struct kvt_config c, const struct kvt_backend_ops *ops,
 	/* a benchmark's split of the recall calls' host time (kvt_manager_phases) */
 	phases = getenv("KVTIER_TIME_PHASES");
 	m->phase_on = phases && strcmp(phases, "1") == 0;
+	m->time_every = time_every();
 	m->ops = ops;
 	m->esize = kvt_dtype_size(c.dtype);
 	m->row_bytes = c.head_dim * m->esize;
@@ -470,6 +491,7 @@ KVT_API int kvt_manager_stats(const struct kvt_manager *m, struct kvt_stats *out
 		st.xfer_gather_min_16k = bs.gather_min[1];
 		st.xfer_gather_min_64k = bs.gather_min[2];
 		st.recall_device_ns = bs.region_ns;
+		st.recall_device_timed = bs.region_timed;
 	}
 	memcpy(out, &st, size);
 	return 0;

@@ -2957,6 +2957,7 @@ static int dev_run(struct kvt_manager *m, uint32_t layer, uint32_t n, const uint
 		.rd = &rd,
 		.n_rd = 1,
 		.lane = layer + 1,
+		.time = m->time_every && (c->layer_calls[layer] + layer) % m->time_every == 0,
 	};
 	ln->nd = nd;
 	ln->stamp = stamp;

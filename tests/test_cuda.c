@@ -683,6 +683,7 @@ int main(void)
 		cmocka_unit_test(test_tables_one_wait),
 		cmocka_unit_test(test_tables_grow_across_streams),
 		cmocka_unit_test(test_program_after_stream_reused),
+		cmocka_unit_test(test_device_time_sample),
 		cmocka_unit_test(test_fault_prefill),
 		cmocka_unit_test(test_fault_decode),
 		cmocka_unit_test(test_fault_recall),
@@ -708,6 +709,12 @@ int main(void)
 	if (plugin->probe(why, sizeof(why))) {
 		printf("# skip: %s\n", why[0] ? why : "no usable CUDA device");
 		return 77;
+	}
+	/* every recall call's device time, which recall_both_at checks (test_device_time_sample
+	   sets its own) */
+	if (setenv("KVTIER_RECALL_TIME_EVERY", "1", 1)) {
+		printf("# setenv: %s\n", strerror(errno));
+		return 1;
 	}
 	g_seed = seed && *seed ? strtoull(seed, NULL, 0) : 0x6b76746965723031ull;
 	printf("# seed 0x%llx (KVT_TEST_SEED)\n", ULL(g_seed));

@@ -260,6 +260,7 @@ void test_save_side_stream(void **state);
 void test_tables_one_wait(void **state);
 void test_tables_grow_across_streams(void **state);
 void test_program_after_stream_reused(void **state);
+void test_device_time_sample(void **state);
 
 /* test_cuda_faults.c */
 void test_fault_prefill(void **state);

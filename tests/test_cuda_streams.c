@@ -764,3 +764,55 @@ void test_program_after_stream_reused(void **state)
 	CUDA_OK(cudaStreamDestroy(sb));
 	g_ctx[0] = '\0';
 }
+
+/* Device timing is a sample (kvtier.h: one call of a layer in KVTIER_RECALL_TIME_EVERY): the
+   calls of layer l whose count k (from 1) has k + l a multiple of it are timed, and only
+   those; 0 times none. The decisions do not depend on it (COMPARE_STATS). */
+void test_device_time_sample(void **state)
+{
+	enum { NS = 3, STEPS = 7, EVERY = 3 };
+	static const char *const every[] = {"3", "0"};
+	struct pair p;
+	struct tseq ts[NS];
+	struct tseq *bt[NS];
+
+	(void)state;
+	for (uint32_t v = 0; v < 2; v++) {
+		struct kvt_stats st = KVT_STATS_INIT;
+		uint64_t want = 0;
+
+		set_ctx("device time sample: KVTIER_RECALL_TIME_EVERY=%s", every[v]);
+		assert_int_equal(setenv("KVTIER_RECALL_TIME_EVERY", every[v], 1), 0);
+		pair_init(&p, KVT_DTYPE_F16, NULL, 1200, NS);
+		assert_int_equal(setenv("KVTIER_RECALL_TIME_EVERY", "1", 1), 0);
+		for (uint32_t i = 0; i < NS; i++) {
+			tseq_gen(&ts[i], &p.cfg, 0x71e5a0001ull + i, 1200 - 150 * i, 8);
+			bt[i] = &ts[i];
+			CHECK_RC(kvt_seq_create(p.h, ts[i].id, ts[i].L), 0);
+			CHECK_RC(kvt_seq_create(p.c, ts[i].id, ts[i].L), 0);
+			for (uint32_t l = 0; l < N_LAYERS; l++)
+				PREFILL_BOTH(&p, &ts[i], l);
+		}
+		sync_both(&p);
+		for (uint32_t k = 1; k <= STEPS; k++)
+			for (uint32_t l = 0; l < N_LAYERS; l++) {
+				DECODE_BOTH(&p, bt, NS, l);
+				CHECK_RC(recall_on(&p, p.h, bt, NS, l), 0);
+				CHECK_RC(recall_on(&p, p.c, bt, NS, l), 0);
+				want += v == 0 && (k + l) % EVERY == 0;
+			}
+		CHECK_RC(kvt_manager_stats(p.c, &st), 0);
+		if (p.c->dev_regions) {
+			CHECK_EQ(st.recall_device_timed, want);
+			CHECK_EQ(st.recall_device_ns > 0, want > 0);
+		} else {
+			CHECK_EQ(st.recall_device_timed, 0);
+			CHECK_EQ(st.recall_device_ns, 0);
+		}
+		COMPARE_STATS(&p, false);
+		for (uint32_t i = 0; i < NS; i++)
+			tseq_free(&ts[i]);
+		pair_fini(&p);
+	}
+	g_ctx[0] = '\0';
+}

@@ -71,11 +71,13 @@ struct kvt_be_stats {
 	uint32_t calibrated;	      /* 1: gather_min was measured at create */
 	uint32_t gather_min[3];	      /* per piece-size class (<= 4 KiB, <= 16 KiB, larger): the
 					 fewest pieces the kernel takes; UINT32_MAX: DMA only */
-	uint64_t region_ns;  /* device time of the lanes' programs whose fences were waited for:
-				from an event before the first stage to the fence */
-	uint64_t runtime_ns; /* host time inside the CUDA runtime's calls, counted only with
-				KVTIER_CUDA_TIME_CALLS=1 (with the fake runtime, its synchronous
-				kernels' CPU work included) */
+	uint64_t region_ns;    /* device time of the timed lane programs (kvt_region_run.time)
+				  whose fences were waited for: from an event before the first
+				  stage to the fence */
+	uint64_t region_timed; /* those programs */
+	uint64_t runtime_ns;   /* host time inside the CUDA runtime's calls, counted only with
+				  KVTIER_CUDA_TIME_CALLS=1 (with the fake runtime, its synchronous
+				  kernels' CPU work included) */
 };
 
 struct kvt_snapkv;
@@ -146,6 +148,10 @@ struct kvt_region_run {
 	   (region_wait) is the end of this program, whose uploads and reads must then be in lane
 	   k's pinned buffer (region_host). */
 	uint32_t lane;
+	/* with lane k > 0: the program's span on the device is timed (an event before its first
+	   stage, read with its fence by region_wait: region_ns, region_timed); two runtime calls
+	   more, so the manager times a sample of its calls */
+	bool time;
 };
 
 struct kvt_backend_params {

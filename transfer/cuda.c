@@ -146,10 +146,11 @@ struct cuda_backend {
 	struct lane {
 		void *host;
 		uint64_t cap;
-		cudaEvent_t start, done; /* timed: the program's span (region_ns) */
+		cudaEvent_t start, done; /* the program's span (region_ns) when timed */
 		bool fenced;
+		bool timed; /* the fenced program recorded start */
 	} * lane;
-	uint64_t region_ns;
+	uint64_t region_ns, region_timed;
 	bool time_calls;		  /* KVTIER_CUDA_TIME_CALLS=1: CU times the calls */
 	atomic_uint_least64_t runtime_ns; /* their host time so far (cu_end) */
 	uint32_t n_lane;
@@ -1739,7 +1740,9 @@ static int cuda_region_run(struct kvt_be *b, const struct kvt_region_run *r, voi
 	err = rr_after(cb, st, &sid);
 	if (!err && ln) {
 		ln->fenced = false;
-		err = CU(cb, cudaEventRecord(ln->start, st), "recall regions: start");
+		ln->timed = r->time;
+		if (r->time)
+			err = CU(cb, cudaEventRecord(ln->start, st), "recall regions: start");
 	}
 	if (err)
 		return err;
@@ -1958,14 +1961,16 @@ static int cuda_region_wait(struct kvt_be *b, uint32_t lane)
 	e = cu_end(cb, e);
 	ln->fenced = false;
 	err = CU(cb, e, "recall regions: a program on the device");
-	if (!err) {
+	if (!err && ln->timed) {
 		float ms = 0;
 
 		/* a figure only: a failure here costs the figure, not the call */
 		cu_begin(cb);
 		if (cu_end(cb, cudaEventElapsedTime(&ms, ln->start, ln->done)) == cudaSuccess &&
-		    ms > 0)
+		    ms > 0) {
 			cb->region_ns += (uint64_t)((double)ms * 1e6 + 0.5);
+			cb->region_timed++;
+		}
 	}
 	return err;
 }
@@ -1978,6 +1983,7 @@ static void cuda_stats(struct kvt_be *b, struct kvt_be_stats *out)
 		.h2d_kernel_launches = cb->kernel_launches,
 		.h2d_dma_batches = cb->dma_batches,
 		.region_ns = cb->region_ns,
+		.region_timed = cb->region_timed,
 		.runtime_ns = atomic_load_explicit(&cb->runtime_ns, memory_order_relaxed),
 		.calibrated = cb->calib.measured,
 	};

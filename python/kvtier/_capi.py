@@ -120,7 +120,7 @@ class Stats(_Struct):
         ("prefix_tokens_hit", c_uint64), ("prefix_spans_evicted", c_uint64),
         ("prefix_spans_spilled", c_uint64), ("prefix_spans_restored", c_uint64),
         ("bytes_h2d_history", c_uint64), ("device_meta_bytes", c_uint64),
-        ("recall_device_ns", c_uint64),
+        ("recall_device_ns", c_uint64), ("recall_device_timed", c_uint64),
     ]
 
 
