@@ -767,17 +767,19 @@ void test_program_after_stream_reused(void **state)
 
 /* Device timing is a sample (kvtier.h: one call of a layer in KVTIER_RECALL_TIME_EVERY): the
    calls of layer l whose count k (from 1) has k + l a multiple of it are timed, and only
-   those; 0 times none. The decisions do not depend on it (COMPARE_STATS). */
+   those; 0 times none; a value that is not a count is ignored (logged): 16. The decisions do
+   not depend on it (COMPARE_STATS). */
 void test_device_time_sample(void **state)
 {
-	enum { NS = 3, STEPS = 7, EVERY = 3 };
-	static const char *const every[] = {"3", "0"};
+	enum { NS = 3, STEPS = 15 };
+	static const char *const every[] = {"3", "0", "-2"};
+	static const uint32_t period[] = {3, 0, 16};
 	struct pair p;
 	struct tseq ts[NS];
 	struct tseq *bt[NS];
 
 	(void)state;
-	for (uint32_t v = 0; v < 2; v++) {
+	for (uint32_t v = 0; v < 3; v++) {
 		struct kvt_stats st = KVT_STATS_INIT;
 		uint64_t want = 0;
 
@@ -786,7 +788,7 @@ void test_device_time_sample(void **state)
 		pair_init(&p, KVT_DTYPE_F16, NULL, 1200, NS);
 		assert_int_equal(setenv("KVTIER_RECALL_TIME_EVERY", "1", 1), 0);
 		for (uint32_t i = 0; i < NS; i++) {
-			tseq_gen(&ts[i], &p.cfg, 0x71e5a0001ull + i, 1200 - 150 * i, 8);
+			tseq_gen(&ts[i], &p.cfg, 0x71e5a0001ull + i, 1200 - 150 * i, STEPS);
 			bt[i] = &ts[i];
 			CHECK_RC(kvt_seq_create(p.h, ts[i].id, ts[i].L), 0);
 			CHECK_RC(kvt_seq_create(p.c, ts[i].id, ts[i].L), 0);
@@ -799,7 +801,7 @@ void test_device_time_sample(void **state)
 				DECODE_BOTH(&p, bt, NS, l);
 				CHECK_RC(recall_on(&p, p.h, bt, NS, l), 0);
 				CHECK_RC(recall_on(&p, p.c, bt, NS, l), 0);
-				want += v == 0 && (k + l) % EVERY == 0;
+				want += period[v] && (k + l) % period[v] == 0;
 			}
 		CHECK_RC(kvt_manager_stats(p.c, &st), 0);
 		if (p.c->dev_regions) {

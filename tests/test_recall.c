@@ -529,7 +529,6 @@ static void test_recall_regions(void **state)
 #undef HELD
 }
 
-/* Errors change nothing: the cache and counters stay as they were. */
 /* A device call leaves each member's clock and working set in its cell of the layer's lane and
    sends them from there at the layer's next call when the member keeps its place (the same
    batch size and r), else from the host's copy, brought home first. Through calls that keep
@@ -672,6 +671,7 @@ static void test_state_slots(void **state)
 	kvt_manager_destroy(m);
 }
 
+/* Errors change nothing: the cache and counters stay as they were. */
 static void test_recall_errors(void **state)
 {
 	struct kvt_config c = recall_config(4, 8);

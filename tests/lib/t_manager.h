@@ -42,7 +42,8 @@ struct kvt_seq_info t_info_of(struct kvt_manager *m, uint64_t seq);
 uint32_t t_tokens_of(struct kvt_manager *m, uint64_t seq, uint32_t layer);
 
 /* Fails the test at file:line, naming the counters that differ most often, unless the two
-   stats are identical (a failed call must change nothing) but for recall_device_ns, a time. */
+   stats are identical (a failed call must change nothing) but for recall_device_ns, a time,
+   and recall_device_timed, the calls it sums. */
 void t_check_stats_equal(const struct kvt_stats *a, const struct kvt_stats *b, const char *file,
 			 int line);
 #define CHECK_STATS_EQUAL(a, b) t_check_stats_equal((a), (b), __FILE__, __LINE__)
