@@ -599,9 +599,10 @@ static void lane_sync(struct kvt_manager *m, struct kvt_dlane *ln,
 	for (uint32_t i = 0; i < ln->n; i++) {
 		struct kvt_recall_layer *rc = ln->rc[i];
 
-		/* (a region given back since: its state cleared, in_lane with it) */
-		if (rc->in_lane && rc->lcell == i && &m->rc.lane[rc->layer] == ln &&
-		    !(keep && keep[i] == rc))
+		/* (kept: its state is not read, so a steady call's pass reads two arrays; a region
+		   given back since: its state cleared, in_lane with it) */
+		if (!(keep && keep[i] == rc) && rc->in_lane && rc->lcell == i &&
+		    &m->rc.lane[rc->layer] == ln)
 			rc_sync(m, rc);
 	}
 }
@@ -1791,13 +1792,18 @@ static uint32_t quest_need(const struct kvt_manager *m, const struct kvt_seq *s,
    and stamps); on the host, whose calls read the host tables' addresses too, all of it. */
 static inline void rc_prefetch(const struct kvt_manager *m, const struct kvt_recall_layer *rc)
 {
-	uintptr_t a = (uintptr_t)rc & ~(uintptr_t)63,
-		  end = (uintptr_t)rc + (m->dev_regions
-						 ? offsetof(struct kvt_recall_layer, drop_stamp)
-						 : sizeof(*rc));
+	const char *p = (const char *)rc;
+	/* (constant bounds: the loops unroll; the last byte's line, for a state not aligned) */
+	const size_t hot = offsetof(struct kvt_recall_layer, drop_stamp), all = sizeof(*rc);
 
-	for (; a < end; a += 64)
-		__builtin_prefetch((const void *)a, 1);
+	for (size_t o = 0; o < hot; o += 64)
+		__builtin_prefetch(p + o, 1);
+	__builtin_prefetch(p + hot - 1, 1);
+	if (m->dev_regions)
+		return;
+	for (size_t o = hot; o < all; o += 64)
+		__builtin_prefetch(p + o, 1);
+	__builtin_prefetch(p + all - 1, 1);
 }
 
 /* Validates a recall batch (pass 1): every sequence live, once, prefilled for layer, resident,
