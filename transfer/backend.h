@@ -14,7 +14,7 @@
 
 #include "kvtier.h"
 
-#define KVT_BACKEND_OPS_VERSION 8
+#define KVT_BACKEND_OPS_VERSION 9
 
 enum kvt_tier {
 	KVT_TIER_DEVICE = 0,
